@@ -1,0 +1,336 @@
+//! x86_64 direct boot: load the kernel (ELF vmlinux or bzImage) and the initrd, then write the
+//! zero page, command line, MP table, GDT and identity page tables. No BIOS, no real mode: the
+//! vCPU starts in 64-bit mode at the kernel's 64-bit entry point.
+//!
+//! Everything here works on guest memory only, so it is unit-tested without KVM.
+
+pub mod layout;
+pub mod mptable;
+
+use std::fs::File;
+use std::io::{Read, Seek, SeekFrom};
+use std::path::{Path, PathBuf};
+
+use linux_loader::cmdline::Cmdline;
+use linux_loader::configurator::linux::LinuxBootConfigurator;
+use linux_loader::configurator::{BootConfigurator, BootParams};
+use linux_loader::loader::bootparam::{boot_e820_entry, boot_params, setup_header};
+use linux_loader::loader::{self, BzImage, Elf, KernelLoader};
+use vm_memory::{Address, Bytes, GuestAddress, GuestMemoryBackend as _};
+
+use crate::memory::{
+    self, GuestMemory, CMDLINE_MAX_SIZE, CMDLINE_START, EBDA_START, HIMEM_START, ZERO_PAGE_START,
+};
+
+const E820_RAM: u32 = 1;
+const E820_RESERVED: u32 = 2;
+const KERNEL_BOOT_FLAG_MAGIC: u16 = 0xaa55;
+const KERNEL_HDR_MAGIC: u32 = 0x5372_6448; // "HdrS"
+const KERNEL_LOADER_OTHER: u8 = 0xff;
+const KERNEL_MIN_ALIGNMENT_BYTES: u32 = 0x100_0000;
+/// `xloadflags`: the kernel has a 64-bit entry point 0x200 bytes into the protected-mode code.
+const XLF_KERNEL_64: u16 = 1;
+/// `loadflags`: the protected-mode code is loaded at 0x100000.
+const LOADED_HIGH: u8 = 1;
+const BZIMAGE_64BIT_ENTRY_OFFSET: u64 = 0x200;
+const PAGE_SIZE: u64 = 0x1000;
+
+/// Why the guest could not be set up.
+#[derive(Debug, thiserror::Error)]
+pub enum BootError {
+    #[error("cannot open kernel image {path:?}")]
+    OpenKernel {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{path:?} is not a kernel: neither an ELF vmlinux nor a bzImage")]
+    NotAKernel { path: PathBuf },
+    #[error("bzImage {path:?} has no 64-bit entry point (xloadflags lacks XLF_KERNEL_64)")]
+    No64BitEntry { path: PathBuf },
+    #[error("cannot load kernel image {path:?}")]
+    LoadKernel {
+        path: PathBuf,
+        #[source]
+        source: loader::Error,
+    },
+    #[error("cannot open initrd {path:?}")]
+    OpenInitrd {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("initrd {path:?} ({size} bytes) does not fit in guest memory below {limit:#x} above the kernel (ends at {kernel_end:#x})")]
+    InitrdTooLarge {
+        path: PathBuf,
+        size: u64,
+        limit: u64,
+        kernel_end: u64,
+    },
+    #[error("cannot read initrd {path:?} into guest memory")]
+    ReadInitrd {
+        path: PathBuf,
+        #[source]
+        source: vm_memory::GuestMemoryError,
+    },
+    #[error("invalid kernel command line")]
+    Cmdline(#[source] linux_loader::cmdline::Error),
+    #[error("cannot write the kernel command line")]
+    WriteCmdline(#[source] loader::Error),
+    #[error("cannot write the zero page")]
+    ZeroPage(#[source] linux_loader::configurator::Error),
+    #[error("cannot write the MP table")]
+    MpTable(#[source] mptable::MpTableError),
+    #[error("cannot write the boot GDT and page tables")]
+    Layout(#[source] vm_memory::GuestMemoryError),
+}
+
+/// Where the kernel went and how to enter it.
+#[derive(Clone, Copy, Debug)]
+pub struct LoadedKernel {
+    /// The guest physical address of the 64-bit entry point.
+    pub entry: u64,
+    /// First byte after the kernel image (the initrd must not overlap it).
+    pub end: u64,
+    /// The bzImage's setup header, copied into the zero page; `None` for an ELF vmlinux.
+    pub setup_header: Option<setup_header>,
+}
+
+/// Where the initrd went.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct InitrdPlacement {
+    /// Guest physical address, page aligned.
+    pub addr: u64,
+    /// Size in bytes.
+    pub size: u64,
+}
+
+/// The format of a kernel image, told by its magic numbers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum KernelFormat {
+    /// An uncompressed ELF `vmlinux`.
+    Elf,
+    /// A bzImage (x86 boot protocol).
+    BzImage,
+}
+
+/// Tells an ELF vmlinux from a bzImage by their magic numbers.
+pub fn detect_format<R: Read + Seek>(image: &mut R) -> std::io::Result<Option<KernelFormat>> {
+    let mut head = [0u8; 4];
+    image.seek(SeekFrom::Start(0))?;
+    if image.read_exact(&mut head).is_err() {
+        return Ok(None);
+    }
+    if head == *b"\x7fELF" {
+        return Ok(Some(KernelFormat::Elf));
+    }
+    let mut magic = [0u8; 4];
+    if image.seek(SeekFrom::Start(0x202)).is_ok() && image.read_exact(&mut magic).is_ok() {
+        if u32::from_le_bytes(magic) == KERNEL_HDR_MAGIC {
+            return Ok(Some(KernelFormat::BzImage));
+        }
+    }
+    Ok(None)
+}
+
+/// Loads the kernel at `path` into guest memory.
+pub fn load_kernel(mem: &GuestMemory, path: &Path) -> Result<LoadedKernel, BootError> {
+    let open_err = |source| BootError::OpenKernel {
+        path: path.to_owned(),
+        source,
+    };
+    let mut file = File::open(path).map_err(open_err)?;
+    if file.metadata().map_err(open_err)?.is_dir() {
+        return Err(BootError::NotAKernel {
+            path: path.to_owned(),
+        });
+    }
+    let format = detect_format(&mut file).map_err(open_err)?;
+    let load_err = |source| BootError::LoadKernel {
+        path: path.to_owned(),
+        source,
+    };
+    match format {
+        Some(KernelFormat::Elf) => {
+            let r = Elf::load(mem, None, &mut file, Some(GuestAddress(HIMEM_START)))
+                .map_err(load_err)?;
+            Ok(LoadedKernel {
+                entry: r.kernel_load.raw_value(),
+                end: r.kernel_end,
+                setup_header: None,
+            })
+        }
+        Some(KernelFormat::BzImage) => {
+            let r = BzImage::load(mem, None, &mut file, Some(GuestAddress(HIMEM_START)))
+                .map_err(load_err)?;
+            let hdr = r.setup_header.ok_or_else(|| BootError::NotAKernel {
+                path: path.to_owned(),
+            })?;
+            if hdr.xloadflags & XLF_KERNEL_64 == 0 {
+                return Err(BootError::No64BitEntry {
+                    path: path.to_owned(),
+                });
+            }
+            // The decompressor needs `init_size` bytes from the load address.
+            let end = r
+                .kernel_end
+                .max(r.kernel_load.raw_value() + u64::from(hdr.init_size));
+            Ok(LoadedKernel {
+                entry: r.kernel_load.raw_value() + BZIMAGE_64BIT_ENTRY_OFFSET,
+                end,
+                setup_header: Some(hdr),
+            })
+        }
+        None => Err(BootError::NotAKernel {
+            path: path.to_owned(),
+        }),
+    }
+}
+
+/// The highest page-aligned address at which an initrd of `size` bytes ends below `limit` and
+/// starts above `kernel_end`.
+pub fn initrd_address(size: u64, limit: u64, kernel_end: u64) -> Option<u64> {
+    let start = limit.checked_sub(size)? & !(PAGE_SIZE - 1);
+    (start >= kernel_end).then_some(start)
+}
+
+/// Loads the initrd as high as the kernel accepts, page aligned, above the kernel.
+pub fn load_initrd(
+    mem: &GuestMemory,
+    path: &Path,
+    kernel: &LoadedKernel,
+) -> Result<InitrdPlacement, BootError> {
+    let mut file = File::open(path).map_err(|source| BootError::OpenInitrd {
+        path: path.to_owned(),
+        source,
+    })?;
+    let size = file
+        .metadata()
+        .map_err(|source| BootError::OpenInitrd {
+            path: path.to_owned(),
+            source,
+        })?
+        .len();
+    // The boot protocol's `initrd_addr_max` is the highest address the initrd may *end* at
+    // (inclusive); without a header (ELF) the kernel accepts anything below 4 GiB.
+    let addr_max = kernel
+        .setup_header
+        .map(|h| u64::from(h.initrd_addr_max) + 1)
+        .filter(|&m| m > 1)
+        .unwrap_or(memory::FOUR_GIB);
+    let limit = addr_max.min(memory::lowmem_end(mem.last_addr().raw_value() + 1));
+    let too_large = || BootError::InitrdTooLarge {
+        path: path.to_owned(),
+        size,
+        limit,
+        kernel_end: kernel.end,
+    };
+    let addr = initrd_address(size, limit, kernel.end).ok_or_else(too_large)?;
+    mem.read_exact_volatile_from(GuestAddress(addr), &mut file, size as usize)
+        .map_err(|source| BootError::ReadInitrd {
+            path: path.to_owned(),
+            source,
+        })?;
+    Ok(InitrdPlacement { addr, size })
+}
+
+/// The e820 map: base memory up to the EBDA, the EBDA reserved (it holds the MP table), then RAM
+/// from 1 MiB to the MMIO hole and above 4 GiB.
+pub fn e820_map(mem_size: u64) -> Vec<boot_e820_entry> {
+    let mut map = vec![
+        boot_e820_entry {
+            addr: 0,
+            size: EBDA_START,
+            r#type: E820_RAM,
+        },
+        boot_e820_entry {
+            addr: EBDA_START,
+            size: 0x400,
+            r#type: E820_RESERVED,
+        },
+    ];
+    for r in memory::ram_ranges(mem_size) {
+        let start = r.start.max(HIMEM_START);
+        let end = r.start + r.len;
+        if end > start {
+            map.push(boot_e820_entry {
+                addr: start,
+                size: end - start,
+                r#type: E820_RAM,
+            });
+        }
+    }
+    map
+}
+
+/// Builds the zero page for `kernel`.
+pub fn build_boot_params(
+    kernel: &LoadedKernel,
+    cmdline_len: usize,
+    initrd: Option<InitrdPlacement>,
+    mem_size: u64,
+) -> boot_params {
+    let mut params = boot_params::default();
+    if let Some(hdr) = kernel.setup_header {
+        params.hdr = hdr;
+    } else {
+        params.hdr.boot_flag = KERNEL_BOOT_FLAG_MAGIC;
+        params.hdr.header = KERNEL_HDR_MAGIC;
+        params.hdr.kernel_alignment = KERNEL_MIN_ALIGNMENT_BYTES;
+    }
+    params.hdr.type_of_loader = KERNEL_LOADER_OTHER;
+    params.hdr.loadflags |= LOADED_HIGH;
+    params.hdr.cmd_line_ptr = CMDLINE_START as u32;
+    params.hdr.cmdline_size = cmdline_len as u32;
+    if let Some(initrd) = initrd {
+        params.hdr.ramdisk_image = initrd.addr as u32;
+        params.hdr.ramdisk_size = initrd.size as u32;
+    }
+    let map = e820_map(mem_size);
+    params.e820_entries = map.len() as u8;
+    for (slot, entry) in params.e820_table.iter_mut().zip(map) {
+        *slot = entry;
+    }
+    params
+}
+
+/// Writes everything the kernel reads at entry: command line, zero page, MP table, GDT and page
+/// tables.
+pub fn configure_system(
+    mem: &GuestMemory,
+    kernel: &LoadedKernel,
+    cmdline: &Cmdline,
+    initrd: Option<InitrdPlacement>,
+    mem_size: u64,
+    vcpus: u8,
+) -> Result<(), BootError> {
+    loader::load_cmdline(mem, GuestAddress(CMDLINE_START), cmdline)
+        .map_err(BootError::WriteCmdline)?;
+    let cmdline_len = cmdline
+        .as_cstring()
+        .map_err(BootError::Cmdline)?
+        .as_bytes_with_nul()
+        .len();
+    let params = build_boot_params(kernel, cmdline_len, initrd, mem_size);
+    LinuxBootConfigurator::write_bootparams::<GuestMemory>(
+        &BootParams::new::<boot_params>(&params, GuestAddress(ZERO_PAGE_START)),
+        mem,
+    )
+    .map_err(BootError::ZeroPage)?;
+    mptable::setup_mptable(mem, vcpus).map_err(BootError::MpTable)?;
+    layout::write_gdt_and_page_tables(mem).map_err(BootError::Layout)?;
+    Ok(())
+}
+
+/// A command line with room for the kernel's maximum.
+pub fn new_cmdline(base: &str) -> Result<Cmdline, BootError> {
+    Cmdline::try_from(base, CMDLINE_MAX_SIZE).map_err(BootError::Cmdline)
+}
+
+/// Reads the zero page back (for tests and diagnostics).
+pub fn read_boot_params(mem: &GuestMemory) -> Result<boot_params, vm_memory::GuestMemoryError> {
+    mem.read_obj(GuestAddress(ZERO_PAGE_START))
+}
+
+#[cfg(test)]
+mod tests;

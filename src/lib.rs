@@ -1,0 +1,235 @@
+//! `vmm`: a small KVM virtual machine monitor built around a tunable virtio-net datapath.
+//!
+//! [`run`] boots a guest from a [`config::VmConfig`] and returns when it ends.
+
+pub mod boot;
+pub mod bus;
+pub mod config;
+pub mod host;
+pub mod kvm;
+pub mod memory;
+
+use std::io::{self, IsTerminal, Read};
+use std::os::fd::AsRawFd;
+use std::sync::{Arc, Mutex};
+use std::thread::{self, JoinHandle};
+use std::time::Duration;
+
+use devices::legacy::{CmosRtc, I8042, Serial};
+use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
+use vmm_sys_util::eventfd::EventFd;
+use vmm_sys_util::signal::{register_signal_handler, Killable, SIGRTMIN};
+use vmm_sys_util::terminal::Terminal;
+
+use crate::boot::BootError;
+use crate::bus::{Bus, BusError};
+use crate::config::{ConfigError, VmConfig};
+use crate::host::HostQuirks;
+use crate::kvm::vcpu::{Vcpu, VcpuExit};
+use crate::kvm::{KvmError, Vm};
+
+/// COM1's ports and interrupt.
+const COM1_PORT: u64 = 0x3f8;
+const COM1_GSI: u32 = 4;
+/// The CMOS RTC's index/data ports.
+const RTC_PORT: u64 = 0x70;
+/// The i8042's data port; its command/status port is 4 above.
+const I8042_PORT: u64 = 0x60;
+/// How often the watchdog checks that the vCPUs make progress.
+const WATCHDOG_PERIOD: Duration = Duration::from_secs(1);
+
+/// Why the VM could not run, or how it ended abnormally.
+#[derive(Debug, thiserror::Error)]
+pub enum VmmError {
+    #[error("invalid configuration")]
+    Config(#[from] ConfigError),
+    #[error("cannot allocate {mib} MiB of guest memory")]
+    Memory {
+        mib: u64,
+        #[source]
+        source: vm_memory::mmap::FromRangesError,
+    },
+    #[error(transparent)]
+    Boot(#[from] BootError),
+    #[error(transparent)]
+    Kvm(#[from] KvmError),
+    #[error("cannot place a device on the bus")]
+    Bus(#[from] BusError),
+    #[error("cannot create an eventfd")]
+    EventFd(#[source] io::Error),
+    #[error("cannot set up the VMM's event loop")]
+    Epoll(#[source] io::Error),
+    #[error("cannot start a thread")]
+    Thread(#[source] io::Error),
+    #[error("the VM stopped: {0}")]
+    Guest(String),
+}
+
+/// Boots the VM described by `config` and runs it until the guest resets or powers off
+/// (`Ok`) or something ends it abnormally (`Err`).
+pub fn run(config: &VmConfig) -> Result<(), VmmError> {
+    config.validate()?;
+    let mem_size = config.machine_config.mem_size_mib << 20;
+    let mem = memory::create_guest_memory(mem_size).map_err(|source| VmmError::Memory {
+        mib: config.machine_config.mem_size_mib,
+        source,
+    })?;
+    let vm = Vm::new(&mem)?;
+
+    let kernel = boot::load_kernel(&mem, &config.boot_source.kernel_image_path)?;
+    let initrd = match &config.boot_source.initrd_path {
+        Some(path) => Some(boot::load_initrd(&mem, path, &kernel)?),
+        None => None,
+    };
+    let mut cmdline = boot::new_cmdline(config.base_cmdline())?;
+    let quirks = HostQuirks::detect();
+    if let Some(extra) = quirks.extra_cmdline() {
+        log::info!("host KVM is the PVM module: appending `{extra}` to the guest command line");
+        cmdline.insert_str(extra).map_err(BootError::Cmdline)?;
+    }
+
+    // Legacy devices on the port bus.
+    let mut pio = Bus::new();
+    let serial_irq = EventFd::new(libc::EFD_NONBLOCK).map_err(VmmError::EventFd)?;
+    vm.register_irqfd(&serial_irq, COM1_GSI)?;
+    let serial = Arc::new(Mutex::new(Serial::new(serial_irq, io::stdout())));
+    pio.insert(serial.clone(), COM1_PORT, 8)?;
+    pio.insert(Arc::new(Mutex::new(CmosRtc::new())), RTC_PORT, 2)?;
+    let reset_evt = EventFd::new(libc::EFD_NONBLOCK).map_err(VmmError::EventFd)?;
+    let i8042 = I8042::new(reset_evt.try_clone().map_err(VmmError::EventFd)?);
+    pio.insert(Arc::new(Mutex::new(i8042)), I8042_PORT, 5)?;
+    let mmio = Bus::new();
+
+    boot::configure_system(
+        &mem,
+        &kernel,
+        &cmdline,
+        initrd,
+        mem_size,
+        config.machine_config.vcpu_count,
+    )?;
+    log::info!(
+        "booting {:?} ({} MiB, {} vCPU), command line: {}",
+        config.boot_source.kernel_image_path,
+        config.machine_config.mem_size_mib,
+        config.machine_config.vcpu_count,
+        cmdline.as_cstring().map(|c| c.to_string_lossy().into_owned()).unwrap_or_default()
+    );
+
+    // SAFETY-free: the handler does nothing; its only purpose is to make KVM_RUN return EINTR.
+    extern "C" fn kick_handler(_: libc::c_int, _: *mut libc::siginfo_t, _: *mut libc::c_void) {}
+    register_signal_handler(SIGRTMIN(), kick_handler)
+        .map_err(|e| VmmError::Thread(io::Error::from_raw_os_error(e.errno())))?;
+
+    let vcpu_exit_evt = EventFd::new(libc::EFD_NONBLOCK).map_err(VmmError::EventFd)?;
+    let first_exit: Arc<Mutex<Option<VcpuExit>>> = Arc::new(Mutex::new(None));
+    let mut vcpu_threads: Vec<JoinHandle<()>> = Vec::new();
+    for id in 0..config.machine_config.vcpu_count {
+        let vcpu = Vcpu::new(&vm, id, kernel.entry, mem.clone(), pio.clone(), mmio.clone())?;
+        let exit_evt = vcpu_exit_evt.try_clone().map_err(VmmError::EventFd)?;
+        let slot = first_exit.clone();
+        let handle = thread::Builder::new()
+            .name(format!("vcpu{id}"))
+            .spawn(move || {
+                let exit = vcpu.run();
+                let mut slot = slot.lock().unwrap_or_else(|p| p.into_inner());
+                slot.get_or_insert(exit);
+                // If the eventfd cannot be written the main loop still sees the slot on its
+                // next watchdog tick.
+                let _ = exit_evt.write(1);
+            })
+            .map_err(VmmError::Thread)?;
+        vcpu_threads.push(handle);
+    }
+
+    let _console = ConsoleInput::start(serial)?;
+
+    // The VMM thread: wait for the guest to reset or a vCPU to stop; kick the vCPUs
+    // periodically so they can check they still make progress.
+    const TOKEN_RESET: u64 = 0;
+    const TOKEN_VCPU_EXIT: u64 = 1;
+    let epoll = Epoll::new().map_err(VmmError::Epoll)?;
+    for (fd, token) in [(reset_evt.as_raw_fd(), TOKEN_RESET), (vcpu_exit_evt.as_raw_fd(), TOKEN_VCPU_EXIT)] {
+        epoll
+            .ctl(ControlOperation::Add, fd, EpollEvent::new(EventSet::IN, token))
+            .map_err(VmmError::Epoll)?;
+    }
+    let mut events = [EpollEvent::default(); 4];
+    loop {
+        let n = match epoll.wait(WATCHDOG_PERIOD.as_millis() as i32, &mut events) {
+            Ok(n) => n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(VmmError::Epoll(e)),
+        };
+        for ev in &events[..n] {
+            match ev.data() {
+                TOKEN_RESET => {
+                    log::info!("the guest reset the machine (i8042); stopping");
+                    return Ok(());
+                }
+                _ => {
+                    let exit = first_exit.lock().unwrap_or_else(|p| p.into_inner()).take();
+                    match exit {
+                        Some(VcpuExit::Reset) => return Ok(()),
+                        Some(VcpuExit::Fault(msg)) => return Err(VmmError::Guest(msg)),
+                        None => {}
+                    }
+                }
+            }
+        }
+        if n == 0 {
+            for t in &vcpu_threads {
+                // A vCPU thread that has already ended cannot be signalled; that is fine.
+                let _ = t.kill(SIGRTMIN());
+            }
+        }
+    }
+}
+
+/// Copies the host's stdin into the UART, in raw mode when stdin is a terminal (restored when
+/// dropped).
+struct ConsoleInput {
+    raw_tty: bool,
+}
+
+impl ConsoleInput {
+    fn start<W: io::Write + Send + 'static>(serial: Arc<Mutex<Serial<W>>>) -> Result<Self, VmmError> {
+        let stdin = io::stdin();
+        let raw_tty = stdin.is_terminal() && stdin.lock().set_raw_mode().is_ok();
+        thread::Builder::new()
+            .name("console-in".into())
+            .spawn(move || {
+                let mut buf = [0u8; 64];
+                let mut input = io::stdin().lock();
+                loop {
+                    let n = match input.read(&mut buf) {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => n,
+                    };
+                    let mut pending = &buf[..n];
+                    while !pending.is_empty() {
+                        let taken = serial
+                            .lock()
+                            .unwrap_or_else(|p| p.into_inner())
+                            .enqueue_input(pending)
+                            .unwrap_or(0);
+                        pending = &pending[taken..];
+                        if !pending.is_empty() {
+                            // The guest has not drained the FIFO yet.
+                            thread::sleep(Duration::from_millis(5));
+                        }
+                    }
+                }
+            })
+            .map_err(VmmError::Thread)?;
+        Ok(ConsoleInput { raw_tty })
+    }
+}
+
+impl Drop for ConsoleInput {
+    fn drop(&mut self) {
+        if self.raw_tty {
+            let _ = io::stdin().lock().set_canon_mode();
+        }
+    }
+}
