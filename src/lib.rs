@@ -81,12 +81,6 @@ pub fn run(config: &VmConfig) -> Result<(), VmmError> {
         Some(path) => Some(boot::load_initrd(&mem, path, &kernel)?),
         None => None,
     };
-    let mut cmdline = boot::new_cmdline(config.base_cmdline())?;
-    let quirks = HostQuirks::detect();
-    if let Some(extra) = quirks.extra_cmdline() {
-        log::info!("host KVM is the PVM module: appending `{extra}` to the guest command line");
-        cmdline.insert_str(extra).map_err(BootError::Cmdline)?;
-    }
 
     // Legacy devices on the port bus.
     let mut pio = Bus::new();
@@ -99,6 +93,26 @@ pub fn run(config: &VmConfig) -> Result<(), VmmError> {
     let i8042 = I8042::new(reset_evt.try_clone().map_err(VmmError::EventFd)?);
     pio.insert(Arc::new(Mutex::new(i8042)), I8042_PORT, 5)?;
     let mmio = Bus::new();
+
+    let vcpus = (0..config.machine_config.vcpu_count)
+        .map(|id| Vcpu::new(&vm, id, kernel.entry, mem.clone(), pio.clone(), mmio.clone()))
+        .collect::<Result<Vec<_>, _>>()?;
+
+    let mut cmdline = boot::new_cmdline(config.base_cmdline())?;
+    // Linux reads the TSC frequency from CPUID leaf 0x15 only on Intel; elsewhere, without
+    // kvmclock, it calibrates against the PIT (slow, and it may mark the TSC unstable).
+    if let Some(khz) = vcpus[0].tsc_khz() {
+        if !config.base_cmdline().contains("tsc_early_khz=") {
+            cmdline
+                .insert("tsc_early_khz", &khz.to_string())
+                .map_err(BootError::Cmdline)?;
+        }
+    }
+    let quirks = HostQuirks::detect();
+    if let Some(extra) = quirks.extra_cmdline() {
+        log::info!("host KVM is the PVM module: appending `{extra}` to the guest command line");
+        cmdline.insert_str(extra).map_err(BootError::Cmdline)?;
+    }
 
     boot::configure_system(
         &mem,
@@ -124,8 +138,8 @@ pub fn run(config: &VmConfig) -> Result<(), VmmError> {
     let vcpu_exit_evt = EventFd::new(libc::EFD_NONBLOCK).map_err(VmmError::EventFd)?;
     let first_exit: Arc<Mutex<Option<VcpuExit>>> = Arc::new(Mutex::new(None));
     let mut vcpu_threads: Vec<JoinHandle<()>> = Vec::new();
-    for id in 0..config.machine_config.vcpu_count {
-        let vcpu = Vcpu::new(&vm, id, kernel.entry, mem.clone(), pio.clone(), mmio.clone())?;
+    for vcpu in vcpus {
+        let id = vcpu.id();
         let exit_evt = vcpu_exit_evt.try_clone().map_err(VmmError::EventFd)?;
         let slot = first_exit.clone();
         let handle = thread::Builder::new()

@@ -69,6 +69,7 @@ pub struct Vcpu {
     mmio: Bus,
     /// Instructions the host could not run that we completed (int3/fwait); for diagnostics.
     fixups: u64,
+    tsc_khz: Option<u32>,
     watchdog: Watchdog,
 }
 
@@ -121,8 +122,19 @@ impl Vcpu {
             pio,
             mmio,
             fixups: 0,
+            tsc_khz,
             watchdog: Watchdog::default(),
         })
+    }
+
+    /// The vCPU's index (and APIC id).
+    pub fn id(&self) -> u8 {
+        self.id
+    }
+
+    /// The guest TSC frequency, when KVM reports one.
+    pub fn tsc_khz(&self) -> Option<u32> {
+        self.tsc_khz
     }
 
     /// Runs the vCPU until the VM ends.

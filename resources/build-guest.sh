@@ -1,0 +1,354 @@
+#!/usr/bin/env bash
+# Build the vmm test guest: a minimal x86_64 Linux kernel (Debian's
+# linux-source-6.12 + resources/kernel/*.patch + resources/kernel/minimal.config
+# on top of tinyconfig) and an uncompressed newc initramfs (static busybox +
+# resources/init/). Artefacts are cached outside the clone, keyed by a sha256
+# of their inputs; see resources/README.md.
+#
+# Usage: resources/build-guest.sh [--kernel-only|--initrd-only] [--print] [--force]
+#   --kernel-only   only the kernel (prints kernel=, bzimage=, config=)
+#   --initrd-only   only the initramfs (prints initrd=)
+#   --print         do not build: print the paths if cached, else exit 1
+#   --force         rebuild the selected artefacts even if cached
+#
+# stdout carries only key=path lines (kernel=, bzimage=, initrd=, config=);
+# all progress goes to stderr.
+#
+# Environment: VMM_GUEST_CACHE (default ~/.cache/vmm-guest),
+#   VMM_GUEST_KEEP_BUILD=1 keeps the kernel build tree (for incremental work).
+#
+# The text between the "#@@ begin X" / "#@@ end X" markers is part of the
+# cache keys: editing the kernel section rebuilds the kernel, editing the
+# initrd section the initramfs. Everything that decides what goes into an
+# artefact belongs in its section; the rest of the script (logging, package
+# checks, locking, argument parsing) can change without a rebuild.
+set -euo pipefail
+
+SELF=$(readlink -f -- "${BASH_SOURCE[0]}")
+RES=$(dirname -- "$SELF")
+CACHE=${VMM_GUEST_CACHE:-$HOME/.cache/vmm-guest}
+KSRC_PKG=linux-source-6.12 # its version is part of both keys
+KSRC_TAR=/usr/src/linux-source-6.12.tar.xz
+KERNEL_PKGS=(linux-source-6.12 build-essential flex bison bc libelf-dev libssl-dev xz-utils)
+INITRD_PKGS=(linux-source-6.12 busybox-static gcc libc6-dev xz-utils)
+TRASH=() # build trees to delete once the lock is released
+export LC_ALL=C # stable glob order for the keys
+
+log() { printf 'build-guest: %s\n' "$*" >&2; }
+die() {
+	log "error: $*"
+	exit 1
+}
+
+usage() {
+	sed -n '2,/^set -euo/{/^set -euo/d;s/^# \{0,1\}//;p}' "$SELF" >&2
+}
+
+# Text of one marked section of this script (part of the cache keys).
+section() {
+	local text
+	text=$(awk -v s="$1" '$0 == "#@@ begin " s { on = 1 } on { print } $0 == "#@@ end " s { on = 0 }' "$SELF")
+	[[ -n $text ]] || die "internal: no section '$1' in $SELF"
+	printf '%s\n' "$text"
+}
+
+pkg_version() { dpkg-query -W -f='${Version}' "$1" 2>/dev/null || true; }
+
+# Exit with a clear message if any of the given Debian packages is missing.
+require_pkgs() {
+	local p missing=() installed
+	installed=" $(dpkg-query -W -f='${db:Status-Status}:${Package} ' "$@" 2>/dev/null || true)"
+	for p in "$@"; do
+		[[ $installed == *" installed:$p "* ]] || missing+=("$p")
+	done
+	if ((${#missing[@]})); then
+		log "error: missing Debian packages: ${missing[*]}"
+		log "install them with: apt-get install ${missing[*]}"
+		log "(resources/install-deps.sh, which .ci/run runs, does that)"
+		exit 2
+	fi
+}
+
+# sha256 (first 16 hex digits) of stdin
+short_hash() { sha256sum | cut -c1-16; }
+
+# name + sha256 of each file, names relative to $RES
+hash_files() {
+	(cd "$RES" && sha256sum -- "$@")
+}
+
+# ---------------------------------------------------------------- arguments
+want_kernel=1 want_initrd=1 print_only=0 force=0
+for arg in "$@"; do
+	case $arg in
+	--kernel-only) want_initrd=0 ;;
+	--initrd-only) want_kernel=0 ;;
+	--print) print_only=1 ;;
+	--force) force=1 ;;
+	-h | --help)
+		usage
+		exit 0
+		;;
+	*)
+		usage
+		die "unknown argument: $arg"
+		;;
+	esac
+done
+((want_kernel || want_initrd)) || die "--kernel-only and --initrd-only exclude each other"
+((print_only)) && force=0
+[[ $CACHE == /* ]] || CACHE=$PWD/$CACHE
+[[ $CACHE != *[[:space:]]* ]] || die "VMM_GUEST_CACHE must not contain whitespace (kbuild cannot handle it): $CACHE"
+
+#@@ begin kernel
+kernel_key() {
+	{
+		echo "vmm-guest kernel v1"
+		section kernel
+		echo "$KSRC_PKG=$(pkg_version "$KSRC_PKG")"
+		gcc --version | sed -n 1p
+		hash_files kernel/minimal.config
+		local p
+		for p in "$RES"/kernel/*.patch; do
+			if [[ -e $p ]]; then hash_files "kernel/${p##*/}"; fi
+		done
+	} | short_hash
+}
+
+# Compare the fragment with the final .config; warn (do not fail) about every
+# line that did not survive. The report is also kept next to the outputs.
+check_fragment() {
+	local frag=$1 cfg=$2 report=$3 line sym have n=0
+	: >"$report"
+	while IFS= read -r line; do
+		case $line in
+		CONFIG_*=*)
+			sym=${line%%=*}
+			grep -qxF -- "$line" "$cfg" && continue
+			have=$(grep -E "^(# )?$sym[= ]" "$cfg" || true)
+			echo "warning: fragment '$line' did not survive; .config has: ${have:-nothing (unknown symbol or unmet dependencies)}" >>"$report"
+			n=$((n + 1))
+			;;
+		"# CONFIG_"*" is not set")
+			sym=${line#"# "}
+			sym=${sym%% *}
+			grep -qxF -- "$line" "$cfg" && continue
+			have=$(grep -E "^$sym=" "$cfg" || true)
+			if [[ -n $have ]]; then
+				echo "warning: fragment '$line' did not survive; .config has: $have" >>"$report"
+				n=$((n + 1))
+			else
+				echo "note: fragment '$line': symbol absent from .config (unknown symbol or unmet dependencies), so it is off" >>"$report"
+			fi
+			;;
+		esac
+	done <"$frag"
+	if [[ -s $report ]]; then
+		sed 's/^/build-guest: /' "$report" >&2
+	fi
+	log "config check: $n fragment line(s) did not survive"
+}
+
+build_kernel() {
+	local out=$1 work=$1.build stage=$1.tmp klog=$1.log src rc
+	src=$work/src
+	rm -rf -- "$work" "$stage" "$klog"
+	mkdir -p -- "$src" "$stage"
+	log "kernel: building into $out (log: $klog)"
+
+	log "kernel: extracting $KSRC_TAR"
+	tar -xJf "$KSRC_TAR" -C "$src" --strip-components=1
+
+	local p
+	for p in "$RES"/kernel/*.patch; do
+		[[ -e $p ]] || continue
+		log "kernel: applying ${p##*/}"
+		patch -p1 -d "$src" --batch --forward <"$p" >>"$klog" 2>&1 ||
+			die "kernel: patch ${p##*/} does not apply, see $klog"
+	done
+
+	# The caller's make/kbuild settings must not leak into the build.
+	unset MAKEFLAGS MFLAGS MAKELEVEL MAKEOVERRIDES KBUILD_OUTPUT O ARCH \
+		CROSS_COMPILE LOCALVERSION KCONFIG_CONFIG KCONFIG_ALLCONFIG || true
+	kmake() {
+		make -C "$src" ARCH=x86 KBUILD_BUILD_USER=vmm KBUILD_BUILD_HOST=vmm-guest "$@" >>"$klog" 2>&1
+	}
+	log "kernel: tinyconfig + minimal.config + olddefconfig"
+	kmake tinyconfig || die "kernel: make tinyconfig failed, see $klog"
+	(cd "$src" && scripts/kconfig/merge_config.sh -m .config "$RES/kernel/minimal.config") >>"$klog" 2>&1 ||
+		die "kernel: merge_config.sh failed, see $klog"
+	kmake olddefconfig || die "kernel: make olddefconfig failed, see $klog"
+	check_fragment "$RES/kernel/minimal.config" "$src/.config" "$stage/fragment-check.txt"
+
+	local jobs
+	jobs=$(nproc)
+	log "kernel: make -j$jobs vmlinux bzImage (a few minutes on 2 cores)"
+	local t0=$SECONDS
+	rc=0
+	kmake -j"$jobs" vmlinux bzImage || rc=$?
+	if ((rc)); then
+		log "kernel: build failed (exit $rc); last lines of $klog:"
+		tail -n 40 "$klog" >&2
+		die "kernel build failed; build tree kept in $work"
+	fi
+	log "kernel: built in $((SECONDS - t0)) s"
+
+	cp -- "$src/vmlinux" "$stage/vmlinux"
+	cp -- "$src/arch/x86/boot/bzImage" "$stage/bzImage"
+	cp -- "$src/.config" "$stage/config"
+	cp -- "$src/System.map" "$stage/System.map"
+	# Reuse the extracted tree for the initramfs tool.
+	install_gen_init_cpio "$src/usr/gen_init_cpio.c"
+
+	mv -- "$klog" "$stage/build.log"
+	rm -rf -- "$out"
+	mv -- "$stage" "$out"
+	if [[ ${VMM_GUEST_KEEP_BUILD:-0} == 1 ]]; then
+		log "kernel: build tree kept in $work"
+	else
+		# Deleting ~1 GB takes a while: do it after releasing the lock.
+		local trash
+		trash=$(mktemp -d "$CACHE/kernel/.trash.XXXXXX")
+		mv -- "$work" "$trash/"
+		TRASH+=("$trash")
+	fi
+}
+#@@ end kernel
+
+#@@ begin initrd
+BUSYBOX=/bin/busybox # Debian's busybox-static
+
+initrd_key() {
+	{
+		echo "vmm-guest initrd v1"
+		section initrd
+		echo "busybox-static=$(pkg_version busybox-static)"
+		echo "$KSRC_PKG=$(pkg_version "$KSRC_PKG")" # gen_init_cpio
+		hash_files init/init
+		local t
+		for t in "$RES"/init/tests/*; do
+			if [[ -e $t ]]; then hash_files "init/tests/${t##*/}"; fi
+		done
+	} | short_hash
+}
+
+gen_init_cpio_path() { echo "$CACHE/tools/gen_init_cpio-$(pkg_version "$KSRC_PKG")/gen_init_cpio"; }
+
+# Compile the kernel's usr/gen_init_cpio.c (a standalone C file) into the cache.
+install_gen_init_cpio() {
+	local c_file=$1 dest tmp
+	dest=$(gen_init_cpio_path)
+	[[ -x $dest ]] && return 0
+	mkdir -p -- "$(dirname -- "$dest")"
+	tmp=$dest.tmp.$$
+	gcc -O2 -o "$tmp" "$c_file" || die "cannot compile $c_file"
+	mv -f -- "$tmp" "$dest"
+}
+
+ensure_gen_init_cpio() {
+	[[ -x $(gen_init_cpio_path) ]] && return 0
+	local tmp
+	mkdir -p -- "$CACHE/tools"
+	tmp=$(mktemp -d "$CACHE/tools/.src.XXXXXX")
+	log "initrd: extracting usr/gen_init_cpio.c from $KSRC_TAR"
+	tar -xJf "$KSRC_TAR" -C "$tmp" --strip-components=1 --wildcards '*/usr/gen_init_cpio.c' ||
+		die "cannot extract usr/gen_init_cpio.c from $KSRC_TAR"
+	install_gen_init_cpio "$tmp/usr/gen_init_cpio.c"
+	rm -rf -- "$tmp"
+}
+
+build_initrd() {
+	local out=$1 stage=$1.tmp t name
+	rm -rf -- "$stage"
+	mkdir -p -- "$stage"
+	ensure_gen_init_cpio
+	[[ -x $BUSYBOX ]] || die "$BUSYBOX not found (package busybox-static)"
+	log "initrd: building into $out"
+	# Device nodes come from the list, so no root is needed. Uncompressed on
+	# purpose: gzip inflate in this guest took 22 s (NOTES.md).
+	{
+		echo "# generated by resources/build-guest.sh"
+		local d
+		for d in /dev /proc /sys /bin /sbin /tests; do
+			echo "dir $d 0755 0 0"
+		done
+		echo "dir /tmp 1777 0 0"
+		echo "nod /dev/console 0600 0 0 c 5 1"
+		echo "nod /dev/null 0666 0 0 c 1 3"
+		echo "file /bin/busybox $BUSYBOX 0755 0 0"
+		echo "slink /bin/sh busybox 0777 0 0"
+		echo "file /init $RES/init/init 0755 0 0"
+		for t in "$RES"/init/tests/*.sh; do
+			[[ -e $t ]] || continue
+			name=${t##*/}
+			[[ $name =~ ^[A-Za-z0-9_.-]+$ && $RES != *[[:space:]]* ]] ||
+				die "initrd: unsupported file name: $t"
+			echo "file /tests/$name $t 0755 0 0"
+		done
+	} >"$stage/initramfs.list"
+	"$(gen_init_cpio_path)" -t 0 "$stage/initramfs.list" >"$stage/initramfs.cpio" ||
+		die "initrd: gen_init_cpio failed"
+	rm -rf -- "$out"
+	mv -- "$stage" "$out"
+	log "initrd: $(stat -c %s "$out/initramfs.cpio") bytes"
+}
+#@@ end initrd
+
+# ---------------------------------------------------------------- main
+pkgs=()
+((want_kernel)) && pkgs+=("${KERNEL_PKGS[@]}")
+((want_initrd)) && pkgs+=("${INITRD_PKGS[@]}")
+require_pkgs "${pkgs[@]}"
+[[ -r $KSRC_TAR ]] || die "$KSRC_TAR not found (package $KSRC_PKG)"
+
+kdir= idir=
+if ((want_kernel)); then
+	key=$(kernel_key)
+	[[ $key =~ ^[0-9a-f]{16}$ ]] || die "internal: bad kernel key '$key'"
+	kdir=$CACHE/kernel/$key
+fi
+if ((want_initrd)); then
+	key=$(initrd_key)
+	[[ $key =~ ^[0-9a-f]{16}$ ]] || die "internal: bad initramfs key '$key'"
+	idir=$CACHE/initrd/$key
+fi
+
+# An output directory appears atomically (rename) once complete.
+need_kernel=0 need_initrd=0
+if ((want_kernel)) && { ((force)) || [[ ! -f $kdir/vmlinux ]]; }; then need_kernel=1; fi
+if ((want_initrd)) && { ((force)) || [[ ! -f $idir/initramfs.cpio ]]; }; then need_initrd=1; fi
+
+if ((print_only)); then
+	if ((need_kernel || need_initrd)); then
+		((need_kernel)) && log "kernel not cached (would be $kdir)"
+		((need_initrd)) && log "initramfs not cached (would be $idir)"
+		exit 1
+	fi
+elif ((need_kernel || need_initrd)); then
+	mkdir -p -- "$CACHE"
+	exec 9>"$CACHE/.lock"
+	if ! flock -n 9; then
+		log "waiting for the lock on $CACHE (another build-guest.sh is running)"
+		flock 9
+	fi
+	# Another invocation may have built it while we waited.
+	if ((need_kernel)) && { ((force)) || [[ ! -f $kdir/vmlinux ]]; }; then
+		build_kernel "$kdir"
+	fi
+	if ((need_initrd)) && { ((force)) || [[ ! -f $idir/initramfs.cpio ]]; }; then
+		build_initrd "$idir"
+	fi
+	exec 9>&-
+	if ((${#TRASH[@]})); then
+		log "deleting the kernel build tree"
+		rm -rf -- "${TRASH[@]}"
+	fi
+fi
+
+if ((want_kernel)); then
+	echo "kernel=$kdir/vmlinux"
+	echo "bzimage=$kdir/bzImage"
+fi
+((want_initrd)) && echo "initrd=$idir/initramfs.cpio"
+((want_kernel)) && echo "config=$kdir/config"
+exit 0
