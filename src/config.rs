@@ -3,6 +3,7 @@
 
 use std::path::PathBuf;
 
+use devices::virtio::net::NetConfig;
 use serde::{Deserialize, Serialize};
 
 /// Smallest guest memory we accept: the kernel is linked at 16 MiB and needs room above it.
@@ -49,6 +50,11 @@ impl Default for MachineConfig {
     }
 }
 
+/// Most virtio devices: each takes one IOAPIC pin from [`FIRST_VIRTIO_GSI`] to 23.
+pub const MAX_VIRTIO_DEVICES: usize = 19;
+/// The first GSI given to virtio devices (0–4 are the timer, keyboard, cascade and COM ports).
+pub const FIRST_VIRTIO_GSI: u32 = 5;
+
 /// Everything needed to start a VM.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
 #[serde(deny_unknown_fields)]
@@ -58,6 +64,12 @@ pub struct VmConfig {
     /// vCPUs and memory.
     #[serde(default)]
     pub machine_config: MachineConfig,
+    /// virtio-net devices, in the order the guest sees them (eth0, eth1, …).
+    #[serde(default)]
+    pub net: Vec<NetConfig>,
+    /// Print device metrics every this many seconds (and always once at exit).
+    #[serde(default)]
+    pub metrics_interval_secs: Option<u64>,
 }
 
 /// A configuration value that cannot be used.
@@ -69,6 +81,12 @@ pub enum ConfigError {
     VcpuCount(u8),
     #[error("kernel command line contains a NUL byte")]
     CmdlineNul,
+    #[error("too many network devices: {0} (at most {MAX_VIRTIO_DEVICES})")]
+    TooManyDevices(usize),
+    #[error("tap {0:?} is used by two network devices")]
+    DuplicateTap(String),
+    #[error("metrics interval must be at least 1 second")]
+    MetricsInterval,
 }
 
 impl VmConfig {
@@ -88,6 +106,17 @@ impl VmConfig {
             .is_some_and(|a| a.contains('\0'))
         {
             return Err(ConfigError::CmdlineNul);
+        }
+        if self.net.len() > MAX_VIRTIO_DEVICES {
+            return Err(ConfigError::TooManyDevices(self.net.len()));
+        }
+        for (i, n) in self.net.iter().enumerate() {
+            if self.net[..i].iter().any(|m| m.tap == n.tap) {
+                return Err(ConfigError::DuplicateTap(n.tap.clone()));
+            }
+        }
+        if self.metrics_interval_secs == Some(0) {
+            return Err(ConfigError::MetricsInterval);
         }
         Ok(())
     }
@@ -113,6 +142,8 @@ mod tests {
                 vcpu_count: vcpus,
                 mem_size_mib: mem,
             },
+            net: Vec::new(),
+            metrics_interval_secs: None,
         }
     }
 
@@ -126,6 +157,15 @@ mod tests {
         );
         assert_eq!(config(128, 0).validate(), Err(ConfigError::VcpuCount(0)));
         assert_eq!(config(128, 33).validate(), Err(ConfigError::VcpuCount(33)));
+        let mut c = config(128, 1);
+        c.net = vec!["tap0".parse().unwrap(), "tap=tap0,mac=02:00:00:00:00:09".parse().unwrap()];
+        assert_eq!(c.validate(), Err(ConfigError::DuplicateTap("tap0".into())));
+        c.net = (0..20).map(|i| format!("tap{i}").parse().unwrap()).collect();
+        assert_eq!(c.validate(), Err(ConfigError::TooManyDevices(20)));
+        c.net.truncate(19);
+        assert_eq!(c.validate(), Ok(()));
+        c.metrics_interval_secs = Some(0);
+        assert_eq!(c.validate(), Err(ConfigError::MetricsInterval));
     }
 
     #[test]

@@ -13,9 +13,12 @@ use std::io::{self, IsTerminal, Read};
 use std::os::fd::AsRawFd;
 use std::sync::{Arc, Mutex};
 use std::thread::{self, JoinHandle};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use devices::legacy::{CmosRtc, I8042, Serial};
+use devices::virtio::net::{NetDevice, NetMetrics};
+use devices::virtio::MmioTransport;
+use vm_memory::GuestAddress;
 use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
 use vmm_sys_util::eventfd::EventFd;
 use vmm_sys_util::signal::{register_signal_handler, Killable, SIGRTMIN};
@@ -35,6 +38,8 @@ const COM1_GSI: u32 = 4;
 const RTC_PORT: u64 = 0x70;
 /// The i8042's data port; its command/status port is 4 above.
 const I8042_PORT: u64 = 0x60;
+/// Each virtio-mmio device's register window.
+const MMIO_DEVICE_SIZE: u64 = 0x1000;
 /// How often the watchdog checks that the vCPUs make progress.
 const WATCHDOG_PERIOD: Duration = Duration::from_secs(1);
 
@@ -63,6 +68,14 @@ pub enum VmmError {
     Thread(#[source] io::Error),
     #[error("the VM stopped: {0}")]
     Guest(String),
+    #[error("cannot create the network device on tap {tap:?}")]
+    Net {
+        tap: String,
+        #[source]
+        source: devices::virtio::net::NetError,
+    },
+    #[error("cannot create a virtio transport: {0}")]
+    Transport(String),
 }
 
 /// Boots the VM described by `config` and runs it until the guest resets or powers off
@@ -82,6 +95,9 @@ pub fn run(config: &VmConfig) -> Result<(), VmmError> {
         None => None,
     };
 
+    // (MMIO base, GSI) of each virtio device, for the kernel command line.
+    let mut cmdline_devices: Vec<(u64, u32)> = Vec::new();
+
     // Legacy devices on the port bus.
     let mut pio = Bus::new();
     let serial_irq = EventFd::new(libc::EFD_NONBLOCK).map_err(VmmError::EventFd)?;
@@ -92,13 +108,19 @@ pub fn run(config: &VmConfig) -> Result<(), VmmError> {
     let reset_evt = EventFd::new(libc::EFD_NONBLOCK).map_err(VmmError::EventFd)?;
     let i8042 = I8042::new(reset_evt.try_clone().map_err(VmmError::EventFd)?);
     pio.insert(Arc::new(Mutex::new(i8042)), I8042_PORT, 5)?;
-    let mmio = Bus::new();
+    let mut mmio = Bus::new();
+    let nets = attach_net_devices(config, &vm, &mem, &mut mmio, &mut cmdline_devices)?;
 
     let vcpus = (0..config.machine_config.vcpu_count)
         .map(|id| Vcpu::new(&vm, id, kernel.entry, mem.clone(), pio.clone(), mmio.clone()))
         .collect::<Result<Vec<_>, _>>()?;
 
     let mut cmdline = boot::new_cmdline(config.base_cmdline())?;
+    for &(base, gsi) in &cmdline_devices {
+        cmdline
+            .add_virtio_mmio_device(MMIO_DEVICE_SIZE, GuestAddress(base), gsi, None)
+            .map_err(BootError::Cmdline)?;
+    }
     // Linux reads the TSC frequency from CPUID leaf 0x15 only on Intel; elsewhere, without
     // kvmclock, it calibrates against the PIT (slow, and it may mark the TSC unstable).
     if let Some(khz) = vcpus[0].tsc_khz() {
@@ -169,23 +191,25 @@ pub fn run(config: &VmConfig) -> Result<(), VmmError> {
             .map_err(VmmError::Epoll)?;
     }
     let mut events = [EpollEvent::default(); 4];
-    loop {
+    let metrics_every = config.metrics_interval_secs.map(Duration::from_secs);
+    let mut last_metrics = Instant::now();
+    let result = 'wait: loop {
         let n = match epoll.wait(WATCHDOG_PERIOD.as_millis() as i32, &mut events) {
             Ok(n) => n,
             Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-            Err(e) => return Err(VmmError::Epoll(e)),
+            Err(e) => break 'wait Err(VmmError::Epoll(e)),
         };
         for ev in &events[..n] {
             match ev.data() {
                 TOKEN_RESET => {
                     log::info!("the guest reset the machine (i8042); stopping");
-                    return Ok(());
+                    break 'wait Ok(());
                 }
                 _ => {
                     let exit = first_exit.lock().unwrap_or_else(|p| p.into_inner()).take();
                     match exit {
-                        Some(VcpuExit::Reset) => return Ok(()),
-                        Some(VcpuExit::Fault(msg)) => return Err(VmmError::Guest(msg)),
+                        Some(VcpuExit::Reset) => break 'wait Ok(()),
+                        Some(VcpuExit::Fault(msg)) => break 'wait Err(VmmError::Guest(msg)),
                         None => {}
                     }
                 }
@@ -197,7 +221,79 @@ pub fn run(config: &VmConfig) -> Result<(), VmmError> {
                 let _ = t.kill(SIGRTMIN());
             }
         }
+        if metrics_every.is_some_and(|every| last_metrics.elapsed() >= every) {
+            last_metrics = Instant::now();
+            print_metrics(&nets);
+        }
+    };
+    // Stop the device workers so that their last counts are published, then report.
+    for net in &nets {
+        net.transport.lock().unwrap_or_else(|p| p.into_inner()).shutdown();
     }
+    print_metrics(&nets);
+    result
+}
+
+/// A virtio-net device as the VMM keeps it: its transport (for shutdown) and metrics.
+struct AttachedNet {
+    tap: String,
+    transport: Arc<Mutex<MmioTransport>>,
+    metrics: Arc<NetMetrics>,
+}
+
+/// Creates each virtio-net device, places it in MMIO space with its GSI, and registers its
+/// queue notifications as ioeventfds and its interrupt as an irqfd.
+fn attach_net_devices(
+    config: &VmConfig,
+    vm: &Vm,
+    mem: &memory::GuestMemory,
+    mmio: &mut Bus,
+    cmdline_devices: &mut Vec<(u64, u32)>,
+) -> Result<Vec<AttachedNet>, VmmError> {
+    let mut attached = Vec::new();
+    for (i, net_config) in config.net.iter().enumerate() {
+        let base = memory::MMIO_START + i as u64 * MMIO_DEVICE_SIZE;
+        let gsi = config::FIRST_VIRTIO_GSI + i as u32;
+        let device = NetDevice::new(net_config).map_err(|source| VmmError::Net {
+            tap: net_config.tap.clone(),
+            source,
+        })?;
+        let metrics = device.metrics();
+        let transport = MmioTransport::new(mem.clone(), Box::new(device))
+            .map_err(|e| VmmError::Transport(e.to_string()))?;
+        vm.register_irqfd(transport.irqfd(), gsi)?;
+        for (evt, addr, datamatch) in transport.ioeventfds(base) {
+            vm.register_mmio_ioevent(evt, addr, datamatch)?;
+        }
+        let transport = Arc::new(Mutex::new(transport));
+        mmio.insert(transport.clone(), base, MMIO_DEVICE_SIZE)?;
+        cmdline_devices.push((base, gsi));
+        log::info!(
+            "virtio-net on tap {:?} (MAC {}) at {base:#x}, GSI {gsi}",
+            net_config.tap,
+            net_config.mac
+        );
+        attached.push(AttachedNet {
+            tap: net_config.tap.clone(),
+            transport,
+            metrics,
+        });
+    }
+    Ok(attached)
+}
+
+/// Prints the device metrics as one JSON line on stderr: `{"net":{"TAP":{...},...}}`.
+fn print_metrics(nets: &[AttachedNet]) {
+    if nets.is_empty() {
+        return;
+    }
+    let mut by_tap = serde_json::Map::new();
+    for net in nets {
+        let value = serde_json::to_value(&*net.metrics).unwrap_or(serde_json::Value::Null);
+        by_tap.insert(net.tap.clone(), value);
+    }
+    let line = serde_json::json!({ "net": by_tap });
+    eprintln!("{line}");
 }
 
 /// Copies the host's stdin into the UART, in raw mode when stdin is a terminal (restored when

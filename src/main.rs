@@ -4,6 +4,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::Parser;
+use devices::virtio::net::NetConfig;
 use vmm::config::{BootSource, MachineConfig, VmConfig, DEFAULT_MEM_MIB};
 
 /// A small KVM virtual machine monitor built around a tunable virtio-net datapath.
@@ -26,6 +27,13 @@ struct Cli {
     /// Number of vCPUs (1..=32).
     #[arg(long, value_name = "N", default_value_t = 1)]
     vcpus: u8,
+    /// A virtio-net device on a host tap: `TAP` or `tap=TAP[,mac=MAC][,queue_size=N]`. The tap
+    /// is opened, or created when it does not exist. Repeat for more devices.
+    #[arg(long, value_name = "SPEC")]
+    net: Vec<NetConfig>,
+    /// Print device metrics as a JSON line on stderr every SECS seconds (always once at exit).
+    #[arg(long, value_name = "SECS")]
+    metrics_interval: Option<u64>,
 }
 
 impl Cli {
@@ -40,6 +48,8 @@ impl Cli {
                 vcpu_count: self.vcpus,
                 mem_size_mib: self.mem_size,
             },
+            net: self.net,
+            metrics_interval_secs: self.metrics_interval,
         }
     }
 }

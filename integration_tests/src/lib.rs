@@ -3,11 +3,13 @@
 //! Guests run one at a time ([`guest_lock`]): each busy vCPU takes a whole host core, and the
 //! machines these tests run on may have only two.
 
+pub mod netns;
+
 use std::collections::HashMap;
 use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitStatus, Stdio};
-use std::sync::{Mutex, MutexGuard, OnceLock};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -162,4 +164,109 @@ pub fn run_command(cmd: &mut Command, deadline: Duration) -> RunOutput {
 /// reboot on panic, quiet kernel, and the `/init` test to run.
 pub fn test_cmdline(run: &str) -> String {
     format!("console=ttyS0 reboot=k panic=-1 quiet vmm.run={run}")
+}
+
+/// A running `vmm` whose console can be watched while it runs.
+pub struct VmmProcess {
+    child: std::process::Child,
+    stdout: Arc<Mutex<String>>,
+    stderr: Arc<Mutex<String>>,
+    readers: Vec<thread::JoinHandle<()>>,
+    start: Instant,
+}
+
+impl VmmProcess {
+    /// Starts `cmd` (a `vmm` command line, possibly wrapped in `ip netns exec`).
+    pub fn spawn(cmd: &mut Command) -> VmmProcess {
+        let mut child = cmd
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start {cmd:?}: {e}"));
+        let stdout = Arc::new(Mutex::new(String::new()));
+        let stderr = Arc::new(Mutex::new(String::new()));
+        let pump = |mut r: Box<dyn Read + Send>, sink: Arc<Mutex<String>>| {
+            thread::spawn(move || {
+                let mut buf = [0u8; 4096];
+                while let Ok(n) = r.read(&mut buf) {
+                    if n == 0 {
+                        break;
+                    }
+                    sink.lock().unwrap().push_str(&String::from_utf8_lossy(&buf[..n]));
+                }
+            })
+        };
+        let readers = vec![
+            pump(Box::new(child.stdout.take().expect("piped")), stdout.clone()),
+            pump(Box::new(child.stderr.take().expect("piped")), stderr.clone()),
+        ];
+        VmmProcess {
+            child,
+            stdout,
+            stderr,
+            readers,
+            start: Instant::now(),
+        }
+    }
+
+    /// Waits until the console shows `needle`; false on timeout or when the VMM exited first.
+    pub fn wait_for_console(&mut self, needle: &str, timeout: Duration) -> bool {
+        let deadline = Instant::now() + timeout;
+        while Instant::now() < deadline {
+            if self.stdout.lock().unwrap().contains(needle) {
+                return true;
+            }
+            if self.child.try_wait().ok().flatten().is_some() {
+                thread::sleep(Duration::from_millis(100));
+                return self.stdout.lock().unwrap().contains(needle);
+            }
+            thread::sleep(Duration::from_millis(20));
+        }
+        false
+    }
+
+    /// Waits for the VMM to exit (killing it at `deadline`) and returns what it printed.
+    pub fn finish(mut self, deadline: Duration) -> RunOutput {
+        let end = Instant::now() + deadline;
+        let status = loop {
+            if let Some(s) = self.child.try_wait().expect("wait for vmm") {
+                break Some(s);
+            }
+            if Instant::now() > end {
+                let _ = self.child.kill();
+                let _ = self.child.wait();
+                break None;
+            }
+            thread::sleep(Duration::from_millis(50));
+        };
+        for r in self.readers.drain(..) {
+            let _ = r.join();
+        }
+        RunOutput {
+            status,
+            stdout: self.stdout.lock().unwrap().clone(),
+            stderr: self.stderr.lock().unwrap().clone(),
+            elapsed: self.start.elapsed(),
+        }
+    }
+}
+
+impl Drop for VmmProcess {
+    fn drop(&mut self) {
+        // A test that panicked must not leave a guest running.
+        if self.child.try_wait().ok().flatten().is_none() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+/// The last JSON metrics line (`{"net":...}`) the VMM printed on stderr.
+pub fn final_metrics(stderr: &str) -> Option<serde_json::Value> {
+    stderr
+        .lines()
+        .rev()
+        .find(|l| l.starts_with("{\"net\":"))
+        .and_then(|l| serde_json::from_str(l).ok())
 }

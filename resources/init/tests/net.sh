@@ -1,0 +1,27 @@
+# Network test: configure eth0, ping the host, then echo UDP datagrams back to the host with
+# every byte checked (/bin/nettest, a static program that runs in guest user mode).
+# Parameters from the kernel command line (defaults in brackets):
+#   vmm.ip=ADDR/PREFIX [10.200.0.2/24]  vmm.peer=ADDR [10.200.0.1]  vmm.mtu=N [1500]
+#   vmm.echo=COUNT [0: no echo]         vmm.port=PORT [7777]
+# Sourced by /init: do not `exit`.
+vmm_ip=10.200.0.2/24 vmm_peer=10.200.0.1 vmm_mtu=1500 vmm_echo=0 vmm_port=7777
+set -f
+for vmm_arg in $vmm_cmdline; do
+	case $vmm_arg in
+	vmm.ip=*) vmm_ip=${vmm_arg#vmm.ip=} ;;
+	vmm.peer=*) vmm_peer=${vmm_arg#vmm.peer=} ;;
+	vmm.mtu=*) vmm_mtu=${vmm_arg#vmm.mtu=} ;;
+	vmm.echo=*) vmm_echo=${vmm_arg#vmm.echo=} ;;
+	vmm.port=*) vmm_port=${vmm_arg#vmm.port=} ;;
+	esac
+done
+set +f
+/bin/busybox ip link set eth0 mtu "$vmm_mtu" up &&
+	/bin/busybox ip addr add "$vmm_ip" dev eth0 &&
+	echo "vmm-guest: eth0 up $vmm_ip mtu $vmm_mtu"
+/bin/busybox ping -c 3 -W 10 "$vmm_peer"
+if [ "$vmm_echo" != 0 ]; then
+	# The host waits for this line before it starts sending.
+	/bin/nettest echo "$vmm_port" "$vmm_echo" 60
+fi
+echo "vmm-guest: net test finished"
