@@ -4,7 +4,10 @@
 //! vCPU port/MMIO exits) and signal the guest through eventfds that the VMM registers as irqfds.
 //! Virtio queue notifications arrive on eventfds that the VMM registers as ioeventfds.
 
+pub mod backend;
+pub mod iovec;
 pub mod legacy;
+pub mod virtio;
 
 /// A device that answers guest accesses to an address range (port I/O or MMIO).
 ///

@@ -201,7 +201,11 @@ mod tests {
         assert_eq!(read(&mut rtc, REG_MONTH), 0x11);
         assert_eq!(read(&mut rtc, REG_YEAR), 0x26);
         assert_eq!(read(&mut rtc, REG_CENTURY), 0x20);
-        assert_eq!(read(&mut rtc, REG_STATUS_A) & 0x80, 0, "never update-in-progress");
+        assert_eq!(
+            read(&mut rtc, REG_STATUS_A) & 0x80,
+            0,
+            "never update-in-progress"
+        );
         assert_eq!(read(&mut rtc, REG_STATUS_B), STATUS_B);
         assert_eq!(read(&mut rtc, REG_STATUS_D), STATUS_D);
     }

@@ -1,0 +1,106 @@
+//! Network backends: where the frames of a virtio-net device go to and come from.
+//!
+//! A frame on a backend is the 12-byte `virtio_net_hdr_v1` followed by the Ethernet frame,
+//! exactly as a tap opened with `IFF_VNET_HDR` (vnet header size 12) exchanges them. The
+//! datapath moves frames with one `readv`/`writev` straight between the backend and guest
+//! memory ([`Iovecs`]).
+
+#![warn(missing_docs)]
+
+mod pair;
+mod tap;
+
+use std::io;
+use std::ops::BitOr;
+use std::os::fd::AsRawFd;
+
+pub use pair::{PairBackend, PairPeer, DEFAULT_PEER_TIMEOUT};
+pub use tap::{validate_ifname, Tap, TapError, MAX_IFNAME_LEN};
+
+use crate::iovec::Iovecs;
+
+/// A frame transport that the device worker polls with epoll.
+///
+/// The file descriptor is non-blocking: `read_frame` and `write_frame` return
+/// [`io::ErrorKind::WouldBlock`] instead of waiting. Implementations are plain structs used
+/// through generics on the hot path (no `dyn`).
+pub trait NetBackend: AsRawFd + Send + 'static {
+    /// Reads one frame (virtio-net header + Ethernet frame) into `iovs`.
+    ///
+    /// Returns the frame's length, or any value larger than `iovs.total_bytes()` if the frame
+    /// did not fit: it was then truncated and consumed, and the caller must count it as
+    /// dropped. `Ok(0)` means the backend reached end of file (its peer went away).
+    fn read_frame(&mut self, iovs: Iovecs<'_>) -> io::Result<usize>;
+
+    /// Writes one frame (virtio-net header + Ethernet frame) gathered from `iovs`.
+    fn write_frame(&mut self, iovs: Iovecs<'_>) -> io::Result<usize>;
+
+    /// The receive offloads the backend can apply (probed when it was opened).
+    fn supported_offloads(&self) -> Offloads;
+
+    /// Sets which offloads the backend may leave undone in frames it hands us (`TUNSETOFFLOAD`):
+    /// partial checksums and GSO frames the guest negotiated to accept.
+    fn set_offloads(&mut self, offloads: Offloads) -> io::Result<()>;
+
+    /// Sets the size of the virtio-net header in front of each frame (`TUNSETVNETHDRSZ`).
+    fn set_vnet_hdr_size(&mut self, size: u32) -> io::Result<()>;
+}
+
+/// A set of tap offload flags (`TUN_F_*`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct Offloads(u32);
+
+impl Offloads {
+    /// No offload: the backend hands over complete, checksummed, MTU-sized frames.
+    pub const NONE: Offloads = Offloads(0);
+    /// Partial checksums (`TUN_F_CSUM`).
+    pub const CSUM: Offloads = Offloads(libc::TUN_F_CSUM);
+    /// TCPv4 segmentation offload (`TUN_F_TSO4`).
+    pub const TSO4: Offloads = Offloads(libc::TUN_F_TSO4);
+    /// TCPv6 segmentation offload (`TUN_F_TSO6`).
+    pub const TSO6: Offloads = Offloads(libc::TUN_F_TSO6);
+    /// TSO with ECN (`TUN_F_TSO_ECN`).
+    pub const TSO_ECN: Offloads = Offloads(libc::TUN_F_TSO_ECN);
+    /// UDP fragmentation offload (`TUN_F_UFO`).
+    pub const UFO: Offloads = Offloads(libc::TUN_F_UFO);
+
+    /// The raw `TUN_F_*` bits.
+    pub const fn bits(self) -> u32 {
+        self.0
+    }
+
+    /// The set made of the known `TUN_F_*` bits in `bits` (others are dropped).
+    pub const fn from_bits_truncate(bits: u32) -> Offloads {
+        Offloads(
+            bits & (libc::TUN_F_CSUM
+                | libc::TUN_F_TSO4
+                | libc::TUN_F_TSO6
+                | libc::TUN_F_TSO_ECN
+                | libc::TUN_F_UFO),
+        )
+    }
+
+    /// True if every flag of `other` is in `self`.
+    pub const fn contains(self, other: Offloads) -> bool {
+        self.0 & other.0 == other.0
+    }
+}
+
+impl BitOr for Offloads {
+    type Output = Offloads;
+
+    fn bitor(self, rhs: Offloads) -> Offloads {
+        Offloads(self.0 | rhs.0)
+    }
+}
+
+/// Converts the return value of a `readv`/`writev`-like syscall.
+fn syscall_len(ret: isize) -> io::Result<usize> {
+    usize::try_from(ret).map_err(|_| io::Error::last_os_error())
+}
+
+/// `iovs.as_raw().len()` as the `c_int`/`usize` count the syscalls take: at most
+/// [`crate::iovec::MAX_IOVECS`] by construction.
+fn iov_count(iovs: &Iovecs<'_>) -> libc::c_int {
+    libc::c_int::try_from(iovs.as_raw().len()).unwrap_or(libc::c_int::MAX)
+}

@@ -1,0 +1,277 @@
+//! A Linux tap interface opened with `IFF_TAP | IFF_NO_PI | IFF_VNET_HDR`, non-blocking.
+
+use std::ffi::CString;
+use std::fs::{File, OpenOptions};
+use std::io;
+use std::os::fd::{AsRawFd, RawFd};
+use std::os::unix::fs::OpenOptionsExt;
+
+use log::info;
+
+use super::{iov_count, syscall_len, NetBackend, Offloads};
+use crate::iovec::Iovecs;
+
+/// Longest interface name Linux accepts (`IFNAMSIZ` - 1 for the NUL).
+pub const MAX_IFNAME_LEN: usize = libc::IFNAMSIZ - 1;
+
+/// Errors opening or configuring a tap.
+#[derive(Debug, thiserror::Error)]
+pub enum TapError {
+    /// The interface name is not one Linux accepts.
+    #[error("invalid tap name {name:?}: {reason}")]
+    InvalidName {
+        /// The rejected name.
+        name: String,
+        /// Why it was rejected.
+        reason: &'static str,
+    },
+    /// `/dev/net/tun` could not be opened.
+    #[error("failed to open /dev/net/tun")]
+    OpenTun(#[source] io::Error),
+    /// `TUNSETIFF` failed (the name belongs to a non-tap interface, or no permission).
+    #[error("TUNSETIFF failed for {name:?}")]
+    SetIff {
+        /// The tap name.
+        name: String,
+        /// The ioctl's error.
+        #[source]
+        source: io::Error,
+    },
+    /// `TUNSETOFFLOAD` failed even with no offload.
+    #[error("TUNSETOFFLOAD failed for {name:?}")]
+    SetOffload {
+        /// The tap name.
+        name: String,
+        /// The ioctl's error.
+        #[source]
+        source: io::Error,
+    },
+    /// `TUNSETVNETHDRSZ` failed.
+    #[error("TUNSETVNETHDRSZ failed for {name:?}")]
+    SetVnetHdrSize {
+        /// The tap name.
+        name: String,
+        /// The ioctl's error.
+        #[source]
+        source: io::Error,
+    },
+}
+
+/// Checks `name` against the kernel's `dev_valid_name` rules, and refuses `%` templates.
+/// On error, says why.
+pub fn validate_ifname(name: &str) -> Result<(), &'static str> {
+    if name.is_empty() {
+        Err("empty")
+    } else if name.len() > MAX_IFNAME_LEN {
+        Err("longer than 15 bytes")
+    } else if name == "." || name == ".." {
+        Err("reserved name")
+    } else if name
+        .bytes()
+        .any(|b| b == b'/' || b == b':' || b == b'%' || b.is_ascii_whitespace() || b < 0x20)
+    {
+        Err("contains '/', ':', '%', whitespace or a control character")
+    } else {
+        Ok(())
+    }
+}
+
+/// An open tap interface. Closing it (drop) deletes a non-persistent tap.
+#[derive(Debug)]
+pub struct Tap {
+    file: File,
+    name: String,
+    supported: Offloads,
+    read_iovecs: IovecScratch,
+    guard: [u8; 1],
+}
+
+/// Room to append the guard byte to the caller's iovecs without allocating per frame.
+///
+/// A tap's `readv` returns the *truncated* length when a frame does not fit, which cannot be
+/// told apart from a frame that exactly fills the buffers. One extra iovec of one byte after
+/// the caller's makes it exact: a result above the caller's capacity means "did not fit".
+#[derive(Debug, Default)]
+struct IovecScratch(Vec<libc::iovec>);
+
+// SAFETY: the vector is emptied before `read_frame` returns, so it never holds a pointer
+// between calls, let alone across threads; only its allocation moves with the Tap.
+unsafe impl Send for IovecScratch {}
+
+impl Tap {
+    /// Opens the tap `name`, creating it if no interface has that name (logs which).
+    ///
+    /// The fd is non-blocking, the vnet header size is set to 12 and receive offloads are off
+    /// until [`NetBackend::set_offloads`]; which offloads the kernel accepts is probed here.
+    pub fn open(name: &str) -> Result<Tap, TapError> {
+        validate_ifname(name).map_err(|reason| TapError::InvalidName {
+            name: name.to_owned(),
+            reason,
+        })?;
+        let existed = interface_exists(name);
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .custom_flags(libc::O_NONBLOCK | libc::O_CLOEXEC)
+            .open("/dev/net/tun")
+            .map_err(TapError::OpenTun)?;
+
+        let mut req = ifreq_for(name);
+        // `IFF_*` values fit in the c_short flags field.
+        req.ifr_ifru.ifru_flags = (libc::IFF_TAP | libc::IFF_NO_PI | libc::IFF_VNET_HDR) as i16;
+        // SAFETY: `req` is a valid, NUL-terminated ifreq that outlives the call; TUNSETIFF reads
+        // it and writes back the interface name, both within the struct.
+        let ret = unsafe { libc::ioctl(file.as_raw_fd(), libc::TUNSETIFF, &mut req) };
+        if ret < 0 {
+            return Err(TapError::SetIff {
+                name: name.to_owned(),
+                source: io::Error::last_os_error(),
+            });
+        }
+        if existed {
+            info!("opened existing tap {name}");
+        } else {
+            info!("created tap {name}");
+        }
+
+        let mut tap = Tap {
+            file,
+            name: name.to_owned(),
+            supported: Offloads::NONE,
+            read_iovecs: IovecScratch::default(),
+            guard: [0],
+        };
+        tap.supported = tap.probe_offloads();
+        tap.set_offloads(Offloads::NONE)
+            .map_err(|source| TapError::SetOffload {
+                name: name.to_owned(),
+                source,
+            })?;
+        tap.set_vnet_hdr_size(crate::virtio::net::VNET_HDR_LEN as u32)
+            .map_err(|source| TapError::SetVnetHdrSize {
+                name: name.to_owned(),
+                source,
+            })?;
+        Ok(tap)
+    }
+
+    /// The interface name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Finds which offload combinations `TUNSETOFFLOAD` accepts on this kernel.
+    fn probe_offloads(&mut self) -> Offloads {
+        let mut supported = Offloads::NONE;
+        if self.set_offloads(Offloads::CSUM).is_ok() {
+            supported = Offloads::CSUM;
+            let tso = Offloads::CSUM | Offloads::TSO4 | Offloads::TSO6;
+            if self.set_offloads(tso).is_ok() {
+                supported = supported | tso;
+            }
+            let ufo = Offloads::CSUM | Offloads::UFO;
+            if self.set_offloads(ufo).is_ok() {
+                supported = supported | ufo;
+            }
+        }
+        supported
+    }
+}
+
+impl AsRawFd for Tap {
+    fn as_raw_fd(&self) -> RawFd {
+        self.file.as_raw_fd()
+    }
+}
+
+impl NetBackend for Tap {
+    fn read_frame(&mut self, iovs: Iovecs<'_>) -> io::Result<usize> {
+        let scratch = &mut self.read_iovecs.0;
+        scratch.extend_from_slice(iovs.as_raw());
+        scratch.push(libc::iovec {
+            iov_base: self.guard.as_mut_ptr().cast(),
+            iov_len: 1,
+        });
+        let count = libc::c_int::try_from(scratch.len()).unwrap_or(libc::c_int::MAX);
+        // SAFETY: the caller's iovecs point to memory valid for writes while `iovs` is
+        // borrowed (IovecList invariant, at most UIO_MAXIOV - 1 of them), the last one to
+        // `self.guard`, borrowed here; readv keeps no pointer after returning.
+        let ret = unsafe { libc::readv(self.file.as_raw_fd(), scratch.as_ptr(), count) };
+        scratch.clear();
+        syscall_len(ret)
+    }
+
+    fn write_frame(&mut self, iovs: Iovecs<'_>) -> io::Result<usize> {
+        // SAFETY: every iovec points to memory valid for reads while `iovs` is borrowed
+        // (IovecList invariant, bounds-checked against guest memory) and writev keeps no
+        // pointer after returning.
+        let ret = unsafe {
+            libc::writev(
+                self.file.as_raw_fd(),
+                iovs.as_raw().as_ptr(),
+                iov_count(&iovs),
+            )
+        };
+        syscall_len(ret)
+    }
+
+    fn supported_offloads(&self) -> Offloads {
+        self.supported
+    }
+
+    fn set_offloads(&mut self, offloads: Offloads) -> io::Result<()> {
+        // SAFETY: TUNSETOFFLOAD takes its argument by value and touches no user memory.
+        let ret = unsafe {
+            libc::ioctl(
+                self.file.as_raw_fd(),
+                libc::TUNSETOFFLOAD,
+                libc::c_ulong::from(offloads.bits()),
+            )
+        };
+        if ret < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(())
+    }
+
+    fn set_vnet_hdr_size(&mut self, size: u32) -> io::Result<()> {
+        let size = libc::c_int::try_from(size)
+            .map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
+        // SAFETY: TUNSETVNETHDRSZ reads one c_int through the pointer, which points to `size`
+        // living on this stack frame for the whole call.
+        let ret = unsafe {
+            libc::ioctl(
+                self.file.as_raw_fd(),
+                libc::TUNSETVNETHDRSZ,
+                &size as *const libc::c_int,
+            )
+        };
+        if ret < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(())
+    }
+}
+
+/// An all-zero `ifreq` carrying `name` (already validated: ≤ 15 bytes, no NUL).
+fn ifreq_for(name: &str) -> libc::ifreq {
+    // SAFETY: ifreq is plain old data (a name array and a union of integers and pointers) for
+    // which all-zero bytes are a valid value.
+    let mut req: libc::ifreq = unsafe { std::mem::zeroed() };
+    for (dst, src) in req.ifr_name.iter_mut().zip(name.bytes()) {
+        *dst = src as libc::c_char;
+    }
+    req
+}
+
+/// True if an interface named `name` exists in the calling thread's network namespace.
+fn interface_exists(name: &str) -> bool {
+    let Ok(cname) = CString::new(name) else {
+        return false;
+    };
+    // SAFETY: `cname` is a valid NUL-terminated string that outlives the call.
+    unsafe { libc::if_nametoindex(cname.as_ptr()) != 0 }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,270 @@
+//! Tap tests. They need root and /dev/net/tun, and run each body on a thread that first
+//! moves into a fresh network namespace (`unshare(CLONE_NEWNET)`): no interface is ever
+//! created in the root namespace, and everything disappears with the thread.
+
+use std::fs::OpenOptions;
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use super::*;
+use crate::iovec::IovecList;
+
+/// An EtherType reserved for local experiments (IEEE 802 "Local Experimental 1").
+const ETHERTYPE: u16 = 0x88b5;
+
+/// Runs `body` in a new network namespace on its own thread; `None` (reported) without root.
+fn in_netns<T: Send + 'static>(body: impl FnOnce() -> T + Send + 'static) -> Option<T> {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("skipped: tap tests need root and /dev/net/tun");
+        return None;
+    }
+    let result = thread::spawn(move || {
+        // SAFETY: CLONE_NEWNET moves only the calling thread (ours, never reused) into a new
+        // network namespace; no memory is involved.
+        let ret = unsafe { libc::unshare(libc::CLONE_NEWNET) };
+        assert_eq!(
+            ret,
+            0,
+            "unshare(CLONE_NEWNET): {}",
+            io::Error::last_os_error()
+        );
+        body()
+    })
+    .join();
+    match result {
+        Ok(value) => Some(value),
+        Err(panic) => std::panic::resume_unwind(panic),
+    }
+}
+
+/// Creates a persistent tap the way `ip tuntap add` does, and closes it.
+fn create_persistent_tap(name: &str) {
+    let file = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/net/tun")
+        .expect("open /dev/net/tun");
+    let mut req = ifreq_for(name);
+    req.ifr_ifru.ifru_flags = (libc::IFF_TAP | libc::IFF_NO_PI) as i16;
+    // SAFETY: valid ifreq living across the call.
+    let ret = unsafe { libc::ioctl(file.as_raw_fd(), libc::TUNSETIFF, &mut req) };
+    assert_eq!(ret, 0, "TUNSETIFF: {}", io::Error::last_os_error());
+    // SAFETY: TUNSETPERSIST takes its argument by value.
+    let ret = unsafe { libc::ioctl(file.as_raw_fd(), libc::TUNSETPERSIST, 1 as libc::c_ulong) };
+    assert_eq!(ret, 0, "TUNSETPERSIST: {}", io::Error::last_os_error());
+}
+
+/// Sets IFF_UP on `name`.
+fn link_up(name: &str) {
+    // SAFETY: plain socket creation.
+    let sock = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
+    assert!(sock >= 0, "socket: {}", io::Error::last_os_error());
+    // SAFETY: `sock` was just opened and is owned by nobody else.
+    let sock = unsafe { OwnedFd::from_raw_fd(sock) };
+    let mut req = ifreq_for(name);
+    // SAFETY: valid ifreq living across the call; SIOCGIFFLAGS fills the flags field.
+    let ret = unsafe { libc::ioctl(sock.as_raw_fd(), libc::SIOCGIFFLAGS, &mut req) };
+    assert_eq!(ret, 0, "SIOCGIFFLAGS: {}", io::Error::last_os_error());
+    // SAFETY: the union's flags member was just written by the kernel.
+    unsafe { req.ifr_ifru.ifru_flags |= libc::IFF_UP as i16 };
+    // SAFETY: valid ifreq living across the call.
+    let ret = unsafe { libc::ioctl(sock.as_raw_fd(), libc::SIOCSIFFLAGS, &mut req) };
+    assert_eq!(ret, 0, "SIOCSIFFLAGS: {}", io::Error::last_os_error());
+}
+
+/// An AF_PACKET socket bound to `name` for [`ETHERTYPE`] frames.
+fn packet_socket(name: &str) -> (OwnedFd, libc::sockaddr_ll) {
+    let cname = std::ffi::CString::new(name).expect("name");
+    // SAFETY: valid NUL-terminated string.
+    let ifindex = unsafe { libc::if_nametoindex(cname.as_ptr()) };
+    assert_ne!(ifindex, 0);
+    let proto = ETHERTYPE.to_be();
+    // SAFETY: plain socket creation.
+    let fd = unsafe {
+        libc::socket(
+            libc::AF_PACKET,
+            libc::SOCK_RAW | libc::SOCK_CLOEXEC,
+            i32::from(proto),
+        )
+    };
+    assert!(fd >= 0, "packet socket: {}", io::Error::last_os_error());
+    // SAFETY: `fd` was just opened and is owned by nobody else.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    // SAFETY: sockaddr_ll is plain old data; all-zero is valid.
+    let mut addr: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
+    addr.sll_family = libc::AF_PACKET as u16;
+    addr.sll_protocol = proto;
+    addr.sll_ifindex = ifindex as i32;
+    // SAFETY: `addr` is a valid sockaddr_ll and its size is passed.
+    let ret = unsafe {
+        libc::bind(
+            fd.as_raw_fd(),
+            (&addr as *const libc::sockaddr_ll).cast(),
+            std::mem::size_of::<libc::sockaddr_ll>() as libc::socklen_t,
+        )
+    };
+    assert_eq!(ret, 0, "bind: {}", io::Error::last_os_error());
+    (fd, addr)
+}
+
+fn ethernet_frame(len: usize, seed: u8) -> Vec<u8> {
+    let mut frame = vec![0xff; 6];
+    frame.extend_from_slice(&[0x02, 0, 0, 0, 0, seed]);
+    frame.extend_from_slice(&ETHERTYPE.to_be_bytes());
+    frame.extend((0..len - 14).map(|i| (i as u8) ^ seed));
+    frame
+}
+
+fn wait_readable(fd: i32) {
+    let mut pfd = libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: one valid pollfd living across the call.
+    let ready = unsafe { libc::poll(&mut pfd, 1, 5000) };
+    assert_eq!(ready, 1, "timed out waiting for a frame");
+}
+
+/// Reads frames from the tap until one with [`ETHERTYPE`] arrives (the kernel may send IPv6
+/// neighbour discovery first); returns (full length, bytes read).
+fn read_test_frame(tap: &mut Tap, capacity: usize) -> (usize, Vec<u8>) {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        assert!(Instant::now() < deadline, "no test frame on the tap");
+        wait_readable(tap.as_raw_fd());
+        let mut buf = vec![0u8; capacity];
+        let n = {
+            let mut list = IovecList::new();
+            list.push_slice(&mut buf).expect("room");
+            match tap.read_frame(list.as_iovecs()) {
+                Ok(n) => n,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
+                Err(e) => panic!("tap read: {e}"),
+            }
+        };
+        let ethertype_at = 12 + 12;
+        if buf.len() >= ethertype_at + 2
+            && buf[ethertype_at..ethertype_at + 2] == ETHERTYPE.to_be_bytes()
+        {
+            buf.truncate(n.min(capacity));
+            return (n, buf);
+        }
+    }
+}
+
+#[test]
+fn creates_a_missing_tap_and_opens_an_existing_one() {
+    in_netns(|| {
+        assert!(!interface_exists("vmmtest0"));
+        let tap = Tap::open("vmmtest0").expect("create tap");
+        assert_eq!(tap.name(), "vmmtest0");
+        assert!(interface_exists("vmmtest0"));
+        assert!(tap.supported_offloads().contains(Offloads::CSUM));
+        drop(tap);
+        assert!(
+            !interface_exists("vmmtest0"),
+            "a tap we created goes away with us"
+        );
+
+        create_persistent_tap("vmmtest1");
+        assert!(interface_exists("vmmtest1"));
+        let tap = Tap::open("vmmtest1").expect("open existing tap");
+        drop(tap);
+        assert!(
+            interface_exists("vmmtest1"),
+            "an existing persistent tap stays"
+        );
+    });
+}
+
+#[test]
+fn refuses_bad_names_and_non_tap_interfaces() {
+    in_netns(|| {
+        assert!(matches!(
+            Tap::open("this-name-is-too-long"),
+            Err(TapError::InvalidName { .. })
+        ));
+        assert!(matches!(
+            Tap::open("a/b"),
+            Err(TapError::InvalidName { .. })
+        ));
+        match Tap::open("lo") {
+            Err(TapError::SetIff { name, .. }) => assert_eq!(name, "lo"),
+            other => panic!("expected SetIff, got {other:?}"),
+        }
+    });
+}
+
+#[test]
+fn offloads_and_header_size_are_set() {
+    in_netns(|| {
+        let mut tap = Tap::open("vmmtest2").expect("create tap");
+        let supported = tap.supported_offloads();
+        tap.set_offloads(supported).expect("all supported offloads");
+        tap.set_offloads(Offloads::NONE).expect("no offload");
+        assert!(tap.set_offloads(Offloads::TSO4).is_err(), "TSO needs CSUM");
+        tap.set_vnet_hdr_size(12).expect("header size");
+        let mut size: libc::c_int = 0;
+        // SAFETY: TUNGETVNETHDRSZ writes one c_int to `size`, which outlives the call.
+        let ret = unsafe { libc::ioctl(tap.as_raw_fd(), libc::TUNGETVNETHDRSZ, &mut size) };
+        assert_eq!((ret, size), (0, 12));
+    });
+}
+
+#[test]
+fn frames_round_trip_through_the_kernel() {
+    in_netns(|| {
+        let mut tap = Tap::open("vmmtest3").expect("create tap");
+        link_up("vmmtest3");
+        let (sock, addr) = packet_socket("vmmtest3");
+
+        // Guest → host: header + frame written to the tap arrive on the interface.
+        let out = ethernet_frame(200, 1);
+        let mut hdr = [0u8; 12];
+        let mut body = out.clone();
+        {
+            let mut list = IovecList::new();
+            list.push_slice(&mut hdr).expect("room");
+            list.push_slice(&mut body).expect("room");
+            assert_eq!(tap.write_frame(list.as_iovecs()).expect("write"), 212);
+        }
+        wait_readable(sock.as_raw_fd());
+        let mut buf = vec![0u8; 2048];
+        // SAFETY: `buf` has room for its length and outlives the call.
+        let n = unsafe { libc::recv(sock.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), 0) };
+        assert_eq!(n, 200);
+        assert_eq!(buf[..200], out[..]);
+
+        // Host → guest: a frame sent on the interface is read from the tap with its header.
+        // When the buffer is too small the result exceeds its capacity (the guard byte), the
+        // contract process_rx relies on to count the frame as dropped; an exact fit is not
+        // mistaken for truncation.
+        for (len, capacity) in [(300usize, 2048usize), (1000, 100), (500, 512)] {
+            let frame = ethernet_frame(len, 2);
+            // SAFETY: `frame` and `addr` are valid for the call; sizes are passed.
+            let sent = unsafe {
+                libc::sendto(
+                    sock.as_raw_fd(),
+                    frame.as_ptr().cast(),
+                    frame.len(),
+                    0,
+                    (&addr as *const libc::sockaddr_ll).cast(),
+                    std::mem::size_of::<libc::sockaddr_ll>() as libc::socklen_t,
+                )
+            };
+            assert_eq!(sent, len as isize, "sendto: {}", io::Error::last_os_error());
+            let (n, got) = read_test_frame(&mut tap, capacity);
+            if 12 + len <= capacity {
+                assert_eq!(n, 12 + len);
+            } else {
+                assert!(n > capacity, "truncation detected: {n}");
+            }
+            let shown = capacity.min(12 + len);
+            assert_eq!(got[12..shown], frame[..shown - 12]);
+        }
+    });
+}

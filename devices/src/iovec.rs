@@ -1,0 +1,302 @@
+//! Scatter-gather lists handed to `readv`/`writev`/`sendmsg`/`recvmsg` without copying.
+//!
+//! An [`IovecList`] is the only way to build the raw `iovec`s a [`crate::backend::NetBackend`]
+//! passes to the kernel: every entry is either a bounds-checked range of guest memory or a
+//! borrowed host buffer, and the list borrows its memory for its whole lifetime `'a`. That is
+//! the invariant the backends' `unsafe` syscalls rely on.
+
+#![warn(missing_docs)]
+
+use std::marker::PhantomData;
+
+use vm_memory::{GuestAddress, GuestMemoryBackend, GuestMemoryMmap};
+
+/// The most entries an [`IovecList`] holds: Linux `UIO_MAXIOV` (1024) minus one, which a
+/// backend may append (the tap's truncation guard byte).
+pub const MAX_IOVECS: usize = 1023;
+
+/// Why a range could not be appended to an [`IovecList`].
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum IovecError {
+    /// The range is not entirely backed by guest memory (or wraps around the address space).
+    #[error("guest range [{addr:#x}, +{len:#x}) is outside guest memory")]
+    OutOfGuestMemory {
+        /// Guest physical start of the range.
+        addr: u64,
+        /// Length of the range in bytes.
+        len: u32,
+    },
+    /// The list would exceed [`MAX_IOVECS`] entries.
+    #[error("more than {MAX_IOVECS} scatter-gather segments")]
+    TooManySegments,
+}
+
+/// An owned, growable list of iovecs, each valid for reads and writes during `'a`.
+///
+/// Not `Send`: it holds raw pointers and is meant to live on one thread for one batch.
+#[derive(Debug, Default)]
+pub struct IovecList<'a> {
+    iovecs: Vec<libc::iovec>,
+    bytes: usize,
+    _borrow: PhantomData<&'a mut [u8]>,
+}
+
+impl<'a> IovecList<'a> {
+    /// An empty list.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// An empty list with room for `n` entries.
+    pub fn with_capacity(n: usize) -> Self {
+        IovecList {
+            iovecs: Vec::with_capacity(n),
+            bytes: 0,
+            _borrow: PhantomData,
+        }
+    }
+
+    /// Appends the guest range `[addr, addr + len)`, split where it crosses memory regions.
+    ///
+    /// On error nothing is appended. A zero-length range appends nothing.
+    pub fn push_guest_range(
+        &mut self,
+        mem: &'a GuestMemoryMmap,
+        addr: GuestAddress,
+        len: u32,
+    ) -> Result<(), IovecError> {
+        let before = self.iovecs.len();
+        let out_of_memory = IovecError::OutOfGuestMemory { addr: addr.0, len };
+        for slice in GuestMemoryBackend::get_slices(mem, addr, len as usize) {
+            let Ok(slice) = slice else {
+                self.truncate(before);
+                return Err(out_of_memory);
+            };
+            if self.iovecs.len() == MAX_IOVECS {
+                self.truncate(before);
+                return Err(IovecError::TooManySegments);
+            }
+            // `GuestMemoryMmap<()>` has no Xen mapping, so the guard is a plain pointer that
+            // stays valid as long as `mem` (borrowed for `'a`) keeps its regions mapped.
+            self.iovecs.push(libc::iovec {
+                iov_base: slice.ptr_guard_mut().as_ptr().cast(),
+                iov_len: slice.len(),
+            });
+            self.bytes += slice.len();
+        }
+        Ok(())
+    }
+
+    /// Appends a host buffer, borrowed mutably for `'a`.
+    pub fn push_slice(&mut self, buf: &'a mut [u8]) -> Result<(), IovecError> {
+        if self.iovecs.len() == MAX_IOVECS {
+            return Err(IovecError::TooManySegments);
+        }
+        if !buf.is_empty() {
+            self.bytes += buf.len();
+            self.iovecs.push(libc::iovec {
+                iov_base: buf.as_mut_ptr().cast(),
+                iov_len: buf.len(),
+            });
+        }
+        Ok(())
+    }
+
+    /// Number of entries.
+    pub fn len(&self) -> usize {
+        self.iovecs.len()
+    }
+
+    /// True when the list has no entries.
+    pub fn is_empty(&self) -> bool {
+        self.iovecs.is_empty()
+    }
+
+    /// Total bytes covered by all entries.
+    pub fn total_bytes(&self) -> usize {
+        self.bytes
+    }
+
+    /// Removes every entry (keeps the allocation).
+    pub fn clear(&mut self) {
+        self.iovecs.clear();
+        self.bytes = 0;
+    }
+
+    /// Keeps the first `n` entries.
+    pub fn truncate(&mut self, n: usize) {
+        for iov in self.iovecs.iter().skip(n) {
+            self.bytes -= iov.iov_len;
+        }
+        self.iovecs.truncate(n);
+    }
+
+    /// Removes the first `n` entries (or all of them if there are fewer).
+    pub fn remove_prefix(&mut self, n: usize) {
+        let n = n.min(self.iovecs.len());
+        for iov in &self.iovecs[..n] {
+            self.bytes -= iov.iov_len;
+        }
+        self.iovecs.drain(..n);
+    }
+
+    /// A view of all entries.
+    pub fn as_iovecs(&self) -> Iovecs<'_> {
+        Iovecs {
+            raw: &self.iovecs,
+            bytes: self.bytes,
+        }
+    }
+
+    /// A view of entries `start..end` (clamped to the list).
+    pub fn range(&self, start: usize, end: usize) -> Iovecs<'_> {
+        let end = end.min(self.iovecs.len());
+        let start = start.min(end);
+        let raw = &self.iovecs[start..end];
+        Iovecs {
+            raw,
+            bytes: raw.iter().map(|iov| iov.iov_len).sum(),
+        }
+    }
+}
+
+/// A borrowed view of (part of) an [`IovecList`]: what the backends pass to the kernel.
+#[derive(Clone, Copy, Debug)]
+pub struct Iovecs<'a> {
+    raw: &'a [libc::iovec],
+    bytes: usize,
+}
+
+impl<'a> Iovecs<'a> {
+    /// The raw entries. Every one points to memory valid for reads and writes while `'a` lasts.
+    pub fn as_raw(&self) -> &'a [libc::iovec] {
+        self.raw
+    }
+
+    /// Total bytes covered.
+    pub fn total_bytes(&self) -> usize {
+        self.bytes
+    }
+
+    /// True when the view covers no bytes.
+    pub fn is_empty(&self) -> bool {
+        self.bytes == 0
+    }
+
+    /// Writes `bytes` at logical byte `offset` of the view (volatile, may straddle entries).
+    ///
+    /// Returns false, writing nothing, if the view is too short.
+    pub fn write_at(&self, offset: usize, bytes: &[u8]) -> bool {
+        if offset
+            .checked_add(bytes.len())
+            .is_none_or(|end| end > self.bytes)
+        {
+            return false;
+        }
+        let mut skip = offset;
+        let mut src = bytes;
+        for iov in self.raw {
+            if src.is_empty() {
+                break;
+            }
+            if skip >= iov.iov_len {
+                skip -= iov.iov_len;
+                continue;
+            }
+            let n = (iov.iov_len - skip).min(src.len());
+            for (i, b) in src[..n].iter().enumerate() {
+                // SAFETY: `skip + i < iov_len`, and the entry points to memory valid for writes
+                // during `'a` (IovecList invariant). Guest memory may be accessed concurrently
+                // by the guest, hence the volatile write.
+                unsafe {
+                    std::ptr::write_volatile(iov.iov_base.cast::<u8>().add(skip + i), *b);
+                }
+            }
+            src = &src[n..];
+            skip = 0;
+        }
+        true
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn mem() -> GuestMemoryMmap {
+        GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 0x1000), (GuestAddress(0x1000), 0x1000)])
+            .expect("guest memory")
+    }
+
+    #[test]
+    fn guest_range_splits_at_region_boundary() {
+        let mem = mem();
+        let mut list = IovecList::new();
+        list.push_guest_range(&mem, GuestAddress(0xff0), 0x20)
+            .expect("range in memory");
+        assert_eq!(list.len(), 2);
+        assert_eq!(list.total_bytes(), 0x20);
+    }
+
+    #[test]
+    fn out_of_memory_range_appends_nothing() {
+        let mem = mem();
+        let mut list = IovecList::new();
+        list.push_guest_range(&mem, GuestAddress(0x10), 0x10)
+            .expect("range in memory");
+        let err = list.push_guest_range(&mem, GuestAddress(0x1ff0), 0x20);
+        assert_eq!(
+            err,
+            Err(IovecError::OutOfGuestMemory {
+                addr: 0x1ff0,
+                len: 0x20
+            })
+        );
+        let err = list.push_guest_range(&mem, GuestAddress(u64::MAX - 4), 0x20);
+        assert!(err.is_err());
+        assert_eq!(list.len(), 1);
+        assert_eq!(list.total_bytes(), 0x10);
+    }
+
+    #[test]
+    fn write_at_straddles_entries() {
+        let mut a = [0u8; 3];
+        let mut b = [0u8; 3];
+        {
+            let mut list = IovecList::new();
+            list.push_slice(&mut a).expect("room");
+            list.push_slice(&mut b).expect("room");
+            let view = list.as_iovecs();
+            assert!(view.write_at(2, &[1, 2]));
+            assert!(!view.write_at(5, &[1, 2]));
+        }
+        assert_eq!(a, [0, 0, 1]);
+        assert_eq!(b, [2, 0, 0]);
+    }
+
+    #[test]
+    fn segment_limit_is_enforced() {
+        let mut bufs = vec![[0u8; 1]; MAX_IOVECS + 1];
+        let mut list = IovecList::new();
+        let mut iter = bufs.iter_mut();
+        for buf in iter.by_ref().take(MAX_IOVECS) {
+            list.push_slice(buf).expect("room");
+        }
+        let last = iter.next().expect("one more buffer");
+        assert_eq!(list.push_slice(last), Err(IovecError::TooManySegments));
+    }
+
+    #[test]
+    fn prefix_removal_keeps_byte_count() {
+        let mem = mem();
+        let mut list = IovecList::new();
+        for i in 0..4u64 {
+            list.push_guest_range(&mem, GuestAddress(i * 0x100), 0x10)
+                .expect("range in memory");
+        }
+        list.remove_prefix(3);
+        assert_eq!(list.len(), 1);
+        assert_eq!(list.total_bytes(), 0x10);
+        assert_eq!(list.range(0, 10).total_bytes(), 0x10);
+    }
+}

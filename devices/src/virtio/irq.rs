@@ -1,0 +1,99 @@
+//! Device → driver signalling for one virtio-mmio device: the irqfd, the InterruptStatus bits
+//! and the DEVICE_NEEDS_RESET flag, shared lock-free by the transport and the device worker.
+
+use std::io;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+
+use virtio_bindings::virtio_mmio::{VIRTIO_MMIO_INT_CONFIG, VIRTIO_MMIO_INT_VRING};
+use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
+
+/// The interrupt line of one device. Shared as `Arc<VirtioInterrupt>`; no lock on any path.
+#[derive(Debug)]
+pub struct VirtioInterrupt {
+    irqfd: EventFd,
+    status: AtomicU32,
+    needs_reset: AtomicBool,
+}
+
+impl VirtioInterrupt {
+    /// A new line with a fresh (non-blocking) irqfd and no pending interrupt.
+    pub fn new() -> io::Result<VirtioInterrupt> {
+        Ok(VirtioInterrupt {
+            irqfd: EventFd::new(EFD_NONBLOCK)?,
+            status: AtomicU32::new(0),
+            needs_reset: AtomicBool::new(false),
+        })
+    }
+
+    /// The eventfd the VMM registers as an irqfd on the device's GSI.
+    pub fn irqfd(&self) -> &EventFd {
+        &self.irqfd
+    }
+
+    /// Signals "used buffers available" (InterruptStatus bit 0).
+    pub fn signal_used_queue(&self) -> io::Result<()> {
+        self.signal(VIRTIO_MMIO_INT_VRING)
+    }
+
+    /// Signals "configuration changed" (InterruptStatus bit 1).
+    pub fn signal_config_change(&self) -> io::Result<()> {
+        self.signal(VIRTIO_MMIO_INT_CONFIG)
+    }
+
+    /// Marks the device DEVICE_NEEDS_RESET and tells the driver with a configuration interrupt.
+    pub fn set_needs_reset(&self) -> io::Result<()> {
+        self.needs_reset.store(true, Ordering::Release);
+        self.signal_config_change()
+    }
+
+    /// True once the device asked to be reset, until the driver resets it.
+    pub fn needs_reset(&self) -> bool {
+        self.needs_reset.load(Ordering::Acquire)
+    }
+
+    /// The InterruptStatus register.
+    pub fn status(&self) -> u32 {
+        self.status.load(Ordering::Acquire)
+    }
+
+    /// InterruptACK: clears the bits the driver acknowledged.
+    pub fn ack(&self, bits: u32) {
+        self.status.fetch_and(!bits, Ordering::AcqRel);
+    }
+
+    /// Device reset: no pending interrupt, no reset request. Drains the irqfd counter.
+    pub fn reset(&self) {
+        self.status.store(0, Ordering::Release);
+        self.needs_reset.store(false, Ordering::Release);
+        // A WouldBlock here only means the counter was already 0.
+        let _ = self.irqfd.read();
+    }
+
+    fn signal(&self, bit: u32) -> io::Result<()> {
+        self.status.fetch_or(bit, Ordering::AcqRel);
+        self.irqfd.write(1)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn status_bits_and_irqfd() {
+        let irq = VirtioInterrupt::new().expect("eventfd");
+        irq.signal_used_queue().expect("signal");
+        irq.signal_used_queue().expect("signal");
+        assert_eq!(irq.status(), VIRTIO_MMIO_INT_VRING);
+        assert_eq!(irq.irqfd().read().expect("irqfd written"), 2);
+        irq.set_needs_reset().expect("signal");
+        assert!(irq.needs_reset());
+        assert_eq!(irq.status(), VIRTIO_MMIO_INT_VRING | VIRTIO_MMIO_INT_CONFIG);
+        irq.ack(VIRTIO_MMIO_INT_VRING);
+        assert_eq!(irq.status(), VIRTIO_MMIO_INT_CONFIG);
+        irq.reset();
+        assert_eq!(irq.status(), 0);
+        assert!(!irq.needs_reset());
+        assert!(irq.irqfd().read().is_err(), "irqfd drained by reset");
+    }
+}

@@ -1,0 +1,117 @@
+//! Virtio devices: the virtio-mmio transport, the device interface it drives, and devices.
+//!
+//! The transport ([`mmio::MmioTransport`]) owns the register state, the queue configuration
+//! and the eventfds; when the driver sets DRIVER_OK it hands a [`VirtioDevice`] an
+//! [`ActivationContext`] with everything the datapath needs, and the device moves it all into
+//! a worker thread that owns it (no lock shared with the vCPU thread).
+
+#![warn(missing_docs)]
+
+pub mod chain;
+pub mod irq;
+pub mod mmio;
+pub mod net;
+pub mod ring;
+#[cfg(test)]
+pub(crate) mod testing;
+
+use std::io;
+use std::sync::Arc;
+
+use virtio_queue::Queue;
+use vm_memory::GuestMemoryMmap;
+use vmm_sys_util::eventfd::EventFd;
+
+pub use irq::VirtioInterrupt;
+pub use mmio::MmioTransport;
+
+/// What a device receives when the driver sets DRIVER_OK.
+#[derive(Debug)]
+pub struct ActivationContext {
+    /// Guest memory (a cheap clone sharing the mappings).
+    pub mem: GuestMemoryMmap,
+    /// The queues as the driver configured them, in queue-index order, EVENT_IDX already set
+    /// from the negotiated features. Every queue is ready and lies inside guest memory.
+    pub queues: Vec<Queue>,
+    /// The queue notification eventfds (clones of the ones the VMM registered as ioeventfds),
+    /// in queue-index order.
+    pub kicks: Vec<EventFd>,
+    /// The device's interrupt line.
+    pub interrupt: Arc<VirtioInterrupt>,
+    /// The features the driver acknowledged (a subset of the offered ones, with VERSION_1).
+    pub acked_features: u64,
+}
+
+/// Why a device could not be activated. The transport then sets DEVICE_NEEDS_RESET.
+#[derive(Debug, thiserror::Error)]
+pub enum ActivateError {
+    /// The transport passed a different number of queues than the device has.
+    #[error("expected {expected} queues, got {got}")]
+    QueueCount {
+        /// Queues the device has.
+        expected: usize,
+        /// Queues passed.
+        got: usize,
+    },
+    /// The backend is gone (a previous worker could not hand it back).
+    #[error("the device backend is unavailable")]
+    BackendUnavailable,
+    /// Configuring the backend for the negotiated features failed.
+    #[error("failed to configure the backend")]
+    Backend(#[source] io::Error),
+    /// Creating the worker's eventfds or epoll failed.
+    #[error("failed to set up the worker's event loop")]
+    EventLoop(#[source] io::Error),
+    /// Spawning the worker thread failed.
+    #[error("failed to spawn the worker thread")]
+    Spawn(#[source] io::Error),
+}
+
+/// A driver-acknowledged feature set the device refuses (FEATURES_OK then does not stick).
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[error("feature {feature} requires {requires}")]
+pub struct FeatureDependencyError {
+    /// The feature acknowledged without its prerequisite.
+    pub feature: &'static str,
+    /// The missing prerequisite.
+    pub requires: &'static str,
+}
+
+/// A virtio device as the transport sees it (slow path only: registers and lifecycle).
+pub trait VirtioDevice: Send {
+    /// The virtio device ID (1 for net).
+    fn device_type(&self) -> u32;
+
+    /// The maximum size of each queue, in queue-index order (each a power of two ≤ 32768).
+    fn queue_max_sizes(&self) -> &[u16];
+
+    /// The features the device offers (including VIRTIO_F_VERSION_1).
+    fn features(&self) -> u64;
+
+    /// Device-specific checks of the acknowledged features (e.g. dependencies between them),
+    /// run when the driver sets FEATURES_OK. `acked` is already a subset of [`Self::features`].
+    fn validate_features(&self, acked: u64) -> Result<(), FeatureDependencyError> {
+        let _ = acked;
+        Ok(())
+    }
+
+    /// Reads device configuration space at `offset`; bytes past its end read as 0.
+    fn read_config(&self, offset: u64, data: &mut [u8]);
+
+    /// Writes device configuration space at `offset`.
+    fn write_config(&mut self, offset: u64, data: &[u8]);
+
+    /// The configuration generation: changes whenever the configuration space changes.
+    fn config_generation(&self) -> u32 {
+        0
+    }
+
+    /// Starts the datapath. On error the device must be left resettable.
+    fn activate(&mut self, ctx: ActivationContext) -> Result<(), ActivateError>;
+
+    /// Stops the datapath (joins the worker) and returns to the pre-activation state.
+    fn reset(&mut self);
+
+    /// True while the datapath runs (between a successful activation and the next reset).
+    fn is_active(&self) -> bool;
+}

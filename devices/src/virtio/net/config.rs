@@ -1,0 +1,288 @@
+//! `NetConfig`: what the user says about a virtio-net device (CLI, API, tests).
+//!
+//! CLI form: `tap0`, or `tap=tap0,mac=02:00:00:00:00:01,queue_size=256` (keys in any order,
+//! `tap` required). The serde form is `{"tap": "tap0", "mac": "...", "queue_size": 256}` with
+//! `mac` and `queue_size` optional; both forms are validated the same way.
+
+use std::fmt;
+use std::str::FromStr;
+
+use serde::{Deserialize, Serialize};
+
+use crate::backend::validate_ifname;
+
+/// Default (and maximum advertised) size of each queue.
+pub const DEFAULT_QUEUE_SIZE: u16 = 256;
+/// Smallest queue size accepted.
+pub const MIN_QUEUE_SIZE: u16 = 2;
+/// Largest queue size accepted (the split-ring maximum).
+pub const MAX_QUEUE_SIZE: u16 = 32768;
+
+/// Errors in a virtio-net device description.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum NetConfigError {
+    /// No `tap=` given in the key=value form.
+    #[error("missing tap=NAME")]
+    MissingTap,
+    /// A key other than tap, mac, queue_size.
+    #[error("unknown key {0:?} (expected tap, mac, queue_size)")]
+    UnknownKey(String),
+    /// A key given twice.
+    #[error("key {0:?} given more than once")]
+    DuplicateKey(String),
+    /// An item without `=` in the key=value form.
+    #[error("expected key=value, got {0:?}")]
+    NotKeyValue(String),
+    /// The tap name is not a valid interface name.
+    #[error("invalid tap name {name:?}: {reason}")]
+    InvalidTapName {
+        /// The name.
+        name: String,
+        /// Why.
+        reason: &'static str,
+    },
+    /// The MAC is not six `:`-separated hex bytes, or is multicast.
+    #[error("invalid MAC address {0:?} (expected a unicast xx:xx:xx:xx:xx:xx)")]
+    InvalidMac(String),
+    /// The queue size is not a number, not a power of two, or out of range.
+    #[error("invalid queue_size {0:?} (a power of two from 2 to 32768)")]
+    InvalidQueueSize(String),
+}
+
+/// An Ethernet MAC address.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct MacAddr([u8; 6]);
+
+impl MacAddr {
+    /// The address from its six bytes.
+    pub const fn new(bytes: [u8; 6]) -> MacAddr {
+        MacAddr(bytes)
+    }
+
+    /// The six bytes.
+    pub const fn bytes(&self) -> [u8; 6] {
+        self.0
+    }
+
+    /// A stable, locally administered unicast address derived from a tap name:
+    /// `02:` followed by five bytes of the name's FNV-1a hash.
+    pub fn derived_from(name: &str) -> MacAddr {
+        let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+        for b in name.bytes() {
+            hash ^= u64::from(b);
+            hash = hash.wrapping_mul(0x0100_0000_01b3);
+        }
+        let h = hash.to_be_bytes();
+        MacAddr([0x02, h[0], h[1], h[2], h[3], h[4]])
+    }
+}
+
+impl fmt::Display for MacAddr {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let [a, b, c, d, e, g] = self.0;
+        write!(f, "{a:02x}:{b:02x}:{c:02x}:{d:02x}:{e:02x}:{g:02x}")
+    }
+}
+
+impl FromStr for MacAddr {
+    type Err = NetConfigError;
+
+    fn from_str(s: &str) -> Result<MacAddr, NetConfigError> {
+        let bad = || NetConfigError::InvalidMac(s.to_owned());
+        let mut bytes = [0u8; 6];
+        let mut parts = s.split(':');
+        for byte in &mut bytes {
+            let part = parts.next().ok_or_else(bad)?;
+            if part.len() != 2 {
+                return Err(bad());
+            }
+            *byte = u8::from_str_radix(part, 16).map_err(|_| bad())?;
+        }
+        if parts.next().is_some() || bytes[0] & 1 != 0 {
+            return Err(bad());
+        }
+        Ok(MacAddr(bytes))
+    }
+}
+
+impl Serialize for MacAddr {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+impl<'de> Deserialize<'de> for MacAddr {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<MacAddr, D::Error> {
+        let s = String::deserialize(d)?;
+        s.parse().map_err(serde::de::Error::custom)
+    }
+}
+
+/// A validated virtio-net device description.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(try_from = "RawNetConfig")]
+pub struct NetConfig {
+    /// Host tap interface (opened, or created if absent).
+    pub tap: String,
+    /// The guest's MAC address.
+    pub mac: MacAddr,
+    /// Maximum size of each of the two queues.
+    pub queue_size: u16,
+}
+
+/// The unvalidated serde form of [`NetConfig`].
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawNetConfig {
+    tap: String,
+    mac: Option<MacAddr>,
+    queue_size: Option<u16>,
+}
+
+impl TryFrom<RawNetConfig> for NetConfig {
+    type Error = NetConfigError;
+
+    fn try_from(raw: RawNetConfig) -> Result<NetConfig, NetConfigError> {
+        NetConfig::new(raw.tap, raw.mac, raw.queue_size)
+    }
+}
+
+impl NetConfig {
+    /// A validated config; `mac` defaults to [`MacAddr::derived_from`] the tap name and
+    /// `queue_size` to [`DEFAULT_QUEUE_SIZE`].
+    pub fn new(
+        tap: String,
+        mac: Option<MacAddr>,
+        queue_size: Option<u16>,
+    ) -> Result<NetConfig, NetConfigError> {
+        validate_ifname(&tap).map_err(|reason| NetConfigError::InvalidTapName {
+            name: tap.clone(),
+            reason,
+        })?;
+        if let Some(mac) = mac {
+            if mac.0[0] & 1 != 0 {
+                return Err(NetConfigError::InvalidMac(mac.to_string()));
+            }
+        }
+        let queue_size = queue_size.unwrap_or(DEFAULT_QUEUE_SIZE);
+        if !(MIN_QUEUE_SIZE..=MAX_QUEUE_SIZE).contains(&queue_size) || !queue_size.is_power_of_two()
+        {
+            return Err(NetConfigError::InvalidQueueSize(queue_size.to_string()));
+        }
+        Ok(NetConfig {
+            mac: mac.unwrap_or_else(|| MacAddr::derived_from(&tap)),
+            tap,
+            queue_size,
+        })
+    }
+}
+
+impl FromStr for NetConfig {
+    type Err = NetConfigError;
+
+    fn from_str(s: &str) -> Result<NetConfig, NetConfigError> {
+        if !s.contains('=') {
+            return NetConfig::new(s.to_owned(), None, None);
+        }
+        let (mut tap, mut mac, mut queue_size) = (None, None, None);
+        for item in s.split(',') {
+            let (key, value) = item
+                .split_once('=')
+                .ok_or_else(|| NetConfigError::NotKeyValue(item.to_owned()))?;
+            let duplicate = match key {
+                "tap" => tap.replace(value.to_owned()).is_some(),
+                "mac" => mac.replace(value.parse::<MacAddr>()?).is_some(),
+                "queue_size" => {
+                    let size = value
+                        .parse::<u16>()
+                        .map_err(|_| NetConfigError::InvalidQueueSize(value.to_owned()))?;
+                    queue_size.replace(size).is_some()
+                }
+                _ => return Err(NetConfigError::UnknownKey(key.to_owned())),
+            };
+            if duplicate {
+                return Err(NetConfigError::DuplicateKey(key.to_owned()));
+            }
+        }
+        NetConfig::new(tap.ok_or(NetConfigError::MissingTap)?, mac, queue_size)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bare_name_gets_defaults() {
+        let cfg: NetConfig = "tap0".parse().expect("valid");
+        assert_eq!(cfg.tap, "tap0");
+        assert_eq!(cfg.queue_size, DEFAULT_QUEUE_SIZE);
+        assert_eq!(cfg.mac, MacAddr::derived_from("tap0"));
+        assert_eq!(cfg.mac.bytes()[0], 0x02, "locally administered unicast");
+        assert_ne!(MacAddr::derived_from("tap0"), MacAddr::derived_from("tap1"));
+    }
+
+    #[test]
+    fn key_value_form() {
+        let cfg: NetConfig = "queue_size=1024,tap=vmtap,mac=02:AA:bb:00:00:01"
+            .parse()
+            .expect("valid");
+        assert_eq!(cfg.tap, "vmtap");
+        assert_eq!(cfg.queue_size, 1024);
+        assert_eq!(cfg.mac.to_string(), "02:aa:bb:00:00:01");
+    }
+
+    #[test]
+    fn errors_name_the_problem() {
+        let cases: [(&str, NetConfigError); 8] = [
+            ("mac=02:00:00:00:00:01", NetConfigError::MissingTap),
+            ("tap=a,speed=10", NetConfigError::UnknownKey("speed".into())),
+            ("tap=a,tap=b", NetConfigError::DuplicateKey("tap".into())),
+            ("tap=a,mac", NetConfigError::NotKeyValue("mac".into())),
+            (
+                "tap=a,mac=03:00:00:00:00:01",
+                NetConfigError::InvalidMac("03:00:00:00:00:01".into()),
+            ),
+            (
+                "tap=a,mac=02:00:00:00:00",
+                NetConfigError::InvalidMac("02:00:00:00:00".into()),
+            ),
+            (
+                "tap=a,queue_size=100",
+                NetConfigError::InvalidQueueSize("100".into()),
+            ),
+            (
+                "tap=a,queue_size=65536",
+                NetConfigError::InvalidQueueSize("65536".into()),
+            ),
+        ];
+        for (input, expected) in cases {
+            assert_eq!(input.parse::<NetConfig>(), Err(expected), "{input}");
+        }
+        for bad in ["", "a/b", "sixteen-bytes-xx", "tap 0", "..", "tap%d", "a:b"] {
+            assert!(
+                matches!(
+                    bad.parse::<NetConfig>(),
+                    Err(NetConfigError::InvalidTapName { .. })
+                ),
+                "{bad:?}"
+            );
+        }
+        assert!("tap=a,queue_size=1".parse::<NetConfig>().is_err());
+        assert!("tap=a,queue_size=32768".parse::<NetConfig>().is_ok());
+    }
+
+    #[test]
+    fn serde_round_trip_validates() {
+        let cfg: NetConfig = serde_json::from_str(r#"{"tap":"tap7"}"#).expect("valid");
+        assert_eq!(cfg, "tap7".parse().expect("valid"));
+        let json = serde_json::to_string(&cfg).expect("serialise");
+        assert_eq!(
+            serde_json::from_str::<NetConfig>(&json).expect("valid"),
+            cfg
+        );
+        assert!(serde_json::from_str::<NetConfig>(r#"{"tap":"t","queue_size":3}"#).is_err());
+        assert!(serde_json::from_str::<NetConfig>(r#"{"tap":"t","bogus":1}"#).is_err());
+        assert!(serde_json::from_str::<NetConfig>(r#"{"tap":"t","mac":"zz"}"#).is_err());
+    }
+}

@@ -1,0 +1,398 @@
+//! The virtio-net device: features, configuration space, activation and link status.
+
+use std::fmt;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use log::{debug, error};
+use virtio_bindings::virtio_config::VIRTIO_F_VERSION_1;
+use virtio_bindings::virtio_ids::VIRTIO_ID_NET;
+use virtio_bindings::virtio_net::*;
+use virtio_bindings::virtio_ring::{VIRTIO_RING_F_EVENT_IDX, VIRTIO_RING_F_INDIRECT_DESC};
+use virtio_queue::Queue;
+use vmm_sys_util::eventfd::EventFd;
+
+use super::config::{MacAddr, NetConfig};
+use super::metrics::NetMetrics;
+use super::rx::RxMode;
+use super::worker::{SpawnError, Worker, WorkerHandle};
+use super::{NUM_QUEUES, RX_QUEUE, TX_QUEUE, VNET_HDR_LEN};
+
+// The worker takes the queues as [rx, tx].
+const _: () = assert!(RX_QUEUE == 0 && TX_QUEUE == 1);
+use crate::backend::{NetBackend, Offloads, Tap, TapError};
+use crate::virtio::{
+    ActivateError, ActivationContext, FeatureDependencyError, VirtioDevice, VirtioInterrupt,
+};
+
+/// Errors creating a virtio-net device.
+#[derive(Debug, thiserror::Error)]
+pub enum NetError {
+    /// The tap could not be opened or created.
+    #[error("failed to open tap")]
+    Tap(#[from] TapError),
+}
+
+/// Whether the link is up, as reported in the STATUS config field.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LinkState {
+    /// VIRTIO_NET_S_LINK_UP set.
+    Up,
+    /// VIRTIO_NET_S_LINK_UP clear.
+    Down,
+}
+
+/// Changes a device's link status from outside (e.g. the VMM's API), with a configuration
+/// interrupt when the driver is running. Cheap to clone.
+#[derive(Clone, Debug)]
+pub struct LinkControl {
+    shared: Arc<LinkShared>,
+}
+
+#[derive(Debug)]
+struct LinkShared {
+    up: AtomicBool,
+    generation: AtomicU32,
+    /// The interrupt line while the device is active (slow path only).
+    interrupt: Mutex<Option<Arc<VirtioInterrupt>>>,
+}
+
+impl LinkControl {
+    fn new() -> Self {
+        LinkControl {
+            shared: Arc::new(LinkShared {
+                up: AtomicBool::new(true),
+                generation: AtomicU32::new(0),
+                interrupt: Mutex::new(None),
+            }),
+        }
+    }
+
+    /// Sets the link state; on a change, bumps the configuration generation and, if the driver
+    /// is running, raises a configuration-change interrupt.
+    pub fn set_link(&self, state: LinkState) {
+        let up = state == LinkState::Up;
+        if self.shared.up.swap(up, Ordering::AcqRel) == up {
+            return;
+        }
+        self.shared.generation.fetch_add(1, Ordering::AcqRel);
+        if let Some(interrupt) = self.lock().as_ref() {
+            if let Err(e) = interrupt.signal_config_change() {
+                error!("virtio-net: failed to signal a link change: {e}");
+            }
+        }
+    }
+
+    /// The current link state.
+    pub fn link(&self) -> LinkState {
+        if self.shared.up.load(Ordering::Acquire) {
+            LinkState::Up
+        } else {
+            LinkState::Down
+        }
+    }
+
+    fn generation(&self) -> u32 {
+        self.shared.generation.load(Ordering::Acquire)
+    }
+
+    fn attach(&self, interrupt: Option<Arc<VirtioInterrupt>>) {
+        *self.lock() = interrupt;
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Option<Arc<VirtioInterrupt>>> {
+        // The guarded value is a plain Option: a panic elsewhere cannot leave it inconsistent.
+        self.shared
+            .interrupt
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
+
+/// A virtio-net device in front of a backend (a [`Tap`] unless said otherwise).
+pub struct NetDevice<B: NetBackend = Tap> {
+    label: String,
+    mac: MacAddr,
+    queue_sizes: [u16; NUM_QUEUES],
+    features: u64,
+    backend: Option<B>,
+    worker: Option<WorkerHandle<B>>,
+    metrics: Arc<NetMetrics>,
+    link: LinkControl,
+}
+
+impl<B: NetBackend> fmt::Debug for NetDevice<B> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("NetDevice")
+            .field("label", &self.label)
+            .field("mac", &self.mac)
+            .field("features", &format_args!("{:#x}", self.features))
+            .field("active", &self.worker.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+impl NetDevice<Tap> {
+    /// Opens (or creates) the tap of `config` and builds the device.
+    pub fn new(config: &NetConfig) -> Result<Self, NetError> {
+        let tap = Tap::open(&config.tap)?;
+        let mut device = NetDevice::with_backend(tap, config.mac, config.queue_size);
+        device.label = config.tap.clone();
+        Ok(device)
+    }
+}
+
+impl<B: NetBackend> NetDevice<B> {
+    /// Builds a device in front of `backend`. `queue_size` must be a power of two in
+    /// 2..=32768 ([`NetConfig`] guarantees it; the transport refuses others).
+    pub fn with_backend(backend: B, mac: MacAddr, queue_size: u16) -> Self {
+        NetDevice {
+            label: "net".to_owned(),
+            mac,
+            queue_sizes: [queue_size; NUM_QUEUES],
+            features: offered_features(backend.supported_offloads()),
+            backend: Some(backend),
+            worker: None,
+            metrics: Arc::new(NetMetrics::default()),
+            link: LinkControl::new(),
+        }
+    }
+
+    /// The device's metrics (the VMM keeps this `Arc` to print them).
+    pub fn metrics(&self) -> Arc<NetMetrics> {
+        self.metrics.clone()
+    }
+
+    /// A handle to change the link status.
+    pub fn link_control(&self) -> LinkControl {
+        self.link.clone()
+    }
+
+    /// The guest's MAC address.
+    pub fn mac(&self) -> MacAddr {
+        self.mac
+    }
+
+    fn config_bytes(&self) -> [u8; 8] {
+        let mut bytes = [0u8; 8];
+        bytes[..6].copy_from_slice(&self.mac.bytes());
+        let status = match self.link.link() {
+            LinkState::Up => VIRTIO_NET_S_LINK_UP as u16,
+            LinkState::Down => 0,
+        };
+        bytes[6..].copy_from_slice(&status.to_le_bytes());
+        bytes
+    }
+
+    fn stop_worker(&mut self) {
+        self.link.attach(None);
+        if let Some(worker) = self.worker.take() {
+            match worker.stop() {
+                Some(backend) => self.backend = Some(backend),
+                None => error!("virtio-net {}: backend lost, device unusable", self.label),
+            }
+        }
+    }
+}
+
+impl<B: NetBackend> VirtioDevice for NetDevice<B> {
+    fn device_type(&self) -> u32 {
+        VIRTIO_ID_NET
+    }
+
+    fn queue_max_sizes(&self) -> &[u16] {
+        &self.queue_sizes
+    }
+
+    fn features(&self) -> u64 {
+        self.features
+    }
+
+    fn validate_features(&self, acked: u64) -> Result<(), FeatureDependencyError> {
+        for &(feature, name, requires, requires_name) in FEATURE_DEPENDENCIES {
+            if acked & bit(feature) != 0 && acked & bit(requires) == 0 {
+                return Err(FeatureDependencyError {
+                    feature: name,
+                    requires: requires_name,
+                });
+            }
+        }
+        Ok(())
+    }
+
+    fn read_config(&self, offset: u64, data: &mut [u8]) {
+        let config = self.config_bytes();
+        for (i, byte) in data.iter_mut().enumerate() {
+            *byte = usize::try_from(offset)
+                .ok()
+                .and_then(|o| o.checked_add(i))
+                .and_then(|o| config.get(o).copied())
+                .unwrap_or(0);
+        }
+    }
+
+    fn write_config(&mut self, offset: u64, data: &[u8]) {
+        debug!(
+            "virtio-net {}: ignored {}-byte config write at {offset:#x} (read-only)",
+            self.label,
+            data.len()
+        );
+    }
+
+    fn config_generation(&self) -> u32 {
+        self.link.generation()
+    }
+
+    fn activate(&mut self, ctx: ActivationContext) -> Result<(), ActivateError> {
+        let result = self.start_worker(ctx);
+        if result.is_err() {
+            self.metrics.needs_reset_events.add(1);
+        }
+        result
+    }
+
+    fn reset(&mut self) {
+        self.stop_worker();
+    }
+
+    fn is_active(&self) -> bool {
+        self.worker.is_some()
+    }
+}
+
+impl<B: NetBackend> NetDevice<B> {
+    fn start_worker(&mut self, ctx: ActivationContext) -> Result<(), ActivateError> {
+        let [rx, tx]: [Queue; NUM_QUEUES] =
+            ctx.queues
+                .try_into()
+                .map_err(|q: Vec<Queue>| ActivateError::QueueCount {
+                    expected: NUM_QUEUES,
+                    got: q.len(),
+                })?;
+        let [rx_kick, tx_kick]: [EventFd; NUM_QUEUES] =
+            ctx.kicks
+                .try_into()
+                .map_err(|k: Vec<EventFd>| ActivateError::QueueCount {
+                    expected: NUM_QUEUES,
+                    got: k.len(),
+                })?;
+        // The transport cannot set DRIVER_OK twice without a reset; be safe anyway.
+        self.stop_worker();
+        let mut backend = self
+            .backend
+            .take()
+            .ok_or(ActivateError::BackendUnavailable)?;
+        let configured = backend
+            .set_vnet_hdr_size(VNET_HDR_LEN as u32)
+            .and_then(|()| backend.set_offloads(guest_offloads(ctx.acked_features)));
+        if let Err(e) = configured {
+            self.backend = Some(backend);
+            return Err(ActivateError::Backend(e));
+        }
+        let worker = Worker {
+            mem: ctx.mem,
+            rx,
+            tx,
+            rx_kick,
+            tx_kick,
+            backend,
+            rx_mode: RxMode::from_features(ctx.acked_features),
+            interrupt: ctx.interrupt.clone(),
+            metrics: self.metrics.clone(),
+        };
+        match worker.spawn(&format!("net-{}", self.label)) {
+            Ok(handle) => self.worker = Some(handle),
+            Err(SpawnError { error, backend }) => {
+                self.backend = Some(backend);
+                return Err(error);
+            }
+        }
+        self.metrics.activations.add(1);
+        self.link.attach(Some(ctx.interrupt));
+        Ok(())
+    }
+}
+
+impl<B: NetBackend> Drop for NetDevice<B> {
+    fn drop(&mut self) {
+        self.stop_worker();
+    }
+}
+
+const fn bit(feature: u32) -> u64 {
+    1 << feature
+}
+
+/// (feature, its name, the feature it requires, that one's name) — virtio 1.2 §5.1.3.1.
+const FEATURE_DEPENDENCIES: &[(u32, &str, u32, &str)] = &[
+    (
+        VIRTIO_NET_F_GUEST_TSO4,
+        "GUEST_TSO4",
+        VIRTIO_NET_F_GUEST_CSUM,
+        "GUEST_CSUM",
+    ),
+    (
+        VIRTIO_NET_F_GUEST_TSO6,
+        "GUEST_TSO6",
+        VIRTIO_NET_F_GUEST_CSUM,
+        "GUEST_CSUM",
+    ),
+    (
+        VIRTIO_NET_F_GUEST_UFO,
+        "GUEST_UFO",
+        VIRTIO_NET_F_GUEST_CSUM,
+        "GUEST_CSUM",
+    ),
+    (
+        VIRTIO_NET_F_HOST_TSO4,
+        "HOST_TSO4",
+        VIRTIO_NET_F_CSUM,
+        "CSUM",
+    ),
+    (
+        VIRTIO_NET_F_HOST_TSO6,
+        "HOST_TSO6",
+        VIRTIO_NET_F_CSUM,
+        "CSUM",
+    ),
+    (VIRTIO_NET_F_HOST_UFO, "HOST_UFO", VIRTIO_NET_F_CSUM, "CSUM"),
+];
+
+/// The features offered in front of a backend supporting `offloads`.
+pub fn offered_features(offloads: Offloads) -> u64 {
+    let mut features = bit(VIRTIO_F_VERSION_1)
+        | bit(VIRTIO_RING_F_EVENT_IDX)
+        | bit(VIRTIO_RING_F_INDIRECT_DESC)
+        | bit(VIRTIO_NET_F_MAC)
+        | bit(VIRTIO_NET_F_STATUS)
+        | bit(VIRTIO_NET_F_MRG_RXBUF);
+    if offloads.contains(Offloads::CSUM) {
+        features |= bit(VIRTIO_NET_F_CSUM) | bit(VIRTIO_NET_F_GUEST_CSUM);
+        if offloads.contains(Offloads::TSO4 | Offloads::TSO6) {
+            features |= bit(VIRTIO_NET_F_HOST_TSO4)
+                | bit(VIRTIO_NET_F_HOST_TSO6)
+                | bit(VIRTIO_NET_F_GUEST_TSO4)
+                | bit(VIRTIO_NET_F_GUEST_TSO6);
+        }
+        if offloads.contains(Offloads::UFO) {
+            features |= bit(VIRTIO_NET_F_HOST_UFO) | bit(VIRTIO_NET_F_GUEST_UFO);
+        }
+    }
+    features
+}
+
+/// The receive offloads to enable on the backend: those the guest negotiated to accept.
+pub fn guest_offloads(acked: u64) -> Offloads {
+    let mut offloads = Offloads::NONE;
+    for (feature, offload) in [
+        (VIRTIO_NET_F_GUEST_CSUM, Offloads::CSUM),
+        (VIRTIO_NET_F_GUEST_TSO4, Offloads::TSO4),
+        (VIRTIO_NET_F_GUEST_TSO6, Offloads::TSO6),
+        (VIRTIO_NET_F_GUEST_UFO, Offloads::UFO),
+    ] {
+        if acked & bit(feature) != 0 {
+            offloads = offloads | offload;
+        }
+    }
+    offloads
+}

@@ -1,0 +1,87 @@
+//! virtio-net: a device with one rx and one tx queue in front of a [`NetBackend`].
+//!
+//! - [`config`] holds the user's description ([`NetConfig`]).
+//! - [`device`] is the [`VirtioDevice`](crate::virtio::VirtioDevice) (features, config space,
+//!   activation, link status).
+//! - [`tx`] and [`rx`] are the datapath, plain functions over (queue, memory, backend, counters),
+//!   generic over the backend, usable by the worker, tests, benches and fuzzers.
+//! - `worker` is the per-device thread and its epoll loop.
+//! - [`metrics`] holds the counters.
+//!
+//! Wiring one device (the VMM side; the KVM calls are the VMM's own):
+//!
+//! ```no_run
+//! use devices::virtio::net::{NetConfig, NetDevice};
+//! use devices::virtio::MmioTransport;
+//! # fn wire(mem: vm_memory::GuestMemoryMmap) -> Result<(), Box<dyn std::error::Error>> {
+//! # let mmio_base = 0xd000_0000;
+//! let config: NetConfig = "tap=tap0,queue_size=256".parse()?;
+//! let device = NetDevice::new(&config)?; // opens or creates the tap
+//! let metrics = device.metrics(); // Arc<NetMetrics>; metrics.to_json() is one line
+//! let link = device.link_control(); // set_link(LinkState::Down) later, from any thread
+//! let transport = MmioTransport::new(mem.clone(), Box::new(device))?;
+//! for (eventfd, notify_addr, queue_index) in transport.ioeventfds(mmio_base) {
+//!     // vm.register_ioevent(eventfd, &IoEventAddress::Mmio(notify_addr), queue_index)?;
+//!     # let _ = (eventfd, notify_addr, queue_index);
+//! }
+//! // vm.register_irqfd(transport.irqfd(), gsi)?;
+//! // Put `transport` on the MMIO bus at mmio_base (size MMIO_WINDOW_SIZE) and tell the guest
+//! // (kernel cmdline `virtio_mmio.device=4K@0xd0000000:GSI`).
+//! // At exit: drop it (or call `transport.shutdown()`): the worker thread is joined.
+//! # let _ = (metrics, link);
+//! # Ok(()) }
+//! ```
+//!
+//! [`NetBackend`]: crate::backend::NetBackend
+
+pub mod config;
+pub mod device;
+pub mod metrics;
+pub mod rx;
+pub mod tx;
+mod worker;
+
+#[cfg(test)]
+mod tests;
+
+pub use config::{MacAddr, NetConfig, NetConfigError};
+pub use device::{LinkControl, LinkState, NetDevice, NetError};
+pub use metrics::NetMetrics;
+pub use rx::{process_rx, RxMode, RxOutcome, RxStop};
+pub use tx::{process_tx, TxOutcome, TxStop};
+
+use crate::virtio::ring::InterruptDecision;
+
+/// Size of `virtio_net_hdr_v1` (VERSION_1 is always negotiated).
+pub const VNET_HDR_LEN: usize = 12;
+/// Largest Ethernet frame (including GSO frames) a tx chain may carry after its header.
+pub const MAX_FRAME_LEN: u32 = 65536;
+/// Index of the receive queue.
+pub const RX_QUEUE: usize = 0;
+/// Index of the transmit queue.
+pub const TX_QUEUE: usize = 1;
+/// Number of queues.
+pub const NUM_QUEUES: usize = 2;
+
+/// Counts an interrupt decision into a queue's counters; true if the guest is to be interrupted.
+fn count_interrupt(
+    decision: InterruptDecision,
+    raised: &mut u64,
+    suppressed_event_idx: &mut u64,
+    suppressed_no_interrupt: &mut u64,
+) -> bool {
+    match decision {
+        InterruptDecision::Raise => {
+            *raised += 1;
+            true
+        }
+        InterruptDecision::SuppressedByEventIdx => {
+            *suppressed_event_idx += 1;
+            false
+        }
+        InterruptDecision::SuppressedByFlag => {
+            *suppressed_no_interrupt += 1;
+            false
+        }
+    }
+}

@@ -1,0 +1,9 @@
+//! virtio-net device tests: guest memory, a driver playing the other side of the rings
+//! (`support`), and the socket-pair backend. No KVM, no root.
+
+mod hostile;
+mod notify;
+mod rx;
+mod support;
+mod tx;
+mod worker;

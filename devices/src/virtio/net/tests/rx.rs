@@ -1,0 +1,227 @@
+//! Receive path: frames land in guest buffers, one chain or several (MRG_RXBUF), with
+//! num_buffers right; no buffer means backpressure, never a silent drop.
+
+use virtio_queue::QueueT;
+
+use crate::backend::PairBackend;
+use crate::virtio::net::metrics::RxCounters;
+use crate::virtio::net::tests::support::{frame, guest_mem, wire, Driver};
+use crate::virtio::net::{process_rx, RxMode, RxStop, VNET_HDR_LEN};
+
+/// num_buffers of the header at `addr`.
+fn num_buffers(driver: &Driver<'_>, addr: u64) -> u16 {
+    let b = driver.read(addr + 10, 2);
+    u16::from_le_bytes([b[0], b[1]])
+}
+
+#[test]
+fn frame_lands_in_a_single_chain() {
+    let mem = guest_mem();
+    let mut driver = Driver::new(&mem, 16);
+    let mut queue = driver.queue();
+    // Header and frame in separate descriptors of one chain.
+    let (head, bufs) = driver.push_rx(&[12, 2048]);
+    let (mut backend, peer) = PairBackend::new().expect("socketpair");
+    let payload = frame(1514, 9);
+    peer.send_frame(&wire(&payload)).expect("send");
+    let mut counters = RxCounters::default();
+
+    let outcome = process_rx(
+        &mut queue,
+        &mem,
+        &mut backend,
+        RxMode::SingleChain,
+        &mut counters,
+    )
+    .expect("ring ok");
+
+    assert!(outcome.needs_interrupt);
+    // The only buffer is used: stop polling the backend until the driver posts more.
+    assert_eq!(outcome.stop, RxStop::NoBuffers);
+    assert_eq!(driver.used_since(0), vec![(u32::from(head), 12 + 1514)]);
+    assert_eq!(driver.read(bufs[0], 10), wire(&[])[..10]);
+    assert_eq!(num_buffers(&driver, bufs[0]), 1);
+    assert_eq!(driver.read(bufs[1], 1514), payload);
+    assert_eq!((counters.frames, counters.bytes), (1, 1514));
+}
+
+#[test]
+fn frame_spans_mergeable_chains_with_num_buffers() {
+    let mem = guest_mem();
+    let mut driver = Driver::new(&mem, 16);
+    let mut queue = driver.queue();
+    let chains: Vec<_> = (0..4).map(|_| driver.push_rx(&[512])).collect();
+    let (mut backend, peer) = PairBackend::new().expect("socketpair");
+    let big = frame(1200, 10);
+    peer.send_frame(&wire(&big)).expect("send");
+    let mut counters = RxCounters::default();
+
+    process_rx(
+        &mut queue,
+        &mem,
+        &mut backend,
+        RxMode::Mergeable,
+        &mut counters,
+    )
+    .expect("ring ok");
+
+    let ids = |i: usize| u32::from(chains[i].0);
+    assert_eq!(
+        driver.used_since(0),
+        vec![(ids(0), 512), (ids(1), 512), (ids(2), 1212 - 1024)]
+    );
+    assert_eq!(num_buffers(&driver, chains[0].1[0]), 3);
+    let mut got = driver.read(chains[0].1[0], 512);
+    got.extend(driver.read(chains[1].1[0], 512));
+    got.extend(driver.read(chains[2].1[0], 1212 - 1024));
+    assert_eq!(got[VNET_HDR_LEN..], big[..]);
+    // The fourth chain was gathered but is still the driver's: it goes back on the ring.
+    assert_eq!(queue.next_avail(), 3);
+
+    let small = frame(60, 11);
+    peer.send_frame(&wire(&small)).expect("send");
+    process_rx(
+        &mut queue,
+        &mem,
+        &mut backend,
+        RxMode::Mergeable,
+        &mut counters,
+    )
+    .expect("ring ok");
+    assert_eq!(driver.used(3), (ids(3), 72));
+    assert_eq!(num_buffers(&driver, chains[3].1[0]), 1);
+    assert_eq!(driver.read(chains[3].1[0] + 12, 60), small);
+    assert_eq!(counters.frames, 2);
+}
+
+#[test]
+fn consecutive_frames_share_the_gathered_chains() {
+    let mem = guest_mem();
+    let mut driver = Driver::new(&mem, 64);
+    let mut queue = driver.queue();
+    let chains: Vec<_> = (0..40).map(|_| driver.push_rx(&[1536])).collect();
+    let (mut backend, peer) = PairBackend::new().expect("socketpair");
+    let frames: Vec<_> = (0..30).map(|i| frame(60 + i * 40, i as u8)).collect();
+    for f in &frames {
+        peer.send_frame(&wire(f)).expect("send");
+    }
+    let mut counters = RxCounters::default();
+
+    let outcome = process_rx(
+        &mut queue,
+        &mem,
+        &mut backend,
+        RxMode::Mergeable,
+        &mut counters,
+    )
+    .expect("ring ok");
+
+    assert_eq!(outcome.stop, RxStop::BackendEmpty);
+    assert_eq!(counters.frames, 30);
+    assert_eq!(
+        queue.next_avail(),
+        30,
+        "unused chains went back to the driver"
+    );
+    for (i, f) in frames.iter().enumerate() {
+        assert_eq!(
+            driver.used(i as u16),
+            (u32::from(chains[i].0), f.len() as u32 + 12)
+        );
+        assert_eq!(driver.read(chains[i].1[0] + 12, f.len()), *f);
+    }
+}
+
+#[test]
+fn frame_too_big_for_the_chain_is_dropped_and_counted() {
+    let mem = guest_mem();
+    let mut driver = Driver::new(&mem, 16);
+    let mut queue = driver.queue();
+    let (head, bufs) = driver.push_rx(&[12 + 100]);
+    let (mut backend, peer) = PairBackend::new().expect("socketpair");
+    peer.send_frame(&wire(&frame(101, 1))).expect("send");
+    peer.send_frame(&wire(&frame(100, 2))).expect("send");
+    let mut counters = RxCounters::default();
+
+    process_rx(
+        &mut queue,
+        &mem,
+        &mut backend,
+        RxMode::SingleChain,
+        &mut counters,
+    )
+    .expect("ring ok");
+
+    assert_eq!(counters.dropped_no_buffer, 1);
+    assert_eq!(counters.frames, 1);
+    assert_eq!(driver.used_since(0), vec![(u32::from(head), 112)]);
+    assert_eq!(driver.read(bufs[0] + 12, 100), frame(100, 2));
+}
+
+#[test]
+fn no_buffers_means_backpressure_not_loss() {
+    let mem = guest_mem();
+    let mut driver = Driver::new(&mem, 16);
+    let mut queue = driver.queue();
+    let (mut backend, peer) = PairBackend::new().expect("socketpair");
+    let payload = frame(300, 3);
+    peer.send_frame(&wire(&payload)).expect("send");
+    let mut counters = RxCounters::default();
+
+    let outcome = process_rx(
+        &mut queue,
+        &mem,
+        &mut backend,
+        RxMode::Mergeable,
+        &mut counters,
+    )
+    .expect("ring ok");
+    assert_eq!(outcome.stop, RxStop::NoBuffers);
+    assert!(!outcome.needs_interrupt);
+    assert_eq!(counters.no_buffer_stalls, 1);
+    assert_eq!(counters.dropped_no_buffer, 0);
+    assert_eq!(
+        driver.used_flags(),
+        0,
+        "driver notifications enabled while we wait"
+    );
+
+    let (_, bufs) = driver.push_rx(&[2048]);
+    driver.push_rx(&[2048]);
+    let outcome = process_rx(
+        &mut queue,
+        &mem,
+        &mut backend,
+        RxMode::Mergeable,
+        &mut counters,
+    )
+    .expect("ring ok");
+    assert_eq!(outcome.stop, RxStop::BackendEmpty);
+    assert_eq!(driver.read(bufs[0] + 12, 300), payload);
+    assert_eq!(
+        driver.used_flags(),
+        1,
+        "no kicks wanted while buffers remain"
+    );
+}
+
+#[test]
+fn closed_backend_is_reported() {
+    let mem = guest_mem();
+    let mut driver = Driver::new(&mem, 16);
+    let mut queue = driver.queue();
+    driver.push_rx(&[2048]);
+    let (mut backend, peer) = PairBackend::new().expect("socketpair");
+    drop(peer);
+    let mut counters = RxCounters::default();
+    let outcome = process_rx(
+        &mut queue,
+        &mem,
+        &mut backend,
+        RxMode::Mergeable,
+        &mut counters,
+    )
+    .expect("ring ok");
+    assert_eq!(outcome.stop, RxStop::BackendClosed);
+    assert_eq!(queue.next_avail(), 0, "the buffer stays the driver's");
+}

@@ -1,0 +1,324 @@
+//! The worker thread end to end: the transport activates the device from registers, the test
+//! plays KVM (writes the kick eventfds, watches the irqfd) and the far end of the backend.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use virtio_bindings::virtio_config::{VIRTIO_CONFIG_S_DRIVER_OK, VIRTIO_CONFIG_S_NEEDS_RESET};
+use virtio_bindings::virtio_mmio::{
+    VIRTIO_MMIO_CONFIG_GENERATION, VIRTIO_MMIO_INTERRUPT_ACK, VIRTIO_MMIO_INTERRUPT_STATUS,
+    VIRTIO_MMIO_INT_CONFIG, VIRTIO_MMIO_INT_VRING, VIRTIO_MMIO_STATUS,
+};
+use virtio_bindings::virtio_net::{VIRTIO_NET_F_GUEST_CSUM, VIRTIO_NET_F_MRG_RXBUF};
+use virtio_bindings::virtio_ring::VIRTIO_RING_F_EVENT_IDX;
+use vm_memory::{GuestAddress, GuestMemoryMmap};
+
+use crate::backend::{Offloads, PairBackend, PairPeer};
+use crate::virtio::net::device::LinkState;
+use crate::virtio::net::tests::support::{frame, guest_mem, wire, Driver};
+use crate::virtio::net::{LinkControl, MacAddr, NetDevice, NetMetrics};
+use crate::virtio::testing::{wait_eventfd, wait_until, Registers};
+use crate::virtio::MmioTransport;
+use crate::BusDevice;
+
+const TIMEOUT: Duration = Duration::from_secs(10);
+const VERSION_1: u64 = 1 << 32;
+const MMIO_BASE: u64 = 0xd000_0000;
+
+struct Rig {
+    transport: MmioTransport,
+    peer: PairPeer,
+    metrics: Arc<NetMetrics>,
+    link: LinkControl,
+}
+
+fn rig(mem: &GuestMemoryMmap) -> Rig {
+    let (backend, peer) = PairBackend::new().expect("socketpair");
+    let device = NetDevice::with_backend(backend, MacAddr::new([2, 0, 0, 0, 0, 1]), 256);
+    let metrics = device.metrics();
+    let link = device.link_control();
+    let transport = MmioTransport::new(mem.clone(), Box::new(device)).expect("transport");
+    Rig {
+        transport,
+        peer,
+        metrics,
+        link,
+    }
+}
+
+/// Negotiates `features`, programs both queues and sets DRIVER_OK.
+fn start(t: &mut MmioTransport, features: u64, rx: &Driver<'_>, tx: &Driver<'_>) {
+    assert!(t.negotiate(features), "FEATURES_OK accepted");
+    t.setup_queue(0, 256, rx.ring_addrs());
+    t.setup_queue(1, 256, tx.ring_addrs());
+    t.driver_ok();
+    let status = t.r32(VIRTIO_MMIO_STATUS);
+    assert_eq!(
+        status & (VIRTIO_CONFIG_S_DRIVER_OK | VIRTIO_CONFIG_S_NEEDS_RESET),
+        VIRTIO_CONFIG_S_DRIVER_OK
+    );
+}
+
+/// Plays KVM: the guest wrote `queue` to QueueNotify, the ioeventfd fires.
+fn kick(t: &MmioTransport, queue: usize) {
+    t.ioeventfds(MMIO_BASE)[queue].0.write(1).expect("kick");
+}
+
+/// Waits for the irqfd and acknowledges what InterruptStatus says.
+fn take_interrupt(t: &mut MmioTransport) -> u32 {
+    assert!(wait_eventfd(t.irqfd(), TIMEOUT) > 0, "irqfd signalled");
+    let status = t.r32(VIRTIO_MMIO_INTERRUPT_STATUS);
+    t.w32(VIRTIO_MMIO_INTERRUPT_ACK, status);
+    status
+}
+
+fn queues(mem: &GuestMemoryMmap) -> (Driver<'_>, Driver<'_>) {
+    (
+        Driver::at(mem, GuestAddress(0), 256, 0x10_0000),
+        Driver::at(mem, GuestAddress(0x1_0000), 256, 0x40_0000),
+    )
+}
+
+#[test]
+fn frames_flow_both_ways_through_the_worker() {
+    let mem = guest_mem();
+    let Rig {
+        mut transport,
+        peer,
+        metrics,
+        ..
+    } = rig(&mem);
+    let (mut rx, mut tx) = queues(&mem);
+    let features = VERSION_1 | 1 << VIRTIO_NET_F_MRG_RXBUF | 1 << VIRTIO_NET_F_GUEST_CSUM;
+    start(&mut transport, features, &rx, &tx);
+    assert_eq!(
+        peer.offloads(),
+        Offloads::CSUM,
+        "tap offloads follow the guest's"
+    );
+    assert_eq!(peer.vnet_hdr_size(), 12);
+
+    // tx: guest → peer.
+    let out = wire(&frame(1000, 1));
+    tx.push_tx(&out, &[12]);
+    kick(&transport, 1);
+    assert_eq!(peer.recv_frame().expect("frame"), out);
+    assert_eq!(take_interrupt(&mut transport), VIRTIO_MMIO_INT_VRING);
+    assert_eq!(tx.used_idx(), 1);
+
+    // rx: peer → guest. The worker found no buffers at start and asked to be kicked.
+    assert_eq!(rx.used_flags(), 0);
+    let (_, bufs) = rx.push_rx(&[2048]);
+    rx.push_rx(&[2048]);
+    kick(&transport, 0);
+    let inbound = frame(700, 2);
+    peer.send_frame(&wire(&inbound)).expect("send");
+    assert!(wait_until(TIMEOUT, || rx.used_idx() == 1));
+    assert_eq!(rx.read(bufs[0] + 12, 700), inbound);
+    assert_eq!(take_interrupt(&mut transport), VIRTIO_MMIO_INT_VRING);
+
+    // Reset stops the worker and hands the backend back: a second life works.
+    transport.w32(VIRTIO_MMIO_STATUS, 0);
+    assert_eq!(metrics.tx.frames.get(), 1);
+    assert_eq!(metrics.rx.frames.get(), 1);
+    assert_eq!(metrics.rx.kicks.get(), 1);
+    assert_eq!(metrics.tx.kicks.get(), 1);
+    assert_eq!(metrics.irqfd_signals.get(), 2);
+
+    let rx3 = Driver::at(&mem, GuestAddress(0x2_0000), 256, 0x60_0000);
+    let mut tx3 = Driver::at(&mem, GuestAddress(0x3_0000), 256, 0x70_0000);
+    start(&mut transport, VERSION_1, &rx3, &tx3);
+    assert_eq!(peer.offloads(), Offloads::NONE);
+    let again = wire(&frame(60, 3));
+    tx3.push_tx(&again, &[]);
+    kick(&transport, 1);
+    assert_eq!(peer.recv_frame().expect("frame"), again);
+    assert_eq!(metrics.activations.get(), 2);
+}
+
+#[test]
+fn event_idx_suppresses_interrupts_end_to_end() {
+    let mem = guest_mem();
+    let Rig {
+        mut transport,
+        peer,
+        metrics,
+        ..
+    } = rig(&mem);
+    let (rx, mut tx) = queues(&mem);
+    start(
+        &mut transport,
+        VERSION_1 | 1 << VIRTIO_RING_F_EVENT_IDX,
+        &rx,
+        &tx,
+    );
+    // used_event stays 0: the driver wants one interrupt, for the first buffer only.
+    for i in 0..3u8 {
+        tx.push_tx(&wire(&frame(64, i)), &[]);
+        kick(&transport, 1);
+        peer.recv_frame().expect("frame");
+        assert!(wait_until(TIMEOUT, || tx.used_idx() == u16::from(i) + 1));
+        // The worker asks for a kick at the next buffer (avail_event).
+        assert!(wait_until(TIMEOUT, || tx.avail_event() == u16::from(i) + 1));
+    }
+    assert!(wait_until(TIMEOUT, || metrics.tx.kicks.get() == 3));
+    assert_eq!(take_interrupt(&mut transport), VIRTIO_MMIO_INT_VRING);
+    assert_eq!(metrics.tx.interrupts_raised.get(), 1);
+    assert_eq!(metrics.tx.interrupts_suppressed_event_idx.get(), 2);
+    assert_eq!(
+        wait_eventfd(transport.irqfd(), Duration::from_millis(50)),
+        0
+    );
+
+    // Moving used_event forward asks for the next one.
+    tx.set_used_event(3);
+    tx.push_tx(&wire(&frame(64, 9)), &[]);
+    kick(&transport, 1);
+    peer.recv_frame().expect("frame");
+    assert_eq!(take_interrupt(&mut transport), VIRTIO_MMIO_INT_VRING);
+}
+
+#[test]
+fn rx_backpressure_resumes_on_the_rx_kick() {
+    let mem = guest_mem();
+    let Rig {
+        mut transport,
+        peer,
+        metrics,
+        ..
+    } = rig(&mem);
+    let (mut rx, tx) = queues(&mem);
+    start(
+        &mut transport,
+        VERSION_1 | 1 << VIRTIO_NET_F_MRG_RXBUF,
+        &rx,
+        &tx,
+    );
+    let frames: Vec<_> = (0..5).map(|i| frame(100 + i, i as u8)).collect();
+    for f in &frames {
+        peer.send_frame(&wire(f)).expect("send");
+    }
+    assert!(wait_until(TIMEOUT, || metrics.rx.no_buffer_stalls.get() >= 1));
+    std::thread::sleep(Duration::from_millis(20));
+    assert_eq!(metrics.rx.frames.get(), 0, "nothing read without buffers");
+    assert_eq!(metrics.rx.dropped_no_buffer.get(), 0);
+
+    let bufs: Vec<_> = (0..5).map(|_| rx.push_rx(&[1024]).1[0]).collect();
+    kick(&transport, 0);
+    assert!(wait_until(TIMEOUT, || rx.used_idx() == 5));
+    for (addr, f) in bufs.iter().zip(&frames) {
+        assert_eq!(rx.read(addr + 12, f.len()), *f);
+    }
+    assert!(wait_until(TIMEOUT, || metrics.rx.frames.get() == 5));
+    assert_eq!(metrics.rx.dropped_no_buffer.get(), 0);
+}
+
+#[test]
+fn broken_ring_sets_needs_reset_and_the_vmm_survives() {
+    let mem = guest_mem();
+    let Rig {
+        mut transport,
+        peer,
+        metrics,
+        ..
+    } = rig(&mem);
+    let (rx, mut tx) = queues(&mem);
+    start(&mut transport, VERSION_1, &rx, &tx);
+    tx.set_avail_idx(1000);
+    kick(&transport, 1);
+    assert!(wait_until(TIMEOUT, || transport.status()
+        & VIRTIO_CONFIG_S_NEEDS_RESET
+        != 0));
+    assert_eq!(take_interrupt(&mut transport), VIRTIO_MMIO_INT_CONFIG);
+    assert_eq!(metrics.needs_reset_events.get(), 1);
+
+    // The driver resets and starts over; the backend survived the failed worker.
+    transport.w32(VIRTIO_MMIO_STATUS, 0);
+    assert_eq!(transport.r32(VIRTIO_MMIO_STATUS), 0);
+    let rx2 = Driver::at(&mem, GuestAddress(0x2_0000), 256, 0x60_0000);
+    let mut tx2 = Driver::at(&mem, GuestAddress(0x3_0000), 256, 0x70_0000);
+    start(&mut transport, VERSION_1, &rx2, &tx2);
+    let out = wire(&frame(64, 1));
+    tx2.push_tx(&out, &[]);
+    kick(&transport, 1);
+    assert_eq!(peer.recv_frame().expect("frame"), out);
+}
+
+#[test]
+fn link_changes_raise_a_config_interrupt() {
+    let mem = guest_mem();
+    let Rig {
+        mut transport,
+        link,
+        ..
+    } = rig(&mem);
+    let mut status = [0u8; 2];
+    transport.read(0x106, &mut status);
+    assert_eq!(status, [1, 0], "link up");
+    let generation = transport.r32(VIRTIO_MMIO_CONFIG_GENERATION);
+
+    // Before DRIVER_OK: the value and generation change, no interrupt.
+    link.set_link(LinkState::Down);
+    transport.read(0x106, &mut status);
+    assert_eq!(status, [0, 0]);
+    assert_ne!(transport.r32(VIRTIO_MMIO_CONFIG_GENERATION), generation);
+    assert_eq!(
+        wait_eventfd(transport.irqfd(), Duration::from_millis(20)),
+        0
+    );
+
+    let (rx, tx) = queues(&mem);
+    start(&mut transport, VERSION_1, &rx, &tx);
+    link.set_link(LinkState::Up);
+    assert_eq!(take_interrupt(&mut transport), VIRTIO_MMIO_INT_CONFIG);
+    transport.read(0x106, &mut status);
+    assert_eq!(status, [1, 0]);
+    link.set_link(LinkState::Up);
+    assert_eq!(
+        wait_eventfd(transport.irqfd(), Duration::from_millis(20)),
+        0,
+        "no change, no interrupt"
+    );
+}
+
+#[test]
+fn dropping_the_transport_stops_the_worker() {
+    let mem = guest_mem();
+    let Rig {
+        mut transport,
+        peer,
+        ..
+    } = rig(&mem);
+    let (rx, tx) = queues(&mem);
+    start(&mut transport, VERSION_1, &rx, &tx);
+    assert!(transport.device().features() & VERSION_1 != 0);
+    drop(transport);
+    // The worker joined and the backend's fd closed: the peer reads end of file.
+    assert_eq!(peer.recv_frame().expect("eof"), Vec::<u8>::new());
+}
+
+#[test]
+fn a_full_ring_is_sent_in_budgeted_rounds_from_one_kick() {
+    let mem = guest_mem();
+    let Rig {
+        mut transport,
+        peer,
+        metrics,
+        ..
+    } = rig(&mem);
+    let (rx, mut tx) = queues(&mem);
+    start(&mut transport, VERSION_1, &rx, &tx);
+    let frames: Vec<_> = (0..256)
+        .map(|i| wire(&frame(60 + i % 50, i as u8)))
+        .collect();
+    for f in &frames {
+        tx.push_tx(f, &[]);
+    }
+    kick(&transport, 1);
+    for f in &frames {
+        assert_eq!(peer.recv_frame().expect("frame"), *f);
+    }
+    assert!(wait_until(TIMEOUT, || metrics.tx.frames.get() == 256));
+    assert_eq!(metrics.tx.kicks.get(), 1);
+    assert_eq!(tx.used_idx(), 256);
+}
