@@ -3,7 +3,8 @@
 //! with the tap's own counters. The tap, its address and the VMM live in a network namespace
 //! the test creates.
 
-use std::net::UdpSocket;
+use std::io::{Read, Write};
+use std::net::{TcpStream, UdpSocket};
 use std::time::{Duration, Instant};
 
 use integration_tests::netns::NetNs;
@@ -70,26 +71,54 @@ fn tap_counter(ns: &NetNs, name: &str) -> u64 {
     String::from_utf8_lossy(&out.stdout).trim().parse().unwrap_or(u64::MAX)
 }
 
-#[test]
-fn guest_pings_host_and_echoes_udp_with_every_byte_checked() {
+/// A namespace with the tap configured as the host end (HOST_IP, `mtu`), and the VMM started
+/// in it with the guest's net test and `extra` kernel parameters.
+fn start_guest(tag: &str, mtu: u32, extra: &str) -> (NetNs, VmmProcess) {
     let a = artifacts();
     let (kernel, initrd) = (a.get("kernel").to_owned(), a.get("initrd").to_owned());
-    let _guest = guest_lock();
-    let ns = NetNs::new("net").expect("create network namespace");
+    let ns = NetNs::new(tag).expect("create network namespace");
     ns.ip(&["tuntap", "add", TAP, "mode", "tap", "vnet_hdr"]).unwrap();
-    ns.ip(&["link", "set", TAP, "mtu", "9000"]).unwrap();
+    ns.ip(&["link", "set", TAP, "mtu", &mtu.to_string()]).unwrap();
     ns.ip(&["addr", "add", &format!("{HOST_IP}/24"), "dev", TAP]).unwrap();
     ns.ip(&["link", "set", TAP, "up"]).unwrap();
-
-    let count = PER_SIZE * SIZES.len();
     let cmdline = format!(
-        "{} vmm.ip={GUEST_IP}/24 vmm.peer={HOST_IP} vmm.mtu=9000 vmm.echo={count} vmm.port={PORT}",
+        "{} vmm.ip={GUEST_IP}/24 vmm.peer={HOST_IP} vmm.mtu={mtu} vmm.port={PORT} {extra}",
         test_cmdline("net")
     );
     let mut cmd = ns.command(&vmm_binary().to_string_lossy());
     cmd.args(["--kernel"]).arg(&kernel).arg("--initrd").arg(&initrd);
     cmd.args(["--cmdline", &cmdline, "--net", &format!("tap={TAP}")]);
-    let mut vmm = VmmProcess::spawn(&mut cmd);
+    let vmm = VmmProcess::spawn(&mut cmd);
+    (ns, vmm)
+}
+
+/// TCP stream pattern, as in resources/init/src/nettest.c.
+fn tcp_byte(i: usize) -> u8 {
+    (i.wrapping_mul(7).wrapping_add(i / 251)) as u8
+}
+
+/// Sends `bytes` of the stream pattern to the guest, then reads and checks `bytes` back.
+fn tcp_exchange(bytes: usize) -> Result<(), String> {
+    let mut s = TcpStream::connect((GUEST_IP, PORT)).map_err(|e| format!("connect: {e}"))?;
+    s.set_read_timeout(Some(Duration::from_secs(60))).map_err(|e| e.to_string())?;
+    let data: Vec<u8> = (0..bytes).map(tcp_byte).collect();
+    s.write_all(&data).map_err(|e| format!("send: {e}"))?;
+    let mut back = Vec::with_capacity(bytes);
+    s.read_to_end(&mut back).map_err(|e| format!("receive after {} bytes: {e}", back.len()))?;
+    if back.len() != bytes {
+        return Err(format!("received {} of {bytes} bytes back", back.len()));
+    }
+    match back.iter().enumerate().find(|(i, b)| **b != tcp_byte(*i)) {
+        Some((i, b)) => Err(format!("byte {i} is {b:#x}, expected {:#x}", tcp_byte(i))),
+        None => Ok(()),
+    }
+}
+
+#[test]
+fn guest_pings_host_and_echoes_udp_with_every_byte_checked() {
+    let _guest = guest_lock();
+    let count = PER_SIZE * SIZES.len();
+    let (ns, mut vmm) = start_guest("udp", 9000, &format!("vmm.echo={count}"));
 
     let ready = vmm.wait_for_console("nettest: listening", Duration::from_secs(180));
     let (echo, echo_time) = if ready {
@@ -127,4 +156,54 @@ fn guest_pings_host_and_echoes_udp_with_every_byte_checked() {
     assert!(dev["tx"]["bytes"].as_u64().unwrap() >= bytes as u64, "{m}");
     assert_eq!(dev["tx"]["malformed_chains"], 0, "{m}");
     assert_eq!(dev["rx"]["malformed_chains"], 0, "{m}");
+}
+
+/// A TCP stream each way at MTU 1500 with every byte checked. The guest negotiates checksum
+/// and TSO offloads, so both directions carry frames larger than the MTU (GSO through the
+/// tap's virtio-net header): far fewer frames than MTU-sized segments would need.
+#[test]
+fn tcp_stream_both_ways_uses_segmentation_offload() {
+    const BYTES: usize = 4 << 20;
+    const MSS: usize = 1448;
+    let _guest = guest_lock();
+    let (ns, mut vmm) = start_guest("tcp", 1500, &format!("vmm.tcp={BYTES}"));
+    // The guest's emulated kernel ACKs slowly, so an ACK-clocked host would send one MSS at a
+    // time; a large initial window makes the host send GSO bursts the device must deliver.
+    ns.ip(&["route", "change", "10.200.0.0/24", "dev", TAP, "initcwnd", "100"]).unwrap();
+    let sysctl = ns
+        .command("sysctl")
+        .args(["-qw", "net.ipv4.tcp_min_tso_segs=16"])
+        .status()
+        .expect("run sysctl");
+    assert!(sysctl.success());
+    let ready = vmm.wait_for_console("nettest: tcp listening", Duration::from_secs(180));
+    let t = Instant::now();
+    let result = if ready {
+        ns.run(move || tcp_exchange(BYTES)).expect("run in namespace")
+    } else {
+        Err("the guest never started its TCP server".into())
+    };
+    let took = t.elapsed();
+    let out = vmm.finish(Duration::from_secs(120));
+    result.unwrap_or_else(|e| panic!("{e}\n{out}"));
+    assert!(
+        out.stdout.contains(&format!("nettest: tcp received={BYTES} bad=0 sent={BYTES}")),
+        "{out}"
+    );
+    assert!(out.success(), "{out}");
+    let m = final_metrics(&out.stderr).unwrap_or_else(|| panic!("no metrics line: {out}"));
+    let dev = &m["net"][TAP];
+    let (rx_frames, tx_frames) = (
+        dev["rx"]["frames"].as_u64().unwrap() as usize,
+        dev["tx"]["frames"].as_u64().unwrap() as usize,
+    );
+    eprintln!("TCP {BYTES} bytes each way in {took:.1?}: {rx_frames} rx frames, {tx_frames} tx frames");
+    assert!(dev["rx"]["bytes"].as_u64().unwrap() as usize >= BYTES, "{m}");
+    assert!(dev["tx"]["bytes"].as_u64().unwrap() as usize >= BYTES, "{m}");
+    // Without offloads each direction needs at least BYTES / MSS data frames (plus the ACKs
+    // for the other direction, plus ARP and ping).
+    assert!(tx_frames < BYTES / MSS, "guest TSO not in use: {m}");
+    assert!(rx_frames < BYTES / MSS, "host GSO to the guest not in use: {m}");
+    assert_eq!(dev["tx"]["malformed_chains"], 0, "{m}");
+    assert_eq!(dev["tx"]["backend_errors"], 0, "{m}");
 }

@@ -7,11 +7,16 @@
  *       Receive COUNT UDP datagrams on PORT, check every byte of each against the pattern
  *       below, and send each back to its sender. Prints one line:
  *       "nettest: echo received=N bad=M sizes=a,b,c" and exits 0 when all were good.
+ *   nettest tcp PORT BYTES
+ *       Accept one TCP connection on PORT, read BYTES checking each against the stream pattern
+ *       below, then write BYTES of the pattern back and close. Prints
+ *       "nettest: tcp received=N bad=M sent=K"; exits 0 when all were good.
  *   nettest send HOST PORT COUNT SIZE[,SIZE...]
  *       Send COUNT datagrams to HOST:PORT, cycling through the sizes, with the pattern below.
  *
  * Pattern of datagram number `seq` of `size` bytes (size >= 8): bytes 0..3 = seq (LE),
  * bytes 4..7 = size (LE), byte i >= 8 = (seq * 31 + i) & 0xff.
+ * TCP stream pattern: byte i = (i * 7 + i / 251) & 0xff.
  */
 #include <arpa/inet.h>
 #include <errno.h>
@@ -139,13 +144,71 @@ static int do_send(const char *host, int port, long count, char *sizelist)
 	return 0;
 }
 
+/* TCP pattern: byte i of a stream = (i * 7 + i / 251) & 0xff. */
+static unsigned char tcp_byte(unsigned long i)
+{
+	return (unsigned char)(i * 7 + i / 251);
+}
+
+static int do_tcp(int port, unsigned long bytes)
+{
+	int lfd = socket(AF_INET, SOCK_STREAM, 0);
+	int one = 1;
+	setsockopt(lfd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+	struct sockaddr_in addr = { .sin_family = AF_INET, .sin_port = htons(port) };
+	if (lfd < 0 || bind(lfd, (struct sockaddr *)&addr, sizeof(addr)) < 0 || listen(lfd, 1) < 0) {
+		perror("nettest: tcp listen");
+		return 2;
+	}
+	printf("nettest: tcp listening on %d\n", port);
+	int fd = accept(lfd, NULL, NULL);
+	if (fd < 0) {
+		perror("nettest: accept");
+		return 2;
+	}
+	unsigned long got = 0, bad = 0;
+	while (got < bytes) {
+		ssize_t n = read(fd, buf, sizeof(buf));
+		if (n <= 0) {
+			if (n < 0 && errno == EINTR)
+				continue;
+			break;
+		}
+		for (ssize_t i = 0; i < n; i++)
+			bad += buf[i] != tcp_byte(got + (unsigned long)i);
+		got += (unsigned long)n;
+	}
+	unsigned long sent = 0;
+	while (sent < bytes) {
+		size_t chunk = bytes - sent < sizeof(buf) ? bytes - sent : sizeof(buf);
+		for (size_t i = 0; i < chunk; i++)
+			buf[i] = tcp_byte(sent + i);
+		ssize_t n = write(fd, buf, chunk);
+		if (n <= 0) {
+			if (n < 0 && errno == EINTR)
+				continue;
+			perror("nettest: tcp write");
+			break;
+		}
+		sent += (unsigned long)n;
+	}
+	shutdown(fd, SHUT_WR);
+	while (read(fd, buf, sizeof(buf)) > 0)
+		;
+	close(fd);
+	printf("nettest: tcp received=%lu bad=%lu sent=%lu\n", got, bad, sent);
+	return (got == bytes && bad == 0 && sent == bytes) ? 0 : 1;
+}
+
 int main(int argc, char **argv)
 {
 	setvbuf(stdout, NULL, _IOLBF, 0);
 	if (argc == 5 && !strcmp(argv[1], "echo"))
 		return do_echo(atoi(argv[2]), atol(argv[3]), atoi(argv[4]));
+	if (argc == 4 && !strcmp(argv[1], "tcp"))
+		return do_tcp(atoi(argv[2]), strtoul(argv[3], NULL, 10));
 	if (argc == 6 && !strcmp(argv[1], "send"))
 		return do_send(argv[2], atoi(argv[3]), atol(argv[4]), argv[5]);
-	fprintf(stderr, "usage: nettest echo PORT COUNT TIMEOUT_S | send HOST PORT COUNT SIZES\n");
+	fprintf(stderr, "usage: nettest echo PORT COUNT TIMEOUT_S | send HOST PORT COUNT SIZES | tcp PORT BYTES\n");
 	return 2;
 }

@@ -3,8 +3,9 @@
 # Parameters from the kernel command line (defaults in brackets):
 #   vmm.ip=ADDR/PREFIX [10.200.0.2/24]  vmm.peer=ADDR [10.200.0.1]  vmm.mtu=N [1500]
 #   vmm.echo=COUNT [0: no echo]         vmm.port=PORT [7777]
+#   vmm.tcp=BYTES [0: no TCP]: accept one TCP connection on PORT, check BYTES, send BYTES back
 # Sourced by /init: do not `exit`.
-vmm_ip=10.200.0.2/24 vmm_peer=10.200.0.1 vmm_mtu=1500 vmm_echo=0 vmm_port=7777
+vmm_ip=10.200.0.2/24 vmm_peer=10.200.0.1 vmm_mtu=1500 vmm_echo=0 vmm_port=7777 vmm_tcp=0
 set -f
 for vmm_arg in $vmm_cmdline; do
 	case $vmm_arg in
@@ -13,6 +14,7 @@ for vmm_arg in $vmm_cmdline; do
 	vmm.mtu=*) vmm_mtu=${vmm_arg#vmm.mtu=} ;;
 	vmm.echo=*) vmm_echo=${vmm_arg#vmm.echo=} ;;
 	vmm.port=*) vmm_port=${vmm_arg#vmm.port=} ;;
+	vmm.tcp=*) vmm_tcp=${vmm_arg#vmm.tcp=} ;;
 	esac
 done
 set +f
@@ -23,5 +25,8 @@ set +f
 if [ "$vmm_echo" != 0 ]; then
 	# The host waits for this line before it starts sending.
 	/bin/nettest echo "$vmm_port" "$vmm_echo" 60
+fi
+if [ "$vmm_tcp" != 0 ]; then
+	/bin/nettest tcp "$vmm_port" "$vmm_tcp"
 fi
 echo "vmm-guest: net test finished"
