@@ -1,0 +1,15 @@
+//! Co-simulation of the `vnet-driver` guest driver against the real virtio-net device model
+//! (the same code the VMM runs), on host threads over the same eventfd kick/interrupt paths KVM
+//! uses, and the `cotune` sweeps built on it.
+
+pub mod baseline;
+pub mod check;
+pub mod cost;
+pub mod env;
+pub mod frames;
+pub mod hal;
+pub mod report;
+pub mod rig;
+pub mod sweep;
+pub mod transport;
+pub mod workloads;

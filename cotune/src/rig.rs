@@ -1,0 +1,131 @@
+//! A co-simulation rig: the real device model (transport, worker thread, backend) and the
+//! guest driver crate over one shared guest memory. The driver runs on the calling thread (the
+//! "vCPU"); the device's worker runs on its own thread, woken by the same kick eventfds KVM's
+//! ioeventfds would write; its interrupts arrive on the eventfd KVM would take as an irqfd.
+
+use std::os::fd::AsRawFd;
+use std::sync::Arc;
+
+use devices::backend::NetBackend;
+use devices::virtio::net::{MacAddr, NetDevice, NetMetrics};
+use devices::virtio::MmioTransport as DeviceTransport;
+use vm_memory::{GuestAddress, GuestMemoryMmap};
+use vmm_sys_util::eventfd::EventFd;
+use vnet_driver::{Config, VirtioNet};
+
+use crate::cost::{spin_for_ns, thread_cpu_ns};
+use crate::env::wait_readable;
+use crate::hal::GuestMemHal;
+use crate::transport::CosimTransport;
+
+/// Guest memory of a rig.
+pub const MEM_SIZE: u64 = 64 << 20;
+/// Driver rings and buffers come from [DRIVER_DMA_START, UMEM_START).
+const DRIVER_DMA_START: u64 = 1 << 20;
+/// Caller-owned umem comes from [UMEM_START, MEM_SIZE).
+const UMEM_START: u64 = 32 << 20;
+
+/// Driver knobs plus the exit-cost model.
+#[derive(Clone, Copy, Debug)]
+pub struct RigConfig {
+    /// The guest driver's configuration.
+    pub driver: Config,
+    /// ns charged to the driver thread per kick.
+    pub kick_cost_ns: u64,
+    /// ns charged to the driver thread per interrupt taken.
+    pub irq_cost_ns: u64,
+}
+
+/// Why a rig could not be built.
+#[derive(Debug, thiserror::Error)]
+pub enum RigError {
+    #[error("cannot allocate guest memory")]
+    Memory(#[source] vm_memory::mmap::FromRangesError),
+    #[error("cannot create the virtio-mmio transport: {0}")]
+    Transport(String),
+    #[error("eventfd")]
+    EventFd(#[source] std::io::Error),
+    #[error("driver initialisation failed: {0:?}")]
+    Driver(vnet_driver::InitError),
+}
+
+/// The driver side of a running co-simulation.
+pub struct Rig {
+    /// The guest driver.
+    pub net: VirtioNet<GuestMemHal, CosimTransport>,
+    /// The device's metrics.
+    pub metrics: Arc<NetMetrics>,
+    /// DMA memory for caller-owned frame areas (umem).
+    pub umem_hal: GuestMemHal,
+    irq: EventFd,
+    irq_cost_ns: u64,
+    /// Sum of the values read from the irqfd: every device interrupt signal consumed.
+    pub irq_signals_taken: u64,
+}
+
+impl Rig {
+    /// Builds memory, device (with `backend`), transport and driver, and brings the device up.
+    pub fn new<B: NetBackend>(backend: B, config: &RigConfig) -> Result<Rig, RigError> {
+        let mem = GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), MEM_SIZE as usize)])
+            .map_err(RigError::Memory)?;
+        let queue_size = config.driver.rx_queue_size.max(config.driver.tx_queue_size);
+        let device = NetDevice::with_backend(backend, MacAddr::derived_from("cotune"), queue_size);
+        let metrics = device.metrics();
+        let transport = DeviceTransport::new(mem.clone(), Box::new(device))
+            .map_err(|e| RigError::Transport(e.to_string()))?;
+        let transport =
+            CosimTransport::new(transport, config.kick_cost_ns).map_err(RigError::EventFd)?;
+        let irq = transport.irqfd().map_err(RigError::EventFd)?;
+        let hal = GuestMemHal::new(mem.clone(), DRIVER_DMA_START, UMEM_START)
+            .ok_or_else(|| RigError::Transport("guest memory layout".into()))?;
+        let umem_hal = GuestMemHal::new(mem, UMEM_START, MEM_SIZE)
+            .ok_or_else(|| RigError::Transport("guest memory layout".into()))?;
+        let net = VirtioNet::new(hal, transport, config.driver).map_err(RigError::Driver)?;
+        Ok(Rig {
+            net,
+            metrics,
+            umem_hal,
+            irq,
+            irq_cost_ns: config.irq_cost_ns,
+            irq_signals_taken: 0,
+        })
+    }
+
+    /// Takes the device's interrupt if it is pending, waiting up to `timeout_ms` for it: reads
+    /// the irqfd, charges the interrupt cost and runs the driver's interrupt handler. Returns
+    /// true if an interrupt was taken.
+    pub fn take_interrupt(&mut self, timeout_ms: i32) -> bool {
+        if !wait_readable(self.irq.as_raw_fd(), timeout_ms) {
+            return false;
+        }
+        match self.irq.read() {
+            Ok(n) => self.irq_signals_taken += n,
+            Err(_) => return false,
+        }
+        spin_for_ns(self.irq_cost_ns);
+        self.net.handle_interrupt().any()
+    }
+
+    /// The driver thread's CPU time so far, ns.
+    pub fn cpu_ns(&self) -> u64 {
+        thread_cpu_ns()
+    }
+
+    /// Lets the device finish what the driver gave it, takes the last interrupt signals, and
+    /// stops the device worker, so every counter is final. (A device reset drains the irqfd,
+    /// so signals are taken before it.) Call after traffic sources have stopped.
+    pub fn quiesce(&mut self) {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        if let Ok(n) = self.irq.read() {
+            self.irq_signals_taken += n;
+        }
+        self.net.transport_mut().shutdown();
+    }
+}
+
+impl Rig {
+    /// Notifications the transport wrote to kick eventfds.
+    pub fn net_transport_kicks(&mut self) -> u64 {
+        self.net.transport_mut().kicks_written()
+    }
+}

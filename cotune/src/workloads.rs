@@ -1,0 +1,364 @@
+//! The driver-side loops of each workload, and their measurement.
+//!
+//! Every workload runs a warm-up, then measures over a fixed duration: counters of the driver,
+//! the device and both threads' CPU time are read before and after, and the deltas make a
+//! [`Sample`].
+
+use std::os::fd::RawFd;
+use std::time::{Duration, Instant};
+
+use vnet_driver::xsk::{self, Umem, XdpDesc, XskConfig, XskMode};
+use vnet_driver::{Counters, Hal, QueueId, Rearm, TxCompletion, XdpAction};
+
+use crate::cost::{task_cpu_ns, threads_named};
+use crate::frames::test_frame;
+use crate::rig::Rig;
+
+/// What one trial measured (deltas over the measured window).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Sample {
+    /// Measured wall time, s.
+    pub secs: f64,
+    /// Packets counted by the workload (device tx frames, plus device rx frames when the
+    /// workload receives too).
+    pub packets: u64,
+    /// Driver counters delta.
+    pub driver: Counters,
+    /// Device tx frames written to the backend.
+    pub dev_tx_frames: u64,
+    /// Device rx frames delivered to the driver.
+    pub dev_rx_frames: u64,
+    /// Device tx-queue interrupts raised.
+    pub dev_tx_irqs: u64,
+    /// Driver thread CPU ns.
+    pub driver_cpu_ns: u64,
+    /// Device worker CPU ns.
+    pub device_cpu_ns: u64,
+}
+
+impl Sample {
+    /// Packets per second.
+    pub fn pps(&self) -> f64 {
+        self.packets as f64 / self.secs.max(1e-9)
+    }
+}
+
+/// Which workload a trial runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Workload {
+    /// AF_XDP-style transmit from a umem (zero-copy or copy).
+    XskTx(XskMode),
+    /// Copy transmit in batches while receiving what the peer sends (NAPI-style loop).
+    Bidirectional,
+    /// Every received frame is bounced back with XDP_TX (MACs swapped).
+    XdpBounce,
+}
+
+struct Mark {
+    t: Instant,
+    driver: Counters,
+    dev_tx: u64,
+    dev_rx: u64,
+    dev_tx_irqs: u64,
+    drv_cpu: u64,
+    dev_cpu: u64,
+}
+
+fn device_worker_tid() -> Option<i32> {
+    threads_named("net-").into_iter().next()
+}
+
+fn mark(rig: &Rig, dev_tid: Option<i32>) -> Mark {
+    Mark {
+        t: Instant::now(),
+        driver: rig.net.counters(),
+        dev_tx: rig.metrics.tx.frames.get(),
+        dev_rx: rig.metrics.rx.frames.get(),
+        dev_tx_irqs: rig.metrics.tx.interrupts_raised.get(),
+        drv_cpu: rig.cpu_ns(),
+        dev_cpu: dev_tid.and_then(task_cpu_ns).unwrap_or(0),
+    }
+}
+
+fn delta(a: &Mark, b: &Mark, workload: Workload) -> Sample {
+    let dev_tx_frames = b.dev_tx - a.dev_tx;
+    let dev_rx_frames = b.dev_rx - a.dev_rx;
+    let packets = match workload {
+        Workload::XskTx(_) | Workload::XdpBounce => dev_tx_frames,
+        Workload::Bidirectional => dev_tx_frames + dev_rx_frames,
+    };
+    Sample {
+        secs: (b.t - a.t).as_secs_f64(),
+        packets,
+        driver: counters_delta(&a.driver, &b.driver),
+        dev_tx_frames,
+        dev_rx_frames,
+        dev_tx_irqs: b.dev_tx_irqs - a.dev_tx_irqs,
+        driver_cpu_ns: b.drv_cpu - a.drv_cpu,
+        device_cpu_ns: b.dev_cpu.saturating_sub(a.dev_cpu),
+    }
+}
+
+fn counters_delta(a: &Counters, b: &Counters) -> Counters {
+    Counters {
+        tx_frames: b.tx_frames - a.tx_frames,
+        tx_bytes: b.tx_bytes - a.tx_bytes,
+        rx_frames: b.rx_frames - a.rx_frames,
+        rx_bytes: b.rx_bytes - a.rx_bytes,
+        kicks: b.kicks - a.kicks,
+        kicks_suppressed: b.kicks_suppressed - a.kicks_suppressed,
+        rx_kicks: b.rx_kicks - a.rx_kicks,
+        interrupts: b.interrupts - a.interrupts,
+        tx_reclaimed: b.tx_reclaimed - a.tx_reclaimed,
+        tx_reclaim_polls: b.tx_reclaim_polls - a.tx_reclaim_polls,
+        ring_full: b.ring_full - a.ring_full,
+        xdp_tx: b.xdp_tx - a.xdp_tx,
+        ..*b
+    }
+}
+
+/// Runs `workload` on `rig` for `warmup` then `duration`, with frames of `frame_size` bytes.
+pub fn run(
+    rig: &mut Rig,
+    workload: Workload,
+    frame_size: usize,
+    warmup: Duration,
+    duration: Duration,
+) -> Sample {
+    match workload {
+        Workload::XskTx(mode) => xsk_tx(rig, mode, frame_size, warmup, duration),
+        Workload::Bidirectional => bidirectional(rig, frame_size, warmup, duration),
+        Workload::XdpBounce => xdp_bounce(rig, warmup, duration),
+    }
+}
+
+/// Services completions and interrupts the way the configured tx-completion mode does, between
+/// two transmit batches. `starved` says the transmitter has nothing left to send.
+fn service(rig: &mut Rig, starved: bool) {
+    let mode = rig.net.config().tx_completion;
+    // A starved transmitter may block for an interrupt; a busy one only checks.
+    let wait_ms = if starved && mode == TxCompletion::TxInterrupt {
+        10
+    } else {
+        0
+    };
+    let irq = rig.take_interrupt(wait_ms);
+    match mode {
+        TxCompletion::TxInterrupt => {
+            if irq || starved {
+                // The tx poll (napi_tx): reclaim, re-arm, and poll again if completions raced in.
+                rig.net.reclaim_tx();
+                if rig.net.enable_interrupts(QueueId::Tx) == Rearm::UsedPending {
+                    rig.net.reclaim_tx();
+                }
+            }
+        }
+        TxCompletion::CleanFromRx => {
+            // The rx poll reclaims tx first (virtnet_poll_cleantx).
+            rig.net.poll_rx(64, &mut |_| XdpAction::Drop);
+        }
+        TxCompletion::Lazy => {
+            if starved {
+                rig.net.reclaim_tx();
+            }
+        }
+    }
+}
+
+fn xsk_tx(
+    rig: &mut Rig,
+    mode: XskMode,
+    frame_size: usize,
+    warmup: Duration,
+    duration: Duration,
+) -> Sample {
+    const CHUNK: u32 = 2048;
+    const CHUNKS: u32 = 1024;
+    let pages = (CHUNK * CHUNKS) as usize / vnet_driver::PAGE_SIZE;
+    let Some((_, vaddr)) = rig.umem_hal.dma_alloc(pages) else {
+        return Sample::default();
+    };
+    // SAFETY: the region was just allocated for this umem alone from the rig's guest memory,
+    // which outlives the trial; nobody else touches it.
+    let umem = match unsafe { Umem::new(&rig.umem_hal, vaddr, (CHUNK * CHUNKS) as usize, CHUNK) } {
+        Ok(u) => u,
+        Err(_) => return Sample::default(),
+    };
+    let mut free: Vec<u64> = (0..CHUNKS).filter_map(|i| umem.frame_addr(i)).collect();
+    for (i, &addr) in free.iter().enumerate() {
+        // SAFETY: no frame has been submitted yet; the application owns every chunk.
+        let _ = unsafe { umem.write(addr, &test_frame(frame_size, i as u32)) };
+    }
+    let config = XskConfig {
+        tx_ring_size: CHUNKS,
+        completion_ring_size: CHUNKS,
+        mode,
+    };
+    let Ok((mut sock, port)) = xsk::socket(umem, config) else {
+        return Sample::default();
+    };
+    if rig.net.attach_xsk(port).is_err() {
+        return Sample::default();
+    }
+    let len = frame_size as u32;
+    let mut descs: Vec<XdpDesc> = Vec::with_capacity(64);
+    let mut step = |rig: &mut Rig, free: &mut Vec<u64>| {
+        while let Some(addr) = sock.completion.pop() {
+            free.push(addr);
+        }
+        sock.completion.release();
+        descs.clear();
+        let take = free.len().min(64);
+        descs.extend(
+            free.drain(free.len() - take..)
+                .map(|addr| XdpDesc { addr, len }),
+        );
+        let submitted = sock.submit_tx(&descs);
+        // Descriptors the tx ring could not take go back to the free list.
+        free.extend(descs[submitted..].iter().map(|d| d.addr));
+        let sent = rig.net.xsk_transmit(64);
+        service(rig, sent == 0);
+    };
+    let dev_tid = measure_window(rig, warmup, duration, &mut |rig| step(rig, &mut free));
+    let sample = delta(&dev_tid.0, &dev_tid.1, Workload::XskTx(mode));
+    // Let the last frames complete, then detach so the umem can go.
+    for _ in 0..100 {
+        rig.net.reclaim_tx();
+        if rig.net.detach_xsk().is_ok() {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    sample
+}
+
+/// Runs `step` for `warmup`, marks, runs it for `duration`, marks again.
+fn measure_window(
+    rig: &mut Rig,
+    warmup: Duration,
+    duration: Duration,
+    step: &mut dyn FnMut(&mut Rig),
+) -> (Mark, Mark) {
+    let start = Instant::now();
+    while start.elapsed() < warmup {
+        step(rig);
+    }
+    let dev_tid = device_worker_tid();
+    let a = mark(rig, dev_tid);
+    let start = Instant::now();
+    while start.elapsed() < duration {
+        for _ in 0..16 {
+            step(rig);
+        }
+    }
+    let b = mark(rig, dev_tid);
+    (a, b)
+}
+
+fn bidirectional(rig: &mut Rig, frame_size: usize, warmup: Duration, duration: Duration) -> Sample {
+    let frames: Vec<Vec<u8>> = (0..32).map(|i| test_frame(frame_size, i)).collect();
+    let (a, b) = measure_window(rig, warmup, duration, &mut |rig| {
+        let batch = rig.net.transmit_batch(frames.iter().map(|f| f.as_slice()));
+        let starved = batch.sent == 0;
+        let irq = rig.take_interrupt(0);
+        // NAPI rx poll: disable, poll until empty, re-enable, re-check.
+        if irq || rig.net.rx_has_used() {
+            rig.net.disable_interrupts(QueueId::Rx);
+            while rig.net.poll_rx(64, &mut |_| XdpAction::Drop) == 64 {}
+            if rig.net.enable_interrupts(QueueId::Rx) == Rearm::UsedPending {
+                rig.net.poll_rx(64, &mut |_| XdpAction::Drop);
+            }
+        }
+        match rig.net.config().tx_completion {
+            TxCompletion::TxInterrupt => {
+                if irq || starved {
+                    rig.net.reclaim_tx();
+                    if rig.net.enable_interrupts(QueueId::Tx) == Rearm::UsedPending {
+                        rig.net.reclaim_tx();
+                    }
+                }
+            }
+            // Reclaimed inside poll_rx; with no rx traffic at all a starved transmitter polls.
+            TxCompletion::CleanFromRx | TxCompletion::Lazy => {
+                if starved {
+                    rig.net.reclaim_tx();
+                }
+            }
+        }
+        if starved && !irq {
+            rig.take_interrupt(1);
+        }
+    });
+    delta(&a, &b, Workload::Bidirectional)
+}
+
+fn xdp_bounce(rig: &mut Rig, warmup: Duration, duration: Duration) -> Sample {
+    let (a, b) = measure_window(rig, warmup, duration, &mut |rig| {
+        let irq = rig.take_interrupt(1);
+        if irq || rig.net.rx_has_used() {
+            rig.net.disable_interrupts(QueueId::Rx);
+            let mut program = |frame: &mut [u8]| {
+                vnet_driver::xdp::swap_macs(frame);
+                XdpAction::Tx
+            };
+            while rig.net.poll_rx_mut(64, &mut program) == 64 {}
+            if rig.net.enable_interrupts(QueueId::Rx) == Rearm::UsedPending {
+                rig.net.poll_rx_mut(64, &mut program);
+            }
+        }
+        if rig.net.config().tx_completion != TxCompletion::CleanFromRx {
+            rig.net.reclaim_tx();
+        }
+    });
+    delta(&a, &b, Workload::XdpBounce)
+}
+
+/// A peer thread for workloads that receive: sends `frame_size` frames into `fd` (with a
+/// zeroed virtio-net header when `with_header`) as fast as the backend takes them, and drains
+/// whatever comes back, until `stop`.
+pub fn peer_loop(
+    fd: RawFd,
+    frame_size: usize,
+    with_header: bool,
+    send: bool,
+    stop: &std::sync::atomic::AtomicBool,
+) -> (u64, u64) {
+    use std::sync::atomic::Ordering;
+    let mut out = if with_header {
+        vec![0u8; vnet_driver::VNET_HDR_LEN]
+    } else {
+        Vec::new()
+    };
+    out.extend_from_slice(&test_frame(frame_size, 0));
+    let mut buf = vec![0u8; 70_000];
+    let (mut sent, mut received) = (0u64, 0u64);
+    while !stop.load(Ordering::Relaxed) {
+        let mut progress = false;
+        if send {
+            for _ in 0..32 {
+                // SAFETY: send reads out.len() bytes from out, which lives for the call.
+                let n =
+                    unsafe { libc::send(fd, out.as_ptr().cast(), out.len(), libc::MSG_DONTWAIT) };
+                if n <= 0 {
+                    break;
+                }
+                sent += 1;
+                progress = true;
+            }
+        }
+        loop {
+            // SAFETY: recv writes at most buf.len() bytes into buf, which lives for the call.
+            let n =
+                unsafe { libc::recv(fd, buf.as_mut_ptr().cast(), buf.len(), libc::MSG_DONTWAIT) };
+            if n <= 0 {
+                break;
+            }
+            received += 1;
+            progress = true;
+        }
+        if !progress {
+            crate::env::wait_readable(fd, 1);
+        }
+    }
+    (sent, received)
+}

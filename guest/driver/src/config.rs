@@ -1,0 +1,161 @@
+//! [`Config`]: the driver's knobs, validated once at [`crate::VirtioNet::new`].
+
+use crate::error::ConfigError;
+use crate::header::VNET_HDR_LEN;
+
+/// Largest queue size of a split virtqueue.
+pub const MAX_QUEUE_SIZE: u16 = 32768;
+/// Largest Ethernet frame the driver sends or accepts (a 64 KiB GSO payload plus headers).
+pub const MAX_FRAME_LEN: usize = 65536 + 18;
+/// Smallest rx buffer when MRG_RXBUF is not negotiated: header + a 1518-byte Ethernet frame
+/// (1500 MTU, Ethernet header, one VLAN tag). No receive offloads are negotiated, so the device
+/// never hands over anything larger.
+pub const MIN_RX_BUF_WITHOUT_MRG: u32 = (VNET_HDR_LEN + 1518) as u32;
+
+/// How used transmit buffers are reclaimed.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum TxCompletion {
+    /// Tx interrupts on; the caller reclaims in a tx poll ([`crate::VirtioNet::reclaim_tx`]) after
+    /// an interrupt (Linux napi_tx).
+    #[default]
+    TxInterrupt,
+    /// Tx interrupts off (EVENT_IDX: `used_event` kept far ahead; otherwise NO_INTERRUPT on the
+    /// tx ring); used tx buffers are reclaimed at the start of every
+    /// [`crate::VirtioNet::poll_rx`], as Linux's `virtnet_poll_cleantx` does. With no receive
+    /// traffic nothing is reclaimed unless the caller calls `reclaim_tx`.
+    CleanFromRx,
+    /// Tx interrupts off; a transmit path reclaims when fewer than a quarter of the tx ring's
+    /// descriptors are free.
+    Lazy,
+}
+
+/// The driver's configuration. Build with struct update syntax over [`Config::default`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Config {
+    /// Receive queue size (a power of two, 2..=32768; lowered to the device's maximum).
+    pub rx_queue_size: u16,
+    /// Transmit queue size (as above).
+    pub tx_queue_size: u16,
+    /// Bytes per rx buffer, header included (one descriptor each). Without MRG_RXBUF it must be
+    /// at least [`MIN_RX_BUF_WITHOUT_MRG`].
+    pub rx_buf_size: u32,
+    /// Bytes per driver-owned tx buffer (copy transmit), header included; the largest frame
+    /// [`crate::VirtioNet::transmit`] accepts is this minus 12.
+    pub tx_buf_size: u32,
+    /// Transmit paths publish and make a kick decision once every this many frames, once at the
+    /// end of each batch, and whenever the tx ring is full (≥ 1; values above the tx queue size
+    /// therefore mean "at the end of the batch or when full").
+    pub kick_threshold: u16,
+    /// How used tx buffers are reclaimed.
+    pub tx_completion: TxCompletion,
+    /// XDP_TX frames queued before a flush (one publish, one kick decision); 1 transmits each
+    /// frame on its own (≥ 1). Queued frames are also flushed at the end of every rx poll; those
+    /// that find the tx ring full are dropped.
+    pub xdp_bulk: u16,
+    /// Negotiate VIRTIO_RING_F_EVENT_IDX if offered (else the NO_NOTIFY / NO_INTERRUPT flags).
+    pub event_idx: bool,
+    /// Negotiate VIRTIO_NET_F_MRG_RXBUF if offered.
+    pub mrg_rxbuf: bool,
+    /// Negotiate VIRTIO_NET_F_CSUM if offered (the driver never sends partial checksums, so
+    /// this only changes what is negotiated).
+    pub csum: bool,
+}
+
+impl Default for Config {
+    fn default() -> Config {
+        Config {
+            rx_queue_size: 256,
+            tx_queue_size: 256,
+            rx_buf_size: 2048,
+            tx_buf_size: 2048,
+            kick_threshold: 8,
+            tx_completion: TxCompletion::TxInterrupt,
+            xdp_bulk: 16,
+            event_idx: true,
+            mrg_rxbuf: true,
+            csum: false,
+        }
+    }
+}
+
+impl Config {
+    /// Checks the values that do not depend on the device.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        for size in [self.rx_queue_size, self.tx_queue_size] {
+            if !(2..=MAX_QUEUE_SIZE).contains(&size) || !size.is_power_of_two() {
+                return Err(ConfigError::QueueSize(size));
+            }
+        }
+        let buf_range = (VNET_HDR_LEN as u32 + 1)..=(VNET_HDR_LEN + MAX_FRAME_LEN) as u32;
+        if !buf_range.contains(&self.rx_buf_size) {
+            return Err(ConfigError::RxBufSize(self.rx_buf_size));
+        }
+        if !buf_range.contains(&self.tx_buf_size) {
+            return Err(ConfigError::TxBufSize(self.tx_buf_size));
+        }
+        if self.kick_threshold == 0 {
+            return Err(ConfigError::KickThreshold(self.kick_threshold));
+        }
+        if self.xdp_bulk == 0 {
+            return Err(ConfigError::XdpBulk(self.xdp_bulk));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn validation() {
+        assert_eq!(Config::default().validate(), Ok(()));
+        let bad = [
+            (
+                Config {
+                    rx_queue_size: 100,
+                    ..Config::default()
+                },
+                ConfigError::QueueSize(100),
+            ),
+            (
+                Config {
+                    tx_queue_size: 1,
+                    ..Config::default()
+                },
+                ConfigError::QueueSize(1),
+            ),
+            (
+                Config {
+                    kick_threshold: 0,
+                    ..Config::default()
+                },
+                ConfigError::KickThreshold(0),
+            ),
+            (
+                Config {
+                    xdp_bulk: 0,
+                    ..Config::default()
+                },
+                ConfigError::XdpBulk(0),
+            ),
+            (
+                Config {
+                    rx_buf_size: 12,
+                    ..Config::default()
+                },
+                ConfigError::RxBufSize(12),
+            ),
+            (
+                Config {
+                    tx_buf_size: 1 << 20,
+                    ..Config::default()
+                },
+                ConfigError::TxBufSize(1 << 20),
+            ),
+        ];
+        for (config, error) in bad {
+            assert_eq!(config.validate(), Err(error));
+        }
+    }
+}

@@ -1,0 +1,165 @@
+//! Error types, one per concern. `no_std`: `Display` by hand, `core::error::Error`.
+
+use core::fmt;
+
+/// A [`crate::Config`] value out of range.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ConfigError {
+    /// A queue size that is not a power of two in 2..=32768.
+    QueueSize(u16),
+    /// An rx buffer size outside 13..=header + largest frame.
+    RxBufSize(u32),
+    /// A tx buffer size outside 13..=header + largest frame.
+    TxBufSize(u32),
+    /// A kick threshold of 0.
+    KickThreshold(u16),
+    /// An XDP bulk size of 0.
+    XdpBulk(u16),
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ConfigError::QueueSize(s) => {
+                write!(f, "queue size {s} is not a power of two in 2..=32768")
+            }
+            ConfigError::RxBufSize(s) => write!(f, "rx buffer size {s} out of range"),
+            ConfigError::TxBufSize(s) => write!(f, "tx buffer size {s} out of range"),
+            ConfigError::KickThreshold(n) => write!(f, "kick threshold {n} (must be at least 1)"),
+            ConfigError::XdpBulk(n) => write!(f, "XDP bulk size {n} (must be at least 1)"),
+        }
+    }
+}
+
+impl core::error::Error for ConfigError {}
+
+/// Why [`crate::VirtioNet::new`] failed. The device is left with FAILED set (or reset).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum InitError {
+    /// The configuration is invalid.
+    Config(ConfigError),
+    /// The window does not hold a virtio-mmio device (wrong magic value).
+    BadMagic(u32),
+    /// A register layout other than Version 2 (legacy devices are unsupported).
+    UnsupportedVersion(u32),
+    /// Not a network device (the device ID).
+    NotNet(u32),
+    /// The device did not read back status 0 after a reset.
+    ResetTimeout,
+    /// The device does not offer VIRTIO_F_VERSION_1.
+    NoVersion1,
+    /// The device did not accept the acknowledged features (FEATURES_OK did not stick).
+    FeaturesRejected,
+    /// A queue the driver needs does not exist (QueueNumMax 0) or is already in use.
+    QueueUnavailable(u16),
+    /// MRG_RXBUF was not negotiated and rx buffers cannot hold a full frame.
+    RxBufTooSmall {
+        /// The configured size.
+        size: u32,
+        /// The smallest size that works without MRG_RXBUF.
+        min: u32,
+    },
+    /// The HAL could not allocate DMA memory.
+    DmaAlloc,
+    /// The device set DEVICE_NEEDS_RESET when the driver set DRIVER_OK.
+    DeviceNeedsReset,
+}
+
+impl fmt::Display for InitError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            InitError::Config(_) => write!(f, "invalid driver configuration"),
+            InitError::BadMagic(m) => write!(f, "no virtio-mmio device (magic {m:#x})"),
+            InitError::UnsupportedVersion(v) => write!(f, "virtio-mmio version {v} (need 2)"),
+            InitError::NotNet(id) => write!(f, "device type {id} is not a network device"),
+            InitError::ResetTimeout => write!(f, "device did not complete its reset"),
+            InitError::NoVersion1 => write!(f, "device does not offer VIRTIO_F_VERSION_1"),
+            InitError::FeaturesRejected => write!(f, "device rejected the acknowledged features"),
+            InitError::QueueUnavailable(q) => write!(f, "queue {q} is unavailable"),
+            InitError::RxBufTooSmall { size, min } => write!(
+                f,
+                "rx buffers of {size} bytes need MRG_RXBUF (at least {min} bytes without it)"
+            ),
+            InitError::DmaAlloc => write!(f, "DMA allocation failed"),
+            InitError::DeviceNeedsReset => write!(f, "device needs a reset after DRIVER_OK"),
+        }
+    }
+}
+
+impl core::error::Error for InitError {
+    fn source(&self) -> Option<&(dyn core::error::Error + 'static)> {
+        match self {
+            InitError::Config(e) => Some(e),
+            _ => None,
+        }
+    }
+}
+
+impl From<ConfigError> for InitError {
+    fn from(e: ConfigError) -> Self {
+        InitError::Config(e)
+    }
+}
+
+/// Why a frame was not queued for transmission.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TxError {
+    /// No free descriptor or tx buffer (counted in `ring_full`). Reclaim and retry.
+    RingFull,
+    /// The frame is longer than a tx buffer holds.
+    TooLarge {
+        /// The frame's length.
+        len: usize,
+        /// The largest frame accepted.
+        max: usize,
+    },
+    /// An empty frame.
+    Empty,
+}
+
+impl fmt::Display for TxError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            TxError::RingFull => write!(f, "transmit ring full"),
+            TxError::TooLarge { len, max } => write!(f, "{len}-byte frame exceeds {max} bytes"),
+            TxError::Empty => write!(f, "empty frame"),
+        }
+    }
+}
+
+impl core::error::Error for TxError {}
+
+/// Errors of the AF_XDP-style transmit path.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum XskError {
+    /// The HAL cannot translate the umem's address.
+    UmemNotDma,
+    /// A frame size of at most the 12-byte headroom, or a umem smaller than one frame.
+    UmemGeometry,
+    /// An access outside the umem.
+    OutOfBounds,
+    /// A ring size that is not a power of two ≥ 2.
+    RingSize(u32),
+    /// A port is already attached.
+    AlreadyAttached,
+    /// No port is attached.
+    NotAttached,
+    /// Frames of the port are still in flight.
+    Busy,
+}
+
+impl fmt::Display for XskError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            XskError::UmemNotDma => write!(f, "umem is not DMA-able memory"),
+            XskError::UmemGeometry => write!(f, "umem frame size or length invalid"),
+            XskError::OutOfBounds => write!(f, "access outside the umem"),
+            XskError::RingSize(n) => write!(f, "ring size {n} is not a power of two >= 2"),
+            XskError::AlreadyAttached => write!(f, "an AF_XDP port is already attached"),
+            XskError::NotAttached => write!(f, "no AF_XDP port attached"),
+            XskError::Busy => write!(f, "umem frames still in flight"),
+        }
+    }
+}
+
+impl core::error::Error for XskError {}

@@ -1,0 +1,84 @@
+//! The guest half of the virtio-net datapath: a `no_std` + `alloc` virtio-net driver for the
+//! virtio-mmio transport (virtio 1.x, register layout version 2) and the split virtqueue.
+//!
+//! The same code runs in two places:
+//! - on a host thread against the VMM's device model (co-simulation): guest memory is a shared
+//!   mapping, a kick writes the queue's eventfd (as a KVM ioeventfd would), and the thread waits
+//!   on the device's interrupt eventfd (as a KVM irqfd would) before calling
+//!   [`VirtioNet::handle_interrupt`];
+//! - inside a bare-metal guest, over [`MmioTransport`] and the guest's own page allocator.
+//!
+//! It touches the world only through two seams, both instance-based (no global state):
+//! - [`Transport`]: virtio-mmio register reads and writes, configuration-space bytes, and the
+//!   queue notification ([`transport`]);
+//! - [`Hal`]: DMA memory and address translation ([`hal`]).
+//!
+//! What it adds over a plain driver are the knobs this project co-tunes with the device
+//! ([`Config`]): the transmit kick threshold, the transmit completion strategy, the XDP_TX bulk
+//! size, EVENT_IDX and mergeable rx buffers on or off, plus an AF_XDP-style zero-copy transmit
+//! path over a caller-owned umem ([`xsk`]) and plain counters ([`Counters`]).
+//!
+//! Bringing a device up, sending, receiving and taking interrupts:
+//!
+//! ```no_run
+//! use vnet_driver::{Config, Hal, Transport, VirtioNet, XdpAction, QueueId, Rearm};
+//!
+//! fn run<H: Hal, T: Transport>(hal: H, transport: T) -> Result<(), vnet_driver::InitError> {
+//!     let mut net = VirtioNet::new(hal, transport, Config::default())?;
+//!     net.transmit(&[0u8; 60]).ok();
+//!     // NAPI-style: interrupt → disable → poll until empty → re-enable → re-check.
+//!     let status = net.handle_interrupt();
+//!     if status.used_buffers {
+//!         net.disable_interrupts(QueueId::Rx);
+//!         loop {
+//!             while net.poll_rx(64, &mut |_frame: &[u8]| XdpAction::Pass) == 64 {}
+//!             if net.enable_interrupts(QueueId::Rx) == Rearm::Armed {
+//!                 break;
+//!             }
+//!             net.disable_interrupts(QueueId::Rx);
+//!         }
+//!         net.reclaim_tx();
+//!     }
+//!     Ok(())
+//! }
+//! ```
+
+#![no_std]
+#![warn(missing_docs)]
+#![deny(unsafe_op_in_unsafe_fn)]
+
+extern crate alloc;
+#[cfg(test)]
+extern crate std;
+
+pub mod config;
+pub mod counters;
+pub mod error;
+pub mod features;
+pub mod hal;
+pub mod header;
+mod net;
+mod ring;
+mod rx;
+pub mod spsc;
+pub mod transport;
+mod tx;
+pub mod xdp;
+pub mod xsk;
+
+#[cfg(test)]
+mod testing;
+#[cfg(test)]
+mod tests;
+
+pub use config::{Config, TxCompletion};
+pub use counters::Counters;
+pub use error::{InitError, TxError, XskError};
+pub use hal::{Hal, PhysAddr, PAGE_SIZE};
+pub use header::{VirtioNetHdr, VNET_HDR_LEN};
+pub use net::{IrqStatus, QueueId, Rearm, VirtioNet};
+pub use ring::vring_need_event;
+pub use transport::{MmioTransport, Transport};
+pub use tx::TxBatch;
+pub use xdp::XdpAction;
+pub use xsk::{Umem, XdpDesc, XskConfig, XskMode, XskPort, XskSocket};

@@ -1,0 +1,441 @@
+//! [`VirtioNet`]: device bring-up (virtio 1.2 §3.1.1 over virtio-mmio), interrupts, and the
+//! per-queue interrupt controls. The datapaths are in `rx`, `tx`, `xdp` and `xsk`.
+
+use alloc::vec::Vec;
+
+use crate::config::{Config, TxCompletion, MIN_RX_BUF_WITHOUT_MRG};
+use crate::counters::Counters;
+use crate::error::InitError;
+use crate::features::{self, NET_F_MAC, NET_F_MRG_RXBUF, NET_F_STATUS, RING_F_EVENT_IDX};
+use crate::hal::{DmaRegion, Hal};
+use crate::ring::{Buffer, Kick, RingLayout, SplitRing, UsedError};
+use crate::rx::{RxAssembly, RxPool};
+use crate::transport::{regs, status, Transport, INT_CONFIG_CHANGE, INT_USED_BUFFER};
+use crate::transport::{MAGIC, VERSION_MODERN};
+use crate::tx::{TxPool, TxToken};
+use crate::xsk::XskPort;
+
+/// Virtio device ID of a network card.
+const DEVICE_ID_NET: u32 = 1;
+/// Index of the receive queue.
+pub(crate) const RX_QUEUE: u16 = 0;
+/// Index of the transmit queue.
+pub(crate) const TX_QUEUE: u16 = 1;
+/// Reads of Status after a reset before giving up.
+const RESET_POLLS: usize = 1000;
+/// `status` config field bit: link up.
+const NET_S_LINK_UP: u16 = 1;
+
+/// A queue of the device.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum QueueId {
+    /// The receive queue (index 0).
+    Rx,
+    /// The transmit queue (index 1).
+    Tx,
+}
+
+/// What re-enabling a queue's interrupts found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[must_use]
+pub enum Rearm {
+    /// Nothing pending: wait for the interrupt.
+    Armed,
+    /// Used buffers arrived meanwhile: poll again (the interrupt may not come for them).
+    UsedPending,
+}
+
+/// What [`VirtioNet::handle_interrupt`] found in InterruptStatus.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct IrqStatus {
+    /// Some queue has used buffers (the device does not say which: poll both).
+    pub used_buffers: bool,
+    /// The configuration changed (link status re-read; see [`VirtioNet::link_up`]).
+    pub config_changed: bool,
+    /// The device set DEVICE_NEEDS_RESET: drop the driver and start over.
+    pub needs_reset: bool,
+}
+
+impl IrqStatus {
+    /// True if the interrupt was this device's.
+    pub fn any(&self) -> bool {
+        self.used_buffers || self.config_changed
+    }
+}
+
+/// A virtio-net device driven over transport `T` with DMA memory from `H`.
+///
+/// Single-threaded by design (`&mut self` everywhere); `Send` when `H` and `T` are, so a
+/// co-simulation can move it to its driver thread. Dropping it resets the device (so it stops
+/// all DMA) and then frees the rings and buffers.
+pub struct VirtioNet<H: Hal, T: Transport> {
+    pub(crate) hal: H,
+    pub(crate) transport: T,
+    pub(crate) config: Config,
+    pub(crate) features: u64,
+    pub(crate) mac: Option<[u8; 6]>,
+    pub(crate) link_up: bool,
+    pub(crate) needs_reset: bool,
+    pub(crate) rx: SplitRing<u32>,
+    pub(crate) tx: SplitRing<TxToken>,
+    pub(crate) rx_pool: RxPool,
+    pub(crate) tx_pool: TxPool,
+    /// A mergeable frame whose buffers have not all been returned yet.
+    pub(crate) rx_assembly: Option<RxAssembly>,
+    /// Contiguous copy of a multi-buffer frame for the rx program.
+    pub(crate) rx_scratch: Vec<u8>,
+    /// First rx buffer of each XDP_TX frame waiting for the bulk flush.
+    pub(crate) xdp_queue: Vec<u32>,
+    /// Reused chain description for multi-buffer transmits.
+    pub(crate) chain: Vec<Buffer>,
+    /// Frames added to the tx ring since the last publish.
+    pub(crate) tx_pending: u16,
+    pub(crate) xsk: Option<XskPort>,
+    pub(crate) counters: Counters,
+}
+
+impl<H: Hal, T: Transport> VirtioNet<H, T> {
+    /// Brings up the virtio-net device behind `transport`: checks it, resets it, negotiates
+    /// features, sets up both queues, sets DRIVER_OK and posts the rx buffers.
+    pub fn new(hal: H, mut transport: T, config: Config) -> Result<Self, InitError> {
+        config.validate()?;
+        check_identity(&mut transport)?;
+        reset(&mut transport)?;
+        let result = negotiate(&mut transport, &config).and_then(|features| {
+            let sizes = [
+                queue_size(&mut transport, RX_QUEUE, config.rx_queue_size)?,
+                queue_size(&mut transport, TX_QUEUE, config.tx_queue_size)?,
+            ];
+            if features & NET_F_MRG_RXBUF == 0 && config.rx_buf_size < MIN_RX_BUF_WITHOUT_MRG {
+                return Err(InitError::RxBufTooSmall {
+                    size: config.rx_buf_size,
+                    min: MIN_RX_BUF_WITHOUT_MRG,
+                });
+            }
+            Ok((features, sizes))
+        });
+        let (features, [rx_size, tx_size]) = match result {
+            Ok(v) => v,
+            Err(e) => {
+                set_status(&mut transport, status::FAILED);
+                return Err(e);
+            }
+        };
+        let event_idx = features & RING_F_EVENT_IDX != 0;
+        // Rx buffers: a full rx ring, plus what the tx ring and the XDP bulk queue can hold
+        // lent out for zero-copy XDP_TX.
+        let rx_count = u32::from(rx_size) + u32::from(tx_size) + u32::from(config.xdp_bulk);
+        let sizes = [
+            RingLayout::new(rx_size).bytes,
+            RingLayout::new(tx_size).bytes,
+            rx_count as usize * config.rx_buf_size as usize,
+            usize::from(tx_size) * config.tx_buf_size as usize,
+        ];
+        let Some([rx_ring, tx_ring, rx_bufs, tx_bufs]) = DmaRegion::alloc_all(&hal, sizes) else {
+            set_status(&mut transport, status::FAILED);
+            return Err(InitError::DmaAlloc);
+        };
+        let mut net = VirtioNet {
+            rx: SplitRing::new(RX_QUEUE, rx_size, rx_ring, event_idx),
+            tx: SplitRing::new(TX_QUEUE, tx_size, tx_ring, event_idx),
+            rx_pool: RxPool::new(rx_bufs, config.rx_buf_size, rx_count),
+            tx_pool: TxPool::new(tx_bufs, config.tx_buf_size, tx_size),
+            hal,
+            transport,
+            config,
+            features,
+            mac: None,
+            link_up: true,
+            needs_reset: false,
+            rx_assembly: None,
+            rx_scratch: Vec::new(),
+            xdp_queue: Vec::with_capacity(usize::from(config.xdp_bulk)),
+            chain: Vec::new(),
+            tx_pending: 0,
+            xsk: None,
+            counters: Counters::default(),
+        };
+        // From here on, dropping `net` resets the device and frees the memory.
+        net.program_queue(RX_QUEUE);
+        net.program_queue(TX_QUEUE);
+        net.read_config();
+        // Interrupt suppression lives in ring memory: set it before the device starts.
+        net.rx.enable_interrupts();
+        match config.tx_completion {
+            TxCompletion::TxInterrupt => {
+                net.tx.enable_interrupts();
+            }
+            TxCompletion::CleanFromRx | TxCompletion::Lazy => net.tx.disable_interrupts(),
+        }
+        set_status(&mut net.transport, status::DRIVER_OK);
+        if net.transport.read32(regs::STATUS) & status::DEVICE_NEEDS_RESET != 0 {
+            return Err(InitError::DeviceNeedsReset);
+        }
+        net.refill_rx();
+        Ok(net)
+    }
+
+    fn program_queue(&mut self, queue: u16) {
+        let (size, (desc, avail, used)) = match queue {
+            RX_QUEUE => (self.rx.size(), self.rx.addresses()),
+            _ => (self.tx.size(), self.tx.addresses()),
+        };
+        let t = &mut self.transport;
+        t.write32(regs::QUEUE_SEL, u32::from(queue));
+        t.write32(regs::QUEUE_NUM, u32::from(size));
+        for (low, addr) in [
+            (regs::QUEUE_DESC_LOW, desc),
+            (regs::QUEUE_AVAIL_LOW, avail),
+            (regs::QUEUE_USED_LOW, used),
+        ] {
+            t.write32(low, addr as u32);
+            t.write32(low + 4, (addr >> 32) as u32);
+        }
+        t.write32(regs::QUEUE_READY, 1);
+    }
+
+    /// Reads MAC and link status, retrying while the configuration generation changes.
+    fn read_config(&mut self) {
+        let t = &mut self.transport;
+        for _ in 0..4 {
+            let generation = t.read32(regs::CONFIG_GENERATION);
+            let mut mac = [0u8; 6];
+            for (offset, byte) in (0u32..).zip(mac.iter_mut()) {
+                *byte = t.read_config_u8(offset);
+            }
+            let net_status = t.read_config_u16(6);
+            if t.read32(regs::CONFIG_GENERATION) != generation {
+                continue;
+            }
+            if self.features & NET_F_MAC != 0 {
+                self.mac = Some(mac);
+            }
+            if self.features & NET_F_STATUS != 0 {
+                self.link_up = net_status & NET_S_LINK_UP != 0;
+            }
+            return;
+        }
+    }
+
+    /// The guest's interrupt service routine: reads InterruptStatus and acknowledges what it
+    /// found. Counts in `interrupts` when bits were set. On a configuration change, re-reads the
+    /// link status and checks for DEVICE_NEEDS_RESET.
+    pub fn handle_interrupt(&mut self) -> IrqStatus {
+        let isr =
+            self.transport.read32(regs::INTERRUPT_STATUS) & (INT_USED_BUFFER | INT_CONFIG_CHANGE);
+        if isr == 0 {
+            return IrqStatus::default();
+        }
+        self.transport.write32(regs::INTERRUPT_ACK, isr);
+        self.counters.interrupts += 1;
+        let config_changed = isr & INT_CONFIG_CHANGE != 0;
+        if config_changed {
+            if self.transport.read32(regs::STATUS) & status::DEVICE_NEEDS_RESET != 0 {
+                self.needs_reset = true;
+            }
+            self.read_config();
+        }
+        IrqStatus {
+            used_buffers: isr & INT_USED_BUFFER != 0,
+            config_changed,
+            needs_reset: self.needs_reset,
+        }
+    }
+
+    /// Re-enables `queue`'s interrupts (EVENT_IDX: `used_event` = next used index; otherwise
+    /// NO_INTERRUPT cleared), then re-checks the used ring behind a full fence.
+    pub fn enable_interrupts(&mut self, queue: QueueId) -> Rearm {
+        let pending = match queue {
+            QueueId::Rx => self.rx.enable_interrupts(),
+            QueueId::Tx => self.tx.enable_interrupts(),
+        };
+        if pending {
+            Rearm::UsedPending
+        } else {
+            Rearm::Armed
+        }
+    }
+
+    /// Asks the device not to interrupt for `queue` (EVENT_IDX: `used_event` far ahead;
+    /// otherwise NO_INTERRUPT). Best effort: an interrupt may already be on its way.
+    pub fn disable_interrupts(&mut self, queue: QueueId) {
+        match queue {
+            QueueId::Rx => self.rx.disable_interrupts(),
+            QueueId::Tx => self.tx.disable_interrupts(),
+        }
+    }
+
+    /// True if the device returned rx buffers not yet polled.
+    pub fn rx_has_used(&mut self) -> bool {
+        self.rx.has_used()
+    }
+
+    /// True if the device returned tx buffers not yet reclaimed.
+    pub fn tx_has_used(&mut self) -> bool {
+        self.tx.has_used()
+    }
+
+    /// The counters so far.
+    pub fn counters(&self) -> Counters {
+        self.counters
+    }
+
+    /// The configuration in use (queue sizes as requested; see [`Self::queue_sizes`]).
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
+    /// The (rx, tx) queue sizes in use (the configured ones, lowered to the device's maximum).
+    pub fn queue_sizes(&self) -> (u16, u16) {
+        (self.rx.size(), self.tx.size())
+    }
+
+    /// The negotiated feature bits ([`crate::features`]).
+    pub fn features(&self) -> u64 {
+        self.features
+    }
+
+    /// The device's MAC address, if it gave one (VIRTIO_NET_F_MAC).
+    pub fn mac(&self) -> Option<[u8; 6]> {
+        self.mac
+    }
+
+    /// Link status (always up without VIRTIO_NET_F_STATUS).
+    pub fn link_up(&self) -> bool {
+        self.link_up
+    }
+
+    /// True once the device asked for a reset or broke a used ring: the driver should be
+    /// dropped and brought up again.
+    pub fn is_broken(&self) -> bool {
+        self.needs_reset || self.rx.is_broken() || self.tx.is_broken()
+    }
+
+    /// Free descriptors on the tx ring.
+    pub fn tx_free_descriptors(&self) -> usize {
+        self.tx.free_descriptors()
+    }
+
+    /// The transport (e.g. for a co-simulation to reach its device model).
+    pub fn transport_mut(&mut self) -> &mut T {
+        &mut self.transport
+    }
+
+    /// Publishes what was added to `queue` and notifies the device if it wants it.
+    pub(crate) fn publish_and_kick(&mut self, queue: QueueId) {
+        let (published, kick) = match queue {
+            QueueId::Rx => (self.rx.publish(), self.rx.kick_decision()),
+            QueueId::Tx => (self.tx.publish(), self.tx.kick_decision()),
+        };
+        let c = &mut self.counters;
+        if published && queue == QueueId::Tx {
+            c.tx_publishes += 1;
+        }
+        match (queue, kick) {
+            (_, Kick::NothingNew) => {}
+            (QueueId::Rx, Kick::Notify) => {
+                c.rx_kicks += 1;
+                self.transport.notify(self.rx.index());
+            }
+            (QueueId::Rx, Kick::SuppressedByEventIdx | Kick::SuppressedByFlag) => {
+                c.rx_kicks_suppressed += 1;
+            }
+            (QueueId::Tx, Kick::Notify) => {
+                c.kicks += 1;
+                self.transport.notify(self.tx.index());
+            }
+            (QueueId::Tx, Kick::SuppressedByEventIdx) => c.kicks_suppressed += 1,
+            (QueueId::Tx, Kick::SuppressedByFlag) => c.kicks_suppressed_no_notify += 1,
+        }
+    }
+
+    /// Counts a used-ring entry the driver ignored.
+    pub(crate) fn note_device_error(&mut self, _error: UsedError) {
+        self.counters.device_errors += 1;
+    }
+}
+
+impl<H: Hal, T: Transport> Drop for VirtioNet<H, T> {
+    fn drop(&mut self) {
+        // Stop the device first: after a reset it no longer touches rings or buffers.
+        self.transport.write32(regs::STATUS, 0);
+        // SAFETY: every region came from `self.hal`, the device was just reset (a virtio-mmio
+        // reset completes when the Status write returns), and nothing uses them after drop.
+        unsafe {
+            self.rx.dealloc(&self.hal);
+            self.tx.dealloc(&self.hal);
+            self.rx_pool.dealloc(&self.hal);
+            self.tx_pool.dealloc(&self.hal);
+        }
+    }
+}
+
+fn check_identity<T: Transport>(t: &mut T) -> Result<(), InitError> {
+    let magic = t.read32(regs::MAGIC_VALUE);
+    if magic != MAGIC {
+        return Err(InitError::BadMagic(magic));
+    }
+    let version = t.read32(regs::VERSION);
+    if version != VERSION_MODERN {
+        return Err(InitError::UnsupportedVersion(version));
+    }
+    let id = t.read32(regs::DEVICE_ID);
+    if id != DEVICE_ID_NET {
+        return Err(InitError::NotNet(id));
+    }
+    Ok(())
+}
+
+fn reset<T: Transport>(t: &mut T) -> Result<(), InitError> {
+    t.write32(regs::STATUS, 0);
+    for _ in 0..RESET_POLLS {
+        if t.read32(regs::STATUS) == 0 {
+            return Ok(());
+        }
+    }
+    Err(InitError::ResetTimeout)
+}
+
+/// ORs `bits` into the Status register (virtio status bits are only ever added).
+fn set_status<T: Transport>(t: &mut T, bits: u32) {
+    let current = t.read32(regs::STATUS) & !status::DEVICE_NEEDS_RESET;
+    t.write32(regs::STATUS, current | bits);
+}
+
+/// ACKNOWLEDGE, DRIVER, features, FEATURES_OK. Returns the negotiated features.
+fn negotiate<T: Transport>(t: &mut T, config: &Config) -> Result<u64, InitError> {
+    set_status(t, status::ACKNOWLEDGE);
+    set_status(t, status::DRIVER);
+    let mut offered = 0u64;
+    for sel in 0..2u32 {
+        t.write32(regs::DEVICE_FEATURES_SEL, sel);
+        offered |= u64::from(t.read32(regs::DEVICE_FEATURES)) << (32 * sel);
+    }
+    if offered & features::F_VERSION_1 == 0 {
+        return Err(InitError::NoVersion1);
+    }
+    let acked = features::acknowledged(offered, config);
+    for sel in 0..2u32 {
+        t.write32(regs::DRIVER_FEATURES_SEL, sel);
+        t.write32(regs::DRIVER_FEATURES, (acked >> (32 * sel)) as u32);
+    }
+    set_status(t, status::FEATURES_OK);
+    if t.read32(regs::STATUS) & status::FEATURES_OK == 0 {
+        return Err(InitError::FeaturesRejected);
+    }
+    Ok(acked)
+}
+
+/// The size to use for `queue`: `wanted`, lowered to the largest power of two the device allows.
+fn queue_size<T: Transport>(t: &mut T, queue: u16, wanted: u16) -> Result<u16, InitError> {
+    t.write32(regs::QUEUE_SEL, u32::from(queue));
+    if t.read32(regs::QUEUE_READY) != 0 {
+        return Err(InitError::QueueUnavailable(queue));
+    }
+    let max = t.read32(regs::QUEUE_NUM_MAX).min(u32::from(wanted));
+    if max < 2 {
+        return Err(InitError::QueueUnavailable(queue));
+    }
+    // `max` ≤ `wanted` ≤ 32768: fits, and its highest power of two is ≥ 2.
+    Ok(1 << (31 - max.leading_zeros()))
+}

@@ -1,0 +1,11 @@
+//! Test doubles: a HAL over a Vec-like arena where physical address == arena offset, a
+//! virtio-mmio register file, and a tiny device that consumes the rings from the same memory.
+//! No KVM, no devices crate: the device reads and writes the ring layout from the spec itself.
+
+pub(crate) mod device;
+pub(crate) mod hal;
+pub(crate) mod transport;
+
+pub(crate) use device::{DevQueue, TestDevice};
+pub(crate) use hal::TestHal;
+pub(crate) use transport::{Regs, TestTransport};

@@ -1,0 +1,265 @@
+//! [`TestTransport`]: a virtio-mmio register file with the status/feature rules a device
+//! enforces, shared (`Arc`) between the driver under test and the test.
+
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::Duration;
+use std::vec::Vec;
+
+use crate::features::{
+    F_VERSION_1, NET_F_CSUM, NET_F_MAC, NET_F_MRG_RXBUF, NET_F_STATUS, RING_F_EVENT_IDX,
+};
+use crate::transport::{regs, status, Transport, MAGIC, VERSION_MODERN};
+
+/// Registers of one queue.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct QueueRegs {
+    pub(crate) num_max: u32,
+    pub(crate) num: u32,
+    pub(crate) desc: u64,
+    pub(crate) avail: u64,
+    pub(crate) used: u64,
+    pub(crate) ready: u32,
+}
+
+/// The register file. Tests edit it directly (e.g. to offer other features).
+#[derive(Debug)]
+pub(crate) struct Regs {
+    pub(crate) magic: u32,
+    pub(crate) version: u32,
+    pub(crate) device_id: u32,
+    pub(crate) device_features: u64,
+    pub(crate) driver_features: u64,
+    pub(crate) device_features_sel: u32,
+    pub(crate) driver_features_sel: u32,
+    pub(crate) status: u32,
+    /// Refuse FEATURES_OK whatever the features.
+    pub(crate) refuse_features: bool,
+    /// Set DEVICE_NEEDS_RESET on DRIVER_OK.
+    pub(crate) fail_activation: bool,
+    pub(crate) queue_sel: u32,
+    pub(crate) queues: [QueueRegs; 2],
+    pub(crate) config: [u8; 8],
+    pub(crate) config_generation: u32,
+    pub(crate) interrupt_status: u32,
+    /// Every QueueNotify, in order.
+    pub(crate) notifies: Vec<u16>,
+    /// Register writes with an unknown offset (should stay empty).
+    pub(crate) bad_writes: Vec<(u32, u32)>,
+}
+
+impl Default for Regs {
+    fn default() -> Regs {
+        let mut config = [0u8; 8];
+        config[..6].copy_from_slice(&[0x02, 0, 0, 0, 0, 0x01]);
+        config[6] = 1; // link up
+        Regs {
+            magic: MAGIC,
+            version: VERSION_MODERN,
+            device_id: 1,
+            device_features: F_VERSION_1
+                | NET_F_MAC
+                | NET_F_STATUS
+                | RING_F_EVENT_IDX
+                | NET_F_MRG_RXBUF
+                | NET_F_CSUM,
+            driver_features: 0,
+            device_features_sel: 0,
+            driver_features_sel: 0,
+            status: 0,
+            refuse_features: false,
+            fail_activation: false,
+            queue_sel: 0,
+            queues: [QueueRegs {
+                num_max: 256,
+                ..QueueRegs::default()
+            }; 2],
+            config,
+            config_generation: 0,
+            interrupt_status: 0,
+            notifies: Vec::new(),
+            bad_writes: Vec::new(),
+        }
+    }
+}
+
+impl Regs {
+    /// Notifications of queue `q` so far.
+    pub(crate) fn kicks(&self, q: u16) -> usize {
+        self.notifies.iter().filter(|&&n| n == q).count()
+    }
+
+    fn selected(&mut self) -> Option<&mut QueueRegs> {
+        self.queues.get_mut(self.queue_sel as usize)
+    }
+
+    fn set_half(addr: &mut u64, high: bool, value: u32) {
+        *addr = if high {
+            (*addr & 0xffff_ffff) | (u64::from(value) << 32)
+        } else {
+            (*addr & !0xffff_ffff) | u64::from(value)
+        };
+    }
+
+    fn write_status(&mut self, value: u32) {
+        if value == 0 {
+            let keep = (self.queues[0].num_max, self.queues[1].num_max);
+            self.status = 0;
+            self.driver_features = 0;
+            self.queues = [QueueRegs::default(); 2];
+            self.queues[0].num_max = keep.0;
+            self.queues[1].num_max = keep.1;
+            return;
+        }
+        let mut value = value;
+        if value & status::FEATURES_OK != 0 && self.status & status::FEATURES_OK == 0 {
+            let ok = !self.refuse_features
+                && self.driver_features & !self.device_features == 0
+                && self.driver_features & F_VERSION_1 != 0;
+            if !ok {
+                value &= !status::FEATURES_OK;
+            }
+        }
+        if value & status::DRIVER_OK != 0 && self.fail_activation {
+            value |= status::DEVICE_NEEDS_RESET;
+        }
+        self.status = value;
+    }
+}
+
+struct Shared {
+    regs: Mutex<Regs>,
+    /// Signalled on every QueueNotify.
+    kicked: Condvar,
+    /// Signalled when the device raises an interrupt.
+    irq: Condvar,
+}
+
+/// The register file as a [`Transport`]. Clones share it.
+#[derive(Clone)]
+pub(crate) struct TestTransport {
+    shared: Arc<Shared>,
+}
+
+impl TestTransport {
+    pub(crate) fn new(regs: Regs) -> TestTransport {
+        TestTransport {
+            shared: Arc::new(Shared {
+                regs: Mutex::new(regs),
+                kicked: Condvar::new(),
+                irq: Condvar::new(),
+            }),
+        }
+    }
+
+    pub(crate) fn regs(&self) -> MutexGuard<'_, Regs> {
+        self.shared.regs.lock().expect("regs lock")
+    }
+
+    /// The device side: raises InterruptStatus `bits` and wakes an interrupt waiter.
+    pub(crate) fn raise(&self, bits: u32) {
+        self.regs().interrupt_status |= bits;
+        self.shared.irq.notify_all();
+    }
+
+    /// Waits until InterruptStatus is non-zero (true) or `timeout` passes (false).
+    pub(crate) fn wait_irq(&self, timeout: Duration) -> bool {
+        let regs = self.regs();
+        let (regs, _) = self
+            .shared
+            .irq
+            .wait_timeout_while(regs, timeout, |r| r.interrupt_status == 0)
+            .expect("irq wait");
+        regs.interrupt_status != 0
+    }
+
+    /// Waits until queue `q` has been notified more than `seen` times; returns the count.
+    pub(crate) fn wait_kick(&self, q: u16, seen: usize, timeout: Duration) -> usize {
+        let regs = self.regs();
+        let (regs, _) = self
+            .shared
+            .kicked
+            .wait_timeout_while(regs, timeout, |r| r.kicks(q) <= seen)
+            .expect("kick wait");
+        regs.kicks(q)
+    }
+}
+
+impl Transport for TestTransport {
+    fn read32(&mut self, offset: u32) -> u32 {
+        let mut r = self.regs();
+        match offset {
+            regs::MAGIC_VALUE => r.magic,
+            regs::VERSION => r.version,
+            regs::DEVICE_ID => r.device_id,
+            regs::VENDOR_ID => 0,
+            regs::DEVICE_FEATURES => match r.device_features_sel {
+                0 => r.device_features as u32,
+                1 => (r.device_features >> 32) as u32,
+                _ => 0,
+            },
+            regs::QUEUE_NUM_MAX => r.selected().map_or(0, |q| q.num_max),
+            regs::QUEUE_READY => r.selected().map_or(0, |q| q.ready),
+            regs::INTERRUPT_STATUS => r.interrupt_status,
+            regs::STATUS => r.status,
+            regs::CONFIG_GENERATION => r.config_generation,
+            _ => 0,
+        }
+    }
+
+    fn write32(&mut self, offset: u32, value: u32) {
+        let mut r = self.regs();
+        match offset {
+            regs::DEVICE_FEATURES_SEL => r.device_features_sel = value,
+            regs::DRIVER_FEATURES_SEL => r.driver_features_sel = value,
+            regs::DRIVER_FEATURES => match r.driver_features_sel {
+                0 => r.driver_features = (r.driver_features & !0xffff_ffff) | u64::from(value),
+                1 => {
+                    r.driver_features = (r.driver_features & 0xffff_ffff) | (u64::from(value) << 32)
+                }
+                _ => {}
+            },
+            regs::QUEUE_SEL => r.queue_sel = value,
+            regs::QUEUE_NUM => {
+                if let Some(q) = r.selected() {
+                    q.num = value;
+                }
+            }
+            regs::QUEUE_READY => {
+                if let Some(q) = r.selected() {
+                    q.ready = value;
+                }
+            }
+            regs::QUEUE_DESC_LOW | regs::QUEUE_DESC_HIGH => {
+                if let Some(q) = r.selected() {
+                    Regs::set_half(&mut q.desc, offset == regs::QUEUE_DESC_HIGH, value);
+                }
+            }
+            regs::QUEUE_AVAIL_LOW | regs::QUEUE_AVAIL_HIGH => {
+                if let Some(q) = r.selected() {
+                    Regs::set_half(&mut q.avail, offset == regs::QUEUE_AVAIL_HIGH, value);
+                }
+            }
+            regs::QUEUE_USED_LOW | regs::QUEUE_USED_HIGH => {
+                if let Some(q) = r.selected() {
+                    Regs::set_half(&mut q.used, offset == regs::QUEUE_USED_HIGH, value);
+                }
+            }
+            regs::INTERRUPT_ACK => r.interrupt_status &= !value,
+            regs::STATUS => r.write_status(value),
+            _ => r.bad_writes.push((offset, value)),
+        }
+    }
+
+    fn read_config_u8(&mut self, offset: u32) -> u8 {
+        self.regs()
+            .config
+            .get(offset as usize)
+            .copied()
+            .unwrap_or(0)
+    }
+
+    fn notify(&mut self, queue: u16) {
+        self.regs().notifies.push(queue);
+        self.shared.kicked.notify_all();
+    }
+}
