@@ -203,3 +203,39 @@ impl Transport for MmioTransport {
         self.write32(regs::QUEUE_NOTIFY, u32::from(queue));
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::vec;
+
+    #[test]
+    fn mmio_transport_accesses_the_window() {
+        // A fake window in ordinary memory, 4-byte aligned.
+        let mut window = vec![0u32; WINDOW_SIZE / 4];
+        window[0] = MAGIC.to_le();
+        window[(regs::CONFIG / 4) as usize] = u32::from_le_bytes([0x02, 0xaa, 0xbb, 0xcc]);
+        window[(regs::CONFIG / 4 + 1) as usize] = u32::from_le_bytes([0xdd, 0xee, 0x01, 0x00]);
+        let base = NonNull::new(window.as_mut_ptr().cast::<u8>()).expect("non-null");
+        // SAFETY: `window` is WINDOW_SIZE bytes, 4-aligned, outlives `t`, and is only accessed
+        // through `t` until the reads at the end (after the last use of `t`).
+        let mut t = unsafe { MmioTransport::new(base) };
+        assert_eq!(t.read32(regs::MAGIC_VALUE), MAGIC);
+        t.write32(regs::STATUS, status::ACKNOWLEDGE);
+        t.notify(1);
+        assert_eq!(t.read_config_u8(1), 0xaa);
+        assert_eq!(t.read_config_u16(6), 1);
+        // Out of range or misaligned: ignored, reads 0.
+        t.write32(regs::CONFIG, 0xdead);
+        t.write32(regs::STATUS + 1, 0xdead);
+        assert_eq!(t.read32(regs::CONFIG + 4), 0);
+        assert_eq!(t.read_config_u8(CONFIG_SPACE_SIZE), 0);
+        assert_eq!(t.read_config_u16(7), 0);
+        assert_eq!(window[(regs::STATUS / 4) as usize], status::ACKNOWLEDGE);
+        assert_eq!(window[(regs::QUEUE_NOTIFY / 4) as usize], 1);
+        assert_eq!(
+            window[(regs::CONFIG / 4) as usize],
+            u32::from_le_bytes([0x02, 0xaa, 0xbb, 0xcc])
+        );
+    }
+}
