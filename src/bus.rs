@@ -140,7 +140,10 @@ mod tests {
         assert!(bus.insert(dev(), 0xf0, 0x10).is_ok());
         assert_eq!(
             bus.insert(dev(), 0x200, 0),
-            Err(BusError::BadRange { base: 0x200, len: 0 })
+            Err(BusError::BadRange {
+                base: 0x200,
+                len: 0
+            })
         );
         assert!(bus.insert(dev(), u64::MAX, 2).is_err());
     }

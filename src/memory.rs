@@ -44,7 +44,10 @@ pub struct RamRange {
 /// The RAM ranges for `size` bytes of memory: below the MMIO hole, and the rest above 4 GiB.
 pub fn ram_ranges(size: u64) -> Vec<RamRange> {
     if size <= MMIO_START {
-        vec![RamRange { start: 0, len: size }]
+        vec![RamRange {
+            start: 0,
+            len: size,
+        }]
     } else {
         vec![
             RamRange {
@@ -79,7 +82,13 @@ mod tests {
 
     #[test]
     fn ranges_split_around_the_mmio_hole() {
-        assert_eq!(ram_ranges(128 << 20), vec![RamRange { start: 0, len: 128 << 20 }]);
+        assert_eq!(
+            ram_ranges(128 << 20),
+            vec![RamRange {
+                start: 0,
+                len: 128 << 20
+            }]
+        );
         let big = 4u64 << 30;
         let r = ram_ranges(big);
         assert_eq!(r.len(), 2);
@@ -103,7 +112,12 @@ mod tests {
         ];
         spans.sort();
         for w in spans.windows(2) {
-            assert!(w[0].0 + w[0].1 <= w[1].0, "{:x?} overlaps {:x?}", w[0], w[1]);
+            assert!(
+                w[0].0 + w[0].1 <= w[1].0,
+                "{:x?} overlaps {:x?}",
+                w[0],
+                w[1]
+            );
         }
         assert!(EBDA_START + 0x400 <= HIMEM_START);
     }

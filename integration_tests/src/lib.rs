@@ -193,13 +193,21 @@ impl VmmProcess {
                     if n == 0 {
                         break;
                     }
-                    sink.lock().unwrap().push_str(&String::from_utf8_lossy(&buf[..n]));
+                    sink.lock()
+                        .unwrap()
+                        .push_str(&String::from_utf8_lossy(&buf[..n]));
                 }
             })
         };
         let readers = vec![
-            pump(Box::new(child.stdout.take().expect("piped")), stdout.clone()),
-            pump(Box::new(child.stderr.take().expect("piped")), stderr.clone()),
+            pump(
+                Box::new(child.stdout.take().expect("piped")),
+                stdout.clone(),
+            ),
+            pump(
+                Box::new(child.stderr.take().expect("piped")),
+                stderr.clone(),
+            ),
         ];
         VmmProcess {
             child,

@@ -15,13 +15,23 @@ fn assert_boots_to_init_and_exits_zero(kernel_key: &str) {
     let _guest = guest_lock();
     let cmdline = test_cmdline("poweroff");
     let out = run_vmm(
-        &["--kernel", &kernel, "--initrd", &initrd, "--cmdline", &cmdline],
+        &[
+            "--kernel",
+            &kernel,
+            "--initrd",
+            &initrd,
+            "--cmdline",
+            &cmdline,
+        ],
         BOOT_DEADLINE,
     );
     assert!(out.stdout.contains("vmm-guest: init started"), "{out}");
     assert!(out.stdout.contains("vmm-guest: marker-ok"), "{out}");
     assert!(out.stdout.contains("vmm-guest: done"), "{out}");
-    assert!(out.success(), "the VMM must exit 0 after the guest resets: {out}");
+    assert!(
+        out.success(),
+        "the VMM must exit 0 after the guest resets: {out}"
+    );
     eprintln!("{kernel_key}: boot to reset in {:.1?}", out.elapsed);
 }
 
@@ -57,18 +67,34 @@ fn a_guest_that_halts_with_interrupts_off_is_reported() {
     let _guest = guest_lock();
     let cmdline = test_cmdline("halt");
     let out = run_vmm(
-        &["--kernel", &kernel, "--initrd", &initrd, "--cmdline", &cmdline],
+        &[
+            "--kernel",
+            &kernel,
+            "--initrd",
+            &initrd,
+            "--cmdline",
+            &cmdline,
+        ],
         BOOT_DEADLINE,
     );
     assert!(out.stdout.contains("vmm-guest: halting"), "{out}");
-    assert!(out.status.is_some(), "the VMM must not hang on a halted guest: {out}");
+    assert!(
+        out.status.is_some(),
+        "the VMM must not hang on a halted guest: {out}"
+    );
     assert!(!out.success(), "{out}");
-    assert!(out.stderr.contains("halted with interrupts disabled"), "{out}");
+    assert!(
+        out.stderr.contains("halted with interrupts disabled"),
+        "{out}"
+    );
 }
 
 #[test]
 fn bad_kernel_path_is_a_clear_error() {
-    let out = run_vmm(&["--kernel", "/nonexistent/vmlinux"], Duration::from_secs(30));
+    let out = run_vmm(
+        &["--kernel", "/nonexistent/vmlinux"],
+        Duration::from_secs(30),
+    );
     assert_eq!(out.status.and_then(|s| s.code()), Some(1), "{out}");
     assert!(out.stderr.contains("cannot open kernel image"), "{out}");
     assert!(out.stderr.contains("/nonexistent/vmlinux"), "{out}");
@@ -86,11 +112,20 @@ fn a_file_that_is_not_a_kernel_is_rejected() {
 #[test]
 fn bad_sizes_are_clear_errors() {
     let kernel = path("kernel");
-    let out = run_vmm(&["--kernel", &kernel, "--mem-size", "8"], Duration::from_secs(30));
+    let out = run_vmm(
+        &["--kernel", &kernel, "--mem-size", "8"],
+        Duration::from_secs(30),
+    );
     assert_eq!(out.status.and_then(|s| s.code()), Some(1), "{out}");
-    assert!(out.stderr.contains("memory size 8 MiB is out of range"), "{out}");
+    assert!(
+        out.stderr.contains("memory size 8 MiB is out of range"),
+        "{out}"
+    );
 
-    let out = run_vmm(&["--kernel", &kernel, "--vcpus", "0"], Duration::from_secs(30));
+    let out = run_vmm(
+        &["--kernel", &kernel, "--vcpus", "0"],
+        Duration::from_secs(30),
+    );
     assert!(out.stderr.contains("vCPU count 0 is out of range"), "{out}");
 
     // An initrd larger than guest memory.

@@ -8,7 +8,9 @@ use std::net::{TcpStream, UdpSocket};
 use std::time::{Duration, Instant};
 
 use integration_tests::netns::NetNs;
-use integration_tests::{artifacts, final_metrics, guest_lock, test_cmdline, vmm_binary, VmmProcess};
+use integration_tests::{
+    artifacts, final_metrics, guest_lock, test_cmdline, vmm_binary, VmmProcess,
+};
 
 const TAP: &str = "vmmtap0";
 const HOST_IP: &str = "10.200.0.1";
@@ -33,7 +35,8 @@ fn pattern(seq: u32, size: usize) -> Vec<u8> {
 /// Returns (datagrams echoed, payload bytes each way).
 fn udp_echo(count: usize) -> Result<(usize, usize), String> {
     let sock = UdpSocket::bind((HOST_IP, 0)).map_err(|e| format!("bind: {e}"))?;
-    sock.connect((GUEST_IP, PORT)).map_err(|e| format!("connect: {e}"))?;
+    sock.connect((GUEST_IP, PORT))
+        .map_err(|e| format!("connect: {e}"))?;
     sock.set_read_timeout(Some(Duration::from_secs(15)))
         .map_err(|e| e.to_string())?;
     let (mut next, mut received, mut bytes) = (0usize, 0usize, 0usize);
@@ -50,11 +53,15 @@ fn udp_echo(count: usize) -> Result<(usize, usize), String> {
             .map_err(|e| format!("no echo after {received} of {count} datagrams: {e}"))?;
         let seq = u32::from_le_bytes(buf[0..4].try_into().unwrap_or_default());
         if seq as usize != received {
-            return Err(format!("echo #{received} came back as #{seq} (lost or reordered)"));
+            return Err(format!(
+                "echo #{received} came back as #{seq} (lost or reordered)"
+            ));
         }
         let expected = pattern(seq, SIZES[received % SIZES.len()]);
         if buf[..n] != expected[..] {
-            return Err(format!("echo #{seq} ({n} bytes) differs from what was sent"));
+            return Err(format!(
+                "echo #{seq} ({n} bytes) differs from what was sent"
+            ));
         }
         received += 1;
         bytes += n;
@@ -68,7 +75,10 @@ fn tap_counter(ns: &NetNs, name: &str) -> u64 {
         .arg(format!("/sys/class/net/{TAP}/statistics/{name}"))
         .output()
         .expect("read tap statistics");
-    String::from_utf8_lossy(&out.stdout).trim().parse().unwrap_or(u64::MAX)
+    String::from_utf8_lossy(&out.stdout)
+        .trim()
+        .parse()
+        .unwrap_or(u64::MAX)
 }
 
 /// A namespace with the tap configured as the host end (HOST_IP, `mtu`), and the VMM started
@@ -77,16 +87,22 @@ fn start_guest(tag: &str, mtu: u32, extra: &str) -> (NetNs, VmmProcess) {
     let a = artifacts();
     let (kernel, initrd) = (a.get("kernel").to_owned(), a.get("initrd").to_owned());
     let ns = NetNs::new(tag).expect("create network namespace");
-    ns.ip(&["tuntap", "add", TAP, "mode", "tap", "vnet_hdr"]).unwrap();
-    ns.ip(&["link", "set", TAP, "mtu", &mtu.to_string()]).unwrap();
-    ns.ip(&["addr", "add", &format!("{HOST_IP}/24"), "dev", TAP]).unwrap();
+    ns.ip(&["tuntap", "add", TAP, "mode", "tap", "vnet_hdr"])
+        .unwrap();
+    ns.ip(&["link", "set", TAP, "mtu", &mtu.to_string()])
+        .unwrap();
+    ns.ip(&["addr", "add", &format!("{HOST_IP}/24"), "dev", TAP])
+        .unwrap();
     ns.ip(&["link", "set", TAP, "up"]).unwrap();
     let cmdline = format!(
         "{} vmm.ip={GUEST_IP}/24 vmm.peer={HOST_IP} vmm.mtu={mtu} vmm.port={PORT} {extra}",
         test_cmdline("net")
     );
     let mut cmd = ns.command(&vmm_binary().to_string_lossy());
-    cmd.args(["--kernel"]).arg(&kernel).arg("--initrd").arg(&initrd);
+    cmd.args(["--kernel"])
+        .arg(&kernel)
+        .arg("--initrd")
+        .arg(&initrd);
     cmd.args(["--cmdline", &cmdline, "--net", &format!("tap={TAP}")]);
     let vmm = VmmProcess::spawn(&mut cmd);
     (ns, vmm)
@@ -100,11 +116,13 @@ fn tcp_byte(i: usize) -> u8 {
 /// Sends `bytes` of the stream pattern to the guest, then reads and checks `bytes` back.
 fn tcp_exchange(bytes: usize) -> Result<(), String> {
     let mut s = TcpStream::connect((GUEST_IP, PORT)).map_err(|e| format!("connect: {e}"))?;
-    s.set_read_timeout(Some(Duration::from_secs(60))).map_err(|e| e.to_string())?;
+    s.set_read_timeout(Some(Duration::from_secs(60)))
+        .map_err(|e| e.to_string())?;
     let data: Vec<u8> = (0..bytes).map(tcp_byte).collect();
     s.write_all(&data).map_err(|e| format!("send: {e}"))?;
     let mut back = Vec::with_capacity(bytes);
-    s.read_to_end(&mut back).map_err(|e| format!("receive after {} bytes: {e}", back.len()))?;
+    s.read_to_end(&mut back)
+        .map_err(|e| format!("receive after {} bytes: {e}", back.len()))?;
     if back.len() != bytes {
         return Err(format!("received {} of {bytes} bytes back", back.len()));
     }
@@ -123,21 +141,35 @@ fn guest_pings_host_and_echoes_udp_with_every_byte_checked() {
     let ready = vmm.wait_for_console("nettest: listening", Duration::from_secs(180));
     let (echo, echo_time) = if ready {
         let t = Instant::now();
-        (ns.run(move || udp_echo(count)).expect("run in namespace"), t.elapsed())
+        (
+            ns.run(move || udp_echo(count)).expect("run in namespace"),
+            t.elapsed(),
+        )
     } else {
-        (Err("the guest never started its echo server".into()), Duration::ZERO)
+        (
+            Err("the guest never started its echo server".into()),
+            Duration::ZERO,
+        )
     };
     let out = vmm.finish(Duration::from_secs(120));
     let (echoed, bytes) = echo.unwrap_or_else(|e| panic!("{e}\n{out}"));
     assert_eq!(echoed, count);
     eprintln!(
         "echoed {echoed} datagrams ({bytes} bytes each way) in {echo_time:.1?}; ping: {}",
-        out.stdout.lines().find(|l| l.contains("round-trip")).unwrap_or("?")
+        out.stdout
+            .lines()
+            .find(|l| l.contains("round-trip"))
+            .unwrap_or("?")
     );
 
-    assert!(out.stdout.contains("3 packets received"), "ping failed: {out}");
     assert!(
-        out.stdout.contains(&format!("nettest: echo received={count} bad=0 sizes=64,1400,9000")),
+        out.stdout.contains("3 packets received"),
+        "ping failed: {out}"
+    );
+    assert!(
+        out.stdout.contains(&format!(
+            "nettest: echo received={count} bad=0 sizes=64,1400,9000"
+        )),
         "{out}"
     );
     assert!(out.success(), "{out}");
@@ -149,9 +181,16 @@ fn guest_pings_host_and_echoes_udp_with_every_byte_checked() {
     let rx_frames = dev["rx"]["frames"].as_u64().unwrap();
     let rx_dropped = dev["rx"]["dropped_no_buffer"].as_u64().unwrap();
     let tx_frames = dev["tx"]["frames"].as_u64().unwrap();
-    assert_eq!(rx_frames + rx_dropped, tap_counter(&ns, "tx_packets"), "{m}");
+    assert_eq!(
+        rx_frames + rx_dropped,
+        tap_counter(&ns, "tx_packets"),
+        "{m}"
+    );
     assert_eq!(tx_frames, tap_counter(&ns, "rx_packets"), "{m}");
-    assert!(rx_frames >= count as u64 && tx_frames >= count as u64, "{m}");
+    assert!(
+        rx_frames >= count as u64 && tx_frames >= count as u64,
+        "{m}"
+    );
     assert!(dev["rx"]["bytes"].as_u64().unwrap() >= bytes as u64, "{m}");
     assert!(dev["tx"]["bytes"].as_u64().unwrap() >= bytes as u64, "{m}");
     assert_eq!(dev["tx"]["malformed_chains"], 0, "{m}");
@@ -169,7 +208,16 @@ fn tcp_stream_both_ways_uses_segmentation_offload() {
     let (ns, mut vmm) = start_guest("tcp", 1500, &format!("vmm.tcp={BYTES}"));
     // The guest's emulated kernel ACKs slowly, so an ACK-clocked host would send one MSS at a
     // time; a large initial window makes the host send GSO bursts the device must deliver.
-    ns.ip(&["route", "change", "10.200.0.0/24", "dev", TAP, "initcwnd", "100"]).unwrap();
+    ns.ip(&[
+        "route",
+        "change",
+        "10.200.0.0/24",
+        "dev",
+        TAP,
+        "initcwnd",
+        "100",
+    ])
+    .unwrap();
     let sysctl = ns
         .command("sysctl")
         .args(["-qw", "net.ipv4.tcp_min_tso_segs=16"])
@@ -179,7 +227,8 @@ fn tcp_stream_both_ways_uses_segmentation_offload() {
     let ready = vmm.wait_for_console("nettest: tcp listening", Duration::from_secs(180));
     let t = Instant::now();
     let result = if ready {
-        ns.run(move || tcp_exchange(BYTES)).expect("run in namespace")
+        ns.run(move || tcp_exchange(BYTES))
+            .expect("run in namespace")
     } else {
         Err("the guest never started its TCP server".into())
     };
@@ -187,7 +236,8 @@ fn tcp_stream_both_ways_uses_segmentation_offload() {
     let out = vmm.finish(Duration::from_secs(120));
     result.unwrap_or_else(|e| panic!("{e}\n{out}"));
     assert!(
-        out.stdout.contains(&format!("nettest: tcp received={BYTES} bad=0 sent={BYTES}")),
+        out.stdout
+            .contains(&format!("nettest: tcp received={BYTES} bad=0 sent={BYTES}")),
         "{out}"
     );
     assert!(out.success(), "{out}");
@@ -197,13 +247,24 @@ fn tcp_stream_both_ways_uses_segmentation_offload() {
         dev["rx"]["frames"].as_u64().unwrap() as usize,
         dev["tx"]["frames"].as_u64().unwrap() as usize,
     );
-    eprintln!("TCP {BYTES} bytes each way in {took:.1?}: {rx_frames} rx frames, {tx_frames} tx frames");
-    assert!(dev["rx"]["bytes"].as_u64().unwrap() as usize >= BYTES, "{m}");
-    assert!(dev["tx"]["bytes"].as_u64().unwrap() as usize >= BYTES, "{m}");
+    eprintln!(
+        "TCP {BYTES} bytes each way in {took:.1?}: {rx_frames} rx frames, {tx_frames} tx frames"
+    );
+    assert!(
+        dev["rx"]["bytes"].as_u64().unwrap() as usize >= BYTES,
+        "{m}"
+    );
+    assert!(
+        dev["tx"]["bytes"].as_u64().unwrap() as usize >= BYTES,
+        "{m}"
+    );
     // Without offloads each direction needs at least BYTES / MSS data frames (plus the ACKs
     // for the other direction, plus ARP and ping).
     assert!(tx_frames < BYTES / MSS, "guest TSO not in use: {m}");
-    assert!(rx_frames < BYTES / MSS, "host GSO to the guest not in use: {m}");
+    assert!(
+        rx_frames < BYTES / MSS,
+        "host GSO to the guest not in use: {m}"
+    );
     assert_eq!(dev["tx"]["malformed_chains"], 0, "{m}");
     assert_eq!(dev["tx"]["backend_errors"], 0, "{m}");
 }

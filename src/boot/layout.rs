@@ -2,7 +2,9 @@
 
 use vm_memory::{Bytes, GuestAddress};
 
-use crate::memory::{GuestMemory, BOOT_GDT_START, BOOT_IDT_START, PDE_START, PDPTE_START, PML4_START};
+use crate::memory::{
+    GuestMemory, BOOT_GDT_START, BOOT_IDT_START, PDE_START, PDPTE_START, PML4_START,
+};
 
 /// The boot GDT: null, 64-bit code, data, TSS (flags, base, limit).
 pub const GDT: [(u16, u32, u32); 4] = [

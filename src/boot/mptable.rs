@@ -29,7 +29,10 @@ pub enum MpTableError {
 }
 
 fn checksum(bytes: &[u8]) -> u8 {
-    bytes.iter().fold(0u8, |s, b| s.wrapping_add(*b)).wrapping_neg()
+    bytes
+        .iter()
+        .fold(0u8, |s, b| s.wrapping_add(*b))
+        .wrapping_neg()
 }
 
 /// Builds the table (floating pointer followed by the configuration table) for a table placed

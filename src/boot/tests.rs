@@ -35,7 +35,10 @@ fn tiny_elf(payload: &[u8]) -> Vec<u8> {
 
 fn temp_file(name: &str, bytes: &[u8]) -> std::path::PathBuf {
     let path = std::env::temp_dir().join(format!("vmm-boot-test-{}-{name}", std::process::id()));
-    std::fs::File::create(&path).unwrap().write_all(bytes).unwrap();
+    std::fs::File::create(&path)
+        .unwrap()
+        .write_all(bytes)
+        .unwrap();
     path
 }
 
@@ -56,14 +59,20 @@ fn e820_reserves_ebda_and_skips_mmio_hole() {
     let (a, s) = (big[2].addr, big[2].size);
     assert_eq!(a + s, memory::MMIO_START);
     let (a, s) = (big[3].addr, big[3].size);
-    assert_eq!((a, s), (memory::FOUR_GIB, (5u64 << 30) - memory::MMIO_START));
+    assert_eq!(
+        (a, s),
+        (memory::FOUR_GIB, (5u64 << 30) - memory::MMIO_START)
+    );
 }
 
 #[test]
 fn initrd_goes_high_page_aligned_and_above_the_kernel() {
     assert_eq!(initrd_address(0x1800, 0x10_0000, 0), Some(0xf_e000));
     assert_eq!(initrd_address(0x1000, 0x10_0000, 0), Some(0xf_f000));
-    assert_eq!(initrd_address(0x10_0000, 0x20_0000, 0x10_0000), Some(0x10_0000));
+    assert_eq!(
+        initrd_address(0x10_0000, 0x20_0000, 0x10_0000),
+        Some(0x10_0000)
+    );
     assert_eq!(initrd_address(0x10_0001, 0x20_0000, 0x10_0000), None);
     assert_eq!(initrd_address(u64::MAX, 0x20_0000, 0), None);
 }
@@ -102,7 +111,8 @@ fn configure_system_writes_cmdline_zero_page_and_tables() {
     let cmdline = new_cmdline("console=ttyS0 reboot=k").unwrap();
     configure_system(&mem, &kernel, &cmdline, None, 64 * MIB, 1).unwrap();
     let mut buf = [0u8; 23];
-    mem.read_slice(&mut buf, GuestAddress(CMDLINE_START)).unwrap();
+    mem.read_slice(&mut buf, GuestAddress(CMDLINE_START))
+        .unwrap();
     assert_eq!(&buf, b"console=ttyS0 reboot=k\0");
     let p = read_boot_params(&mem).unwrap();
     assert_eq!({ p.hdr.cmdline_size }, 23);
@@ -135,7 +145,8 @@ fn loads_an_elf_kernel_and_an_initrd() {
     assert!(placed.addr + placed.size <= 64 * MIB);
     assert!(placed.addr >= k.end);
     let mut last = [0u8; 1];
-    mem.read_slice(&mut last, GuestAddress(placed.addr + 4999)).unwrap();
+    mem.read_slice(&mut last, GuestAddress(placed.addr + 4999))
+        .unwrap();
     assert_eq!(last[0], 0xab);
     std::fs::remove_file(elf).unwrap();
     std::fs::remove_file(initrd).unwrap();

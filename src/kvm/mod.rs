@@ -112,11 +112,9 @@ impl Vm {
             // SAFETY: the host range [as_ptr, as_ptr + len) is a live mapping owned by `mem`;
             // the VM keeps a clone of `mem` (`_mem`), so the mapping outlives the slot, and the
             // slots do not overlap because guest memory regions never do.
-            unsafe { fd.set_user_memory_region(region_desc) }.map_err(|e| {
-                KvmError::SetMemory {
-                    slot,
-                    source: io_err(e),
-                }
+            unsafe { fd.set_user_memory_region(region_desc) }.map_err(|e| KvmError::SetMemory {
+                slot,
+                source: io_err(e),
             })?;
         }
         Ok(Vm {
@@ -128,10 +126,12 @@ impl Vm {
 
     /// Delivers an interrupt on `gsi` whenever `evt` is written, without a VMM round trip.
     pub fn register_irqfd(&self, evt: &EventFd, gsi: u32) -> Result<(), KvmError> {
-        self.fd.register_irqfd(evt, gsi).map_err(|e| KvmError::Irqfd {
-            gsi,
-            source: io_err(e),
-        })
+        self.fd
+            .register_irqfd(evt, gsi)
+            .map_err(|e| KvmError::Irqfd {
+                gsi,
+                source: io_err(e),
+            })
     }
 
     /// Signals `evt` when the guest writes the 32-bit value `datamatch` to MMIO `addr`; the write

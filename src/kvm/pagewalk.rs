@@ -16,7 +16,14 @@ const EFER_LMA: u64 = 1 << 10;
 
 /// Translates `gva` with paging state (cr0, cr3, cr4, efer). Returns `None` when the address is
 /// not mapped or the mode is not 64-bit paging (or paging is off: then it is the identity).
-pub fn translate(mem: &GuestMemory, cr0: u64, cr3: u64, cr4: u64, efer: u64, gva: u64) -> Option<u64> {
+pub fn translate(
+    mem: &GuestMemory,
+    cr0: u64,
+    cr3: u64,
+    cr4: u64,
+    efer: u64,
+    gva: u64,
+) -> Option<u64> {
     if cr0 & CR0_PG == 0 {
         return Some(gva);
     }
@@ -55,17 +62,26 @@ mod tests {
         let gva_2m = 0xffff_ffff_8100_0000u64;
         let (pml4, pdpt, pd, pt) = (PML4_START, 0x10_0000u64, 0x10_1000u64, 0x10_2000u64);
         let idx = |v: u64, l: u32| (v >> (12 + 9 * (l - 1))) & 0x1ff;
-        mem.write_obj(pdpt | 3, GuestAddress(pml4 + idx(gva_2m, 4) * 8)).unwrap();
-        mem.write_obj(pd | 3, GuestAddress(pdpt + idx(gva_2m, 3) * 8)).unwrap();
-        mem.write_obj(0x100_0000u64 | 0x83, GuestAddress(pd + idx(gva_2m, 2) * 8)).unwrap();
+        mem.write_obj(pdpt | 3, GuestAddress(pml4 + idx(gva_2m, 4) * 8))
+            .unwrap();
+        mem.write_obj(pd | 3, GuestAddress(pdpt + idx(gva_2m, 3) * 8))
+            .unwrap();
+        mem.write_obj(0x100_0000u64 | 0x83, GuestAddress(pd + idx(gva_2m, 2) * 8))
+            .unwrap();
         let gva_4k = 0xffff_ffff_8120_0000u64;
-        mem.write_obj(pt | 3, GuestAddress(pd + idx(gva_4k, 2) * 8)).unwrap();
-        mem.write_obj(0x123_4000u64 | 3, GuestAddress(pt + idx(gva_4k, 1) * 8)).unwrap();
+        mem.write_obj(pt | 3, GuestAddress(pd + idx(gva_4k, 2) * 8))
+            .unwrap();
+        mem.write_obj(0x123_4000u64 | 3, GuestAddress(pt + idx(gva_4k, 1) * 8))
+            .unwrap();
 
         let t = |gva| translate(&mem, CR0_PG, pml4, CR4_PAE, EFER_LMA, gva);
         assert_eq!(t(gva_2m + 0x1234), Some(0x100_1234));
         assert_eq!(t(gva_4k + 0x56), Some(0x123_4056));
         assert_eq!(t(0x4000_0000), None, "unmapped");
-        assert_eq!(translate(&mem, 0, 0, 0, 0, 0x1234), Some(0x1234), "paging off");
+        assert_eq!(
+            translate(&mem, 0, 0, 0, 0, 0x1234),
+            Some(0x1234),
+            "paging off"
+        );
     }
 }
