@@ -123,7 +123,10 @@ impl VmConfig {
 
     /// The command line the user asked for (before the VMM appends what it must).
     pub fn base_cmdline(&self) -> &str {
-        self.boot_source.boot_args.as_deref().unwrap_or(DEFAULT_CMDLINE)
+        self.boot_source
+            .boot_args
+            .as_deref()
+            .unwrap_or(DEFAULT_CMDLINE)
     }
 }
 
@@ -158,9 +161,14 @@ mod tests {
         assert_eq!(config(128, 0).validate(), Err(ConfigError::VcpuCount(0)));
         assert_eq!(config(128, 33).validate(), Err(ConfigError::VcpuCount(33)));
         let mut c = config(128, 1);
-        c.net = vec!["tap0".parse().unwrap(), "tap=tap0,mac=02:00:00:00:00:09".parse().unwrap()];
+        c.net = vec![
+            "tap0".parse().unwrap(),
+            "tap=tap0,mac=02:00:00:00:00:09".parse().unwrap(),
+        ];
         assert_eq!(c.validate(), Err(ConfigError::DuplicateTap("tap0".into())));
-        c.net = (0..20).map(|i| format!("tap{i}").parse().unwrap()).collect();
+        c.net = (0..20)
+            .map(|i| format!("tap{i}").parse().unwrap())
+            .collect();
         assert_eq!(c.validate(), Err(ConfigError::TooManyDevices(20)));
         c.net.truncate(19);
         assert_eq!(c.validate(), Ok(()));

@@ -15,7 +15,7 @@ use std::sync::{Arc, Mutex};
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
-use devices::legacy::{CmosRtc, I8042, Serial};
+use devices::legacy::{CmosRtc, Serial, I8042};
 use devices::virtio::net::{NetDevice, NetMetrics};
 use devices::virtio::MmioTransport;
 use vm_memory::GuestAddress;
@@ -112,7 +112,16 @@ pub fn run(config: &VmConfig) -> Result<(), VmmError> {
     let nets = attach_net_devices(config, &vm, &mem, &mut mmio, &mut cmdline_devices)?;
 
     let vcpus = (0..config.machine_config.vcpu_count)
-        .map(|id| Vcpu::new(&vm, id, kernel.entry, mem.clone(), pio.clone(), mmio.clone()))
+        .map(|id| {
+            Vcpu::new(
+                &vm,
+                id,
+                kernel.entry,
+                mem.clone(),
+                pio.clone(),
+                mmio.clone(),
+            )
+        })
         .collect::<Result<Vec<_>, _>>()?;
 
     let mut cmdline = boot::new_cmdline(config.base_cmdline())?;
@@ -149,7 +158,10 @@ pub fn run(config: &VmConfig) -> Result<(), VmmError> {
         config.boot_source.kernel_image_path,
         config.machine_config.mem_size_mib,
         config.machine_config.vcpu_count,
-        cmdline.as_cstring().map(|c| c.to_string_lossy().into_owned()).unwrap_or_default()
+        cmdline
+            .as_cstring()
+            .map(|c| c.to_string_lossy().into_owned())
+            .unwrap_or_default()
     );
 
     // SAFETY-free: the handler does nothing; its only purpose is to make KVM_RUN return EINTR.
@@ -185,9 +197,16 @@ pub fn run(config: &VmConfig) -> Result<(), VmmError> {
     const TOKEN_RESET: u64 = 0;
     const TOKEN_VCPU_EXIT: u64 = 1;
     let epoll = Epoll::new().map_err(VmmError::Epoll)?;
-    for (fd, token) in [(reset_evt.as_raw_fd(), TOKEN_RESET), (vcpu_exit_evt.as_raw_fd(), TOKEN_VCPU_EXIT)] {
+    for (fd, token) in [
+        (reset_evt.as_raw_fd(), TOKEN_RESET),
+        (vcpu_exit_evt.as_raw_fd(), TOKEN_VCPU_EXIT),
+    ] {
         epoll
-            .ctl(ControlOperation::Add, fd, EpollEvent::new(EventSet::IN, token))
+            .ctl(
+                ControlOperation::Add,
+                fd,
+                EpollEvent::new(EventSet::IN, token),
+            )
             .map_err(VmmError::Epoll)?;
     }
     let mut events = [EpollEvent::default(); 4];
@@ -228,7 +247,10 @@ pub fn run(config: &VmConfig) -> Result<(), VmmError> {
     };
     // Stop the device workers so that their last counts are published, then report.
     for net in &nets {
-        net.transport.lock().unwrap_or_else(|p| p.into_inner()).shutdown();
+        net.transport
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .shutdown();
     }
     print_metrics(&nets);
     result
@@ -303,7 +325,9 @@ struct ConsoleInput {
 }
 
 impl ConsoleInput {
-    fn start<W: io::Write + Send + 'static>(serial: Arc<Mutex<Serial<W>>>) -> Result<Self, VmmError> {
+    fn start<W: io::Write + Send + 'static>(
+        serial: Arc<Mutex<Serial<W>>>,
+    ) -> Result<Self, VmmError> {
         let stdin = io::stdin();
         let raw_tty = stdin.is_terminal() && stdin.lock().set_raw_mode().is_ok();
         thread::Builder::new()

@@ -15,7 +15,9 @@ use vm_memory::{Bytes, GuestAddress};
 use super::{cpuid, io_err, pagewalk, KvmError, Vm};
 use crate::boot::layout::{gdt_entry, GDT, GDT_CODE, GDT_DATA, GDT_TSS};
 use crate::bus::Bus;
-use crate::memory::{GuestMemory, BOOT_GDT_START, BOOT_IDT_START, BOOT_STACK_POINTER, PML4_START, ZERO_PAGE_START};
+use crate::memory::{
+    GuestMemory, BOOT_GDT_START, BOOT_IDT_START, BOOT_STACK_POINTER, PML4_START, ZERO_PAGE_START,
+};
 
 const X86_CR0_PE: u64 = 0x1;
 const X86_CR0_ET: u64 = 0x10;
@@ -84,13 +86,25 @@ struct Watchdog {
 impl Vcpu {
     /// Creates vCPU `id` and configures it. The boot vCPU (id 0) starts at `entry` in 64-bit
     /// mode; the others wait for INIT/SIPI in the in-kernel LAPIC.
-    pub fn new(vm: &Vm, id: u8, entry: u64, mem: GuestMemory, pio: Bus, mmio: Bus) -> Result<Vcpu, KvmError> {
-        let err = |what: &'static str| move |e: kvm_ioctls::Error| KvmError::Vcpu {
-            id,
-            what,
-            source: io_err(e),
+    pub fn new(
+        vm: &Vm,
+        id: u8,
+        entry: u64,
+        mem: GuestMemory,
+        pio: Bus,
+        mmio: Bus,
+    ) -> Result<Vcpu, KvmError> {
+        let err = |what: &'static str| {
+            move |e: kvm_ioctls::Error| KvmError::Vcpu {
+                id,
+                what,
+                source: io_err(e),
+            }
         };
-        let fd = vm.fd().create_vcpu(u64::from(id)).map_err(err("KVM_CREATE_VCPU"))?;
+        let fd = vm
+            .fd()
+            .create_vcpu(u64::from(id))
+            .map_err(err("KVM_CREATE_VCPU"))?;
         let supported = vm
             .kvm()
             .get_supported_cpuid(KVM_MAX_CPUID_ENTRIES)
@@ -107,7 +121,8 @@ impl Vcpu {
             let mut sregs = fd.get_sregs().map_err(err("KVM_GET_SREGS"))?;
             boot_sregs(&mut sregs);
             fd.set_sregs(&sregs).map_err(err("KVM_SET_SREGS"))?;
-            fd.set_regs(&boot_regs(entry)).map_err(err("KVM_SET_REGS"))?;
+            fd.set_regs(&boot_regs(entry))
+                .map_err(err("KVM_SET_REGS"))?;
             let fpu = kvm_fpu {
                 fcw: 0x37f,
                 mxcsr: 0x1f80,
@@ -149,7 +164,13 @@ impl Vcpu {
                     }
                     continue;
                 }
-                Err(e) => return VcpuExit::Fault(format!("vCPU {}: KVM_RUN failed: {}", self.id, io_err(e))),
+                Err(e) => {
+                    return VcpuExit::Fault(format!(
+                        "vCPU {}: KVM_RUN failed: {}",
+                        self.id,
+                        io_err(e)
+                    ))
+                }
             };
             self.watchdog.exits_since_probe += 1;
             match exit {
@@ -182,7 +203,9 @@ impl Vcpu {
                         self.describe_rip()
                     ));
                 }
-                KvmExit::SystemEvent(kind, _) if kind == KVM_SYSTEM_EVENT_RESET || kind == KVM_SYSTEM_EVENT_SHUTDOWN => {
+                KvmExit::SystemEvent(kind, _)
+                    if kind == KVM_SYSTEM_EVENT_RESET || kind == KVM_SYSTEM_EVENT_SHUTDOWN =>
+                {
                     return VcpuExit::Reset;
                 }
                 KvmExit::FailEntry(reason, cpu) => {
@@ -197,7 +220,10 @@ impl Vcpu {
                     }
                 }
                 other => {
-                    return VcpuExit::Fault(format!("vCPU {}: unexpected KVM exit {other:?}", self.id));
+                    return VcpuExit::Fault(format!(
+                        "vCPU {}: unexpected KVM exit {other:?}",
+                        self.id
+                    ));
                 }
             }
         }
@@ -208,7 +234,10 @@ impl Vcpu {
     fn handle_internal_error(&mut self) -> Option<String> {
         let run = self.fd.get_kvm_run();
         if run.exit_reason != KVM_EXIT_INTERNAL_ERROR {
-            return Some(format!("vCPU {}: internal error with exit reason {}", self.id, run.exit_reason));
+            return Some(format!(
+                "vCPU {}: internal error with exit reason {}",
+                self.id, run.exit_reason
+            ));
         }
         // SAFETY: exit_reason is KVM_EXIT_INTERNAL_ERROR, for which KVM fills the `internal`
         // member of the union; it is plain integers, valid for any bit pattern.
@@ -267,7 +296,10 @@ impl Vcpu {
     fn count_fixup(&mut self, what: &str) {
         self.fixups += 1;
         if self.fixups == 1 {
-            log::info!("vCPU {}: completing `{what}` the host cannot run at CPL0 (logged once)", self.id);
+            log::info!(
+                "vCPU {}: completing `{what}` the host cannot run at CPL0 (logged once)",
+                self.id
+            );
         }
     }
 
@@ -276,8 +308,10 @@ impl Vcpu {
     fn rip_bytes(&self) -> io::Result<(kvm_regs, Vec<u8>)> {
         let regs = self.fd.get_regs().map_err(io_err)?;
         let sregs = self.fd.get_sregs().map_err(io_err)?;
-        let gpa = pagewalk::translate(&self.mem, sregs.cr0, sregs.cr3, sregs.cr4, sregs.efer, regs.rip)
-            .ok_or_else(|| io::Error::other(format!("RIP {:#x} is not mapped", regs.rip)))?;
+        let gpa = pagewalk::translate(
+            &self.mem, sregs.cr0, sregs.cr3, sregs.cr4, sregs.efer, regs.rip,
+        )
+        .ok_or_else(|| io::Error::other(format!("RIP {:#x} is not mapped", regs.rip)))?;
         let mut bytes = Vec::with_capacity(16);
         for i in 0..16 {
             match self.mem.read_obj::<u8>(GuestAddress(gpa + i)) {
@@ -311,7 +345,11 @@ impl Vcpu {
             w.halted_probes = 0;
         }
         let now = (regs.rip, regs.rcx, regs.rdi);
-        if !halted && w.exits_since_probe == 0 && w.last == Some(now) && regs.rflags & RFLAGS_IF == 0 {
+        if !halted
+            && w.exits_since_probe == 0
+            && w.last == Some(now)
+            && regs.rflags & RFLAGS_IF == 0
+        {
             w.stuck_probes += 1;
         } else {
             w.stuck_probes = 0;
@@ -337,7 +375,11 @@ impl Vcpu {
 }
 
 fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect::<Vec<_>>().join(" ")
+    bytes
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect::<Vec<_>>()
+        .join(" ")
 }
 
 fn set_lvt_mode(regs: &mut [std::os::raw::c_char; 1024], offset: usize, mode: u32) {
@@ -434,7 +476,10 @@ mod tests {
     #[test]
     fn boot_segments_are_flat_long_mode() {
         let cs = segment(GDT_CODE);
-        assert_eq!((cs.selector, cs.l, cs.db, cs.present, cs.s), (0x8, 1, 0, 1, 1));
+        assert_eq!(
+            (cs.selector, cs.l, cs.db, cs.present, cs.s),
+            (0x8, 1, 0, 1, 1)
+        );
         assert_eq!(cs.limit, 0xffff_ffff);
         let ds = segment(GDT_DATA);
         assert_eq!((ds.selector, ds.l, ds.db, ds.type_), (0x10, 0, 1, 3));
