@@ -125,10 +125,11 @@ pub fn detect_format<R: Read + Seek>(image: &mut R) -> std::io::Result<Option<Ke
         return Ok(Some(KernelFormat::Elf));
     }
     let mut magic = [0u8; 4];
-    if image.seek(SeekFrom::Start(0x202)).is_ok() && image.read_exact(&mut magic).is_ok() {
-        if u32::from_le_bytes(magic) == KERNEL_HDR_MAGIC {
-            return Ok(Some(KernelFormat::BzImage));
-        }
+    if image.seek(SeekFrom::Start(0x202)).is_ok()
+        && image.read_exact(&mut magic).is_ok()
+        && u32::from_le_bytes(magic) == KERNEL_HDR_MAGIC
+    {
+        return Ok(Some(KernelFormat::BzImage));
     }
     Ok(None)
 }

@@ -11,11 +11,7 @@ const HYPERVISOR_BIT: u32 = 1 << 31;
 pub fn patch_entries(entries: &mut Vec<kvm_cpuid_entry2>, apic_id: u8, tsc_khz: Option<u32>) {
     for e in entries.iter_mut() {
         match e.function {
-            0 => {
-                if tsc_khz.is_some() {
-                    e.eax = e.eax.max(LEAF_TSC);
-                }
-            }
+            0 if tsc_khz.is_some() => e.eax = e.eax.max(LEAF_TSC),
             1 => {
                 e.ebx = (e.ebx & 0x00ff_ffff) | (u32::from(apic_id) << 24);
                 e.ecx |= HYPERVISOR_BIT;
