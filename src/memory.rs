@@ -119,6 +119,6 @@ mod tests {
                 w[1]
             );
         }
-        assert!(EBDA_START + 0x400 <= HIMEM_START);
+        const { assert!(EBDA_START + 0x400 <= HIMEM_START) };
     }
 }
