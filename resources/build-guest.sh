@@ -2,17 +2,20 @@
 # Build the vmm test guest: a minimal x86_64 Linux kernel (Debian's
 # linux-source-6.12 + resources/kernel/*.patch + resources/kernel/minimal.config
 # on top of tinyconfig) and an uncompressed newc initramfs (static busybox +
-# resources/init/). Artefacts are cached outside the clone, keyed by a sha256
-# of their inputs; see resources/README.md.
+# resources/init/), and the bare-metal guest program that runs the guest
+# driver crate (guest/baremetal, target x86_64-unknown-none). Artefacts are
+# cached outside the clone, keyed by a sha256 of their inputs; see
+# resources/README.md.
 #
-# Usage: resources/build-guest.sh [--kernel-only|--initrd-only] [--print] [--force]
-#   --kernel-only   only the kernel (prints kernel=, bzimage=, config=)
-#   --initrd-only   only the initramfs (prints initrd=)
-#   --print         do not build: print the paths if cached, else exit 1
-#   --force         rebuild the selected artefacts even if cached
+# Usage: resources/build-guest.sh [--kernel-only|--initrd-only|--driver-guest-only] [--print] [--force]
+#   --kernel-only        only the kernel (prints kernel=, bzimage=, config=)
+#   --initrd-only        only the initramfs (prints initrd=)
+#   --driver-guest-only  only the bare-metal driver guest (prints driver_guest=)
+#   --print              do not build: print the paths if cached, else exit 1
+#   --force              rebuild the selected artefacts even if cached
 #
-# stdout carries only key=path lines (kernel=, bzimage=, initrd=, config=);
-# all progress goes to stderr.
+# stdout carries only key=path lines (kernel=, bzimage=, initrd=, config=,
+# driver_guest=); all progress goes to stderr.
 #
 # Environment: VMM_GUEST_CACHE (default ~/.cache/vmm-guest),
 #   VMM_GUEST_KEEP_BUILD=1 keeps the kernel build tree (for incremental work).
@@ -78,11 +81,13 @@ hash_files() {
 }
 
 # ---------------------------------------------------------------- arguments
-want_kernel=1 want_initrd=1 print_only=0 force=0
+want_kernel=1 want_initrd=1 want_dguest=1 print_only=0 force=0
+only=0
 for arg in "$@"; do
 	case $arg in
-	--kernel-only) want_initrd=0 ;;
-	--initrd-only) want_kernel=0 ;;
+	--kernel-only) want_initrd=0 want_dguest=0 only=$((only + 1)) ;;
+	--initrd-only) want_kernel=0 want_dguest=0 only=$((only + 1)) ;;
+	--driver-guest-only) want_kernel=0 want_initrd=0 only=$((only + 1)) ;;
 	--print) print_only=1 ;;
 	--force) force=1 ;;
 	-h | --help)
@@ -95,7 +100,7 @@ for arg in "$@"; do
 		;;
 	esac
 done
-((want_kernel || want_initrd)) || die "--kernel-only and --initrd-only exclude each other"
+((only <= 1)) || die "--kernel-only, --initrd-only and --driver-guest-only exclude each other"
 ((print_only)) && force=0
 [[ $CACHE == /* ]] || CACHE=$PWD/$CACHE
 [[ $CACHE != *[[:space:]]* ]] || die "VMM_GUEST_CACHE must not contain whitespace (kbuild cannot handle it): $CACHE"
@@ -299,14 +304,62 @@ build_initrd() {
 }
 #@@ end initrd
 
+#@@ begin driver-guest
+# The bare-metal guest program (guest/baremetal) and the driver crate it runs
+# (guest/driver), built with cargo for x86_64-unknown-none. Its cargo target
+# directory lives in the cache so that rebuilds are incremental.
+DG_TARGET=x86_64-unknown-none
+
+driver_guest_key() {
+	{
+		echo "vmm driver-guest v1"
+		section driver-guest
+		rustc --version
+		cargo --version
+		(cd "$RES/.." && find guest/baremetal guest/driver -path '*/target' -prune -o -type f \
+			\( -name '*.rs' -o -name '*.toml' -o -name '*.ld' -o -name Cargo.lock \) -print |
+			sort | xargs sha256sum --)
+	} | short_hash
+}
+
+ensure_rust_target() {
+	if ! rustup target list --installed 2>/dev/null | grep -qx "$DG_TARGET"; then
+		log "driver-guest: installing the Rust target $DG_TARGET (rustup target add)"
+		rustup target add "$DG_TARGET" >&2 || die "cannot add the Rust target $DG_TARGET"
+	fi
+}
+
+build_driver_guest() {
+	local out=$1 stage=$1.tmp elf
+	rm -rf -- "$stage"
+	mkdir -p -- "$stage"
+	ensure_rust_target
+	log "driver-guest: cargo build --release --target $DG_TARGET (guest/baremetal)"
+	# From inside the crate, so that its .cargo/config.toml (non-relocatable image) applies.
+	(cd "$RES/../guest/baremetal" &&
+		CARGO_TARGET_DIR="$CACHE/driver-guest/target" cargo build --release --target "$DG_TARGET" >&2) ||
+		die "driver-guest: cargo build failed"
+	elf=$CACHE/driver-guest/target/$DG_TARGET/release/driver-guest
+	# The VMM loads ELF segments at their physical addresses: the image must be ET_EXEC.
+	[[ $(od -An -tx1 -j16 -N2 "$elf" | tr -d ' ') == 0200 ]] ||
+		die "driver-guest: $elf is not a non-relocatable (ET_EXEC) ELF"
+	cp -- "$elf" "$stage/driver-guest"
+	rm -rf -- "$out"
+	mv -- "$stage" "$out"
+	log "driver-guest: $(stat -c %s "$out/driver-guest") bytes"
+}
+#@@ end driver-guest
+
 # ---------------------------------------------------------------- main
 pkgs=()
 ((want_kernel)) && pkgs+=("${KERNEL_PKGS[@]}")
 ((want_initrd)) && pkgs+=("${INITRD_PKGS[@]}")
-require_pkgs "${pkgs[@]}"
-[[ -r $KSRC_TAR ]] || die "$KSRC_TAR not found (package $KSRC_PKG)"
+if ((want_kernel || want_initrd)); then
+	require_pkgs "${pkgs[@]}"
+	[[ -r $KSRC_TAR ]] || die "$KSRC_TAR not found (package $KSRC_PKG)"
+fi
 
-kdir= idir=
+kdir= idir= gdir=
 if ((want_kernel)); then
 	key=$(kernel_key)
 	[[ $key =~ ^[0-9a-f]{16}$ ]] || die "internal: bad kernel key '$key'"
@@ -317,19 +370,26 @@ if ((want_initrd)); then
 	[[ $key =~ ^[0-9a-f]{16}$ ]] || die "internal: bad initramfs key '$key'"
 	idir=$CACHE/initrd/$key
 fi
+if ((want_dguest)); then
+	key=$(driver_guest_key)
+	[[ $key =~ ^[0-9a-f]{16}$ ]] || die "internal: bad driver-guest key '$key'"
+	gdir=$CACHE/driver-guest/$key
+fi
 
 # An output directory appears atomically (rename) once complete.
-need_kernel=0 need_initrd=0
+need_kernel=0 need_initrd=0 need_dguest=0
 if ((want_kernel)) && { ((force)) || [[ ! -f $kdir/vmlinux ]]; }; then need_kernel=1; fi
 if ((want_initrd)) && { ((force)) || [[ ! -f $idir/initramfs.cpio ]]; }; then need_initrd=1; fi
+if ((want_dguest)) && { ((force)) || [[ ! -f $gdir/driver-guest ]]; }; then need_dguest=1; fi
 
 if ((print_only)); then
-	if ((need_kernel || need_initrd)); then
+	if ((need_kernel || need_initrd || need_dguest)); then
 		((need_kernel)) && log "kernel not cached (would be $kdir)"
 		((need_initrd)) && log "initramfs not cached (would be $idir)"
+		((need_dguest)) && log "driver guest not cached (would be $gdir)"
 		exit 1
 	fi
-elif ((need_kernel || need_initrd)); then
+elif ((need_kernel || need_initrd || need_dguest)); then
 	mkdir -p -- "$CACHE"
 	exec 9>"$CACHE/.lock"
 	if ! flock -n 9; then
@@ -342,6 +402,9 @@ elif ((need_kernel || need_initrd)); then
 	fi
 	if ((need_initrd)) && { ((force)) || [[ ! -f $idir/initramfs.cpio ]]; }; then
 		build_initrd "$idir"
+	fi
+	if ((need_dguest)) && { ((force)) || [[ ! -f $gdir/driver-guest ]]; }; then
+		build_driver_guest "$gdir"
 	fi
 	exec 9>&-
 	if ((${#TRASH[@]})); then
@@ -356,4 +419,5 @@ if ((want_kernel)); then
 fi
 ((want_initrd)) && echo "initrd=$idir/initramfs.cpio"
 ((want_kernel)) && echo "config=$kdir/config"
+((want_dguest)) && echo "driver_guest=$gdir/driver-guest"
 exit 0

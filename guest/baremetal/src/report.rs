@@ -1,0 +1,267 @@
+//! The result line: one JSON object on the console, `{"driver":{…}}`, with the driver's
+//! counters, the interrupts the guest took and what the workload did.
+
+use core::fmt::{self, Write};
+
+use vnet_driver::{Config, Counters, TxCompletion};
+
+use crate::cmdline::{Ring, Wait, Workload};
+
+/// How the run ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Outcome<'a> {
+    /// The workload completed.
+    Done,
+    /// `timeout_ms` passed first.
+    Timeout,
+    /// Something failed before or during the workload.
+    Error(&'a str),
+}
+
+/// Everything the result line reports.
+#[derive(Clone, Copy, Debug)]
+pub struct Report<'a> {
+    /// How it ended.
+    pub outcome: Outcome<'a>,
+    /// Where the driver loop ran.
+    pub ring: Ring,
+    /// How it waited.
+    pub wait: Wait,
+    /// The workload asked for.
+    pub workload: Workload,
+    /// Frames the workload completed (sent, or echoed).
+    pub done: u64,
+    /// Ethernet frame length of sent frames.
+    pub frame_size: usize,
+    /// The driver's configuration.
+    pub config: Config,
+    /// Negotiated feature bits.
+    pub features: u64,
+    /// (rx, tx) queue sizes in use.
+    pub queue_sizes: (u16, u16),
+    /// The driver's counters.
+    pub counters: Counters,
+    /// Device interrupts taken (entries into the device's interrupt vector).
+    pub irqs_taken: u64,
+    /// Timer ticks taken.
+    pub ticks: u64,
+    /// Times the loop waited for an interrupt.
+    pub waits: u64,
+    /// Received frames that were not test frames (dropped).
+    pub foreign_frames: u64,
+    /// Workload duration in TSC cycles.
+    pub cycles: u64,
+    /// TSC frequency, if known.
+    pub tsc_khz: Option<u64>,
+}
+
+/// `s` as a JSON string.
+struct JsonStr<'a>(&'a str);
+
+impl fmt::Display for JsonStr<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_char('"')?;
+        for c in self.0.chars() {
+            match c {
+                '"' => f.write_str("\\\"")?,
+                '\\' => f.write_str("\\\\")?,
+                c if (c as u32) < 0x20 => write!(f, "\\u{:04x}", c as u32)?,
+                c => f.write_char(c)?,
+            }
+        }
+        f.write_char('"')
+    }
+}
+
+fn completion_name(c: TxCompletion) -> &'static str {
+    match c {
+        TxCompletion::TxInterrupt => "tx-interrupt",
+        TxCompletion::CleanFromRx => "clean-from-rx",
+        TxCompletion::Lazy => "lazy",
+    }
+}
+
+/// Writes the result line of a run that failed before it could count anything.
+pub fn write_error<W: Write>(w: &mut W, error: &str) -> fmt::Result {
+    write!(
+        w,
+        "{{\"driver\":{{\"status\":\"error\",\"error\":{}}}}}",
+        JsonStr(error)
+    )
+}
+
+impl Report<'_> {
+    /// Nanoseconds of the workload, if the TSC frequency is known.
+    pub fn elapsed_ns(&self) -> Option<u64> {
+        let khz = self.tsc_khz.filter(|&k| k > 0)?;
+        u64::try_from(u128::from(self.cycles) * 1_000_000 / u128::from(khz)).ok()
+    }
+
+    /// Workload frames per second, if the duration is known and not zero.
+    pub fn pps(&self) -> Option<u64> {
+        let ns = self.elapsed_ns().filter(|&ns| ns > 0)?;
+        u64::try_from(u128::from(self.done) * 1_000_000_000 / u128::from(ns)).ok()
+    }
+
+    /// Writes the result line (without the newline).
+    pub fn write_json<W: Write>(&self, w: &mut W) -> fmt::Result {
+        let (status, error) = match self.outcome {
+            Outcome::Done => ("done", None),
+            Outcome::Timeout => ("timeout", None),
+            Outcome::Error(e) => ("error", Some(e)),
+        };
+        let (workload, requested) = match self.workload {
+            Workload::Tx(n) => ("tx", n),
+            Workload::Echo(n) => ("echo", n),
+            Workload::Idle => ("idle", 0),
+        };
+        write!(w, "{{\"driver\":{{\"status\":\"{status}\"")?;
+        if let Some(e) = error {
+            write!(w, ",\"error\":{}", JsonStr(e))?;
+        }
+        let ring = match self.ring {
+            Ring::Kernel => 0,
+            Ring::User => 3,
+        };
+        let wait = match self.wait {
+            Wait::Halt => "halt",
+            Wait::Poll => "poll",
+        };
+        write!(
+            w,
+            ",\"ring\":{ring},\"wait\":\"{wait}\",\"workload\":\"{workload}\",\"requested\":{requested},\
+             \"done\":{},\"size\":{}",
+            self.done, self.frame_size
+        )?;
+        let c = &self.config;
+        write!(
+            w,
+            ",\"kick_threshold\":{},\"tx_completion\":\"{}\",\"xdp_bulk\":{},\"event_idx\":{},\
+             \"mrg_rxbuf\":{},\"features\":{},\"rx_queue_size\":{},\"tx_queue_size\":{}",
+            c.kick_threshold,
+            completion_name(c.tx_completion),
+            c.xdp_bulk,
+            u8::from(self.features & vnet_driver::features::RING_F_EVENT_IDX != 0),
+            u8::from(self.features & vnet_driver::features::NET_F_MRG_RXBUF != 0),
+            self.features,
+            self.queue_sizes.0,
+            self.queue_sizes.1,
+        )?;
+        let k = &self.counters;
+        for (name, value) in [
+            ("tx_frames", k.tx_frames),
+            ("tx_bytes", k.tx_bytes),
+            ("rx_frames", k.rx_frames),
+            ("rx_bytes", k.rx_bytes),
+            ("kicks", k.kicks),
+            ("kicks_suppressed", k.kicks_suppressed),
+            ("kicks_suppressed_no_notify", k.kicks_suppressed_no_notify),
+            ("tx_publishes", k.tx_publishes),
+            ("rx_kicks", k.rx_kicks),
+            ("rx_kicks_suppressed", k.rx_kicks_suppressed),
+            ("interrupts", k.interrupts),
+            ("tx_reclaimed", k.tx_reclaimed),
+            ("tx_reclaim_polls", k.tx_reclaim_polls),
+            ("ring_full", k.ring_full),
+            ("xdp_tx", k.xdp_tx),
+            ("xdp_tx_errors", k.xdp_tx_errors),
+            ("xdp_flushes", k.xdp_flushes),
+            ("xdp_drop", k.xdp_drop),
+            ("xdp_pass", k.xdp_pass),
+            ("device_errors", k.device_errors),
+            ("irqs_taken", self.irqs_taken),
+            ("ticks", self.ticks),
+            ("waits", self.waits),
+            ("foreign_frames", self.foreign_frames),
+            ("cycles", self.cycles),
+        ] {
+            write!(w, ",\"{name}\":{value}")?;
+        }
+        if let Some(khz) = self.tsc_khz {
+            write!(w, ",\"tsc_khz\":{khz}")?;
+        }
+        if let Some(ns) = self.elapsed_ns() {
+            write!(w, ",\"elapsed_ns\":{ns}")?;
+        }
+        if let Some(pps) = self.pps() {
+            write!(w, ",\"pps\":{pps}")?;
+        }
+        w.write_str("}}")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use alloc::string::String;
+
+    fn report() -> Report<'static> {
+        Report {
+            outcome: Outcome::Done,
+            ring: Ring::User,
+            wait: Wait::Halt,
+            workload: Workload::Tx(100),
+            done: 100,
+            frame_size: 64,
+            config: Config::default(),
+            features: vnet_driver::features::RING_F_EVENT_IDX,
+            queue_sizes: (256, 256),
+            counters: Counters {
+                tx_frames: 100,
+                kicks: 13,
+                interrupts: 4,
+                ..Counters::default()
+            },
+            irqs_taken: 5,
+            ticks: 1,
+            waits: 2,
+            foreign_frames: 0,
+            cycles: 2_000_000,
+            tsc_khz: Some(1_000_000),
+        }
+    }
+
+    #[test]
+    fn result_line() {
+        let mut s = String::new();
+        report().write_json(&mut s).unwrap();
+        assert!(
+            s.starts_with("{\"driver\":{\"status\":\"done\",\"ring\":3,"),
+            "{s}"
+        );
+        for field in [
+            "\"tx_frames\":100,",
+            "\"kicks\":13,",
+            "\"kicks_suppressed\":0,",
+            "\"interrupts\":4,",
+            "\"irqs_taken\":5,",
+            "\"rx_frames\":0,",
+            "\"event_idx\":1,",
+            "\"tx_completion\":\"tx-interrupt\"",
+            "\"elapsed_ns\":2000000,",
+            "\"pps\":50000}}",
+        ] {
+            assert!(s.contains(field), "{field} missing in {s}");
+        }
+    }
+
+    #[test]
+    fn errors_are_escaped() {
+        let mut r = report();
+        r.outcome = Outcome::Error("bad \"x\"\n");
+        r.tsc_khz = None;
+        let mut s = String::new();
+        r.write_json(&mut s).unwrap();
+        assert!(
+            s.contains("\"status\":\"error\",\"error\":\"bad \\\"x\\\"\\u000a\""),
+            "{s}"
+        );
+        assert!(!s.contains("pps") && s.ends_with("}}"), "{s}");
+        let mut s = String::new();
+        write_error(&mut s, "no \"device\"").unwrap();
+        assert_eq!(
+            s,
+            "{\"driver\":{\"status\":\"error\",\"error\":\"no \\\"device\\\"\"}}"
+        );
+    }
+}

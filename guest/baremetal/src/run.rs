@@ -1,0 +1,404 @@
+//! The driver loop: bring the device up, run the workload, print the result line, power off.
+//!
+//! Runs in whichever ring `ring=` chose; everything privileged goes through [`crate::sys`].
+//! Interrupts are taken the way a guest kernel takes them: the device's vector only counts
+//! (in [`DEVICE_IRQS`]) and EOIs; the loop sees the count move and runs the driver's interrupt
+//! service routine ([`VirtioNet::handle_interrupt`]: InterruptStatus read and acknowledge),
+//! then the NAPI-style polls. The loop waits (`hlt`) only where an interrupt is due; where the
+//! mode has none (tx completion without tx interrupts) it polls.
+
+use alloc::string::String;
+use alloc::vec;
+use core::fmt::Write;
+use core::ptr::NonNull;
+use core::sync::atomic::Ordering;
+
+use vnet_baremetal::cmdline::{Options, Ring, Wait, Workload};
+use vnet_baremetal::frames::{self, Ramp};
+use vnet_baremetal::report::{self, Outcome, Report};
+use vnet_driver::transport::WINDOW_SIZE;
+use vnet_driver::{
+    xdp, MmioTransport, QueueId, Rearm, TxCompletion, TxError, VirtioNet, XdpAction,
+};
+
+use crate::arch::{cpu, DEVICE_IRQS, TICKS};
+use crate::memory::DmaHal;
+use crate::sys;
+
+type Net = VirtioNet<DmaHal, MmioTransport>;
+
+/// Frames per rx poll (NAPI budget).
+const RX_BUDGET: usize = 64;
+/// Source MAC when the device offers none.
+const FALLBACK_MAC: [u8; 6] = [0x02, 0, 0, 0, 0, 0x02];
+/// TSC frequency assumed for the timeout when neither the command line nor CPUID gives one.
+const FALLBACK_TSC_KHZ: u64 = 1_000_000;
+
+/// Prints a result line with just `error` and powers off.
+pub fn fail_early(error: &str) -> ! {
+    let mut line = String::new();
+    let _ = report::write_error(&mut line, error);
+    line.push('\n');
+    sys::write(line.as_bytes());
+    sys::power_off()
+}
+
+/// The TSC frequency from CPUID leaf 0x15 (the VMM fills it in), kHz.
+fn cpuid_tsc_khz() -> Option<u64> {
+    let (max, ..) = cpu::cpuid(0);
+    if max < 0x15 {
+        return None;
+    }
+    let (den, num, crystal_hz, _) = cpu::cpuid(0x15);
+    if den == 0 || num == 0 || crystal_hz == 0 {
+        return None;
+    }
+    Some(u64::from(crystal_hz) * u64::from(num) / u64::from(den) / 1000)
+}
+
+/// Runs the whole program after the machine set-up; never returns.
+pub fn main(o: &Options) -> ! {
+    let Some(dev) = o.device else {
+        fail_early("no virtio_mmio.device= on the command line (start the VMM with --net)");
+    };
+    if dev.size < WINDOW_SIZE as u64 || dev.base < cpu::MMIO_START {
+        fail_early("the virtio_mmio.device= window is too small or not in the MMIO hole");
+    }
+    let Some(base) = NonNull::new(dev.base as *mut u8) else {
+        fail_early("virtio_mmio.device= at address 0");
+    };
+    let tsc_khz = o.tsc_khz.or_else(cpuid_tsc_khz);
+    // SAFETY: the VMM placed a virtio-mmio window of `dev.size` (≥ WINDOW_SIZE) bytes at
+    // `dev.base`, page aligned (checked by the parser), which the page tables map uncached and
+    // user-accessible; nothing else in this program touches it.
+    let transport = unsafe { MmioTransport::new(base) };
+    let net = match VirtioNet::new(DmaHal, transport, o.driver) {
+        Ok(net) => net,
+        Err(e) => fail_early(&alloc::format!("driver initialisation failed: {e}")),
+    };
+    let mut line = String::new();
+    let mac = net.mac().unwrap_or(FALLBACK_MAC);
+    let _ = writeln!(
+        line,
+        "driver-guest: ready ring={} mac={:02x}:{:02x}:{:02x}:{:02x}:{:02x}:{:02x} features={:#x} \
+         queues={}/{} heap_left={}",
+        match o.ring {
+            Ring::Kernel => 0,
+            Ring::User => 3,
+        },
+        mac[0],
+        mac[1],
+        mac[2],
+        mac[3],
+        mac[4],
+        mac[5],
+        net.features(),
+        net.queue_sizes().0,
+        net.queue_sizes().1,
+        crate::memory::remaining(),
+    );
+    sys::write(line.as_bytes());
+
+    let timeout = o
+        .timeout_ms
+        .saturating_mul(tsc_khz.unwrap_or(FALLBACK_TSC_KHZ));
+    let mut d = Driver {
+        net,
+        o,
+        irqs_seen: 0,
+        halts: 0,
+        foreign: 0,
+        rx_scheduled: false,
+        deadline: cpu::rdtsc().saturating_add(timeout),
+        timed_out: false,
+    };
+    let run = match o.workload {
+        Workload::Tx(n) => d.tx(n),
+        Workload::Echo(n) => d.echo(n),
+        Workload::Idle => Ok(Run::default()),
+    };
+    let (outcome, run) = match run {
+        Ok(run) if d.timed_out => (Outcome::Timeout, run),
+        Ok(run) => (Outcome::Done, run),
+        Err((e, run)) => (Outcome::Error(e), run),
+    };
+    let report = Report {
+        outcome,
+        ring: o.ring,
+        wait: o.wait,
+        workload: o.workload,
+        done: run.done,
+        frame_size: o.frame_size,
+        config: *d.net.config(),
+        features: d.net.features(),
+        queue_sizes: d.net.queue_sizes(),
+        counters: d.net.counters(),
+        irqs_taken: DEVICE_IRQS.load(Ordering::Relaxed),
+        ticks: TICKS.load(Ordering::Relaxed),
+        waits: d.halts,
+        foreign_frames: d.foreign,
+        cycles: run.cycles,
+        tsc_khz,
+    };
+    let mut line = String::with_capacity(2048);
+    let _ = report.write_json(&mut line);
+    line.push('\n');
+    sys::write(line.as_bytes());
+    // The device is left running (not reset): the VMM prints its metrics as they are.
+    sys::power_off()
+}
+
+/// What a workload did.
+#[derive(Clone, Copy, Debug, Default)]
+struct Run {
+    /// Frames sent or echoed.
+    done: u64,
+    /// TSC cycles from the first frame to the last completion.
+    cycles: u64,
+}
+
+/// Which part of a workload is reclaiming.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Phase {
+    /// Frames are still being queued.
+    Sending,
+    /// Everything is queued: collect the last completions.
+    Draining,
+}
+
+struct Driver<'o> {
+    net: Net,
+    o: &'o Options,
+    /// [`DEVICE_IRQS`] when the loop last ran the interrupt service routine.
+    irqs_seen: u64,
+    /// Waits for an interrupt (`hlt`).
+    halts: u64,
+    /// Received frames that were not test frames.
+    foreign: u64,
+    /// The rx poll is scheduled (rx interrupts off).
+    rx_scheduled: bool,
+    /// TSC value at which the workload gives up.
+    deadline: u64,
+    timed_out: bool,
+}
+
+impl Driver<'_> {
+    fn mode(&self) -> TxCompletion {
+        self.net.config().tx_completion
+    }
+
+    /// Runs the interrupt service routine if the device interrupted since the last call.
+    fn take_interrupt(&mut self) -> bool {
+        let n = DEVICE_IRQS.load(Ordering::Relaxed);
+        if n == self.irqs_seen {
+            return false;
+        }
+        self.irqs_seen = n;
+        self.net.handle_interrupt();
+        true
+    }
+
+    fn expired(&mut self) -> bool {
+        if !self.timed_out && cpu::rdtsc() >= self.deadline {
+            self.timed_out = true;
+        }
+        self.timed_out
+    }
+
+    /// Nothing to do right now: wait for an interrupt when one is due (and `wait=halt`),
+    /// otherwise spin once.
+    fn idle(&mut self, interrupt_due: bool) {
+        if interrupt_due && self.o.wait == Wait::Halt {
+            self.halts += 1;
+            sys::wait(self.irqs_seen);
+        } else {
+            core::hint::spin_loop();
+        }
+    }
+
+    /// Schedules the rx poll (NAPI): rx interrupts off until a poll finds the ring drained.
+    fn schedule_rx(&mut self) {
+        if !self.rx_scheduled {
+            self.net.disable_interrupts(QueueId::Rx);
+            self.rx_scheduled = true;
+        }
+    }
+
+    /// One rx poll of at most [`RX_BUDGET`] frames, if scheduled. A short poll re-arms rx
+    /// interrupts and re-checks (the `virtqueue_enable_cb` race); a full one stays scheduled,
+    /// so the caller services tx between polls as a NAPI loop does.
+    fn poll_rx<F: FnMut(&mut [u8]) -> XdpAction>(&mut self, program: &mut F) {
+        if !self.rx_scheduled {
+            return;
+        }
+        if self.net.poll_rx_mut(RX_BUDGET, program) == RX_BUDGET {
+            return;
+        }
+        if self.net.enable_interrupts(QueueId::Rx) == Rearm::Armed {
+            self.rx_scheduled = false;
+        } else {
+            self.net.disable_interrupts(QueueId::Rx);
+        }
+    }
+
+    /// Drops whatever arrives (the tx workload's receive side).
+    fn drop_rx(&mut self) {
+        let mut foreign = 0;
+        let mut program = |_: &mut [u8]| {
+            foreign += 1;
+            XdpAction::Drop
+        };
+        if self.rx_scheduled || self.mode() != TxCompletion::CleanFromRx {
+            self.poll_rx(&mut program);
+        } else {
+            // Tx is cleaned from the rx poll, which runs whether or not frames arrived.
+            self.net.poll_rx_mut(RX_BUDGET, &mut program);
+        }
+        self.foreign += foreign;
+    }
+
+    /// The tx poll after a tx interrupt (napi_tx): reclaim, re-arm, reclaim what raced in.
+    fn tx_poll(&mut self) {
+        self.net.reclaim_tx();
+        while self.net.enable_interrupts(QueueId::Tx) == Rearm::UsedPending {
+            self.net.reclaim_tx();
+        }
+    }
+
+    /// Takes a pending interrupt and reclaims tx buffers the way the completion mode does.
+    /// Returns true if tx descriptors were freed.
+    fn service_tx(&mut self, phase: Phase) -> bool {
+        let free = self.net.tx_free_descriptors();
+        let irq = self.take_interrupt();
+        if irq {
+            self.schedule_rx();
+        }
+        // In clean-from-rx mode the rx poll reclaims tx first (virtnet_poll_cleantx).
+        self.drop_rx();
+        match self.mode() {
+            TxCompletion::TxInterrupt => {
+                if irq {
+                    self.tx_poll();
+                }
+            }
+            TxCompletion::CleanFromRx => {}
+            TxCompletion::Lazy => {
+                // While sending, the transmit path reclaims by itself when the ring runs low.
+                if phase == Phase::Draining {
+                    self.net.reclaim_tx();
+                }
+            }
+        }
+        self.net.tx_free_descriptors() > free
+    }
+
+    /// Waits until the device has returned every tx buffer.
+    fn drain_tx(&mut self) {
+        let tx_size = usize::from(self.net.queue_sizes().1);
+        let interrupt_due = self.mode() == TxCompletion::TxInterrupt;
+        while self.net.tx_free_descriptors() < tx_size {
+            if !self.service_tx(Phase::Draining) {
+                if self.expired() {
+                    return;
+                }
+                self.idle(interrupt_due);
+            }
+        }
+    }
+
+    /// `tx=N`: sends `n` test frames in batches of `batch`.
+    fn tx(&mut self, n: u64) -> Result<Run, (&'static str, Run)> {
+        let size = self.o.frame_size;
+        let max = self.net.config().tx_buf_size as usize - vnet_driver::VNET_HDR_LEN;
+        if size > max {
+            return Err(("size= exceeds the driver's tx buffer", Run::default()));
+        }
+        let ramp = Ramp::new(size);
+        let mut frame = vec![0u8; size];
+        let src = self.net.mac().unwrap_or(FALLBACK_MAC);
+        let interrupt_due = self.mode() == TxCompletion::TxInterrupt;
+        let start = cpu::rdtsc();
+        let mut sent = 0u64;
+        while sent < n {
+            let mut queued = 0;
+            let mut full = false;
+            while queued < self.o.batch && sent < n {
+                if !ramp.fill(&mut frame, self.o.dst, src, sent as u32) {
+                    return Err(("cannot build a frame of size=", Run::default()));
+                }
+                match self.net.queue_tx(&frame) {
+                    Ok(()) => {
+                        sent += 1;
+                        queued += 1;
+                    }
+                    Err(TxError::RingFull) => {
+                        full = true;
+                        break;
+                    }
+                    Err(_) => return Err(("the driver refused a frame", Run::default())),
+                }
+            }
+            self.net.flush_tx();
+            let reclaimed = self.service_tx(Phase::Sending);
+            if full && !reclaimed {
+                if self.expired() {
+                    break;
+                }
+                self.idle(interrupt_due);
+            }
+        }
+        self.drain_tx();
+        Ok(Run {
+            done: sent,
+            cycles: cpu::rdtsc().saturating_sub(start),
+        })
+    }
+
+    /// `echo=N`: bounces the next `n` received test frames back (XDP_TX, MACs swapped);
+    /// other frames are dropped.
+    fn echo(&mut self, n: u64) -> Result<Run, (&'static str, Run)> {
+        let mut echoed = 0u64;
+        let mut foreign = 0u64;
+        let mut start = None;
+        while echoed < n {
+            let irq = self.take_interrupt();
+            let before = echoed;
+            // wait=poll: the loop polls the used ring itself; wait=halt: the interrupt says.
+            if irq || (self.o.wait == Wait::Poll && self.net.rx_has_used()) {
+                self.schedule_rx();
+            }
+            if self.rx_scheduled {
+                self.poll_rx(&mut |frame: &mut [u8]| {
+                    if echoed < n && frames::is_test_frame(frame) {
+                        if start.is_none() {
+                            start = Some(cpu::rdtsc());
+                        }
+                        echoed += 1;
+                        xdp::swap_macs(frame);
+                        XdpAction::Tx
+                    } else {
+                        foreign += 1;
+                        XdpAction::Drop
+                    }
+                });
+            }
+            if irq && self.mode() == TxCompletion::TxInterrupt {
+                self.tx_poll();
+            }
+            if echoed == before && !irq && !self.rx_scheduled {
+                if self.expired() {
+                    break;
+                }
+                // Rx interrupts are armed: the next frame interrupts.
+                self.idle(true);
+            }
+        }
+        self.foreign += foreign;
+        self.drain_tx();
+        let end = cpu::rdtsc();
+        Ok(Run {
+            done: echoed,
+            cycles: start.map_or(0, |s| end.saturating_sub(s)),
+        })
+    }
+}

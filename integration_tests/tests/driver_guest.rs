@@ -1,0 +1,542 @@
+//! The guest driver crate (`guest/driver`) inside a real KVM guest: the bare-metal program
+//! `driver-guest` (`guest/baremetal`) drives the VMM's virtio-net device through real
+//! ioeventfd kicks and irqfd interrupts. A host-side AF_PACKET socket on the tap checks every
+//! frame the guest sends (tx workload) or bounces back (echo workload), and the guest's counters
+//! are checked against the device metrics the VMM prints at exit. The tap, the socket and the
+//! VMM live in a network namespace the test creates.
+//!
+//! Frame format (see guest/baremetal/src/frames.rs): dst, src, EtherType 0x88b5, sequence
+//! number (u32 LE), frame length (u16 LE), then byte i = (seq + i) as u8.
+
+use std::io;
+use std::mem::{size_of, zeroed};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::time::{Duration, Instant};
+
+use integration_tests::netns::NetNs;
+use integration_tests::{artifacts, final_metrics, guest_lock, vmm_binary, RunOutput, VmmProcess};
+use serde_json::Value;
+
+const TAP: &str = "vmmtap0";
+const ETHERTYPE: u16 = 0x88b5;
+const HEADER_LEN: usize = 20;
+/// The destination MAC of the frames the host sends (the guest swaps it into the source).
+const GUEST_DST: [u8; 6] = [0x02, 0, 0, 0, 0, 0x0b];
+/// Frames in flight when the host sends for the echo workload.
+const WINDOW: u64 = 32;
+
+fn frame(dst: [u8; 6], src: [u8; 6], seq: u32, len: usize) -> Vec<u8> {
+    let mut f = Vec::with_capacity(len);
+    f.extend_from_slice(&dst);
+    f.extend_from_slice(&src);
+    f.extend_from_slice(&ETHERTYPE.to_be_bytes());
+    f.extend_from_slice(&seq.to_le_bytes());
+    f.extend_from_slice(&(len as u16).to_le_bytes());
+    f.extend((HEADER_LEN..len).map(|i| (seq as usize + i) as u8));
+    f
+}
+
+fn mac_string(mac: [u8; 6]) -> String {
+    mac.iter()
+        .map(|b| format!("{b:02x}"))
+        .collect::<Vec<_>>()
+        .join(":")
+}
+
+fn parse_mac(s: &str) -> Option<[u8; 6]> {
+    let bytes: Vec<u8> = s
+        .trim()
+        .split(':')
+        .map(|p| u8::from_str_radix(p, 16).ok())
+        .collect::<Option<_>>()?;
+    bytes.try_into().ok()
+}
+
+/// An AF_PACKET socket on the tap for the test EtherType (created inside the namespace).
+struct PacketSocket {
+    fd: OwnedFd,
+}
+
+impl PacketSocket {
+    fn open(ifname: &str) -> io::Result<PacketSocket> {
+        let proto = ETHERTYPE.to_be() as i32;
+        // SAFETY: plain socket(2); the result is checked and owned below.
+        let raw = unsafe { libc::socket(libc::AF_PACKET, libc::SOCK_RAW, proto) };
+        if raw < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: `raw` is a fresh socket nobody else owns.
+        let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+        let name = std::ffi::CString::new(ifname).map_err(io::Error::other)?;
+        // SAFETY: `name` is a NUL-terminated string that lives for the call.
+        let ifindex = unsafe { libc::if_nametoindex(name.as_ptr()) };
+        if ifindex == 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: sockaddr_ll is plain data; all-zero is a valid starting value.
+        let mut addr: libc::sockaddr_ll = unsafe { zeroed() };
+        addr.sll_family = libc::AF_PACKET as u16;
+        addr.sll_protocol = ETHERTYPE.to_be();
+        addr.sll_ifindex = ifindex as i32;
+        // SAFETY: `addr` is a valid sockaddr_ll of the given size for the call.
+        let rc = unsafe {
+            libc::bind(
+                fd.as_raw_fd(),
+                (&addr as *const libc::sockaddr_ll).cast(),
+                size_of::<libc::sockaddr_ll>() as u32,
+            )
+        };
+        if rc != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // Room for a burst from a guest that transmits at native speed (ring=3); as root.
+        let size: libc::c_int = 64 << 20;
+        // SAFETY: setsockopt reads one c_int from `size`, which lives for the call.
+        unsafe {
+            libc::setsockopt(
+                fd.as_raw_fd(),
+                libc::SOL_SOCKET,
+                libc::SO_RCVBUFFORCE,
+                (&size as *const libc::c_int).cast(),
+                size_of::<libc::c_int>() as u32,
+            )
+        };
+        Ok(PacketSocket { fd })
+    }
+
+    /// The next frame the tap received from the guest (frames the host sent are skipped),
+    /// waiting until `deadline`.
+    fn recv(&self, buf: &mut [u8], deadline: Instant) -> io::Result<Option<usize>> {
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Ok(None);
+            }
+            let mut pfd = libc::pollfd {
+                fd: self.fd.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            };
+            // SAFETY: one valid pollfd for the call.
+            let rc = unsafe { libc::poll(&mut pfd, 1, left.as_millis().min(1000) as i32) };
+            if rc < 0 {
+                return Err(io::Error::last_os_error());
+            }
+            if rc == 0 {
+                continue;
+            }
+            // SAFETY: sockaddr_ll is plain data.
+            let mut from: libc::sockaddr_ll = unsafe { zeroed() };
+            let mut from_len = size_of::<libc::sockaddr_ll>() as u32;
+            // SAFETY: recvfrom writes at most buf.len() bytes into buf and at most from_len
+            // bytes into `from`; both live for the call.
+            let n = unsafe {
+                libc::recvfrom(
+                    self.fd.as_raw_fd(),
+                    buf.as_mut_ptr().cast(),
+                    buf.len(),
+                    libc::MSG_DONTWAIT,
+                    (&mut from as *mut libc::sockaddr_ll).cast(),
+                    &mut from_len,
+                )
+            };
+            if n < 0 {
+                let e = io::Error::last_os_error();
+                if e.kind() == io::ErrorKind::WouldBlock {
+                    continue;
+                }
+                return Err(e);
+            }
+            if from.sll_pkttype == libc::PACKET_OUTGOING {
+                continue;
+            }
+            return Ok(Some(n as usize));
+        }
+    }
+
+    fn send(&self, frame: &[u8]) -> io::Result<()> {
+        loop {
+            // SAFETY: send reads frame.len() bytes from frame, which lives for the call.
+            let n =
+                unsafe { libc::send(self.fd.as_raw_fd(), frame.as_ptr().cast(), frame.len(), 0) };
+            if n == frame.len() as isize {
+                return Ok(());
+            }
+            let e = io::Error::last_os_error();
+            // The tap's queue is full (the guest is slow): retry shortly.
+            if n < 0 && e.raw_os_error() == Some(libc::ENOBUFS) {
+                std::thread::sleep(Duration::from_millis(1));
+                continue;
+            }
+            return Err(if n < 0 {
+                e
+            } else {
+                io::Error::other("short send")
+            });
+        }
+    }
+}
+
+/// A namespace with the tap (up, IPv6 off so the host sends nothing of its own), an AF_PACKET
+/// socket on it, and the tap's MAC.
+fn namespace(tag: &str) -> (NetNs, PacketSocket, [u8; 6]) {
+    let ns = NetNs::new(tag).expect("create network namespace");
+    let sysctl = ns
+        .command("sysctl")
+        .args([
+            "-qw",
+            "net.ipv6.conf.all.disable_ipv6=1",
+            "net.ipv6.conf.default.disable_ipv6=1",
+        ])
+        .status()
+        .expect("run sysctl");
+    assert!(sysctl.success());
+    ns.ip(&["tuntap", "add", TAP, "mode", "tap", "vnet_hdr"])
+        .unwrap();
+    ns.ip(&["link", "set", TAP, "up"]).unwrap();
+    let out = ns
+        .command("cat")
+        .arg(format!("/sys/class/net/{TAP}/address"))
+        .output()
+        .expect("read the tap's MAC");
+    let tap_mac = parse_mac(&String::from_utf8_lossy(&out.stdout)).expect("tap MAC");
+    let sock = ns
+        .run(|| PacketSocket::open(TAP))
+        .expect("run in namespace")
+        .expect("AF_PACKET socket on the tap");
+    (ns, sock, tap_mac)
+}
+
+fn start_guest(ns: &NetNs, cmdline: &str) -> VmmProcess {
+    let guest = artifacts().get("driver_guest").to_owned();
+    let mut cmd = ns.command(&vmm_binary().to_string_lossy());
+    cmd.arg("--kernel").arg(&guest);
+    cmd.args(["--cmdline", cmdline, "--net", &format!("tap={TAP}")]);
+    VmmProcess::spawn(&mut cmd)
+}
+
+/// The guest's MAC from its `driver-guest: ready … mac=…` line.
+fn guest_mac(stdout: &str) -> Option<[u8; 6]> {
+    let line = stdout
+        .lines()
+        .find(|l| l.starts_with("driver-guest: ready"))?;
+    let mac = line
+        .split_whitespace()
+        .find_map(|w| w.strip_prefix("mac="))?;
+    parse_mac(mac)
+}
+
+/// The guest's result line.
+fn driver_result(out: &RunOutput) -> Value {
+    let line = out
+        .stdout
+        .lines()
+        .find(|l| l.starts_with("{\"driver\":"))
+        .unwrap_or_else(|| panic!("no {{\"driver\":…}} line\n{out}"));
+    let v: Value =
+        serde_json::from_str(line).unwrap_or_else(|e| panic!("bad result line: {e}\n{out}"));
+    v["driver"].clone()
+}
+
+fn n(v: &Value, key: &str) -> u64 {
+    v[key]
+        .as_u64()
+        .unwrap_or_else(|| panic!("no number {key:?} in {v}"))
+}
+
+/// The guest's counters against the device's metrics (kicks exactly; interrupts: every one
+/// the guest took was signalled by the device, and an edge-triggered pin merges a signal that
+/// arrives while the previous one is still pending, so the guest may take fewer).
+fn check_counters(d: &Value, m: &Value, out: &RunOutput) -> (u64, u64) {
+    let dev = &m["net"][TAP];
+    let ctx = || format!("driver {d}\ndevice {dev}\n{out}");
+    assert_eq!(d["status"], "done", "{}", ctx());
+    assert_eq!(n(d, "kicks"), n(&dev["tx"], "kicks"), "tx kicks: {}", ctx());
+    assert_eq!(
+        n(d, "rx_kicks"),
+        n(&dev["rx"], "kicks"),
+        "rx kicks: {}",
+        ctx()
+    );
+    assert_eq!(
+        n(d, "kicks") + n(d, "kicks_suppressed") + n(d, "kicks_suppressed_no_notify"),
+        n(d, "tx_publishes"),
+        "one kick decision per publish: {}",
+        ctx()
+    );
+    assert_eq!(
+        n(d, "tx_frames") + n(d, "xdp_tx"),
+        n(&dev["tx"], "frames"),
+        "{}",
+        ctx()
+    );
+    assert_eq!(n(d, "rx_frames"), n(&dev["rx"], "frames"), "{}", ctx());
+    assert_eq!(n(d, "device_errors"), 0, "{}", ctx());
+    assert_eq!(n(&dev["tx"], "malformed_chains"), 0, "{}", ctx());
+    let (taken, signalled) = (n(d, "irqs_taken"), n(dev, "irqfd_signals"));
+    assert!(
+        taken <= signalled,
+        "guest took more interrupts than signalled: {}",
+        ctx()
+    );
+    assert_eq!(taken == 0, signalled == 0, "{}", ctx());
+    assert!(n(d, "interrupts") <= taken, "{}", ctx());
+    if d["event_idx"] == 1 {
+        assert_eq!(n(d, "kicks_suppressed_no_notify"), 0, "{}", ctx());
+    } else {
+        assert_eq!(n(d, "kicks_suppressed"), 0, "{}", ctx());
+        assert_eq!(
+            n(&dev["tx"], "interrupts_suppressed_event_idx"),
+            0,
+            "{}",
+            ctx()
+        );
+    }
+    (taken, signalled)
+}
+
+fn summary(d: &Value, signalled: u64) -> String {
+    let frames = n(d, "done").max(1) as f64;
+    format!(
+        "ring={} {} x{} size={} kt={} {} ev={}: kicks/frame {:.3}, irqs taken/signalled {}/{}, \
+         {} pps (in guest)",
+        d["ring"],
+        d["workload"].as_str().unwrap_or("?"),
+        d["done"],
+        d["size"],
+        d["kick_threshold"],
+        d["tx_completion"].as_str().unwrap_or("?"),
+        d["event_idx"],
+        n(d, "kicks") as f64 / frames,
+        n(d, "irqs_taken"),
+        signalled,
+        d["pps"]
+    )
+}
+
+/// Boots the guest with `tx=count` and `knobs`, reads every frame on the tap and checks it.
+fn run_tx(tag: &str, count: u64, size: usize, knobs: &str) -> Value {
+    let _guest = guest_lock();
+    let (ns, sock, tap_mac) = namespace(tag);
+    let cmdline = format!(
+        "console=ttyS0 tx={count} size={size} dst={} timeout_ms=120000 {knobs}",
+        mac_string(tap_mac)
+    );
+    let reader = std::thread::spawn(move || {
+        let deadline = Instant::now() + Duration::from_secs(180);
+        let mut buf = vec![0u8; 65536];
+        let mut frames = Vec::new();
+        while (frames.len() as u64) < count {
+            match sock.recv(&mut buf, deadline) {
+                Ok(Some(len)) => frames.push(buf[..len].to_vec()),
+                Ok(None) => break,
+                Err(e) => panic!("AF_PACKET recv: {e}"),
+            }
+        }
+        frames
+    });
+    let vmm = start_guest(&ns, &cmdline);
+    let out = vmm.finish(Duration::from_secs(180));
+    let frames = reader.join().expect("reader thread");
+    assert!(out.success(), "{out}");
+    let d = driver_result(&out);
+    let src = guest_mac(&out.stdout).unwrap_or_else(|| panic!("no ready line\n{out}"));
+    assert_eq!(
+        frames.len() as u64,
+        count,
+        "frames the host received: {}\n{out}",
+        frames.len()
+    );
+    for (seq, f) in frames.iter().enumerate() {
+        let want = frame(tap_mac, src, seq as u32, size);
+        assert!(
+            f == &want,
+            "frame #{seq} differs ({} bytes): {:02x?}",
+            f.len(),
+            &f[..f.len().min(32)]
+        );
+    }
+    let m = final_metrics(&out.stderr).unwrap_or_else(|| panic!("no metrics line\n{out}"));
+    let (_, signalled) = check_counters(&d, &m, &out);
+    assert_eq!(n(&d, "tx_frames"), count);
+    eprintln!("{}", summary(&d, signalled));
+    d
+}
+
+/// Boots the guest with `echo=count` and `knobs`, sends `count` frames (at most WINDOW in
+/// flight) and checks every echo.
+fn run_echo(tag: &str, count: u64, size: usize, knobs: &str) -> Value {
+    let _guest = guest_lock();
+    let (ns, sock, tap_mac) = namespace(tag);
+    let cmdline = format!("console=ttyS0 echo={count} size={size} timeout_ms=120000 {knobs}");
+    let mut vmm = start_guest(&ns, &cmdline);
+    assert!(
+        vmm.wait_for_console("driver-guest: ready", Duration::from_secs(60)),
+        "the guest never came up"
+    );
+    let exchange = std::thread::spawn(move || -> Result<u64, String> {
+        let deadline = Instant::now() + Duration::from_secs(180);
+        let mut buf = vec![0u8; 65536];
+        let (mut sent, mut received) = (0u64, 0u64);
+        while received < count {
+            while sent < count && sent - received < WINDOW {
+                sock.send(&frame(GUEST_DST, tap_mac, sent as u32, size))
+                    .map_err(|e| format!("send #{sent}: {e}"))?;
+                sent += 1;
+            }
+            let len = match sock.recv(&mut buf, deadline).map_err(|e| e.to_string())? {
+                Some(len) => len,
+                None => return Err(format!("no echo after {received} of {count} (sent {sent})")),
+            };
+            // The guest swaps the MACs.
+            let want = frame(tap_mac, GUEST_DST, received as u32, size);
+            if buf[..len] != want[..] {
+                return Err(format!(
+                    "echo #{received} differs ({len} bytes): {:02x?}",
+                    &buf[..len.min(32)]
+                ));
+            }
+            received += 1;
+        }
+        Ok(received)
+    });
+    let result = exchange.join().expect("exchange thread");
+    let out = vmm.finish(Duration::from_secs(120));
+    let echoed = result.unwrap_or_else(|e| panic!("{e}\n{out}"));
+    assert_eq!(echoed, count);
+    assert!(out.success(), "{out}");
+    let d = driver_result(&out);
+    let m = final_metrics(&out.stderr).unwrap_or_else(|| panic!("no metrics line\n{out}"));
+    let (_, signalled) = check_counters(&d, &m, &out);
+    assert_eq!((n(&d, "xdp_tx"), n(&d, "rx_frames")), (count, count), "{d}");
+    assert_eq!(n(&d, "xdp_tx_errors"), 0, "{d}");
+    eprintln!("{}", summary(&d, signalled));
+    d
+}
+
+/// (1) Kernel-mode driver loop (emulated on hosts such as this one): a few thousand frames.
+#[test]
+fn guest_transmits_frames_the_host_receives_intact() {
+    let d = run_tx("dgtx", 2000, 128, "");
+    // tx-interrupt mode: completions came through the interrupt handler.
+    assert!(n(&d, "irqs_taken") > 0 && n(&d, "interrupts") > 0, "{d}");
+    assert_eq!(n(&d, "tx_reclaimed"), 2000, "{d}");
+    run_tx("dgtx1514", 300, 1514, "");
+}
+
+/// (2) The host sends, the guest bounces every frame back (XDP_TX), all checked.
+#[test]
+fn guest_echoes_host_frames_intact() {
+    let d = run_echo("dgecho", 1000, 100, "");
+    assert!(n(&d, "irqs_taken") > 0, "rx interrupts: {d}");
+    run_echo("dgecho1514", 200, 1514, "xdp_bulk=1");
+}
+
+/// (3) EVENT_IDX off, and kick thresholds 1 and 8, both workloads: the guest's kicks and
+/// interrupts agree with the device's metrics, and the knobs do what they say.
+#[test]
+fn event_idx_off_and_kick_thresholds_agree_with_device_metrics() {
+    for (tag, knobs) in [
+        ("ev0", "event_idx=0"),
+        ("kt1", "kick_threshold=1"),
+        ("kt8", "kick_threshold=8"),
+        ("ev0kt1", "event_idx=0 kick_threshold=1"),
+    ] {
+        let d = run_tx(&format!("{tag}tx"), 1000, 64, &format!("{knobs} batch=32"));
+        assert!(n(&d, "irqs_taken") > 0, "{d}");
+        let kt = n(&d, "kick_threshold");
+        // Batches of 32 publish every `kt` frames and at the end of each batch.
+        let publishes = n(&d, "tx_publishes");
+        assert!(publishes >= 1000 / kt.min(32), "{d}");
+        if kt == 1 {
+            assert_eq!(publishes, 1000, "{d}");
+        }
+        if d["event_idx"] == 0 {
+            assert_eq!(n(&d, "kicks_suppressed"), 0, "{d}");
+        }
+        run_echo(&format!("{tag}echo"), 500, 64, knobs);
+    }
+}
+
+/// Transmit completion without tx interrupts: the device must not interrupt at all for a
+/// transmit-only workload (no receive traffic).
+#[test]
+fn tx_completion_modes_without_tx_interrupts() {
+    for mode in ["lazy", "clean-from-rx"] {
+        for ev in [0, 1] {
+            let d = run_tx(
+                &format!("{}{ev}", &mode[..4]),
+                1000,
+                64,
+                &format!("tx_completion={mode} event_idx={ev}"),
+            );
+            assert_eq!(n(&d, "irqs_taken"), 0, "{d}");
+            assert_eq!(n(&d, "tx_reclaimed"), 1000, "{d}");
+        }
+        run_echo(
+            &format!("{}e", &mode[..4]),
+            500,
+            64,
+            &format!("tx_completion={mode}"),
+        );
+    }
+}
+
+/// The driver loop in user mode (`ring=3`): native speed even where kernel mode is emulated,
+/// so the frame counts are larger; interrupts still enter through the kernel-mode IDT.
+#[test]
+fn user_mode_driver_loop() {
+    let d = run_tx("r3tx", 50_000, 64, "ring=3");
+    assert!(n(&d, "irqs_taken") > 0, "{d}");
+    run_tx(
+        "r3txlazy",
+        20_000,
+        1514,
+        "ring=3 tx_completion=lazy wait=poll",
+    );
+    let d = run_echo("r3echo", 20_000, 64, "ring=3");
+    assert!(n(&d, "irqs_taken") > 0, "{d}");
+    run_echo(
+        "r3echoev0",
+        5_000,
+        256,
+        "ring=3 event_idx=0 kick_threshold=1 xdp_bulk=4",
+    );
+}
+
+/// A bad knob is reported as an error result line, and the VM still ends cleanly.
+#[test]
+fn bad_knob_is_reported() {
+    let _guest = guest_lock();
+    let (ns, _sock, _) = namespace("dgbad");
+    let vmm = start_guest(&ns, "console=ttyS0 tx=10 tx_completion=sometimes");
+    let out = vmm.finish(Duration::from_secs(60));
+    assert!(out.success(), "{out}");
+    let d = driver_result(&out);
+    assert_eq!(d["status"], "error", "{d}");
+    assert!(
+        d["error"].as_str().unwrap_or("").contains("tx_completion"),
+        "{d}"
+    );
+}
+
+/// The guest program's own unit tests (command line, frames, result line). It is a separate
+/// cargo workspace (it targets x86_64-unknown-none), so `cargo test --workspace` would not run
+/// them otherwise.
+#[test]
+fn baremetal_crate_unit_tests() {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let dir = integration_tests::workspace_root().join("guest/baremetal");
+    let out = std::process::Command::new(cargo)
+        .args(["test", "--quiet", "--lib"])
+        .current_dir(&dir)
+        .env_remove("CARGO_TARGET_DIR")
+        .output()
+        .expect("run cargo test in guest/baremetal");
+    assert!(
+        out.status.success(),
+        "cargo test in {dir:?} failed\n{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
