@@ -1,10 +1,21 @@
-//! The VM's configuration: one set of typed, validated values shared by the CLI (and later the
-//! API and config file).
+//! The VM's configuration: one set of typed, validated values shared by the CLI flags, the
+//! config file (`--config-file`) and the API.
+//!
+//! The JSON shapes are Firecracker's where we overlap: a [`VmConfig`] is Firecracker's config
+//! file (`boot-source`, `machine-config`, `network-interfaces`), and each part is the body of
+//! the matching `PUT` request. Every way in goes through the same `validate` functions; the
+//! API applies them to each request as it arrives, and again to the whole configuration at
+//! `InstanceStart`.
 
+use std::collections::HashSet;
 use std::path::PathBuf;
 
-use devices::virtio::net::NetConfig;
+use devices::virtio::net::{
+    MacAddr, NetConfig, NetConfigError, NetTuning, NetTuningUpdate, TuningError,
+};
 use serde::{Deserialize, Serialize};
+
+use crate::memory::CMDLINE_MAX_SIZE;
 
 /// Smallest guest memory we accept: the kernel is linked at 16 MiB and needs room above it.
 pub const MIN_MEM_MIB: u64 = 32;
@@ -15,23 +26,52 @@ pub const MAX_MEM_MIB: u64 = 64 * 1024;
 pub const DEFAULT_MEM_MIB: u64 = 128;
 /// Most vCPUs the MP table describes.
 pub const MAX_VCPUS: u8 = 32;
+/// Longest interface id (as Firecracker).
+pub const MAX_IFACE_ID_LEN: usize = 64;
 
 /// The default kernel command line when the user gives none.
 pub const DEFAULT_CMDLINE: &str = "console=ttyS0 reboot=k panic=-1";
 
-/// Where the guest kernel comes from.
+/// Where the guest kernel comes from (`PUT /boot-source`).
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
 #[serde(deny_unknown_fields)]
 pub struct BootSource {
     /// An uncompressed ELF `vmlinux` or a `bzImage`.
     pub kernel_image_path: PathBuf,
     /// An initramfs (cpio, optionally compressed; uncompressed boots fastest).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub initrd_path: Option<PathBuf>,
     /// The kernel command line; [`DEFAULT_CMDLINE`] when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub boot_args: Option<String>,
 }
 
-/// vCPUs and memory.
+impl BootSource {
+    /// Checks the values (the files are checked when they are opened).
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if self.kernel_image_path.as_os_str().is_empty() {
+            return Err(ConfigError::EmptyPath("kernel_image_path"));
+        }
+        if self
+            .initrd_path
+            .as_ref()
+            .is_some_and(|p| p.as_os_str().is_empty())
+        {
+            return Err(ConfigError::EmptyPath("initrd_path"));
+        }
+        if let Some(args) = &self.boot_args {
+            if args.contains('\0') {
+                return Err(ConfigError::CmdlineNul);
+            }
+            if args.len() >= CMDLINE_MAX_SIZE {
+                return Err(ConfigError::CmdlineTooLong(args.len()));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// vCPUs and memory (`PUT /machine-config`).
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
 #[serde(deny_unknown_fields)]
 pub struct MachineConfig {
@@ -39,6 +79,12 @@ pub struct MachineConfig {
     pub vcpu_count: u8,
     /// Guest memory in MiB (32..=65536).
     pub mem_size_mib: u64,
+    /// Simultaneous multithreading: accepted for compatibility, only `false`.
+    #[serde(default)]
+    pub smt: bool,
+    /// Dirty-page tracking (for snapshots): accepted for compatibility, only `false`.
+    #[serde(default)]
+    pub track_dirty_pages: bool,
 }
 
 impl Default for MachineConfig {
@@ -46,30 +92,167 @@ impl Default for MachineConfig {
         MachineConfig {
             vcpu_count: 1,
             mem_size_mib: DEFAULT_MEM_MIB,
+            smt: false,
+            track_dirty_pages: false,
         }
     }
 }
 
-/// Most virtio devices: each takes one IOAPIC pin from [`FIRST_VIRTIO_GSI`] to 23.
+impl MachineConfig {
+    /// Checks the ranges.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if !(MIN_MEM_MIB..=MAX_MEM_MIB).contains(&self.mem_size_mib) {
+            return Err(ConfigError::MemSize(self.mem_size_mib));
+        }
+        if !(1..=MAX_VCPUS).contains(&self.vcpu_count) {
+            return Err(ConfigError::VcpuCount(self.vcpu_count));
+        }
+        if self.smt {
+            return Err(ConfigError::Unsupported("smt: true"));
+        }
+        if self.track_dirty_pages {
+            return Err(ConfigError::Unsupported("track_dirty_pages: true"));
+        }
+        Ok(())
+    }
+
+    /// This configuration with the fields `update` sets replaced.
+    pub fn updated(&self, update: &MachineConfigUpdate) -> MachineConfig {
+        MachineConfig {
+            vcpu_count: update.vcpu_count.unwrap_or(self.vcpu_count),
+            mem_size_mib: update.mem_size_mib.unwrap_or(self.mem_size_mib),
+            smt: update.smt.unwrap_or(self.smt),
+            track_dirty_pages: update.track_dirty_pages.unwrap_or(self.track_dirty_pages),
+        }
+    }
+}
+
+/// A partial change of [`MachineConfig`] (`PATCH /machine-config`).
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct MachineConfigUpdate {
+    /// New vCPU count.
+    pub vcpu_count: Option<u8>,
+    /// New memory size.
+    pub mem_size_mib: Option<u64>,
+    /// See [`MachineConfig::smt`].
+    pub smt: Option<bool>,
+    /// See [`MachineConfig::track_dirty_pages`].
+    pub track_dirty_pages: Option<bool>,
+}
+
+impl MachineConfigUpdate {
+    /// True when the update changes nothing.
+    pub fn is_empty(&self) -> bool {
+        *self == MachineConfigUpdate::default()
+    }
+}
+
+/// A virtio-net device on a host tap (`PUT /network-interfaces/{iface_id}`).
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct NetworkInterface {
+    /// The interface's name in the API and in the metrics.
+    pub iface_id: String,
+    /// The host tap (opened, or created when it does not exist).
+    pub host_dev_name: String,
+    /// The guest's MAC address; derived from the tap name when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub guest_mac: Option<MacAddr>,
+    /// Extension: the size of each queue (a power of two, 2..=32768; default 256).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub queue_size: Option<u16>,
+    /// Extension: the device's runtime knobs (also changed by `PATCH`).
+    #[serde(default)]
+    pub tuning: NetTuning,
+}
+
+impl NetworkInterface {
+    /// The interface for a CLI `--net` device: the tap name is also its id.
+    pub fn from_net_config(config: NetConfig) -> NetworkInterface {
+        NetworkInterface {
+            iface_id: config.tap.clone(),
+            host_dev_name: config.tap,
+            guest_mac: Some(config.mac),
+            queue_size: Some(config.queue_size),
+            tuning: NetTuning::default(),
+        }
+    }
+
+    /// The device description (validated).
+    pub fn net_config(&self) -> Result<NetConfig, ConfigError> {
+        NetConfig::new(self.host_dev_name.clone(), self.guest_mac, self.queue_size).map_err(
+            |error| ConfigError::Net {
+                iface_id: self.iface_id.clone(),
+                error,
+            },
+        )
+    }
+
+    /// Checks the id, the device description and the tuning.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        validate_iface_id(&self.iface_id)?;
+        self.net_config()?;
+        self.tuning.validate().map_err(|error| ConfigError::Tuning {
+            iface_id: self.iface_id.clone(),
+            error,
+        })
+    }
+}
+
+/// Checks an interface id: 1..=64 ASCII letters, digits, `_` or `-`.
+pub fn validate_iface_id(id: &str) -> Result<(), ConfigError> {
+    let ok = !id.is_empty()
+        && id.len() <= MAX_IFACE_ID_LEN
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
+    if ok {
+        Ok(())
+    } else {
+        Err(ConfigError::InvalidIfaceId(id.to_owned()))
+    }
+}
+
+/// A change of a network interface (`PATCH /network-interfaces/{iface_id}`): Firecracker's
+/// body shape (`iface_id` and what to change), with our `tuning` instead of rate limiters.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct NetworkInterfaceUpdate {
+    /// Must equal the id in the path.
+    pub iface_id: String,
+    /// The knobs to change; absent ones keep their value.
+    #[serde(default)]
+    pub tuning: Option<NetTuningUpdate>,
+}
+
+/// Virtio devices take IOAPIC pins from [`FIRST_VIRTIO_GSI`] to 23.
 pub const MAX_VIRTIO_DEVICES: usize = 19;
 /// The first GSI given to virtio devices (0–4 are the timer, keyboard, cascade and COM ports).
 pub const FIRST_VIRTIO_GSI: u32 = 5;
 
-/// Everything needed to start a VM.
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+/// Everything needed to start a VM: Firecracker's config-file shape, and what
+/// `GET /vm/config` returns.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
 #[serde(deny_unknown_fields)]
 pub struct VmConfig {
-    /// The kernel, initrd and command line.
-    pub boot_source: BootSource,
+    /// The kernel, initrd and command line (required to boot).
+    #[serde(
+        rename = "boot-source",
+        default,
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub boot_source: Option<BootSource>,
     /// vCPUs and memory.
-    #[serde(default)]
+    #[serde(rename = "machine-config", default)]
     pub machine_config: MachineConfig,
     /// virtio-net devices, in the order the guest sees them (eth0, eth1, …).
-    #[serde(default)]
-    pub net: Vec<NetConfig>,
-    /// Print device metrics every this many seconds (and always once at exit).
-    #[serde(default)]
-    pub metrics_interval_secs: Option<u64>,
+    #[serde(rename = "network-interfaces", default)]
+    pub network_interfaces: Vec<NetworkInterface>,
+    /// Block devices: accepted only empty, so that Firecracker config files with
+    /// `"drives": []` load.
+    #[serde(default, skip_serializing)]
+    pub drives: Vec<serde_json::Value>,
 }
 
 /// A configuration value that cannot be used.
@@ -81,53 +264,134 @@ pub enum ConfigError {
     VcpuCount(u8),
     #[error("kernel command line contains a NUL byte")]
     CmdlineNul,
-    #[error("too many network devices: {0} (at most {MAX_VIRTIO_DEVICES})")]
+    #[error("kernel command line of {0} bytes is too long (at most {max} bytes)", max = CMDLINE_MAX_SIZE - 1)]
+    CmdlineTooLong(usize),
+    #[error("{0} must not be empty")]
+    EmptyPath(&'static str),
+    #[error("no boot source: set the kernel with PUT /boot-source (or `boot-source` in the config file)")]
+    MissingBootSource,
+    #[error("too many network interfaces: {0} (at most {MAX_VIRTIO_DEVICES})")]
     TooManyDevices(usize),
-    #[error("tap {0:?} is used by two network devices")]
+    #[error("invalid iface_id {0:?}: 1 to {MAX_IFACE_ID_LEN} ASCII letters, digits, '_' or '-'")]
+    InvalidIfaceId(String),
+    #[error("tap {0:?} is used by two network interfaces")]
     DuplicateTap(String),
-    #[error("metrics interval must be at least 1 second")]
-    MetricsInterval,
+    #[error("iface_id {0:?} is given twice")]
+    DuplicateIfaceId(String),
+    #[error("MAC address {0} is used by two network interfaces")]
+    DuplicateMac(String),
+    #[error("network interface {iface_id:?}: {error}")]
+    Net {
+        iface_id: String,
+        error: NetConfigError,
+    },
+    #[error("network interface {iface_id:?}: {error}")]
+    Tuning {
+        iface_id: String,
+        error: TuningError,
+    },
+    #[error("{0} is not supported")]
+    Unsupported(&'static str),
+    #[error("block devices (`drives`) are not supported")]
+    Drives,
 }
 
 impl VmConfig {
-    /// Checks every value a user controls. Files are checked when they are opened.
+    /// Checks everything needed to boot.
     pub fn validate(&self) -> Result<(), ConfigError> {
-        let m = &self.machine_config;
-        if !(MIN_MEM_MIB..=MAX_MEM_MIB).contains(&m.mem_size_mib) {
-            return Err(ConfigError::MemSize(m.mem_size_mib));
+        self.boot_source
+            .as_ref()
+            .ok_or(ConfigError::MissingBootSource)?
+            .validate()?;
+        self.validate_devices()
+    }
+
+    /// Checks everything but the presence of a boot source (a configuration being built).
+    pub fn validate_devices(&self) -> Result<(), ConfigError> {
+        self.machine_config.validate()?;
+        if !self.drives.is_empty() {
+            return Err(ConfigError::Drives);
         }
-        if !(1..=MAX_VCPUS).contains(&m.vcpu_count) {
-            return Err(ConfigError::VcpuCount(m.vcpu_count));
+        if self.network_interfaces.len() > MAX_VIRTIO_DEVICES {
+            return Err(ConfigError::TooManyDevices(self.network_interfaces.len()));
         }
-        if self
-            .boot_source
-            .boot_args
-            .as_deref()
-            .is_some_and(|a| a.contains('\0'))
-        {
-            return Err(ConfigError::CmdlineNul);
-        }
-        if self.net.len() > MAX_VIRTIO_DEVICES {
-            return Err(ConfigError::TooManyDevices(self.net.len()));
-        }
-        for (i, n) in self.net.iter().enumerate() {
-            if self.net[..i].iter().any(|m| m.tap == n.tap) {
-                return Err(ConfigError::DuplicateTap(n.tap.clone()));
+        let (mut ids, mut taps, mut macs) = (HashSet::new(), HashSet::new(), HashSet::new());
+        for iface in &self.network_interfaces {
+            iface.validate()?;
+            if !ids.insert(iface.iface_id.as_str()) {
+                return Err(ConfigError::DuplicateIfaceId(iface.iface_id.clone()));
+            }
+            if !taps.insert(iface.host_dev_name.as_str()) {
+                return Err(ConfigError::DuplicateTap(iface.host_dev_name.clone()));
+            }
+            let mac = iface.net_config()?.mac;
+            if !macs.insert(mac) {
+                return Err(ConfigError::DuplicateMac(mac.to_string()));
             }
         }
-        if self.metrics_interval_secs == Some(0) {
-            return Err(ConfigError::MetricsInterval);
-        }
         Ok(())
+    }
+
+    /// Parses and validates a config file's text.
+    pub fn from_json(text: &str) -> Result<VmConfig, ConfigFileError> {
+        let config: VmConfig = serde_json::from_str(text).map_err(ConfigFileError::Json)?;
+        config.validate().map_err(ConfigFileError::Invalid)?;
+        Ok(config)
+    }
+
+    /// Replaces the boot source after checking it.
+    pub fn set_boot_source(&mut self, boot_source: BootSource) -> Result<(), ConfigError> {
+        boot_source.validate()?;
+        self.boot_source = Some(boot_source);
+        Ok(())
+    }
+
+    /// Replaces the machine configuration after checking it.
+    pub fn set_machine_config(&mut self, machine: MachineConfig) -> Result<(), ConfigError> {
+        machine.validate()?;
+        self.machine_config = machine;
+        Ok(())
+    }
+
+    /// Adds `iface`, or replaces the interface with the same id, if the result is valid.
+    pub fn put_network_interface(&mut self, iface: NetworkInterface) -> Result<(), ConfigError> {
+        let mut next = self.clone();
+        match next
+            .network_interfaces
+            .iter_mut()
+            .find(|n| n.iface_id == iface.iface_id)
+        {
+            Some(slot) => *slot = iface,
+            None => next.network_interfaces.push(iface),
+        }
+        next.validate_devices()?;
+        *self = next;
+        Ok(())
+    }
+
+    /// The interface called `iface_id`.
+    pub fn network_interface_mut(&mut self, iface_id: &str) -> Option<&mut NetworkInterface> {
+        self.network_interfaces
+            .iter_mut()
+            .find(|n| n.iface_id == iface_id)
     }
 
     /// The command line the user asked for (before the VMM appends what it must).
     pub fn base_cmdline(&self) -> &str {
         self.boot_source
-            .boot_args
-            .as_deref()
+            .as_ref()
+            .and_then(|b| b.boot_args.as_deref())
             .unwrap_or(DEFAULT_CMDLINE)
     }
+}
+
+/// A config file that cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigFileError {
+    #[error("not a valid configuration")]
+    Json(#[source] serde_json::Error),
+    #[error("invalid configuration")]
+    Invalid(#[source] ConfigError),
 }
 
 #[cfg(test)]
@@ -136,17 +400,27 @@ mod tests {
 
     fn config(mem: u64, vcpus: u8) -> VmConfig {
         VmConfig {
-            boot_source: BootSource {
+            boot_source: Some(BootSource {
                 kernel_image_path: "k".into(),
                 initrd_path: None,
                 boot_args: None,
-            },
+            }),
             machine_config: MachineConfig {
                 vcpu_count: vcpus,
                 mem_size_mib: mem,
+                ..MachineConfig::default()
             },
-            net: Vec::new(),
-            metrics_interval_secs: None,
+            ..VmConfig::default()
+        }
+    }
+
+    fn iface(id: &str, tap: &str) -> NetworkInterface {
+        NetworkInterface {
+            iface_id: id.into(),
+            host_dev_name: tap.into(),
+            guest_mac: None,
+            queue_size: None,
+            tuning: NetTuning::default(),
         }
     }
 
@@ -161,28 +435,82 @@ mod tests {
         assert_eq!(config(128, 0).validate(), Err(ConfigError::VcpuCount(0)));
         assert_eq!(config(128, 33).validate(), Err(ConfigError::VcpuCount(33)));
         let mut c = config(128, 1);
-        c.net = vec![
-            "tap0".parse().unwrap(),
-            "tap=tap0,mac=02:00:00:00:00:09".parse().unwrap(),
-        ];
+        c.network_interfaces = vec![iface("a", "tap0"), iface("b", "tap0")];
         assert_eq!(c.validate(), Err(ConfigError::DuplicateTap("tap0".into())));
-        c.net = (0..20)
-            .map(|i| format!("tap{i}").parse().unwrap())
+        c.network_interfaces = vec![iface("a", "tap0"), iface("a", "tap1")];
+        assert_eq!(c.validate(), Err(ConfigError::DuplicateIfaceId("a".into())));
+        c.network_interfaces = (0..20)
+            .map(|i| iface(&format!("eth{i}"), &format!("tap{i}")))
             .collect();
         assert_eq!(c.validate(), Err(ConfigError::TooManyDevices(20)));
-        c.net.truncate(19);
+        c.network_interfaces.truncate(19);
         assert_eq!(c.validate(), Ok(()));
-        c.metrics_interval_secs = Some(0);
-        assert_eq!(c.validate(), Err(ConfigError::MetricsInterval));
+        c.boot_source = None;
+        assert_eq!(c.validate(), Err(ConfigError::MissingBootSource));
+        assert_eq!(c.validate_devices(), Ok(()));
     }
 
     #[test]
-    fn json_shape_rejects_unknown_fields() {
-        let ok = r#"{"boot_source":{"kernel_image_path":"/k"},"machine_config":{"vcpu_count":1,"mem_size_mib":64}}"#;
-        let c: VmConfig = serde_json::from_str(ok).unwrap();
-        assert_eq!(c.machine_config.mem_size_mib, 64);
-        assert_eq!(c.base_cmdline(), DEFAULT_CMDLINE);
-        let bad = r#"{"boot_source":{"kernel_image_path":"/k","bogus":1}}"#;
-        assert!(serde_json::from_str::<VmConfig>(bad).is_err());
+    fn firecracker_config_file_shape() {
+        let text = r#"{
+            "boot-source": {"kernel_image_path": "/k", "boot_args": "console=ttyS0"},
+            "machine-config": {"vcpu_count": 2, "mem_size_mib": 64, "smt": false},
+            "network-interfaces": [
+                {"iface_id": "eth0", "host_dev_name": "tap0", "guest_mac": "AA:FC:00:00:00:01"}
+            ],
+            "drives": []
+        }"#;
+        let c = VmConfig::from_json(text).expect("valid");
+        assert_eq!(c.machine_config.vcpu_count, 2);
+        assert_eq!(c.base_cmdline(), "console=ttyS0");
+        let n = c.network_interfaces[0].net_config().expect("valid");
+        assert_eq!(n.mac.to_string(), "aa:fc:00:00:00:01");
+        assert!(VmConfig::from_json(r#"{"machine-config":{}}"#).is_err());
+        assert!(matches!(
+            VmConfig::from_json(r#"{"boot-source":{"kernel_image_path":"/k"},"drives":[{}]}"#),
+            Err(ConfigFileError::Invalid(ConfigError::Drives))
+        ));
+        assert!(matches!(
+            VmConfig::from_json(r#"{"boot-source":{"kernel_image_path":"/k"},"logger":{}}"#),
+            Err(ConfigFileError::Json(_))
+        ));
+    }
+
+    #[test]
+    fn parts_reject_unknown_fields_and_bad_values() {
+        assert!(serde_json::from_str::<BootSource>(r#"{"kernel_image_path":"/k","x":1}"#).is_err());
+        assert!(serde_json::from_str::<MachineConfig>(r#"{"vcpu_count":1}"#).is_err());
+        assert!(
+            serde_json::from_str::<MachineConfig>(r#"{"vcpu_count":300,"mem_size_mib":64}"#)
+                .is_err()
+        );
+        let smt: MachineConfig =
+            serde_json::from_str(r#"{"vcpu_count":2,"mem_size_mib":64,"smt":true}"#)
+                .expect("shape");
+        assert_eq!(smt.validate(), Err(ConfigError::Unsupported("smt: true")));
+        let bad_mac =
+            r#"{"iface_id":"eth0","host_dev_name":"tap0","guest_mac":"01:00:00:00:00:01"}"#;
+        assert!(serde_json::from_str::<NetworkInterface>(bad_mac).is_err());
+        for id in ["", "a/b", "eth 0", &"x".repeat(65)] {
+            assert!(validate_iface_id(id).is_err(), "{id:?}");
+        }
+        assert!(validate_iface_id("eth0_a-1").is_ok());
+    }
+
+    #[test]
+    fn put_network_interface_replaces_by_id_and_keeps_the_old_config_on_error() {
+        let mut c = VmConfig::default();
+        c.put_network_interface(iface("eth0", "tap0"))
+            .expect("valid");
+        c.put_network_interface(iface("eth1", "tap1"))
+            .expect("valid");
+        c.put_network_interface(iface("eth0", "tap9"))
+            .expect("replaced");
+        assert_eq!(c.network_interfaces[0].host_dev_name, "tap9");
+        assert_eq!(
+            c.put_network_interface(iface("eth2", "tap1")),
+            Err(ConfigError::DuplicateTap("tap1".into()))
+        );
+        assert_eq!(c.network_interfaces.len(), 2);
     }
 }

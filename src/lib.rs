@@ -1,49 +1,49 @@
 //! `vmm`: a small KVM virtual machine monitor built around a tunable virtio-net datapath.
 //!
-//! [`run`] boots a guest from a [`config::VmConfig`] and returns when it ends.
+//! [`launch`] runs the VMM thread: it boots a VM from a [`config::VmConfig`] given up front
+//! (CLI flags or a config file) and/or serves the REST API ([`api`]) on a Unix socket, and
+//! returns when the VM ends. [`run`] is the CLI's shortcut: boot this config, no API.
 
+pub mod api;
 pub mod boot;
 pub mod bus;
 pub mod config;
 pub mod host;
 pub mod kvm;
 pub mod memory;
+pub mod metrics;
+pub mod seccomp;
+pub mod vm;
 
-use std::io::{self, IsTerminal, Read};
+use std::fs::File;
+use std::io;
 use std::os::fd::AsRawFd;
-use std::sync::{Arc, Mutex};
-use std::thread::{self, JoinHandle};
+use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use devices::legacy::{CmosRtc, Serial, I8042};
-use devices::virtio::net::{NetDevice, NetMetrics};
-use devices::virtio::MmioTransport;
-use vm_memory::GuestAddress;
+use serde_json::Value;
 use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
-use vmm_sys_util::eventfd::EventFd;
-use vmm_sys_util::signal::{register_signal_handler, Killable, SIGRTMIN};
-use vmm_sys_util::terminal::Terminal;
+use vmm_sys_util::signal::{register_signal_handler, SIGRTMIN};
 
+use crate::api::server::{ApiChannel, ApiMetrics, ApiServer, ApiServerError};
+use crate::api::{ActionType, InstanceInfo, VmmRequest, VmmResponse, VmmResult};
 use crate::boot::BootError;
-use crate::bus::{Bus, BusError};
+use crate::bus::BusError;
 use crate::config::{ConfigError, VmConfig};
-use crate::host::HostQuirks;
-use crate::kvm::vcpu::{Vcpu, VcpuExit};
-use crate::kvm::{KvmError, Vm};
+use crate::kvm::vcpu::VcpuExit;
+use crate::kvm::KvmError;
+use crate::seccomp::{Filters, SeccompError, SeccompMode, ThreadKind};
+use crate::vm::RunningVm;
 
-/// COM1's ports and interrupt.
-const COM1_PORT: u64 = 0x3f8;
-const COM1_GSI: u32 = 4;
-/// The CMOS RTC's index/data ports.
-const RTC_PORT: u64 = 0x70;
-/// The i8042's data port; its command/status port is 4 above.
-const I8042_PORT: u64 = 0x60;
-/// Each virtio-mmio device's register window.
-const MMIO_DEVICE_SIZE: u64 = 0x1000;
+pub use crate::api::VmmActionError;
+
 /// How often the watchdog checks that the vCPUs make progress.
 const WATCHDOG_PERIOD: Duration = Duration::from_secs(1);
+/// Firecracker's answer to a pre-boot-only request after boot.
+const NOT_AFTER_BOOT: &str = "The requested operation is not supported after starting the microVM.";
 
-/// Why the VM could not run, or how it ended abnormally.
+/// Why the VMM could not run, or how the VM ended abnormally.
 #[derive(Debug, thiserror::Error)]
 pub enum VmmError {
     #[error("invalid configuration")]
@@ -76,294 +76,391 @@ pub enum VmmError {
     },
     #[error("cannot create a virtio transport: {0}")]
     Transport(String),
+    #[error(transparent)]
+    Seccomp(#[from] SeccompError),
+    #[error("cannot start the API")]
+    Api(#[from] ApiServerError),
 }
 
-/// Boots the VM described by `config` and runs it until the guest resets or powers off
-/// (`Ok`) or something ends it abnormally (`Err`).
+/// What to run.
+#[derive(Clone, Debug, Default)]
+pub struct Launch {
+    /// A VM to boot at once (from CLI flags or a config file).
+    pub config: Option<VmConfig>,
+    /// Serve the API on this Unix socket.
+    pub api_sock: Option<PathBuf>,
+    /// Per-thread seccomp filters.
+    pub seccomp: SeccompMode,
+    /// Print the metrics line on stderr this often (and always once at exit).
+    pub metrics_interval: Option<Duration>,
+    /// The instance id shown by `GET /`.
+    pub instance_id: String,
+}
+
+/// Boots the VM described by `config` (no API) and runs it until the guest resets (`Ok`) or
+/// something ends it abnormally (`Err`).
 pub fn run(config: &VmConfig) -> Result<(), VmmError> {
-    config.validate()?;
-    let mem_size = config.machine_config.mem_size_mib << 20;
-    let mem = memory::create_guest_memory(mem_size).map_err(|source| VmmError::Memory {
-        mib: config.machine_config.mem_size_mib,
-        source,
-    })?;
-    let vm = Vm::new(&mem)?;
+    launch(Launch {
+        config: Some(config.clone()),
+        instance_id: DEFAULT_INSTANCE_ID.into(),
+        ..Launch::default()
+    })
+}
 
-    let kernel = boot::load_kernel(&mem, &config.boot_source.kernel_image_path)?;
-    let initrd = match &config.boot_source.initrd_path {
-        Some(path) => Some(boot::load_initrd(&mem, path, &kernel)?),
-        None => None,
-    };
+/// The instance id when none is given (Firecracker's).
+pub const DEFAULT_INSTANCE_ID: &str = "anonymous-instance";
 
-    // (MMIO base, GSI) of each virtio device, for the kernel command line.
-    let mut cmdline_devices: Vec<(u64, u32)> = Vec::new();
-
-    // Legacy devices on the port bus.
-    let mut pio = Bus::new();
-    let serial_irq = EventFd::new(libc::EFD_NONBLOCK).map_err(VmmError::EventFd)?;
-    vm.register_irqfd(&serial_irq, COM1_GSI)?;
-    let serial = Arc::new(Mutex::new(Serial::new(serial_irq, io::stdout())));
-    pio.insert(serial.clone(), COM1_PORT, 8)?;
-    pio.insert(Arc::new(Mutex::new(CmosRtc::new())), RTC_PORT, 2)?;
-    let reset_evt = EventFd::new(libc::EFD_NONBLOCK).map_err(VmmError::EventFd)?;
-    let i8042 = I8042::new(reset_evt.try_clone().map_err(VmmError::EventFd)?);
-    pio.insert(Arc::new(Mutex::new(i8042)), I8042_PORT, 5)?;
-    let mut mmio = Bus::new();
-    let nets = attach_net_devices(config, &vm, &mem, &mut mmio, &mut cmdline_devices)?;
-
-    let vcpus = (0..config.machine_config.vcpu_count)
-        .map(|id| {
-            Vcpu::new(
-                &vm,
-                id,
-                kernel.entry,
-                mem.clone(),
-                pio.clone(),
-                mmio.clone(),
-            )
-        })
-        .collect::<Result<Vec<_>, _>>()?;
-
-    let mut cmdline = boot::new_cmdline(config.base_cmdline())?;
-    for &(base, gsi) in &cmdline_devices {
-        cmdline
-            .add_virtio_mmio_device(MMIO_DEVICE_SIZE, GuestAddress(base), gsi, None)
-            .map_err(BootError::Cmdline)?;
-    }
-    // Linux reads the TSC frequency from CPUID leaf 0x15 only on Intel; elsewhere, without
-    // kvmclock, it calibrates against the PIT (slow, and it may mark the TSC unstable).
-    if let Some(khz) = vcpus[0].tsc_khz() {
-        if !config.base_cmdline().contains("tsc_early_khz=") {
-            cmdline
-                .insert("tsc_early_khz", &khz.to_string())
-                .map_err(BootError::Cmdline)?;
+/// Runs the VMM: boots `launch.config` if given, serves the API if asked, and returns when
+/// the VM ends (or, API only, never before a VM ran).
+pub fn launch(launch: Launch) -> Result<(), VmmError> {
+    seccomp::cap_malloc_arenas();
+    let filters = match launch.seccomp {
+        SeccompMode::On => {
+            seccomp::install_sigsys_handler()?;
+            Some(Filters::build()?)
         }
-    }
-    let quirks = HostQuirks::detect();
-    if let Some(extra) = quirks.extra_cmdline() {
-        log::info!("host KVM is the PVM module: appending `{extra}` to the guest command line");
-        cmdline.insert_str(extra).map_err(BootError::Cmdline)?;
-    }
-
-    boot::configure_system(
-        &mem,
-        &kernel,
-        &cmdline,
-        initrd,
-        mem_size,
-        config.machine_config.vcpu_count,
-    )?;
-    log::info!(
-        "booting {:?} ({} MiB, {} vCPU), command line: {}",
-        config.boot_source.kernel_image_path,
-        config.machine_config.mem_size_mib,
-        config.machine_config.vcpu_count,
-        cmdline
-            .as_cstring()
-            .map(|c| c.to_string_lossy().into_owned())
-            .unwrap_or_default()
-    );
-
+        SeccompMode::Off => {
+            log::warn!("seccomp filters are off");
+            None
+        }
+    };
     // SAFETY-free: the handler does nothing; its only purpose is to make KVM_RUN return EINTR.
     extern "C" fn kick_handler(_: libc::c_int, _: *mut libc::siginfo_t, _: *mut libc::c_void) {}
     register_signal_handler(SIGRTMIN(), kick_handler)
         .map_err(|e| VmmError::Thread(io::Error::from_raw_os_error(e.errno())))?;
 
-    let vcpu_exit_evt = EventFd::new(libc::EFD_NONBLOCK).map_err(VmmError::EventFd)?;
-    let first_exit: Arc<Mutex<Option<VcpuExit>>> = Arc::new(Mutex::new(None));
-    let mut vcpu_threads: Vec<JoinHandle<()>> = Vec::new();
-    for vcpu in vcpus {
-        let id = vcpu.id();
-        let exit_evt = vcpu_exit_evt.try_clone().map_err(VmmError::EventFd)?;
-        let slot = first_exit.clone();
-        let handle = thread::Builder::new()
-            .name(format!("vcpu{id}"))
-            .spawn(move || {
-                let exit = vcpu.run();
-                let mut slot = slot.lock().unwrap_or_else(|p| p.into_inner());
-                slot.get_or_insert(exit);
-                // If the eventfd cannot be written the main loop still sees the slot on its
-                // next watchdog tick.
-                let _ = exit_evt.write(1);
-            })
-            .map_err(VmmError::Thread)?;
-        vcpu_threads.push(handle);
-    }
-
-    let _console = ConsoleInput::start(serial)?;
-
-    // The VMM thread: wait for the guest to reset or a vCPU to stop; kick the vCPUs
-    // periodically so they can check they still make progress.
-    const TOKEN_RESET: u64 = 0;
-    const TOKEN_VCPU_EXIT: u64 = 1;
+    let api_metrics = Arc::new(ApiMetrics::default());
+    let (api_server, api_channel) = match &launch.api_sock {
+        Some(path) => {
+            let filter = filters.as_ref().map(|f| f.get(ThreadKind::Api).clone());
+            let (server, channel) = ApiServer::start(path, filter, api_metrics.clone())?;
+            (Some(server), Some(channel))
+        }
+        None => (None, None),
+    };
     let epoll = Epoll::new().map_err(VmmError::Epoll)?;
-    for (fd, token) in [
-        (reset_evt.as_raw_fd(), TOKEN_RESET),
-        (vcpu_exit_evt.as_raw_fd(), TOKEN_VCPU_EXIT),
-    ] {
+    if let Some(channel) = &api_channel {
         epoll
             .ctl(
                 ControlOperation::Add,
-                fd,
-                EpollEvent::new(EventSet::IN, token),
+                channel.wake.as_raw_fd(),
+                EpollEvent::new(EventSet::IN, Token::Api as u64),
             )
             .map_err(VmmError::Epoll)?;
     }
-    let mut events = [EpollEvent::default(); 4];
-    let metrics_every = config.metrics_interval_secs.map(Duration::from_secs);
-    let mut last_metrics = Instant::now();
-    let result = 'wait: loop {
-        let n = match epoll.wait(WATCHDOG_PERIOD.as_millis() as i32, &mut events) {
-            Ok(n) => n,
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-            Err(e) => break 'wait Err(VmmError::Epoll(e)),
-        };
-        for ev in &events[..n] {
-            match ev.data() {
-                TOKEN_RESET => {
-                    log::info!("the guest reset the machine (i8042); stopping");
-                    break 'wait Ok(());
-                }
-                _ => {
-                    let exit = first_exit.lock().unwrap_or_else(|p| p.into_inner()).take();
-                    match exit {
-                        Some(VcpuExit::Reset) => break 'wait Ok(()),
-                        Some(VcpuExit::Fault(msg)) => break 'wait Err(VmmError::Guest(msg)),
-                        None => {}
-                    }
-                }
-            }
-        }
-        if n == 0 {
-            for t in &vcpu_threads {
-                // A vCPU thread that has already ended cannot be signalled; that is fine.
-                let _ = t.kill(SIGRTMIN());
-            }
-        }
-        if metrics_every.is_some_and(|every| last_metrics.elapsed() >= every) {
-            last_metrics = Instant::now();
-            print_metrics(&nets);
-        }
+    let mut vmm = Vmm {
+        config: launch.config.clone().unwrap_or_default(),
+        vm: None,
+        filters,
+        epoll,
+        api: api_channel,
+        api_metrics,
+        instance_id: launch.instance_id.clone(),
+        exit: None,
     };
-    // Stop the device workers so that their last counts are published, then report.
-    for net in &nets {
-        net.transport
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .shutdown();
+    let result = match launch.config {
+        Some(_) => vmm.start_vm(),
+        None => Ok(()),
     }
-    print_metrics(&nets);
+    .and_then(|()| vmm.run_loop(launch.metrics_interval));
+    // Answer nothing more: requests still queued get 503 once the channel is dropped.
+    vmm.api = None;
+    if let Some(vm) = &mut vmm.vm {
+        vm.stop();
+    }
+    if vmm.vm.is_some() {
+        vmm.print_metrics();
+    }
+    if let Some(server) = api_server {
+        server.shutdown();
+    }
     result
 }
 
-/// A virtio-net device as the VMM keeps it: its transport (for shutdown) and metrics.
-struct AttachedNet {
-    tap: String,
-    transport: Arc<Mutex<MmioTransport>>,
-    metrics: Arc<NetMetrics>,
+/// What woke the VMM thread.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Token {
+    Api,
+    Reset,
+    VcpuExit,
 }
 
-/// Creates each virtio-net device, places it in MMIO space with its GSI, and registers its
-/// queue notifications as ioeventfds and its interrupt as an irqfd.
-fn attach_net_devices(
-    config: &VmConfig,
-    vm: &Vm,
-    mem: &memory::GuestMemory,
-    mmio: &mut Bus,
-    cmdline_devices: &mut Vec<(u64, u32)>,
-) -> Result<Vec<AttachedNet>, VmmError> {
-    let mut attached = Vec::new();
-    for (i, net_config) in config.net.iter().enumerate() {
-        let base = memory::MMIO_START + i as u64 * MMIO_DEVICE_SIZE;
-        let gsi = config::FIRST_VIRTIO_GSI + i as u32;
-        let device = NetDevice::new(net_config).map_err(|source| VmmError::Net {
-            tap: net_config.tap.clone(),
-            source,
-        })?;
-        let metrics = device.metrics();
-        let transport = MmioTransport::new(mem.clone(), Box::new(device))
-            .map_err(|e| VmmError::Transport(e.to_string()))?;
-        vm.register_irqfd(transport.irqfd(), gsi)?;
-        for (evt, addr, datamatch) in transport.ioeventfds(base) {
-            vm.register_mmio_ioevent(evt, addr, datamatch)?;
-        }
-        let transport = Arc::new(Mutex::new(transport));
-        mmio.insert(transport.clone(), base, MMIO_DEVICE_SIZE)?;
-        cmdline_devices.push((base, gsi));
-        log::info!(
-            "virtio-net on tap {:?} (MAC {}) at {base:#x}, GSI {gsi}",
-            net_config.tap,
-            net_config.mac
-        );
-        attached.push(AttachedNet {
-            tap: net_config.tap.clone(),
-            transport,
-            metrics,
-        });
+impl Token {
+    fn from_data(data: u64) -> Option<Token> {
+        [Token::Api, Token::Reset, Token::VcpuExit]
+            .into_iter()
+            .find(|t| *t as u64 == data)
     }
-    Ok(attached)
 }
 
-/// Prints the device metrics as one JSON line on stderr: `{"net":{"TAP":{...},...}}`.
-fn print_metrics(nets: &[AttachedNet]) {
-    if nets.is_empty() {
-        return;
-    }
-    let mut by_tap = serde_json::Map::new();
-    for net in nets {
-        let value = serde_json::to_value(&*net.metrics).unwrap_or(serde_json::Value::Null);
-        by_tap.insert(net.tap.clone(), value);
-    }
-    let line = serde_json::json!({ "net": by_tap });
-    eprintln!("{line}");
+/// The VMM thread's state.
+struct Vmm {
+    /// The configuration: being built (before boot), or the VM's (after).
+    config: VmConfig,
+    vm: Option<RunningVm>,
+    filters: Option<Filters>,
+    epoll: Epoll,
+    api: Option<ApiChannel>,
+    api_metrics: Arc<ApiMetrics>,
+    instance_id: String,
+    /// Set when the VM must end, with how.
+    exit: Option<Result<(), VmmError>>,
 }
 
-/// Copies the host's stdin into the UART, in raw mode when stdin is a terminal (restored when
-/// dropped).
-struct ConsoleInput {
-    raw_tty: bool,
+pub(crate) fn unknown_iface(iface_id: &str) -> VmmActionError {
+    VmmActionError(format!("no network interface {iface_id:?}"))
 }
 
-impl ConsoleInput {
-    fn start<W: io::Write + Send + 'static>(
-        serial: Arc<Mutex<Serial<W>>>,
-    ) -> Result<Self, VmmError> {
-        let stdin = io::stdin();
-        let raw_tty = stdin.is_terminal() && stdin.lock().set_raw_mode().is_ok();
-        thread::Builder::new()
-            .name("console-in".into())
-            .spawn(move || {
-                let mut buf = [0u8; 64];
-                let mut input = io::stdin().lock();
-                loop {
-                    let n = match input.read(&mut buf) {
-                        Ok(0) | Err(_) => return,
-                        Ok(n) => n,
-                    };
-                    let mut pending = &buf[..n];
-                    while !pending.is_empty() {
-                        let taken = serial
-                            .lock()
-                            .unwrap_or_else(|p| p.into_inner())
-                            .enqueue_input(pending)
-                            .unwrap_or(0);
-                        pending = &pending[taken..];
-                        if !pending.is_empty() {
-                            // The guest has not drained the FIFO yet.
-                            thread::sleep(Duration::from_millis(5));
+impl Vmm {
+    fn run_loop(&mut self, metrics_every: Option<Duration>) -> Result<(), VmmError> {
+        let mut events = [EpollEvent::default(); 8];
+        let mut last_kick = Instant::now();
+        let mut last_metrics = Instant::now();
+        loop {
+            let timeout = if self.vm.is_some() {
+                WATCHDOG_PERIOD.as_millis() as i32
+            } else {
+                -1
+            };
+            let n = match self.epoll.wait(timeout, &mut events) {
+                Ok(n) => n,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => return Err(VmmError::Epoll(e)),
+            };
+            for event in &events[..n] {
+                match Token::from_data(event.data()) {
+                    Some(Token::Api) => self.serve_api(),
+                    Some(Token::Reset) => {
+                        log::info!("the guest reset the machine (i8042); stopping");
+                        self.exit.get_or_insert(Ok(()));
+                    }
+                    Some(Token::VcpuExit) => {
+                        match self.vm.as_ref().and_then(RunningVm::take_exit) {
+                            Some(VcpuExit::Reset) => {
+                                self.exit.get_or_insert(Ok(()));
+                            }
+                            Some(VcpuExit::Fault(msg)) => {
+                                self.exit.get_or_insert(Err(VmmError::Guest(msg)));
+                            }
+                            Some(VcpuExit::Stopped) | None => {}
                         }
                     }
+                    None => log::warn!("VMM: unknown epoll token {}", event.data()),
                 }
-            })
-            .map_err(VmmError::Thread)?;
-        Ok(ConsoleInput { raw_tty })
+            }
+            if let Some(result) = self.exit.take() {
+                return result;
+            }
+            if let Some(vm) = &self.vm {
+                if last_kick.elapsed() >= WATCHDOG_PERIOD {
+                    last_kick = Instant::now();
+                    vm.kick_vcpus();
+                }
+                if metrics_every.is_some_and(|every| last_metrics.elapsed() >= every) {
+                    last_metrics = Instant::now();
+                    self.print_metrics();
+                }
+            }
+        }
+    }
+
+    /// Builds and starts the VM from `self.config`, then confines the VMM thread.
+    fn start_vm(&mut self) -> Result<(), VmmError> {
+        let vm = RunningVm::start(&self.config, self.filters.as_ref())?;
+        for (fd, token) in [
+            (vm.reset_evt().as_raw_fd(), Token::Reset),
+            (vm.vcpu_exit_evt().as_raw_fd(), Token::VcpuExit),
+        ] {
+            self.epoll
+                .ctl(
+                    ControlOperation::Add,
+                    fd,
+                    EpollEvent::new(EventSet::IN, token as u64),
+                )
+                .map_err(VmmError::Epoll)?;
+        }
+        self.vm = Some(vm);
+        // From here on the VMM thread only serves the API and watches the VM.
+        if let Some(filters) = &self.filters {
+            filters.apply(ThreadKind::Vmm)?;
+        }
+        Ok(())
+    }
+
+    /// Answers every queued API request.
+    fn serve_api(&mut self) {
+        let Some(api) = &self.api else {
+            return;
+        };
+        // Read the wake-up first: a request sent after the drain below wakes us again.
+        let _ = api.wake.read();
+        let calls: Vec<_> = api.requests.try_iter().collect();
+        for call in calls {
+            let result = self.handle(call.request);
+            // The API thread may have given up on the client; nothing to do then.
+            let _ = call.reply.send(result);
+        }
+    }
+
+    fn state(&self) -> &'static str {
+        if self.vm.is_some() {
+            "Running"
+        } else {
+            "Not started"
+        }
+    }
+
+    fn handle(&mut self, request: VmmRequest) -> VmmResult {
+        let running = self.vm.is_some();
+        let refuse = |e: ConfigError| VmmActionError(e.to_string());
+        match request {
+            VmmRequest::GetInstanceInfo => json(&InstanceInfo {
+                id: self.instance_id.clone(),
+                state: self.state().into(),
+                vmm_version: env!("CARGO_PKG_VERSION").into(),
+                app_name: "vmm".into(),
+            }),
+            VmmRequest::GetVmConfig => json(&self.config),
+            VmmRequest::GetMachineConfig => json(&self.config.machine_config),
+            VmmRequest::GetMetrics => Ok(VmmResponse::Metrics(self.metrics())),
+            VmmRequest::PutBootSource(_)
+            | VmmRequest::PutMachineConfig(_)
+            | VmmRequest::PatchMachineConfig(_)
+            | VmmRequest::PutNetworkInterface(_)
+                if running =>
+            {
+                Err(VmmActionError(NOT_AFTER_BOOT.into()))
+            }
+            VmmRequest::PutBootSource(boot_source) => {
+                boot_source.validate().map_err(refuse)?;
+                for (what, path) in [
+                    Some(("kernel image", &boot_source.kernel_image_path)),
+                    boot_source.initrd_path.as_ref().map(|p| ("initrd", p)),
+                ]
+                .into_iter()
+                .flatten()
+                {
+                    File::open(path).map_err(|e| {
+                        VmmActionError(format!("cannot open the {what} {path:?}: {e}"))
+                    })?;
+                }
+                self.config.set_boot_source(boot_source).map_err(refuse)?;
+                Ok(VmmResponse::NoContent)
+            }
+            VmmRequest::PutMachineConfig(machine) => {
+                self.config.set_machine_config(machine).map_err(refuse)?;
+                Ok(VmmResponse::NoContent)
+            }
+            VmmRequest::PatchMachineConfig(update) => {
+                if update.is_empty() {
+                    return Err(VmmActionError("the update changes nothing".into()));
+                }
+                let machine = self.config.machine_config.updated(&update);
+                self.config.set_machine_config(machine).map_err(refuse)?;
+                Ok(VmmResponse::NoContent)
+            }
+            VmmRequest::PutNetworkInterface(iface) => {
+                self.config.put_network_interface(iface).map_err(refuse)?;
+                Ok(VmmResponse::NoContent)
+            }
+            VmmRequest::PatchNetworkInterface(update) => {
+                let id = update.iface_id;
+                let Some(tuning) = update.tuning.filter(|t| !t.is_empty()) else {
+                    return Err(VmmActionError(
+                        "the update changes nothing (give a `tuning` object)".into(),
+                    ));
+                };
+                let iface = self
+                    .config
+                    .network_interface_mut(&id)
+                    .ok_or_else(|| unknown_iface(&id))?;
+                let new = match &self.vm {
+                    Some(vm) => vm.update_tuning(&id, &tuning)?,
+                    None => {
+                        let new = iface.tuning.updated(&tuning);
+                        new.validate().map_err(|e| {
+                            VmmActionError(format!("network interface {id:?}: {e}"))
+                        })?;
+                        new
+                    }
+                };
+                iface.tuning = new;
+                log::info!("network interface {id:?}: tuning now {new:?}");
+                Ok(VmmResponse::NoContent)
+            }
+            VmmRequest::Action(ActionType::InstanceStart) => {
+                if running {
+                    return Err(VmmActionError("the VM is already running".into()));
+                }
+                self.config.validate().map_err(refuse)?;
+                self.start_vm().map_err(|e| {
+                    VmmActionError(format!("cannot start the VM: {}", error_chain(&e)))
+                })?;
+                Ok(VmmResponse::NoContent)
+            }
+            VmmRequest::Action(ActionType::SendCtrlAltDel) => {
+                let Some(vm) = &self.vm else {
+                    return Err(VmmActionError("the VM is not running".into()));
+                };
+                if vm.send_ctrl_alt_del() {
+                    log::info!("Ctrl+Alt+Del sent to the guest's keyboard");
+                } else {
+                    // See the README ("SendCtrlAltDel"): no driver can receive the keys.
+                    log::info!(
+                        "Ctrl+Alt+Del: the guest has no i8042 keyboard driver (it never enabled \
+                         the keyboard interrupt), so it cannot see the keys; stopping the VM"
+                    );
+                    self.exit.get_or_insert(Ok(()));
+                }
+                Ok(VmmResponse::NoContent)
+            }
+            VmmRequest::Action(ActionType::FlushMetrics) => {
+                self.print_metrics();
+                Ok(VmmResponse::NoContent)
+            }
+        }
+    }
+
+    /// The metrics document (see [`metrics`]).
+    fn metrics(&self) -> Value {
+        let (nets, uptime, vcpus) = match &self.vm {
+            Some(vm) => (vm.net_metrics(), vm.uptime().as_secs_f64(), vm.vcpu_count()),
+            None => (serde_json::Map::new(), 0.0, 0),
+        };
+        serde_json::json!({
+            "net": nets,
+            "vmm": {
+                "state": self.state(),
+                "uptime_seconds": uptime,
+                "vcpus": vcpus,
+                "seccomp": self.filters.is_some(),
+                "api": &*self.api_metrics,
+            }
+        })
+    }
+
+    /// Prints the metrics as one JSON line on stderr.
+    fn print_metrics(&self) {
+        // One write: stderr is unbuffered, and other threads log there too.
+        let line = format!("{}\n", self.metrics());
+        let _ = io::Write::write_all(&mut io::stderr().lock(), line.as_bytes());
     }
 }
 
-impl Drop for ConsoleInput {
-    fn drop(&mut self) {
-        if self.raw_tty {
-            let _ = io::stdin().lock().set_canon_mode();
-        }
+/// The error and its causes on one line.
+pub fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut msg = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        msg.push_str(": ");
+        msg.push_str(&s.to_string());
+        source = s.source();
     }
+    msg
+}
+
+fn json<T: serde::Serialize>(value: &T) -> VmmResult {
+    serde_json::to_value(value)
+        .map(VmmResponse::Json)
+        .map_err(|e| VmmActionError(format!("cannot serialise the answer: {e}")))
 }

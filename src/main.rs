@@ -2,76 +2,123 @@
 
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::time::Duration;
 
-use clap::Parser;
+use clap::{Parser, ValueEnum};
 use devices::virtio::net::NetConfig;
-use vmm::config::{BootSource, MachineConfig, VmConfig, DEFAULT_MEM_MIB};
+use vmm::config::{BootSource, MachineConfig, NetworkInterface, VmConfig, DEFAULT_MEM_MIB};
+use vmm::seccomp::SeccompMode;
+use vmm::{error_chain, Launch};
 
 /// A small KVM virtual machine monitor built around a tunable virtio-net datapath.
+///
+/// Start a VM from flags (`--kernel ...`), from a Firecracker-style JSON file
+/// (`--config-file`), or configure it through the REST API on a Unix socket (`--api-sock`);
+/// the API can also serve a VM started from flags or a file.
 #[derive(Debug, Parser)]
 #[command(version, about)]
 struct Cli {
     /// Guest kernel: an uncompressed ELF vmlinux (fastest) or a bzImage.
-    #[arg(long, value_name = "PATH")]
-    kernel: PathBuf,
+    #[arg(long, value_name = "PATH", required_unless_present_any = ["config_file", "api_sock"], conflicts_with = "config_file")]
+    kernel: Option<PathBuf>,
     /// Initramfs to pass to the kernel (an uncompressed cpio boots fastest).
-    #[arg(long, value_name = "PATH")]
+    #[arg(long, value_name = "PATH", requires = "kernel")]
     initrd: Option<PathBuf>,
     /// Kernel command line, replacing the default `console=ttyS0 reboot=k panic=-1`. The VMM
     /// appends what its devices and the host need.
-    #[arg(long, value_name = "STR")]
+    #[arg(long, value_name = "STR", requires = "kernel")]
     cmdline: Option<String>,
     /// Guest memory in MiB (32..=65536).
-    #[arg(long, value_name = "MIB", default_value_t = DEFAULT_MEM_MIB)]
+    #[arg(long, value_name = "MIB", default_value_t = DEFAULT_MEM_MIB, requires = "kernel")]
     mem_size: u64,
     /// Number of vCPUs (1..=32).
-    #[arg(long, value_name = "N", default_value_t = 1)]
+    #[arg(long, value_name = "N", default_value_t = 1, requires = "kernel")]
     vcpus: u8,
     /// A virtio-net device on a host tap: `TAP` or `tap=TAP[,mac=MAC][,queue_size=N]`. The tap
     /// is opened, or created when it does not exist. Repeat for more devices.
-    #[arg(long, value_name = "SPEC")]
+    #[arg(long, value_name = "SPEC", requires = "kernel")]
     net: Vec<NetConfig>,
+    /// Boot the VM described by this JSON file (Firecracker's shape: `boot-source`,
+    /// `machine-config`, `network-interfaces`).
+    #[arg(long, value_name = "FILE")]
+    config_file: Option<PathBuf>,
+    /// Serve the REST API (HTTP/1.1) on this Unix socket; without --kernel or --config-file
+    /// the VM is configured and started through it.
+    #[arg(long, value_name = "PATH")]
+    api_sock: Option<PathBuf>,
+    /// The instance id reported by `GET /`.
+    #[arg(long, value_name = "ID", default_value = vmm::DEFAULT_INSTANCE_ID)]
+    id: String,
+    /// Per-thread seccomp filters (`off` only to debug).
+    #[arg(long, value_enum, default_value_t = Seccomp::On)]
+    seccomp: Seccomp,
     /// Print device metrics as a JSON line on stderr every SECS seconds (always once at exit).
-    #[arg(long, value_name = "SECS")]
+    #[arg(long, value_name = "SECS", value_parser = clap::value_parser!(u64).range(1..))]
     metrics_interval: Option<u64>,
 }
 
-impl Cli {
-    fn into_config(self) -> VmConfig {
-        VmConfig {
-            boot_source: BootSource {
-                kernel_image_path: self.kernel,
-                initrd_path: self.initrd,
-                boot_args: self.cmdline,
-            },
-            machine_config: MachineConfig {
-                vcpu_count: self.vcpus,
-                mem_size_mib: self.mem_size,
-            },
-            net: self.net,
-            metrics_interval_secs: self.metrics_interval,
-        }
-    }
+#[derive(Clone, Copy, Debug, ValueEnum)]
+enum Seccomp {
+    On,
+    Off,
 }
 
-/// The error and its causes on one line.
-fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut msg = e.to_string();
-    let mut source = e.source();
-    while let Some(s) = source {
-        msg.push_str(": ");
-        msg.push_str(&s.to_string());
-        source = s.source();
+impl Cli {
+    fn into_launch(self) -> Result<Launch, String> {
+        let config = match (self.kernel, &self.config_file) {
+            (Some(kernel), _) => Some(VmConfig {
+                boot_source: Some(BootSource {
+                    kernel_image_path: kernel,
+                    initrd_path: self.initrd,
+                    boot_args: self.cmdline,
+                }),
+                machine_config: MachineConfig {
+                    vcpu_count: self.vcpus,
+                    mem_size_mib: self.mem_size,
+                    ..MachineConfig::default()
+                },
+                network_interfaces: self
+                    .net
+                    .into_iter()
+                    .map(NetworkInterface::from_net_config)
+                    .collect(),
+                drives: Vec::new(),
+            }),
+            (None, Some(path)) => {
+                let text = std::fs::read_to_string(path)
+                    .map_err(|e| format!("cannot read the config file {path:?}: {e}"))?;
+                Some(
+                    VmConfig::from_json(&text)
+                        .map_err(|e| format!("config file {path:?}: {}", error_chain(&e)))?,
+                )
+            }
+            (None, None) => None,
+        };
+        Ok(Launch {
+            config,
+            api_sock: self.api_sock,
+            seccomp: match self.seccomp {
+                Seccomp::On => SeccompMode::On,
+                Seccomp::Off => SeccompMode::Off,
+            },
+            metrics_interval: self.metrics_interval.map(Duration::from_secs),
+            instance_id: self.id,
+        })
     }
-    msg
 }
 
 fn main() -> ExitCode {
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info"))
         .format_timestamp_millis()
         .init();
-    let config = Cli::parse().into_config();
-    match vmm::run(&config) {
+    let launch = match Cli::parse().into_launch() {
+        Ok(launch) => launch,
+        Err(e) => {
+            eprintln!("vmm: error: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match vmm::launch(launch) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("vmm: error: {}", error_chain(&e));

@@ -3,6 +3,7 @@
 //! Guests run one at a time ([`guest_lock`]): each busy vCPU takes a whole host core, and the
 //! machines these tests run on may have only two.
 
+pub mod api;
 pub mod netns;
 
 use std::collections::HashMap;
@@ -232,6 +233,11 @@ impl VmmProcess {
             thread::sleep(Duration::from_millis(20));
         }
         false
+    }
+
+    /// True while the VMM has not exited.
+    pub fn is_running(&mut self) -> bool {
+        self.child.try_wait().ok().flatten().is_none()
     }
 
     /// Waits for the VMM to exit (killing it at `deadline`) and returns what it printed.

@@ -4,6 +4,7 @@
 //! [`VcpuExit`]; nothing here panics on guest behaviour.
 
 use std::io;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use kvm_bindings::{
     kvm_fpu, kvm_msr_entry, kvm_regs, kvm_segment, kvm_sregs, Msrs, KVM_EXIT_INTERNAL_ERROR,
@@ -60,6 +61,8 @@ pub enum VcpuExit {
     Reset,
     /// Something the guest or KVM did ended the VM abnormally.
     Fault(String),
+    /// The VMM asked the vCPU to stop.
+    Stopped,
 }
 
 /// One vCPU and the buses its exits go to.
@@ -152,12 +155,19 @@ impl Vcpu {
         self.tsc_khz
     }
 
-    /// Runs the vCPU until the VM ends.
-    pub fn run(mut self) -> VcpuExit {
+    /// Runs the vCPU until the VM ends or `stop` is set (the VMM then kicks the thread with a
+    /// signal until it notices).
+    pub fn run(mut self, stop: &AtomicBool) -> VcpuExit {
         loop {
+            if stop.load(Ordering::Acquire) {
+                return VcpuExit::Stopped;
+            }
             let exit = match self.fd.run() {
                 Ok(exit) => exit,
                 Err(e) if e.errno() == libc::EINTR || e.errno() == libc::EAGAIN => {
+                    if stop.load(Ordering::Acquire) {
+                        return VcpuExit::Stopped;
+                    }
                     // The VMM's watchdog signal: check the vCPU is still making progress.
                     if let Some(fault) = self.probe() {
                         return VcpuExit::Fault(fault);

@@ -1,10 +1,12 @@
 //! The virtio-net device: features, configuration space, activation and link status.
 
 use std::fmt;
+use std::io;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use log::{debug, error};
+use seccompiler::BpfProgram;
 use virtio_bindings::virtio_config::VIRTIO_F_VERSION_1;
 use virtio_bindings::virtio_ids::VIRTIO_ID_NET;
 use virtio_bindings::virtio_net::*;
@@ -15,8 +17,9 @@ use vmm_sys_util::eventfd::EventFd;
 use super::config::{MacAddr, NetConfig};
 use super::metrics::NetMetrics;
 use super::rx::RxMode;
-use super::worker::{SpawnError, Worker, WorkerHandle};
-use super::{NUM_QUEUES, RX_QUEUE, TX_QUEUE, VNET_HDR_LEN};
+use super::tuning::{NetTuning, TuningControl};
+use super::worker::{Activation, Shared, WorkerThread, WorkerThreadError};
+use super::{NUM_QUEUES, RX_QUEUE, TX_QUEUE};
 
 // The worker takes the queues as [rx, tx].
 const _: () = assert!(RX_QUEUE == 0 && TX_QUEUE == 1);
@@ -31,6 +34,12 @@ pub enum NetError {
     /// The tap could not be opened or created.
     #[error("failed to open tap")]
     Tap(#[from] TapError),
+    /// The device's tuning eventfd could not be created.
+    #[error("failed to create the tuning eventfd")]
+    Tuning(#[source] io::Error),
+    /// The worker thread could not be started or configured.
+    #[error("virtio-net worker")]
+    Worker(#[from] WorkerThreadError),
 }
 
 /// Whether the link is up, as reported in the STATUS config field.
@@ -109,16 +118,29 @@ impl LinkControl {
     }
 }
 
+/// Where the device's backend is: with the worker thread once it runs.
+enum WorkerSlot<B> {
+    /// The thread could not be started yet (retried at activation).
+    NotStarted(B),
+    /// The thread owns the backend.
+    Started(WorkerThread),
+    /// The backend went with a thread that died.
+    Lost,
+}
+
 /// A virtio-net device in front of a backend (a [`Tap`] unless said otherwise).
+///
+/// The device starts its worker thread when it is built; the thread owns the backend and runs
+/// the datapath between activation and reset.
 pub struct NetDevice<B: NetBackend = Tap> {
     label: String,
     mac: MacAddr,
     queue_sizes: [u16; NUM_QUEUES],
     features: u64,
-    backend: Option<B>,
-    worker: Option<WorkerHandle<B>>,
+    worker: WorkerSlot<B>,
     metrics: Arc<NetMetrics>,
     link: LinkControl,
+    tuning: TuningControl,
 }
 
 impl<B: NetBackend> fmt::Debug for NetDevice<B> {
@@ -127,17 +149,19 @@ impl<B: NetBackend> fmt::Debug for NetDevice<B> {
             .field("label", &self.label)
             .field("mac", &self.mac)
             .field("features", &format_args!("{:#x}", self.features))
-            .field("active", &self.worker.is_some())
+            .field("active", &self.is_active())
             .finish_non_exhaustive()
     }
 }
 
 impl NetDevice<Tap> {
-    /// Opens (or creates) the tap of `config` and builds the device.
+    /// Opens (or creates) the tap of `config` and builds the device, its worker thread
+    /// started.
     pub fn new(config: &NetConfig) -> Result<Self, NetError> {
         let tap = Tap::open(&config.tap)?;
-        let mut device = NetDevice::with_backend(tap, config.mac, config.queue_size);
-        device.label = config.tap.clone();
+        let tuning = TuningControl::new(NetTuning::default()).map_err(NetError::Tuning)?;
+        let mut device = NetDevice::build(tap, config.mac, config.queue_size, tuning, &config.tap);
+        device.start_thread()?;
         Ok(device)
     }
 }
@@ -145,17 +169,75 @@ impl NetDevice<Tap> {
 impl<B: NetBackend> NetDevice<B> {
     /// Builds a device in front of `backend`. `queue_size` must be a power of two in
     /// 2..=32768 ([`NetConfig`] guarantees it; the transport refuses others).
+    ///
+    /// # Panics
+    ///
+    /// When the process cannot create one eventfd (out of file descriptors); use
+    /// [`NetDevice::new`] for a fallible constructor.
     pub fn with_backend(backend: B, mac: MacAddr, queue_size: u16) -> Self {
+        // Tests, benches and the co-simulation harness build devices here; running out of file
+        // descriptors there is not worth an error path in every caller.
+        let tuning = TuningControl::new(NetTuning::default()).expect("eventfd for the tuning");
+        let mut device = NetDevice::build(backend, mac, queue_size, tuning, "net");
+        if let Err(e) = device.start_thread() {
+            error!("virtio-net: {e}; retried at activation");
+        }
+        device
+    }
+
+    fn build(
+        backend: B,
+        mac: MacAddr,
+        queue_size: u16,
+        tuning: TuningControl,
+        label: &str,
+    ) -> Self {
         NetDevice {
-            label: "net".to_owned(),
+            label: label.to_owned(),
             mac,
             queue_sizes: [queue_size; NUM_QUEUES],
             features: offered_features(backend.supported_offloads()),
-            backend: Some(backend),
-            worker: None,
+            worker: WorkerSlot::NotStarted(backend),
             metrics: Arc::new(NetMetrics::default()),
             link: LinkControl::new(),
+            tuning,
         }
+    }
+
+    /// Starts the worker thread if it is not running yet.
+    fn start_thread(&mut self) -> Result<&mut WorkerThread, WorkerThreadError> {
+        match std::mem::replace(&mut self.worker, WorkerSlot::Lost) {
+            WorkerSlot::NotStarted(backend) => {
+                let shared = Shared {
+                    metrics: self.metrics.clone(),
+                    tuning: self.tuning.shared().clone(),
+                };
+                match WorkerThread::spawn(&format!("net-{}", self.label), backend, shared) {
+                    Ok(thread) => self.worker = WorkerSlot::Started(thread),
+                    Err((e, backend)) => {
+                        self.worker = WorkerSlot::NotStarted(backend);
+                        return Err(WorkerThreadError::Spawn(e));
+                    }
+                }
+            }
+            other => self.worker = other,
+        }
+        match &mut self.worker {
+            WorkerSlot::Started(thread) => Ok(thread),
+            _ => Err(WorkerThreadError::Gone),
+        }
+    }
+
+    /// Confines the worker thread with `filter` (a seccomp BPF program) before it ever runs
+    /// the datapath. Call it before the guest can activate the device.
+    pub fn set_worker_seccomp_filter(&mut self, filter: Arc<BpfProgram>) -> Result<(), NetError> {
+        self.start_thread()?.apply_seccomp(filter)?;
+        Ok(())
+    }
+
+    /// A handle to change the device's runtime knobs (interrupt coalescing, EVENT_IDX).
+    pub fn tuning_control(&self) -> TuningControl {
+        self.tuning.clone()
     }
 
     /// The device's metrics (the VMM keeps this `Arc` to print them).
@@ -186,11 +268,8 @@ impl<B: NetBackend> NetDevice<B> {
 
     fn stop_worker(&mut self) {
         self.link.attach(None);
-        if let Some(worker) = self.worker.take() {
-            match worker.stop() {
-                Some(backend) => self.backend = Some(backend),
-                None => error!("virtio-net {}: backend lost, device unusable", self.label),
-            }
+        if let WorkerSlot::Started(thread) = &mut self.worker {
+            thread.stop();
         }
     }
 }
@@ -256,7 +335,7 @@ impl<B: NetBackend> VirtioDevice for NetDevice<B> {
     }
 
     fn is_active(&self) -> bool {
-        self.worker.is_some()
+        matches!(&self.worker, WorkerSlot::Started(thread) if thread.is_running())
     }
 }
 
@@ -276,37 +355,23 @@ impl<B: NetBackend> NetDevice<B> {
                     expected: NUM_QUEUES,
                     got: k.len(),
                 })?;
-        // The transport cannot set DRIVER_OK twice without a reset; be safe anyway.
-        self.stop_worker();
-        let mut backend = self
-            .backend
-            .take()
-            .ok_or(ActivateError::BackendUnavailable)?;
-        let configured = backend
-            .set_vnet_hdr_size(VNET_HDR_LEN as u32)
-            .and_then(|()| backend.set_offloads(guest_offloads(ctx.acked_features)));
-        if let Err(e) = configured {
-            self.backend = Some(backend);
-            return Err(ActivateError::Backend(e));
-        }
-        let worker = Worker {
+        let activation = Activation {
             mem: ctx.mem,
             rx,
             tx,
             rx_kick,
             tx_kick,
-            backend,
             rx_mode: RxMode::from_features(ctx.acked_features),
+            offloads: guest_offloads(ctx.acked_features),
             interrupt: ctx.interrupt.clone(),
-            metrics: self.metrics.clone(),
         };
-        match worker.spawn(&format!("net-{}", self.label)) {
-            Ok(handle) => self.worker = Some(handle),
-            Err(SpawnError { error, backend }) => {
-                self.backend = Some(backend);
-                return Err(error);
-            }
-        }
+        let thread = self.start_thread().map_err(|e| match e {
+            WorkerThreadError::Spawn(e) => ActivateError::Spawn(e),
+            _ => ActivateError::BackendUnavailable,
+        })?;
+        // Stops a run still going (the transport cannot set DRIVER_OK twice without a reset;
+        // be safe anyway), then starts the new one.
+        thread.start(activation)?;
         self.metrics.activations.add(1);
         self.link.attach(Some(ctx.interrupt));
         Ok(())

@@ -126,9 +126,19 @@ pub struct NetMetrics {
     /// Writes to the irqfd (one per worker wake-up that completed buffers the guest wants to
     /// hear about; rx and tx share it).
     pub irqfd_signals: Counter,
+    /// Rounds whose interrupt was held back by interrupt coalescing (to be merged into a
+    /// later one).
+    pub interrupts_held: Counter,
+    /// Held interrupts released because `max_packets` frames completed.
+    pub coalesce_packet_releases: Counter,
+    /// Held interrupts released because `max_usecs` passed.
+    pub coalesce_timer_releases: Counter,
+    /// Batches the driver's `used_event` suppressed that interrupted anyway because EVENT_IDX
+    /// interrupt suppression is tuned off.
+    pub event_idx_overrides: Counter,
     /// Times the device entered DEVICE_NEEDS_RESET (worker error or failed activation).
     pub needs_reset_events: Counter,
-    /// Worker threads started (one per DRIVER_OK).
+    /// Worker runs started (one per DRIVER_OK).
     pub activations: Counter,
 }
 

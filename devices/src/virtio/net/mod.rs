@@ -5,6 +5,8 @@
 //!   activation, link status).
 //! - [`tx`] and [`rx`] are the datapath, plain functions over (queue, memory, backend, counters),
 //!   generic over the backend, usable by the worker, tests, benches and fuzzers.
+//! - [`tuning`] holds the runtime knobs (interrupt coalescing, EVENT_IDX suppression) and the
+//!   [`TuningControl`] that hands changes to the worker.
 //! - `worker` is the per-device thread and its epoll loop.
 //! - [`metrics`] holds the counters.
 //!
@@ -16,9 +18,14 @@
 //! # fn wire(mem: vm_memory::GuestMemoryMmap) -> Result<(), Box<dyn std::error::Error>> {
 //! # let mmio_base = 0xd000_0000;
 //! let config: NetConfig = "tap=tap0,queue_size=256".parse()?;
-//! let device = NetDevice::new(&config)?; // opens or creates the tap
+//! let mut device = NetDevice::new(&config)?; // opens or creates the tap, starts the worker
+//! # let seccomp_filter: Option<std::sync::Arc<seccompiler::BpfProgram>> = None;
+//! if let Some(filter) = seccomp_filter {
+//!     device.set_worker_seccomp_filter(filter)?; // installed by the worker, before any guest data
+//! }
 //! let metrics = device.metrics(); // Arc<NetMetrics>; metrics.to_json() is one line
 //! let link = device.link_control(); // set_link(LinkState::Down) later, from any thread
+//! let tuning = device.tuning_control(); // set(NetTuning { .. }) later: coalescing, EVENT_IDX
 //! let transport = MmioTransport::new(mem.clone(), Box::new(device))?;
 //! for (eventfd, notify_addr, queue_index) in transport.ioeventfds(mmio_base) {
 //!     // vm.register_ioevent(eventfd, &IoEventAddress::Mmio(notify_addr), queue_index)?;
@@ -28,7 +35,7 @@
 //! // Put `transport` on the MMIO bus at mmio_base (size MMIO_WINDOW_SIZE) and tell the guest
 //! // (kernel cmdline `virtio_mmio.device=4K@0xd0000000:GSI`).
 //! // At exit: drop it (or call `transport.shutdown()`): the worker thread is joined.
-//! # let _ = (metrics, link);
+//! # let _ = (metrics, link, tuning);
 //! # Ok(()) }
 //! ```
 //!
@@ -38,6 +45,7 @@ pub mod config;
 pub mod device;
 pub mod metrics;
 pub mod rx;
+pub mod tuning;
 pub mod tx;
 mod worker;
 
@@ -48,7 +56,9 @@ pub use config::{MacAddr, NetConfig, NetConfigError};
 pub use device::{LinkControl, LinkState, NetDevice, NetError};
 pub use metrics::NetMetrics;
 pub use rx::{process_rx, RxMode, RxOutcome, RxStop};
+pub use tuning::{InterruptCoalescing, NetTuning, NetTuningUpdate, TuningControl, TuningError};
 pub use tx::{process_tx, TxOutcome, TxStop};
+pub use worker::WorkerThreadError;
 
 use crate::virtio::ring::InterruptDecision;
 

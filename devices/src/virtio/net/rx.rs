@@ -23,7 +23,9 @@ use super::{count_interrupt, MAX_FRAME_LEN, VNET_HDR_LEN};
 use crate::backend::NetBackend;
 use crate::iovec::{IovecList, Iovecs, MAX_IOVECS};
 use crate::virtio::chain::{parse_chain, Direction};
-use crate::virtio::ring::{add_used, interrupt_decision, pop_chain, unpop_chains, RingError};
+use crate::virtio::ring::{
+    add_used, interrupt_decision, pop_chain, unpop_chains, InterruptDecision, RingError,
+};
 
 /// Most frames one [`process_rx`] call reads before yielding to other work.
 pub const RX_BUDGET: usize = 256;
@@ -76,6 +78,9 @@ pub enum RxStop {
 pub struct RxOutcome {
     /// Used buffers were returned and the driver wants an interrupt for them.
     pub needs_interrupt: bool,
+    /// Used buffers were returned but the driver's `used_event` (EVENT_IDX) said it does not
+    /// want an interrupt yet (a device may still send one).
+    pub suppressed_by_event_idx: bool,
     /// Why processing stopped.
     pub stop: RxStop,
 }
@@ -129,15 +134,23 @@ pub fn process_rx<B: NetBackend>(
         }
     };
     pool.give_back(queue);
-    let needs_interrupt = used > 0
-        && count_interrupt(
-            interrupt_decision(queue, mem)?,
+    let decision = if used > 0 {
+        Some(interrupt_decision(queue, mem)?)
+    } else {
+        None
+    };
+    let needs_interrupt = decision.is_some_and(|decision| {
+        count_interrupt(
+            decision,
             &mut counters.interrupts_raised,
             &mut counters.interrupts_suppressed_event_idx,
             &mut counters.interrupts_suppressed_no_interrupt,
-        );
+        )
+    });
+    let suppressed_by_event_idx = decision == Some(InterruptDecision::SuppressedByEventIdx);
     Ok(RxOutcome {
         needs_interrupt,
+        suppressed_by_event_idx,
         stop,
     })
 }

@@ -16,7 +16,9 @@ use super::{count_interrupt, MAX_FRAME_LEN, VNET_HDR_LEN};
 use crate::backend::NetBackend;
 use crate::iovec::{IovecList, Iovecs};
 use crate::virtio::chain::{parse_chain, Direction};
-use crate::virtio::ring::{add_used, interrupt_decision, pop_chain, unpop_chains, RingError};
+use crate::virtio::ring::{
+    add_used, interrupt_decision, pop_chain, unpop_chains, InterruptDecision, RingError,
+};
 
 /// Most frames one [`process_tx`] call sends before yielding to other work.
 pub const TX_BUDGET: usize = 256;
@@ -42,6 +44,9 @@ pub enum TxStop {
 pub struct TxOutcome {
     /// Used buffers were returned and the driver wants an interrupt for them.
     pub needs_interrupt: bool,
+    /// Used buffers were returned but the driver's `used_event` (EVENT_IDX) said it does not
+    /// want an interrupt yet (a device may still send one).
+    pub suppressed_by_event_idx: bool,
     /// Why processing stopped.
     pub stop: TxStop,
 }
@@ -110,15 +115,23 @@ pub fn process_tx<B: NetBackend>(
         add_used(queue, mem, head, 0)?;
         used += 1;
     };
-    let needs_interrupt = used > 0
-        && count_interrupt(
-            interrupt_decision(queue, mem)?,
+    let decision = if used > 0 {
+        Some(interrupt_decision(queue, mem)?)
+    } else {
+        None
+    };
+    let needs_interrupt = decision.is_some_and(|decision| {
+        count_interrupt(
+            decision,
             &mut counters.interrupts_raised,
             &mut counters.interrupts_suppressed_event_idx,
             &mut counters.interrupts_suppressed_no_interrupt,
-        );
+        )
+    });
+    let suppressed_by_event_idx = decision == Some(InterruptDecision::SuppressedByEventIdx);
     Ok(TxOutcome {
         needs_interrupt,
+        suppressed_by_event_idx,
         stop,
     })
 }

@@ -1,29 +1,43 @@
-//! The per-device worker thread: it owns the queues, kick eventfds, backend and interrupt
-//! handed over at activation, and runs one epoll loop over typed tokens. No lock is taken on
-//! any path from a kick to the backend and back to the irqfd.
+//! The per-device worker thread and its epoll loop.
 //!
-//! A worker that hits a ring-level error (or panics) marks the device DEVICE_NEEDS_RESET,
-//! raises a configuration interrupt and exits; the backend is handed back when the device is
-//! reset, so the driver can start over.
+//! The thread is started with the device (on the thread that builds the VM) and lives as long
+//! as the device. Between activations it waits for commands; at activation it receives the
+//! queues, kick eventfds, guest memory and interrupt, and runs one epoll loop over typed tokens
+//! until the device is reset. No lock is taken on any path from a kick to the backend and back
+//! to the irqfd.
+//!
+//! Because the thread exists before the guest runs, it can confine itself with a seccomp filter
+//! (`Command::Seccomp`) before it ever sees guest memory, and the vCPU thread that activates the
+//! device only sends it a message: the vCPU's own filter needs no thread-creation, epoll or tap
+//! system calls.
+//!
+//! A worker run that hits a ring-level error (or panics) marks the device DEVICE_NEEDS_RESET,
+//! raises a configuration interrupt and returns to waiting; the backend stays with the thread,
+//! so the driver can reset the device and start over.
 
 use std::error::Error;
 use std::io;
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsRawFd, FromRawFd};
 use std::panic::{self, AssertUnwindSafe};
-use std::sync::mpsc;
+use std::sync::mpsc::{self, Receiver, SyncSender};
 use std::sync::Arc;
 use std::thread::{self, JoinHandle};
+use std::time::Duration;
 
 use log::{error, info, warn};
+use seccompiler::BpfProgram;
 use virtio_queue::Queue;
 use vm_memory::GuestMemoryMmap;
 use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
+use vmm_sys_util::timerfd::TimerFd;
 
 use super::metrics::{NetMetrics, RxCounters, TxCounters};
 use super::rx::{process_rx, RxMode, RxStop};
+use super::tuning::{NetTuning, TuningShared};
 use super::tx::{process_tx, TxStop};
-use crate::backend::NetBackend;
+use super::VNET_HDR_LEN;
+use crate::backend::{NetBackend, Offloads};
 use crate::virtio::ring::RingError;
 use crate::virtio::{ActivateError, VirtioInterrupt};
 
@@ -38,30 +52,32 @@ enum Token {
     Backend,
     /// The device is being reset or dropped.
     Stop,
+    /// The tuning changed.
+    Tuning,
+    /// The interrupt-coalescing timer expired.
+    CoalesceTimer,
 }
 
 impl Token {
+    const ALL: [Token; 6] = [
+        Token::TxKick,
+        Token::RxKick,
+        Token::Backend,
+        Token::Stop,
+        Token::Tuning,
+        Token::CoalesceTimer,
+    ];
+
     fn data(self) -> u64 {
-        match self {
-            Token::TxKick => 0,
-            Token::RxKick => 1,
-            Token::Backend => 2,
-            Token::Stop => 3,
-        }
+        self as u64
     }
 
     fn from_data(data: u64) -> Option<Token> {
-        match data {
-            0 => Some(Token::TxKick),
-            1 => Some(Token::RxKick),
-            2 => Some(Token::Backend),
-            3 => Some(Token::Stop),
-            _ => None,
-        }
+        Token::ALL.into_iter().find(|t| t.data() == data)
     }
 }
 
-/// Why the worker stopped on its own.
+/// Why a worker run stopped on its own.
 #[derive(Debug, thiserror::Error)]
 enum WorkerError {
     #[error("epoll failed")]
@@ -76,108 +92,274 @@ enum WorkerError {
     },
     #[error("signalling the guest failed")]
     Interrupt(#[source] io::Error),
+    #[error("the interrupt-coalescing timer failed")]
+    Timer(#[source] io::Error),
 }
 
-/// Everything a worker owns, as handed over at activation.
-pub(crate) struct Worker<B> {
+/// Errors of the worker thread outside a run.
+#[derive(Debug, thiserror::Error)]
+pub enum WorkerThreadError {
+    /// The thread or its eventfds could not be created.
+    #[error("cannot start the worker thread")]
+    Spawn(#[source] io::Error),
+    /// The thread is gone (it panicked outside its loop).
+    #[error("the worker thread is gone")]
+    Gone,
+    /// Installing the seccomp filter failed.
+    #[error("cannot install the worker's seccomp filter")]
+    Seccomp(#[source] seccompiler::Error),
+    /// A filter can only be installed while the worker is idle (before activation).
+    #[error("the worker is running; install its filter before the device is activated")]
+    Busy,
+}
+
+/// Everything a worker run owns, handed over at activation.
+pub(crate) struct Activation {
     pub(crate) mem: GuestMemoryMmap,
     pub(crate) rx: Queue,
     pub(crate) tx: Queue,
     pub(crate) rx_kick: EventFd,
     pub(crate) tx_kick: EventFd,
-    pub(crate) backend: B,
     pub(crate) rx_mode: RxMode,
+    /// The offloads to set on the backend for the negotiated features.
+    pub(crate) offloads: Offloads,
     pub(crate) interrupt: Arc<VirtioInterrupt>,
+}
+
+/// What the device shares with its worker for the device's whole life.
+pub(crate) struct Shared {
     pub(crate) metrics: Arc<NetMetrics>,
+    pub(crate) tuning: Arc<TuningShared>,
 }
 
-/// A worker that could not be started, with the backend handed back.
-pub(crate) struct SpawnError<B> {
-    pub(crate) error: ActivateError,
-    pub(crate) backend: B,
+enum Command {
+    Seccomp(Arc<BpfProgram>, SyncSender<Result<(), seccompiler::Error>>),
+    Start(Box<Activation>, SyncSender<Result<(), ActivateError>>),
 }
 
-/// The device's grip on a running worker.
-pub(crate) struct WorkerHandle<B> {
+/// The device's grip on its worker thread.
+pub(crate) struct WorkerThread {
+    /// `None` once the thread has been told to exit.
+    commands: Option<SyncSender<Command>>,
+    /// One message at the end of every run (stopped, or failed on its own).
+    stopped: Receiver<()>,
     stop: EventFd,
-    thread: JoinHandle<Option<B>>,
+    running: bool,
+    thread: Option<JoinHandle<()>>,
 }
 
-impl<B> WorkerHandle<B> {
-    /// Stops the worker (if still running) and takes the backend back.
-    pub(crate) fn stop(self) -> Option<B> {
+/// The thread's long-lived file descriptors.
+struct ThreadParts {
+    stop: EventFd,
+    timer: TimerFd,
+    tuning_changed: EventFd,
+}
+
+impl ThreadParts {
+    fn new(tuning: &TuningShared) -> io::Result<ThreadParts> {
+        // SAFETY: timerfd_create takes no pointers; the result is checked before use.
+        let fd = unsafe {
+            libc::timerfd_create(
+                libc::CLOCK_MONOTONIC,
+                libc::TFD_NONBLOCK | libc::TFD_CLOEXEC,
+            )
+        };
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: `fd` is a fresh timerfd that nothing else owns; TimerFd closes it on drop.
+        let timer = unsafe { TimerFd::from_raw_fd(fd) };
+        Ok(ThreadParts {
+            stop: EventFd::new(EFD_NONBLOCK)?,
+            timer,
+            tuning_changed: tuning.changed.try_clone()?,
+        })
+    }
+}
+
+impl WorkerThread {
+    /// Starts the thread that will run `backend`'s datapath. On failure the backend is handed
+    /// back.
+    pub(crate) fn spawn<B: NetBackend>(
+        name: &str,
+        backend: B,
+        shared: Shared,
+    ) -> Result<WorkerThread, (io::Error, B)> {
+        let parts = match ThreadParts::new(&shared.tuning) {
+            Ok(parts) => parts,
+            Err(e) => return Err((e, backend)),
+        };
+        let stop = match parts.stop.try_clone() {
+            Ok(stop) => stop,
+            Err(e) => return Err((e, backend)),
+        };
+        let (command_tx, command_rx) = mpsc::sync_channel(1);
+        let (stopped_tx, stopped_rx) = mpsc::sync_channel(1);
+        // The backend is sent after the thread exists, so a failed spawn keeps it here.
+        let (backend_tx, backend_rx) = mpsc::sync_channel::<B>(1);
+        let spawned = thread::Builder::new()
+            .name(name.to_owned())
+            .spawn(move || thread_main(backend_rx, command_rx, stopped_tx, parts, shared));
+        let thread = match spawned {
+            Ok(thread) => thread,
+            Err(e) => return Err((e, backend)),
+        };
+        if let Err(mpsc::SendError(backend)) = backend_tx.send(backend) {
+            return Err((io::Error::other("worker thread exited early"), backend));
+        }
+        Ok(WorkerThread {
+            commands: Some(command_tx),
+            stopped: stopped_rx,
+            stop,
+            running: false,
+            thread: Some(thread),
+        })
+    }
+
+    /// Installs `filter` on the worker thread (it then applies to every later run).
+    pub(crate) fn apply_seccomp(&self, filter: Arc<BpfProgram>) -> Result<(), WorkerThreadError> {
+        if self.running {
+            // The thread only reads commands between runs.
+            return Err(WorkerThreadError::Busy);
+        }
+        let (reply_tx, reply_rx) = mpsc::sync_channel(1);
+        self.send(Command::Seccomp(filter, reply_tx))?;
+        reply_rx
+            .recv()
+            .map_err(|_| WorkerThreadError::Gone)?
+            .map_err(WorkerThreadError::Seccomp)
+    }
+
+    /// Starts a run; returns once the thread has taken the activation (or refused it).
+    pub(crate) fn start(&mut self, activation: Activation) -> Result<(), ActivateError> {
+        self.stop();
+        let (reply_tx, reply_rx) = mpsc::sync_channel(1);
+        self.send(Command::Start(Box::new(activation), reply_tx))
+            .map_err(|_| ActivateError::BackendUnavailable)?;
+        reply_rx
+            .recv()
+            .map_err(|_| ActivateError::BackendUnavailable)??;
+        self.running = true;
+        Ok(())
+    }
+
+    /// Ends the current run, if any, and waits until the thread is idle again.
+    pub(crate) fn stop(&mut self) {
+        if !self.running {
+            return;
+        }
+        self.running = false;
         if let Err(e) = self.stop.write(1) {
             error!("virtio-net: failed to signal the worker to stop: {e}");
         }
-        match self.thread.join() {
-            Ok(backend) => backend,
-            Err(_) => {
-                error!("virtio-net: worker thread panicked outside its loop; backend lost");
-                None
+        if self.stopped.recv().is_err() {
+            error!("virtio-net: the worker thread is gone; backend lost");
+        }
+    }
+
+    /// True between a successful [`start`](Self::start) and the next [`stop`](Self::stop).
+    pub(crate) fn is_running(&self) -> bool {
+        self.running
+    }
+
+    fn send(&self, command: Command) -> Result<(), WorkerThreadError> {
+        self.commands
+            .as_ref()
+            .ok_or(WorkerThreadError::Gone)?
+            .send(command)
+            .map_err(|_| WorkerThreadError::Gone)
+    }
+}
+
+impl Drop for WorkerThread {
+    fn drop(&mut self) {
+        self.stop();
+        // Closing the command channel ends the thread's wait.
+        self.commands = None;
+        if let Some(thread) = self.thread.take() {
+            if thread.join().is_err() {
+                error!("virtio-net: worker thread panicked outside its loop");
             }
         }
     }
 }
 
-impl<B: NetBackend> Worker<B> {
-    /// Sets up the event loop and starts the thread.
-    pub(crate) fn spawn(self, name: &str) -> Result<WorkerHandle<B>, SpawnError<B>> {
-        let (epoll, stop) = match EventLoop::setup(&self) {
-            Ok(parts) => parts,
-            Err(e) => {
-                return Err(SpawnError {
-                    error: ActivateError::EventLoop(e),
-                    backend: self.backend,
-                })
+/// The thread body: waits for commands until the device goes away.
+fn thread_main<B: NetBackend>(
+    backend: Receiver<B>,
+    commands: Receiver<Command>,
+    stopped: SyncSender<()>,
+    mut parts: ThreadParts,
+    shared: Shared,
+) {
+    let Ok(mut backend) = backend.recv() else {
+        return;
+    };
+    while let Ok(command) = commands.recv() {
+        match command {
+            Command::Seccomp(filter, reply) => {
+                // The device waits for the reply; it cannot have gone away meanwhile.
+                let _ = reply.send(seccompiler::apply_filter(&filter));
             }
-        };
-        let mut event_loop = EventLoop::new(self, epoll, stop);
-        if let Err(e) = event_loop.update_backend_interest() {
-            return Err(SpawnError {
-                error: ActivateError::EventLoop(e),
-                backend: event_loop.w.backend,
-            });
+            Command::Start(activation, reply) => {
+                match EventLoop::prepare(*activation, backend, &mut parts, &shared) {
+                    Ok(event_loop) => {
+                        let _ = reply.send(Ok(()));
+                        backend = event_loop.run_to_end();
+                        let _ = stopped.send(());
+                    }
+                    Err((error, returned)) => {
+                        backend = returned;
+                        let _ = reply.send(Err(error));
+                    }
+                }
+            }
         }
-        let stop = match event_loop.stop.try_clone() {
-            Ok(stop) => stop,
-            Err(e) => {
-                return Err(SpawnError {
-                    error: ActivateError::EventLoop(e),
-                    backend: event_loop.w.backend,
-                })
-            }
-        };
-        // The loop is sent after the thread exists, so a failed spawn keeps the backend here.
-        let (sender, receiver) = mpsc::sync_channel::<EventLoop<B>>(1);
-        let thread = thread::Builder::new()
-            .name(name.to_owned())
-            .spawn(move || receiver.recv().ok().map(EventLoop::run_to_end));
-        let thread = match thread {
-            Ok(thread) => thread,
-            Err(e) => {
-                return Err(SpawnError {
-                    error: ActivateError::Spawn(e),
-                    backend: event_loop.w.backend,
-                })
-            }
-        };
-        if let Err(mpsc::SendError(event_loop)) = sender.send(event_loop) {
-            return Err(SpawnError {
-                error: ActivateError::Spawn(io::Error::other("worker thread exited early")),
-                backend: event_loop.w.backend,
-            });
-        }
-        Ok(WorkerHandle { stop, thread })
     }
 }
 
-/// The running worker's state.
-struct EventLoop<B> {
-    w: Worker<B>,
+/// Per-round counts of device-level events, published with the queue counters.
+#[derive(Default)]
+struct DeviceCounters {
+    interrupts_held: u64,
+    coalesce_packet_releases: u64,
+    coalesce_timer_releases: u64,
+    event_idx_overrides: u64,
+}
+
+impl DeviceCounters {
+    fn publish(&mut self, metrics: &NetMetrics) {
+        metrics.interrupts_held.add(self.interrupts_held);
+        metrics
+            .coalesce_packet_releases
+            .add(self.coalesce_packet_releases);
+        metrics
+            .coalesce_timer_releases
+            .add(self.coalesce_timer_releases);
+        metrics.event_idx_overrides.add(self.event_idx_overrides);
+        *self = DeviceCounters::default();
+    }
+}
+
+/// A running worker's state.
+struct EventLoop<'p, B> {
+    mem: GuestMemoryMmap,
+    rx: Queue,
+    tx: Queue,
+    rx_kick: EventFd,
+    tx_kick: EventFd,
+    backend: B,
+    rx_mode: RxMode,
+    interrupt: Arc<VirtioInterrupt>,
+    metrics: Arc<NetMetrics>,
+    tuning_shared: Arc<TuningShared>,
+    parts: &'p mut ThreadParts,
     epoll: Epoll,
-    stop: EventFd,
+    /// The knobs in force: a copy, refreshed when the tuning eventfd fires.
+    tuning: NetTuning,
     rx_counters: RxCounters,
     tx_counters: TxCounters,
+    device_counters: DeviceCounters,
     /// Not polling the backend for input: no rx buffers (or a read error) until the next kick.
     rx_paused: bool,
     /// The backend refused a frame with EAGAIN: waiting for it to become writable.
@@ -190,17 +372,73 @@ struct EventLoop<B> {
     registered: EventSet,
     /// Used buffers were returned this round and the guest wants an interrupt.
     irq_pending: bool,
+    /// An interrupt held back by coalescing: frames completed since it was first held.
+    held: Option<u64>,
 }
 
-impl<B: NetBackend> EventLoop<B> {
-    /// The epoll set (kicks and stop registered) and the stop eventfd.
-    fn setup(w: &Worker<B>) -> io::Result<(Epoll, EventFd)> {
+impl<'p, B: NetBackend> EventLoop<'p, B> {
+    /// Configures the backend for the negotiated features and sets up the epoll set (kicks,
+    /// stop, tuning and timer registered; the backend by `update_backend_interest`).
+    fn prepare(
+        a: Activation,
+        mut backend: B,
+        parts: &'p mut ThreadParts,
+        shared: &Shared,
+    ) -> Result<Self, (ActivateError, B)> {
+        let configured = backend
+            .set_vnet_hdr_size(VNET_HDR_LEN as u32)
+            .and_then(|()| backend.set_offloads(a.offloads));
+        if let Err(e) = configured {
+            return Err((ActivateError::Backend(e), backend));
+        }
+        // A stop written after the previous run ended on its own is stale.
+        let _ = parts.stop.read();
+        if let Err(e) = parts.timer.clear() {
+            return Err((ActivateError::EventLoop(io_err(e)), backend));
+        }
+        let epoll = match Self::setup_epoll(&a, parts) {
+            Ok(epoll) => epoll,
+            Err(e) => return Err((ActivateError::EventLoop(e), backend)),
+        };
+        let mut event_loop = EventLoop {
+            mem: a.mem,
+            rx: a.rx,
+            tx: a.tx,
+            rx_kick: a.rx_kick,
+            tx_kick: a.tx_kick,
+            backend,
+            rx_mode: a.rx_mode,
+            interrupt: a.interrupt,
+            metrics: shared.metrics.clone(),
+            tuning_shared: shared.tuning.clone(),
+            parts,
+            epoll,
+            tuning: shared.tuning.load(),
+            rx_counters: RxCounters::default(),
+            tx_counters: TxCounters::default(),
+            device_counters: DeviceCounters::default(),
+            rx_paused: false,
+            tx_waiting: false,
+            tx_more: false,
+            backend_gone: false,
+            registered: EventSet::empty(),
+            irq_pending: false,
+            held: None,
+        };
+        if let Err(e) = event_loop.update_backend_interest() {
+            return Err((ActivateError::EventLoop(e), event_loop.backend));
+        }
+        Ok(event_loop)
+    }
+
+    fn setup_epoll(a: &Activation, parts: &ThreadParts) -> io::Result<Epoll> {
         let epoll = Epoll::new()?;
-        let stop = EventFd::new(EFD_NONBLOCK)?;
         for (fd, token) in [
-            (w.tx_kick.as_raw_fd(), Token::TxKick),
-            (w.rx_kick.as_raw_fd(), Token::RxKick),
-            (stop.as_raw_fd(), Token::Stop),
+            (a.tx_kick.as_raw_fd(), Token::TxKick),
+            (a.rx_kick.as_raw_fd(), Token::RxKick),
+            (parts.stop.as_raw_fd(), Token::Stop),
+            (parts.tuning_changed.as_raw_fd(), Token::Tuning),
+            (parts.timer.as_raw_fd(), Token::CoalesceTimer),
         ] {
             epoll.ctl(
                 ControlOperation::Add,
@@ -208,27 +446,10 @@ impl<B: NetBackend> EventLoop<B> {
                 EpollEvent::new(EventSet::IN, token.data()),
             )?;
         }
-        Ok((epoll, stop))
+        Ok(epoll)
     }
 
-    /// The loop state; the backend is not registered yet (see `update_backend_interest`).
-    fn new(w: Worker<B>, epoll: Epoll, stop: EventFd) -> Self {
-        EventLoop {
-            w,
-            epoll,
-            stop,
-            rx_counters: RxCounters::default(),
-            tx_counters: TxCounters::default(),
-            rx_paused: false,
-            tx_waiting: false,
-            tx_more: false,
-            backend_gone: false,
-            registered: EventSet::empty(),
-            irq_pending: false,
-        }
-    }
-
-    /// The thread body: runs until stopped or failed, then hands the backend back.
+    /// Runs until stopped or failed, then hands the backend back.
     fn run_to_end(mut self) -> B {
         let result = panic::catch_unwind(AssertUnwindSafe(|| self.run()));
         let failure = match result {
@@ -239,12 +460,14 @@ impl<B: NetBackend> EventLoop<B> {
         self.publish();
         if let Some(why) = failure {
             error!("virtio-net worker stopped, device needs reset: {why}");
-            self.w.metrics.needs_reset_events.add(1);
-            if let Err(e) = self.w.interrupt.set_needs_reset() {
+            self.metrics.needs_reset_events.add(1);
+            if let Err(e) = self.interrupt.set_needs_reset() {
                 error!("virtio-net: failed to signal DEVICE_NEEDS_RESET: {e}");
             }
         }
-        self.w.backend
+        // The timer must not fire into the next run.
+        let _ = self.parts.timer.clear();
+        self.backend
     }
 
     fn run(&mut self) -> Result<(), WorkerError> {
@@ -265,14 +488,19 @@ impl<B: NetBackend> EventLoop<B> {
                 match Token::from_data(event.data()) {
                     Some(Token::Stop) => return Ok(()),
                     Some(Token::TxKick) => {
-                        self.tx_counters.kicks += drain(&self.w.tx_kick)?;
+                        self.tx_counters.kicks += drain(&self.tx_kick)?;
                         self.run_tx()?;
                     }
                     Some(Token::RxKick) => {
-                        self.rx_counters.kicks += drain(&self.w.rx_kick)?;
+                        self.rx_counters.kicks += drain(&self.rx_kick)?;
                         self.resume_rx()?;
                     }
                     Some(Token::Backend) => self.backend_ready(event.event_set())?,
+                    Some(Token::Tuning) => {
+                        drain(&self.parts.tuning_changed)?;
+                        self.retune()?;
+                    }
+                    Some(Token::CoalesceTimer) => self.timer_expired()?,
                     None => warn!("virtio-net worker: unknown epoll token {}", event.data()),
                 }
             }
@@ -289,16 +517,16 @@ impl<B: NetBackend> EventLoop<B> {
             return Ok(());
         }
         let outcome = process_tx(
-            &mut self.w.tx,
-            &self.w.mem,
-            &mut self.w.backend,
+            &mut self.tx,
+            &self.mem,
+            &mut self.backend,
             &mut self.tx_counters,
         )
         .map_err(|source| WorkerError::Ring {
             queue: "tx",
             source,
         })?;
-        self.irq_pending |= outcome.needs_interrupt;
+        self.want_interrupt(outcome.needs_interrupt, outcome.suppressed_by_event_idx);
         match outcome.stop {
             TxStop::Drained => {}
             TxStop::BackendFull => {
@@ -316,17 +544,17 @@ impl<B: NetBackend> EventLoop<B> {
             return Ok(());
         }
         let outcome = process_rx(
-            &mut self.w.rx,
-            &self.w.mem,
-            &mut self.w.backend,
-            self.w.rx_mode,
+            &mut self.rx,
+            &self.mem,
+            &mut self.backend,
+            self.rx_mode,
             &mut self.rx_counters,
         )
         .map_err(|source| WorkerError::Ring {
             queue: "rx",
             source,
         })?;
-        self.irq_pending |= outcome.needs_interrupt;
+        self.want_interrupt(outcome.needs_interrupt, outcome.suppressed_by_event_idx);
         match outcome.stop {
             // Level-triggered epoll reports the backend again if frames remain.
             RxStop::BackendEmpty | RxStop::Budget => {}
@@ -341,6 +569,16 @@ impl<B: NetBackend> EventLoop<B> {
             }
         }
         self.update_backend_interest().map_err(WorkerError::Epoll)
+    }
+
+    /// Records a batch's interrupt decision, overriding EVENT_IDX suppression when tuned off.
+    fn want_interrupt(&mut self, needs_interrupt: bool, suppressed_by_event_idx: bool) {
+        if needs_interrupt {
+            self.irq_pending = true;
+        } else if suppressed_by_event_idx && !self.tuning.event_idx {
+            self.irq_pending = true;
+            self.device_counters.event_idx_overrides += 1;
+        }
     }
 
     fn resume_rx(&mut self) -> Result<(), WorkerError> {
@@ -376,7 +614,7 @@ impl<B: NetBackend> EventLoop<B> {
         if want == self.registered {
             return Ok(());
         }
-        let fd = self.w.backend.as_raw_fd();
+        let fd = self.backend.as_raw_fd();
         let op = match (self.registered.is_empty(), want.is_empty()) {
             (true, _) => ControlOperation::Add,
             (false, true) => ControlOperation::Delete,
@@ -388,23 +626,82 @@ impl<B: NetBackend> EventLoop<B> {
         Ok(())
     }
 
-    /// End of a round: one interrupt for everything completed, counters published once.
+    /// End of a round: one interrupt for everything completed (now, or held back by
+    /// coalescing until its packet or time bound), counters published once.
     fn flush(&mut self) -> Result<(), WorkerError> {
-        if self.irq_pending {
-            self.irq_pending = false;
-            self.w
-                .interrupt
-                .signal_used_queue()
-                .map_err(WorkerError::Interrupt)?;
-            self.w.metrics.irqfd_signals.add(1);
+        let coalescing = self.tuning.interrupt_coalescing;
+        let completed = self.rx_counters.frames + self.tx_counters.frames;
+        let wanted = std::mem::take(&mut self.irq_pending);
+        if wanted && self.held.is_none() {
+            if coalescing.is_enabled() {
+                self.parts
+                    .timer
+                    .reset(Duration::from_micros(coalescing.max_usecs.into()), None)
+                    .map_err(|e| WorkerError::Timer(io_err(e)))?;
+                self.held = Some(0);
+            } else {
+                self.signal()?;
+            }
+        }
+        if let Some(held) = self.held.as_mut() {
+            *held += completed;
+            if coalescing.max_packets > 0 && *held >= u64::from(coalescing.max_packets) {
+                self.device_counters.coalesce_packet_releases += 1;
+                self.release()?;
+            } else if wanted {
+                self.device_counters.interrupts_held += 1;
+            }
         }
         self.publish();
         Ok(())
     }
 
+    /// The coalescing timer fired: the held interrupt goes out now.
+    fn timer_expired(&mut self) -> Result<(), WorkerError> {
+        match self.parts.timer.wait() {
+            Ok(_) => {}
+            // Disarmed (by a packet release) after it fired: nothing to do.
+            Err(e) if e.errno() == libc::EAGAIN => return Ok(()),
+            Err(e) => return Err(WorkerError::Timer(io_err(e))),
+        }
+        if self.held.is_some() {
+            self.device_counters.coalesce_timer_releases += 1;
+            self.release()?;
+        }
+        Ok(())
+    }
+
+    /// Picks up new knobs; an interrupt held under bounds that no longer apply goes out now.
+    fn retune(&mut self) -> Result<(), WorkerError> {
+        self.tuning = self.tuning_shared.load();
+        if self.held.is_some() && !self.tuning.interrupt_coalescing.is_enabled() {
+            self.release()?;
+        }
+        Ok(())
+    }
+
+    /// Sends the held interrupt.
+    fn release(&mut self) -> Result<(), WorkerError> {
+        self.held = None;
+        self.parts
+            .timer
+            .clear()
+            .map_err(|e| WorkerError::Timer(io_err(e)))?;
+        self.signal()
+    }
+
+    fn signal(&mut self) -> Result<(), WorkerError> {
+        self.interrupt
+            .signal_used_queue()
+            .map_err(WorkerError::Interrupt)?;
+        self.metrics.irqfd_signals.add(1);
+        Ok(())
+    }
+
     fn publish(&mut self) {
-        self.rx_counters.publish(&self.w.metrics.rx);
-        self.tx_counters.publish(&self.w.metrics.tx);
+        self.rx_counters.publish(&self.metrics.rx);
+        self.tx_counters.publish(&self.metrics.tx);
+        self.device_counters.publish(&self.metrics);
     }
 }
 
@@ -415,6 +712,10 @@ fn drain(kick: &EventFd) -> Result<u64, WorkerError> {
         Err(e) if e.kind() == io::ErrorKind::WouldBlock => Ok(0),
         Err(e) => Err(WorkerError::Kick(e)),
     }
+}
+
+fn io_err(e: vmm_sys_util::errno::Error) -> io::Error {
+    io::Error::from_raw_os_error(e.errno())
 }
 
 /// An error and its causes, joined for one log line.

@@ -5,5 +5,6 @@ mod hostile;
 mod notify;
 mod rx;
 mod support;
+mod tuning;
 mod tx;
 mod worker;

@@ -16,38 +16,50 @@ use vm_memory::{GuestAddress, GuestMemoryMmap};
 use crate::backend::{Offloads, PairBackend, PairPeer};
 use crate::virtio::net::device::LinkState;
 use crate::virtio::net::tests::support::{frame, guest_mem, wire, Driver};
-use crate::virtio::net::{LinkControl, MacAddr, NetDevice, NetMetrics};
+use crate::virtio::net::{LinkControl, MacAddr, NetDevice, NetMetrics, TuningControl};
 use crate::virtio::testing::{wait_eventfd, wait_until, Registers};
 use crate::virtio::MmioTransport;
 use crate::BusDevice;
 
-const TIMEOUT: Duration = Duration::from_secs(10);
-const VERSION_1: u64 = 1 << 32;
+pub(super) const TIMEOUT: Duration = Duration::from_secs(10);
+pub(super) const VERSION_1: u64 = 1 << 32;
 const MMIO_BASE: u64 = 0xd000_0000;
 
-struct Rig {
-    transport: MmioTransport,
-    peer: PairPeer,
-    metrics: Arc<NetMetrics>,
-    link: LinkControl,
+pub(super) struct Rig {
+    pub(super) transport: MmioTransport,
+    pub(super) peer: PairPeer,
+    pub(super) metrics: Arc<NetMetrics>,
+    pub(super) link: LinkControl,
+    pub(super) tuning: TuningControl,
 }
 
-fn rig(mem: &GuestMemoryMmap) -> Rig {
+pub(super) fn rig(mem: &GuestMemoryMmap) -> Rig {
+    rig_with(mem, |_| {})
+}
+
+/// A rig whose device `configure` sees before it goes behind the transport.
+pub(super) fn rig_with(
+    mem: &GuestMemoryMmap,
+    configure: impl FnOnce(&mut NetDevice<PairBackend>),
+) -> Rig {
     let (backend, peer) = PairBackend::new().expect("socketpair");
-    let device = NetDevice::with_backend(backend, MacAddr::new([2, 0, 0, 0, 0, 1]), 256);
+    let mut device = NetDevice::with_backend(backend, MacAddr::new([2, 0, 0, 0, 0, 1]), 256);
+    configure(&mut device);
     let metrics = device.metrics();
     let link = device.link_control();
+    let tuning = device.tuning_control();
     let transport = MmioTransport::new(mem.clone(), Box::new(device)).expect("transport");
     Rig {
         transport,
         peer,
         metrics,
         link,
+        tuning,
     }
 }
 
 /// Negotiates `features`, programs both queues and sets DRIVER_OK.
-fn start(t: &mut MmioTransport, features: u64, rx: &Driver<'_>, tx: &Driver<'_>) {
+pub(super) fn start(t: &mut MmioTransport, features: u64, rx: &Driver<'_>, tx: &Driver<'_>) {
     assert!(t.negotiate(features), "FEATURES_OK accepted");
     t.setup_queue(0, 256, rx.ring_addrs());
     t.setup_queue(1, 256, tx.ring_addrs());
@@ -60,19 +72,19 @@ fn start(t: &mut MmioTransport, features: u64, rx: &Driver<'_>, tx: &Driver<'_>)
 }
 
 /// Plays KVM: the guest wrote `queue` to QueueNotify, the ioeventfd fires.
-fn kick(t: &MmioTransport, queue: usize) {
+pub(super) fn kick(t: &MmioTransport, queue: usize) {
     t.ioeventfds(MMIO_BASE)[queue].0.write(1).expect("kick");
 }
 
 /// Waits for the irqfd and acknowledges what InterruptStatus says.
-fn take_interrupt(t: &mut MmioTransport) -> u32 {
+pub(super) fn take_interrupt(t: &mut MmioTransport) -> u32 {
     assert!(wait_eventfd(t.irqfd(), TIMEOUT) > 0, "irqfd signalled");
     let status = t.r32(VIRTIO_MMIO_INTERRUPT_STATUS);
     t.w32(VIRTIO_MMIO_INTERRUPT_ACK, status);
     status
 }
 
-fn queues(mem: &GuestMemoryMmap) -> (Driver<'_>, Driver<'_>) {
+pub(super) fn queues(mem: &GuestMemoryMmap) -> (Driver<'_>, Driver<'_>) {
     (
         Driver::at(mem, GuestAddress(0), 256, 0x10_0000),
         Driver::at(mem, GuestAddress(0x1_0000), 256, 0x40_0000),

@@ -1,0 +1,179 @@
+//! Runtime knobs end to end through the worker: interrupt coalescing (packet and time bounds,
+//! switched off while an interrupt is held), EVENT_IDX suppression switched off, and the
+//! worker's seccomp filter.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use seccompiler::{SeccompAction, SeccompFilter, TargetArch};
+use virtio_bindings::virtio_config::VIRTIO_CONFIG_S_NEEDS_RESET;
+use virtio_bindings::virtio_mmio::{VIRTIO_MMIO_INT_CONFIG, VIRTIO_MMIO_INT_VRING};
+use virtio_bindings::virtio_ring::VIRTIO_RING_F_EVENT_IDX;
+
+use super::support::{frame, guest_mem, wire, Driver};
+use super::worker::{kick, queues, rig, rig_with, start, take_interrupt, Rig, TIMEOUT, VERSION_1};
+use crate::virtio::net::{InterruptCoalescing, NetTuning};
+use crate::virtio::testing::{wait_eventfd, wait_until, Registers};
+use crate::virtio::MmioTransport;
+
+fn coalescing(max_packets: u16, max_usecs: u32) -> NetTuning {
+    NetTuning {
+        interrupt_coalescing: InterruptCoalescing {
+            max_packets,
+            max_usecs,
+        },
+        event_idx: true,
+    }
+}
+
+/// Sends one frame from the guest and waits until the device has returned its buffer.
+fn send_one(rig: &Rig, tx: &mut Driver<'_>, seed: u8) {
+    let used = tx.used_idx();
+    tx.push_tx(&wire(&frame(64, seed)), &[]);
+    kick(&rig.transport, 1);
+    rig.peer.recv_frame().expect("frame");
+    assert!(wait_until(TIMEOUT, || tx.used_idx() == used.wrapping_add(1)));
+}
+
+fn no_interrupt(t: &MmioTransport) -> bool {
+    wait_eventfd(t.irqfd(), Duration::from_millis(50)) == 0
+}
+
+#[test]
+fn coalescing_holds_the_interrupt_until_max_packets() {
+    let mem = guest_mem();
+    let mut rig = rig(&mem);
+    rig.tuning.set(coalescing(4, 1_000_000)).expect("valid");
+    let (rx, mut tx) = queues(&mem);
+    start(&mut rig.transport, VERSION_1, &rx, &tx);
+    for seed in 0..3 {
+        send_one(&rig, &mut tx, seed);
+    }
+    assert!(no_interrupt(&rig.transport), "held: 3 of 4 packets");
+    send_one(&rig, &mut tx, 3);
+    assert_eq!(take_interrupt(&mut rig.transport), VIRTIO_MMIO_INT_VRING);
+    assert!(wait_until(TIMEOUT, || rig
+        .metrics
+        .coalesce_packet_releases
+        .get()
+        == 1));
+    assert_eq!(rig.metrics.interrupts_held.get(), 3);
+    assert_eq!(rig.metrics.irqfd_signals.get(), 1);
+    assert_eq!(
+        rig.metrics.tx.interrupts_raised.get(),
+        4,
+        "the driver wanted 4"
+    );
+    assert_eq!(rig.metrics.coalesce_timer_releases.get(), 0);
+}
+
+#[test]
+fn coalescing_releases_a_held_interrupt_after_max_usecs() {
+    let mem = guest_mem();
+    let mut rig = rig(&mem);
+    let (rx, mut tx) = queues(&mem);
+    start(&mut rig.transport, VERSION_1, &rx, &tx);
+    // Changed at run time, while the worker runs.
+    rig.tuning.set(coalescing(64, 30_000)).expect("valid");
+    std::thread::sleep(Duration::from_millis(20));
+    let sent = Instant::now();
+    send_one(&rig, &mut tx, 1);
+    assert_eq!(take_interrupt(&mut rig.transport), VIRTIO_MMIO_INT_VRING);
+    assert!(
+        sent.elapsed() >= Duration::from_millis(30),
+        "{:?}",
+        sent.elapsed()
+    );
+    assert!(wait_until(TIMEOUT, || rig
+        .metrics
+        .coalesce_timer_releases
+        .get()
+        == 1));
+    assert_eq!(rig.metrics.interrupts_held.get(), 1);
+    assert_eq!(rig.metrics.irqfd_signals.get(), 1);
+}
+
+#[test]
+fn switching_coalescing_off_releases_the_held_interrupt() {
+    let mem = guest_mem();
+    let mut rig = rig(&mem);
+    rig.tuning.set(coalescing(0, 1_000_000)).expect("valid");
+    let (rx, mut tx) = queues(&mem);
+    start(&mut rig.transport, VERSION_1, &rx, &tx);
+    send_one(&rig, &mut tx, 1);
+    assert!(no_interrupt(&rig.transport), "held for up to 1 s");
+    let switched = Instant::now();
+    rig.tuning.set(NetTuning::default()).expect("valid");
+    assert_eq!(take_interrupt(&mut rig.transport), VIRTIO_MMIO_INT_VRING);
+    assert!(switched.elapsed() < Duration::from_millis(500));
+    assert_eq!(rig.metrics.coalesce_timer_releases.get(), 0);
+    // Off now: the next batch interrupts at once.
+    send_one(&rig, &mut tx, 2);
+    assert_eq!(take_interrupt(&mut rig.transport), VIRTIO_MMIO_INT_VRING);
+}
+
+#[test]
+fn event_idx_suppression_can_be_switched_off() {
+    let mem = guest_mem();
+    let mut rig = rig(&mem);
+    let (rx, mut tx) = queues(&mem);
+    start(
+        &mut rig.transport,
+        VERSION_1 | 1 << VIRTIO_RING_F_EVENT_IDX,
+        &rx,
+        &tx,
+    );
+    rig.tuning
+        .set(NetTuning {
+            event_idx: false,
+            ..NetTuning::default()
+        })
+        .expect("valid");
+    std::thread::sleep(Duration::from_millis(20));
+    // used_event stays 0: the driver wants only the first interrupt; the device sends three.
+    for seed in 0..3 {
+        send_one(&rig, &mut tx, seed);
+        assert_eq!(take_interrupt(&mut rig.transport), VIRTIO_MMIO_INT_VRING);
+    }
+    assert_eq!(rig.metrics.tx.interrupts_raised.get(), 1);
+    assert_eq!(rig.metrics.tx.interrupts_suppressed_event_idx.get(), 2);
+    assert_eq!(rig.metrics.event_idx_overrides.get(), 2);
+}
+
+#[test]
+fn the_worker_applies_its_seccomp_filter_before_running() {
+    // A filter that lets everything through except epoll_wait, which fails with EPERM: the
+    // worker's first wait fails, so the device asks for a reset. The test thread itself is
+    // not filtered.
+    let denied = [libc::SYS_epoll_wait, libc::SYS_epoll_pwait]
+        .into_iter()
+        .map(|nr| (nr, Vec::new()))
+        .collect::<BTreeMap<_, _>>();
+    let filter = SeccompFilter::new(
+        denied,
+        SeccompAction::Allow,
+        SeccompAction::Errno(libc::EPERM as u32),
+        TargetArch::x86_64,
+    )
+    .expect("filter");
+    let program: seccompiler::BpfProgram = filter.try_into().expect("compiles");
+    let mem = guest_mem();
+    let mut rig = rig_with(&mem, |device| {
+        device
+            .set_worker_seccomp_filter(Arc::new(program))
+            .expect("installed");
+    });
+    let (rx, tx) = queues(&mem);
+    // Not `start`: the device may already ask for a reset before DRIVER_OK can be read back.
+    let t = &mut rig.transport;
+    assert!(t.negotiate(VERSION_1));
+    t.setup_queue(0, 256, rx.ring_addrs());
+    t.setup_queue(1, 256, tx.ring_addrs());
+    t.driver_ok();
+    assert!(wait_until(TIMEOUT, || rig.transport.status()
+        & VIRTIO_CONFIG_S_NEEDS_RESET
+        != 0));
+    assert_eq!(take_interrupt(&mut rig.transport), VIRTIO_MMIO_INT_CONFIG);
+    assert_eq!(rig.metrics.needs_reset_events.get(), 1);
+}

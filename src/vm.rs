@@ -1,0 +1,437 @@
+//! A running VM: memory, KVM, devices and vCPU threads, built from a validated [`VmConfig`].
+//!
+//! [`RunningVm::start`] builds everything and starts the vCPUs (each installs its seccomp
+//! filter before `KVM_RUN`); the VMM thread then watches [`RunningVm::reset_evt`] and
+//! [`RunningVm::vcpu_exit_evt`], and calls [`RunningVm::stop`] when the VM must end.
+
+use std::io::{self, IsTerminal, Read};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::thread::{self, JoinHandle};
+use std::time::{Duration, Instant};
+
+use devices::legacy::{CmosRtc, Serial, I8042};
+use devices::virtio::net::{NetDevice, NetMetrics, NetTuning, NetTuningUpdate, TuningControl};
+use devices::virtio::MmioTransport;
+use serde_json::{Map, Value};
+use vm_memory::GuestAddress;
+use vmm_sys_util::eventfd::EventFd;
+use vmm_sys_util::signal::{Killable, SIGRTMIN};
+use vmm_sys_util::terminal::Terminal;
+
+use crate::boot::{self, BootError};
+use crate::bus::Bus;
+use crate::config::{self, VmConfig};
+use crate::host::HostQuirks;
+use crate::kvm::vcpu::{Vcpu, VcpuExit};
+use crate::kvm::Vm;
+use crate::memory;
+use crate::seccomp::{Filters, ThreadKind};
+use crate::{error_chain, VmmError};
+
+/// COM1's ports and interrupt.
+const COM1_PORT: u64 = 0x3f8;
+const COM1_GSI: u32 = 4;
+/// The CMOS RTC's index/data ports.
+const RTC_PORT: u64 = 0x70;
+/// The i8042's data port; its command/status port is 4 above.
+const I8042_PORT: u64 = 0x60;
+/// The keyboard's interrupt.
+const KEYBOARD_GSI: u32 = 1;
+/// Each virtio-mmio device's register window.
+const MMIO_DEVICE_SIZE: u64 = 0x1000;
+/// How long [`RunningVm::stop`] waits for the vCPU threads.
+const VCPU_STOP_DEADLINE: Duration = Duration::from_secs(2);
+
+/// A virtio-net device as the VMM keeps it.
+struct AttachedNet {
+    iface_id: String,
+    tap: String,
+    transport: Arc<Mutex<MmioTransport>>,
+    metrics: Arc<NetMetrics>,
+    tuning: TuningControl,
+}
+
+/// The VM while it runs.
+pub struct RunningVm {
+    /// Keeps the KVM VM (and its memory slots) alive.
+    _vm: Vm,
+    vcpu_threads: Vec<JoinHandle<()>>,
+    stop: Arc<AtomicBool>,
+    nets: Vec<AttachedNet>,
+    i8042: Arc<Mutex<I8042>>,
+    reset_evt: EventFd,
+    vcpu_exit_evt: EventFd,
+    first_exit: Arc<Mutex<Option<VcpuExit>>>,
+    _console: ConsoleInput,
+    started: Instant,
+    vcpu_count: u8,
+}
+
+fn lock<T: ?Sized>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // Every guarded value here stays consistent across a panic elsewhere.
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl RunningVm {
+    /// Builds the VM described by `config` (which must be valid) and starts its vCPUs. With
+    /// `filters`, every thread it starts installs its seccomp filter first.
+    pub fn start(config: &VmConfig, filters: Option<&Filters>) -> Result<RunningVm, VmmError> {
+        config.validate()?;
+        let boot_source = config
+            .boot_source
+            .as_ref()
+            .ok_or(config::ConfigError::MissingBootSource)?;
+        let mem_size = config.machine_config.mem_size_mib << 20;
+        let mem = memory::create_guest_memory(mem_size).map_err(|source| VmmError::Memory {
+            mib: config.machine_config.mem_size_mib,
+            source,
+        })?;
+        let vm = Vm::new(&mem)?;
+
+        let kernel = boot::load_kernel(&mem, &boot_source.kernel_image_path)?;
+        let initrd = match &boot_source.initrd_path {
+            Some(path) => Some(boot::load_initrd(&mem, path, &kernel)?),
+            None => None,
+        };
+
+        // (MMIO base, GSI) of each virtio device, for the kernel command line.
+        let mut cmdline_devices: Vec<(u64, u32)> = Vec::new();
+
+        // Legacy devices on the port bus.
+        let mut pio = Bus::new();
+        let serial_irq = EventFd::new(libc::EFD_NONBLOCK).map_err(VmmError::EventFd)?;
+        vm.register_irqfd(&serial_irq, COM1_GSI)?;
+        let serial = Arc::new(Mutex::new(Serial::new(serial_irq, io::stdout())));
+        pio.insert(serial.clone(), COM1_PORT, 8)?;
+        pio.insert(Arc::new(Mutex::new(CmosRtc::new())), RTC_PORT, 2)?;
+        let reset_evt = EventFd::new(libc::EFD_NONBLOCK).map_err(VmmError::EventFd)?;
+        let keyboard_irq = EventFd::new(libc::EFD_NONBLOCK).map_err(VmmError::EventFd)?;
+        vm.register_irqfd(&keyboard_irq, KEYBOARD_GSI)?;
+        let i8042 = Arc::new(Mutex::new(
+            I8042::new(reset_evt.try_clone().map_err(VmmError::EventFd)?)
+                .with_keyboard_interrupt(keyboard_irq),
+        ));
+        pio.insert(i8042.clone(), I8042_PORT, 5)?;
+        let mut mmio = Bus::new();
+        let nets = attach_net_devices(config, &vm, &mem, &mut mmio, &mut cmdline_devices, filters)?;
+
+        let vcpus = (0..config.machine_config.vcpu_count)
+            .map(|id| {
+                Vcpu::new(
+                    &vm,
+                    id,
+                    kernel.entry,
+                    mem.clone(),
+                    pio.clone(),
+                    mmio.clone(),
+                )
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+
+        let mut cmdline = boot::new_cmdline(config.base_cmdline())?;
+        for &(base, gsi) in &cmdline_devices {
+            cmdline
+                .add_virtio_mmio_device(MMIO_DEVICE_SIZE, GuestAddress(base), gsi, None)
+                .map_err(BootError::Cmdline)?;
+        }
+        // Linux reads the TSC frequency from CPUID leaf 0x15 only on Intel; elsewhere, without
+        // kvmclock, it calibrates against the PIT (slow, and it may mark the TSC unstable).
+        if let Some(khz) = vcpus.first().and_then(Vcpu::tsc_khz) {
+            if !config.base_cmdline().contains("tsc_early_khz=") {
+                cmdline
+                    .insert("tsc_early_khz", &khz.to_string())
+                    .map_err(BootError::Cmdline)?;
+            }
+        }
+        let quirks = HostQuirks::detect();
+        if let Some(extra) = quirks.extra_cmdline() {
+            log::info!("host KVM is the PVM module: appending `{extra}` to the guest command line");
+            cmdline.insert_str(extra).map_err(BootError::Cmdline)?;
+        }
+
+        boot::configure_system(
+            &mem,
+            &kernel,
+            &cmdline,
+            initrd,
+            mem_size,
+            config.machine_config.vcpu_count,
+        )?;
+        log::info!(
+            "booting {:?} ({} MiB, {} vCPU), command line: {}",
+            boot_source.kernel_image_path,
+            config.machine_config.mem_size_mib,
+            config.machine_config.vcpu_count,
+            cmdline
+                .as_cstring()
+                .map(|c| c.to_string_lossy().into_owned())
+                .unwrap_or_default()
+        );
+
+        // Nothing may fail once the vCPUs run: everything else is set up first.
+        let console = ConsoleInput::start(serial, filters.cloned())?;
+        let vcpu_exit_evt = EventFd::new(libc::EFD_NONBLOCK).map_err(VmmError::EventFd)?;
+        let first_exit: Arc<Mutex<Option<VcpuExit>>> = Arc::new(Mutex::new(None));
+        let stop = Arc::new(AtomicBool::new(false));
+        let exit_evts = vcpus
+            .iter()
+            .map(|_| vcpu_exit_evt.try_clone())
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(VmmError::EventFd)?;
+        let mut vm = RunningVm {
+            _vm: vm,
+            vcpu_threads: Vec::new(),
+            stop,
+            nets,
+            i8042,
+            reset_evt,
+            vcpu_exit_evt,
+            first_exit,
+            _console: console,
+            started: Instant::now(),
+            vcpu_count: config.machine_config.vcpu_count,
+        };
+        for (vcpu, exit_evt) in vcpus.into_iter().zip(exit_evts) {
+            let id = vcpu.id();
+            let slot = vm.first_exit.clone();
+            let stop = vm.stop.clone();
+            let filters = filters.cloned();
+            let spawned = thread::Builder::new()
+                .name(format!("vcpu{id}"))
+                .spawn(move || {
+                    let exit = match filters.map(|f| f.apply(ThreadKind::Vcpu)) {
+                        Some(Err(e)) => VcpuExit::Fault(format!("vCPU {id}: {}", error_chain(&e))),
+                        _ => vcpu.run(&stop),
+                    };
+                    if exit == VcpuExit::Stopped {
+                        return;
+                    }
+                    lock(&slot).get_or_insert(exit);
+                    // If the eventfd cannot be written the VMM still sees the slot on its
+                    // next watchdog tick.
+                    let _ = exit_evt.write(1);
+                });
+            match spawned {
+                Ok(handle) => vm.vcpu_threads.push(handle),
+                Err(e) => {
+                    // Stop the vCPUs already running before reporting.
+                    vm.stop();
+                    return Err(VmmError::Thread(e));
+                }
+            }
+        }
+        Ok(vm)
+    }
+
+    /// Written when the guest resets the machine through the i8042.
+    pub fn reset_evt(&self) -> &EventFd {
+        &self.reset_evt
+    }
+
+    /// Written when a vCPU stops on its own (see [`RunningVm::take_exit`]).
+    pub fn vcpu_exit_evt(&self) -> &EventFd {
+        &self.vcpu_exit_evt
+    }
+
+    /// Why the first vCPU that stopped on its own stopped.
+    pub fn take_exit(&self) -> Option<VcpuExit> {
+        let _ = self.vcpu_exit_evt.read();
+        lock(&self.first_exit).take()
+    }
+
+    /// Interrupts each vCPU's `KVM_RUN` so that it checks it still makes progress.
+    pub fn kick_vcpus(&self) {
+        for t in &self.vcpu_threads {
+            // A vCPU thread that has already ended cannot be signalled; that is fine.
+            let _ = t.kill(SIGRTMIN());
+        }
+    }
+
+    /// The vCPU count.
+    pub fn vcpu_count(&self) -> u8 {
+        self.vcpu_count
+    }
+
+    /// How long the VM has run.
+    pub fn uptime(&self) -> Duration {
+        self.started.elapsed()
+    }
+
+    /// Presses Ctrl+Alt+Del on the i8042 keyboard. Returns whether a guest driver listens to
+    /// the keyboard (if not, the keys cannot reach the guest).
+    pub fn send_ctrl_alt_del(&self) -> bool {
+        let mut i8042 = lock(&self.i8042);
+        let ready = i8042.keyboard_driver_ready();
+        if let Err(e) = i8042.trigger_ctrl_alt_del() {
+            log::warn!("Ctrl+Alt+Del: {e}");
+        }
+        ready
+    }
+
+    /// Changes the knobs of interface `iface_id` on the running device; returns the tuning
+    /// now in force.
+    pub fn update_tuning(
+        &self,
+        iface_id: &str,
+        update: &NetTuningUpdate,
+    ) -> Result<NetTuning, crate::VmmActionError> {
+        let net = self
+            .nets
+            .iter()
+            .find(|n| n.iface_id == iface_id)
+            .ok_or_else(|| crate::unknown_iface(iface_id))?;
+        let tuning = net.tuning.get().updated(update);
+        net.tuning
+            .set(tuning)
+            .map_err(|e| crate::VmmActionError(format!("network interface {iface_id:?}: {e}")))?;
+        Ok(tuning)
+    }
+
+    /// The devices' metrics: `{IFACE_ID: {..counters.., "host_dev_name": TAP}}`.
+    pub fn net_metrics(&self) -> Map<String, Value> {
+        let mut by_iface = Map::new();
+        for net in &self.nets {
+            let mut value = serde_json::to_value(&*net.metrics).unwrap_or(Value::Null);
+            if let Value::Object(fields) = &mut value {
+                fields.insert("host_dev_name".into(), Value::String(net.tap.clone()));
+            }
+            by_iface.insert(net.iface_id.clone(), value);
+        }
+        by_iface
+    }
+
+    /// Stops the vCPUs and the device workers (their last counts are published). The VM's
+    /// memory and file descriptors go when it is dropped.
+    pub fn stop(&mut self) {
+        self.stop.store(true, Ordering::Release);
+        let deadline = Instant::now() + VCPU_STOP_DEADLINE;
+        // A kick can land just before KVM_RUN is entered; kick until every thread is out.
+        while self.vcpu_threads.iter().any(|t| !t.is_finished()) && Instant::now() < deadline {
+            self.kick_vcpus();
+            thread::sleep(Duration::from_millis(5));
+        }
+        for t in std::mem::take(&mut self.vcpu_threads) {
+            if t.is_finished() {
+                let _ = t.join();
+            } else {
+                log::warn!("a vCPU thread did not stop within {VCPU_STOP_DEADLINE:?}");
+            }
+        }
+        for net in &self.nets {
+            lock(&net.transport).shutdown();
+        }
+    }
+}
+
+/// Creates each virtio-net device, places it in MMIO space with its GSI, and registers its
+/// queue notifications as ioeventfds and its interrupt as an irqfd.
+fn attach_net_devices(
+    config: &VmConfig,
+    vm: &Vm,
+    mem: &memory::GuestMemory,
+    mmio: &mut Bus,
+    cmdline_devices: &mut Vec<(u64, u32)>,
+    filters: Option<&Filters>,
+) -> Result<Vec<AttachedNet>, VmmError> {
+    let mut attached = Vec::new();
+    for (i, iface) in config.network_interfaces.iter().enumerate() {
+        let base = memory::MMIO_START + i as u64 * MMIO_DEVICE_SIZE;
+        let gsi = config::FIRST_VIRTIO_GSI + i as u32;
+        let net_config = iface.net_config()?;
+        let net_err = |source| VmmError::Net {
+            tap: net_config.tap.clone(),
+            source,
+        };
+        let mut device = NetDevice::new(&net_config).map_err(net_err)?;
+        if let Some(filters) = filters {
+            device
+                .set_worker_seccomp_filter(filters.get(ThreadKind::NetWorker).clone())
+                .map_err(net_err)?;
+        }
+        let tuning = device.tuning_control();
+        tuning.set(iface.tuning).map_err(|error| {
+            VmmError::Config(config::ConfigError::Tuning {
+                iface_id: iface.iface_id.clone(),
+                error,
+            })
+        })?;
+        let metrics = device.metrics();
+        let transport = MmioTransport::new(mem.clone(), Box::new(device))
+            .map_err(|e| VmmError::Transport(e.to_string()))?;
+        vm.register_irqfd(transport.irqfd(), gsi)?;
+        for (evt, addr, datamatch) in transport.ioeventfds(base) {
+            vm.register_mmio_ioevent(evt, addr, datamatch)?;
+        }
+        let transport = Arc::new(Mutex::new(transport));
+        mmio.insert(transport.clone(), base, MMIO_DEVICE_SIZE)?;
+        cmdline_devices.push((base, gsi));
+        log::info!(
+            "virtio-net {:?} on tap {:?} (MAC {}) at {base:#x}, GSI {gsi}",
+            iface.iface_id,
+            net_config.tap,
+            net_config.mac
+        );
+        attached.push(AttachedNet {
+            iface_id: iface.iface_id.clone(),
+            tap: net_config.tap.clone(),
+            transport,
+            metrics,
+            tuning,
+        });
+    }
+    Ok(attached)
+}
+
+/// Copies the host's stdin into the UART, in raw mode when stdin is a terminal (restored when
+/// dropped). The thread installs the VMM's seccomp filter before it touches the UART.
+struct ConsoleInput {
+    raw_tty: bool,
+}
+
+impl ConsoleInput {
+    fn start<W: io::Write + Send + 'static>(
+        serial: Arc<Mutex<Serial<W>>>,
+        filters: Option<Filters>,
+    ) -> Result<Self, VmmError> {
+        let stdin = io::stdin();
+        let raw_tty = stdin.is_terminal() && stdin.lock().set_raw_mode().is_ok();
+        thread::Builder::new()
+            .name("console-in".into())
+            .spawn(move || {
+                if let Some(filters) = filters {
+                    if let Err(e) = filters.apply(ThreadKind::Vmm) {
+                        log::error!("console input disabled: {}", error_chain(&e));
+                        return;
+                    }
+                }
+                let mut buf = [0u8; 64];
+                let mut input = io::stdin().lock();
+                loop {
+                    let n = match input.read(&mut buf) {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => n,
+                    };
+                    let mut pending = &buf[..n];
+                    while !pending.is_empty() {
+                        let taken = lock(&serial).enqueue_input(pending).unwrap_or(0);
+                        pending = &pending[taken..];
+                        if !pending.is_empty() {
+                            // The guest has not drained the FIFO yet.
+                            thread::sleep(Duration::from_millis(5));
+                        }
+                    }
+                }
+            })
+            .map_err(VmmError::Thread)?;
+        Ok(ConsoleInput { raw_tty })
+    }
+}
+
+impl Drop for ConsoleInput {
+    fn drop(&mut self) {
+        if self.raw_tty {
+            let _ = io::stdin().lock().set_canon_mode();
+        }
+    }
+}
