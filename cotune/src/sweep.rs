@@ -219,7 +219,7 @@ struct PeerSide {
     _ns: Option<NetNs>,
     _sink: Option<Sink>,
     /// Keeps the peer end open while the peer thread or sink uses its raw fd.
-    _peer_fd: OwnedFd,
+    _peer_fd: Option<OwnedFd>,
     stop: Arc<AtomicBool>,
     thread: Option<thread::JoinHandle<(u64, u64)>>,
 }
@@ -276,7 +276,7 @@ fn make_trial(
                 PeerSide {
                     _ns: None,
                     _sink: sink,
-                    _peer_fd: peer_fd,
+                    _peer_fd: Some(peer_fd),
                     stop,
                     thread,
                 },
@@ -285,16 +285,17 @@ fn make_trial(
         BackendKind::Tap => {
             let ns = NetNs::new()?;
             let tap = ns.tap("ctap0")?;
-            let sock = ns.run(|| crate::env::packet_socket("ctap0"))??;
-            let thread = if receives {
+            // Transmit-only trials have no peer socket: a packet socket on the tap would clone
+            // every frame the device (or the raw loop) writes, inflating both.
+            let (sock, thread) = if receives {
+                let sock = ns.run(|| crate::env::packet_socket("ctap0"))??;
                 let (fd, s) = (sock.as_raw_fd(), stop.clone());
-                Some(
-                    thread::Builder::new()
-                        .name("cotune-peer".into())
-                        .spawn(move || peer_loop(fd, frame_size, false, true, &s))?,
-                )
+                let t = thread::Builder::new()
+                    .name("cotune-peer".into())
+                    .spawn(move || peer_loop(fd, frame_size, false, true, &s))?;
+                (Some(sock), Some(t))
             } else {
-                None
+                (None, None)
             };
             Ok((
                 Trial::Tap(tap),
