@@ -33,7 +33,8 @@ CACHE=${VMM_GUEST_CACHE:-$HOME/.cache/vmm-guest}
 KSRC_PKG=linux-source-6.12 # its version is part of both keys
 KSRC_TAR=/usr/src/linux-source-6.12.tar.xz
 KERNEL_PKGS=(linux-source-6.12 build-essential flex bison bc libelf-dev libssl-dev xz-utils)
-INITRD_PKGS=(linux-source-6.12 busybox-static gcc libc6-dev xz-utils)
+# iproute2: not needed to build, but every network test and scripts/demo.sh need `ip`.
+INITRD_PKGS=(linux-source-6.12 busybox-static gcc libc6-dev xz-utils iproute2)
 TRASH=() # build trees to delete once the lock is released
 export LC_ALL=C # stable glob order for the keys
 
@@ -64,6 +65,13 @@ require_pkgs() {
 	for p in "$@"; do
 		[[ $installed == *" installed:$p "* ]] || missing+=("$p")
 	done
+	if ((${#missing[@]})) && [[ $(id -u) == 0 && -z ${VMM_NO_INSTALL:-} ]]; then
+		# As root on a fresh machine, install what is missing (VMM_NO_INSTALL=1 disables).
+		log "installing missing Debian packages: ${missing[*]}"
+		apt-get update -qq >&2 && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >&2 ||
+			die "apt-get install ${missing[*]} failed"
+		missing=()
+	fi
 	if ((${#missing[@]})); then
 		log "error: missing Debian packages: ${missing[*]}"
 		log "install them with: apt-get install ${missing[*]}"
