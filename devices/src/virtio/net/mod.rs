@@ -60,7 +60,10 @@ pub use tuning::{InterruptCoalescing, NetTuning, NetTuningUpdate, TuningControl,
 pub use tx::{process_tx, TxOutcome, TxStop};
 pub use worker::WorkerThreadError;
 
-use crate::virtio::ring::InterruptDecision;
+use virtio_queue::Queue;
+use vm_memory::GuestMemoryMmap;
+
+use crate::virtio::ring::{interrupt_decision, InterruptDecision, RingError};
 
 /// Size of `virtio_net_hdr_v1` (VERSION_1 is always negotiated).
 pub const VNET_HDR_LEN: usize = 12;
@@ -73,25 +76,32 @@ pub const TX_QUEUE: usize = 1;
 /// Number of queues.
 pub const NUM_QUEUES: usize = 2;
 
-/// Counts an interrupt decision into a queue's counters; true if the guest is to be interrupted.
-fn count_interrupt(
-    decision: InterruptDecision,
+/// After a batch that returned `used` buffers: decides whether the driver wants an interrupt
+/// and counts the decision into a queue's counters. Returns (needs interrupt, suppressed by
+/// EVENT_IDX).
+fn batch_interrupt(
+    queue: &mut Queue,
+    mem: &GuestMemoryMmap,
+    used: usize,
     raised: &mut u64,
     suppressed_event_idx: &mut u64,
     suppressed_no_interrupt: &mut u64,
-) -> bool {
-    match decision {
+) -> Result<(bool, bool), RingError> {
+    if used == 0 {
+        return Ok((false, false));
+    }
+    Ok(match interrupt_decision(queue, mem)? {
         InterruptDecision::Raise => {
             *raised += 1;
-            true
+            (true, false)
         }
         InterruptDecision::SuppressedByEventIdx => {
             *suppressed_event_idx += 1;
-            false
+            (false, true)
         }
         InterruptDecision::SuppressedByFlag => {
             *suppressed_no_interrupt += 1;
-            false
+            (false, false)
         }
-    }
+    })
 }

@@ -19,13 +19,11 @@ use virtio_queue::{Queue, QueueT};
 use vm_memory::GuestMemoryMmap;
 
 use super::metrics::RxCounters;
-use super::{count_interrupt, MAX_FRAME_LEN, VNET_HDR_LEN};
+use super::{batch_interrupt, MAX_FRAME_LEN, VNET_HDR_LEN};
 use crate::backend::NetBackend;
 use crate::iovec::{IovecList, Iovecs, MAX_IOVECS};
 use crate::virtio::chain::{parse_chain, Direction};
-use crate::virtio::ring::{
-    add_used, interrupt_decision, pop_chain, unpop_chains, InterruptDecision, RingError,
-};
+use crate::virtio::ring::{add_used, pop_chain, unpop_chains, RingError};
 
 /// Most frames one [`process_rx`] call reads before yielding to other work.
 pub const RX_BUDGET: usize = 256;
@@ -134,20 +132,14 @@ pub fn process_rx<B: NetBackend>(
         }
     };
     pool.give_back(queue);
-    let decision = if used > 0 {
-        Some(interrupt_decision(queue, mem)?)
-    } else {
-        None
-    };
-    let needs_interrupt = decision.is_some_and(|decision| {
-        count_interrupt(
-            decision,
-            &mut counters.interrupts_raised,
-            &mut counters.interrupts_suppressed_event_idx,
-            &mut counters.interrupts_suppressed_no_interrupt,
-        )
-    });
-    let suppressed_by_event_idx = decision == Some(InterruptDecision::SuppressedByEventIdx);
+    let (needs_interrupt, suppressed_by_event_idx) = batch_interrupt(
+        queue,
+        mem,
+        used,
+        &mut counters.interrupts_raised,
+        &mut counters.interrupts_suppressed_event_idx,
+        &mut counters.interrupts_suppressed_no_interrupt,
+    )?;
     Ok(RxOutcome {
         needs_interrupt,
         suppressed_by_event_idx,

@@ -12,13 +12,11 @@ use virtio_queue::{Queue, QueueT};
 use vm_memory::GuestMemoryMmap;
 
 use super::metrics::TxCounters;
-use super::{count_interrupt, MAX_FRAME_LEN, VNET_HDR_LEN};
+use super::{batch_interrupt, MAX_FRAME_LEN, VNET_HDR_LEN};
 use crate::backend::NetBackend;
 use crate::iovec::{IovecList, Iovecs};
 use crate::virtio::chain::{parse_chain, Direction};
-use crate::virtio::ring::{
-    add_used, interrupt_decision, pop_chain, unpop_chains, InterruptDecision, RingError,
-};
+use crate::virtio::ring::{add_used, pop_chain, unpop_chains, RingError};
 
 /// Most frames one [`process_tx`] call sends before yielding to other work.
 pub const TX_BUDGET: usize = 256;
@@ -115,20 +113,14 @@ pub fn process_tx<B: NetBackend>(
         add_used(queue, mem, head, 0)?;
         used += 1;
     };
-    let decision = if used > 0 {
-        Some(interrupt_decision(queue, mem)?)
-    } else {
-        None
-    };
-    let needs_interrupt = decision.is_some_and(|decision| {
-        count_interrupt(
-            decision,
-            &mut counters.interrupts_raised,
-            &mut counters.interrupts_suppressed_event_idx,
-            &mut counters.interrupts_suppressed_no_interrupt,
-        )
-    });
-    let suppressed_by_event_idx = decision == Some(InterruptDecision::SuppressedByEventIdx);
+    let (needs_interrupt, suppressed_by_event_idx) = batch_interrupt(
+        queue,
+        mem,
+        used,
+        &mut counters.interrupts_raised,
+        &mut counters.interrupts_suppressed_event_idx,
+        &mut counters.interrupts_suppressed_no_interrupt,
+    )?;
     Ok(TxOutcome {
         needs_interrupt,
         suppressed_by_event_idx,
