@@ -147,7 +147,9 @@ fn bad_sizes_are_clear_errors() {
 fn missing_dev_kvm_is_a_clear_error() {
     // A private mount namespace whose /dev is an empty tmpfs: no /dev/kvm in it.
     let kernel = path("kernel");
-    let vmm = integration_tests::vmm_binary().to_string_lossy().into_owned();
+    let vmm = integration_tests::vmm_binary()
+        .to_string_lossy()
+        .into_owned();
     let script = format!("mount -t tmpfs tmpfs /dev && exec '{vmm}' --kernel '{kernel}'");
     let out = integration_tests::run_command(
         std::process::Command::new("unshare").args(["--mount", "sh", "-c", &script]),
