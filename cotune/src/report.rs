@@ -108,7 +108,12 @@ pub fn to_table(rows: &[Row]) -> String {
 
 /// Draws pps and kicks/pkt against the knob, one panel pair per preset, into an SVG file.
 pub fn plot_svg(rows: &[Row], path: &Path) -> io::Result<()> {
-    let mut presets: Vec<&str> = rows.iter().map(|r| r.preset.as_str()).collect();
+    // The baseline is one point with no kicks: it is the denominator, not a curve.
+    let mut presets: Vec<&str> = rows
+        .iter()
+        .filter(|r| r.preset != "baseline")
+        .map(|r| r.preset.as_str())
+        .collect();
     presets.dedup();
     let panels = presets.len().max(1);
     let root = SVGBackend::new(path, (1000, 360 * panels as u32)).into_drawing_area();
@@ -116,10 +121,18 @@ pub fn plot_svg(rows: &[Row], path: &Path) -> io::Result<()> {
     let areas = root.split_evenly((panels, 2));
     for (p, preset) in presets.iter().enumerate() {
         let pts: Vec<&Row> = rows.iter().filter(|r| r.preset == *preset).collect();
+        let one_size = pts.iter().all(|r| r.frame_size == pts[0].frame_size);
         let labels: Vec<String> = pts
             .iter()
-            .map(|r| format!("{}/{}", r.value, r.frame_size))
+            .map(|r| {
+                if one_size {
+                    r.value.clone()
+                } else {
+                    format!("{}/{}B", r.value, r.frame_size)
+                }
+            })
             .collect();
+        let long_labels = labels.iter().any(|l| l.len() > 14);
         for (col, (metric, get)) in [
             ("pps", (|r: &Row| r.pps) as fn(&Row) -> f64),
             ("kicks/pkt", |r: &Row| r.kicks_per_pkt),
@@ -149,6 +162,16 @@ pub fn plot_svg(rows: &[Row], path: &Path) -> io::Result<()> {
                 .x_labels(n.min(16))
                 .x_label_formatter(&move |i: &usize| {
                     labels_ref.get(*i).cloned().unwrap_or_default()
+                })
+                .x_label_style(("sans-serif", if long_labels { 8 } else { 11 }))
+                .y_label_formatter(&move |v: &f64| {
+                    if ymax >= 100.0 {
+                        format!("{v:.0}")
+                    } else if ymax >= 0.01 {
+                        format!("{v:.4}")
+                    } else {
+                        format!("{v:.1e}")
+                    }
                 })
                 .draw()
                 .map_err(plot_err)?;
