@@ -11,7 +11,7 @@ use devices::virtio::net::{MacAddr, NetDevice, NetMetrics};
 use devices::virtio::MmioTransport as DeviceTransport;
 use vm_memory::{GuestAddress, GuestMemoryMmap};
 use vmm_sys_util::eventfd::EventFd;
-use vnet_driver::{Config, VirtioNet};
+use vnet_driver::{Config, QueueId, Rearm, VirtioNet, XdpAction};
 
 use crate::cost::{spin_for_ns, thread_cpu_ns};
 use crate::env::wait_readable;
@@ -104,6 +104,25 @@ impl Rig {
         }
         spin_for_ns(self.irq_cost_ns);
         self.net.handle_interrupt().any()
+    }
+
+    /// The tx poll (Linux's napi_tx): reclaims used tx buffers, re-arms tx interrupts, and
+    /// reclaims again if completions raced in while re-arming.
+    pub fn tx_poll(&mut self) {
+        self.net.reclaim_tx();
+        if self.net.enable_interrupts(QueueId::Tx) == Rearm::UsedPending {
+            self.net.reclaim_tx();
+        }
+    }
+
+    /// The rx NAPI poll: interrupts off, polls in budgets of 64 until the ring is empty,
+    /// re-arms, and polls once more if frames raced in while re-arming.
+    pub fn rx_poll(&mut self, program: &mut impl FnMut(&mut [u8]) -> XdpAction) {
+        self.net.disable_interrupts(QueueId::Rx);
+        while self.net.poll_rx_mut(64, program) == 64 {}
+        if self.net.enable_interrupts(QueueId::Rx) == Rearm::UsedPending {
+            self.net.poll_rx_mut(64, program);
+        }
     }
 
     /// The driver thread's CPU time so far, ns.

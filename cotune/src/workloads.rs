@@ -8,7 +8,7 @@ use std::os::fd::RawFd;
 use std::time::{Duration, Instant};
 
 use vnet_driver::xsk::{self, Umem, XdpDesc, XskConfig, XskMode};
-use vnet_driver::{Counters, Hal, QueueId, Rearm, TxCompletion, XdpAction};
+use vnet_driver::{Counters, Hal, TxCompletion, XdpAction};
 
 use crate::cost::{task_cpu_ns, threads_named};
 use crate::frames::test_frame;
@@ -146,11 +146,7 @@ fn service(rig: &mut Rig, starved: bool) {
     match mode {
         TxCompletion::TxInterrupt => {
             if irq || starved {
-                // The tx poll (napi_tx): reclaim, re-arm, and poll again if completions raced in.
-                rig.net.reclaim_tx();
-                if rig.net.enable_interrupts(QueueId::Tx) == Rearm::UsedPending {
-                    rig.net.reclaim_tx();
-                }
+                rig.tx_poll();
             }
         }
         TxCompletion::CleanFromRx => {
@@ -261,21 +257,13 @@ fn bidirectional(rig: &mut Rig, frame_size: usize, warmup: Duration, duration: D
         let batch = rig.net.transmit_batch(frames.iter().map(|f| f.as_slice()));
         let starved = batch.sent == 0;
         let irq = rig.take_interrupt(0);
-        // NAPI rx poll: disable, poll until empty, re-enable, re-check.
         if irq || rig.net.rx_has_used() {
-            rig.net.disable_interrupts(QueueId::Rx);
-            while rig.net.poll_rx(64, &mut |_| XdpAction::Drop) == 64 {}
-            if rig.net.enable_interrupts(QueueId::Rx) == Rearm::UsedPending {
-                rig.net.poll_rx(64, &mut |_| XdpAction::Drop);
-            }
+            rig.rx_poll(&mut |_| XdpAction::Drop);
         }
         match rig.net.config().tx_completion {
             TxCompletion::TxInterrupt => {
                 if irq || starved {
-                    rig.net.reclaim_tx();
-                    if rig.net.enable_interrupts(QueueId::Tx) == Rearm::UsedPending {
-                        rig.net.reclaim_tx();
-                    }
+                    rig.tx_poll();
                 }
             }
             // Reclaimed inside poll_rx; with no rx traffic at all a starved transmitter polls.
@@ -296,15 +284,10 @@ fn xdp_bounce(rig: &mut Rig, warmup: Duration, duration: Duration) -> Sample {
     let (a, b) = measure_window(rig, warmup, duration, &mut |rig| {
         let irq = rig.take_interrupt(1);
         if irq || rig.net.rx_has_used() {
-            rig.net.disable_interrupts(QueueId::Rx);
-            let mut program = |frame: &mut [u8]| {
+            rig.rx_poll(&mut |frame: &mut [u8]| {
                 vnet_driver::xdp::swap_macs(frame);
                 XdpAction::Tx
-            };
-            while rig.net.poll_rx_mut(64, &mut program) == 64 {}
-            if rig.net.enable_interrupts(QueueId::Rx) == Rearm::UsedPending {
-                rig.net.poll_rx_mut(64, &mut program);
-            }
+            });
         }
         if rig.net.config().tx_completion != TxCompletion::CleanFromRx {
             rig.net.reclaim_tx();

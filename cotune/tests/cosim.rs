@@ -10,7 +10,7 @@ use cotune::check::consistency;
 use cotune::frames::{check_frame, test_frame};
 use cotune::rig::{Rig, RigConfig};
 use devices::backend::{PairBackend, PairPeer};
-use vnet_driver::{Config, QueueId, Rearm, TxCompletion, XdpAction};
+use vnet_driver::{Config, QueueId, TxCompletion, XdpAction};
 
 const FRAMES: u32 = 2000;
 
@@ -52,10 +52,7 @@ fn transmit_and_check(rig: &mut Rig, peer: &PairPeer, size: usize) {
         }
         // Reclaim as the mode says; in every mode a transmitter out of descriptors polls.
         if rig.take_interrupt(0) || rig.net.tx_free_descriptors() == 0 {
-            rig.net.reclaim_tx();
-            if rig.net.enable_interrupts(QueueId::Tx) == Rearm::UsedPending {
-                rig.net.reclaim_tx();
-            }
+            rig.tx_poll();
         }
         while let Some(frame) = peer.try_recv_frame().unwrap() {
             let (hdr, eth) = frame.split_at(vnet_driver::VNET_HDR_LEN);
