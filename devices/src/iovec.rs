@@ -87,6 +87,56 @@ impl<'a> IovecList<'a> {
         Ok(())
     }
 
+    /// An empty list that reuses `storage`'s allocation (see [`into_storage`](Self::into_storage)):
+    /// the datapath keeps one per queue, so building a frame's list allocates nothing.
+    pub fn reuse(mut storage: Vec<libc::iovec>) -> Self {
+        storage.clear();
+        IovecList {
+            iovecs: storage,
+            bytes: 0,
+            _borrow: PhantomData,
+        }
+    }
+
+    /// A list over entries kept from an earlier [`into_storage`](Self::into_storage) that
+    /// covered `bytes` bytes.
+    ///
+    /// # Safety
+    /// Every entry must point to memory valid for reads and writes for all of `'a`.
+    pub(crate) unsafe fn from_parts(storage: Vec<libc::iovec>, bytes: usize) -> Self {
+        IovecList {
+            iovecs: storage,
+            bytes,
+            _borrow: PhantomData,
+        }
+    }
+
+    /// Gives the allocation back, for [`reuse`](Self::reuse).
+    pub fn into_storage(self) -> Vec<libc::iovec> {
+        self.iovecs
+    }
+
+    /// Appends `len` bytes at `host` (one entry; nothing for `len == 0`).
+    ///
+    /// # Safety
+    /// `host..host + len` must be valid for reads and writes for all of `'a` (guest memory that
+    /// a borrow of `'a` keeps mapped).
+    #[inline]
+    pub(crate) unsafe fn push_raw(&mut self, host: *mut u8, len: usize) -> Result<(), IovecError> {
+        if len == 0 {
+            return Ok(());
+        }
+        if self.iovecs.len() == MAX_IOVECS {
+            return Err(IovecError::TooManySegments);
+        }
+        self.iovecs.push(libc::iovec {
+            iov_base: host.cast(),
+            iov_len: len,
+        });
+        self.bytes += len;
+        Ok(())
+    }
+
     /// Appends a host buffer, borrowed mutably for `'a`.
     pub fn push_slice(&mut self, buf: &'a mut [u8]) -> Result<(), IovecError> {
         if self.iovecs.len() == MAX_IOVECS {

@@ -14,6 +14,7 @@ pub mod net;
 pub mod ring;
 #[cfg(test)]
 pub(crate) mod testing;
+pub mod vring;
 
 use std::io;
 use std::sync::Arc;
@@ -59,6 +60,10 @@ pub enum ActivateError {
     /// Configuring the backend for the negotiated features failed.
     #[error("failed to configure the backend")]
     Backend(#[source] io::Error),
+    /// A queue's rings are unusable (misaligned, outside guest memory, or the used ring
+    /// overlapping what the device reads).
+    #[error("a queue's rings are unusable")]
+    Ring(#[source] ring::RingError),
     /// Creating the worker's eventfds or epoll failed.
     #[error("failed to set up the worker's event loop")]
     EventLoop(#[source] io::Error),

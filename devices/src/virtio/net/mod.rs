@@ -55,15 +55,12 @@ mod tests;
 pub use config::{MacAddr, NetConfig, NetConfigError};
 pub use device::{LinkControl, LinkState, NetDevice, NetError};
 pub use metrics::NetMetrics;
-pub use rx::{process_rx, RxMode, RxOutcome, RxStop};
+pub use rx::{process_rx, RxMode, RxOutcome, RxQueue, RxStop};
 pub use tuning::{InterruptCoalescing, NetTuning, NetTuningUpdate, TuningControl, TuningError};
-pub use tx::{process_tx, TxOutcome, TxStop};
+pub use tx::{process_tx, TxOutcome, TxQueue, TxStop};
 pub use worker::WorkerThreadError;
 
-use virtio_queue::Queue;
-use vm_memory::GuestMemoryMmap;
-
-use crate::virtio::ring::{interrupt_decision, InterruptDecision, RingError};
+use crate::virtio::vring::InterruptDecision;
 
 /// Size of `virtio_net_hdr_v1` (VERSION_1 is always negotiated).
 pub const VNET_HDR_LEN: usize = 12;
@@ -76,32 +73,31 @@ pub const TX_QUEUE: usize = 1;
 /// Number of queues.
 pub const NUM_QUEUES: usize = 2;
 
-/// After a batch that returned `used` buffers: decides whether the driver wants an interrupt
-/// and counts the decision into a queue's counters. Returns (needs interrupt, suppressed by
-/// EVENT_IDX).
-fn batch_interrupt(
-    queue: &mut Queue,
-    mem: &GuestMemoryMmap,
-    used: usize,
+/// Used entries written before the used index is stored (and the driver sees them) within a
+/// call; the interrupt decision is still taken once per call.
+pub const USED_PUBLISH_BATCH: usize = 32;
+
+/// Counts a call's interrupt decision into a queue's counters. Returns (needs interrupt,
+/// suppressed by EVENT_IDX).
+fn count_interrupt(
+    decision: Option<InterruptDecision>,
     raised: &mut u64,
     suppressed_event_idx: &mut u64,
     suppressed_no_interrupt: &mut u64,
-) -> Result<(bool, bool), RingError> {
-    if used == 0 {
-        return Ok((false, false));
-    }
-    Ok(match interrupt_decision(queue, mem)? {
-        InterruptDecision::Raise => {
+) -> (bool, bool) {
+    match decision {
+        None => (false, false),
+        Some(InterruptDecision::Raise) => {
             *raised += 1;
             (true, false)
         }
-        InterruptDecision::SuppressedByEventIdx => {
+        Some(InterruptDecision::SuppressedByEventIdx) => {
             *suppressed_event_idx += 1;
             (false, true)
         }
-        InterruptDecision::SuppressedByFlag => {
+        Some(InterruptDecision::SuppressedByFlag) => {
             *suppressed_no_interrupt += 1;
             (false, false)
         }
-    })
+    }
 }

@@ -7,30 +7,38 @@
 //!   (the pool holds up to one maximal frame's worth), `num_buffers` says how many were used,
 //!   and the chains left over stay in the pool for the next frame.
 //!
-//! Chains still pooled when the call returns are handed back to the avail ring (un-popped), so
-//! nothing is lost and nothing is kept between calls. A frame larger than the buffers offered
-//! is truncated by the backend: it is dropped and counted, and the buffers are reused.
+//! The worker's [`RxQueue`] keeps the pool across calls: the device holds a frame's worth of
+//! buffers ahead (as vhost-net and hardware NICs do) and a call that delivers one frame pops
+//! about one chain. The one-shot [`process_rx`] hands the chains still pooled back to the avail
+//! ring (un-popped) at the end, so nothing is lost and nothing is kept. A frame larger than the
+//! buffers offered is truncated by the backend: it is dropped and counted, and the buffers are
+//! reused.
 
 use std::io;
 
 use log::debug;
 use virtio_bindings::virtio_net::VIRTIO_NET_F_MRG_RXBUF;
-use virtio_queue::{Queue, QueueT};
+use virtio_queue::Queue;
 use vm_memory::GuestMemoryMmap;
 
 use super::metrics::RxCounters;
-use super::{batch_interrupt, MAX_FRAME_LEN, VNET_HDR_LEN};
+use super::{count_interrupt, MAX_FRAME_LEN, USED_PUBLISH_BATCH, VNET_HDR_LEN};
 use crate::backend::NetBackend;
 use crate::iovec::{IovecList, Iovecs, MAX_IOVECS};
-use crate::virtio::chain::{parse_chain, Direction};
-use crate::virtio::ring::{add_used, pop_chain, unpop_chains, RingError};
+use crate::virtio::chain::Direction;
+use crate::virtio::ring::RingError;
+use crate::virtio::vring::{GuestView, RingOps, Virtqueue, WalkBudget};
 
-/// Most frames one [`process_rx`] call reads before yielding to other work.
+/// Most frames one [`RxQueue::process`] call reads before yielding to other work.
 pub const RX_BUDGET: usize = 256;
 
 /// Buffer space gathered before each read in mergeable mode: header + the largest frame a
 /// backend hands over (64 KiB GSO payload plus Ethernet and VLAN headers).
 pub const RX_GATHER_BYTES: u64 = VNET_HDR_LEN as u64 + MAX_FRAME_LEN as u64 + 18;
+
+/// Buffer space gathered before each read in mergeable mode when the guest accepts no GSO
+/// frames: header + a jumbo frame (9216-byte MTU, Ethernet and VLAN headers).
+pub const RX_GATHER_NO_GSO_BYTES: u64 = VNET_HDR_LEN as u64 + 9216 + 18;
 
 /// Offset of `num_buffers` in `virtio_net_hdr_v1`.
 const NUM_BUFFERS_OFFSET: usize = 10;
@@ -83,9 +91,148 @@ pub struct RxOutcome {
     pub stop: RxStop,
 }
 
-/// Moves frames from `backend` into the rx buffers the driver posted on `queue`.
-///
-/// An error means the ring itself is broken (the device must be marked NEEDS_RESET).
+/// A receive queue for one activation: the ring and the pool of rx chains popped ahead of the
+/// frames, kept across calls.
+#[derive(Debug)]
+pub struct RxQueue {
+    vq: Virtqueue,
+    mode: RxMode,
+    /// Buffer bytes gathered before a read in mergeable mode: what one frame can need.
+    gather: u64,
+    pool: PoolState,
+}
+
+impl RxQueue {
+    /// A receive queue over `vq`. In mergeable mode a read is posted over at least
+    /// `max_frame` bytes of buffers (header included) when the driver has them: the largest
+    /// frame the backend can hand over for the negotiated offloads.
+    pub fn new(vq: Virtqueue, mode: RxMode, max_frame: u64) -> RxQueue {
+        RxQueue {
+            vq,
+            mode,
+            gather: max_frame,
+            pool: PoolState::default(),
+        }
+    }
+
+    /// The ring.
+    pub fn virtqueue(&self) -> &Virtqueue {
+        &self.vq
+    }
+
+    /// Chains popped and waiting for frames.
+    pub fn pooled_chains(&self) -> usize {
+        self.pool.chains.len() - self.pool.first
+    }
+
+    /// Moves frames from `backend` into the rx buffers the driver posted.
+    ///
+    /// Chains are popped ahead of the frames and kept in a pool across calls, so a call that
+    /// delivers one frame pops about one chain. Used entries are published every
+    /// [`USED_PUBLISH_BATCH`] frames and at the end, with one interrupt decision per call. The
+    /// work is bounded by [`RX_BUDGET`] reads and by the descriptors visited. An error means the
+    /// ring itself is broken (the device must be marked NEEDS_RESET).
+    pub fn process<B: NetBackend>(
+        &mut self,
+        backend: &mut B,
+        counters: &mut RxCounters,
+    ) -> Result<RxOutcome, RingError> {
+        self.run(backend, counters, false)
+    }
+
+    fn run<B: NetBackend>(
+        &mut self,
+        backend: &mut B,
+        counters: &mut RxCounters,
+        give_back: bool,
+    ) -> Result<RxOutcome, RingError> {
+        let (guest, mut ring) = self.vq.split();
+        // SAFETY: every entry in the pool's storage was appended by `RingOps::walk_chain`
+        // through this queue's own guest view, i.e. points into `self.vq`'s memory, which the
+        // split borrow keeps mapped for as long as `pool` lives.
+        let mut pool = unsafe { RxPool::resume(&mut self.pool, self.mode, self.gather, give_back) };
+        let result = receive(&guest, &mut ring, &mut pool, backend, counters);
+        if give_back {
+            ring.unpop(u16::try_from(pool.unused()).unwrap_or(u16::MAX));
+            pool.clear();
+        }
+        ring.publish_used();
+        pool.suspend(&mut self.pool);
+        let stop = result?;
+        let (needs_interrupt, suppressed_by_event_idx) = count_interrupt(
+            ring.interrupt_decision(),
+            &mut counters.interrupts_raised,
+            &mut counters.interrupts_suppressed_event_idx,
+            &mut counters.interrupts_suppressed_no_interrupt,
+        );
+        Ok(RxOutcome {
+            needs_interrupt,
+            suppressed_by_event_idx,
+            stop,
+        })
+    }
+}
+
+fn receive<'g, B: NetBackend>(
+    guest: &GuestView<'g>,
+    ring: &mut RingOps<'_>,
+    pool: &mut RxPool<'g>,
+    backend: &mut B,
+    counters: &mut RxCounters,
+) -> Result<RxStop, RingError> {
+    let mut budget = WalkBudget::per_call();
+    let mut reads = 0usize;
+    let mut unpublished = 0usize;
+    ring.disable_notification();
+    loop {
+        if reads == RX_BUDGET || budget.exhausted() {
+            return Ok(RxStop::Budget);
+        }
+        pool.fill(guest, ring, counters, &mut budget)?;
+        if pool.is_empty() {
+            if budget.exhausted() {
+                return Ok(RxStop::Budget);
+            }
+            // The standard race: the driver may have posted buffers just before we re-enabled.
+            budget.charge(1);
+            if ring.enable_notification() {
+                ring.disable_notification();
+                continue;
+            }
+            counters.no_buffer_stalls += 1;
+            return Ok(RxStop::NoBuffers);
+        }
+        let window = pool.window();
+        let capacity = window.total_bytes();
+        reads += 1;
+        match read_frame(backend, window) {
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(RxStop::BackendEmpty),
+            Err(e) => {
+                debug!("virtio-net rx: backend read failed: {e}");
+                counters.backend_errors += 1;
+                return Ok(RxStop::BackendFailed);
+            }
+            Ok(0) => return Ok(RxStop::BackendClosed),
+            Ok(n) if n < VNET_HDR_LEN => counters.backend_errors += 1,
+            Ok(n) if n > capacity => counters.dropped_no_buffer += 1,
+            Ok(n) => {
+                unpublished += pool.complete_frame(ring, n);
+                counters.frames += 1;
+                counters.bytes += (n - VNET_HDR_LEN) as u64;
+                if unpublished >= USED_PUBLISH_BATCH {
+                    ring.publish_used();
+                    unpublished = 0;
+                }
+            }
+        }
+    }
+}
+
+/// Moves frames from `backend` into the rx buffers the driver posted on `queue`: one
+/// [`RxQueue::process`] call on a queue built for it, gathering up to [`RX_GATHER_BYTES`] in
+/// mergeable mode, with the chains left unused handed back to the avail ring and the ring
+/// positions written back to `queue`. For tests, fuzzers and one-off callers; the worker keeps
+/// an [`RxQueue`] (and its pool) for the whole activation.
 pub fn process_rx<B: NetBackend>(
     queue: &mut Queue,
     mem: &GuestMemoryMmap,
@@ -93,58 +240,10 @@ pub fn process_rx<B: NetBackend>(
     mode: RxMode,
     counters: &mut RxCounters,
 ) -> Result<RxOutcome, RingError> {
-    let mut pool = RxPool::new(mode);
-    let mut used = 0usize;
-    let mut reads = 0usize;
-    queue.disable_notification(mem)?;
-    let stop = loop {
-        if reads == RX_BUDGET {
-            break RxStop::Budget;
-        }
-        used += pool.fill(queue, mem, counters)?;
-        if pool.is_empty() {
-            // The standard race: the driver may have posted buffers just before we re-enabled.
-            if queue.enable_notification(mem)? {
-                queue.disable_notification(mem)?;
-                continue;
-            }
-            counters.no_buffer_stalls += 1;
-            break RxStop::NoBuffers;
-        }
-        let window = pool.window();
-        let capacity = window.total_bytes();
-        reads += 1;
-        match read_frame(backend, window) {
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => break RxStop::BackendEmpty,
-            Err(e) => {
-                debug!("virtio-net rx: backend read failed: {e}");
-                counters.backend_errors += 1;
-                break RxStop::BackendFailed;
-            }
-            Ok(0) => break RxStop::BackendClosed,
-            Ok(n) if n < VNET_HDR_LEN => counters.backend_errors += 1,
-            Ok(n) if n > capacity => counters.dropped_no_buffer += 1,
-            Ok(n) => {
-                used += pool.complete_frame(queue, mem, n)?;
-                counters.frames += 1;
-                counters.bytes += (n - VNET_HDR_LEN) as u64;
-            }
-        }
-    };
-    pool.give_back(queue);
-    let (needs_interrupt, suppressed_by_event_idx) = batch_interrupt(
-        queue,
-        mem,
-        used,
-        &mut counters.interrupts_raised,
-        &mut counters.interrupts_suppressed_event_idx,
-        &mut counters.interrupts_suppressed_no_interrupt,
-    )?;
-    Ok(RxOutcome {
-        needs_interrupt,
-        suppressed_by_event_idx,
-        stop,
-    })
+    let mut rxq = RxQueue::new(Virtqueue::new(queue, mem)?, mode, RX_GATHER_BYTES);
+    let result = rxq.run(backend, counters, true);
+    rxq.vq.sync_to(queue);
+    result
 }
 
 fn read_frame<B: NetBackend>(backend: &mut B, iovs: Iovecs<'_>) -> io::Result<usize> {
@@ -164,10 +263,27 @@ struct PooledChain {
     iov_count: usize,
 }
 
-/// The rx chains popped during one [`process_rx`] call, in avail-ring order. Chains
-/// `first..` are unused; their iovecs are `iovecs[first_iov..]`.
+/// The pool between calls: chains `first..` are unused; their iovecs are `iovecs[first_iov..]`.
+#[derive(Debug, Default)]
+struct PoolState {
+    chains: Vec<PooledChain>,
+    first: usize,
+    iovecs: Vec<libc::iovec>,
+    iov_bytes: usize,
+    first_iov: usize,
+    free_bytes: u64,
+}
+
+// SAFETY: the iovecs point into the guest memory of the `RxQueue` that owns this state (see
+// `RxQueue::run`); they are only dereferenced by the kernel during a call on that queue.
+unsafe impl Send for PoolState {}
+
+/// The pool during one call, its iovecs borrowed for the call's view of guest memory.
 struct RxPool<'m> {
     mode: RxMode,
+    gather: u64,
+    /// Keep the unused chains the tail of what was popped (they are handed back at the end).
+    keep_order: bool,
     chains: Vec<PooledChain>,
     first: usize,
     iovecs: IovecList<'m>,
@@ -176,15 +292,33 @@ struct RxPool<'m> {
 }
 
 impl<'m> RxPool<'m> {
-    fn new(mode: RxMode) -> Self {
+    /// Takes the pool out of `state` for one call.
+    ///
+    /// # Safety
+    /// Every iovec in `state` must point into guest memory that stays mapped during `'m`.
+    unsafe fn resume(state: &mut PoolState, mode: RxMode, gather: u64, keep_order: bool) -> Self {
+        let iovecs = std::mem::take(&mut state.iovecs);
         RxPool {
             mode,
-            chains: Vec::new(),
-            first: 0,
-            iovecs: IovecList::with_capacity(64),
-            first_iov: 0,
-            free_bytes: 0,
+            gather,
+            keep_order,
+            chains: std::mem::take(&mut state.chains),
+            first: state.first,
+            // SAFETY: the caller's contract.
+            iovecs: unsafe { IovecList::from_parts(iovecs, state.iov_bytes) },
+            first_iov: state.first_iov,
+            free_bytes: state.free_bytes,
         }
+    }
+
+    /// Puts the pool back into `state` for the next call.
+    fn suspend(self, state: &mut PoolState) {
+        state.iov_bytes = self.iovecs.total_bytes();
+        state.iovecs = self.iovecs.into_storage();
+        state.chains = self.chains;
+        state.first = self.first;
+        state.first_iov = self.first_iov;
+        state.free_bytes = self.free_bytes;
     }
 
     fn unused(&self) -> usize {
@@ -195,37 +329,44 @@ impl<'m> RxPool<'m> {
         self.unused() == 0
     }
 
+    fn clear(&mut self) {
+        self.chains.clear();
+        self.iovecs.clear();
+        self.first = 0;
+        self.first_iov = 0;
+        self.free_bytes = 0;
+    }
+
     fn has_enough(&self) -> bool {
         match self.mode {
             RxMode::SingleChain => !self.is_empty(),
             RxMode::Mergeable => {
-                self.free_bytes >= RX_GATHER_BYTES
-                    || self.iovecs.len() - self.first_iov >= MAX_IOVECS
+                self.free_bytes >= self.gather || self.iovecs.len() - self.first_iov >= MAX_IOVECS
             }
         }
     }
 
-    /// Pops chains until the pool can take a maximal frame or the driver has no more.
-    /// Returns how many malformed chains were returned to the driver.
+    /// Pops chains until the pool can take a maximal frame, the driver has no more, or the
+    /// call's budget is spent. Malformed chains are returned to the driver (length 0).
     fn fill(
         &mut self,
-        queue: &mut Queue,
-        mem: &'m GuestMemoryMmap,
+        guest: &GuestView<'m>,
+        ring: &mut RingOps<'_>,
         counters: &mut RxCounters,
-    ) -> Result<usize, RingError> {
-        let mut refused = 0;
-        while !self.has_enough() {
-            let Some(chain) = pop_chain(queue, mem)? else {
+        budget: &mut WalkBudget,
+    ) -> Result<(), RingError> {
+        while !self.has_enough() && !budget.exhausted() {
+            let Some(head) = ring.pop_head()? else {
                 break;
             };
-            let head = chain.head_index();
             let before = self.iovecs.len();
-            let result = parse_chain(
-                chain,
-                mem,
+            let result = ring.walk_chain(
+                guest,
+                head,
                 Direction::DeviceWrites,
                 u32::MAX,
                 &mut self.iovecs,
+                budget,
             );
             match result {
                 Ok(len) if len as usize >= VNET_HDR_LEN => {
@@ -243,17 +384,16 @@ impl<'m> RxPool<'m> {
                 }
                 Err(e) => debug!("virtio-net rx: chain {head} refused: {e}"),
             }
-            if !self.is_empty() {
+            if self.keep_order && !self.is_empty() {
                 // Return it only once the chains popped before it are used, so that the
                 // chains left in the pool always form the tail of what was popped.
-                unpop_chains(queue, 1);
+                ring.unpop(1);
                 break;
             }
-            add_used(queue, mem, head, 0)?;
+            ring.add_used(head, 0);
             counters.malformed_chains += 1;
-            refused += 1;
         }
-        Ok(refused)
+        Ok(())
     }
 
     /// The buffers the next frame is read into.
@@ -267,12 +407,7 @@ impl<'m> RxPool<'m> {
 
     /// A frame of `n` bytes (≤ the window) was read: returns the chains holding it to the
     /// driver, with `num_buffers` set. Returns how many chains were used.
-    fn complete_frame(
-        &mut self,
-        queue: &mut Queue,
-        mem: &GuestMemoryMmap,
-        n: usize,
-    ) -> Result<usize, RingError> {
+    fn complete_frame(&mut self, ring: &mut RingOps<'_>, n: usize) -> usize {
         let mut count = 0;
         let mut remaining = n;
         while remaining > 0 && self.first + count < self.chains.len() {
@@ -296,28 +431,19 @@ impl<'m> RxPool<'m> {
             let len = remaining.min(chain.len as usize);
             remaining -= len;
             // `len` ≤ chain.len, a u32.
-            add_used(queue, mem, chain.head, len as u32)?;
+            ring.add_used(chain.head, len as u32);
             self.first_iov += chain.iov_count;
             self.free_bytes -= u64::from(chain.len);
         }
         self.first += count;
         if self.is_empty() {
-            self.chains.clear();
-            self.iovecs.clear();
-            self.first = 0;
-            self.first_iov = 0;
+            self.clear();
         } else if self.first >= 64 {
             self.chains.drain(..self.first);
             self.iovecs.remove_prefix(self.first_iov);
             self.first = 0;
             self.first_iov = 0;
         }
-        Ok(count)
-    }
-
-    /// Puts the chains still unused back on the avail ring.
-    fn give_back(&mut self, queue: &mut Queue) {
-        // The pool never holds more chains than the queue size (≤ 32768).
-        unpop_chains(queue, u16::try_from(self.unused()).unwrap_or(u16::MAX));
+        count
     }
 }

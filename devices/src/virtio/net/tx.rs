@@ -8,17 +8,18 @@
 use std::io;
 
 use log::debug;
-use virtio_queue::{Queue, QueueT};
+use virtio_queue::Queue;
 use vm_memory::GuestMemoryMmap;
 
 use super::metrics::TxCounters;
-use super::{batch_interrupt, MAX_FRAME_LEN, VNET_HDR_LEN};
+use super::{count_interrupt, MAX_FRAME_LEN, USED_PUBLISH_BATCH, VNET_HDR_LEN};
 use crate::backend::NetBackend;
 use crate::iovec::{IovecList, Iovecs};
-use crate::virtio::chain::{parse_chain, Direction};
-use crate::virtio::ring::{add_used, pop_chain, unpop_chains, RingError};
+use crate::virtio::chain::Direction;
+use crate::virtio::ring::RingError;
+use crate::virtio::vring::{GuestView, RingOps, Virtqueue, WalkBudget};
 
-/// Most frames one [`process_tx`] call sends before yielding to other work.
+/// Most frames one [`TxQueue::process`] call sends before yielding to other work.
 pub const TX_BUDGET: usize = 256;
 
 /// Longest tx chain: header + largest frame.
@@ -49,40 +50,91 @@ pub struct TxOutcome {
     pub stop: TxStop,
 }
 
-/// Sends the frames the driver queued on `queue` to `backend`.
-///
-/// Malformed chains are returned with length 0 and counted; the driver's notifications are
-/// disabled while the queue is drained. An error means the ring itself is broken (the device
-/// must be marked NEEDS_RESET).
-pub fn process_tx<B: NetBackend>(
-    queue: &mut Queue,
-    mem: &GuestMemoryMmap,
+/// A transmit queue for one activation: the ring and the scatter-gather storage reused by
+/// every call (the datapath allocates nothing per frame or per call).
+#[derive(Debug)]
+pub struct TxQueue {
+    vq: Virtqueue,
+    scratch: Vec<libc::iovec>,
+}
+
+impl TxQueue {
+    /// A transmit queue over `vq`.
+    pub fn new(vq: Virtqueue) -> TxQueue {
+        TxQueue {
+            vq,
+            scratch: Vec::with_capacity(64),
+        }
+    }
+
+    /// The ring.
+    pub fn virtqueue(&self) -> &Virtqueue {
+        &self.vq
+    }
+
+    /// Sends the frames the driver queued to `backend`.
+    ///
+    /// Malformed chains are returned with length 0 and counted; the driver's notifications are
+    /// disabled while the queue is drained. Used entries are published every
+    /// [`USED_PUBLISH_BATCH`] frames and at the end, with one interrupt decision per call. The
+    /// work is bounded by [`TX_BUDGET`] frames and by the descriptors visited. An error means
+    /// the ring itself is broken (the device must be marked NEEDS_RESET).
+    pub fn process<B: NetBackend>(
+        &mut self,
+        backend: &mut B,
+        counters: &mut TxCounters,
+    ) -> Result<TxOutcome, RingError> {
+        let (guest, mut ring) = self.vq.split();
+        let mut iovs = IovecList::reuse(std::mem::take(&mut self.scratch));
+        let result = drain(&guest, &mut ring, &mut iovs, backend, counters);
+        ring.publish_used();
+        self.scratch = iovs.into_storage();
+        let stop = result?;
+        let (needs_interrupt, suppressed_by_event_idx) = count_interrupt(
+            ring.interrupt_decision(),
+            &mut counters.interrupts_raised,
+            &mut counters.interrupts_suppressed_event_idx,
+            &mut counters.interrupts_suppressed_no_interrupt,
+        );
+        Ok(TxOutcome {
+            needs_interrupt,
+            suppressed_by_event_idx,
+            stop,
+        })
+    }
+}
+
+fn drain<'g, B: NetBackend>(
+    guest: &GuestView<'g>,
+    ring: &mut RingOps<'_>,
+    iovs: &mut IovecList<'g>,
     backend: &mut B,
     counters: &mut TxCounters,
-) -> Result<TxOutcome, RingError> {
-    let mut iovs = IovecList::with_capacity(16);
-    let mut used = 0usize;
-    queue.disable_notification(mem)?;
-    let stop = loop {
-        if used == TX_BUDGET {
-            break TxStop::Budget;
+) -> Result<TxStop, RingError> {
+    let mut budget = WalkBudget::per_call();
+    let mut sent = 0usize;
+    ring.disable_notification();
+    loop {
+        if sent == TX_BUDGET || budget.exhausted() {
+            return Ok(TxStop::Budget);
         }
-        let Some(chain) = pop_chain(queue, mem)? else {
+        let Some(head) = ring.pop_head()? else {
             // The standard race: the driver may have queued more just before we re-enabled.
-            if queue.enable_notification(mem)? {
-                queue.disable_notification(mem)?;
+            budget.charge(1);
+            if ring.enable_notification() {
+                ring.disable_notification();
                 continue;
             }
-            break TxStop::Drained;
+            return Ok(TxStop::Drained);
         };
-        let head = chain.head_index();
         iovs.clear();
-        match parse_chain(
-            chain,
-            mem,
+        match ring.walk_chain(
+            guest,
+            head,
             Direction::DeviceReads,
             MAX_TX_CHAIN_LEN,
-            &mut iovs,
+            iovs,
+            &mut budget,
         ) {
             Ok(len) if len as usize > VNET_HDR_LEN => {
                 match write_frame(backend, iovs.as_iovecs()) {
@@ -91,9 +143,9 @@ pub fn process_tx<B: NetBackend>(
                         counters.bytes += u64::from(len) - VNET_HDR_LEN as u64;
                     }
                     Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                        unpop_chains(queue, 1);
+                        ring.unpop(1);
                         counters.backend_full += 1;
-                        break TxStop::BackendFull;
+                        return Ok(TxStop::BackendFull);
                     }
                     Err(e) => {
                         debug!("virtio-net tx: backend refused a {len}-byte frame: {e}");
@@ -110,22 +162,27 @@ pub fn process_tx<B: NetBackend>(
                 counters.malformed_chains += 1;
             }
         }
-        add_used(queue, mem, head, 0)?;
-        used += 1;
-    };
-    let (needs_interrupt, suppressed_by_event_idx) = batch_interrupt(
-        queue,
-        mem,
-        used,
-        &mut counters.interrupts_raised,
-        &mut counters.interrupts_suppressed_event_idx,
-        &mut counters.interrupts_suppressed_no_interrupt,
-    )?;
-    Ok(TxOutcome {
-        needs_interrupt,
-        suppressed_by_event_idx,
-        stop,
-    })
+        ring.add_used(head, 0);
+        sent += 1;
+        if sent % USED_PUBLISH_BATCH == 0 {
+            ring.publish_used();
+        }
+    }
+}
+
+/// Sends the frames the driver queued on `queue` to `backend`: one [`TxQueue::process`] call
+/// on a queue built for it, with the ring positions written back to `queue`. For tests,
+/// fuzzers and one-off callers; the worker keeps a [`TxQueue`] for the whole activation.
+pub fn process_tx<B: NetBackend>(
+    queue: &mut Queue,
+    mem: &GuestMemoryMmap,
+    backend: &mut B,
+    counters: &mut TxCounters,
+) -> Result<TxOutcome, RingError> {
+    let mut txq = TxQueue::new(Virtqueue::new(queue, mem)?);
+    let result = txq.process(backend, counters);
+    txq.vq.sync_to(queue);
+    result
 }
 
 fn write_frame<B: NetBackend>(backend: &mut B, iovs: Iovecs<'_>) -> io::Result<usize> {

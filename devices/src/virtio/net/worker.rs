@@ -33,12 +33,13 @@ use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 use vmm_sys_util::timerfd::TimerFd;
 
 use super::metrics::{NetMetrics, RxCounters, TxCounters};
-use super::rx::{process_rx, RxMode, RxStop};
+use super::rx::{RxMode, RxQueue, RxStop, RX_GATHER_BYTES, RX_GATHER_NO_GSO_BYTES};
 use super::tuning::{NetTuning, TuningShared};
-use super::tx::{process_tx, TxStop};
+use super::tx::{TxQueue, TxStop};
 use super::VNET_HDR_LEN;
 use crate::backend::{NetBackend, Offloads};
 use crate::virtio::ring::RingError;
+use crate::virtio::vring::Virtqueue;
 use crate::virtio::{ActivateError, VirtioInterrupt};
 
 /// What woke the worker.
@@ -343,13 +344,11 @@ impl DeviceCounters {
 
 /// A running worker's state.
 struct EventLoop<'p, B> {
-    mem: GuestMemoryMmap,
-    rx: Queue,
-    tx: Queue,
+    rx: RxQueue,
+    tx: TxQueue,
     rx_kick: EventFd,
     tx_kick: EventFd,
     backend: B,
-    rx_mode: RxMode,
     interrupt: Arc<VirtioInterrupt>,
     metrics: Arc<NetMetrics>,
     tuning_shared: Arc<TuningShared>,
@@ -400,14 +399,19 @@ impl<'p, B: NetBackend> EventLoop<'p, B> {
             Ok(epoll) => epoll,
             Err(e) => return Err((ActivateError::EventLoop(e), backend)),
         };
+        let (rx, tx) = match Self::queues(&a) {
+            Ok(queues) => queues,
+            Err(e) => {
+                shared.metrics.needs_reset_events.add(1);
+                return Err((ActivateError::Ring(e), backend));
+            }
+        };
         let mut event_loop = EventLoop {
-            mem: a.mem,
-            rx: a.rx,
-            tx: a.tx,
+            rx,
+            tx,
             rx_kick: a.rx_kick,
             tx_kick: a.tx_kick,
             backend,
-            rx_mode: a.rx_mode,
             interrupt: a.interrupt,
             metrics: shared.metrics.clone(),
             tuning_shared: shared.tuning.clone(),
@@ -429,6 +433,19 @@ impl<'p, B: NetBackend> EventLoop<'p, B> {
             return Err((ActivateError::EventLoop(e), event_loop.backend));
         }
         Ok(event_loop)
+    }
+
+    /// Resolves the rings (refusing nonsensical ones: the device then needs a reset).
+    fn queues(a: &Activation) -> Result<(RxQueue, TxQueue), RingError> {
+        let big_frames = Offloads::TSO4 | Offloads::TSO6 | Offloads::UFO;
+        let gather = if a.offloads.bits() & big_frames.bits() != 0 {
+            RX_GATHER_BYTES
+        } else {
+            RX_GATHER_NO_GSO_BYTES
+        };
+        let rx = RxQueue::new(Virtqueue::new(&a.rx, &a.mem)?, a.rx_mode, gather);
+        let tx = TxQueue::new(Virtqueue::new(&a.tx, &a.mem)?);
+        Ok((rx, tx))
     }
 
     fn setup_epoll(a: &Activation, parts: &ThreadParts) -> io::Result<Epoll> {
@@ -516,16 +533,13 @@ impl<'p, B: NetBackend> EventLoop<'p, B> {
         if self.tx_waiting {
             return Ok(());
         }
-        let outcome = process_tx(
-            &mut self.tx,
-            &self.mem,
-            &mut self.backend,
-            &mut self.tx_counters,
-        )
-        .map_err(|source| WorkerError::Ring {
-            queue: "tx",
-            source,
-        })?;
+        let outcome = self
+            .tx
+            .process(&mut self.backend, &mut self.tx_counters)
+            .map_err(|source| WorkerError::Ring {
+                queue: "tx",
+                source,
+            })?;
         self.want_interrupt(outcome.needs_interrupt, outcome.suppressed_by_event_idx);
         match outcome.stop {
             TxStop::Drained => {}
@@ -543,17 +557,13 @@ impl<'p, B: NetBackend> EventLoop<'p, B> {
         if self.rx_paused || self.backend_gone {
             return Ok(());
         }
-        let outcome = process_rx(
-            &mut self.rx,
-            &self.mem,
-            &mut self.backend,
-            self.rx_mode,
-            &mut self.rx_counters,
-        )
-        .map_err(|source| WorkerError::Ring {
-            queue: "rx",
-            source,
-        })?;
+        let outcome = self
+            .rx
+            .process(&mut self.backend, &mut self.rx_counters)
+            .map_err(|source| WorkerError::Ring {
+                queue: "rx",
+                source,
+            })?;
         self.want_interrupt(outcome.needs_interrupt, outcome.suppressed_by_event_idx);
         match outcome.stop {
             // Level-triggered epoll reports the backend again if frames remain.
