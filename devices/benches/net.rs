@@ -14,7 +14,9 @@ use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Through
 use devices::backend::{NetBackend, PairBackend, PairPeer};
 use devices::iovec::IovecList;
 use devices::virtio::net::metrics::{RxCounters, TxCounters};
-use devices::virtio::net::{process_rx, process_tx, RxMode, VNET_HDR_LEN};
+use devices::virtio::net::rx::RX_GATHER_BYTES;
+use devices::virtio::net::{RxMode, RxQueue, TxQueue, VNET_HDR_LEN};
+use devices::virtio::vring::Virtqueue;
 use virtio_queue::{Queue, QueueT};
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
@@ -115,7 +117,8 @@ fn bench_tx(c: &mut Criterion) {
             let id = BenchmarkId::new(format!("batch{batch}"), format!("{frame_len}B"));
             group.bench_function(id, |b| {
                 let mut ring = Ring::new(Some(frame_len));
-                let mut queue = ring.queue();
+                let mut txq =
+                    TxQueue::new(Virtqueue::new(&ring.queue(), &ring.mem).expect("ring"));
                 let (mut backend, peer) = PairBackend::new().expect("socketpair");
                 let mut counters = TxCounters::default();
                 b.iter_custom(|iters| {
@@ -125,8 +128,7 @@ fn bench_tx(c: &mut Criterion) {
                         let n = batch.min(iters - done);
                         ring.publish(n);
                         let start = Instant::now();
-                        process_tx(&mut queue, &ring.mem, &mut backend, &mut counters)
-                            .expect("ring ok");
+                        txq.process(&mut backend, &mut counters).expect("ring ok");
                         timed += start.elapsed();
                         drain(&peer, n);
                         done += n;
@@ -149,7 +151,8 @@ fn bench_rx(c: &mut Criterion) {
             let id = BenchmarkId::new(format!("batch{batch}"), format!("{frame_len}B"));
             group.bench_function(id, |b| {
                 let mut ring = Ring::new(None);
-                let mut queue = ring.queue();
+                let vq = Virtqueue::new(&ring.queue(), &ring.mem).expect("ring");
+                let mut rxq = RxQueue::new(vq, RxMode::Mergeable, RX_GATHER_BYTES);
                 let (mut backend, peer) = PairBackend::new().expect("socketpair");
                 let mut counters = RxCounters::default();
                 b.iter_custom(|iters| {
@@ -162,14 +165,7 @@ fn bench_rx(c: &mut Criterion) {
                             peer.send_frame(&wire).expect("send");
                         }
                         let start = Instant::now();
-                        process_rx(
-                            &mut queue,
-                            &ring.mem,
-                            &mut backend,
-                            RxMode::Mergeable,
-                            &mut counters,
-                        )
-                        .expect("ring ok");
+                        rxq.process(&mut backend, &mut counters).expect("ring ok");
                         timed += start.elapsed();
                         done += n;
                     }

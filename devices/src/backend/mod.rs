@@ -7,6 +7,7 @@
 
 #![warn(missing_docs)]
 
+mod null;
 mod pair;
 mod tap;
 
@@ -14,6 +15,7 @@ use std::io;
 use std::ops::BitOr;
 use std::os::fd::AsRawFd;
 
+pub use null::NullBackend;
 pub use pair::{PairBackend, PairPeer, DEFAULT_PEER_TIMEOUT};
 pub use tap::{validate_ifname, Tap, TapError, MAX_IFNAME_LEN};
 
