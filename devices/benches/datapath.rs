@@ -282,7 +282,12 @@ impl TapRig {
                 std::mem::size_of::<libc::sockaddr_ll>() as libc::socklen_t,
             )
         };
-        assert_eq!(n, frame.len() as isize, "inject: {}", io::Error::last_os_error());
+        assert_eq!(
+            n,
+            frame.len() as isize,
+            "inject: {}",
+            io::Error::last_os_error()
+        );
     }
 }
 
@@ -446,7 +451,10 @@ fn main() {
         .unwrap_or(if quick { 3 } else { 9 });
     let frames = if quick { 4096 } else { 65536 };
     let loadavg = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
-    println!("# datapath bench: 64 B frames, {repeats} repeats, {frames} frames each; loadavg {}", loadavg.trim());
+    println!(
+        "# datapath bench: 64 B frames, {repeats} repeats, {frames} frames each; loadavg {}",
+        loadavg.trim()
+    );
     println!(
         "{:<38} {:<16} {:>9} {:>9} {:>9}",
         "case (ns/frame)", "baseline", "base", "case", "over"
@@ -534,10 +542,20 @@ fn main() {
     }
     report("rx tap: the EAGAIN probe per call", "readv", &pairs);
     for (mode, gather, label, probe) in [
-        (RxMode::SingleChain, RX_GATHER_NO_GSO_BYTES, "mrg off", false),
+        (
+            RxMode::SingleChain,
+            RX_GATHER_NO_GSO_BYTES,
+            "mrg off",
+            false,
+        ),
         (RxMode::SingleChain, RX_GATHER_NO_GSO_BYTES, "mrg off", true),
         (RxMode::Mergeable, RX_GATHER_NO_GSO_BYTES, "mrg on", true),
-        (RxMode::Mergeable, RX_GATHER_BYTES, "mrg on, gso (64K)", true),
+        (
+            RxMode::Mergeable,
+            RX_GATHER_BYTES,
+            "mrg on, gso (64K)",
+            true,
+        ),
     ] {
         for batch in [1usize, 32] {
             let mut pairs = Vec::new();

@@ -117,8 +117,7 @@ fn bench_tx(c: &mut Criterion) {
             let id = BenchmarkId::new(format!("batch{batch}"), format!("{frame_len}B"));
             group.bench_function(id, |b| {
                 let mut ring = Ring::new(Some(frame_len));
-                let mut txq =
-                    TxQueue::new(Virtqueue::new(&ring.queue(), &ring.mem).expect("ring"));
+                let mut txq = TxQueue::new(Virtqueue::new(&ring.queue(), &ring.mem).expect("ring"));
                 let (mut backend, peer) = PairBackend::new().expect("socketpair");
                 let mut counters = TxCounters::default();
                 b.iter_custom(|iters| {

@@ -401,10 +401,8 @@ impl<'p, B: NetBackend> EventLoop<'p, B> {
         };
         let (rx, tx) = match Self::queues(&a) {
             Ok(queues) => queues,
-            Err(e) => {
-                shared.metrics.needs_reset_events.add(1);
-                return Err((ActivateError::Ring(e), backend));
-            }
+            // Counted as a needs-reset event by the device.
+            Err(e) => return Err((ActivateError::Ring(e), backend)),
         };
         let mut event_loop = EventLoop {
             rx,

@@ -1,0 +1,250 @@
+//! Work bounds and nonsensical rings (hostile guests must not make the device spin or stall a
+//! reset): every call is bounded by the descriptors it visits, whatever the chains look like,
+//! and a used ring that overlaps what the device reads is refused at activation.
+
+use virtio_bindings::virtio_config::VIRTIO_CONFIG_S_NEEDS_RESET;
+use virtio_bindings::virtio_mmio::VIRTIO_MMIO_STATUS;
+use vm_memory::GuestAddress;
+
+use super::support::{frame, guest_mem, wire, Driver, INDIRECT, MEM_SIZE, NEXT, WRITE};
+use super::worker::{kick, queues, rig, start, TIMEOUT, VERSION_1};
+use crate::backend::PairBackend;
+use crate::virtio::net::metrics::{RxCounters, TxCounters};
+use crate::virtio::net::{process_rx, process_tx, RxMode, RxStop, TxStop};
+use crate::virtio::ring::{RingError, RingPart};
+use crate::virtio::testing::{wait_until, Registers};
+use crate::virtio::vring::{Virtqueue, CALL_DESCRIPTOR_BUDGET, MAX_CHAIN_DESCRIPTORS};
+
+/// Publishes `chains` chains of `links` empty descriptors each (the last one without NEXT).
+fn publish_empty_chains(driver: &mut Driver<'_>, chains: usize, links: u16, flags: u16) {
+    for _ in 0..chains {
+        let first = driver.next_slot();
+        let descs: Vec<_> = (0..links)
+            .map(|i| {
+                let last = i + 1 == links;
+                (
+                    0x20_0000,
+                    0,
+                    if last { flags } else { flags | NEXT },
+                    first + i + 1,
+                )
+            })
+            .collect();
+        let heads = driver.write_descs(&descs);
+        driver.publish(heads[0]);
+    }
+}
+
+#[test]
+fn tx_call_is_bounded_by_descriptors_visited_not_frames() {
+    let mem = guest_mem();
+    let mut driver = Driver::new(&mem, 8192);
+    let mut queue = driver.queue();
+    // 60 chains of 100 empty descriptors: no frame in any of them.
+    publish_empty_chains(&mut driver, 60, 100, 0);
+    let (mut backend, _peer) = PairBackend::new().expect("socketpair");
+    let mut counters = TxCounters::default();
+    let outcome = process_tx(&mut queue, &mem, &mut backend, &mut counters).expect("ring ok");
+    assert_eq!(outcome.stop, TxStop::Budget);
+    let per_call = u64::from(CALL_DESCRIPTOR_BUDGET / 100 + 1);
+    assert_eq!(counters.malformed_chains, per_call, "one call's share");
+    // The rest comes in later calls; each is returned with length 0.
+    while process_tx(&mut queue, &mem, &mut backend, &mut counters)
+        .expect("ring ok")
+        .stop
+        == TxStop::Budget
+    {}
+    assert_eq!(counters.malformed_chains, 60);
+    assert_eq!(driver.used_idx(), 60);
+}
+
+#[test]
+fn huge_indirect_tables_cost_a_bounded_walk() {
+    let mem = guest_mem();
+    let mut driver = Driver::new(&mem, 16);
+    let mut queue = driver.queue();
+    // A 65535-entry indirect table of empty, linked descriptors (1 MiB).
+    let entries = 65535u32;
+    let mut table = Vec::with_capacity(entries as usize * 16);
+    for i in 0..entries {
+        let next = (i + 1).min(entries - 1) as u16;
+        let flags = if i + 1 < entries { NEXT } else { 0 };
+        table.extend_from_slice(&0x20_0000u64.to_le_bytes());
+        table.extend_from_slice(&0u32.to_le_bytes());
+        table.extend_from_slice(&flags.to_le_bytes());
+        table.extend_from_slice(&next.to_le_bytes());
+    }
+    let at = driver.alloc(&table);
+    for _ in 0..8 {
+        let slot = driver.write_descs(&[(at, entries * 16, INDIRECT, 0)])[0];
+        driver.publish(slot);
+    }
+    let (mut backend, _peer) = PairBackend::new().expect("socketpair");
+    let mut counters = TxCounters::default();
+    let outcome = process_tx(&mut queue, &mem, &mut backend, &mut counters).expect("ring ok");
+    // Each chain is cut at MAX_CHAIN_DESCRIPTORS, and the call at its descriptor budget.
+    assert_eq!(outcome.stop, TxStop::Budget);
+    assert_eq!(
+        counters.malformed_chains,
+        u64::from(CALL_DESCRIPTOR_BUDGET.div_ceil(MAX_CHAIN_DESCRIPTORS + 1))
+    );
+}
+
+#[test]
+fn rx_fill_is_bounded_when_every_chain_is_malformed() {
+    let mem = guest_mem();
+    let mut driver = Driver::new(&mem, 8192);
+    let mut queue = driver.queue();
+    // Chains of 100 empty device-writable descriptors: walked to the end, then refused (no
+    // room for a header).
+    publish_empty_chains(&mut driver, 60, 100, WRITE);
+    let (mut backend, peer) = PairBackend::new().expect("socketpair");
+    peer.send_frame(&wire(&frame(64, 1))).expect("send");
+    let mut counters = RxCounters::default();
+    let outcome = process_rx(
+        &mut queue,
+        &mem,
+        &mut backend,
+        RxMode::Mergeable,
+        &mut counters,
+    )
+    .expect("ring ok");
+    assert_eq!(outcome.stop, RxStop::Budget);
+    assert!(counters.malformed_chains < 60, "{counters:?}");
+    assert_eq!(counters.frames, 0);
+    // Later calls finish the job: everything refused, then no buffers.
+    let mut stop = outcome.stop;
+    for _ in 0..10 {
+        if stop != RxStop::Budget {
+            break;
+        }
+        stop = process_rx(
+            &mut queue,
+            &mem,
+            &mut backend,
+            RxMode::Mergeable,
+            &mut counters,
+        )
+        .expect("ring ok")
+        .stop;
+    }
+    assert_eq!(stop, RxStop::NoBuffers);
+    assert_eq!(counters.malformed_chains, 60);
+}
+
+#[test]
+fn used_ring_overlapping_the_avail_ring_or_table_is_refused() {
+    let mem = guest_mem();
+    let driver = Driver::new(&mem, 16);
+    let (desc, avail, _) = driver.ring_addrs();
+    for (used, part) in [
+        // The used ring's flags word on the avail ring's idx.
+        (avail + 2 - 2, RingPart::AvailRing),
+        (avail + 4, RingPart::AvailRing),
+        (desc + 16 * 8, RingPart::DescTable),
+    ] {
+        let mut queue = driver.queue();
+        queue
+            .try_set_used_ring_address(GuestAddress(used & !3))
+            .expect("aligned");
+        let err = Virtqueue::new(&queue, &mem).expect_err("overlap refused");
+        assert!(
+            matches!(err, RingError::Overlap(p) if p == part),
+            "{used:#x}: {err:?}"
+        );
+    }
+    // Misaligned or outside memory: refused too.
+    let mut queue = driver.queue();
+    queue
+        .try_set_used_ring_address(GuestAddress(MEM_SIZE - 16))
+        .expect("aligned");
+    assert!(matches!(
+        Virtqueue::new(&queue, &mem),
+        Err(RingError::OutsideMemory(RingPart::UsedRing))
+    ));
+}
+
+#[test]
+fn overlapping_rings_make_the_device_need_a_reset_not_spin() {
+    let mem = guest_mem();
+    let mut rig = rig(&mem);
+    let (rx, tx) = queues(&mem);
+    let t = &mut rig.transport;
+    assert!(t.negotiate(VERSION_1));
+    t.setup_queue(0, 256, rx.ring_addrs());
+    let (desc, avail, _) = tx.ring_addrs();
+    // The used ring's flags land on the avail ring's idx: without the check, every used entry
+    // would publish another avail entry.
+    t.setup_queue(1, 256, (desc, avail, avail + 2 - 2));
+    t.driver_ok();
+    assert_ne!(t.r32(VIRTIO_MMIO_STATUS) & VIRTIO_CONFIG_S_NEEDS_RESET, 0);
+    assert_eq!(rig.metrics.needs_reset_events.get(), 1);
+    // A reset completes at once, and a good ring works afterwards.
+    t.w32(VIRTIO_MMIO_STATUS, 0);
+    assert_eq!(t.r32(VIRTIO_MMIO_STATUS), 0);
+    let (rx2, mut tx2) = (
+        Driver::at(&mem, GuestAddress(0x2_0000), 256, 0x60_0000),
+        Driver::at(&mem, GuestAddress(0x3_0000), 256, 0x70_0000),
+    );
+    start(t, VERSION_1, &rx2, &tx2);
+    let out = wire(&frame(64, 7));
+    tx2.push_tx(&out, &[]);
+    kick(t, 1);
+    assert_eq!(rig.peer.recv_frame().expect("frame"), out);
+    assert!(wait_until(TIMEOUT, || rig.metrics.tx.frames.get() == 1));
+}
+
+#[test]
+fn a_burst_publishes_the_used_index_in_batches_and_decides_once() {
+    let mem = guest_mem();
+    let mut driver = Driver::new(&mem, 256);
+    let mut queue = driver.queue();
+    let frames: Vec<Vec<u8>> = (0..100).map(|i| wire(&frame(60, i as u8))).collect();
+    for f in &frames {
+        driver.push_tx(f, &[]);
+    }
+    let (mut backend, peer) = PairBackend::new().expect("socketpair");
+    let mut counters = TxCounters::default();
+    let outcome = process_tx(&mut queue, &mem, &mut backend, &mut counters).expect("ring ok");
+    assert_eq!(outcome.stop, TxStop::Drained);
+    assert!(outcome.needs_interrupt);
+    assert_eq!(driver.used_idx(), 100, "everything published by the end");
+    assert_eq!(counters.interrupts_raised, 1, "one decision per call");
+    for f in &frames {
+        assert_eq!(&peer.recv_frame().expect("frame"), f);
+    }
+}
+
+#[test]
+fn rx_queue_keeps_its_pool_across_calls() {
+    use crate::virtio::net::rx::RX_GATHER_NO_GSO_BYTES;
+    use crate::virtio::net::RxQueue;
+    let mem = guest_mem();
+    let mut driver = Driver::new(&mem, 64);
+    let queue = driver.queue();
+    let mut bufs = Vec::new();
+    for _ in 0..64 {
+        bufs.push(driver.push_rx(&[2048]).1[0]);
+    }
+    let mut rxq = RxQueue::new(
+        Virtqueue::new(&queue, &mem).expect("ring"),
+        RxMode::Mergeable,
+        RX_GATHER_NO_GSO_BYTES,
+    );
+    let (mut backend, peer) = PairBackend::new().expect("socketpair");
+    let mut counters = RxCounters::default();
+    for i in 0..20u8 {
+        let f = wire(&frame(64, i));
+        peer.send_frame(&f).expect("send");
+        let out = rxq.process(&mut backend, &mut counters).expect("ring ok");
+        assert_eq!(out.stop, RxStop::BackendEmpty);
+        // About one frame's worth of buffers held ahead, never the whole ring.
+        let held = rxq.pooled_chains() as u64 * 2048;
+        assert!(held >= RX_GATHER_NO_GSO_BYTES, "{held}");
+        assert!(held < RX_GATHER_NO_GSO_BYTES + 2 * 2048, "{held}");
+        assert_eq!(driver.used(u16::from(i)).1, f.len() as u32);
+        assert_eq!(driver.read(bufs[usize::from(i)] + 12, 64), frame(64, i));
+    }
+    assert_eq!(counters.frames, 20);
+    assert_eq!(counters.malformed_chains, 0);
+}
