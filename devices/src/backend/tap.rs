@@ -187,7 +187,19 @@ impl AsRawFd for Tap {
 impl NetBackend for Tap {
     fn read_frame(&mut self, iovs: Iovecs<'_>) -> io::Result<usize> {
         let scratch = &mut self.read_iovecs.0;
-        scratch.extend_from_slice(iovs.as_raw());
+        // Buffers that follow each other in memory (a guest's mergeable rx buffers are carved
+        // from larger pages one after the other) go to the kernel as one entry: less to import.
+        for iov in iovs.as_raw() {
+            match scratch.last_mut() {
+                Some(last)
+                    if last.iov_base.cast::<u8>().wrapping_add(last.iov_len)
+                        == iov.iov_base.cast() =>
+                {
+                    last.iov_len += iov.iov_len;
+                }
+                _ => scratch.push(*iov),
+            }
+        }
         scratch.push(libc::iovec {
             iov_base: self.guard.as_mut_ptr().cast(),
             iov_len: 1,

@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# The device's efficiency in a real VM: the driver guest (ring=3: its datapath runs natively
+# through real ioeventfds and irqfds) transmits N 64-byte frames with tx_completion=lazy, and its
+# pps is divided by a bare tap write loop's (`cotune baseline --backend tap`) measured right
+# before it. Prints one line per pair and the medians; records /proc/loadavg.
+#
+# Usage (as root, from anywhere): scripts/vm-tx-ratio.sh [--repeats R] [--frames N] [--mode MODE]
+#   --repeats  pairs to run (default 5)    --frames  frames per VM run (default 300000)
+#   --mode     tx_completion (default lazy)
+# Measure on an idle machine: a build beside it changes the figures by several times.
+set -euo pipefail
+ROOT=$(cd "$(dirname -- "${BASH_SOURCE[0]}")/.." && pwd)
+repeats=5 frames=300000 mode=lazy
+while (($#)); do
+	case $1 in
+	--repeats) repeats=$2 ;;
+	--frames) frames=$2 ;;
+	--mode) mode=$2 ;;
+	*) sed -n '2,/^set -euo/{/^set -euo/d;s/^# \{0,1\}//;p}' "$0" >&2; exit 2 ;;
+	esac
+	shift 2
+done
+cd "$ROOT"
+cargo build --release --quiet -p vmm --bin vmm -p cotune --bin cotune
+csv=$(mktemp)
+trap 'rm -f "$csv"' EXIT
+echo "# loadavg $(cat /proc/loadavg)"
+echo "pair,bare_write_pps,vm_pps,ratio"
+ratios=() bases=() vms=()
+for i in $(seq "$repeats"); do
+	target/release/cotune baseline --backend tap --duration 2 --repeat 1 --frame-size 64 --csv "$csv" >/dev/null 2>&1
+	base=$(awk -F, 'NR == 2 { print $5 }' "$csv")
+	vm=$(guest/baremetal/sweep.sh --workload tx --ring 3 --frames "$frames" --size 64 \
+		--kick-thresholds 8 --modes "$mode" --event-idx 1 --vmm target/release/vmm | awk -F, 'NR == 2 { print $11 }')
+	ratio=$(python3 -c "print(round($vm / $base, 3))")
+	echo "$i,$base,$vm,$ratio"
+	ratios+=("$ratio") bases+=("$base") vms+=("$vm")
+done
+median() { printf '%s\n' "$@" | sort -g | awk '{ v[NR] = $1 } END { print v[int((NR + 1) / 2)] }'; }
+echo "# median: bare write $(median "${bases[@]}") pps, VM $(median "${vms[@]}") pps, ratio $(median "${ratios[@]}")"
+echo "# loadavg $(cat /proc/loadavg)"
