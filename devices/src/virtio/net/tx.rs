@@ -137,6 +137,7 @@ fn drain<'g, B: NetBackend>(
             &mut budget,
         ) {
             Ok(len) if len as usize > VNET_HDR_LEN => {
+                ring.prefetch_ahead(guest);
                 match write_frame(backend, iovs.as_iovecs()) {
                     Ok(_) => {
                         counters.frames += 1;
