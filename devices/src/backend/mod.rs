@@ -7,14 +7,16 @@
 
 #![warn(missing_docs)]
 
+mod link;
 mod null;
 mod pair;
 mod tap;
 
 use std::io;
 use std::ops::BitOr;
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsRawFd, RawFd};
 
+pub use link::LinkWatch;
 pub use null::NullBackend;
 pub use pair::{PairBackend, PairPeer, DEFAULT_PEER_TIMEOUT};
 pub use tap::{validate_ifname, Tap, TapError, MAX_IFNAME_LEN};
@@ -46,6 +48,17 @@ pub trait NetBackend: AsRawFd + Send + 'static {
 
     /// Sets the size of the virtio-net header in front of each frame (`TUNSETVNETHDRSZ`).
     fn set_vnet_hdr_size(&mut self, size: u32) -> io::Result<()>;
+
+    /// A file descriptor that becomes readable when the backend's link may have changed, if
+    /// the backend has a link to follow (the worker polls it).
+    fn link_fd(&self) -> Option<RawFd> {
+        None
+    }
+
+    /// Reads the pending link notifications: the latest link state among them (true: up).
+    fn poll_link(&mut self) -> Option<bool> {
+        None
+    }
 }
 
 /// A set of tap offload flags (`TUN_F_*`).

@@ -6,9 +6,9 @@ use std::io;
 use std::os::fd::{AsRawFd, RawFd};
 use std::os::unix::fs::OpenOptionsExt;
 
-use log::info;
+use log::{info, warn};
 
-use super::{iov_count, syscall_len, NetBackend, Offloads};
+use super::{iov_count, syscall_len, LinkWatch, NetBackend, Offloads};
 use crate::iovec::Iovecs;
 
 /// Longest interface name Linux accepts (`IFNAMSIZ` - 1 for the NUL).
@@ -84,6 +84,8 @@ pub struct Tap {
     supported: Offloads,
     read_iovecs: IovecScratch,
     guard: [u8; 1],
+    /// The interface's link notifications (absent if they could not be subscribed to).
+    link: Option<LinkWatch>,
 }
 
 /// Room to append the guard byte to the caller's iovecs without allocating per frame.
@@ -140,6 +142,7 @@ impl Tap {
             supported: Offloads::NONE,
             read_iovecs: IovecScratch::default(),
             guard: [0],
+            link: link_watch(name),
         };
         tap.supported = tap.probe_offloads();
         tap.set_offloads(Offloads::NONE)
@@ -231,6 +234,14 @@ impl NetBackend for Tap {
         self.supported
     }
 
+    fn link_fd(&self) -> Option<RawFd> {
+        self.link.as_ref().map(AsRawFd::as_raw_fd)
+    }
+
+    fn poll_link(&mut self) -> Option<bool> {
+        self.link.as_mut()?.poll()
+    }
+
     fn set_offloads(&mut self, offloads: Offloads) -> io::Result<()> {
         // SAFETY: TUNSETOFFLOAD takes its argument by value and touches no user memory.
         let ret = unsafe {
@@ -274,6 +285,20 @@ fn ifreq_for(name: &str) -> libc::ifreq {
         *dst = src as libc::c_char;
     }
     req
+}
+
+/// Subscribes to `name`'s link notifications (logged and skipped if that fails).
+fn link_watch(name: &str) -> Option<LinkWatch> {
+    let cname = CString::new(name).ok()?;
+    // SAFETY: `cname` is a valid NUL-terminated string that outlives the call.
+    let ifindex = unsafe { libc::if_nametoindex(cname.as_ptr()) };
+    match LinkWatch::new(ifindex) {
+        Ok(watch) => Some(watch),
+        Err(e) => {
+            warn!("tap {name}: cannot follow its link state: {e}");
+            None
+        }
+    }
 }
 
 /// True if an interface named `name` exists in the calling thread's network namespace.

@@ -59,6 +59,11 @@ fn create_persistent_tap(name: &str) {
 
 /// Sets IFF_UP on `name`.
 fn link_up(name: &str) {
+    set_link(name, true);
+}
+
+/// Sets or clears IFF_UP on `name`.
+fn set_link(name: &str, up: bool) {
     // SAFETY: plain socket creation.
     let sock = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
     assert!(sock >= 0, "socket: {}", io::Error::last_os_error());
@@ -69,7 +74,13 @@ fn link_up(name: &str) {
     let ret = unsafe { libc::ioctl(sock.as_raw_fd(), libc::SIOCGIFFLAGS, &mut req) };
     assert_eq!(ret, 0, "SIOCGIFFLAGS: {}", io::Error::last_os_error());
     // SAFETY: the union's flags member was just written by the kernel.
-    unsafe { req.ifr_ifru.ifru_flags |= libc::IFF_UP as i16 };
+    unsafe {
+        if up {
+            req.ifr_ifru.ifru_flags |= libc::IFF_UP as i16;
+        } else {
+            req.ifr_ifru.ifru_flags &= !(libc::IFF_UP as i16);
+        }
+    }
     // SAFETY: valid ifreq living across the call.
     let ret = unsafe { libc::ioctl(sock.as_raw_fd(), libc::SIOCSIFFLAGS, &mut req) };
     assert_eq!(ret, 0, "SIOCSIFFLAGS: {}", io::Error::last_os_error());
@@ -321,5 +332,58 @@ fn reads_scatter_across_split_buffers_adjacent_or_not() {
                 break;
             }
         }
+    });
+}
+
+#[test]
+fn the_guest_link_follows_the_tap() {
+    use crate::virtio::mmio::CONFIG_SPACE_OFFSET;
+    use crate::virtio::net::tests::support::Driver;
+    use crate::virtio::net::NetDevice;
+    use crate::virtio::testing::{wait_eventfd, wait_until, Registers};
+    use crate::virtio::MmioTransport;
+    use crate::BusDevice;
+    use virtio_bindings::virtio_mmio::{
+        VIRTIO_MMIO_INTERRUPT_ACK, VIRTIO_MMIO_INTERRUPT_STATUS, VIRTIO_MMIO_INT_CONFIG,
+    };
+    use vm_memory::{GuestAddress, GuestMemoryMmap};
+
+    in_netns(|| {
+        let mem = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 0x80_0000)]).expect("memory");
+        let device = NetDevice::new(&"tap=vmmlink0".parse().expect("spec")).expect("device");
+        let link = device.link_control();
+        let mut t = MmioTransport::new(mem.clone(), Box::new(device)).expect("transport");
+        let rx = Driver::at(&mem, GuestAddress(0), 256, 0x10_0000);
+        let tx = Driver::at(&mem, GuestAddress(0x1_0000), 256, 0x40_0000);
+        assert!(t.negotiate(1 << 32 | 1 << 16)); // VERSION_1 | STATUS
+        t.setup_queue(0, 256, rx.ring_addrs());
+        t.setup_queue(1, 256, tx.ring_addrs());
+        t.driver_ok();
+        let status = |t: &mut MmioTransport| {
+            let mut b = [0u8; 2];
+            BusDevice::read(t, CONFIG_SPACE_OFFSET + 6, &mut b);
+            u16::from_le_bytes(b) & 1 // VIRTIO_NET_S_LINK_UP
+        };
+        let config_interrupt = |t: &mut MmioTransport| {
+            assert!(
+                wait_eventfd(t.irqfd(), Duration::from_secs(5)) > 0,
+                "interrupt"
+            );
+            let s = t.r32(VIRTIO_MMIO_INTERRUPT_STATUS);
+            t.w32(VIRTIO_MMIO_INTERRUPT_ACK, s);
+            s & VIRTIO_MMIO_INT_CONFIG
+        };
+        link_up("vmmlink0");
+        assert_eq!(status(&mut t), 1);
+        set_link("vmmlink0", false);
+        assert!(wait_until(Duration::from_secs(5), || link.link()
+            == crate::virtio::net::LinkState::Down));
+        assert_eq!(config_interrupt(&mut t), VIRTIO_MMIO_INT_CONFIG);
+        assert_eq!(status(&mut t), 0, "the driver sees the link down");
+        set_link("vmmlink0", true);
+        assert!(wait_until(Duration::from_secs(5), || link.link()
+            == crate::virtio::net::LinkState::Up));
+        assert_eq!(config_interrupt(&mut t), VIRTIO_MMIO_INT_CONFIG);
+        assert_eq!(status(&mut t), 1, "and up again");
     });
 }

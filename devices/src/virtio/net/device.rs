@@ -211,6 +211,7 @@ impl<B: NetBackend> NetDevice<B> {
                 let shared = Shared {
                     metrics: self.metrics.clone(),
                     tuning: self.tuning.shared().clone(),
+                    link: self.link.clone(),
                 };
                 match WorkerThread::spawn(&format!("net-{}", self.label), backend, shared) {
                     Ok(thread) => self.worker = WorkerSlot::Started(thread),

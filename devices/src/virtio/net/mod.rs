@@ -50,7 +50,7 @@ pub mod tx;
 mod worker;
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;
 
 pub use config::{MacAddr, NetConfig, NetConfigError};
 pub use device::{LinkControl, LinkState, NetDevice, NetError};
@@ -72,6 +72,55 @@ pub const RX_QUEUE: usize = 0;
 pub const TX_QUEUE: usize = 1;
 /// Number of queues.
 pub const NUM_QUEUES: usize = 2;
+
+/// Rate-limits a log line about repeated failures: the first failure of a burst is reported
+/// at once, later ones at most every [`BurstLog::QUIET`] with how many went unreported.
+#[derive(Debug, Default)]
+pub(crate) struct BurstLog {
+    last: Option<std::time::Instant>,
+    unreported: u64,
+}
+
+impl BurstLog {
+    /// Minimum time between two reports.
+    pub(crate) const QUIET: std::time::Duration = std::time::Duration::from_secs(10);
+
+    /// Records a failure at `now`; `Some(n)` if it should be reported, `n` being the failures
+    /// since the last report that were not.
+    pub(crate) fn failure(&mut self, now: std::time::Instant) -> Option<u64> {
+        match self.last {
+            Some(t) if now.saturating_duration_since(t) < Self::QUIET => {
+                self.unreported += 1;
+                None
+            }
+            _ => {
+                self.last = Some(now);
+                Some(std::mem::take(&mut self.unreported))
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod burst_log_tests {
+    use std::time::{Duration, Instant};
+
+    use super::BurstLog;
+
+    #[test]
+    fn the_first_failure_of_a_burst_is_reported_then_one_per_quiet_period() {
+        let t0 = Instant::now();
+        let mut log = BurstLog::default();
+        assert_eq!(log.failure(t0), Some(0));
+        for ms in 1..100 {
+            assert_eq!(log.failure(t0 + Duration::from_millis(ms)), None);
+        }
+        assert_eq!(log.failure(t0 + BurstLog::QUIET), Some(99));
+        assert_eq!(log.failure(t0 + BurstLog::QUIET), None);
+        // A new burst after a quiet spell is reported at once.
+        assert_eq!(log.failure(t0 + BurstLog::QUIET * 3), Some(1));
+    }
+}
 
 /// Used entries written before the used index is stored (and the driver sees them) within a
 /// call; the interrupt decision is still taken once per call.

@@ -7,12 +7,14 @@
 
 use std::io;
 
-use log::debug;
+use std::time::Instant;
+
+use log::{debug, warn};
 use virtio_queue::Queue;
 use vm_memory::GuestMemoryMmap;
 
 use super::metrics::TxCounters;
-use super::{count_interrupt, MAX_FRAME_LEN, USED_PUBLISH_BATCH, VNET_HDR_LEN};
+use super::{count_interrupt, BurstLog, MAX_FRAME_LEN, USED_PUBLISH_BATCH, VNET_HDR_LEN};
 use crate::backend::NetBackend;
 use crate::iovec::{IovecList, Iovecs};
 use crate::virtio::chain::Direction;
@@ -56,6 +58,8 @@ pub struct TxOutcome {
 pub struct TxQueue {
     vq: Virtqueue,
     scratch: Vec<libc::iovec>,
+    /// Backend write failures, logged once per burst.
+    errors: BurstLog,
 }
 
 impl TxQueue {
@@ -64,6 +68,7 @@ impl TxQueue {
         TxQueue {
             vq,
             scratch: Vec::with_capacity(64),
+            errors: BurstLog::default(),
         }
     }
 
@@ -86,7 +91,14 @@ impl TxQueue {
     ) -> Result<TxOutcome, RingError> {
         let (guest, mut ring) = self.vq.split();
         let mut iovs = IovecList::reuse(std::mem::take(&mut self.scratch));
-        let result = drain(&guest, &mut ring, &mut iovs, backend, counters);
+        let result = drain(
+            &guest,
+            &mut ring,
+            &mut iovs,
+            backend,
+            counters,
+            &mut self.errors,
+        );
         ring.publish_used();
         self.scratch = iovs.into_storage();
         let stop = result?;
@@ -110,6 +122,7 @@ fn drain<'g, B: NetBackend>(
     iovs: &mut IovecList<'g>,
     backend: &mut B,
     counters: &mut TxCounters,
+    errors: &mut BurstLog,
 ) -> Result<TxStop, RingError> {
     let mut budget = WalkBudget::per_call();
     let mut sent = 0usize;
@@ -149,7 +162,12 @@ fn drain<'g, B: NetBackend>(
                         return Ok(TxStop::BackendFull);
                     }
                     Err(e) => {
-                        debug!("virtio-net tx: backend refused a {len}-byte frame: {e}");
+                        if let Some(more) = errors.failure(Instant::now()) {
+                            warn!(
+                                "virtio-net tx: the backend refused a frame: {e} ({more} more \
+                                 since the last report; frames are dropped until it recovers)"
+                            );
+                        }
                         counters.backend_errors += 1;
                     }
                 }

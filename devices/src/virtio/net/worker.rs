@@ -32,10 +32,12 @@ use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 use vmm_sys_util::timerfd::TimerFd;
 
+use super::device::{LinkControl, LinkState};
 use super::metrics::{NetMetrics, RxCounters, TxCounters};
 use super::rx::{RxMode, RxQueue, RxStop, RX_GATHER_BYTES, RX_GATHER_NO_GSO_BYTES};
 use super::tuning::{NetTuning, TuningShared};
 use super::tx::{TxQueue, TxStop};
+use super::BurstLog;
 use super::VNET_HDR_LEN;
 use crate::backend::{NetBackend, Offloads};
 use crate::virtio::ring::RingError;
@@ -57,16 +59,19 @@ enum Token {
     Tuning,
     /// The interrupt-coalescing timer expired.
     CoalesceTimer,
+    /// The backend's link may have changed.
+    Link,
 }
 
 impl Token {
-    const ALL: [Token; 6] = [
+    const ALL: [Token; 7] = [
         Token::TxKick,
         Token::RxKick,
         Token::Backend,
         Token::Stop,
         Token::Tuning,
         Token::CoalesceTimer,
+        Token::Link,
     ];
 
     fn data(self) -> u64 {
@@ -131,6 +136,8 @@ pub(crate) struct Activation {
 pub(crate) struct Shared {
     pub(crate) metrics: Arc<NetMetrics>,
     pub(crate) tuning: Arc<TuningShared>,
+    /// The link status the driver sees, following the backend's link.
+    pub(crate) link: LinkControl,
 }
 
 enum Command {
@@ -352,6 +359,9 @@ struct EventLoop<'p, B> {
     interrupt: Arc<VirtioInterrupt>,
     metrics: Arc<NetMetrics>,
     tuning_shared: Arc<TuningShared>,
+    link: LinkControl,
+    /// Rx read failures, logged once per burst.
+    rx_errors: BurstLog,
     parts: &'p mut ThreadParts,
     epoll: Epoll,
     /// The knobs in force: a copy, refreshed when the tuning eventfd fires.
@@ -413,6 +423,8 @@ impl<'p, B: NetBackend> EventLoop<'p, B> {
             interrupt: a.interrupt,
             metrics: shared.metrics.clone(),
             tuning_shared: shared.tuning.clone(),
+            link: shared.link.clone(),
+            rx_errors: BurstLog::default(),
             parts,
             epoll,
             tuning: shared.tuning.load(),
@@ -429,6 +441,12 @@ impl<'p, B: NetBackend> EventLoop<'p, B> {
         };
         if let Err(e) = event_loop.update_backend_interest() {
             return Err((ActivateError::EventLoop(e), event_loop.backend));
+        }
+        if let Some(fd) = event_loop.backend.link_fd() {
+            let event = EpollEvent::new(EventSet::IN, Token::Link.data());
+            if let Err(e) = event_loop.epoll.ctl(ControlOperation::Add, fd, event) {
+                return Err((ActivateError::EventLoop(e), event_loop.backend));
+            }
         }
         Ok(event_loop)
     }
@@ -516,6 +534,7 @@ impl<'p, B: NetBackend> EventLoop<'p, B> {
                         self.retune()?;
                     }
                     Some(Token::CoalesceTimer) => self.timer_expired()?,
+                    Some(Token::Link) => self.link_changed(),
                     None => warn!("virtio-net worker: unknown epoll token {}", event.data()),
                 }
             }
@@ -568,7 +587,12 @@ impl<'p, B: NetBackend> EventLoop<'p, B> {
             RxStop::BackendEmpty | RxStop::Budget => {}
             RxStop::NoBuffers => self.rx_paused = true,
             RxStop::BackendFailed => {
-                warn!("virtio-net: backend read failed; rx paused until the next rx kick");
+                if let Some(more) = self.rx_errors.failure(std::time::Instant::now()) {
+                    warn!(
+                        "virtio-net: backend read failed ({more} more since the last report); \
+                         rx paused until the next rx kick"
+                    );
+                }
                 self.rx_paused = true;
             }
             RxStop::BackendClosed => {
@@ -586,6 +610,21 @@ impl<'p, B: NetBackend> EventLoop<'p, B> {
         } else if suppressed_by_event_idx && !self.tuning.event_idx {
             self.irq_pending = true;
             self.device_counters.event_idx_overrides += 1;
+        }
+    }
+
+    /// The backend's link changed: the driver sees it in the STATUS field, with a
+    /// configuration interrupt.
+    fn link_changed(&mut self) {
+        if let Some(up) = self.backend.poll_link() {
+            let state = if up { LinkState::Up } else { LinkState::Down };
+            if self.link.link() != state {
+                info!(
+                    "virtio-net: backend link {}",
+                    if up { "up" } else { "down" }
+                );
+                self.link.set_link(state);
+            }
         }
     }
 

@@ -5,7 +5,7 @@ mod bounds;
 mod hostile;
 mod notify;
 mod rx;
-mod support;
+pub(crate) mod support;
 mod tuning;
 mod tx;
 mod worker;
