@@ -132,7 +132,10 @@ fn common() -> Vec<Allow> {
             SYS_write,
             "eventfd signals, log lines on stderr, the SIGSYS report",
         ),
-        allow(SYS_read, "eventfd reads"),
+        allow(
+            SYS_read,
+            "eventfd reads; the tap's link notifications (rtnetlink)",
+        ),
         allow(
             SYS_close,
             "dropping file descriptors (eventfds, connections, epolls)",

@@ -101,27 +101,6 @@ impl BurstLog {
     }
 }
 
-#[cfg(test)]
-mod burst_log_tests {
-    use std::time::{Duration, Instant};
-
-    use super::BurstLog;
-
-    #[test]
-    fn the_first_failure_of_a_burst_is_reported_then_one_per_quiet_period() {
-        let t0 = Instant::now();
-        let mut log = BurstLog::default();
-        assert_eq!(log.failure(t0), Some(0));
-        for ms in 1..100 {
-            assert_eq!(log.failure(t0 + Duration::from_millis(ms)), None);
-        }
-        assert_eq!(log.failure(t0 + BurstLog::QUIET), Some(99));
-        assert_eq!(log.failure(t0 + BurstLog::QUIET), None);
-        // A new burst after a quiet spell is reported at once.
-        assert_eq!(log.failure(t0 + BurstLog::QUIET * 3), Some(1));
-    }
-}
-
 /// Used entries written before the used index is stored (and the driver sees them) within a
 /// call; the interrupt decision is still taken once per call.
 pub const USED_PUBLISH_BATCH: usize = 32;
@@ -148,5 +127,26 @@ fn count_interrupt(
             *suppressed_no_interrupt += 1;
             (false, false)
         }
+    }
+}
+
+#[cfg(test)]
+mod burst_log_tests {
+    use std::time::{Duration, Instant};
+
+    use super::BurstLog;
+
+    #[test]
+    fn the_first_failure_of_a_burst_is_reported_then_one_per_quiet_period() {
+        let t0 = Instant::now();
+        let mut log = BurstLog::default();
+        assert_eq!(log.failure(t0), Some(0));
+        for ms in 1..100 {
+            assert_eq!(log.failure(t0 + Duration::from_millis(ms)), None);
+        }
+        assert_eq!(log.failure(t0 + BurstLog::QUIET), Some(99));
+        assert_eq!(log.failure(t0 + BurstLog::QUIET), None);
+        // A new burst after a quiet spell is reported at once.
+        assert_eq!(log.failure(t0 + BurstLog::QUIET * 3), Some(1));
     }
 }
