@@ -44,6 +44,7 @@
 pub mod config;
 pub mod device;
 pub mod metrics;
+mod moderation;
 pub mod rx;
 pub mod tuning;
 pub mod tx;
@@ -105,30 +106,37 @@ impl BurstLog {
 /// call; the interrupt decision is still taken once per call.
 pub const USED_PUBLISH_BATCH: usize = 32;
 
-/// Counts a call's interrupt decision into a queue's counters. Returns (needs interrupt,
-/// suppressed by EVENT_IDX).
-fn count_interrupt(
-    decision: Option<InterruptDecision>,
-    raised: &mut u64,
-    suppressed_event_idx: &mut u64,
-    suppressed_no_interrupt: &mut u64,
-) -> (bool, bool) {
-    match decision {
-        None => (false, false),
-        Some(InterruptDecision::Raise) => {
-            *raised += 1;
-            (true, false)
-        }
-        Some(InterruptDecision::SuppressedByEventIdx) => {
-            *suppressed_event_idx += 1;
-            (false, true)
-        }
-        Some(InterruptDecision::SuppressedByFlag) => {
-            *suppressed_no_interrupt += 1;
-            (false, false)
-        }
-    }
+/// A queue's counters of interrupt decisions.
+trait CountInterrupts {
+    /// Counts a call's decision; returns (needs interrupt, suppressed by EVENT_IDX).
+    fn count_interrupt(&mut self, decision: Option<InterruptDecision>) -> (bool, bool);
 }
+
+macro_rules! count_interrupts {
+    ($($counters:ty),*) => {$(
+        impl CountInterrupts for $counters {
+            fn count_interrupt(&mut self, decision: Option<InterruptDecision>) -> (bool, bool) {
+                match decision {
+                    None => (false, false),
+                    Some(InterruptDecision::Raise) => {
+                        self.interrupts_raised += 1;
+                        (true, false)
+                    }
+                    Some(InterruptDecision::SuppressedByEventIdx) => {
+                        self.interrupts_suppressed_event_idx += 1;
+                        (false, true)
+                    }
+                    Some(InterruptDecision::SuppressedByFlag) => {
+                        self.interrupts_suppressed_no_interrupt += 1;
+                        (false, false)
+                    }
+                }
+            }
+        }
+    )*};
+}
+
+count_interrupts!(metrics::RxCounters, metrics::TxCounters);
 
 #[cfg(test)]
 mod burst_log_tests {

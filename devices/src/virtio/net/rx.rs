@@ -22,7 +22,7 @@ use virtio_queue::Queue;
 use vm_memory::GuestMemoryMmap;
 
 use super::metrics::RxCounters;
-use super::{count_interrupt, MAX_FRAME_LEN, USED_PUBLISH_BATCH, VNET_HDR_LEN};
+use super::{CountInterrupts, MAX_FRAME_LEN, USED_PUBLISH_BATCH, VNET_HDR_LEN};
 use crate::backend::NetBackend;
 use crate::iovec::{IovecList, Iovecs, MAX_IOVECS};
 use crate::virtio::chain::Direction;
@@ -159,12 +159,8 @@ impl RxQueue {
         ring.publish_used();
         pool.suspend(&mut self.pool);
         let stop = result?;
-        let (needs_interrupt, suppressed_by_event_idx) = count_interrupt(
-            ring.interrupt_decision(),
-            &mut counters.interrupts_raised,
-            &mut counters.interrupts_suppressed_event_idx,
-            &mut counters.interrupts_suppressed_no_interrupt,
-        );
+        let (needs_interrupt, suppressed_by_event_idx) =
+            counters.count_interrupt(ring.interrupt_decision());
         Ok(RxOutcome {
             needs_interrupt,
             suppressed_by_event_idx,

@@ -14,7 +14,7 @@ use virtio_queue::Queue;
 use vm_memory::GuestMemoryMmap;
 
 use super::metrics::TxCounters;
-use super::{count_interrupt, BurstLog, MAX_FRAME_LEN, USED_PUBLISH_BATCH, VNET_HDR_LEN};
+use super::{BurstLog, CountInterrupts, MAX_FRAME_LEN, USED_PUBLISH_BATCH, VNET_HDR_LEN};
 use crate::backend::NetBackend;
 use crate::iovec::{IovecList, Iovecs};
 use crate::virtio::chain::Direction;
@@ -102,12 +102,8 @@ impl TxQueue {
         ring.publish_used();
         self.scratch = iovs.into_storage();
         let stop = result?;
-        let (needs_interrupt, suppressed_by_event_idx) = count_interrupt(
-            ring.interrupt_decision(),
-            &mut counters.interrupts_raised,
-            &mut counters.interrupts_suppressed_event_idx,
-            &mut counters.interrupts_suppressed_no_interrupt,
-        );
+        let (needs_interrupt, suppressed_by_event_idx) =
+            counters.count_interrupt(ring.interrupt_decision());
         Ok(TxOutcome {
             needs_interrupt,
             suppressed_by_event_idx,

@@ -22,7 +22,6 @@ use std::panic::{self, AssertUnwindSafe};
 use std::sync::mpsc::{self, Receiver, SyncSender};
 use std::sync::Arc;
 use std::thread::{self, JoinHandle};
-use std::time::Duration;
 
 use log::{error, info, warn};
 use seccompiler::BpfProgram;
@@ -34,8 +33,9 @@ use vmm_sys_util::timerfd::TimerFd;
 
 use super::device::{LinkControl, LinkState};
 use super::metrics::{NetMetrics, RxCounters, TxCounters};
+use super::moderation::{Moderation, Moderator, TimerOp};
 use super::rx::{RxMode, RxQueue, RxStop, RX_GATHER_BYTES, RX_GATHER_NO_GSO_BYTES};
-use super::tuning::{NetTuning, TuningShared};
+use super::tuning::TuningShared;
 use super::tx::{TxQueue, TxStop};
 use super::BurstLog;
 use super::VNET_HDR_LEN;
@@ -326,29 +326,6 @@ fn thread_main<B: NetBackend>(
     }
 }
 
-/// Per-round counts of device-level events, published with the queue counters.
-#[derive(Default)]
-struct DeviceCounters {
-    interrupts_held: u64,
-    coalesce_packet_releases: u64,
-    coalesce_timer_releases: u64,
-    event_idx_overrides: u64,
-}
-
-impl DeviceCounters {
-    fn publish(&mut self, metrics: &NetMetrics) {
-        metrics.interrupts_held.add(self.interrupts_held);
-        metrics
-            .coalesce_packet_releases
-            .add(self.coalesce_packet_releases);
-        metrics
-            .coalesce_timer_releases
-            .add(self.coalesce_timer_releases);
-        metrics.event_idx_overrides.add(self.event_idx_overrides);
-        *self = DeviceCounters::default();
-    }
-}
-
 /// A running worker's state.
 struct EventLoop<'p, B> {
     rx: RxQueue,
@@ -364,11 +341,10 @@ struct EventLoop<'p, B> {
     rx_errors: BurstLog,
     parts: &'p mut ThreadParts,
     epoll: Epoll,
-    /// The knobs in force: a copy, refreshed when the tuning eventfd fires.
-    tuning: NetTuning,
+    /// Interrupt decisions, coalescing and the EVENT_IDX override (the knobs in force).
+    moderator: Moderator,
     rx_counters: RxCounters,
     tx_counters: TxCounters,
-    device_counters: DeviceCounters,
     /// Not polling the backend for input: no rx buffers (or a read error) until the next kick.
     rx_paused: bool,
     /// The backend refused a frame with EAGAIN: waiting for it to become writable.
@@ -379,10 +355,6 @@ struct EventLoop<'p, B> {
     backend_gone: bool,
     /// What the backend fd is registered for in epoll (empty: not registered).
     registered: EventSet,
-    /// Used buffers were returned this round and the guest wants an interrupt.
-    irq_pending: bool,
-    /// An interrupt held back by coalescing: frames completed since it was first held.
-    held: Option<u64>,
 }
 
 impl<'p, B: NetBackend> EventLoop<'p, B> {
@@ -427,17 +399,14 @@ impl<'p, B: NetBackend> EventLoop<'p, B> {
             rx_errors: BurstLog::default(),
             parts,
             epoll,
-            tuning: shared.tuning.load(),
+            moderator: Moderator::new(shared.tuning.load()),
             rx_counters: RxCounters::default(),
             tx_counters: TxCounters::default(),
-            device_counters: DeviceCounters::default(),
             rx_paused: false,
             tx_waiting: false,
             tx_more: false,
             backend_gone: false,
             registered: EventSet::empty(),
-            irq_pending: false,
-            held: None,
         };
         if let Err(e) = event_loop.update_backend_interest() {
             return Err((ActivateError::EventLoop(e), event_loop.backend));
@@ -557,7 +526,8 @@ impl<'p, B: NetBackend> EventLoop<'p, B> {
                 queue: "tx",
                 source,
             })?;
-        self.want_interrupt(outcome.needs_interrupt, outcome.suppressed_by_event_idx);
+        self.moderator
+            .batch(outcome.needs_interrupt, outcome.suppressed_by_event_idx);
         match outcome.stop {
             TxStop::Drained => {}
             TxStop::BackendFull => {
@@ -581,7 +551,8 @@ impl<'p, B: NetBackend> EventLoop<'p, B> {
                 queue: "rx",
                 source,
             })?;
-        self.want_interrupt(outcome.needs_interrupt, outcome.suppressed_by_event_idx);
+        self.moderator
+            .batch(outcome.needs_interrupt, outcome.suppressed_by_event_idx);
         match outcome.stop {
             // Level-triggered epoll reports the backend again if frames remain.
             RxStop::BackendEmpty | RxStop::Budget => {}
@@ -601,16 +572,6 @@ impl<'p, B: NetBackend> EventLoop<'p, B> {
             }
         }
         self.update_backend_interest().map_err(WorkerError::Epoll)
-    }
-
-    /// Records a batch's interrupt decision, overriding EVENT_IDX suppression when tuned off.
-    fn want_interrupt(&mut self, needs_interrupt: bool, suppressed_by_event_idx: bool) {
-        if needs_interrupt {
-            self.irq_pending = true;
-        } else if suppressed_by_event_idx && !self.tuning.event_idx {
-            self.irq_pending = true;
-            self.device_counters.event_idx_overrides += 1;
-        }
     }
 
     /// The backend's link changed: the driver sees it in the STATUS field, with a
@@ -676,34 +637,14 @@ impl<'p, B: NetBackend> EventLoop<'p, B> {
     /// End of a round: one interrupt for everything completed (now, or held back by
     /// coalescing until its packet or time bound), counters published once.
     fn flush(&mut self) -> Result<(), WorkerError> {
-        let coalescing = self.tuning.interrupt_coalescing;
         let completed = self.rx_counters.frames + self.tx_counters.frames;
-        let wanted = std::mem::take(&mut self.irq_pending);
-        if wanted && self.held.is_none() {
-            if coalescing.is_enabled() {
-                self.parts
-                    .timer
-                    .reset(Duration::from_micros(coalescing.max_usecs.into()), None)
-                    .map_err(|e| WorkerError::Timer(io_err(e)))?;
-                self.held = Some(0);
-            } else {
-                self.signal()?;
-            }
-        }
-        if let Some(held) = self.held.as_mut() {
-            *held += completed;
-            if coalescing.max_packets > 0 && *held >= u64::from(coalescing.max_packets) {
-                self.device_counters.coalesce_packet_releases += 1;
-                self.release()?;
-            } else if wanted {
-                self.device_counters.interrupts_held += 1;
-            }
-        }
+        let moderation = self.moderator.end_round(completed);
+        self.apply(moderation)?;
         self.publish();
         Ok(())
     }
 
-    /// The coalescing timer fired: the held interrupt goes out now.
+    /// The coalescing timer fired: a held interrupt goes out now.
     fn timer_expired(&mut self) -> Result<(), WorkerError> {
         match self.parts.timer.wait() {
             Ok(_) => {}
@@ -711,44 +652,45 @@ impl<'p, B: NetBackend> EventLoop<'p, B> {
             Err(e) if e.errno() == libc::EAGAIN => return Ok(()),
             Err(e) => return Err(WorkerError::Timer(io_err(e))),
         }
-        if self.held.is_some() {
-            self.device_counters.coalesce_timer_releases += 1;
-            self.release()?;
-        }
-        Ok(())
+        let moderation = self.moderator.timer_fired();
+        self.apply(moderation)
     }
 
     /// Picks up new knobs; an interrupt held under bounds that no longer apply goes out now.
     fn retune(&mut self) -> Result<(), WorkerError> {
-        self.tuning = self.tuning_shared.load();
-        if self.held.is_some() && !self.tuning.interrupt_coalescing.is_enabled() {
-            self.release()?;
+        let moderation = self.moderator.retune(self.tuning_shared.load());
+        self.apply(moderation)
+    }
+
+    /// Carries out the moderator's decision on the timer and the irqfd.
+    fn apply(&mut self, moderation: Moderation) -> Result<(), WorkerError> {
+        let timer = match moderation.timer {
+            TimerOp::Keep => Ok(()),
+            TimerOp::Arm(after) => self.parts.timer.reset(after, None),
+            TimerOp::Clear => self.parts.timer.clear(),
+        };
+        timer.map_err(|e| WorkerError::Timer(io_err(e)))?;
+        if moderation.signal {
+            self.interrupt
+                .signal_used_queue()
+                .map_err(WorkerError::Interrupt)?;
+            self.metrics.irqfd_signals.add(1);
         }
-        Ok(())
-    }
-
-    /// Sends the held interrupt.
-    fn release(&mut self) -> Result<(), WorkerError> {
-        self.held = None;
-        self.parts
-            .timer
-            .clear()
-            .map_err(|e| WorkerError::Timer(io_err(e)))?;
-        self.signal()
-    }
-
-    fn signal(&mut self) -> Result<(), WorkerError> {
-        self.interrupt
-            .signal_used_queue()
-            .map_err(WorkerError::Interrupt)?;
-        self.metrics.irqfd_signals.add(1);
         Ok(())
     }
 
     fn publish(&mut self) {
         self.rx_counters.publish(&self.metrics.rx);
         self.tx_counters.publish(&self.metrics.tx);
-        self.device_counters.publish(&self.metrics);
+        let c = std::mem::take(&mut self.moderator.counters);
+        self.metrics.interrupts_held.add(c.interrupts_held);
+        self.metrics
+            .coalesce_packet_releases
+            .add(c.coalesce_packet_releases);
+        self.metrics
+            .coalesce_timer_releases
+            .add(c.coalesce_timer_releases);
+        self.metrics.event_idx_overrides.add(c.event_idx_overrides);
     }
 }
 
