@@ -3,7 +3,7 @@
 //!
 //! | thread | installed | by |
 //! |---|---|---|
-//! | API (and the HTTP library's connection threads, which it starts) | when the thread starts, before it accepts a connection | itself |
+//! | API | when the thread starts, before it accepts a connection | itself |
 //! | vCPU | when the thread starts, before `KVM_RUN` | itself |
 //! | net worker | when the device is built, before any activation | the worker, on the VMM's request |
 //! | VMM (main thread, console input) | once the VM is built, before the vCPUs run guest code that could reach it | itself |
@@ -46,7 +46,7 @@ pub enum SeccompMode {
 pub enum ThreadKind {
     /// The VMM's main thread once the VM runs, and the console-input thread.
     Vmm,
-    /// The API thread and the HTTP server threads it starts.
+    /// The API thread (it serves every connection itself).
     Api,
     /// A vCPU thread.
     Vcpu,
@@ -209,31 +209,23 @@ fn thread_kind_rules(kind: ThreadKind) -> Vec<Allow> {
             ),
         ]),
         ThreadKind::Api => rules.extend([
+            allow(SYS_epoll_wait, "the API event loop"),
+            allow(
+                SYS_epoll_pwait,
+                "the API event loop (glibc may use epoll_pwait)",
+            ),
+            allow(
+                SYS_epoll_ctl,
+                "watching connections, and the listener again after a pause",
+            ),
             allow(SYS_accept4, "accepting API connections"),
             allow(SYS_recvfrom, "reading requests"),
-            allow(SYS_sendto, "writing responses"),
-            allow(SYS_writev, "writing responses"),
-            allow(SYS_shutdown, "closing connections"),
-            allow_args(
-                SYS_socket,
-                0,
-                &[AF_UNIX as u64],
-                "the HTTP server connects to its own socket to stop its accept loop",
+            allow(SYS_sendto, "writing responses (send with MSG_NOSIGNAL)"),
+            allow(
+                SYS_shutdown,
+                "ending our side of a connection after an error answer",
             ),
-            allow(SYS_connect, "the same, to its own Unix socket"),
             allow(SYS_unlink, "removing the API socket at exit"),
-            allow(
-                SYS_getsockname,
-                "the HTTP server reads its listening address",
-            ),
-            allow(SYS_clone3, "the HTTP server starts a thread per connection"),
-            allow(SYS_clone, "the same, where glibc falls back from clone3"),
-            allow(SYS_set_robust_list, "glibc, in each new thread"),
-            allow(SYS_rseq, "glibc, in each new thread"),
-            allow(
-                SYS_sched_getaffinity,
-                "the standard library sizes each new thread's stack guard",
-            ),
         ]),
         ThreadKind::Vcpu => rules.extend([allow_args(
             SYS_ioctl,

@@ -9,6 +9,7 @@
 //! The routes are listed once, in [`ROUTES`]; `docs/api/openapi.yaml` describes them and a test
 //! checks the two agree.
 
+pub mod http;
 pub mod server;
 
 use serde::{Deserialize, Serialize};
