@@ -8,14 +8,13 @@
 //! `InstanceStart`.
 
 use std::collections::HashSet;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use devices::virtio::net::{
     MacAddr, NetConfig, NetConfigError, NetTuning, NetTuningUpdate, TuningError,
 };
-use serde::{Deserialize, Serialize};
-
-use crate::memory::CMDLINE_MAX_SIZE;
+use serde::{Deserialize, Deserializer, Serialize};
+use serde_json::Value;
 
 /// Smallest guest memory we accept: the kernel is linked at 16 MiB and needs room above it.
 pub const MIN_MEM_MIB: u64 = 32;
@@ -28,6 +27,9 @@ pub const DEFAULT_MEM_MIB: u64 = 128;
 pub const MAX_VCPUS: u8 = 32;
 /// Longest interface id (as Firecracker).
 pub const MAX_IFACE_ID_LEN: usize = 64;
+
+/// Largest config file read (`--config-file`); real ones are a few hundred bytes.
+pub const MAX_CONFIG_FILE_BYTES: usize = 1 << 20;
 
 /// The default kernel command line when the user gives none.
 pub const DEFAULT_CMDLINE: &str = "console=ttyS0 reboot=k panic=-1";
@@ -63,8 +65,12 @@ impl BootSource {
             if args.contains('\0') {
                 return Err(ConfigError::CmdlineNul);
             }
-            if args.len() >= CMDLINE_MAX_SIZE {
-                return Err(ConfigError::CmdlineTooLong(args.len()));
+            let max = crate::boot::max_user_cmdline_len();
+            if args.len() > max {
+                return Err(ConfigError::CmdlineTooLong {
+                    len: args.len(),
+                    max,
+                });
             }
         }
         Ok(())
@@ -157,7 +163,11 @@ pub struct NetworkInterface {
     /// The host tap (opened, or created when it does not exist).
     pub host_dev_name: String,
     /// The guest's MAC address; derived from the tap name when absent.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "deserialize_guest_mac"
+    )]
     pub guest_mac: Option<MacAddr>,
     /// Extension: the size of each queue (a power of two, 2..=32768; default 256).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -192,12 +202,101 @@ impl NetworkInterface {
     /// Checks the id, the device description and the tuning.
     pub fn validate(&self) -> Result<(), ConfigError> {
         validate_iface_id(&self.iface_id)?;
+        if let Some(mac) = self.guest_mac {
+            check_guest_mac(mac)?;
+        }
         self.net_config()?;
         self.tuning.validate().map_err(|error| ConfigError::Tuning {
             iface_id: self.iface_id.clone(),
             error,
         })
     }
+}
+
+/// Parses a guest MAC address strictly: six groups of exactly two hex digits separated by
+/// `:` (no signs, no spaces), neither multicast (bit 0 of the first byte: a guest needs a
+/// unicast address) nor all zero.
+pub fn parse_guest_mac(text: &str) -> Result<MacAddr, ConfigError> {
+    let bad = |reason| ConfigError::InvalidMac {
+        mac: text.to_owned(),
+        reason,
+    };
+    let groups: Vec<&str> = text.split(':').collect();
+    if groups.len() != 6 {
+        return Err(bad("expected six groups xx:xx:xx:xx:xx:xx"));
+    }
+    let mut bytes = [0u8; 6];
+    for (byte, group) in bytes.iter_mut().zip(&groups) {
+        if group.len() != 2 || !group.bytes().all(|b| b.is_ascii_hexdigit()) {
+            return Err(bad("each group is two hex digits"));
+        }
+        *byte = u8::from_str_radix(group, 16).map_err(|_| bad("each group is two hex digits"))?;
+    }
+    let mac = MacAddr::new(bytes);
+    check_guest_mac(mac).map_err(|_| bad(mac_defect(mac).unwrap_or("")))?;
+    Ok(mac)
+}
+
+fn mac_defect(mac: MacAddr) -> Option<&'static str> {
+    let bytes = mac.bytes();
+    if bytes == [0; 6] {
+        Some("the all-zero address is not a station address")
+    } else if bytes[0] & 1 != 0 {
+        Some("multicast (bit 0 of the first byte is set); a guest needs a unicast address")
+    } else {
+        None
+    }
+}
+
+/// Checks that `mac` can be a guest's address (unicast, not all zero).
+pub fn check_guest_mac(mac: MacAddr) -> Result<(), ConfigError> {
+    match mac_defect(mac) {
+        None => Ok(()),
+        Some(reason) => Err(ConfigError::InvalidMac {
+            mac: mac.to_string(),
+            reason,
+        }),
+    }
+}
+
+fn deserialize_guest_mac<'de, D: Deserializer<'de>>(d: D) -> Result<Option<MacAddr>, D::Error> {
+    let text = String::deserialize(d)?;
+    parse_guest_mac(&text)
+        .map(Some)
+        .map_err(serde::de::Error::custom)
+}
+
+/// Checks the shape of a JSON document for the API or a config file: serde would take a
+/// struct written as an array of its fields (`["/k"]` for a boot source, `[]` for a whole
+/// configuration), which no client means. Objects are required at the top and inside; an
+/// array is accepted only as a config file's `network-interfaces` or `drives`, of objects.
+pub fn check_json_objects(value: &Value) -> Result<(), String> {
+    fn no_arrays(value: &Value, at: &str) -> Result<(), String> {
+        match value {
+            Value::Array(_) => Err(format!(
+                "invalid type: an array at `{at}`, expected an object or a value"
+            )),
+            Value::Object(map) => map.iter().try_for_each(|(k, v)| no_arrays(v, k)),
+            _ => Ok(()),
+        }
+    }
+    let Value::Object(map) = value else {
+        return Err("invalid type: expected a JSON object".into());
+    };
+    for (key, value) in map {
+        match (key.as_str(), value) {
+            ("network-interfaces" | "drives", Value::Array(items)) => {
+                for item in items {
+                    if !item.is_object() {
+                        return Err(format!("invalid type: `{key}` is a list of objects"));
+                    }
+                    no_arrays(item, key)?;
+                }
+            }
+            _ => no_arrays(value, key)?,
+        }
+    }
+    Ok(())
 }
 
 /// Checks an interface id: 1..=64 ASCII letters, digits, `_` or `-`.
@@ -264,8 +363,10 @@ pub enum ConfigError {
     VcpuCount(u8),
     #[error("kernel command line contains a NUL byte")]
     CmdlineNul,
-    #[error("kernel command line of {0} bytes is too long (at most {max} bytes)", max = CMDLINE_MAX_SIZE - 1)]
-    CmdlineTooLong(usize),
+    #[error("kernel command line of {len} bytes is too long (at most {max} bytes: the VMM appends its devices to it)")]
+    CmdlineTooLong { len: usize, max: usize },
+    #[error("invalid MAC address {mac:?}: {reason}")]
+    InvalidMac { mac: String, reason: &'static str },
     #[error("{0} must not be empty")]
     EmptyPath(&'static str),
     #[error("no boot source: set the kernel with PUT /boot-source (or `boot-source` in the config file)")]
@@ -334,9 +435,19 @@ impl VmConfig {
 
     /// Parses and validates a config file's text.
     pub fn from_json(text: &str) -> Result<VmConfig, ConfigFileError> {
+        let value: Value = serde_json::from_str(text).map_err(ConfigFileError::Json)?;
+        check_json_objects(&value).map_err(ConfigFileError::Shape)?;
         let config: VmConfig = serde_json::from_str(text).map_err(ConfigFileError::Json)?;
         config.validate().map_err(ConfigFileError::Invalid)?;
         Ok(config)
+    }
+
+    /// Reads, parses and validates a config file: a regular file of at most
+    /// [`MAX_CONFIG_FILE_BYTES`] (see [`crate::files`]).
+    pub fn from_file(path: &Path) -> Result<VmConfig, ConfigFileError> {
+        let text = crate::files::read_regular_to_string(path, MAX_CONFIG_FILE_BYTES)
+            .map_err(ConfigFileError::Read)?;
+        VmConfig::from_json(&text)
     }
 
     /// Replaces the boot source after checking it.
@@ -388,8 +499,12 @@ impl VmConfig {
 /// A config file that cannot be used.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigFileError {
+    #[error("cannot read it")]
+    Read(#[source] std::io::Error),
     #[error("not a valid configuration")]
     Json(#[source] serde_json::Error),
+    #[error("not a valid configuration: {0}")]
+    Shape(String),
     #[error("invalid configuration")]
     Invalid(#[source] ConfigError),
 }
@@ -495,6 +610,135 @@ mod tests {
             assert!(validate_iface_id(id).is_err(), "{id:?}");
         }
         assert!(validate_iface_id("eth0_a-1").is_ok());
+    }
+
+    /// Issue 11, class 8: `+` signs (u8::from_str_radix takes `+a`), the all-zero and
+    /// multicast addresses were taken as guest MACs.
+    #[test]
+    fn guest_macs_are_parsed_strictly() {
+        assert_eq!(
+            parse_guest_mac("aa:FC:00:00:00:01").map(|m| m.to_string()),
+            Ok("aa:fc:00:00:00:01".to_owned())
+        );
+        for bad in [
+            "+2:00:00:00:00:01",
+            "02:+0:00:00:00:01",
+            "-2:00:00:00:00:01",
+            "00:00:00:00:00:00",
+            "01:00:00:00:00:01",
+            "ff:ff:ff:ff:ff:ff",
+            "2:00:00:00:00:01",
+            "002:00:00:00:00:01",
+            "02:00:00:00:00",
+            "02:00:00:00:00:01:02",
+            "02:00:00:00:00:01:",
+            " 02:00:00:00:00:01",
+            "02-00-00-00-00-01",
+            "0x:00:00:00:00:01",
+            "",
+        ] {
+            let e = parse_guest_mac(bad).unwrap_err();
+            assert!(e.to_string().contains("invalid MAC"), "{bad:?}: {e}");
+        }
+        for json in [
+            r#"{"iface_id":"eth0","host_dev_name":"tap0","guest_mac":"+2:00:00:00:00:01"}"#,
+            r#"{"iface_id":"eth0","host_dev_name":"tap0","guest_mac":"00:00:00:00:00:00"}"#,
+        ] {
+            let e = serde_json::from_str::<NetworkInterface>(json).unwrap_err();
+            assert!(e.to_string().contains("invalid MAC"), "{e}");
+        }
+        let mut zero = iface("eth0", "tap0");
+        zero.guest_mac = Some(MacAddr::new([0; 6]));
+        assert!(matches!(
+            zero.validate(),
+            Err(ConfigError::InvalidMac { .. })
+        ));
+    }
+
+    /// Issue 11, class 8: `[]` (or any array) parsed as a valid configuration: serde takes a
+    /// struct written as the array of its fields.
+    #[test]
+    fn only_objects_are_configurations() {
+        for text in [
+            "[]",
+            "[null]",
+            r#"[{"kernel_image_path":"/k"}]"#,
+            r#"{"boot-source":["/k"]}"#,
+            r#"{"boot-source":{"kernel_image_path":"/k"},"machine-config":[1,128]}"#,
+            r#"{"boot-source":{"kernel_image_path":"/k"},"network-interfaces":[["eth0","tap0"]]}"#,
+            "1",
+            "\"x\"",
+            "null",
+        ] {
+            assert!(
+                matches!(
+                    VmConfig::from_json(text),
+                    Err(ConfigFileError::Shape(_) | ConfigFileError::Json(_))
+                ),
+                "{text}"
+            );
+        }
+        assert!(matches!(
+            VmConfig::from_json("[]"),
+            Err(ConfigFileError::Shape(_))
+        ));
+        let ok = r#"{"boot-source":{"kernel_image_path":"/k"},"network-interfaces":[{"iface_id":"eth0","host_dev_name":"tap0"}],"drives":[]}"#;
+        assert!(VmConfig::from_json(ok).is_ok());
+    }
+
+    /// Issue 11, class 6 and 8: a config file that is a FIFO or a character device.
+    #[test]
+    fn config_files_are_regular_and_bounded() {
+        let e = VmConfig::from_file(Path::new("/dev/zero")).unwrap_err();
+        assert!(crate::error_chain(&e).contains("a character device"), "{e}");
+        let dir = std::env::temp_dir().join(format!("vmm-config-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let big = dir.join("big.json");
+        std::fs::write(&big, " ".repeat(MAX_CONFIG_FILE_BYTES + 1)).unwrap();
+        let e = VmConfig::from_file(&big).unwrap_err();
+        assert!(
+            crate::error_chain(&e).contains("larger than the limit"),
+            "{e}"
+        );
+        let good = dir.join("good.json");
+        std::fs::write(&good, r#"{"boot-source":{"kernel_image_path":"/k"}}"#).unwrap();
+        assert!(VmConfig::from_file(&good).is_ok());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// Issue 11, class 8: a command line of up to 2047 bytes was accepted, then failed at
+    /// boot ("too large") once the VMM appended its devices. The limit checked is what is
+    /// left after the most the VMM ever appends, and exactly that fits at boot.
+    #[test]
+    fn an_accepted_command_line_always_fits_at_boot() {
+        let max = crate::boot::max_user_cmdline_len();
+        assert!((1024..2047).contains(&max), "{max}");
+        let mut c = config(128, 1);
+        let args = |len| Some("x".repeat(len));
+        c.boot_source.as_mut().unwrap().boot_args = args(max);
+        assert_eq!(c.validate(), Ok(()));
+        c.network_interfaces = (0..MAX_VIRTIO_DEVICES)
+            .map(|i| iface(&format!("eth{i}"), &format!("tap{i}")))
+            .collect();
+        assert_eq!(c.validate(), Ok(()));
+        let devices: Vec<(u64, u32)> = (0..MAX_VIRTIO_DEVICES)
+            .map(crate::boot::virtio_slot)
+            .collect();
+        let worst = crate::boot::CmdlineAdditions {
+            devices: &devices,
+            tsc_khz: Some(u32::MAX),
+            extra: Some(crate::host::PVM_CMDLINE),
+        };
+        let cmdline = crate::boot::vm_cmdline(c.base_cmdline(), &worst).expect("fits");
+        assert_eq!(
+            cmdline.as_cstring().unwrap().as_bytes_with_nul().len(),
+            crate::memory::CMDLINE_MAX_SIZE
+        );
+        c.boot_source.as_mut().unwrap().boot_args = args(max + 1);
+        assert_eq!(
+            c.validate(),
+            Err(ConfigError::CmdlineTooLong { len: max + 1, max })
+        );
     }
 
     #[test]

@@ -8,6 +8,7 @@ pub mod api;
 pub mod boot;
 pub mod bus;
 pub mod config;
+pub mod files;
 pub mod host;
 pub mod kvm;
 pub mod memory;
@@ -15,7 +16,6 @@ pub mod metrics;
 pub mod seccomp;
 pub mod vm;
 
-use std::fs::File;
 use std::io;
 use std::os::fd::AsRawFd;
 use std::path::PathBuf;
@@ -117,6 +117,7 @@ pub fn launch(launch: Launch) -> Result<(), VmmError> {
     let filters = match launch.seccomp {
         SeccompMode::On => {
             seccomp::install_sigsys_handler()?;
+            seccomp::install_panic_hook();
             Some(Filters::build()?)
         }
         SeccompMode::Off => {
@@ -340,7 +341,7 @@ impl Vmm {
                 .into_iter()
                 .flatten()
                 {
-                    File::open(path).map_err(|e| {
+                    files::open_regular(path).map_err(|e| {
                         VmmActionError(format!("cannot open the {what} {path:?}: {e}"))
                     })?;
                 }

@@ -36,7 +36,7 @@ struct Cli {
     vcpus: u8,
     /// A virtio-net device on a host tap: `TAP` or `tap=TAP[,mac=MAC][,queue_size=N]`. The tap
     /// is opened, or created when it does not exist. Repeat for more devices.
-    #[arg(long, value_name = "SPEC", requires = "kernel")]
+    #[arg(long, value_name = "SPEC", requires = "kernel", value_parser = parse_net)]
     net: Vec<NetConfig>,
     /// Boot the VM described by this JSON file (Firecracker's shape: `boot-source`,
     /// `machine-config`, `network-interfaces`).
@@ -55,6 +55,17 @@ struct Cli {
     /// Print device metrics as a JSON line on stderr every SECS seconds (always once at exit).
     #[arg(long, value_name = "SECS", value_parser = clap::value_parser!(u64).range(1..))]
     metrics_interval: Option<u64>,
+}
+
+/// `--net`: the device description, with the MAC checked as strictly as in the API.
+fn parse_net(spec: &str) -> Result<NetConfig, String> {
+    for item in spec.split(',') {
+        if let Some(mac) = item.strip_prefix("mac=") {
+            vmm::config::parse_guest_mac(mac).map_err(|e| e.to_string())?;
+        }
+    }
+    spec.parse()
+        .map_err(|e: devices::virtio::net::NetConfigError| e.to_string())
 }
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
@@ -84,14 +95,10 @@ impl Cli {
                     .collect(),
                 drives: Vec::new(),
             }),
-            (None, Some(path)) => {
-                let text = std::fs::read_to_string(path)
-                    .map_err(|e| format!("cannot read the config file {path:?}: {e}"))?;
-                Some(
-                    VmConfig::from_json(&text)
-                        .map_err(|e| format!("config file {path:?}: {}", error_chain(&e)))?,
-                )
-            }
+            (None, Some(path)) => Some(
+                VmConfig::from_file(path)
+                    .map_err(|e| format!("config file {path:?}: {}", error_chain(&e)))?,
+            ),
             (None, None) => None,
         };
         Ok(Launch {

@@ -14,12 +14,11 @@ use devices::legacy::{CmosRtc, Serial, I8042};
 use devices::virtio::net::{NetDevice, NetMetrics, NetTuning, NetTuningUpdate, TuningControl};
 use devices::virtio::MmioTransport;
 use serde_json::{Map, Value};
-use vm_memory::GuestAddress;
 use vmm_sys_util::eventfd::EventFd;
 use vmm_sys_util::signal::{Killable, SIGRTMIN};
 use vmm_sys_util::terminal::Terminal;
 
-use crate::boot::{self, BootError};
+use crate::boot;
 use crate::bus::Bus;
 use crate::config::{self, VmConfig};
 use crate::host::HostQuirks;
@@ -38,8 +37,6 @@ const RTC_PORT: u64 = 0x70;
 const I8042_PORT: u64 = 0x60;
 /// The keyboard's interrupt.
 const KEYBOARD_GSI: u32 = 1;
-/// Each virtio-mmio device's register window.
-const MMIO_DEVICE_SIZE: u64 = 0x1000;
 /// How long [`RunningVm::stop`] waits for the vCPU threads.
 const VCPU_STOP_DEADLINE: Duration = Duration::from_secs(2);
 
@@ -129,26 +126,25 @@ impl RunningVm {
             })
             .collect::<Result<Vec<_>, _>>()?;
 
-        let mut cmdline = boot::new_cmdline(config.base_cmdline())?;
-        for &(base, gsi) in &cmdline_devices {
-            cmdline
-                .add_virtio_mmio_device(MMIO_DEVICE_SIZE, GuestAddress(base), gsi, None)
-                .map_err(BootError::Cmdline)?;
-        }
         // Linux reads the TSC frequency from CPUID leaf 0x15 only on Intel; elsewhere, without
         // kvmclock, it calibrates against the PIT (slow, and it may mark the TSC unstable).
-        if let Some(khz) = vcpus.first().and_then(Vcpu::tsc_khz) {
-            if !config.base_cmdline().contains("tsc_early_khz=") {
-                cmdline
-                    .insert("tsc_early_khz", &khz.to_string())
-                    .map_err(BootError::Cmdline)?;
-            }
-        }
+        let tsc_khz = vcpus
+            .first()
+            .and_then(Vcpu::tsc_khz)
+            .filter(|_| !config.base_cmdline().contains("tsc_early_khz="));
         let quirks = HostQuirks::detect();
-        if let Some(extra) = quirks.extra_cmdline() {
+        let extra = quirks.extra_cmdline();
+        if let Some(extra) = extra {
             log::info!("host KVM is the PVM module: appending `{extra}` to the guest command line");
-            cmdline.insert_str(extra).map_err(BootError::Cmdline)?;
         }
+        let cmdline = boot::vm_cmdline(
+            config.base_cmdline(),
+            &boot::CmdlineAdditions {
+                devices: &cmdline_devices,
+                tsc_khz,
+                extra,
+            },
+        )?;
 
         boot::configure_system(
             &mem,
@@ -336,8 +332,7 @@ fn attach_net_devices(
 ) -> Result<Vec<AttachedNet>, VmmError> {
     let mut attached = Vec::new();
     for (i, iface) in config.network_interfaces.iter().enumerate() {
-        let base = memory::MMIO_START + i as u64 * MMIO_DEVICE_SIZE;
-        let gsi = config::FIRST_VIRTIO_GSI + i as u32;
+        let (base, gsi) = boot::virtio_slot(i);
         let net_config = iface.net_config()?;
         let net_err = |source| VmmError::Net {
             tap: net_config.tap.clone(),
@@ -364,7 +359,7 @@ fn attach_net_devices(
             vm.register_mmio_ioevent(evt, addr, datamatch)?;
         }
         let transport = Arc::new(Mutex::new(transport));
-        mmio.insert(transport.clone(), base, MMIO_DEVICE_SIZE)?;
+        mmio.insert(transport.clone(), base, boot::MMIO_DEVICE_SIZE)?;
         cmdline_devices.push((base, gsi));
         log::info!(
             "virtio-net {:?} on tap {:?} (MAC {}) at {base:#x}, GSI {gsi}",

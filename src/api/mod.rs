@@ -9,14 +9,15 @@
 //! The routes are listed once, in [`ROUTES`]; `docs/api/openapi.yaml` describes them and a test
 //! checks the two agree.
 
+pub mod http;
 pub mod server;
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::config::{
-    validate_iface_id, BootSource, MachineConfig, MachineConfigUpdate, NetworkInterface,
-    NetworkInterfaceUpdate,
+    check_json_objects, validate_iface_id, BootSource, MachineConfig, MachineConfigUpdate,
+    NetworkInterface, NetworkInterfaceUpdate,
 };
 
 /// Largest request body accepted (Firecracker's limit).
@@ -206,11 +207,15 @@ fn json<'a, T: Deserialize<'a>>(body: &'a [u8]) -> Result<T, ApiError> {
     if body.iter().all(u8::is_ascii_whitespace) {
         return Err(ApiError::bad_request("the request needs a JSON body"));
     }
-    serde_json::from_slice(body).map_err(|e| {
+    let refuse = |e: &dyn std::fmt::Display| {
         ApiError::bad_request(format!(
             "An error occurred when deserializing the json body of a request: {e}."
         ))
-    })
+    };
+    // The shape first (objects, not arrays); then the typed value, for serde's messages.
+    let value: Value = serde_json::from_slice(body).map_err(|e| refuse(&e))?;
+    check_json_objects(&value).map_err(|e| refuse(&e))?;
+    serde_json::from_slice(body).map_err(|e| refuse(&e))
 }
 
 /// Turns an HTTP request into a [`VmmRequest`], or the error the API answers itself.

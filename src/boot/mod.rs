@@ -7,7 +7,6 @@
 pub mod layout;
 pub mod mptable;
 
-use std::fs::File;
 use std::io::{Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
 
@@ -140,12 +139,7 @@ pub fn load_kernel(mem: &GuestMemory, path: &Path) -> Result<LoadedKernel, BootE
         path: path.to_owned(),
         source,
     };
-    let mut file = File::open(path).map_err(open_err)?;
-    if file.metadata().map_err(open_err)?.is_dir() {
-        return Err(BootError::NotAKernel {
-            path: path.to_owned(),
-        });
-    }
+    let mut file = crate::files::open_regular(path).map_err(open_err)?;
     let format = detect_format(&mut file).map_err(open_err)?;
     let load_err = |source| BootError::LoadKernel {
         path: path.to_owned(),
@@ -201,7 +195,7 @@ pub fn load_initrd(
     path: &Path,
     kernel: &LoadedKernel,
 ) -> Result<InitrdPlacement, BootError> {
-    let mut file = File::open(path).map_err(|source| BootError::OpenInitrd {
+    let mut file = crate::files::open_regular(path).map_err(|source| BootError::OpenInitrd {
         path: path.to_owned(),
         source,
     })?;
@@ -326,6 +320,68 @@ pub fn configure_system(
 /// A command line with room for the kernel's maximum.
 pub fn new_cmdline(base: &str) -> Result<Cmdline, BootError> {
     Cmdline::try_from(base, CMDLINE_MAX_SIZE).map_err(BootError::Cmdline)
+}
+
+/// Each virtio-mmio device's register window.
+pub const MMIO_DEVICE_SIZE: u64 = 0x1000;
+
+/// The MMIO base and GSI of the virtio device at `index`.
+pub fn virtio_slot(index: usize) -> (u64, u32) {
+    (
+        memory::MMIO_START + index as u64 * MMIO_DEVICE_SIZE,
+        crate::config::FIRST_VIRTIO_GSI + index as u32,
+    )
+}
+
+/// What the VMM appends to the user's command line.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct CmdlineAdditions<'a> {
+    /// (MMIO base, GSI) of each virtio device.
+    pub devices: &'a [(u64, u32)],
+    /// `tsc_early_khz=`, when the user did not give it.
+    pub tsc_khz: Option<u32>,
+    /// Options the host needs (see [`crate::host::HostQuirks::extra_cmdline`]).
+    pub extra: Option<&'a str>,
+}
+
+/// The guest's command line: the user's `base` and the VMM's `additions`.
+pub fn vm_cmdline(base: &str, additions: &CmdlineAdditions) -> Result<Cmdline, BootError> {
+    let mut cmdline = new_cmdline(base)?;
+    for &(base, gsi) in additions.devices {
+        cmdline
+            .add_virtio_mmio_device(MMIO_DEVICE_SIZE, GuestAddress(base), gsi, None)
+            .map_err(BootError::Cmdline)?;
+    }
+    if let Some(khz) = additions.tsc_khz {
+        cmdline
+            .insert("tsc_early_khz", &khz.to_string())
+            .map_err(BootError::Cmdline)?;
+    }
+    if let Some(extra) = additions.extra {
+        cmdline.insert_str(extra).map_err(BootError::Cmdline)?;
+    }
+    Ok(cmdline)
+}
+
+/// The longest command line a user may give: what is left of the kernel's maximum once the
+/// VMM appended the most it ever does (every virtio device, the TSC frequency, the PVM
+/// options). The configuration is checked against it, so that a command line accepted there
+/// always fits at boot.
+pub fn max_user_cmdline_len() -> usize {
+    let devices: Vec<(u64, u32)> = (0..crate::config::MAX_VIRTIO_DEVICES)
+        .map(virtio_slot)
+        .collect();
+    let worst = CmdlineAdditions {
+        devices: &devices,
+        tsc_khz: Some(u32::MAX),
+        extra: Some(crate::host::PVM_CMDLINE),
+    };
+    // With a one-byte base: the additions then include the space before the first one.
+    let with_additions = vm_cmdline("x", &worst)
+        .and_then(|c| c.as_cstring().map_err(BootError::Cmdline))
+        .map(|c| c.as_bytes_with_nul().len())
+        .unwrap_or(CMDLINE_MAX_SIZE);
+    CMDLINE_MAX_SIZE.saturating_sub(with_additions - 1)
 }
 
 /// Reads the zero page back (for tests and diagnostics).

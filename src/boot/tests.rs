@@ -194,3 +194,32 @@ fn bzimage_header_is_detected() {
     let mut c = std::io::Cursor::new(tiny_elf(b"x"));
     assert_eq!(detect_format(&mut c).unwrap(), Some(KernelFormat::Elf));
 }
+
+/// Issue 11, class 6: a FIFO as the kernel or initrd froze the VMM thread in open(2).
+#[test]
+fn a_fifo_as_kernel_or_initrd_is_refused_at_once() {
+    let mem = create_guest_memory(32 * MIB).unwrap();
+    let fifo = std::env::temp_dir().join(format!("vmm-boot-fifo-{}", std::process::id()));
+    let _ = std::fs::remove_file(&fifo);
+    let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+    // SAFETY: `c` is a NUL-terminated path that outlives the call.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+    let started = std::time::Instant::now();
+    let err = load_kernel(&mem, &fifo).unwrap_err();
+    assert!(matches!(err, BootError::OpenKernel { .. }), "{err}");
+    assert!(
+        crate::error_chain(&err).contains("not a regular file (a FIFO)"),
+        "{err}"
+    );
+    let k = LoadedKernel {
+        entry: 0x100_0000,
+        end: 0x180_0000,
+        setup_header: None,
+    };
+    let err = load_initrd(&mem, &fifo, &k).unwrap_err();
+    assert!(matches!(err, BootError::OpenInitrd { .. }), "{err}");
+    assert!(started.elapsed() < std::time::Duration::from_secs(1));
+    let err = load_kernel(&mem, Path::new("/dev/zero")).unwrap_err();
+    assert!(matches!(err, BootError::OpenKernel { .. }), "{err}");
+    std::fs::remove_file(fifo).unwrap();
+}
