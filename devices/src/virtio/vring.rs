@@ -157,6 +157,11 @@ impl WalkBudget {
         self.descriptors == 0
     }
 
+    /// Descriptors the call may still visit.
+    pub(crate) fn remaining(&self) -> u32 {
+        self.descriptors
+    }
+
     /// Charges `n` units of ring work (a pop that found nothing, a notification re-check).
     pub(crate) fn charge(&mut self, n: u32) {
         self.descriptors = self.descriptors.saturating_sub(n);
@@ -590,7 +595,7 @@ fn walk_indirect<'g>(
 ) -> Result<u32, ChainError> {
     let table_len = u32::from_le(table.len);
     let count = table_len / DESC_SIZE as u32;
-    if table_len % DESC_SIZE as u32 != 0 || count == 0 || count > u32::from(u16::MAX) {
+    if !table_len.is_multiple_of(DESC_SIZE as u32) || count == 0 || count > u32::from(u16::MAX) {
         return Err(ChainError::BadIndirectTable);
     }
     let addr = u64::from_le(table.addr);
@@ -629,7 +634,7 @@ fn walk_indirect<'g>(
 /// `p..p + 16` must be inside mapped guest memory.
 #[inline]
 unsafe fn read_desc_at(p: *const u8) -> RawDesc {
-    if p as usize % std::mem::align_of::<RawDesc>() == 0 {
+    if (p as usize).is_multiple_of(std::mem::align_of::<RawDesc>()) {
         // SAFETY: aligned, and in bounds per the caller's contract.
         return unsafe { ptr::read_volatile(p.cast::<RawDesc>()) };
     }

@@ -164,7 +164,7 @@ fn drain<'g, B: NetBackend>(
         }
         ring.add_used(head, 0);
         sent += 1;
-        if sent % USED_PUBLISH_BATCH == 0 {
+        if sent.is_multiple_of(USED_PUBLISH_BATCH) {
             ring.publish_used();
         }
     }
