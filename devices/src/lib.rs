@@ -5,6 +5,8 @@
 //! Virtio queue notifications arrive on eventfds that the VMM registers as ioeventfds.
 
 pub mod backend;
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod iovec;
 pub mod legacy;
 pub mod virtio;

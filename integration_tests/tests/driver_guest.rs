@@ -520,6 +520,41 @@ fn bad_knob_is_reported() {
     );
 }
 
+/// A driver made hostile on purpose (`hostile=overlap-used`): its tx used ring lies on its
+/// avail ring at DRIVER_OK, then it kicks and resets. The device refuses the queue
+/// (DEVICE_NEEDS_RESET, counted in `needs_reset_events`) instead of spinning on it, the reset
+/// completes, and the VMM ends by itself when the guest resets the machine.
+#[test]
+fn hostile_overlapping_used_ring_is_refused_and_the_vmm_exits() {
+    let _guest = guest_lock();
+    let (ns, _sock, _) = namespace("dghostile");
+    let started = Instant::now();
+    let vmm = start_guest(&ns, "console=ttyS0 hostile=overlap-used");
+    let out = vmm.finish(Duration::from_secs(60));
+    assert!(
+        out.status.is_some(),
+        "the VMM did not exit by itself within 60 s\n{out}"
+    );
+    assert!(out.success(), "{out}");
+    eprintln!("hostile guest: VMM exited after {:?}", started.elapsed());
+    let d = driver_result(&out);
+    assert_eq!(d["status"], "done", "{d}\n{out}");
+    assert_eq!(
+        d["needs_reset"], true,
+        "DEVICE_NEEDS_RESET after DRIVER_OK: {d}\n{out}"
+    );
+    assert_eq!(n(&d, "status_after_reset"), 0, "{d}\n{out}");
+    // Nothing was written over the avail ring: the device never used the queue.
+    assert_eq!(n(&d, "tx_avail_idx"), 1, "{d}\n{out}");
+    let m = final_metrics(&out.stderr).unwrap_or_else(|| panic!("no metrics line\n{out}"));
+    let dev = &m["net"][TAP];
+    assert!(
+        n(dev, "needs_reset_events") >= 1,
+        "needs_reset_events in {dev}\n{out}"
+    );
+    assert_eq!(n(&dev["tx"], "frames"), 0, "{dev}");
+}
+
 /// The guest program's own unit tests (command line, frames, result line). It is a separate
 /// cargo workspace (it targets x86_64-unknown-none), so `cargo test --workspace` would not run
 /// them otherwise.

@@ -157,6 +157,11 @@ impl WalkBudget {
         self.descriptors == 0
     }
 
+    /// Descriptors the call may still visit.
+    pub(crate) fn remaining(&self) -> u32 {
+        self.descriptors
+    }
+
     /// Charges `n` units of ring work (a pop that found nothing, a notification re-check).
     pub(crate) fn charge(&mut self, n: u32) {
         self.descriptors = self.descriptors.saturating_sub(n);

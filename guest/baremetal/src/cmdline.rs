@@ -55,6 +55,14 @@ pub enum Workload {
     Idle,
 }
 
+/// A driver that misprograms the device on purpose (`hostile=`), to test the VMM's defences.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Hostile {
+    /// `hostile=overlap-used`: the tx queue's used ring on its avail ring (the used ring's
+    /// `flags` on the avail ring's `idx`) at DRIVER_OK, then a kick and a reset.
+    OverlapUsed,
+}
+
 /// Everything the command line decides.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Options {
@@ -78,6 +86,8 @@ pub struct Options {
     pub timeout_ms: u64,
     /// The TSC frequency the VMM passes for Linux (`tsc_early_khz=`), if any.
     pub tsc_khz: Option<u64>,
+    /// Misprogram the device instead of running a workload (`hostile=`).
+    pub hostile: Option<Hostile>,
 }
 
 impl Default for Options {
@@ -93,6 +103,7 @@ impl Default for Options {
             wait: Wait::Halt,
             timeout_ms: 60_000,
             tsc_khz: None,
+            hostile: None,
         }
     }
 }
@@ -169,6 +180,12 @@ pub fn parse(cmdline: &str) -> Result<Options, BadValue<'_>> {
             }
             "timeout_ms" => o.timeout_ms = number(value).filter(|&t| t > 0).ok_or(bad)?,
             "tsc_early_khz" => o.tsc_khz = number(value).filter(|&k| k > 0),
+            "hostile" => {
+                o.hostile = match value {
+                    "overlap-used" => Some(Hostile::OverlapUsed),
+                    _ => return Err(bad),
+                }
+            }
             _ => {}
         }
     }
@@ -287,6 +304,11 @@ mod tests {
         );
         assert_eq!(o.dst, [10, 11, 12, 13, 14, 15]);
         assert_eq!(parse("").unwrap().workload, Workload::Idle);
+        assert_eq!(parse("").unwrap().hostile, None);
+        assert_eq!(
+            parse("hostile=overlap-used").unwrap().hostile,
+            Some(Hostile::OverlapUsed)
+        );
     }
 
     #[test]
@@ -304,6 +326,7 @@ mod tests {
             "virtio_mmio.device=garbage",
             "tx=1 echo=1",
             "batch=0",
+            "hostile=maybe",
         ] {
             assert!(parse(line).is_err(), "{line}");
         }

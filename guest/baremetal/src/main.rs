@@ -8,6 +8,9 @@
 //! (`tx=N` or `echo=N`), prints one JSON result line starting with `{"driver":` on COM1 and
 //! resets through the i8042, which ends the VM with status 0.
 //!
+//! With `hostile=…` it misprograms the device on purpose instead (see `hostile.rs`), then
+//! resets the machine the same way: the VMM must refuse the queue and still end by itself.
+//!
 //! With `ring=3` the driver loop runs in user mode (CPL3): the device window, rings and
 //! buffers are mapped user-accessible, and only interrupt entry, set-up and the console run in
 //! kernel mode. On a host that emulates guest kernel mode (KVM's PVM module) that is the
@@ -22,6 +25,8 @@ extern crate alloc;
 
 #[cfg(target_os = "none")]
 mod arch;
+#[cfg(target_os = "none")]
+mod hostile;
 #[cfg(target_os = "none")]
 mod memory;
 #[cfg(target_os = "none")]

@@ -72,6 +72,9 @@ pub fn main(o: &Options) -> ! {
     // `dev.base`, page aligned (checked by the parser), which the page tables map uncached and
     // user-accessible; nothing else in this program touches it.
     let transport = unsafe { MmioTransport::new(base) };
+    if let Some(which) = o.hostile {
+        crate::hostile::run(transport, which);
+    }
     let net = match VirtioNet::new(DmaHal, transport, o.driver) {
         Ok(net) => net,
         Err(e) => fail_early(&alloc::format!("driver initialisation failed: {e}")),

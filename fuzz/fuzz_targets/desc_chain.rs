@@ -1,0 +1,288 @@
+//! Descriptor chain walking and the iovec builder (`devices::fuzzing::walk_avail`, which pops
+//! every published head and walks its chain into one shared iovec list, as rx's pool does).
+//!
+//! Invariants:
+//! - every iovec produced lies inside guest memory's host mapping;
+//! - a successful walk's iovecs add up to the length it returned, which is ≤ the limit; a
+//!   failed walk leaves the list as it was; the list's byte count is its entries' sum;
+//! - each walk charges 1..=MAX_CHAIN_DESCRIPTORS+1 descriptors to the call's budget, and the
+//!   call stops once the budget is spent;
+//! - the outcome (success and total length, or failure) matches a plain reference walker
+//!   written over vm-memory's checked accessors;
+//! - the whole call returns within 100 ms; no panic.
+
+#![no_main]
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use arbitrary::Arbitrary;
+use devices::fuzzing::{walk_avail, Direction, CALL_DESCRIPTOR_BUDGET, MAX_CHAIN_DESCRIPTORS};
+use devices::iovec::MAX_IOVECS;
+use libfuzzer_sys::fuzz_target;
+use virtio_queue::QueueT;
+use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion};
+
+use common::*;
+
+#[derive(Arbitrary, Debug, Clone, Copy)]
+enum Addr {
+    Near(u32),
+    Far(u64),
+}
+
+impl Addr {
+    fn get(self) -> u64 {
+        match self {
+            Addr::Near(a) => u64::from(a) % (3 * REGION_A),
+            Addr::Far(a) => a,
+        }
+    }
+}
+
+#[derive(Arbitrary, Debug, Clone, Copy)]
+struct Desc {
+    addr: Addr,
+    len: u32,
+    flags: u16,
+    next: u16,
+}
+
+#[derive(Arbitrary, Debug)]
+struct Input {
+    layout: Layout,
+    size_log2: u8,
+    desc: u16,
+    avail: u16,
+    descs: Vec<Desc>,
+    indirect: Vec<(u16, Vec<Desc>)>,
+    heads: Vec<u16>,
+    next_avail: u16,
+    published: u16,
+    device_writes: bool,
+    limit: Option<u32>,
+    patches: Vec<Patch>,
+}
+
+fn raw(d: &Desc) -> [u8; 16] {
+    let mut r = [0u8; 16];
+    r[..8].copy_from_slice(&d.addr.get().to_le_bytes());
+    r[8..12].copy_from_slice(&d.len.to_le_bytes());
+    // Mostly the meaningful flags, sometimes anything.
+    let flags = if d.flags & 0x8000 != 0 {
+        d.flags
+    } else {
+        d.flags & 7
+    };
+    r[12..14].copy_from_slice(&flags.to_le_bytes());
+    r[14..].copy_from_slice(&d.next.to_le_bytes());
+    r
+}
+
+fuzz_target!(|input: Input| {
+    let mem = input.layout.memory();
+    let size = 1u16 << (input.size_log2 % 11);
+    let n = u64::from(size);
+    // Rings in the first region; the used ring at its end, clear of both (the table and avail
+    // ring are placed below 0xa000).
+    let desc = (u64::from(input.desc) % 0x4000) & !15;
+    let avail = 0x4000 + ((u64::from(input.avail) % 0x2000) & !1);
+    let used = REGION_A - (6 + 8 * n).div_ceil(4) * 4 - 8;
+    for (i, d) in input.descs.iter().take(usize::from(size)).enumerate() {
+        let _ = mem.write_slice(&raw(d), GuestAddress(desc + 16 * i as u64));
+    }
+    for (addr, table) in input.indirect.iter().take(8) {
+        let base = u64::from(*addr) % (3 * REGION_A);
+        for (i, d) in table.iter().take(256).enumerate() {
+            let _ = mem.write_slice(&raw(d), GuestAddress(base + 16 * i as u64));
+        }
+    }
+    for (i, h) in input.heads.iter().take(usize::from(size)).enumerate() {
+        let slot = input.next_avail.wrapping_add(i as u16) % size;
+        write_u16(&mem, avail + 4 + 2 * u64::from(slot), *h);
+    }
+    write_u16(
+        &mem,
+        avail + 2,
+        input.next_avail.wrapping_add(input.published),
+    );
+    for p in input.patches.iter().take(32) {
+        p.apply(&mem);
+    }
+    let q = queue(size, (desc, avail, used), false, input.next_avail, 0);
+    let direction = if input.device_writes {
+        Direction::DeviceWrites
+    } else {
+        Direction::DeviceReads
+    };
+    let limit = input.limit.unwrap_or(u32::MAX);
+
+    let start = Instant::now();
+    let report = walk_avail(&q, &mem, direction, limit, usize::MAX);
+    let elapsed = start.elapsed();
+    assert!(
+        elapsed < Duration::from_millis(100),
+        "walk took {elapsed:?}"
+    );
+    let Ok(report) = report else {
+        return;
+    };
+
+    let hosts = host_ranges(&mem);
+    let mut charged = 0u32;
+    let mut segs = 0usize;
+    for chain in &report.chains {
+        assert!(
+            (1..=MAX_CHAIN_DESCRIPTORS + 1).contains(&chain.charged),
+            "chain {} charged {}",
+            chain.head,
+            chain.charged
+        );
+        assert!(
+            charged < CALL_DESCRIPTOR_BUDGET,
+            "walked past an exhausted budget"
+        );
+        charged += chain.charged;
+        assert_eq!(chain.list_len.0, segs);
+        for &(addr, len) in &chain.iovecs {
+            assert!(len > 0, "empty iovec");
+            assert!(inside(&hosts, addr, len), "iovec outside guest memory");
+        }
+        let sum: usize = chain.iovecs.iter().map(|&(_, l)| l).sum();
+        let expected = reference(&mem, &q, chain.head, input.device_writes, limit, segs);
+        match &chain.result {
+            Ok(total) => {
+                assert_eq!(sum, *total as usize, "iovecs vs total");
+                assert!(*total <= limit);
+                assert_eq!(chain.list_len.1, segs + chain.iovecs.len());
+                assert_eq!(
+                    expected,
+                    Some((*total, chain.iovecs.len())),
+                    "reference disagrees on chain {}",
+                    chain.head
+                );
+                segs = chain.list_len.1;
+            }
+            Err(e) => {
+                assert!(chain.iovecs.is_empty());
+                assert_eq!(
+                    chain.list_len.1, chain.list_len.0,
+                    "failed walk left entries"
+                );
+                assert_eq!(
+                    expected, None,
+                    "reference accepts chain {} refused with {e}",
+                    chain.head
+                );
+            }
+        }
+    }
+    assert_eq!(report.list_bytes, report.list_sum);
+});
+
+const NEXT: u16 = 1;
+const WRITE: u16 = 2;
+const INDIRECT: u16 = 4;
+
+/// Segments the guest range takes in an iovec list, if it is entirely in guest memory.
+fn segments(mem: &GuestMemoryMmap, addr: u64, len: u32) -> Option<usize> {
+    if len == 0 {
+        return Some(0);
+    }
+    let end = addr.checked_add(u64::from(len))?;
+    let mut count = 0;
+    let mut at = addr;
+    while at < end {
+        let region = mem.find_region(GuestAddress(at))?;
+        let region_end = region.start_addr().0 + region.len();
+        at = region_end.min(end);
+        count += 1;
+    }
+    Some(count)
+}
+
+/// The spec's chain walk with this device's limits, over checked accessors: the chain's
+/// total length and iovec count, or `None` if it must be refused.
+fn reference(
+    mem: &GuestMemoryMmap,
+    q: &virtio_queue::Queue,
+    head: u16,
+    device_writes: bool,
+    limit: u32,
+    mut segs: usize,
+) -> Option<(u32, usize)> {
+    let start = segs;
+    let read = |addr: u64| -> Option<(u64, u32, u16, u16)> {
+        let mut b = [0u8; 16];
+        mem.read_slice(&mut b, GuestAddress(addr)).ok()?;
+        Some((
+            u64::from_le_bytes(b[..8].try_into().ok()?),
+            u32::from_le_bytes(b[8..12].try_into().ok()?),
+            u16::from_le_bytes(b[12..14].try_into().ok()?),
+            u16::from_le_bytes(b[14..].try_into().ok()?),
+        ))
+    };
+    let mut total = 0u32;
+    let mut visited = 0u32;
+    let push = |(addr, len, flags, _): (u64, u32, u16, u16),
+                total: &mut u32,
+                segs: &mut usize|
+     -> Option<()> {
+        if (flags & WRITE != 0) != device_writes {
+            return None;
+        }
+        *total = total.checked_add(len).filter(|t| *t <= limit)?;
+        *segs += segments(mem, addr, len)?;
+        (*segs <= MAX_IOVECS).then_some(())
+    };
+    let size = q.size();
+    let mut index = head;
+    let mut ttl = size;
+    loop {
+        let d = read(q.desc_table() + 16 * u64::from(index))?;
+        visited += 1;
+        if visited > MAX_CHAIN_DESCRIPTORS {
+            return None;
+        }
+        if d.2 & INDIRECT != 0 {
+            let count = d.1 / 16;
+            if d.1 % 16 != 0 || count == 0 || count > 65535 {
+                return None;
+            }
+            // The table must lie inside one region.
+            let region = mem.find_region(GuestAddress(d.0))?;
+            let off = d.0 - region.start_addr().0;
+            if u64::from(d.1) > region.len() - off {
+                return None;
+            }
+            let mut i = 0u32;
+            let mut ttl = count;
+            loop {
+                let e = read(d.0 + 16 * u64::from(i))?;
+                visited += 1;
+                if visited > MAX_CHAIN_DESCRIPTORS || e.2 & INDIRECT != 0 {
+                    return None;
+                }
+                push(e, &mut total, &mut segs)?;
+                if e.2 & NEXT == 0 {
+                    return Some((total, segs - start));
+                }
+                ttl -= 1;
+                i = u32::from(e.3);
+                if ttl == 0 || i >= count {
+                    return None;
+                }
+            }
+        }
+        push(d, &mut total, &mut segs)?;
+        if d.2 & NEXT == 0 {
+            return Some((total, segs - start));
+        }
+        ttl -= 1;
+        index = d.3;
+        if ttl == 0 || index >= size {
+            return None;
+        }
+    }
+}
