@@ -1,9 +1,16 @@
 #!/usr/bin/env bash
 # Runs every fuzz target for SECONDS (default 60) each, from its seed corpus (fuzz/corpus/<target>,
-# left as it is: new inputs go to a scratch directory). Fails on the first crash, leak, timeout
-# or broken invariant; libFuzzer's reproducer is kept under fuzz/artifacts/<target>/.
+# left as it is: new inputs go to a scratch directory). Fails on any crash, leak, timeout (an
+# input running longer than FUZZ_TIMEOUT s, default 10: a hang) or broken invariant;
+# libFuzzer's reproducer is kept under fuzz/artifacts/<target>/ (replay one with
+# `cargo +nightly fuzz run <target> <file>`).
 #
-#   scripts/fuzz.sh [SECONDS]
+#   scripts/fuzz.sh [SECONDS]                       # all targets, SECONDS each (CI: 20)
+#   FUZZ_TARGETS="virtio_queues desc_chain" scripts/fuzz.sh 3600
+#
+# Targets: http_parser, api_request, config_file (the API and configuration), virtio_queues,
+# virtio_mmio, desc_chain (the device; they assert their own time bounds: 100 ms per datapath
+# call, 2 s per reset).
 #
 # Needs the nightly toolchain and cargo-fuzz (`cargo install cargo-fuzz`). Where cargo builds
 # must be serialised (a `cbuild` wrapper on PATH), the build goes through it.
@@ -11,7 +18,8 @@ set -euo pipefail
 
 seconds="${1:-60}"
 root="$(cd "$(dirname "$0")/.." && pwd)"
-targets=(http_parser api_request config_file)
+read -r -a targets <<<"${FUZZ_TARGETS:-http_parser api_request config_file virtio_queues virtio_mmio desc_chain}"
+timeout="${FUZZ_TIMEOUT:-10}"
 wrap=()
 if command -v cbuild >/dev/null 2>&1; then
     wrap=(cbuild)
@@ -28,7 +36,7 @@ for target in "${targets[@]}"; do
     mkdir -p "$scratch/$target" "fuzz/artifacts/$target"
     echo "== $target: ${seconds}s"
     if ! "$bin_dir/$target" "$scratch/$target" "fuzz/corpus/$target" \
-        -max_total_time="$seconds" -rss_limit_mb=2048 -timeout=10 -print_final_stats=1 \
+        -max_total_time="$seconds" -rss_limit_mb=2048 -timeout="$timeout" -print_final_stats=1 \
         -artifact_prefix="fuzz/artifacts/$target/" 2>"$scratch/$target.log"; then
         tail -n 40 "$scratch/$target.log"
         echo "== $target: FAILED (reproducer under fuzz/artifacts/$target/)"

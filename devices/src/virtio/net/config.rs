@@ -93,12 +93,14 @@ impl FromStr for MacAddr {
         let mut parts = s.split(':');
         for byte in &mut bytes {
             let part = parts.next().ok_or_else(bad)?;
-            if part.len() != 2 {
+            // Exactly two hex digits (`from_str_radix` alone would take a sign).
+            if part.len() != 2 || !part.bytes().all(|b| b.is_ascii_hexdigit()) {
                 return Err(bad());
             }
             *byte = u8::from_str_radix(part, 16).map_err(|_| bad())?;
         }
-        if parts.next().is_some() || bytes[0] & 1 != 0 {
+        // No more groups, unicast, and not all-zero.
+        if parts.next().is_some() || bytes[0] & 1 != 0 || bytes == [0; 6] {
             return Err(bad());
         }
         Ok(MacAddr(bytes))
@@ -270,6 +272,26 @@ mod tests {
         }
         assert!("tap=a,queue_size=1".parse::<NetConfig>().is_err());
         assert!("tap=a,queue_size=32768".parse::<NetConfig>().is_ok());
+    }
+
+    #[test]
+    fn macs_are_six_groups_of_two_hex_digits_unicast_and_not_zero() {
+        for bad in [
+            "+2:00:00:00:00:01",
+            "02:+0:00:00:00:01",
+            "02:-0:00:00:00:01",
+            "00:00:00:00:00:00",
+            "01:00:5e:00:00:01",
+            "2:00:00:00:00:01",
+            "002:00:00:00:00:01",
+            "02-00-00-00-00-01",
+            "02:00:00:00:00:01:",
+            "02:00:00:00:00:0g",
+        ] {
+            assert!(bad.parse::<MacAddr>().is_err(), "{bad:?}");
+        }
+        let mac: MacAddr = "02:Ab:cD:00:00:ff".parse().expect("valid");
+        assert_eq!(mac, MacAddr::new([2, 0xab, 0xcd, 0, 0, 0xff]));
     }
 
     #[test]
