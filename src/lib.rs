@@ -14,6 +14,7 @@ pub mod kvm;
 pub mod memory;
 pub mod metrics;
 pub mod seccomp;
+pub mod signals;
 pub mod vm;
 
 use std::io;
@@ -22,12 +23,11 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use serde_json::Value;
-use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
+use event_manager::{EventManager, EventOps, EventSet, Events, MutEventSubscriber, SubscriberOps};
 use vmm_sys_util::signal::{register_signal_handler, SIGRTMIN};
+use vmm_sys_util::timerfd::TimerFd;
 
 use crate::api::server::{ApiChannel, ApiMetrics, ApiServer, ApiServerError};
-use crate::api::{ActionType, InstanceInfo, VmmRequest, VmmResponse, VmmResult};
 use crate::boot::BootError;
 use crate::bus::BusError;
 use crate::config::{ConfigError, VmConfig};
@@ -40,8 +40,6 @@ pub use crate::api::VmmActionError;
 
 /// How often the watchdog checks that the vCPUs make progress.
 const WATCHDOG_PERIOD: Duration = Duration::from_secs(1);
-/// Firecracker's answer to a pre-boot-only request after boot.
-const NOT_AFTER_BOOT: &str = "The requested operation is not supported after starting the microVM.";
 
 /// Why the VMM could not run, or how the VM ended abnormally.
 #[derive(Debug, thiserror::Error)]
@@ -74,12 +72,18 @@ pub enum VmmError {
         #[source]
         source: devices::virtio::net::NetError,
     },
-    #[error("cannot create a virtio transport: {0}")]
-    Transport(String),
+    #[error("cannot create the virtio transport of {iface_id:?}")]
+    Transport {
+        iface_id: String,
+        #[source]
+        source: devices::virtio::mmio::MmioError,
+    },
     #[error(transparent)]
     Seccomp(#[from] SeccompError),
     #[error("cannot start the API")]
     Api(#[from] ApiServerError),
+    #[error("cannot set up SIGTERM/SIGINT handling")]
+    Signals(#[source] io::Error),
 }
 
 /// What to run.
@@ -97,9 +101,20 @@ pub struct Launch {
     pub instance_id: String,
 }
 
-/// Boots the VM described by `config` (no API) and runs it until the guest resets (`Ok`) or
-/// something ends it abnormally (`Err`).
-pub fn run(config: &VmConfig) -> Result<(), VmmError> {
+/// How the VM ended without an error.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum VmEnd {
+    /// The guest reset the machine (or Ctrl+Alt+Del ended a guest that cannot see it).
+    GuestReset,
+    /// The VMM was asked to stop by this signal (SIGTERM or SIGINT): the VM was stopped in
+    /// order (vCPUs joined, counters published, metrics printed, API socket removed). The
+    /// process exits with 128 + the signal number.
+    Signal(i32),
+}
+
+/// Boots the VM described by `config` (no API) and runs it until the guest resets, a signal
+/// stops it (`Ok`) or something ends it abnormally (`Err`).
+pub fn run(config: &VmConfig) -> Result<VmEnd, VmmError> {
     launch(Launch {
         config: Some(config.clone()),
         instance_id: DEFAULT_INSTANCE_ID.into(),
@@ -111,8 +126,13 @@ pub fn run(config: &VmConfig) -> Result<(), VmmError> {
 pub const DEFAULT_INSTANCE_ID: &str = "anonymous-instance";
 
 /// Runs the VMM: boots `launch.config` if given, serves the API if asked, and returns when
-/// the VM ends (or, API only, never before a VM ran).
-pub fn launch(launch: Launch) -> Result<(), VmmError> {
+/// the VM ends (or, API only, never before a VM ran), or SIGTERM/SIGINT asks it to stop.
+///
+/// Must be called before the process starts other threads: it blocks SIGTERM and SIGINT in
+/// the calling thread, every thread it starts inherits that, and the VMM thread reads them
+/// from a signalfd. After the first, a second one ends the process at once.
+pub fn launch(launch: Launch) -> Result<VmEnd, VmmError> {
+    let signals = signals::StopSignals::block().map_err(VmmError::Signals)?;
     seccomp::cap_malloc_arenas();
     let filters = match launch.seccomp {
         SeccompMode::On => {
@@ -139,31 +159,43 @@ pub fn launch(launch: Launch) -> Result<(), VmmError> {
         }
         None => (None, None),
     };
-    let epoll = Epoll::new().map_err(VmmError::Epoll)?;
-    if let Some(channel) = &api_channel {
-        epoll
-            .ctl(
-                ControlOperation::Add,
-                channel.wake.as_raw_fd(),
-                EpollEvent::new(EventSet::IN, Token::Api as u64),
-            )
-            .map_err(VmmError::Epoll)?;
-    }
-    let mut vmm = Vmm {
+    let mut tick = TimerFd::new().map_err(|e| VmmError::Epoll(io_err(e)))?;
+    tick.reset(WATCHDOG_PERIOD, Some(WATCHDOG_PERIOD))
+        .map_err(|e| VmmError::Epoll(io_err(e)))?;
+    let vmm = Vmm {
         config: launch.config.clone().unwrap_or_default(),
+        boot_at_start: launch.config.is_some(),
         vm: None,
         filters,
-        epoll,
         api: api_channel,
         api_metrics,
         instance_id: launch.instance_id.clone(),
+        tick,
+        signals,
+        metrics_every: launch.metrics_interval,
+        last_metrics: Instant::now(),
         exit: None,
     };
-    let result = match launch.config {
-        Some(_) => vmm.start_vm(),
-        None => Ok(()),
-    }
-    .and_then(|()| vmm.run_loop(launch.metrics_interval));
+    let mut manager: EventManager<Vmm> =
+        EventManager::new().map_err(|e| VmmError::Epoll(event_err(e)))?;
+    let id = manager.add_subscriber(vmm);
+    let result = loop {
+        if let Err(e) = manager.run() {
+            break Err(VmmError::Epoll(event_err(e)));
+        }
+        match manager.subscriber_mut(id) {
+            Ok(vmm) => {
+                if let Some(result) = vmm.exit.take() {
+                    break result;
+                }
+            }
+            Err(e) => break Err(VmmError::Epoll(event_err(e))),
+        }
+    };
+    let mut vmm = match manager.remove_subscriber(id) {
+        Ok(vmm) => vmm,
+        Err(e) => return Err(VmmError::Epoll(event_err(e))),
+    };
     // Answer nothing more: requests still queued get 503 once the channel is dropped.
     vmm.api = None;
     if let Some(vm) = &mut vmm.vm {
@@ -178,107 +210,135 @@ pub fn launch(launch: Launch) -> Result<(), VmmError> {
     result
 }
 
-/// What woke the VMM thread.
+/// What woke the VMM thread (event-manager data tags).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Token {
     Api,
     Reset,
     VcpuExit,
+    /// The periodic timer: the vCPU watchdog kick and the metrics line.
+    Tick,
+    /// SIGTERM or SIGINT.
+    Signal,
 }
 
 impl Token {
-    fn from_data(data: u64) -> Option<Token> {
-        [Token::Api, Token::Reset, Token::VcpuExit]
-            .into_iter()
-            .find(|t| *t as u64 == data)
+    const ALL: [Token; 5] = [
+        Token::Api,
+        Token::Reset,
+        Token::VcpuExit,
+        Token::Tick,
+        Token::Signal,
+    ];
+
+    fn from_data(data: u32) -> Option<Token> {
+        Token::ALL.into_iter().find(|t| *t as u32 == data)
     }
 }
 
-/// The VMM thread's state.
-struct Vmm {
+/// The VMM thread's state, and its one event-manager subscriber.
+///
+/// The VMM thread's sources (API requests, the guest's reset, vCPU exits, the watchdog and
+/// metrics timer, stop signals) all act on this one state, so one subscriber dispatches them
+/// by token. The device workers keep their own hand-written epoll loop: see
+/// `devices::virtio::net` (worker module) for why.
+pub(crate) struct Vmm {
     /// The configuration: being built (before boot), or the VM's (after).
-    config: VmConfig,
-    vm: Option<RunningVm>,
-    filters: Option<Filters>,
-    epoll: Epoll,
+    pub(crate) config: VmConfig,
+    /// Boot `config` as soon as the loop starts (CLI or config file).
+    boot_at_start: bool,
+    pub(crate) vm: Option<RunningVm>,
+    pub(crate) filters: Option<Filters>,
     api: Option<ApiChannel>,
-    api_metrics: Arc<ApiMetrics>,
-    instance_id: String,
+    pub(crate) api_metrics: Arc<ApiMetrics>,
+    pub(crate) instance_id: String,
+    tick: TimerFd,
+    signals: signals::StopSignals,
+    metrics_every: Option<Duration>,
+    last_metrics: Instant,
     /// Set when the VM must end, with how.
-    exit: Option<Result<(), VmmError>>,
+    pub(crate) exit: Option<Result<VmEnd, VmmError>>,
 }
 
-pub(crate) fn unknown_iface(iface_id: &str) -> VmmActionError {
-    VmmActionError(format!("no network interface {iface_id:?}"))
+impl MutEventSubscriber for Vmm {
+    fn init(&mut self, ops: &mut EventOps) {
+        let mut sources = vec![
+            (self.tick.as_raw_fd(), Token::Tick),
+            (self.signals.as_raw_fd(), Token::Signal),
+        ];
+        if let Some(api) = &self.api {
+            sources.push((api.wake.as_raw_fd(), Token::Api));
+        }
+        for (fd, token) in sources {
+            if let Err(e) = ops.add(Events::with_data_raw(fd, token as u32, EventSet::IN)) {
+                self.exit = Some(Err(VmmError::Epoll(event_err(e))));
+                return;
+            }
+        }
+        if self.boot_at_start {
+            if let Err(e) = self.start_vm(ops) {
+                self.exit = Some(Err(e));
+            }
+        }
+    }
+
+    fn process(&mut self, events: Events, ops: &mut EventOps) {
+        match Token::from_data(events.data()) {
+            Some(Token::Api) => self.serve_api(ops),
+            Some(Token::Reset) => {
+                log::info!("the guest reset the machine (i8042); stopping");
+                self.exit.get_or_insert(Ok(VmEnd::GuestReset));
+            }
+            Some(Token::VcpuExit) => match self.vm.as_ref().and_then(RunningVm::take_exit) {
+                Some(VcpuExit::Reset) => {
+                    self.exit.get_or_insert(Ok(VmEnd::GuestReset));
+                }
+                Some(VcpuExit::Fault(msg)) => {
+                    self.exit.get_or_insert(Err(VmmError::Guest(msg)));
+                }
+                Some(VcpuExit::Stopped) | None => {}
+            },
+            Some(Token::Tick) => self.tick(),
+            Some(Token::Signal) => {
+                if let Some(signo) = self.signals.take() {
+                    log::info!(
+                        "{}: stopping the VM (a second one ends the process at once)",
+                        signals::name(signo)
+                    );
+                    self.signals.unblock_for_second();
+                    self.exit.get_or_insert(Ok(VmEnd::Signal(signo)));
+                }
+            }
+            None => log::warn!("VMM: unknown event token {}", events.data()),
+        }
+    }
 }
 
 impl Vmm {
-    fn run_loop(&mut self, metrics_every: Option<Duration>) -> Result<(), VmmError> {
-        let mut events = [EpollEvent::default(); 8];
-        let mut last_kick = Instant::now();
-        let mut last_metrics = Instant::now();
-        loop {
-            let timeout = if self.vm.is_some() {
-                WATCHDOG_PERIOD.as_millis() as i32
-            } else {
-                -1
-            };
-            let n = match self.epoll.wait(timeout, &mut events) {
-                Ok(n) => n,
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                Err(e) => return Err(VmmError::Epoll(e)),
-            };
-            for event in &events[..n] {
-                match Token::from_data(event.data()) {
-                    Some(Token::Api) => self.serve_api(),
-                    Some(Token::Reset) => {
-                        log::info!("the guest reset the machine (i8042); stopping");
-                        self.exit.get_or_insert(Ok(()));
-                    }
-                    Some(Token::VcpuExit) => {
-                        match self.vm.as_ref().and_then(RunningVm::take_exit) {
-                            Some(VcpuExit::Reset) => {
-                                self.exit.get_or_insert(Ok(()));
-                            }
-                            Some(VcpuExit::Fault(msg)) => {
-                                self.exit.get_or_insert(Err(VmmError::Guest(msg)));
-                            }
-                            Some(VcpuExit::Stopped) | None => {}
-                        }
-                    }
-                    None => log::warn!("VMM: unknown epoll token {}", event.data()),
-                }
-            }
-            if let Some(result) = self.exit.take() {
-                return result;
-            }
-            if let Some(vm) = &self.vm {
-                if last_kick.elapsed() >= WATCHDOG_PERIOD {
-                    last_kick = Instant::now();
-                    vm.kick_vcpus();
-                }
-                if metrics_every.is_some_and(|every| last_metrics.elapsed() >= every) {
-                    last_metrics = Instant::now();
-                    self.print_metrics();
-                }
+    /// The periodic timer: kick the vCPUs (the watchdog) and print the metrics when due.
+    fn tick(&mut self) {
+        let _ = self.tick.wait();
+        if let Some(vm) = &self.vm {
+            vm.kick_vcpus();
+            if self
+                .metrics_every
+                .is_some_and(|every| self.last_metrics.elapsed() >= every)
+            {
+                self.last_metrics = Instant::now();
+                self.print_metrics();
             }
         }
     }
 
     /// Builds and starts the VM from `self.config`, then confines the VMM thread.
-    fn start_vm(&mut self) -> Result<(), VmmError> {
+    pub(crate) fn start_vm(&mut self, ops: &mut EventOps) -> Result<(), VmmError> {
         let vm = RunningVm::start(&self.config, self.filters.as_ref())?;
         for (fd, token) in [
             (vm.reset_evt().as_raw_fd(), Token::Reset),
             (vm.vcpu_exit_evt().as_raw_fd(), Token::VcpuExit),
         ] {
-            self.epoll
-                .ctl(
-                    ControlOperation::Add,
-                    fd,
-                    EpollEvent::new(EventSet::IN, token as u64),
-                )
-                .map_err(VmmError::Epoll)?;
+            ops.add(Events::with_data_raw(fd, token as u32, EventSet::IN))
+                .map_err(|e| VmmError::Epoll(event_err(e)))?;
         }
         self.vm = Some(vm);
         // From here on the VMM thread only serves the API and watches the VM.
@@ -289,7 +349,7 @@ impl Vmm {
     }
 
     /// Answers every queued API request.
-    fn serve_api(&mut self) {
+    fn serve_api(&mut self, ops: &mut EventOps) {
         let Some(api) = &self.api else {
             return;
         };
@@ -297,13 +357,13 @@ impl Vmm {
         let _ = api.wake.read();
         let calls: Vec<_> = api.requests.try_iter().collect();
         for call in calls {
-            let result = self.handle(call.request);
+            let result = self.handle(call.request, ops);
             // The API thread may have given up on the client; nothing to do then.
             let _ = call.reply.send(result);
         }
     }
 
-    fn state(&self) -> &'static str {
+    pub(crate) fn state(&self) -> &'static str {
         if self.vm.is_some() {
             "Running"
         } else {
@@ -311,137 +371,8 @@ impl Vmm {
         }
     }
 
-    fn handle(&mut self, request: VmmRequest) -> VmmResult {
-        let running = self.vm.is_some();
-        let refuse = |e: ConfigError| VmmActionError(e.to_string());
-        match request {
-            VmmRequest::GetInstanceInfo => json(&InstanceInfo {
-                id: self.instance_id.clone(),
-                state: self.state().into(),
-                vmm_version: env!("CARGO_PKG_VERSION").into(),
-                app_name: "vmm".into(),
-            }),
-            VmmRequest::GetVmConfig => json(&self.config),
-            VmmRequest::GetMachineConfig => json(&self.config.machine_config),
-            VmmRequest::GetMetrics => Ok(VmmResponse::Metrics(self.metrics())),
-            VmmRequest::PutBootSource(_)
-            | VmmRequest::PutMachineConfig(_)
-            | VmmRequest::PatchMachineConfig(_)
-            | VmmRequest::PutNetworkInterface(_)
-                if running =>
-            {
-                Err(VmmActionError(NOT_AFTER_BOOT.into()))
-            }
-            VmmRequest::PutBootSource(boot_source) => {
-                boot_source.validate().map_err(refuse)?;
-                for (what, path) in [
-                    Some(("kernel image", &boot_source.kernel_image_path)),
-                    boot_source.initrd_path.as_ref().map(|p| ("initrd", p)),
-                ]
-                .into_iter()
-                .flatten()
-                {
-                    files::open_regular(path).map_err(|e| {
-                        VmmActionError(format!("cannot open the {what} {path:?}: {e}"))
-                    })?;
-                }
-                self.config.set_boot_source(boot_source).map_err(refuse)?;
-                Ok(VmmResponse::NoContent)
-            }
-            VmmRequest::PutMachineConfig(machine) => {
-                self.config.set_machine_config(machine).map_err(refuse)?;
-                Ok(VmmResponse::NoContent)
-            }
-            VmmRequest::PatchMachineConfig(update) => {
-                if update.is_empty() {
-                    return Err(VmmActionError("the update changes nothing".into()));
-                }
-                let machine = self.config.machine_config.updated(&update);
-                self.config.set_machine_config(machine).map_err(refuse)?;
-                Ok(VmmResponse::NoContent)
-            }
-            VmmRequest::PutNetworkInterface(iface) => {
-                self.config.put_network_interface(iface).map_err(refuse)?;
-                Ok(VmmResponse::NoContent)
-            }
-            VmmRequest::PatchNetworkInterface(update) => {
-                let id = update.iface_id;
-                let Some(tuning) = update.tuning.filter(|t| !t.is_empty()) else {
-                    return Err(VmmActionError(
-                        "the update changes nothing (give a `tuning` object)".into(),
-                    ));
-                };
-                let iface = self
-                    .config
-                    .network_interface_mut(&id)
-                    .ok_or_else(|| unknown_iface(&id))?;
-                let new = match &self.vm {
-                    Some(vm) => vm.update_tuning(&id, &tuning)?,
-                    None => {
-                        let new = iface.tuning.updated(&tuning);
-                        new.validate().map_err(|e| {
-                            VmmActionError(format!("network interface {id:?}: {e}"))
-                        })?;
-                        new
-                    }
-                };
-                iface.tuning = new;
-                log::info!("network interface {id:?}: tuning now {new:?}");
-                Ok(VmmResponse::NoContent)
-            }
-            VmmRequest::Action(ActionType::InstanceStart) => {
-                if running {
-                    return Err(VmmActionError("the VM is already running".into()));
-                }
-                self.config.validate().map_err(refuse)?;
-                self.start_vm().map_err(|e| {
-                    VmmActionError(format!("cannot start the VM: {}", error_chain(&e)))
-                })?;
-                Ok(VmmResponse::NoContent)
-            }
-            VmmRequest::Action(ActionType::SendCtrlAltDel) => {
-                let Some(vm) = &self.vm else {
-                    return Err(VmmActionError("the VM is not running".into()));
-                };
-                if vm.send_ctrl_alt_del() {
-                    log::info!("Ctrl+Alt+Del sent to the guest's keyboard");
-                } else {
-                    // See the README ("SendCtrlAltDel"): no driver can receive the keys.
-                    log::info!(
-                        "Ctrl+Alt+Del: the guest has no i8042 keyboard driver (it never enabled \
-                         the keyboard interrupt), so it cannot see the keys; stopping the VM"
-                    );
-                    self.exit.get_or_insert(Ok(()));
-                }
-                Ok(VmmResponse::NoContent)
-            }
-            VmmRequest::Action(ActionType::FlushMetrics) => {
-                self.print_metrics();
-                Ok(VmmResponse::NoContent)
-            }
-        }
-    }
-
-    /// The metrics document (see [`metrics`]).
-    fn metrics(&self) -> Value {
-        let (nets, uptime, vcpus) = match &self.vm {
-            Some(vm) => (vm.net_metrics(), vm.uptime().as_secs_f64(), vm.vcpu_count()),
-            None => (serde_json::Map::new(), 0.0, 0),
-        };
-        serde_json::json!({
-            "net": nets,
-            "vmm": {
-                "state": self.state(),
-                "uptime_seconds": uptime,
-                "vcpus": vcpus,
-                "seccomp": self.filters.is_some(),
-                "api": &*self.api_metrics,
-            }
-        })
-    }
-
     /// Prints the metrics as one JSON line on stderr.
-    fn print_metrics(&self) {
+    pub(crate) fn print_metrics(&self) {
         // One write: stderr is unbuffered, and other threads log there too.
         let line = format!("{}\n", self.metrics());
         let _ = io::Write::write_all(&mut io::stderr().lock(), line.as_bytes());
@@ -460,8 +391,13 @@ pub fn error_chain(e: &dyn std::error::Error) -> String {
     msg
 }
 
-fn json<T: serde::Serialize>(value: &T) -> VmmResult {
-    serde_json::to_value(value)
-        .map(VmmResponse::Json)
-        .map_err(|e| VmmActionError(format!("cannot serialise the answer: {e}")))
+fn io_err(e: vmm_sys_util::errno::Error) -> io::Error {
+    io::Error::from_raw_os_error(e.errno())
+}
+
+fn event_err(e: event_manager::Error) -> io::Error {
+    match e {
+        event_manager::Error::Epoll(e) => io_err(e),
+        e => io::Error::other(format!("{e}")),
+    }
 }

@@ -126,7 +126,9 @@ fn main() -> ExitCode {
         }
     };
     match vmm::launch(launch) {
-        Ok(()) => ExitCode::SUCCESS,
+        Ok(vmm::VmEnd::GuestReset) => ExitCode::SUCCESS,
+        // Stopped in order by SIGTERM/SIGINT: the shell's convention, 128 + the signal.
+        Ok(vmm::VmEnd::Signal(signo)) => ExitCode::from(128 + signo as u8),
         Err(e) => {
             eprintln!("vmm: error: {}", error_chain(&e));
             ExitCode::FAILURE

@@ -152,6 +152,26 @@ fn escape(value: &str) -> String {
         .replace('\n', "\\n")
 }
 
+impl crate::Vmm {
+    /// The metrics document: `{"net": {IFACE_ID: {..}}, "vmm": {..}}`.
+    pub(crate) fn metrics(&self) -> Value {
+        let (nets, uptime, vcpus) = match &self.vm {
+            Some(vm) => (vm.net_metrics(), vm.uptime().as_secs_f64(), vm.vcpu_count()),
+            None => (Map::new(), 0.0, 0),
+        };
+        serde_json::json!({
+            "net": nets,
+            "vmm": {
+                "state": self.state(),
+                "uptime_seconds": uptime,
+                "vcpus": vcpus,
+                "seccomp": self.filters.is_some(),
+                "api": &*self.api_metrics,
+            }
+        })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

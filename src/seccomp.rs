@@ -210,6 +210,11 @@ fn thread_kind_rules(kind: ThreadKind) -> Vec<Allow> {
                 SYS_clock_nanosleep,
                 "console input waits for the guest to drain the UART; stopping the vCPUs",
             ),
+            allow(
+                SYS_timerfd_settime,
+                "the watchdog and metrics timer (only set up before the filter; listed for \
+                 clarity)",
+            ),
         ]),
         ThreadKind::Api => rules.extend([
             allow(SYS_epoll_wait, "the API event loop"),

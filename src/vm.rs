@@ -85,34 +85,17 @@ impl RunningVm {
             source,
         })?;
         let vm = Vm::new(&mem)?;
-
         let kernel = boot::load_kernel(&mem, &boot_source.kernel_image_path)?;
         let initrd = match &boot_source.initrd_path {
             Some(path) => Some(boot::load_initrd(&mem, path, &kernel)?),
             None => None,
         };
-
+        let legacy = LegacyDevices::attach(&vm)?;
+        let mut mmio = Bus::new();
         // (MMIO base, GSI) of each virtio device, for the kernel command line.
         let mut cmdline_devices: Vec<(u64, u32)> = Vec::new();
-
-        // Legacy devices on the port bus.
-        let mut pio = Bus::new();
-        let serial_irq = EventFd::new(libc::EFD_NONBLOCK).map_err(VmmError::EventFd)?;
-        vm.register_irqfd(&serial_irq, COM1_GSI)?;
-        let serial = Arc::new(Mutex::new(Serial::new(serial_irq, io::stdout())));
-        pio.insert(serial.clone(), COM1_PORT, 8)?;
-        pio.insert(Arc::new(Mutex::new(CmosRtc::new())), RTC_PORT, 2)?;
-        let reset_evt = EventFd::new(libc::EFD_NONBLOCK).map_err(VmmError::EventFd)?;
-        let keyboard_irq = EventFd::new(libc::EFD_NONBLOCK).map_err(VmmError::EventFd)?;
-        vm.register_irqfd(&keyboard_irq, KEYBOARD_GSI)?;
-        let i8042 = Arc::new(Mutex::new(
-            I8042::new(reset_evt.try_clone().map_err(VmmError::EventFd)?)
-                .with_keyboard_interrupt(keyboard_irq),
-        ));
-        pio.insert(i8042.clone(), I8042_PORT, 5)?;
-        let mut mmio = Bus::new();
         let nets = attach_net_devices(config, &vm, &mem, &mut mmio, &mut cmdline_devices, filters)?;
-
+        let quirks = HostQuirks::detect();
         let vcpus = (0..config.machine_config.vcpu_count)
             .map(|id| {
                 Vcpu::new(
@@ -120,32 +103,13 @@ impl RunningVm {
                     id,
                     kernel.entry,
                     mem.clone(),
-                    pio.clone(),
+                    legacy.pio.clone(),
                     mmio.clone(),
+                    quirks.pvm,
                 )
             })
             .collect::<Result<Vec<_>, _>>()?;
-
-        // Linux reads the TSC frequency from CPUID leaf 0x15 only on Intel; elsewhere, without
-        // kvmclock, it calibrates against the PIT (slow, and it may mark the TSC unstable).
-        let tsc_khz = vcpus
-            .first()
-            .and_then(Vcpu::tsc_khz)
-            .filter(|_| !config.base_cmdline().contains("tsc_early_khz="));
-        let quirks = HostQuirks::detect();
-        let extra = quirks.extra_cmdline();
-        if let Some(extra) = extra {
-            log::info!("host KVM is the PVM module: appending `{extra}` to the guest command line");
-        }
-        let cmdline = boot::vm_cmdline(
-            config.base_cmdline(),
-            &boot::CmdlineAdditions {
-                devices: &cmdline_devices,
-                tsc_khz,
-                extra,
-            },
-        )?;
-
+        let cmdline = guest_cmdline(config, &vcpus, &quirks, &cmdline_devices)?;
         boot::configure_system(
             &mem,
             &kernel,
@@ -166,32 +130,35 @@ impl RunningVm {
         );
 
         // Nothing may fail once the vCPUs run: everything else is set up first.
-        let console = ConsoleInput::start(serial, filters.cloned())?;
-        let vcpu_exit_evt = EventFd::new(libc::EFD_NONBLOCK).map_err(VmmError::EventFd)?;
-        let first_exit: Arc<Mutex<Option<VcpuExit>>> = Arc::new(Mutex::new(None));
-        let stop = Arc::new(AtomicBool::new(false));
-        let exit_evts = vcpus
-            .iter()
-            .map(|_| vcpu_exit_evt.try_clone())
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(VmmError::EventFd)?;
+        let console = ConsoleInput::start(legacy.serial, filters.cloned())?;
         let mut vm = RunningVm {
             _vm: vm,
             vcpu_threads: Vec::new(),
-            stop,
+            stop: Arc::new(AtomicBool::new(false)),
             nets,
-            i8042,
-            reset_evt,
-            vcpu_exit_evt,
-            first_exit,
+            i8042: legacy.i8042,
+            reset_evt: legacy.reset_evt,
+            vcpu_exit_evt: EventFd::new(libc::EFD_NONBLOCK).map_err(VmmError::EventFd)?,
+            first_exit: Arc::new(Mutex::new(None)),
             _console: console,
             started: Instant::now(),
             vcpu_count: config.machine_config.vcpu_count,
         };
+        vm.spawn_vcpus(vcpus, filters)?;
+        Ok(vm)
+    }
+
+    /// Starts one thread per vCPU; on failure the ones already running are stopped.
+    fn spawn_vcpus(&mut self, vcpus: Vec<Vcpu>, filters: Option<&Filters>) -> Result<(), VmmError> {
+        let exit_evts = vcpus
+            .iter()
+            .map(|_| self.vcpu_exit_evt.try_clone())
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(VmmError::EventFd)?;
         for (vcpu, exit_evt) in vcpus.into_iter().zip(exit_evts) {
             let id = vcpu.id();
-            let slot = vm.first_exit.clone();
-            let stop = vm.stop.clone();
+            let slot = self.first_exit.clone();
+            let stop = self.stop.clone();
             let filters = filters.cloned();
             let spawned = thread::Builder::new()
                 .name(format!("vcpu{id}"))
@@ -209,15 +176,15 @@ impl RunningVm {
                     let _ = exit_evt.write(1);
                 });
             match spawned {
-                Ok(handle) => vm.vcpu_threads.push(handle),
+                Ok(handle) => self.vcpu_threads.push(handle),
                 Err(e) => {
                     // Stop the vCPUs already running before reporting.
-                    vm.stop();
+                    self.stop();
                     return Err(VmmError::Thread(e));
                 }
             }
         }
-        Ok(vm)
+        Ok(())
     }
 
     /// Written when the guest resets the machine through the i8042.
@@ -276,11 +243,14 @@ impl RunningVm {
             .nets
             .iter()
             .find(|n| n.iface_id == iface_id)
-            .ok_or_else(|| crate::unknown_iface(iface_id))?;
+            .ok_or_else(|| crate::VmmActionError::UnknownInterface(iface_id.into()))?;
         let tuning = net.tuning.get().updated(update);
         net.tuning
             .set(tuning)
-            .map_err(|e| crate::VmmActionError(format!("network interface {iface_id:?}: {e}")))?;
+            .map_err(|source| crate::VmmActionError::Tuning {
+                iface_id: iface_id.into(),
+                source,
+            })?;
         Ok(tuning)
     }
 
@@ -320,6 +290,67 @@ impl RunningVm {
     }
 }
 
+/// The legacy platform devices on the port bus: COM1, the CMOS RTC and the i8042.
+struct LegacyDevices {
+    pio: Bus,
+    serial: Arc<Mutex<Serial<io::Stdout>>>,
+    i8042: Arc<Mutex<I8042>>,
+    /// Written by the i8042 when the guest resets the machine.
+    reset_evt: EventFd,
+}
+
+impl LegacyDevices {
+    fn attach(vm: &Vm) -> Result<LegacyDevices, VmmError> {
+        let mut pio = Bus::new();
+        let serial_irq = EventFd::new(libc::EFD_NONBLOCK).map_err(VmmError::EventFd)?;
+        vm.register_irqfd(&serial_irq, COM1_GSI)?;
+        let serial = Arc::new(Mutex::new(Serial::new(serial_irq, io::stdout())));
+        pio.insert(serial.clone(), COM1_PORT, 8)?;
+        pio.insert(Arc::new(Mutex::new(CmosRtc::new())), RTC_PORT, 2)?;
+        let reset_evt = EventFd::new(libc::EFD_NONBLOCK).map_err(VmmError::EventFd)?;
+        let keyboard_irq = EventFd::new(libc::EFD_NONBLOCK).map_err(VmmError::EventFd)?;
+        vm.register_irqfd(&keyboard_irq, KEYBOARD_GSI)?;
+        let i8042 = Arc::new(Mutex::new(
+            I8042::new(reset_evt.try_clone().map_err(VmmError::EventFd)?)
+                .with_keyboard_interrupt(keyboard_irq),
+        ));
+        pio.insert(i8042.clone(), I8042_PORT, 5)?;
+        Ok(LegacyDevices {
+            pio,
+            serial,
+            i8042,
+            reset_evt,
+        })
+    }
+}
+
+/// The guest's command line: the user's, then what the devices and the host need.
+fn guest_cmdline(
+    config: &VmConfig,
+    vcpus: &[Vcpu],
+    quirks: &HostQuirks,
+    devices: &[(u64, u32)],
+) -> Result<linux_loader::cmdline::Cmdline, VmmError> {
+    // Linux reads the TSC frequency from CPUID leaf 0x15 only on Intel; elsewhere, without
+    // kvmclock, it calibrates against the PIT (slow, and it may mark the TSC unstable).
+    let tsc_khz = vcpus
+        .first()
+        .and_then(Vcpu::tsc_khz)
+        .filter(|_| !config.base_cmdline().contains("tsc_early_khz="));
+    let extra = quirks.extra_cmdline();
+    if let Some(extra) = extra {
+        log::info!("host KVM is the PVM module: appending `{extra}` to the guest command line");
+    }
+    Ok(boot::vm_cmdline(
+        config.base_cmdline(),
+        &boot::CmdlineAdditions {
+            devices,
+            tsc_khz,
+            extra,
+        },
+    )?)
+}
+
 /// Creates each virtio-net device, places it in MMIO space with its GSI, and registers its
 /// queue notifications as ioeventfds and its interrupt as an irqfd.
 fn attach_net_devices(
@@ -352,8 +383,12 @@ fn attach_net_devices(
             })
         })?;
         let metrics = device.metrics();
-        let transport = MmioTransport::new(mem.clone(), Box::new(device))
-            .map_err(|e| VmmError::Transport(e.to_string()))?;
+        let transport = MmioTransport::new(mem.clone(), Box::new(device)).map_err(|source| {
+            VmmError::Transport {
+                iface_id: iface.iface_id.clone(),
+                source,
+            }
+        })?;
         vm.register_irqfd(transport.irqfd(), gsi)?;
         for (evt, addr, datamatch) in transport.ioeventfds(base) {
             vm.register_mmio_ioevent(evt, addr, datamatch)?;

@@ -41,8 +41,15 @@ pub struct RigConfig {
 pub enum RigError {
     #[error("cannot allocate guest memory")]
     Memory(#[source] vm_memory::mmap::FromRangesError),
-    #[error("cannot create the virtio-mmio transport: {0}")]
-    Transport(String),
+    #[error("cannot create the virtio-mmio transport")]
+    Transport(#[source] devices::virtio::mmio::MmioError),
+    #[error("guest memory [{start:#x}, {end:#x}) cannot hold a DMA area")]
+    Layout {
+        /// Start of the area.
+        start: u64,
+        /// End of the area.
+        end: u64,
+    },
     #[error("eventfd")]
     EventFd(#[source] std::io::Error),
     #[error("driver initialisation failed: {0:?}")]
@@ -71,15 +78,16 @@ impl Rig {
         let queue_size = config.driver.rx_queue_size.max(config.driver.tx_queue_size);
         let device = NetDevice::with_backend(backend, MacAddr::derived_from("cotune"), queue_size);
         let metrics = device.metrics();
-        let transport = DeviceTransport::new(mem.clone(), Box::new(device))
-            .map_err(|e| RigError::Transport(e.to_string()))?;
+        let transport =
+            DeviceTransport::new(mem.clone(), Box::new(device)).map_err(RigError::Transport)?;
         let transport =
             CosimTransport::new(transport, config.kick_cost_ns).map_err(RigError::EventFd)?;
         let irq = transport.irqfd().map_err(RigError::EventFd)?;
+        let layout = |start, end| RigError::Layout { start, end };
         let hal = GuestMemHal::new(mem.clone(), DRIVER_DMA_START, UMEM_START)
-            .ok_or_else(|| RigError::Transport("guest memory layout".into()))?;
+            .ok_or_else(|| layout(DRIVER_DMA_START, UMEM_START))?;
         let umem_hal = GuestMemHal::new(mem, UMEM_START, MEM_SIZE)
-            .ok_or_else(|| RigError::Transport("guest memory layout".into()))?;
+            .ok_or_else(|| layout(UMEM_START, MEM_SIZE))?;
         let net = VirtioNet::new(hal, transport, config.driver).map_err(RigError::Driver)?;
         Ok(Rig {
             net,

@@ -9,6 +9,7 @@
 //! The routes are listed once, in [`ROUTES`]; `docs/api/openapi.yaml` describes them and a test
 //! checks the two agree.
 
+pub mod handler;
 pub mod http;
 pub mod server;
 
@@ -147,9 +148,72 @@ pub enum VmmResponse {
     Metrics(Value),
 }
 
-/// The VMM refused a well-formed request (400, with this message).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct VmmActionError(pub String);
+/// Why the VMM refused (or could not carry out) a well-formed request. The API answers
+/// [`status`](VmmActionError::status) with the error and its causes as the `fault_message`.
+#[derive(Debug, thiserror::Error)]
+pub enum VmmActionError {
+    /// Firecracker's wording, for requests that only make sense before boot.
+    #[error("The requested operation is not supported after starting the microVM.")]
+    NotAfterBoot,
+    /// A configuration value was refused.
+    #[error(transparent)]
+    Config(#[from] crate::config::ConfigError),
+    /// No interface has that id.
+    #[error("no network interface {0:?}")]
+    UnknownInterface(String),
+    /// The update would change nothing.
+    #[error("the update changes nothing{hint}")]
+    EmptyUpdate {
+        /// What to give instead (may be empty).
+        hint: &'static str,
+    },
+    /// A kernel or initrd path cannot be used.
+    #[error("cannot open the {what} {path:?}")]
+    Open {
+        /// "kernel image" or "initrd".
+        what: &'static str,
+        /// The path given.
+        path: std::path::PathBuf,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The device refused new knobs.
+    #[error("network interface {iface_id:?}")]
+    Tuning {
+        /// The interface.
+        iface_id: String,
+        /// Why.
+        #[source]
+        source: devices::virtio::net::TuningError,
+    },
+    /// InstanceStart on a running VM.
+    #[error("the VM is already running")]
+    AlreadyRunning,
+    /// An action that needs a running VM.
+    #[error("the VM is not running")]
+    NotRunning,
+    /// Building or starting the VM failed.
+    #[error("cannot start the VM")]
+    Start(#[source] Box<crate::VmmError>),
+    /// The answer could not be serialised (a bug).
+    #[error("cannot serialise the answer")]
+    Serialise(#[source] serde_json::Error),
+    /// Anything else (test doubles).
+    #[error("{0}")]
+    Other(String),
+}
+
+impl VmmActionError {
+    /// The HTTP status: 400 for what the client can change (as Firecracker answers every
+    /// refusal), 500 for the VMM's own failures.
+    pub fn status(&self) -> u16 {
+        match self {
+            VmmActionError::Serialise(_) => 500,
+            _ => 400,
+        }
+    }
+}
 
 /// The VMM thread's answer to one request.
 pub type VmmResult = Result<VmmResponse, VmmActionError>;

@@ -731,7 +731,7 @@ impl Server {
             Err(e) => Answer::from_api_error(e),
             Ok(vmm_request) => match self.bridge.call(vmm_request) {
                 None => Answer::error(503, "the VMM is shutting down"),
-                Some(Err(e)) => Answer::error(400, &e.0),
+                Some(Err(e)) => Answer::error(e.status(), &crate::error_chain(&e)),
                 Some(Ok(VmmResponse::NoContent)) => Answer::json(204, String::new()),
                 Some(Ok(VmmResponse::Json(value))) => Answer::json(200, value.to_string()),
                 Some(Ok(VmmResponse::Metrics(value))) if request.accepts_text() => Answer {

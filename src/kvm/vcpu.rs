@@ -74,6 +74,9 @@ pub struct Vcpu {
     mmio: Bus,
     /// Instructions the host could not run that we completed (int3/fwait); for diagnostics.
     fixups: u64,
+    /// The host is KVM's PVM module, which cannot emulate `int3`/`fwait` at CPL0: complete
+    /// them (only then; elsewhere an internal error is reported as it is).
+    complete_unemulated: bool,
     tsc_khz: Option<u32>,
     watchdog: Watchdog,
 }
@@ -96,6 +99,7 @@ impl Vcpu {
         mem: GuestMemory,
         pio: Bus,
         mmio: Bus,
+        complete_unemulated: bool,
     ) -> Result<Vcpu, KvmError> {
         let err = |what: &'static str| {
             move |e: kvm_ioctls::Error| KvmError::Vcpu {
@@ -140,6 +144,7 @@ impl Vcpu {
             pio,
             mmio,
             fixups: 0,
+            complete_unemulated,
             tsc_khz,
             watchdog: Watchdog::default(),
         })
@@ -266,7 +271,8 @@ impl Vcpu {
             }
         };
         let mut regs = regs;
-        match bytes.first() {
+        let opcode = bytes.first().filter(|_| self.complete_unemulated);
+        match opcode {
             Some(&OPCODE_INT3) => {
                 // int3 is a trap: the #BP handler sees RIP after the instruction.
                 regs.rip += 1;

@@ -40,7 +40,7 @@ fn fake_vmm(channel: ApiChannel) {
                 }
                 VmmRequest::GetMetrics => Ok(VmmResponse::Metrics(json!({"vmm": {"up": 1}}))),
                 VmmRequest::Action(_) => Ok(VmmResponse::NoContent),
-                other => Err(VmmActionError(format!("not here: {other:?}"))),
+                other => Err(VmmActionError::Other(format!("not here: {other:?}"))),
             };
             let _ = call.reply.send(answer);
         }

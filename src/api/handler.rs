@@ -1,0 +1,137 @@
+//! The VMM thread's answers to API requests: configuration before boot, run-time tuning of
+//! the network interfaces, and actions.
+
+use event_manager::EventOps;
+
+use super::{ActionType, InstanceInfo, VmmActionError, VmmRequest, VmmResponse, VmmResult};
+use crate::config::{BootSource, NetworkInterfaceUpdate};
+use crate::{files, VmEnd, Vmm};
+
+impl Vmm {
+    /// Answers one request (on the VMM thread; `ops` registers a VM's event sources when
+    /// InstanceStart boots it).
+    pub(crate) fn handle(&mut self, request: VmmRequest, ops: &mut EventOps) -> VmmResult {
+        match request {
+            VmmRequest::GetInstanceInfo => json(&InstanceInfo {
+                id: self.instance_id.clone(),
+                state: self.state().into(),
+                vmm_version: env!("CARGO_PKG_VERSION").into(),
+                app_name: "vmm".into(),
+            }),
+            VmmRequest::GetVmConfig => json(&self.config),
+            VmmRequest::GetMachineConfig => json(&self.config.machine_config),
+            VmmRequest::GetMetrics => Ok(VmmResponse::Metrics(self.metrics())),
+            VmmRequest::PatchNetworkInterface(update) => self.patch_network_interface(update),
+            VmmRequest::Action(action) => self.action(action, ops),
+            configure => self.configure(configure),
+        }
+    }
+
+    /// The pre-boot configuration requests.
+    fn configure(&mut self, request: VmmRequest) -> VmmResult {
+        if self.vm.is_some() {
+            return Err(VmmActionError::NotAfterBoot);
+        }
+        match request {
+            VmmRequest::PutBootSource(boot_source) => {
+                check_boot_files(&boot_source)?;
+                self.config.set_boot_source(boot_source)?;
+            }
+            VmmRequest::PutMachineConfig(machine) => self.config.set_machine_config(machine)?,
+            VmmRequest::PatchMachineConfig(update) => {
+                if update.is_empty() {
+                    return Err(VmmActionError::EmptyUpdate { hint: "" });
+                }
+                let machine = self.config.machine_config.updated(&update);
+                self.config.set_machine_config(machine)?;
+            }
+            VmmRequest::PutNetworkInterface(iface) => self.config.put_network_interface(iface)?,
+            other => {
+                return Err(VmmActionError::Other(format!(
+                    "not a configuration: {other:?}"
+                )))
+            }
+        }
+        Ok(VmmResponse::NoContent)
+    }
+
+    /// `PATCH /network-interfaces/{id}`: new knobs, before boot or on the running device.
+    fn patch_network_interface(&mut self, update: NetworkInterfaceUpdate) -> VmmResult {
+        let id = update.iface_id;
+        let Some(tuning) = update.tuning.filter(|t| !t.is_empty()) else {
+            return Err(VmmActionError::EmptyUpdate {
+                hint: " (give a `tuning` object)",
+            });
+        };
+        let iface = self
+            .config
+            .network_interface_mut(&id)
+            .ok_or_else(|| VmmActionError::UnknownInterface(id.clone()))?;
+        let new = match &self.vm {
+            Some(vm) => vm.update_tuning(&id, &tuning)?,
+            None => {
+                let new = iface.tuning.updated(&tuning);
+                new.validate().map_err(|source| VmmActionError::Tuning {
+                    iface_id: id.clone(),
+                    source,
+                })?;
+                new
+            }
+        };
+        iface.tuning = new;
+        log::info!("network interface {id:?}: tuning now {new:?}");
+        Ok(VmmResponse::NoContent)
+    }
+
+    /// `PUT /actions`.
+    fn action(&mut self, action: ActionType, ops: &mut EventOps) -> VmmResult {
+        match action {
+            ActionType::InstanceStart => {
+                if self.vm.is_some() {
+                    return Err(VmmActionError::AlreadyRunning);
+                }
+                self.config.validate()?;
+                self.start_vm(ops)
+                    .map_err(|e| VmmActionError::Start(Box::new(e)))?;
+            }
+            ActionType::SendCtrlAltDel => {
+                let vm = self.vm.as_ref().ok_or(VmmActionError::NotRunning)?;
+                if vm.send_ctrl_alt_del() {
+                    log::info!("Ctrl+Alt+Del sent to the guest's keyboard");
+                } else {
+                    // See the README ("SendCtrlAltDel"): no driver can receive the keys.
+                    log::info!(
+                        "Ctrl+Alt+Del: the guest has no i8042 keyboard driver (it never enabled \
+                         the keyboard interrupt), so it cannot see the keys; stopping the VM"
+                    );
+                    self.exit.get_or_insert(Ok(VmEnd::GuestReset));
+                }
+            }
+            ActionType::FlushMetrics => self.print_metrics(),
+        }
+        Ok(VmmResponse::NoContent)
+    }
+}
+
+/// The kernel and initrd must be regular files we can open (not a FIFO that would block).
+fn check_boot_files(boot_source: &BootSource) -> Result<(), VmmActionError> {
+    boot_source.validate()?;
+    let files = [
+        Some(("kernel image", &boot_source.kernel_image_path)),
+        boot_source.initrd_path.as_ref().map(|p| ("initrd", p)),
+    ];
+    for (what, path) in files.into_iter().flatten() {
+        files::open_regular(path).map_err(|source| VmmActionError::Open {
+            what,
+            path: path.clone(),
+            source,
+        })?;
+    }
+    Ok(())
+}
+
+fn json<T: serde::Serialize>(value: &T) -> VmmResult {
+    serde_json::to_value(value)
+        .map(VmmResponse::Json)
+        .map_err(VmmActionError::Serialise)
+}
