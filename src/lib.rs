@@ -192,7 +192,9 @@ pub fn launch(launch: Launch) -> Result<VmEnd, VmmError> {
             Err(e) => break Err(VmmError::Epoll(event_err(e))),
         }
     };
-    let mut vmm = match manager.remove_subscriber(id) {
+    // Not `remove_subscriber`: that unregisters each fd (epoll_ctl), which the VMM thread's
+    // seccomp filter refuses once a VM ran. The epoll fd just goes with the manager.
+    let vmm = match manager.subscriber_mut(id) {
         Ok(vmm) => vmm,
         Err(e) => return Err(VmmError::Epoll(event_err(e))),
     };

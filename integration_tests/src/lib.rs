@@ -235,6 +235,14 @@ impl VmmProcess {
         false
     }
 
+    /// Sends `signal` to the VMM.
+    pub fn signal(&self, signal: i32) {
+        let pid = libc::pid_t::try_from(self.child.id()).expect("pid");
+        // SAFETY: kill takes no pointers; the pid is our own child's, not yet reaped.
+        let ret = unsafe { libc::kill(pid, signal) };
+        assert_eq!(ret, 0, "kill: {}", std::io::Error::last_os_error());
+    }
+
     /// True while the VMM has not exited.
     pub fn is_running(&mut self) -> bool {
         self.child.try_wait().ok().flatten().is_none()
