@@ -5,23 +5,32 @@
 # before it. Prints one line per pair and the medians; records /proc/loadavg.
 #
 # Usage (as root, from anywhere): scripts/vm-tx-ratio.sh [--repeats R] [--frames N] [--mode MODE]
+#                                  [--workload tx|echo] [--vmm PATH]
 #   --repeats  pairs to run (default 5)    --frames  frames per VM run (default 300000)
-#   --mode     tx_completion (default lazy)
+#   --mode     tx_completion (default lazy) --vmm    the vmm binary (default: build this tree's)
+#   --workload tx (default) or echo (the host sends, at most 64 frames in flight; the ratio is
+#              then of the echo pps to the bare write loop's)
 # Measure on an idle machine: a build beside it changes the figures by several times.
 set -euo pipefail
 ROOT=$(cd "$(dirname -- "${BASH_SOURCE[0]}")/.." && pwd)
-repeats=5 frames=300000 mode=lazy
+repeats=5 frames=300000 mode=lazy workload=tx vmm=""
 while (($#)); do
 	case $1 in
 	--repeats) repeats=$2 ;;
 	--frames) frames=$2 ;;
 	--mode) mode=$2 ;;
+	--workload) workload=$2 ;;
+	--vmm) vmm=$2 ;;
 	*) sed -n '2,/^set -euo/{/^set -euo/d;s/^# \{0,1\}//;p}' "$0" >&2; exit 2 ;;
 	esac
 	shift 2
 done
 cd "$ROOT"
-cargo build --release --quiet -p vmm --bin vmm -p cotune --bin cotune
+cargo build --release --quiet -p cotune --bin cotune
+if [[ -z $vmm ]]; then
+	cargo build --release --quiet -p vmm --bin vmm
+	vmm=target/release/vmm
+fi
 csv=$(mktemp)
 trap 'rm -f "$csv"' EXIT
 echo "# loadavg $(cat /proc/loadavg)"
@@ -30,8 +39,8 @@ ratios=() bases=() vms=()
 for i in $(seq "$repeats"); do
 	target/release/cotune baseline --backend tap --duration 2 --repeat 1 --frame-size 64 --csv "$csv" >/dev/null 2>&1
 	base=$(awk -F, 'NR == 2 { print $5 }' "$csv")
-	vm=$(guest/baremetal/sweep.sh --workload tx --ring 3 --frames "$frames" --size 64 \
-		--kick-thresholds 8 --modes "$mode" --event-idx 1 --vmm target/release/vmm | awk -F, 'NR == 2 { print $11 }')
+	vm=$(guest/baremetal/sweep.sh --workload "$workload" --ring 3 --frames "$frames" --size 64 \
+		--kick-thresholds 8 --modes "$mode" --event-idx 1 --vmm "$vmm" | awk -F, 'NR == 2 { print $11 }')
 	ratio=$(python3 -c "print(round($vm / $base, 3))")
 	echo "$i,$base,$vm,$ratio"
 	ratios+=("$ratio") bases+=("$base") vms+=("$vm")

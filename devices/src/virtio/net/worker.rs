@@ -11,6 +11,15 @@
 //! device only sends it a message: the vCPU's own filter needs no thread-creation, epoll or tap
 //! system calls.
 //!
+//! Why a hand-written epoll loop and not the `event-manager` crate (which the VMM thread uses):
+//! the datapath wants typed tokens matched in one `match` with no dynamic dispatch (event-manager
+//! calls a subscriber through `MutEventSubscriber::process` per event and hands it an `Events`
+//! whose data it must decode anyway), registration that changes per round (the backend fd is
+//! added, modified and removed as rx pauses and tx waits, several times a second under load),
+//! a zero-timeout poll when the tx budget left work, and nothing between a kick and `writev` but
+//! this loop. event-manager would add a layer on the hottest path and buy nothing here: the
+//! loop has one owner, and its sources are fixed at activation.
+//!
 //! A worker run that hits a ring-level error (or panics) marks the device DEVICE_NEEDS_RESET,
 //! raises a configuration interrupt and returns to waiting; the backend stays with the thread,
 //! so the driver can reset the device and start over.
