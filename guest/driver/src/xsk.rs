@@ -312,10 +312,14 @@ impl<H: Hal, T: Transport> VirtioNet<H, T> {
     /// early when the tx ring is full or the completion ring could not take more frames in
     /// flight. Returns the number of frames posted.
     pub fn xsk_transmit(&mut self, budget: usize) -> usize {
+        if self.sq.xsk.is_none() {
+            return 0;
+        }
+        // Reclaim with the port attached, so that the frames it reclaims are completed.
+        self.lazy_reclaim();
         let Some(mut port) = self.sq.xsk.take() else {
             return 0;
         };
-        self.lazy_reclaim();
         let (sq, transport) = (&mut self.sq, &mut self.transport);
         let kick_threshold = self.config.kick_threshold;
         let room = port.completion.free().saturating_sub(port.in_flight) as usize;
