@@ -58,6 +58,7 @@ pub mod features;
 pub mod hal;
 pub mod header;
 mod net;
+mod queue;
 mod ring;
 mod rx;
 pub mod spsc;

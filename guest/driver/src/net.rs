@@ -1,19 +1,18 @@
 //! [`VirtioNet`]: device bring-up (virtio 1.2 §3.1.1 over virtio-mmio), interrupts, and the
-//! per-queue interrupt controls. The datapaths are in `rx`, `tx`, `xdp` and `xsk`.
-
-use alloc::vec::Vec;
+//! per-queue interrupt controls. The per-queue state is in `queue` ([`SendQueue`],
+//! [`ReceiveQueue`]); the datapaths are in `rx`, `tx`, `xdp` and `xsk`.
 
 use crate::config::{Config, TxCompletion, MIN_RX_BUF_WITHOUT_MRG};
 use crate::counters::Counters;
 use crate::error::InitError;
 use crate::features::{self, NET_F_MAC, NET_F_MRG_RXBUF, NET_F_STATUS, RING_F_EVENT_IDX};
 use crate::hal::{DmaRegion, Hal};
-use crate::ring::{Buffer, Kick, RingLayout, SplitRing, UsedError};
-use crate::rx::{RxAssembly, RxPool};
+use crate::queue::{ReceiveQueue, ReceiveStats, SendQueue, SendStats};
+use crate::ring::{RingLayout, SplitRing};
+use crate::rx::RxPool;
 use crate::transport::{regs, status, Transport, INT_CONFIG_CHANGE, INT_USED_BUFFER};
 use crate::transport::{MAGIC, VERSION_MODERN};
-use crate::tx::{TxPool, TxToken};
-use crate::xsk::XskPort;
+use crate::tx::TxPool;
 
 /// Virtio device ID of a network card.
 const DEVICE_ID_NET: u32 = 1;
@@ -68,6 +67,9 @@ impl IrqStatus {
 /// Single-threaded by design (`&mut self` everywhere); `Send` when `H` and `T` are, so a
 /// co-simulation can move it to its driver thread. Dropping it resets the device (so it stops
 /// all DMA) and then frees the rings and buffers.
+///
+/// Device-wide state is kept here; each virtqueue's state is in its own send queue or receive
+/// queue (the crate-private `SendQueue` and `ReceiveQueue`, the unit multiqueue replicates).
 pub struct VirtioNet<H: Hal, T: Transport> {
     pub(crate) hal: H,
     pub(crate) transport: T,
@@ -76,22 +78,12 @@ pub struct VirtioNet<H: Hal, T: Transport> {
     pub(crate) mac: Option<[u8; 6]>,
     pub(crate) link_up: bool,
     pub(crate) needs_reset: bool,
-    pub(crate) rx: SplitRing<u32>,
-    pub(crate) tx: SplitRing<TxToken>,
-    pub(crate) rx_pool: RxPool,
-    pub(crate) tx_pool: TxPool,
-    /// A mergeable frame whose buffers have not all been returned yet.
-    pub(crate) rx_assembly: Option<RxAssembly>,
-    /// Contiguous copy of a multi-buffer frame for the rx program.
-    pub(crate) rx_scratch: Vec<u8>,
-    /// First rx buffer of each XDP_TX frame waiting for the bulk flush.
-    pub(crate) xdp_queue: Vec<u32>,
-    /// Reused chain description for multi-buffer transmits.
-    pub(crate) chain: Vec<Buffer>,
-    /// Frames added to the tx ring since the last publish.
-    pub(crate) tx_pending: u16,
-    pub(crate) xsk: Option<XskPort>,
-    pub(crate) counters: Counters,
+    /// Calls of [`Self::handle_interrupt`] that found InterruptStatus bits.
+    pub(crate) interrupts: u64,
+    /// The receive queue (virtqueue [`RX_QUEUE`]).
+    pub(crate) rq: ReceiveQueue,
+    /// The send queue (virtqueue [`TX_QUEUE`]).
+    pub(crate) sq: SendQueue,
 }
 
 impl<H: Hal, T: Transport> VirtioNet<H, T> {
@@ -136,10 +128,15 @@ impl<H: Hal, T: Transport> VirtioNet<H, T> {
             return Err(InitError::DmaAlloc);
         };
         let mut net = VirtioNet {
-            rx: SplitRing::new(RX_QUEUE, rx_size, rx_ring, event_idx),
-            tx: SplitRing::new(TX_QUEUE, tx_size, tx_ring, event_idx),
-            rx_pool: RxPool::new(rx_bufs, config.rx_buf_size, rx_count),
-            tx_pool: TxPool::new(tx_bufs, config.tx_buf_size, tx_size),
+            rq: ReceiveQueue::new(
+                SplitRing::new(RX_QUEUE, rx_size, rx_ring, event_idx),
+                RxPool::new(rx_bufs, config.rx_buf_size, rx_count),
+            ),
+            sq: SendQueue::new(
+                SplitRing::new(TX_QUEUE, tx_size, tx_ring, event_idx),
+                TxPool::new(tx_bufs, config.tx_buf_size, tx_size),
+                config.xdp_bulk,
+            ),
             hal,
             transport,
             config,
@@ -147,25 +144,19 @@ impl<H: Hal, T: Transport> VirtioNet<H, T> {
             mac: None,
             link_up: true,
             needs_reset: false,
-            rx_assembly: None,
-            rx_scratch: Vec::new(),
-            xdp_queue: Vec::with_capacity(usize::from(config.xdp_bulk)),
-            chain: Vec::new(),
-            tx_pending: 0,
-            xsk: None,
-            counters: Counters::default(),
+            interrupts: 0,
         };
         // From here on, dropping `net` resets the device and frees the memory.
         net.program_queue(RX_QUEUE);
         net.program_queue(TX_QUEUE);
         net.read_config();
         // Interrupt suppression lives in ring memory: set it before the device starts.
-        net.rx.enable_interrupts();
+        net.rq.ring.enable_interrupts();
         match config.tx_completion {
             TxCompletion::TxInterrupt => {
-                net.tx.enable_interrupts();
+                net.sq.ring.enable_interrupts();
             }
-            TxCompletion::CleanFromRx | TxCompletion::Lazy => net.tx.disable_interrupts(),
+            TxCompletion::CleanFromRx | TxCompletion::Lazy => net.sq.ring.disable_interrupts(),
         }
         set_status(&mut net.transport, status::DRIVER_OK);
         if net.transport.read32(regs::STATUS) & status::DEVICE_NEEDS_RESET != 0 {
@@ -177,8 +168,8 @@ impl<H: Hal, T: Transport> VirtioNet<H, T> {
 
     fn program_queue(&mut self, queue: u16) {
         let (size, (desc, avail, used)) = match queue {
-            RX_QUEUE => (self.rx.size(), self.rx.addresses()),
-            _ => (self.tx.size(), self.tx.addresses()),
+            RX_QUEUE => (self.rq.ring.size(), self.rq.ring.addresses()),
+            _ => (self.sq.ring.size(), self.sq.ring.addresses()),
         };
         let t = &mut self.transport;
         t.write32(regs::QUEUE_SEL, u32::from(queue));
@@ -227,7 +218,7 @@ impl<H: Hal, T: Transport> VirtioNet<H, T> {
             return IrqStatus::default();
         }
         self.transport.write32(regs::INTERRUPT_ACK, isr);
-        self.counters.interrupts += 1;
+        self.interrupts += 1;
         let config_changed = isr & INT_CONFIG_CHANGE != 0;
         if config_changed {
             if self.transport.read32(regs::STATUS) & status::DEVICE_NEEDS_RESET != 0 {
@@ -246,8 +237,8 @@ impl<H: Hal, T: Transport> VirtioNet<H, T> {
     /// NO_INTERRUPT cleared), then re-checks the used ring behind a full fence.
     pub fn enable_interrupts(&mut self, queue: QueueId) -> Rearm {
         let pending = match queue {
-            QueueId::Rx => self.rx.enable_interrupts(),
-            QueueId::Tx => self.tx.enable_interrupts(),
+            QueueId::Rx => self.rq.ring.enable_interrupts(),
+            QueueId::Tx => self.sq.ring.enable_interrupts(),
         };
         if pending {
             Rearm::UsedPending
@@ -260,24 +251,73 @@ impl<H: Hal, T: Transport> VirtioNet<H, T> {
     /// otherwise NO_INTERRUPT). Best effort: an interrupt may already be on its way.
     pub fn disable_interrupts(&mut self, queue: QueueId) {
         match queue {
-            QueueId::Rx => self.rx.disable_interrupts(),
-            QueueId::Tx => self.tx.disable_interrupts(),
+            QueueId::Rx => self.rq.ring.disable_interrupts(),
+            QueueId::Tx => self.sq.ring.disable_interrupts(),
         }
     }
 
     /// True if the device returned rx buffers not yet polled.
     pub fn rx_has_used(&mut self) -> bool {
-        self.rx.has_used()
+        self.rq.ring.has_used()
     }
 
     /// True if the device returned tx buffers not yet reclaimed.
     pub fn tx_has_used(&mut self) -> bool {
-        self.tx.has_used()
+        self.sq.ring.has_used()
     }
 
-    /// The counters so far.
+    /// The counters so far: the send and receive queues' counters, and the interrupts.
     pub fn counters(&self) -> Counters {
-        self.counters
+        // Every field on both sides is named, so a counter added to a queue or to `Counters`
+        // does not compile until it is reported here.
+        let SendStats {
+            frames: tx_frames,
+            bytes: tx_bytes,
+            kicks,
+            kicks_suppressed,
+            kicks_suppressed_no_notify,
+            publishes: tx_publishes,
+            reclaimed: tx_reclaimed,
+            reclaim_polls: tx_reclaim_polls,
+            ring_full,
+            xdp_tx,
+            xdp_tx_errors,
+            xdp_flushes,
+            xsk_invalid_descs,
+            device_errors: tx_device_errors,
+        } = self.sq.stats;
+        let ReceiveStats {
+            frames: rx_frames,
+            bytes: rx_bytes,
+            kicks: rx_kicks,
+            kicks_suppressed: rx_kicks_suppressed,
+            xdp_pass,
+            xdp_drop,
+            device_errors: rx_device_errors,
+        } = self.rq.stats;
+        Counters {
+            tx_frames,
+            tx_bytes,
+            rx_frames,
+            rx_bytes,
+            kicks,
+            kicks_suppressed,
+            kicks_suppressed_no_notify,
+            tx_publishes,
+            rx_kicks,
+            rx_kicks_suppressed,
+            interrupts: self.interrupts,
+            tx_reclaimed,
+            tx_reclaim_polls,
+            ring_full,
+            xdp_tx,
+            xdp_tx_errors,
+            xdp_flushes,
+            xdp_drop,
+            xdp_pass,
+            xsk_invalid_descs,
+            device_errors: tx_device_errors + rx_device_errors,
+        }
     }
 
     /// The configuration in use (queue sizes as requested; see [`Self::queue_sizes`]).
@@ -287,7 +327,7 @@ impl<H: Hal, T: Transport> VirtioNet<H, T> {
 
     /// The (rx, tx) queue sizes in use (the configured ones, lowered to the device's maximum).
     pub fn queue_sizes(&self) -> (u16, u16) {
-        (self.rx.size(), self.tx.size())
+        (self.rq.ring.size(), self.sq.ring.size())
     }
 
     /// The negotiated feature bits ([`crate::features`]).
@@ -308,50 +348,17 @@ impl<H: Hal, T: Transport> VirtioNet<H, T> {
     /// True once the device asked for a reset or broke a used ring: the driver should be
     /// dropped and brought up again.
     pub fn is_broken(&self) -> bool {
-        self.needs_reset || self.rx.is_broken() || self.tx.is_broken()
+        self.needs_reset || self.rq.ring.is_broken() || self.sq.ring.is_broken()
     }
 
     /// Free descriptors on the tx ring.
     pub fn tx_free_descriptors(&self) -> usize {
-        self.tx.free_descriptors()
+        self.sq.ring.free_descriptors()
     }
 
     /// The transport (e.g. for a co-simulation to reach its device model).
     pub fn transport_mut(&mut self) -> &mut T {
         &mut self.transport
-    }
-
-    /// Publishes what was added to `queue` and notifies the device if it wants it.
-    pub(crate) fn publish_and_kick(&mut self, queue: QueueId) {
-        let (published, kick) = match queue {
-            QueueId::Rx => (self.rx.publish(), self.rx.kick_decision()),
-            QueueId::Tx => (self.tx.publish(), self.tx.kick_decision()),
-        };
-        let c = &mut self.counters;
-        if published && queue == QueueId::Tx {
-            c.tx_publishes += 1;
-        }
-        match (queue, kick) {
-            (_, Kick::NothingNew) => {}
-            (QueueId::Rx, Kick::Notify) => {
-                c.rx_kicks += 1;
-                self.transport.notify(self.rx.index());
-            }
-            (QueueId::Rx, Kick::SuppressedByEventIdx | Kick::SuppressedByFlag) => {
-                c.rx_kicks_suppressed += 1;
-            }
-            (QueueId::Tx, Kick::Notify) => {
-                c.kicks += 1;
-                self.transport.notify(self.tx.index());
-            }
-            (QueueId::Tx, Kick::SuppressedByEventIdx) => c.kicks_suppressed += 1,
-            (QueueId::Tx, Kick::SuppressedByFlag) => c.kicks_suppressed_no_notify += 1,
-        }
-    }
-
-    /// Counts a used-ring entry the driver ignored.
-    pub(crate) fn note_device_error(&mut self, _error: UsedError) {
-        self.counters.device_errors += 1;
     }
 }
 
@@ -362,10 +369,8 @@ impl<H: Hal, T: Transport> Drop for VirtioNet<H, T> {
         // SAFETY: every region came from `self.hal`, the device was just reset (a virtio-mmio
         // reset completes when the Status write returns), and nothing uses them after drop.
         unsafe {
-            self.rx.dealloc(&self.hal);
-            self.tx.dealloc(&self.hal);
-            self.rx_pool.dealloc(&self.hal);
-            self.tx_pool.dealloc(&self.hal);
+            self.rq.dealloc(&self.hal);
+            self.sq.dealloc(&self.hal);
         }
     }
 }

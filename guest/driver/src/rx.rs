@@ -16,7 +16,8 @@ use crate::config::{TxCompletion, MAX_FRAME_LEN};
 use crate::features::NET_F_MRG_RXBUF;
 use crate::hal::{DmaRegion, Hal, PhysAddr};
 use crate::header::{NUM_BUFFERS_OFFSET, VNET_HDR_LEN};
-use crate::net::{QueueId, VirtioNet};
+use crate::net::VirtioNet;
+use crate::queue::ReceiveQueue;
 use crate::ring::{Access, Buffer, Used};
 use crate::transport::Transport;
 use crate::xdp::XdpAction;
@@ -169,87 +170,29 @@ impl<H: Hal, T: Transport> VirtioNet<H, T> {
         if self.config.tx_completion == TxCompletion::CleanFromRx {
             self.reclaim_tx();
         }
+        let mergeable = self.features & NET_F_MRG_RXBUF != 0;
         let mut frames = 0;
         while frames < budget {
-            let used = match self.rx.pop_used() {
+            let used = match self.rq.ring.pop_used() {
                 Ok(Some(used)) => used,
                 Ok(None) => break,
-                Err(e) => {
-                    self.note_device_error(e);
+                Err(_error) => {
+                    self.rq.note_device_error();
                     continue;
                 }
             };
-            match self.accept_rx(used) {
+            match self.rq.accept(used, mergeable) {
                 Ok(Some((first, bytes))) => {
                     self.deliver(first, bytes, program);
                     frames += 1;
                 }
                 Ok(None) => {}
-                Err(_refused) => self.counters.device_errors += 1,
+                Err(_refused) => self.rq.note_device_error(),
             }
         }
         self.xdp_flush();
         self.refill_rx();
         frames
-    }
-
-    /// Takes one used rx buffer. Returns the first buffer and frame length once a frame is
-    /// complete; refused buffers (and the frame they belonged to) are recycled.
-    fn accept_rx(&mut self, used: Used<u32>) -> Result<Option<(u32, usize)>, RxRefused> {
-        let Used { token: buf, len } = used;
-        let pending = self.rx_assembly.take();
-        let refuse = |net: &mut Self, why| {
-            net.rx_pool.recycle(buf);
-            if let Some(a) = pending {
-                net.rx_pool.recycle(a.first);
-            }
-            Err(why)
-        };
-        if len > self.rx_pool.buf_size {
-            return refuse(self, RxRefused::TooLong);
-        }
-        self.rx_pool.len[buf as usize] = len;
-        self.rx_pool.link[buf as usize] = NO_LINK;
-        if let Some(mut a) = pending {
-            let bytes = a.bytes + len as usize;
-            if bytes > MAX_FRAME_LEN {
-                return refuse(self, RxRefused::FrameTooLarge);
-            }
-            self.rx_pool.link[a.last as usize] = buf;
-            a.last = buf;
-            a.bytes = bytes;
-            a.missing -= 1;
-            if a.missing == 0 {
-                return Ok(Some((a.first, a.bytes)));
-            }
-            self.rx_assembly = Some(a);
-            return Ok(None);
-        }
-        if (len as usize) <= VNET_HDR_LEN {
-            return refuse(self, RxRefused::TooShort);
-        }
-        let num_buffers = if self.features & NET_F_MRG_RXBUF != 0 {
-            // SAFETY: `buf` was just returned by the device: the driver owns it; no other
-            // reference into the pool is live.
-            let hdr = unsafe { self.rx_pool.bytes_mut(buf, 0, VNET_HDR_LEN) };
-            u16::from_le_bytes([hdr[NUM_BUFFERS_OFFSET], hdr[NUM_BUFFERS_OFFSET + 1]])
-        } else {
-            1
-        };
-        if num_buffers == 0 || u32::from(num_buffers) > self.rx_pool.count {
-            return refuse(self, RxRefused::NumBuffers);
-        }
-        let bytes = len as usize - VNET_HDR_LEN;
-        if num_buffers == 1 {
-            return Ok(Some((buf, bytes)));
-        }
-        self.rx_assembly = Some(RxAssembly {
-            first: buf,
-            last: buf,
-            missing: num_buffers - 1,
-            bytes,
-        });
-        Ok(None)
     }
 
     /// Runs the program on a complete frame and carries out its verdict.
@@ -259,36 +202,108 @@ impl<H: Hal, T: Transport> VirtioNet<H, T> {
         bytes: usize,
         program: &mut F,
     ) {
-        self.counters.rx_frames += 1;
-        self.counters.rx_bytes += bytes as u64;
-        let first_len = self.rx_pool.used_len(first) as usize;
-        let single = self.rx_pool.link[first as usize] == NO_LINK;
+        let rq = &mut self.rq;
+        rq.stats.frames += 1;
+        rq.stats.bytes += bytes as u64;
+        let first_len = rq.pool.used_len(first) as usize;
+        let single = rq.pool.link[first as usize] == NO_LINK;
         let action = if single {
             // SAFETY: the frame's buffers were returned by the device and are the driver's;
             // the slice ends before `program` returns and no other pool reference is live.
-            program(unsafe { self.rx_pool.bytes_mut(first, VNET_HDR_LEN, first_len) })
+            program(unsafe { rq.pool.bytes_mut(first, VNET_HDR_LEN, first_len) })
         } else {
-            let mut scratch = core::mem::take(&mut self.rx_scratch);
+            let mut scratch = core::mem::take(&mut rq.scratch);
             scratch.clear();
-            self.gather(first, &mut scratch);
+            rq.gather(first, &mut scratch);
             let action = program(&mut scratch);
             if action == XdpAction::Tx {
-                self.scatter(first, &scratch);
+                rq.scatter(first, &scratch);
             }
-            self.rx_scratch = scratch;
+            rq.scratch = scratch;
             action
         };
         match action {
             XdpAction::Pass => {
-                self.counters.xdp_pass += 1;
-                self.rx_pool.recycle(first);
+                rq.stats.xdp_pass += 1;
+                rq.pool.recycle(first);
             }
             XdpAction::Drop => {
-                self.counters.xdp_drop += 1;
-                self.rx_pool.recycle(first);
+                rq.stats.xdp_drop += 1;
+                rq.pool.recycle(first);
             }
             XdpAction::Tx => self.xdp_queue_tx(first),
         }
+    }
+
+    /// Posts every free rx buffer the rx ring has room for, then publishes and kicks.
+    pub(crate) fn refill_rx(&mut self) {
+        self.rq.refill(&mut self.transport);
+    }
+}
+
+impl ReceiveQueue {
+    /// Takes one used rx buffer. Returns the first buffer and frame length once a frame is
+    /// complete; refused buffers (and the frame they belonged to) are recycled. `mergeable`:
+    /// MRG_RXBUF was negotiated (a frame may span several buffers).
+    fn accept(
+        &mut self,
+        used: Used<u32>,
+        mergeable: bool,
+    ) -> Result<Option<(u32, usize)>, RxRefused> {
+        let Used { token: buf, len } = used;
+        let pending = self.assembly.take();
+        let refuse = |rq: &mut Self, why| {
+            rq.pool.recycle(buf);
+            if let Some(a) = pending {
+                rq.pool.recycle(a.first);
+            }
+            Err(why)
+        };
+        if len > self.pool.buf_size {
+            return refuse(self, RxRefused::TooLong);
+        }
+        self.pool.len[buf as usize] = len;
+        self.pool.link[buf as usize] = NO_LINK;
+        if let Some(mut a) = pending {
+            let bytes = a.bytes + len as usize;
+            if bytes > MAX_FRAME_LEN {
+                return refuse(self, RxRefused::FrameTooLarge);
+            }
+            self.pool.link[a.last as usize] = buf;
+            a.last = buf;
+            a.bytes = bytes;
+            a.missing -= 1;
+            if a.missing == 0 {
+                return Ok(Some((a.first, a.bytes)));
+            }
+            self.assembly = Some(a);
+            return Ok(None);
+        }
+        if (len as usize) <= VNET_HDR_LEN {
+            return refuse(self, RxRefused::TooShort);
+        }
+        let num_buffers = if mergeable {
+            // SAFETY: `buf` was just returned by the device: the driver owns it; no other
+            // reference into the pool is live.
+            let hdr = unsafe { self.pool.bytes_mut(buf, 0, VNET_HDR_LEN) };
+            u16::from_le_bytes([hdr[NUM_BUFFERS_OFFSET], hdr[NUM_BUFFERS_OFFSET + 1]])
+        } else {
+            1
+        };
+        if num_buffers == 0 || u32::from(num_buffers) > self.pool.count {
+            return refuse(self, RxRefused::NumBuffers);
+        }
+        let bytes = len as usize - VNET_HDR_LEN;
+        if num_buffers == 1 {
+            return Ok(Some((buf, bytes)));
+        }
+        self.assembly = Some(RxAssembly {
+            first: buf,
+            last: buf,
+            missing: num_buffers - 1,
+            bytes,
+        });
+        Ok(None)
     }
 
     /// Appends the frame bytes of every buffer of the frame at `first` to `out`.
@@ -296,12 +311,12 @@ impl<H: Hal, T: Transport> VirtioNet<H, T> {
         let mut start = VNET_HDR_LEN;
         let mut buf = first;
         while buf != NO_LINK {
-            let len = self.rx_pool.used_len(buf) as usize;
+            let len = self.pool.used_len(buf) as usize;
             // SAFETY: a buffer of a frame the device returned: the driver's; the slice is
             // copied from and dropped at once.
-            out.extend_from_slice(unsafe { self.rx_pool.bytes_mut(buf, start, len) });
+            out.extend_from_slice(unsafe { self.pool.bytes_mut(buf, start, len) });
             start = 0;
-            buf = self.rx_pool.link[buf as usize];
+            buf = self.pool.link[buf as usize];
         }
     }
 
@@ -310,33 +325,34 @@ impl<H: Hal, T: Transport> VirtioNet<H, T> {
         let mut start = VNET_HDR_LEN;
         let mut buf = first;
         while buf != NO_LINK && !data.is_empty() {
-            let len = self.rx_pool.used_len(buf) as usize;
+            let len = self.pool.used_len(buf) as usize;
             let n = (len - start).min(data.len());
             // SAFETY: as in `gather`.
-            unsafe { self.rx_pool.bytes_mut(buf, start, start + n) }.copy_from_slice(&data[..n]);
+            unsafe { self.pool.bytes_mut(buf, start, start + n) }.copy_from_slice(&data[..n]);
             data = &data[n..];
             start = 0;
-            buf = self.rx_pool.link[buf as usize];
+            buf = self.pool.link[buf as usize];
         }
     }
 
-    /// Posts every free rx buffer the rx ring has room for, then publishes and kicks.
-    pub(crate) fn refill_rx(&mut self) {
+    /// Posts every free buffer the ring has room for, then publishes and kicks over
+    /// `transport`.
+    pub(crate) fn refill<T: Transport>(&mut self, transport: &mut T) {
         let mut posted = false;
-        while let Some(&buf) = self.rx_pool.free.last() {
+        while let Some(&buf) = self.pool.free.last() {
             let buffer = Buffer {
-                addr: self.rx_pool.addr(buf),
-                len: self.rx_pool.buf_size,
+                addr: self.pool.addr(buf),
+                len: self.pool.buf_size,
                 access: Access::DeviceWrites,
             };
-            if self.rx.add(&[buffer], buf).is_err() {
+            if self.ring.add(&[buffer], buf).is_err() {
                 break;
             }
-            self.rx_pool.free.pop();
+            self.pool.free.pop();
             posted = true;
         }
         if posted {
-            self.publish_and_kick(QueueId::Rx);
+            self.publish_and_kick(transport);
         }
     }
 }

@@ -12,8 +12,10 @@ use crate::config::TxCompletion;
 use crate::error::TxError;
 use crate::hal::{DmaRegion, Hal, PhysAddr};
 use crate::header::VNET_HDR_LEN;
-use crate::net::{QueueId, VirtioNet};
+use crate::net::VirtioNet;
+use crate::queue::SendQueue;
 use crate::ring::{Access, Buffer};
+use crate::rx::RxPool;
 use crate::transport::Transport;
 
 /// What a tx chain carries, to be released when the device returns it.
@@ -151,7 +153,7 @@ impl<H: Hal, T: Transport> VirtioNet<H, T> {
         if frame.is_empty() {
             return Err(TxError::Empty);
         }
-        let max = self.tx_pool.max_frame();
+        let max = self.sq.pool.max_frame();
         if frame.len() > max {
             return Err(TxError::TooLarge {
                 len: frame.len(),
@@ -159,51 +161,20 @@ impl<H: Hal, T: Transport> VirtioNet<H, T> {
             });
         }
         self.lazy_reclaim();
-        if self.tx.free_descriptors() == 0 {
-            return Err(self.tx_ring_full());
-        }
-        let Some(buf) = self.tx_pool.take() else {
-            return Err(self.tx_ring_full());
-        };
-        // SAFETY: `buf` was just taken; `frame` is ordinary memory of `frame.len()` bytes,
-        // borrowed for the call, so it cannot overlap the driver's DMA buffers.
-        let filled = unsafe { self.tx_pool.fill(buf, frame.as_ptr(), frame.len()) };
-        let added = filled.map(|buffer| self.tx.add(&[buffer], TxToken::Copy(buf)));
-        if !matches!(added, Some(Ok(()))) {
-            self.tx_pool.give_back(buf);
-            return Err(self.tx_ring_full());
-        }
-        self.counters.tx_frames += 1;
-        self.counters.tx_bytes += frame.len() as u64;
-        self.tx_frame_added();
-        Ok(())
+        self.sq
+            .add_copy(&mut self.transport, frame, self.config.kick_threshold)
     }
 
     /// Ends a batch: publishes what was queued and makes one kick decision.
     pub fn flush_tx(&mut self) {
-        self.tx_pending = 0;
-        self.publish_and_kick(QueueId::Tx);
-    }
-
-    /// Counts a frame added to the tx ring; publishes and kick-decides at the threshold.
-    pub(crate) fn tx_frame_added(&mut self) {
-        self.tx_pending += 1;
-        if self.tx_pending >= self.config.kick_threshold {
-            self.flush_tx();
-        }
-    }
-
-    /// Counts a full ring and publishes what is pending, so the device can make room.
-    pub(crate) fn tx_ring_full(&mut self) -> TxError {
-        self.counters.ring_full += 1;
-        self.flush_tx();
-        TxError::RingFull
+        self.sq.flush(&mut self.transport);
     }
 
     /// [`TxCompletion::Lazy`]: reclaims when fewer than a quarter of the tx descriptors are free.
     pub(crate) fn lazy_reclaim(&mut self) {
+        let ring = &self.sq.ring;
         if self.config.tx_completion == TxCompletion::Lazy
-            && self.tx.free_descriptors() < usize::from(self.tx.size() / 4).max(1)
+            && ring.free_descriptors() < usize::from(ring.size() / 4).max(1)
         {
             self.reclaim_tx();
         }
@@ -213,47 +184,104 @@ impl<H: Hal, T: Transport> VirtioNet<H, T> {
     /// lent to XDP_TX, completes AF_XDP frames. One reclaim pass (counted in
     /// `tx_reclaim_polls`). Returns the number of chains reclaimed.
     pub fn reclaim_tx(&mut self) -> usize {
-        self.counters.tx_reclaim_polls += 1;
+        let (reclaimed, rx_returned) = self.sq.reclaim(&mut self.rq.pool);
+        if rx_returned {
+            self.refill_rx();
+        }
+        reclaimed
+    }
+}
+
+impl SendQueue {
+    /// Copies `frame` (non-empty, at most [`TxPool::max_frame`] bytes) into a driver tx buffer
+    /// and adds it to the ring; publishes and kick-decides at `kick_threshold`.
+    fn add_copy<T: Transport>(
+        &mut self,
+        transport: &mut T,
+        frame: &[u8],
+        kick_threshold: u16,
+    ) -> Result<(), TxError> {
+        if self.ring.free_descriptors() == 0 {
+            return Err(self.ring_full(transport));
+        }
+        let Some(buf) = self.pool.take() else {
+            return Err(self.ring_full(transport));
+        };
+        // SAFETY: `buf` was just taken; `frame` is ordinary memory of `frame.len()` bytes,
+        // borrowed for the call, so it cannot overlap the driver's DMA buffers.
+        let filled = unsafe { self.pool.fill(buf, frame.as_ptr(), frame.len()) };
+        let added = filled.map(|buffer| self.ring.add(&[buffer], TxToken::Copy(buf)));
+        if !matches!(added, Some(Ok(()))) {
+            self.pool.give_back(buf);
+            return Err(self.ring_full(transport));
+        }
+        self.stats.frames += 1;
+        self.stats.bytes += frame.len() as u64;
+        self.frame_added(transport, kick_threshold);
+        Ok(())
+    }
+
+    /// Ends a batch: publishes what was queued and makes one kick decision.
+    pub(crate) fn flush<T: Transport>(&mut self, transport: &mut T) {
+        self.pending = 0;
+        self.publish_and_kick(transport);
+    }
+
+    /// Counts a frame added to the ring; publishes and kick-decides at `kick_threshold`.
+    pub(crate) fn frame_added<T: Transport>(&mut self, transport: &mut T, kick_threshold: u16) {
+        self.pending += 1;
+        if self.pending >= kick_threshold {
+            self.flush(transport);
+        }
+    }
+
+    /// Counts a full ring and publishes what is pending, so the device can make room.
+    pub(crate) fn ring_full<T: Transport>(&mut self, transport: &mut T) -> TxError {
+        self.stats.ring_full += 1;
+        self.flush(transport);
+        TxError::RingFull
+    }
+
+    /// Takes every chain the device has returned off the ring: frees copy buffers, recycles rx
+    /// buffers lent to XDP_TX into `rx_pool`, completes AF_XDP frames. Returns the number of
+    /// chains reclaimed and whether rx buffers came back (the caller re-posts them).
+    fn reclaim(&mut self, rx_pool: &mut RxPool) -> (usize, bool) {
+        self.stats.reclaim_polls += 1;
         let mut reclaimed = 0;
         let mut rx_returned = false;
-        let mut xsk = self.xsk.take();
         loop {
-            let used = match self.tx.pop_used() {
+            let used = match self.ring.pop_used() {
                 Ok(Some(used)) => used,
                 Ok(None) => break,
-                Err(e) => {
-                    self.note_device_error(e);
+                Err(_error) => {
+                    self.note_device_error();
                     continue;
                 }
             };
             reclaimed += 1;
             match used.token {
-                TxToken::Copy(buf) => self.tx_pool.give_back(buf),
+                TxToken::Copy(buf) => self.pool.give_back(buf),
                 TxToken::XdpTx(first) => {
-                    self.rx_pool.recycle(first);
+                    rx_pool.recycle(first);
                     rx_returned = true;
                 }
                 TxToken::Umem(addr) => {
-                    if let Some(port) = xsk.as_mut() {
+                    if let Some(port) = self.xsk.as_mut() {
                         port.complete(addr);
                     }
                 }
                 TxToken::UmemCopy { buf, addr } => {
-                    self.tx_pool.give_back(buf);
-                    if let Some(port) = xsk.as_mut() {
+                    self.pool.give_back(buf);
+                    if let Some(port) = self.xsk.as_mut() {
                         port.complete(addr);
                     }
                 }
             }
         }
-        if let Some(port) = xsk.as_mut() {
+        if let Some(port) = self.xsk.as_mut() {
             port.submit_completions();
         }
-        self.xsk = xsk;
-        self.counters.tx_reclaimed += reclaimed as u64;
-        if rx_returned {
-            self.refill_rx();
-        }
-        reclaimed
+        self.stats.reclaimed += reclaimed as u64;
+        (reclaimed, rx_returned)
     }
 }

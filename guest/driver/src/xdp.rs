@@ -44,44 +44,41 @@ impl<H: Hal, T: Transport> VirtioNet<H, T> {
     pub(crate) fn xdp_queue_tx(&mut self, first: u32) {
         // SAFETY: the frame's buffers are the driver's (returned by the device, not re-posted);
         // no other reference into the pool is live.
-        unsafe { self.rx_pool.bytes_mut(first, 0, VNET_HDR_LEN) }.fill(0);
-        self.xdp_queue.push(first);
-        if self.xdp_queue.len() >= usize::from(self.config.xdp_bulk) {
+        unsafe { self.rq.pool.bytes_mut(first, 0, VNET_HDR_LEN) }.fill(0);
+        self.sq.xdp_queue.push(first);
+        if self.sq.xdp_queue.len() >= usize::from(self.config.xdp_bulk) {
             self.xdp_flush();
         }
     }
 
     /// Adds every queued XDP_TX frame to the tx ring, then one publish and one kick decision.
     pub(crate) fn xdp_flush(&mut self) {
-        if self.xdp_queue.is_empty() {
+        if self.sq.xdp_queue.is_empty() {
             return;
         }
         self.lazy_reclaim();
-        let mut queue = core::mem::take(&mut self.xdp_queue);
-        let mut chain = core::mem::take(&mut self.chain);
+        let (sq, rx_pool) = (&mut self.sq, &mut self.rq.pool);
         let mut queued = 0u64;
-        for &first in &queue {
-            chain.clear();
-            chain.extend(self.rx_pool.frame(first).map(|buf| Buffer {
-                addr: self.rx_pool.addr(buf),
-                len: self.rx_pool.used_len(buf),
+        for &first in &sq.xdp_queue {
+            sq.chain.clear();
+            sq.chain.extend(rx_pool.frame(first).map(|buf| Buffer {
+                addr: rx_pool.addr(buf),
+                len: rx_pool.used_len(buf),
                 access: Access::DeviceReads,
             }));
-            if self.tx.add(&chain, TxToken::XdpTx(first)).is_ok() {
+            if sq.ring.add(&sq.chain, TxToken::XdpTx(first)).is_ok() {
                 queued += 1;
             } else {
-                self.counters.ring_full += 1;
-                self.counters.xdp_tx_errors += 1;
-                self.rx_pool.recycle(first);
+                sq.stats.ring_full += 1;
+                sq.stats.xdp_tx_errors += 1;
+                rx_pool.recycle(first);
             }
         }
-        queue.clear();
-        self.xdp_queue = queue;
-        self.chain = chain;
-        self.counters.xdp_tx += queued;
+        sq.xdp_queue.clear();
+        sq.stats.xdp_tx += queued;
         if queued > 0 {
-            self.counters.xdp_flushes += 1;
-            self.flush_tx();
+            sq.stats.xdp_flushes += 1;
+            sq.flush(&mut self.transport);
         }
     }
 }

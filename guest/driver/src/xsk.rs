@@ -27,6 +27,7 @@ use crate::error::XskError;
 use crate::hal::{Hal, PhysAddr};
 use crate::header::VNET_HDR_LEN;
 use crate::net::VirtioNet;
+use crate::queue::SendQueue;
 use crate::ring::{Access, Buffer};
 use crate::spsc::{self, Consumer, Producer};
 use crate::transport::Transport;
@@ -290,19 +291,19 @@ pub fn socket(umem: Umem, config: XskConfig) -> Result<(XskSocket, XskPort), Xsk
 impl<H: Hal, T: Transport> VirtioNet<H, T> {
     /// Attaches the driver's half of an AF_XDP-style socket (one at a time).
     pub fn attach_xsk(&mut self, port: XskPort) -> Result<(), XskError> {
-        if self.xsk.is_some() {
+        if self.sq.xsk.is_some() {
             return Err(XskError::AlreadyAttached);
         }
-        self.xsk = Some(port);
+        self.sq.xsk = Some(port);
         Ok(())
     }
 
     /// Detaches the port, once none of its frames is in flight (reclaim first).
     pub fn detach_xsk(&mut self) -> Result<XskPort, XskError> {
-        match &self.xsk {
+        match &self.sq.xsk {
             None => Err(XskError::NotAttached),
             Some(port) if port.in_flight > 0 => Err(XskError::Busy),
-            Some(_) => self.xsk.take().ok_or(XskError::NotAttached),
+            Some(_) => self.sq.xsk.take().ok_or(XskError::NotAttached),
         }
     }
 
@@ -311,10 +312,16 @@ impl<H: Hal, T: Transport> VirtioNet<H, T> {
     /// early when the tx ring is full or the completion ring could not take more frames in
     /// flight. Returns the number of frames posted.
     pub fn xsk_transmit(&mut self, budget: usize) -> usize {
-        let Some(mut port) = self.xsk.take() else {
+        if self.sq.xsk.is_none() {
+            return 0;
+        }
+        // Reclaim with the port attached, so that the frames it reclaims are completed.
+        self.lazy_reclaim();
+        let Some(mut port) = self.sq.xsk.take() else {
             return 0;
         };
-        self.lazy_reclaim();
+        let (sq, transport) = (&mut self.sq, &mut self.transport);
+        let kick_threshold = self.config.kick_threshold;
         let room = port.completion.free().saturating_sub(port.in_flight) as usize;
         let mut sent = 0;
         while sent < budget.min(room) {
@@ -323,37 +330,39 @@ impl<H: Hal, T: Transport> VirtioNet<H, T> {
             };
             let (headroom, max_len) = match port.mode {
                 XskMode::ZeroCopy => (XSK_HEADROOM, MAX_FRAME_LEN),
-                XskMode::Copy => (0, self.tx_pool.max_frame()),
+                XskMode::Copy => (0, sq.pool.max_frame()),
             };
             if !port.umem.check_tx(desc, headroom, max_len) {
                 port.tx.pop();
-                self.counters.xsk_invalid_descs += 1;
+                sq.stats.xsk_invalid_descs += 1;
                 continue;
             }
             let posted = match port.mode {
-                XskMode::ZeroCopy => self.post_umem_zero_copy(&port.umem, desc),
-                XskMode::Copy => self.post_umem_copy(&port.umem, desc),
+                XskMode::ZeroCopy => sq.post_umem_zero_copy(&port.umem, desc),
+                XskMode::Copy => sq.post_umem_copy(&port.umem, desc),
             };
             if !posted {
-                self.tx_ring_full();
+                sq.ring_full(transport);
                 break;
             }
             port.tx.pop();
             port.in_flight += 1;
             sent += 1;
-            self.counters.tx_frames += 1;
-            self.counters.tx_bytes += u64::from(desc.len);
-            self.tx_frame_added();
+            sq.stats.frames += 1;
+            sq.stats.bytes += u64::from(desc.len);
+            sq.frame_added(transport, kick_threshold);
         }
         port.tx.release();
-        self.xsk = Some(port);
-        self.flush_tx();
+        sq.xsk = Some(port);
+        sq.flush(transport);
         sent
     }
+}
 
+impl SendQueue {
     /// Posts a checked umem frame in place, header in its headroom. False if the ring is full.
     fn post_umem_zero_copy(&mut self, umem: &Umem, desc: XdpDesc) -> bool {
-        if self.tx.free_descriptors() == 0 {
+        if self.ring.free_descriptors() == 0 {
             return false;
         }
         let start = desc.addr - XSK_HEADROOM;
@@ -369,33 +378,33 @@ impl<H: Hal, T: Transport> VirtioNet<H, T> {
             len: desc.len + VNET_HDR_LEN as u32,
             access: Access::DeviceReads,
         };
-        self.tx.add(&[buffer], TxToken::Umem(desc.addr)).is_ok()
+        self.ring.add(&[buffer], TxToken::Umem(desc.addr)).is_ok()
     }
 
     /// Copies a checked umem frame (it fits a tx buffer) into a driver tx buffer and posts that.
     /// False if the ring is full.
     fn post_umem_copy(&mut self, umem: &Umem, desc: XdpDesc) -> bool {
-        if self.tx.free_descriptors() == 0 {
+        if self.ring.free_descriptors() == 0 {
             return false;
         }
         let len = desc.len as usize;
         let Ok(src) = umem.range(desc.addr, len) else {
             return false;
         };
-        let Some(buf) = self.tx_pool.take() else {
+        let Some(buf) = self.pool.take() else {
             return false;
         };
         // SAFETY: `buf` was just taken; `src` is `len` bytes of a chunk the driver owns until
         // completion (tx ring ownership rule), in the caller's umem, not in the tx buffers.
-        let filled = unsafe { self.tx_pool.fill(buf, src, len) };
+        let filled = unsafe { self.pool.fill(buf, src, len) };
         let token = TxToken::UmemCopy {
             buf,
             addr: desc.addr,
         };
-        if filled.is_some_and(|buffer| self.tx.add(&[buffer], token).is_ok()) {
+        if filled.is_some_and(|buffer| self.ring.add(&[buffer], token).is_ok()) {
             return true;
         }
-        self.tx_pool.give_back(buf);
+        self.pool.give_back(buf);
         false
     }
 }

@@ -2,6 +2,7 @@
 
 mod concurrent;
 mod init;
+mod queue;
 mod rx;
 mod tx;
 mod xdp;

@@ -48,10 +48,10 @@ fn xdp_tx_sends_from_the_rx_buffer_and_reposts_it_after_tx_completion() {
     );
 
     // The lent buffer returns to the rx pool when the tx chain is reclaimed (tx poll).
-    let free_while_lent = h.net.rx_pool.free_count();
+    let free_while_lent = h.net.rq.pool.free_count();
     h.dev.tx.push_used(chain.head, 0);
     assert_eq!(h.net.reclaim_tx(), 1);
-    assert_eq!(h.net.rx_pool.free_count(), free_while_lent + 1);
+    assert_eq!(h.net.rq.pool.free_count(), free_while_lent + 1);
     assert_eq!(h.dev.rx.pending(), 256);
 }
 

@@ -289,3 +289,30 @@ fn attach_and_detach() {
         Err(XskError::RingSize(3))
     ));
 }
+
+#[test]
+fn lazy_reclaim_inside_xsk_transmit_completes_the_frames_it_reclaims() {
+    let mut h = harness(Config {
+        tx_queue_size: 4,
+        tx_completion: TxCompletion::Lazy,
+        ..Config::default()
+    });
+    let mut socket = attach(&mut h, XskConfig::default());
+    let descs: Vec<XdpDesc> = (0..5).map(|i| put_frame(&socket, i, 60)).collect();
+    assert_eq!(socket.submit_tx(&descs[..4]), 4);
+    assert_eq!(h.net.xsk_transmit(64), 4);
+    h.dev.tx_drain();
+    // The ring is full: this transmit reclaims the 4 (Lazy) before posting the fifth.
+    assert_eq!(socket.submit_tx(&descs[4..]), 1);
+    assert_eq!(h.net.xsk_transmit(64), 1);
+    assert_eq!(h.net.counters().tx_reclaimed, 4);
+    assert_eq!(
+        completions(&mut socket),
+        descs[..4].iter().map(|d| d.addr).collect::<Vec<_>>(),
+        "the frames reclaimed inside xsk_transmit are completed"
+    );
+    h.dev.tx_drain();
+    h.net.reclaim_tx();
+    assert_eq!(completions(&mut socket), [descs[4].addr]);
+    assert_eq!(h.net.detach_xsk().map(|p| p.in_flight()), Ok(0));
+}
