@@ -156,11 +156,6 @@ impl MmioTransport {
         self.device.as_ref()
     }
 
-    /// The device, mutably.
-    pub fn device_mut(&mut self) -> &mut dyn VirtioDevice {
-        self.device.as_mut()
-    }
-
     /// The Status register as the driver reads it.
     pub fn status(&self) -> u32 {
         if self.interrupt.needs_reset() {
@@ -178,12 +173,21 @@ impl MmioTransport {
 
     fn guest_warn(&mut self, args: fmt::Arguments<'_>) {
         self.guest_warnings = self.guest_warnings.saturating_add(1);
-        let dev = self.device.device_type();
+        let dev = self.name();
         if self.guest_warnings <= MAX_GUEST_WARNINGS {
-            warn!("virtio-mmio (device type {dev}): {args}");
+            warn!("{dev}: {args}");
         } else if self.guest_warnings == MAX_GUEST_WARNINGS + 1 {
-            warn!("virtio-mmio (device type {dev}): further guest errors are not logged");
+            warn!("{dev}: further guest errors are not logged");
         }
+    }
+
+    /// "virtio-mmio LABEL (device type N)" for log lines.
+    fn name(&self) -> String {
+        format!(
+            "virtio-mmio {} (device type {})",
+            self.device.label(),
+            self.device.device_type()
+        )
     }
 
     fn has(&self, bits: u32) -> bool {
@@ -340,7 +344,10 @@ impl MmioTransport {
         match self.kicks.get(value as usize) {
             Some(kick) => {
                 if let Err(e) = kick.write(1) {
-                    error!("virtio-mmio: failed to signal queue {value}'s kick eventfd: {e}");
+                    error!(
+                        "{}: failed to signal queue {value}'s kick eventfd: {e}",
+                        self.name()
+                    );
                 }
             }
             None => self.guest_warn(format_args!("QueueNotify for nonexistent queue {value}")),
@@ -439,7 +446,7 @@ impl MmioTransport {
             let mut worker_queue = match Queue::try_from(queue.state()) {
                 Ok(q) => q,
                 Err(e) => {
-                    error!("virtio-mmio: cannot copy queue {index}: {e}");
+                    error!("{}: cannot copy queue {index}: {e}", self.name());
                     return self.fail_activation();
                 }
             };
@@ -448,7 +455,7 @@ impl MmioTransport {
             match kick.try_clone() {
                 Ok(k) => kicks.push(k),
                 Err(e) => {
-                    error!("virtio-mmio: cannot clone kick eventfd {index}: {e}");
+                    error!("{}: cannot clone kick eventfd {index}: {e}", self.name());
                     return self.fail_activation();
                 }
             }
@@ -461,17 +468,14 @@ impl MmioTransport {
             acked_features: self.acked_features,
         };
         if let Err(e) = self.device.activate(ctx) {
-            error!(
-                "virtio-mmio: activating device type {} failed: {e}",
-                self.device.device_type()
-            );
+            error!("{}: activation failed: {e}", self.name());
             self.fail_activation();
         }
     }
 
     fn fail_activation(&mut self) {
         if let Err(e) = self.interrupt.set_needs_reset() {
-            error!("virtio-mmio: failed to signal DEVICE_NEEDS_RESET: {e}");
+            error!("{}: failed to signal DEVICE_NEEDS_RESET: {e}", self.name());
         }
     }
 

@@ -87,6 +87,11 @@ pub trait VirtioDevice: Send {
     /// The virtio device ID (1 for net).
     fn device_type(&self) -> u32;
 
+    /// A name for log lines (e.g. the network device's tap), empty when it has none.
+    fn label(&self) -> &str {
+        ""
+    }
+
     /// The maximum size of each queue, in queue-index order (each a power of two ≤ 32768).
     fn queue_max_sizes(&self) -> &[u16];
 

@@ -180,7 +180,7 @@ impl<B: NetBackend> NetDevice<B> {
         let tuning = TuningControl::new(NetTuning::default()).expect("eventfd for the tuning");
         let mut device = NetDevice::build(backend, mac, queue_size, tuning, "net");
         if let Err(e) = device.start_thread() {
-            error!("virtio-net: {e}; retried at activation");
+            error!("virtio-net {}: {e}; retried at activation", device.label);
         }
         device
     }
@@ -209,6 +209,7 @@ impl<B: NetBackend> NetDevice<B> {
         match std::mem::replace(&mut self.worker, WorkerSlot::Lost) {
             WorkerSlot::NotStarted(backend) => {
                 let shared = Shared {
+                    label: self.label.as_str().into(),
                     metrics: self.metrics.clone(),
                     tuning: self.tuning.shared().clone(),
                     link: self.link.clone(),
@@ -278,6 +279,10 @@ impl<B: NetBackend> NetDevice<B> {
 impl<B: NetBackend> VirtioDevice for NetDevice<B> {
     fn device_type(&self) -> u32 {
         VIRTIO_ID_NET
+    }
+
+    fn label(&self) -> &str {
+        &self.label
     }
 
     fn queue_max_sizes(&self) -> &[u16] {

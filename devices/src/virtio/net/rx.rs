@@ -15,6 +15,7 @@
 //! reused.
 
 use std::io;
+use std::sync::Arc;
 
 use log::debug;
 use virtio_bindings::virtio_net::VIRTIO_NET_F_MRG_RXBUF;
@@ -100,6 +101,8 @@ pub struct RxQueue {
     /// Buffer bytes gathered before a read in mergeable mode: what one frame can need.
     gather: u64,
     pool: PoolState,
+    /// The device's name in log lines.
+    label: Arc<str>,
 }
 
 impl RxQueue {
@@ -112,7 +115,14 @@ impl RxQueue {
             mode,
             gather: max_frame,
             pool: PoolState::default(),
+            label: Arc::from("virtio-net"),
         }
+    }
+
+    /// Names the device in this queue's log lines.
+    pub fn with_label(mut self, label: Arc<str>) -> RxQueue {
+        self.label = label;
+        self
     }
 
     /// The ring.
@@ -151,7 +161,7 @@ impl RxQueue {
         // through this queue's own guest view, i.e. points into `self.vq`'s memory, which the
         // split borrow keeps mapped for as long as `pool` lives.
         let mut pool = unsafe { RxPool::resume(&mut self.pool, self.mode, self.gather, give_back) };
-        let result = receive(&guest, &mut ring, &mut pool, backend, counters);
+        let result = receive(&guest, &mut ring, &mut pool, backend, counters, &self.label);
         if give_back {
             ring.unpop(u16::try_from(pool.unused()).unwrap_or(u16::MAX));
             pool.clear();
@@ -175,6 +185,7 @@ fn receive<'g, B: NetBackend>(
     pool: &mut RxPool<'g>,
     backend: &mut B,
     counters: &mut RxCounters,
+    label: &str,
 ) -> Result<RxStop, RingError> {
     let mut budget = WalkBudget::per_call();
     let mut reads = 0usize;
@@ -204,7 +215,7 @@ fn receive<'g, B: NetBackend>(
         match read_frame(backend, window) {
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(RxStop::BackendEmpty),
             Err(e) => {
-                debug!("virtio-net rx: backend read failed: {e}");
+                debug!("virtio-net {label} rx: backend read failed: {e}");
                 counters.backend_errors += 1;
                 return Ok(RxStop::BackendFailed);
             }
@@ -376,7 +387,7 @@ impl<'m> RxPool<'m> {
                 }
                 Ok(len) => {
                     self.iovecs.truncate(before);
-                    debug!("virtio-net rx: chain {head} of {len} bytes cannot hold a header");
+                    debug!("virtio-net rx: chain {head} of {len} bytes cannot hold a header (thread {:?})", std::thread::current().name());
                 }
                 Err(e) => debug!("virtio-net rx: chain {head} refused: {e}"),
             }

@@ -7,6 +7,7 @@
 
 use std::io;
 
+use std::sync::Arc;
 use std::time::Instant;
 
 use log::{debug, warn};
@@ -60,6 +61,8 @@ pub struct TxQueue {
     scratch: Vec<libc::iovec>,
     /// Backend write failures, logged once per burst.
     errors: BurstLog,
+    /// The device's name in log lines.
+    label: Arc<str>,
 }
 
 impl TxQueue {
@@ -69,7 +72,14 @@ impl TxQueue {
             vq,
             scratch: Vec::with_capacity(64),
             errors: BurstLog::default(),
+            label: Arc::from("virtio-net"),
         }
+    }
+
+    /// Names the device in this queue's log lines.
+    pub fn with_label(mut self, label: Arc<str>) -> TxQueue {
+        self.label = label;
+        self
     }
 
     /// The ring.
@@ -98,6 +108,7 @@ impl TxQueue {
             backend,
             counters,
             &mut self.errors,
+            &self.label,
         );
         ring.publish_used();
         self.scratch = iovs.into_storage();
@@ -119,6 +130,7 @@ fn drain<'g, B: NetBackend>(
     backend: &mut B,
     counters: &mut TxCounters,
     errors: &mut BurstLog,
+    label: &str,
 ) -> Result<TxStop, RingError> {
     let mut budget = WalkBudget::per_call();
     let mut sent = 0usize;
@@ -160,7 +172,7 @@ fn drain<'g, B: NetBackend>(
                     Err(e) => {
                         if let Some(more) = errors.failure(Instant::now()) {
                             warn!(
-                                "virtio-net tx: the backend refused a frame: {e} ({more} more \
+                                "virtio-net {label} tx: the backend refused a frame: {e} ({more} more \
                                  since the last report; frames are dropped until it recovers)"
                             );
                         }
@@ -169,11 +181,11 @@ fn drain<'g, B: NetBackend>(
                 }
             }
             Ok(len) => {
-                debug!("virtio-net tx: chain {head} of {len} bytes holds no frame");
+                debug!("virtio-net {label} tx: chain {head} of {len} bytes holds no frame");
                 counters.malformed_chains += 1;
             }
             Err(e) => {
-                debug!("virtio-net tx: chain {head} refused: {e}");
+                debug!("virtio-net {label} tx: chain {head} refused: {e}");
                 counters.malformed_chains += 1;
             }
         }

@@ -143,6 +143,8 @@ pub(crate) struct Activation {
 
 /// What the device shares with its worker for the device's whole life.
 pub(crate) struct Shared {
+    /// The device's name in log lines (its tap).
+    pub(crate) label: Arc<str>,
     pub(crate) metrics: Arc<NetMetrics>,
     pub(crate) tuning: Arc<TuningShared>,
     /// The link status the driver sees, following the backend's link.
@@ -163,6 +165,8 @@ pub(crate) struct WorkerThread {
     stop: EventFd,
     running: bool,
     thread: Option<JoinHandle<()>>,
+    /// The thread's name (`net-TAP`), for log lines.
+    name: String,
 }
 
 /// The thread's long-lived file descriptors.
@@ -230,6 +234,7 @@ impl WorkerThread {
             stop,
             running: false,
             thread: Some(thread),
+            name: name.to_owned(),
         })
     }
 
@@ -267,10 +272,10 @@ impl WorkerThread {
         }
         self.running = false;
         if let Err(e) = self.stop.write(1) {
-            error!("virtio-net: failed to signal the worker to stop: {e}");
+            error!("{}: failed to signal the worker to stop: {e}", self.name);
         }
         if self.stopped.recv().is_err() {
-            error!("virtio-net: the worker thread is gone; backend lost");
+            error!("{}: the worker thread is gone; backend lost", self.name);
         }
     }
 
@@ -295,7 +300,7 @@ impl Drop for WorkerThread {
         self.commands = None;
         if let Some(thread) = self.thread.take() {
             if thread.join().is_err() {
-                error!("virtio-net: worker thread panicked outside its loop");
+                error!("{}: worker thread panicked outside its loop", self.name);
             }
         }
     }
@@ -337,6 +342,7 @@ fn thread_main<B: NetBackend>(
 
 /// A running worker's state.
 struct EventLoop<'p, B> {
+    label: Arc<str>,
     rx: RxQueue,
     tx: TxQueue,
     rx_kick: EventFd,
@@ -396,8 +402,9 @@ impl<'p, B: NetBackend> EventLoop<'p, B> {
             Err(e) => return Err((ActivateError::Ring(e), backend)),
         };
         let mut event_loop = EventLoop {
-            rx,
-            tx,
+            label: shared.label.clone(),
+            rx: rx.with_label(shared.label.clone()),
+            tx: tx.with_label(shared.label.clone()),
             rx_kick: a.rx_kick,
             tx_kick: a.tx_kick,
             backend,
@@ -470,10 +477,16 @@ impl<'p, B: NetBackend> EventLoop<'p, B> {
         };
         self.publish();
         if let Some(why) = failure {
-            error!("virtio-net worker stopped, device needs reset: {why}");
+            error!(
+                "virtio-net {}: worker stopped, device needs reset: {why}",
+                self.label
+            );
             self.metrics.needs_reset_events.add(1);
             if let Err(e) = self.interrupt.set_needs_reset() {
-                error!("virtio-net: failed to signal DEVICE_NEEDS_RESET: {e}");
+                error!(
+                    "virtio-net {}: failed to signal DEVICE_NEEDS_RESET: {e}",
+                    self.label
+                );
             }
         }
         // The timer must not fire into the next run.
@@ -513,7 +526,11 @@ impl<'p, B: NetBackend> EventLoop<'p, B> {
                     }
                     Some(Token::CoalesceTimer) => self.timer_expired()?,
                     Some(Token::Link) => self.link_changed(),
-                    None => warn!("virtio-net worker: unknown epoll token {}", event.data()),
+                    None => warn!(
+                        "virtio-net {}: unknown epoll token {}",
+                        self.label,
+                        event.data()
+                    ),
                 }
             }
             if self.tx_more {
@@ -569,14 +586,18 @@ impl<'p, B: NetBackend> EventLoop<'p, B> {
             RxStop::BackendFailed => {
                 if let Some(more) = self.rx_errors.failure(std::time::Instant::now()) {
                     warn!(
-                        "virtio-net: backend read failed ({more} more since the last report); \
-                         rx paused until the next rx kick"
+                        "virtio-net {}: backend read failed ({more} more since the last report); \
+                         rx paused until the next rx kick",
+                        self.label
                     );
                 }
                 self.rx_paused = true;
             }
             RxStop::BackendClosed => {
-                info!("virtio-net: backend closed; it is no longer polled");
+                info!(
+                    "virtio-net {}: backend closed; it is no longer polled",
+                    self.label
+                );
                 self.backend_gone = true;
             }
         }
@@ -590,7 +611,8 @@ impl<'p, B: NetBackend> EventLoop<'p, B> {
             let state = if up { LinkState::Up } else { LinkState::Down };
             if self.link.link() != state {
                 info!(
-                    "virtio-net: backend link {}",
+                    "virtio-net {}: backend link {}",
+                    self.label,
                     if up { "up" } else { "down" }
                 );
                 self.link.set_link(state);
