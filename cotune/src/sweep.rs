@@ -104,108 +104,113 @@ struct Point {
 }
 
 fn points(preset: Preset, opts: &Options) -> Vec<Point> {
-    let size = |default: usize| opts.frame_size.unwrap_or(default);
-    let base = Config::default();
     match preset {
         Preset::Baseline => Vec::new(),
-        Preset::KickThreshold => {
-            let ns: &[u16] = if opts.quick {
-                &[1, 8, 64]
-            } else {
-                &[1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64]
-            };
-            ns.iter()
-                .map(|&n| Point {
-                    knob: "kick_threshold",
-                    value: n.to_string(),
-                    config: Config {
-                        kick_threshold: n,
-                        tx_completion: TxCompletion::CleanFromRx,
-                        ..base
-                    },
-                    workload: Workload::XskTx(XskMode::ZeroCopy),
-                    frame_size: size(64),
-                })
-                .collect()
-        }
-        Preset::TxCompletion => {
-            let mut v = Vec::new();
-            for mode in [
-                TxCompletion::TxInterrupt,
-                TxCompletion::CleanFromRx,
-                TxCompletion::Lazy,
-            ] {
-                for event_idx in [true, false] {
-                    if opts.quick && !event_idx {
-                        continue;
-                    }
-                    v.push(Point {
-                        knob: "tx_completion",
-                        value: format!(
-                            "{}/{}",
-                            match mode {
-                                TxCompletion::TxInterrupt => "tx-interrupt",
-                                TxCompletion::CleanFromRx => "clean-from-rx",
-                                TxCompletion::Lazy => "lazy",
-                            },
-                            if event_idx { "eventidx" } else { "flags" }
-                        ),
-                        config: Config {
-                            tx_completion: mode,
-                            event_idx,
-                            ..base
-                        },
-                        workload: Workload::Bidirectional,
-                        frame_size: size(64),
-                    });
-                }
-            }
-            v
-        }
-        Preset::XdpBulk => {
-            let bs: &[u16] = if opts.quick {
-                &[1, 16]
-            } else {
-                &[1, 2, 4, 8, 16]
-            };
-            bs.iter()
-                .map(|&b| Point {
-                    knob: "xdp_bulk",
-                    value: b.to_string(),
-                    config: Config {
-                        xdp_bulk: b,
-                        tx_completion: TxCompletion::CleanFromRx,
-                        ..base
-                    },
-                    workload: Workload::XdpBounce,
-                    frame_size: size(64),
-                })
-                .collect()
-        }
-        Preset::XskZc => {
-            let sizes: Vec<usize> = match opts.frame_size {
-                Some(s) => vec![s],
-                None if opts.quick => vec![64],
-                None => vec![64, 512, 1456],
-            };
-            let mut v = Vec::new();
-            for s in sizes {
-                for (mode, name) in [(XskMode::ZeroCopy, "zero-copy"), (XskMode::Copy, "copy")] {
-                    v.push(Point {
-                        knob: "xsk_mode",
-                        value: name.into(),
-                        config: Config {
-                            tx_completion: TxCompletion::CleanFromRx,
-                            ..base
-                        },
-                        workload: Workload::XskTx(mode),
-                        frame_size: s,
-                    });
-                }
-            }
-            v
+        Preset::KickThreshold => kick_threshold_points(opts),
+        Preset::TxCompletion => tx_completion_points(opts),
+        Preset::XdpBulk => xdp_bulk_points(opts),
+        Preset::XskZc => xsk_points(opts),
+    }
+}
+
+/// Kick threshold N on zero-copy AF_XDP transmit (the seed's shape: N≈8 best).
+fn kick_threshold_points(opts: &Options) -> Vec<Point> {
+    let ns: &[u16] = if opts.quick {
+        &[1, 8, 64]
+    } else {
+        &[1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64]
+    };
+    ns.iter()
+        .map(|&n| Point {
+            knob: "kick_threshold",
+            value: n.to_string(),
+            config: Config {
+                kick_threshold: n,
+                tx_completion: TxCompletion::CleanFromRx,
+                ..Config::default()
+            },
+            workload: Workload::XskTx(XskMode::ZeroCopy),
+            frame_size: opts.frame_size.unwrap_or(64),
+        })
+        .collect()
+}
+
+/// Each tx completion mode, with EVENT_IDX and with the flags, on traffic both ways.
+fn tx_completion_points(opts: &Options) -> Vec<Point> {
+    let modes = [
+        (TxCompletion::TxInterrupt, "tx-interrupt"),
+        (TxCompletion::CleanFromRx, "clean-from-rx"),
+        (TxCompletion::Lazy, "lazy"),
+    ];
+    let suppressions: &[(bool, &str)] = if opts.quick {
+        &[(true, "eventidx")]
+    } else {
+        &[(true, "eventidx"), (false, "flags")]
+    };
+    let mut v = Vec::new();
+    for (mode, mode_name) in modes {
+        for &(event_idx, suppression) in suppressions {
+            v.push(Point {
+                knob: "tx_completion",
+                value: format!("{mode_name}/{suppression}"),
+                config: Config {
+                    tx_completion: mode,
+                    event_idx,
+                    ..Config::default()
+                },
+                workload: Workload::Bidirectional,
+                frame_size: opts.frame_size.unwrap_or(64),
+            });
         }
     }
+    v
+}
+
+/// XDP_TX bulk queue size on the bounce workload.
+fn xdp_bulk_points(opts: &Options) -> Vec<Point> {
+    let bs: &[u16] = if opts.quick {
+        &[1, 16]
+    } else {
+        &[1, 2, 4, 8, 16]
+    };
+    bs.iter()
+        .map(|&b| Point {
+            knob: "xdp_bulk",
+            value: b.to_string(),
+            config: Config {
+                xdp_bulk: b,
+                tx_completion: TxCompletion::CleanFromRx,
+                ..Config::default()
+            },
+            workload: Workload::XdpBounce,
+            frame_size: opts.frame_size.unwrap_or(64),
+        })
+        .collect()
+}
+
+/// AF_XDP transmit, zero-copy against copy, at a few frame sizes.
+fn xsk_points(opts: &Options) -> Vec<Point> {
+    let sizes: Vec<usize> = match opts.frame_size {
+        Some(s) => vec![s],
+        None if opts.quick => vec![64],
+        None => vec![64, 512, 1456],
+    };
+    let mut v = Vec::new();
+    for s in sizes {
+        for (mode, name) in [(XskMode::ZeroCopy, "zero-copy"), (XskMode::Copy, "copy")] {
+            v.push(Point {
+                knob: "xsk_mode",
+                value: name.into(),
+                config: Config {
+                    tx_completion: TxCompletion::CleanFromRx,
+                    ..Config::default()
+                },
+                workload: Workload::XskTx(mode),
+                frame_size: s,
+            });
+        }
+    }
+    v
 }
 
 /// The device's backend for one trial and what keeps its peer side going.
