@@ -9,6 +9,8 @@ use std::str::FromStr;
 
 use serde::{Deserialize, Serialize};
 
+use super::rate_limiter::{parse_bucket, RateLimiterConfig, RateLimiterError};
+
 use crate::backend::validate_ifname;
 
 /// Default (and maximum advertised) size of each queue.
@@ -24,8 +26,8 @@ pub enum NetConfigError {
     /// No `tap=` given in the key=value form.
     #[error("missing tap=NAME")]
     MissingTap,
-    /// A key other than tap, mac, queue_size.
-    #[error("unknown key {0:?} (expected tap, mac, queue_size)")]
+    /// A key other than tap, mac, queue_size, rx_bw, rx_ops, tx_bw, tx_ops.
+    #[error("unknown key {0:?} (expected tap, mac, queue_size, rx_bw, rx_ops, tx_bw, tx_ops)")]
     UnknownKey(String),
     /// A key given twice.
     #[error("key {0:?} given more than once")]
@@ -47,6 +49,9 @@ pub enum NetConfigError {
     /// The queue size is not a number, not a power of two, or out of range.
     #[error("invalid queue_size {0:?} (a power of two from 2 to 32768)")]
     InvalidQueueSize(String),
+    /// A rate limiter bucket that cannot be used.
+    #[error(transparent)]
+    RateLimiter(#[from] RateLimiterError),
 }
 
 /// An Ethernet MAC address.
@@ -130,6 +135,16 @@ pub struct NetConfig {
     pub mac: MacAddr,
     /// Maximum size of each of the two queues.
     pub queue_size: u16,
+    /// Receive rate limiter (none by default).
+    #[serde(default, skip_serializing_if = "is_unlimited")]
+    pub rx_rate_limiter: RateLimiterConfig,
+    /// Transmit rate limiter (none by default).
+    #[serde(default, skip_serializing_if = "is_unlimited")]
+    pub tx_rate_limiter: RateLimiterConfig,
+}
+
+fn is_unlimited(config: &RateLimiterConfig) -> bool {
+    *config == RateLimiterConfig::default()
 }
 
 /// The unvalidated serde form of [`NetConfig`].
@@ -139,13 +154,18 @@ struct RawNetConfig {
     tap: String,
     mac: Option<MacAddr>,
     queue_size: Option<u16>,
+    #[serde(default)]
+    rx_rate_limiter: RateLimiterConfig,
+    #[serde(default)]
+    tx_rate_limiter: RateLimiterConfig,
 }
 
 impl TryFrom<RawNetConfig> for NetConfig {
     type Error = NetConfigError;
 
     fn try_from(raw: RawNetConfig) -> Result<NetConfig, NetConfigError> {
-        NetConfig::new(raw.tap, raw.mac, raw.queue_size)
+        NetConfig::new(raw.tap, raw.mac, raw.queue_size)?
+            .with_rate_limiters(raw.rx_rate_limiter, raw.tx_rate_limiter)
     }
 }
 
@@ -175,7 +195,22 @@ impl NetConfig {
             mac: mac.unwrap_or_else(|| MacAddr::derived_from(&tap)),
             tap,
             queue_size,
+            rx_rate_limiter: RateLimiterConfig::default(),
+            tx_rate_limiter: RateLimiterConfig::default(),
         })
+    }
+
+    /// This config with rate limiters (validated).
+    pub fn with_rate_limiters(
+        mut self,
+        rx: RateLimiterConfig,
+        tx: RateLimiterConfig,
+    ) -> Result<NetConfig, NetConfigError> {
+        rx.validate()?;
+        tx.validate()?;
+        self.rx_rate_limiter = rx;
+        self.tx_rate_limiter = tx;
+        Ok(self)
     }
 }
 
@@ -187,6 +222,7 @@ impl FromStr for NetConfig {
             return NetConfig::new(s.to_owned(), None, None);
         }
         let (mut tap, mut mac, mut queue_size) = (None, None, None);
+        let (mut rx, mut tx) = (RateLimiterConfig::default(), RateLimiterConfig::default());
         for item in s.split(',') {
             let (key, value) = item
                 .split_once('=')
@@ -200,13 +236,18 @@ impl FromStr for NetConfig {
                         .map_err(|_| NetConfigError::InvalidQueueSize(value.to_owned()))?;
                     queue_size.replace(size).is_some()
                 }
+                "rx_bw" => rx.bandwidth.replace(parse_bucket(value)?).is_some(),
+                "rx_ops" => rx.ops.replace(parse_bucket(value)?).is_some(),
+                "tx_bw" => tx.bandwidth.replace(parse_bucket(value)?).is_some(),
+                "tx_ops" => tx.ops.replace(parse_bucket(value)?).is_some(),
                 _ => return Err(NetConfigError::UnknownKey(key.to_owned())),
             };
             if duplicate {
                 return Err(NetConfigError::DuplicateKey(key.to_owned()));
             }
         }
-        NetConfig::new(tap.ok_or(NetConfigError::MissingTap)?, mac, queue_size)
+        NetConfig::new(tap.ok_or(NetConfigError::MissingTap)?, mac, queue_size)?
+            .with_rate_limiters(rx, tx)
     }
 }
 
@@ -272,6 +313,35 @@ mod tests {
         }
         assert!("tap=a,queue_size=1".parse::<NetConfig>().is_err());
         assert!("tap=a,queue_size=32768".parse::<NetConfig>().is_ok());
+    }
+
+    #[test]
+    fn rate_limiters_in_the_short_form() {
+        let cfg: NetConfig = "tap=t0,tx_ops=50000/1000,tx_bw=20000000/1000/1000000,rx_ops=10/1"
+            .parse()
+            .expect("valid");
+        assert_eq!(
+            cfg.tx_rate_limiter.ops.map(|b| (b.size, b.refill_time)),
+            Some((50000, 1000))
+        );
+        assert_eq!(
+            cfg.tx_rate_limiter.bandwidth.map(|b| b.one_time_burst),
+            Some(1_000_000)
+        );
+        assert_eq!(cfg.rx_rate_limiter.ops.map(|b| b.size), Some(10));
+        assert!(cfg.rx_rate_limiter.bandwidth.is_none());
+        for bad in [
+            "tap=t0,tx_ops=5",
+            "tap=t0,rx_bw=1/0",
+            "tap=t0,tx_ops=1/1,tx_ops=2/2",
+        ] {
+            assert!(bad.parse::<NetConfig>().is_err(), "{bad}");
+        }
+        let json: NetConfig = serde_json::from_str(
+            r#"{"tap":"t0","tx_rate_limiter":{"ops":{"size":5,"refill_time":10}}}"#,
+        )
+        .expect("valid");
+        assert_eq!(json.tx_rate_limiter.ops.map(|b| b.size), Some(5));
     }
 
     #[test]

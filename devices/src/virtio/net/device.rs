@@ -160,6 +160,8 @@ impl NetDevice<Tap> {
     pub fn new(config: &NetConfig) -> Result<Self, NetError> {
         let tap = Tap::open(&config.tap)?;
         let tuning = TuningControl::new(NetTuning::default()).map_err(NetError::Tuning)?;
+        // Validated with the config.
+        let _ = tuning.set_rate_limiters(config.rx_rate_limiter, config.tx_rate_limiter);
         let mut device = NetDevice::build(tap, config.mac, config.queue_size, tuning, &config.tap);
         device.start_thread()?;
         Ok(device)

@@ -87,6 +87,14 @@ queue_metrics! {
         no_buffer_stalls,
         /// Backend read errors and runt frames (shorter than the virtio-net header).
         backend_errors,
+        /// Times the rate limiter stopped this queue (it resumes on a timer).
+        rate_limiter_throttled,
+        /// Microseconds this queue spent stopped by the rate limiter.
+        rate_limiter_throttled_us,
+        /// Bytes charged to the rate limiter (Ethernet frames, headers excluded).
+        rate_limiter_bytes,
+        /// Frames charged to the rate limiter.
+        rate_limiter_frames,
     }
 }
 
@@ -113,6 +121,14 @@ queue_metrics! {
         /// Times the backend could not take more frames and transmission paused until it
         /// became writable again.
         backend_full,
+        /// Times the rate limiter stopped this queue (it resumes on a timer).
+        rate_limiter_throttled,
+        /// Microseconds this queue spent stopped by the rate limiter.
+        rate_limiter_throttled_us,
+        /// Bytes charged to the rate limiter (Ethernet frames, headers excluded).
+        rate_limiter_bytes,
+        /// Frames charged to the rate limiter.
+        rate_limiter_frames,
     }
 }
 

@@ -16,6 +16,7 @@
 
 use std::io;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use log::debug;
 use virtio_bindings::virtio_net::VIRTIO_NET_F_MRG_RXBUF;
@@ -23,6 +24,8 @@ use virtio_queue::Queue;
 use vm_memory::GuestMemoryMmap;
 
 use super::metrics::RxCounters;
+use super::rate_limiter::{RateLimiter, RateLimiterConfig};
+use super::tx::Limit;
 use super::{CountInterrupts, MAX_FRAME_LEN, USED_PUBLISH_BATCH, VNET_HDR_LEN};
 use crate::backend::NetBackend;
 use crate::iovec::{IovecList, Iovecs, MAX_IOVECS};
@@ -78,6 +81,9 @@ pub enum RxStop {
     BackendClosed,
     /// Reading the backend failed (counted in `backend_errors`).
     BackendFailed,
+    /// The rate limiter stops the queue for this long: stop reading the backend (the kernel
+    /// holds or drops per its queue) until it has passed.
+    Throttled(Duration),
 }
 
 /// What [`process_rx`] did.
@@ -103,6 +109,10 @@ pub struct RxQueue {
     pool: PoolState,
     /// The device's name in log lines.
     label: Arc<str>,
+    /// The rx rate limiter (disabled: no clock is read).
+    limiter: RateLimiter,
+    /// Origin of the limiter's clock.
+    epoch: Instant,
 }
 
 impl RxQueue {
@@ -116,7 +126,15 @@ impl RxQueue {
             gather: max_frame,
             pool: PoolState::default(),
             label: Arc::from("virtio-net"),
+            limiter: RateLimiter::default(),
+            epoch: Instant::now(),
         }
+    }
+
+    /// Replaces the rate limiter (full buckets).
+    pub fn set_rate_limiter(&mut self, config: &RateLimiterConfig) {
+        let now = u64::try_from(self.epoch.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        self.limiter = RateLimiter::new(config, now);
     }
 
     /// Names the device in this queue's log lines.
@@ -156,12 +174,29 @@ impl RxQueue {
         counters: &mut RxCounters,
         give_back: bool,
     ) -> Result<RxOutcome, RingError> {
+        let now = if self.limiter.is_enabled() {
+            u64::try_from(self.epoch.elapsed().as_nanos()).unwrap_or(u64::MAX)
+        } else {
+            0
+        };
+        let mut limit = Limit {
+            limiter: &mut self.limiter,
+            now,
+        };
         let (guest, mut ring) = self.vq.split();
         // SAFETY: every entry in the pool's storage was appended by `RingOps::walk_chain`
         // through this queue's own guest view, i.e. points into `self.vq`'s memory, which the
         // split borrow keeps mapped for as long as `pool` lives.
         let mut pool = unsafe { RxPool::resume(&mut self.pool, self.mode, self.gather, give_back) };
-        let result = receive(&guest, &mut ring, &mut pool, backend, counters, &self.label);
+        let result = receive(
+            &guest,
+            &mut ring,
+            &mut pool,
+            backend,
+            counters,
+            &self.label,
+            &mut limit,
+        );
         if give_back {
             ring.unpop(u16::try_from(pool.unused()).unwrap_or(u16::MAX));
             pool.clear();
@@ -186,6 +221,7 @@ fn receive<'g, B: NetBackend>(
     backend: &mut B,
     counters: &mut RxCounters,
     label: &str,
+    limit: &mut Limit<'_>,
 ) -> Result<RxStop, RingError> {
     let mut budget = WalkBudget::per_call();
     let mut reads = 0usize;
@@ -209,6 +245,10 @@ fn receive<'g, B: NetBackend>(
             counters.no_buffer_stalls += 1;
             return Ok(RxStop::NoBuffers);
         }
+        if let Some(wait) = limit.blocked_for() {
+            counters.rate_limiter_throttled += 1;
+            return Ok(RxStop::Throttled(wait));
+        }
         let window = pool.window();
         let capacity = window.total_bytes();
         reads += 1;
@@ -226,6 +266,7 @@ fn receive<'g, B: NetBackend>(
                 unpublished += pool.complete_frame(ring, n);
                 counters.frames += 1;
                 counters.bytes += (n - VNET_HDR_LEN) as u64;
+                limit.charge_rx((n - VNET_HDR_LEN) as u64, counters);
                 if unpublished >= USED_PUBLISH_BATCH {
                     ring.publish_used();
                     unpublished = 0;

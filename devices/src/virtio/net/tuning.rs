@@ -8,10 +8,12 @@
 
 use std::io;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use serde::{Deserialize, Serialize};
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
+
+use super::rate_limiter::{RateLimiterConfig, RateLimiterError};
 
 /// Longest an interrupt may be held back (1 s): longer would only stall the guest.
 pub const MAX_COALESCE_USECS: u32 = 1_000_000;
@@ -159,8 +161,19 @@ pub struct TuningControl {
 #[derive(Debug)]
 pub(crate) struct TuningShared {
     word: AtomicU64,
+    /// The rate limiters (control path only: the worker copies them when `changed` fires).
+    limiters: Mutex<Limiters>,
     /// Written after each change; the worker polls it.
     pub(crate) changed: EventFd,
+}
+
+/// Both directions' rate limiters and a change count.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Limiters {
+    pub(crate) rx: RateLimiterConfig,
+    pub(crate) tx: RateLimiterConfig,
+    /// Bumped by every change, so the worker rebuilds its buckets only then.
+    pub(crate) generation: u64,
 }
 
 impl TuningControl {
@@ -168,6 +181,7 @@ impl TuningControl {
         Ok(TuningControl {
             shared: Arc::new(TuningShared {
                 word: AtomicU64::new(initial.pack()),
+                limiters: Mutex::new(Limiters::default()),
                 changed: EventFd::new(EFD_NONBLOCK)?,
             }),
         })
@@ -191,11 +205,45 @@ impl TuningControl {
     pub(crate) fn shared(&self) -> &Arc<TuningShared> {
         &self.shared
     }
+
+    /// Validates and installs new rate limiters (rx, tx); the worker applies them between
+    /// batches, with full buckets.
+    pub fn set_rate_limiters(
+        &self,
+        rx: RateLimiterConfig,
+        tx: RateLimiterConfig,
+    ) -> Result<(), RateLimiterError> {
+        rx.validate()?;
+        tx.validate()?;
+        {
+            let mut l = self.shared.lock_limiters();
+            l.rx = rx;
+            l.tx = tx;
+            l.generation += 1;
+        }
+        let _ = self.shared.changed.write(1);
+        Ok(())
+    }
+
+    /// The rate limiters in force (rx, tx).
+    pub fn rate_limiters(&self) -> (RateLimiterConfig, RateLimiterConfig) {
+        let l = self.shared.lock_limiters();
+        (l.rx, l.tx)
+    }
 }
 
 impl TuningShared {
     pub(crate) fn load(&self) -> NetTuning {
         NetTuning::unpack(self.word.load(Ordering::Acquire))
+    }
+
+    pub(crate) fn limiters(&self) -> Limiters {
+        *self.lock_limiters()
+    }
+
+    fn lock_limiters(&self) -> std::sync::MutexGuard<'_, Limiters> {
+        // Plain values: consistent even if a holder panicked.
+        self.limiters.lock().unwrap_or_else(|p| p.into_inner())
     }
 }
 

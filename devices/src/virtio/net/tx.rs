@@ -8,13 +8,14 @@
 use std::io;
 
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use log::{debug, warn};
 use virtio_queue::Queue;
 use vm_memory::GuestMemoryMmap;
 
 use super::metrics::TxCounters;
+use super::rate_limiter::{RateLimiter, RateLimiterConfig};
 use super::{BurstLog, CountInterrupts, MAX_FRAME_LEN, USED_PUBLISH_BATCH, VNET_HDR_LEN};
 use crate::backend::NetBackend;
 use crate::iovec::{IovecList, Iovecs};
@@ -39,6 +40,9 @@ pub enum TxStop {
     /// [`TX_BUDGET`] frames were sent and more may be queued. Call again soon: the driver will
     /// not notify for them (notifications stay disabled).
     Budget,
+    /// The rate limiter stops the queue for this long; chains stay queued (notifications stay
+    /// disabled). Call again once it has passed.
+    Throttled(Duration),
 }
 
 /// What [`process_tx`] did.
@@ -63,6 +67,10 @@ pub struct TxQueue {
     errors: BurstLog,
     /// The device's name in log lines.
     label: Arc<str>,
+    /// The tx rate limiter (disabled: no clock is read).
+    limiter: RateLimiter,
+    /// Origin of the limiter's clock.
+    epoch: Instant,
 }
 
 impl TxQueue {
@@ -73,7 +81,18 @@ impl TxQueue {
             scratch: Vec::with_capacity(64),
             errors: BurstLog::default(),
             label: Arc::from("virtio-net"),
+            limiter: RateLimiter::default(),
+            epoch: Instant::now(),
         }
+    }
+
+    /// Replaces the rate limiter (full buckets).
+    pub fn set_rate_limiter(&mut self, config: &RateLimiterConfig) {
+        self.limiter = RateLimiter::new(config, self.now_ns());
+    }
+
+    fn now_ns(&self) -> u64 {
+        u64::try_from(self.epoch.elapsed().as_nanos()).unwrap_or(u64::MAX)
     }
 
     /// Names the device in this queue's log lines.
@@ -99,6 +118,16 @@ impl TxQueue {
         backend: &mut B,
         counters: &mut TxCounters,
     ) -> Result<TxOutcome, RingError> {
+        // One clock read per call, and only with a limiter.
+        let now = if self.limiter.is_enabled() {
+            self.now_ns()
+        } else {
+            0
+        };
+        let mut limiter = Limit {
+            limiter: &mut self.limiter,
+            now,
+        };
         let (guest, mut ring) = self.vq.split();
         let mut iovs = IovecList::reuse(std::mem::take(&mut self.scratch));
         let result = drain(
@@ -109,6 +138,7 @@ impl TxQueue {
             counters,
             &mut self.errors,
             &self.label,
+            &mut limiter,
         );
         ring.publish_used();
         self.scratch = iovs.into_storage();
@@ -131,6 +161,7 @@ fn drain<'g, B: NetBackend>(
     counters: &mut TxCounters,
     errors: &mut BurstLog,
     label: &str,
+    limit: &mut Limit<'_>,
 ) -> Result<TxStop, RingError> {
     let mut budget = WalkBudget::per_call();
     let mut sent = 0usize;
@@ -138,6 +169,10 @@ fn drain<'g, B: NetBackend>(
     loop {
         if sent == TX_BUDGET || budget.exhausted() {
             return Ok(TxStop::Budget);
+        }
+        if let Some(wait) = limit.blocked_for() {
+            counters.rate_limiter_throttled += 1;
+            return Ok(TxStop::Throttled(wait));
         }
         let Some(head) = ring.pop_head()? else {
             // The standard race: the driver may have queued more just before we re-enabled.
@@ -161,8 +196,10 @@ fn drain<'g, B: NetBackend>(
                 ring.prefetch_ahead(guest);
                 match write_frame(backend, iovs.as_iovecs()) {
                     Ok(_) => {
+                        let bytes = u64::from(len) - VNET_HDR_LEN as u64;
                         counters.frames += 1;
-                        counters.bytes += u64::from(len) - VNET_HDR_LEN as u64;
+                        counters.bytes += bytes;
+                        limit.charge(bytes, counters);
                     }
                     Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
                         ring.unpop(1);
@@ -194,6 +231,59 @@ fn drain<'g, B: NetBackend>(
         if sent.is_multiple_of(USED_PUBLISH_BATCH) {
             ring.publish_used();
         }
+    }
+}
+
+/// A queue's limiter during one call, with the call's time.
+pub(crate) struct Limit<'a> {
+    pub(crate) limiter: &'a mut RateLimiter,
+    pub(crate) now: u64,
+}
+
+impl Limit<'_> {
+    /// How long until the next frame may go, if it may not now.
+    #[inline]
+    pub(crate) fn blocked_for(&mut self) -> Option<Duration> {
+        if !self.limiter.is_enabled() {
+            return None;
+        }
+        self.limiter.blocked_for(self.now)
+    }
+
+    /// Pays for a frame of `bytes`.
+    #[inline]
+    fn charge<C: ChargeCounters>(&mut self, bytes: u64, counters: &mut C) {
+        if self.limiter.is_enabled() {
+            self.limiter.charge(bytes, self.now);
+            counters.charged(bytes);
+        }
+    }
+}
+
+/// The counters a limiter charge is recorded in.
+pub(crate) trait ChargeCounters {
+    fn charged(&mut self, bytes: u64);
+}
+
+impl ChargeCounters for TxCounters {
+    fn charged(&mut self, bytes: u64) {
+        self.rate_limiter_bytes += bytes;
+        self.rate_limiter_frames += 1;
+    }
+}
+
+impl ChargeCounters for super::metrics::RxCounters {
+    fn charged(&mut self, bytes: u64) {
+        self.rate_limiter_bytes += bytes;
+        self.rate_limiter_frames += 1;
+    }
+}
+
+impl Limit<'_> {
+    /// Pays for a received frame of `bytes` (the rx path's entry point).
+    #[inline]
+    pub(crate) fn charge_rx(&mut self, bytes: u64, counters: &mut super::metrics::RxCounters) {
+        self.charge(bytes, counters);
     }
 }
 

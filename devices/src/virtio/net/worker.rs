@@ -31,6 +31,7 @@ use std::panic::{self, AssertUnwindSafe};
 use std::sync::mpsc::{self, Receiver, SyncSender};
 use std::sync::Arc;
 use std::thread::{self, JoinHandle};
+use std::time::{Duration, Instant};
 
 use log::{error, info, warn};
 use seccompiler::BpfProgram;
@@ -70,10 +71,14 @@ enum Token {
     CoalesceTimer,
     /// The backend's link may have changed.
     Link,
+    /// The tx rate limiter's wait is over.
+    TxThrottle,
+    /// The rx rate limiter's wait is over.
+    RxThrottle,
 }
 
 impl Token {
-    const ALL: [Token; 7] = [
+    const ALL: [Token; 9] = [
         Token::TxKick,
         Token::RxKick,
         Token::Backend,
@@ -81,6 +86,8 @@ impl Token {
         Token::Tuning,
         Token::CoalesceTimer,
         Token::Link,
+        Token::TxThrottle,
+        Token::RxThrottle,
     ];
 
     fn data(self) -> u64 {
@@ -173,26 +180,34 @@ pub(crate) struct WorkerThread {
 struct ThreadParts {
     stop: EventFd,
     timer: TimerFd,
+    tx_throttle: TimerFd,
+    rx_throttle: TimerFd,
     tuning_changed: EventFd,
+}
+
+/// A non-blocking monotonic timerfd.
+fn nonblocking_timerfd() -> io::Result<TimerFd> {
+    // SAFETY: timerfd_create takes no pointers; the result is checked before use.
+    let fd = unsafe {
+        libc::timerfd_create(
+            libc::CLOCK_MONOTONIC,
+            libc::TFD_NONBLOCK | libc::TFD_CLOEXEC,
+        )
+    };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: `fd` is a fresh timerfd that nothing else owns; TimerFd closes it on drop.
+    Ok(unsafe { TimerFd::from_raw_fd(fd) })
 }
 
 impl ThreadParts {
     fn new(tuning: &TuningShared) -> io::Result<ThreadParts> {
-        // SAFETY: timerfd_create takes no pointers; the result is checked before use.
-        let fd = unsafe {
-            libc::timerfd_create(
-                libc::CLOCK_MONOTONIC,
-                libc::TFD_NONBLOCK | libc::TFD_CLOEXEC,
-            )
-        };
-        if fd < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        // SAFETY: `fd` is a fresh timerfd that nothing else owns; TimerFd closes it on drop.
-        let timer = unsafe { TimerFd::from_raw_fd(fd) };
         Ok(ThreadParts {
             stop: EventFd::new(EFD_NONBLOCK)?,
-            timer,
+            timer: nonblocking_timerfd()?,
+            tx_throttle: nonblocking_timerfd()?,
+            rx_throttle: nonblocking_timerfd()?,
             tuning_changed: tuning.changed.try_clone()?,
         })
     }
@@ -368,6 +383,12 @@ struct EventLoop<'p, B> {
     tx_more: bool,
     /// The backend reached end of file: never polled again.
     backend_gone: bool,
+    /// The tx rate limiter stopped the queue at this time (until its timer fires).
+    tx_throttled: Option<Instant>,
+    /// The rx rate limiter stopped reading the backend at this time (until its timer fires).
+    rx_throttled: Option<Instant>,
+    /// The rate-limiter change count applied.
+    limiter_generation: u64,
     /// What the backend fd is registered for in epoll (empty: not registered).
     registered: EventSet,
 }
@@ -422,8 +443,12 @@ impl<'p, B: NetBackend> EventLoop<'p, B> {
             tx_waiting: false,
             tx_more: false,
             backend_gone: false,
+            tx_throttled: None,
+            rx_throttled: None,
+            limiter_generation: 0,
             registered: EventSet::empty(),
         };
+        event_loop.apply_limiters();
         if let Err(e) = event_loop.update_backend_interest() {
             return Err((ActivateError::EventLoop(e), event_loop.backend));
         }
@@ -457,6 +482,8 @@ impl<'p, B: NetBackend> EventLoop<'p, B> {
             (parts.stop.as_raw_fd(), Token::Stop),
             (parts.tuning_changed.as_raw_fd(), Token::Tuning),
             (parts.timer.as_raw_fd(), Token::CoalesceTimer),
+            (parts.tx_throttle.as_raw_fd(), Token::TxThrottle),
+            (parts.rx_throttle.as_raw_fd(), Token::RxThrottle),
         ] {
             epoll.ctl(
                 ControlOperation::Add,
@@ -489,8 +516,10 @@ impl<'p, B: NetBackend> EventLoop<'p, B> {
                 );
             }
         }
-        // The timer must not fire into the next run.
+        // The timers must not fire into the next run.
         let _ = self.parts.timer.clear();
+        let _ = self.parts.tx_throttle.clear();
+        let _ = self.parts.rx_throttle.clear();
         self.backend
     }
 
@@ -526,6 +555,14 @@ impl<'p, B: NetBackend> EventLoop<'p, B> {
                     }
                     Some(Token::CoalesceTimer) => self.timer_expired()?,
                     Some(Token::Link) => self.link_changed(),
+                    Some(Token::TxThrottle) => {
+                        self.unthrottle_tx()?;
+                        self.run_tx()?;
+                    }
+                    Some(Token::RxThrottle) => {
+                        self.unthrottle_rx()?;
+                        self.run_rx()?;
+                    }
                     None => warn!(
                         "virtio-net {}: unknown epoll token {}",
                         self.label,
@@ -542,7 +579,7 @@ impl<'p, B: NetBackend> EventLoop<'p, B> {
 
     fn run_tx(&mut self) -> Result<(), WorkerError> {
         self.tx_more = false;
-        if self.tx_waiting {
+        if self.tx_waiting || self.tx_throttled.is_some() {
             return Ok(());
         }
         let outcome = self
@@ -562,12 +599,19 @@ impl<'p, B: NetBackend> EventLoop<'p, B> {
             }
             // Come back after the other pending events: the driver will not kick for these.
             TxStop::Budget => self.tx_more = true,
+            TxStop::Throttled(wait) => {
+                self.tx_throttled = Some(Instant::now());
+                self.parts
+                    .tx_throttle
+                    .reset(wait.max(MIN_THROTTLE), None)
+                    .map_err(|e| WorkerError::Timer(io_err(e)))?;
+            }
         }
         Ok(())
     }
 
     fn run_rx(&mut self) -> Result<(), WorkerError> {
-        if self.rx_paused || self.backend_gone {
+        if self.rx_paused || self.backend_gone || self.rx_throttled.is_some() {
             return Ok(());
         }
         let outcome = self
@@ -592,6 +636,13 @@ impl<'p, B: NetBackend> EventLoop<'p, B> {
                     );
                 }
                 self.rx_paused = true;
+            }
+            RxStop::Throttled(wait) => {
+                self.rx_throttled = Some(Instant::now());
+                self.parts
+                    .rx_throttle
+                    .reset(wait.max(MIN_THROTTLE), None)
+                    .map_err(|e| WorkerError::Timer(io_err(e)))?;
             }
             RxStop::BackendClosed => {
                 info!(
@@ -643,7 +694,7 @@ impl<'p, B: NetBackend> EventLoop<'p, B> {
     fn update_backend_interest(&mut self) -> io::Result<()> {
         let mut want = EventSet::empty();
         if !self.backend_gone {
-            if !self.rx_paused {
+            if !self.rx_paused && self.rx_throttled.is_none() {
                 want |= EventSet::IN;
             }
             if self.tx_waiting {
@@ -687,10 +738,64 @@ impl<'p, B: NetBackend> EventLoop<'p, B> {
         self.apply(moderation)
     }
 
-    /// Picks up new knobs; an interrupt held under bounds that no longer apply goes out now.
+    /// Picks up new knobs; an interrupt held under bounds that no longer apply goes out now,
+    /// and a queue stopped by a limiter that changed resumes under the new one.
     fn retune(&mut self) -> Result<(), WorkerError> {
         let moderation = self.moderator.retune(self.tuning_shared.load());
-        self.apply(moderation)
+        self.apply(moderation)?;
+        if self.apply_limiters() {
+            if self.tx_throttled.is_some() {
+                self.unthrottle_tx()?;
+                self.run_tx()?;
+            }
+            if self.rx_throttled.is_some() {
+                self.unthrottle_rx()?;
+                self.run_rx()?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Installs the rate limiters if they changed; returns whether they did.
+    fn apply_limiters(&mut self) -> bool {
+        let limiters = self.tuning_shared.limiters();
+        if limiters.generation == self.limiter_generation {
+            return false;
+        }
+        self.limiter_generation = limiters.generation;
+        self.rx.set_rate_limiter(&limiters.rx);
+        self.tx.set_rate_limiter(&limiters.tx);
+        info!(
+            "virtio-net {}: rate limiters rx {:?}, tx {:?}",
+            self.label, limiters.rx, limiters.tx
+        );
+        true
+    }
+
+    /// The tx queue may go again: account the time it was stopped.
+    fn unthrottle_tx(&mut self) -> Result<(), WorkerError> {
+        let _ = self.parts.tx_throttle.wait();
+        self.parts
+            .tx_throttle
+            .clear()
+            .map_err(|e| WorkerError::Timer(io_err(e)))?;
+        if let Some(since) = self.tx_throttled.take() {
+            self.tx_counters.rate_limiter_throttled_us += since.elapsed().as_micros() as u64;
+        }
+        Ok(())
+    }
+
+    /// The backend may be read again: account the time it was not.
+    fn unthrottle_rx(&mut self) -> Result<(), WorkerError> {
+        let _ = self.parts.rx_throttle.wait();
+        self.parts
+            .rx_throttle
+            .clear()
+            .map_err(|e| WorkerError::Timer(io_err(e)))?;
+        if let Some(since) = self.rx_throttled.take() {
+            self.rx_counters.rate_limiter_throttled_us += since.elapsed().as_micros() as u64;
+        }
+        self.update_backend_interest().map_err(WorkerError::Epoll)
     }
 
     /// Carries out the moderator's decision on the timer and the irqfd.
@@ -724,6 +829,9 @@ impl<'p, B: NetBackend> EventLoop<'p, B> {
         self.metrics.event_idx_overrides.add(c.event_idx_overrides);
     }
 }
+
+/// Shortest throttle timer: a zero duration would disarm a timerfd.
+const MIN_THROTTLE: Duration = Duration::from_micros(1);
 
 /// Reads a kick eventfd; returns how many kicks it counted (0 if it was already drained).
 fn drain(kick: &EventFd) -> Result<u64, WorkerError> {

@@ -3,6 +3,7 @@
 
 mod bounds;
 mod hostile;
+mod limits;
 mod notify;
 mod rx;
 pub(crate) mod support;
