@@ -124,22 +124,20 @@ impl TxQueue {
         } else {
             0
         };
-        let mut limiter = Limit {
-            limiter: &mut self.limiter,
-            now,
+        let mut out = Sink {
+            backend,
+            counters,
+            errors: &mut self.errors,
+            label: &self.label,
+            limit: Limit {
+                limiter: &mut self.limiter,
+                now,
+            },
         };
         let (guest, mut ring) = self.vq.split();
         let mut iovs = IovecList::reuse(std::mem::take(&mut self.scratch));
-        let result = drain(
-            &guest,
-            &mut ring,
-            &mut iovs,
-            backend,
-            counters,
-            &mut self.errors,
-            &self.label,
-            &mut limiter,
-        );
+        let result = drain(&guest, &mut ring, &mut iovs, &mut out);
+        let counters = out.counters;
         ring.publish_used();
         self.scratch = iovs.into_storage();
         let stop = result?;
@@ -153,16 +151,28 @@ impl TxQueue {
     }
 }
 
+/// Where one call's frames go, and what it counts and logs on the way.
+struct Sink<'a, B> {
+    backend: &'a mut B,
+    counters: &'a mut TxCounters,
+    errors: &'a mut BurstLog,
+    label: &'a str,
+    limit: Limit<'a>,
+}
+
 fn drain<'g, B: NetBackend>(
     guest: &GuestView<'g>,
     ring: &mut RingOps<'_>,
     iovs: &mut IovecList<'g>,
-    backend: &mut B,
-    counters: &mut TxCounters,
-    errors: &mut BurstLog,
-    label: &str,
-    limit: &mut Limit<'_>,
+    out: &mut Sink<'_, B>,
 ) -> Result<TxStop, RingError> {
+    let Sink {
+        backend,
+        counters,
+        errors,
+        label,
+        limit,
+    } = out;
     let mut budget = WalkBudget::per_call();
     let mut sent = 0usize;
     ring.disable_notification();
@@ -194,12 +204,12 @@ fn drain<'g, B: NetBackend>(
         ) {
             Ok(len) if len as usize > VNET_HDR_LEN => {
                 ring.prefetch_ahead(guest);
-                match write_frame(backend, iovs.as_iovecs()) {
+                match write_frame(*backend, iovs.as_iovecs()) {
                     Ok(_) => {
                         let bytes = u64::from(len) - VNET_HDR_LEN as u64;
                         counters.frames += 1;
                         counters.bytes += bytes;
-                        limit.charge(bytes, counters);
+                        limit.charge(bytes, *counters);
                     }
                     Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
                         ring.unpop(1);
