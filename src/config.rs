@@ -11,7 +11,7 @@ use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 
 use devices::virtio::net::{
-    MacAddr, NetConfig, NetConfigError, NetTuning, NetTuningUpdate, TuningError,
+    MacAddr, NetConfig, NetConfigError, NetTuning, NetTuningUpdate, RateLimiterConfig, TuningError,
 };
 use serde::{Deserialize, Deserializer, Serialize};
 use serde_json::Value;
@@ -172,6 +172,12 @@ pub struct NetworkInterface {
     /// Extension: the size of each queue (a power of two, 2..=32768; default 256).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub queue_size: Option<u16>,
+    /// Firecracker's receive rate limiter (also changed by `PATCH`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rx_rate_limiter: Option<RateLimiterConfig>,
+    /// Firecracker's transmit rate limiter (also changed by `PATCH`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tx_rate_limiter: Option<RateLimiterConfig>,
     /// Extension: the device's runtime knobs (also changed by `PATCH`).
     #[serde(default)]
     pub tuning: NetTuning,
@@ -185,18 +191,25 @@ impl NetworkInterface {
             host_dev_name: config.tap,
             guest_mac: Some(config.mac),
             queue_size: Some(config.queue_size),
+            rx_rate_limiter: limited(config.rx_rate_limiter),
+            tx_rate_limiter: limited(config.tx_rate_limiter),
             tuning: NetTuning::default(),
         }
     }
 
     /// The device description (validated).
     pub fn net_config(&self) -> Result<NetConfig, ConfigError> {
-        NetConfig::new(self.host_dev_name.clone(), self.guest_mac, self.queue_size).map_err(
-            |error| ConfigError::Net {
+        NetConfig::new(self.host_dev_name.clone(), self.guest_mac, self.queue_size)
+            .and_then(|c| {
+                c.with_rate_limiters(
+                    self.rx_rate_limiter.unwrap_or_default(),
+                    self.tx_rate_limiter.unwrap_or_default(),
+                )
+            })
+            .map_err(|error| ConfigError::Net {
                 iface_id: self.iface_id.clone(),
                 error,
-            },
-        )
+            })
     }
 
     /// Checks the id, the device description and the tuning.
@@ -313,13 +326,24 @@ pub fn validate_iface_id(id: &str) -> Result<(), ConfigError> {
     }
 }
 
+/// A limiter worth showing (`None` for one that limits nothing).
+fn limited(config: RateLimiterConfig) -> Option<RateLimiterConfig> {
+    (config != RateLimiterConfig::default()).then_some(config)
+}
+
 /// A change of a network interface (`PATCH /network-interfaces/{iface_id}`): Firecracker's
-/// body shape (`iface_id` and what to change), with our `tuning` instead of rate limiters.
+/// body shape (`iface_id`, the rate limiters to replace), plus our `tuning`.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
 #[serde(deny_unknown_fields)]
 pub struct NetworkInterfaceUpdate {
     /// Must equal the id in the path.
     pub iface_id: String,
+    /// New receive buckets (each given bucket replaces the current one; absent ones stay).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rx_rate_limiter: Option<RateLimiterConfig>,
+    /// New transmit buckets (likewise).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tx_rate_limiter: Option<RateLimiterConfig>,
     /// The knobs to change; absent ones keep their value.
     #[serde(default)]
     pub tuning: Option<NetTuningUpdate>,
@@ -535,6 +559,8 @@ mod tests {
             host_dev_name: tap.into(),
             guest_mac: None,
             queue_size: None,
+            rx_rate_limiter: None,
+            tx_rate_limiter: None,
             tuning: NetTuning::default(),
         }
     }

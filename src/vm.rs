@@ -11,7 +11,9 @@ use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
 use devices::legacy::{CmosRtc, Serial, I8042};
-use devices::virtio::net::{NetDevice, NetMetrics, NetTuning, NetTuningUpdate, TuningControl};
+use devices::virtio::net::{
+    NetDevice, NetMetrics, NetTuning, NetTuningUpdate, RateLimiterConfig, TuningControl,
+};
 use devices::virtio::MmioTransport;
 use serde_json::{Map, Value};
 use vmm_sys_util::eventfd::EventFd;
@@ -252,6 +254,26 @@ impl RunningVm {
                 source,
             })?;
         Ok(tuning)
+    }
+
+    /// Replaces the rate limiters of interface `iface_id` on the running device.
+    pub fn update_rate_limiters(
+        &self,
+        iface_id: &str,
+        rx: RateLimiterConfig,
+        tx: RateLimiterConfig,
+    ) -> Result<(), crate::VmmActionError> {
+        let net = self
+            .nets
+            .iter()
+            .find(|n| n.iface_id == iface_id)
+            .ok_or_else(|| crate::VmmActionError::UnknownInterface(iface_id.into()))?;
+        net.tuning
+            .set_rate_limiters(rx, tx)
+            .map_err(|source| crate::VmmActionError::RateLimiter {
+                iface_id: iface_id.into(),
+                source,
+            })
     }
 
     /// The devices' metrics: `{IFACE_ID: {..counters.., "host_dev_name": TAP}}`.

@@ -55,18 +55,48 @@ impl Vmm {
         Ok(VmmResponse::NoContent)
     }
 
-    /// `PATCH /network-interfaces/{id}`: new knobs, before boot or on the running device.
+    /// `PATCH /network-interfaces/{id}`: new rate limiters and/or knobs, before boot or on
+    /// the running device (between two batches).
     fn patch_network_interface(&mut self, update: NetworkInterfaceUpdate) -> VmmResult {
         let id = update.iface_id;
-        let Some(tuning) = update.tuning.filter(|t| !t.is_empty()) else {
+        let tuning = update.tuning.filter(|t| !t.is_empty());
+        let limits = (update.rx_rate_limiter, update.tx_rate_limiter);
+        if tuning.is_none() && limits == (None, None) {
             return Err(VmmActionError::EmptyUpdate {
-                hint: " (give a `tuning` object)",
+                hint: " (give `rx_rate_limiter`, `tx_rate_limiter` or `tuning`)",
             });
-        };
+        }
         let iface = self
             .config
             .network_interface_mut(&id)
             .ok_or_else(|| VmmActionError::UnknownInterface(id.clone()))?;
+        if limits != (None, None) {
+            let rx = iface
+                .rx_rate_limiter
+                .unwrap_or_default()
+                .updated(&limits.0.unwrap_or_default());
+            let tx = iface
+                .tx_rate_limiter
+                .unwrap_or_default()
+                .updated(&limits.1.unwrap_or_default());
+            for limiter in [&rx, &tx] {
+                limiter
+                    .validate()
+                    .map_err(|source| VmmActionError::RateLimiter {
+                        iface_id: id.clone(),
+                        source,
+                    })?;
+            }
+            if let Some(vm) = &self.vm {
+                vm.update_rate_limiters(&id, rx, tx)?;
+            }
+            iface.rx_rate_limiter = (rx != Default::default()).then_some(rx);
+            iface.tx_rate_limiter = (tx != Default::default()).then_some(tx);
+            log::info!("network interface {id:?}: rate limiters now rx {rx:?}, tx {tx:?}");
+        }
+        let Some(tuning) = tuning else {
+            return Ok(VmmResponse::NoContent);
+        };
         let new = match &self.vm {
             Some(vm) => vm.update_tuning(&id, &tuning)?,
             None => {

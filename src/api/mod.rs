@@ -187,6 +187,15 @@ pub enum VmmActionError {
         #[source]
         source: devices::virtio::net::TuningError,
     },
+    /// A rate limiter that cannot be used.
+    #[error("network interface {iface_id:?}")]
+    RateLimiter {
+        /// The interface.
+        iface_id: String,
+        /// Why.
+        #[source]
+        source: devices::virtio::net::RateLimiterError,
+    },
     /// InstanceStart on a running VM.
     #[error("the VM is already running")]
     AlreadyRunning,
