@@ -101,6 +101,14 @@ impl Driver {
         d
     }
 
+    /// Rx with every buffer posted (a full ring) and the device's queue over it.
+    fn rx_full(size: u16, mode: RxMode, gather: u64) -> (Driver, RxQueue) {
+        let mut d = Driver::rx(size);
+        d.fill();
+        let vq = Virtqueue::new(&d.queue(), d.mem()).expect("ring");
+        (d, RxQueue::new(vq, mode, gather))
+    }
+
     fn queue(&self) -> Queue {
         let mut q = self.q.queue();
         q.set_event_idx(true);
@@ -358,13 +366,7 @@ fn main() {
         for batch in [1usize, 32] {
             let mut pairs = Vec::new();
             for _ in 0..repeats {
-                let mut d = Driver::rx(256);
-                d.fill();
-                let mut rxq = RxQueue::new(
-                    Virtqueue::new(&d.queue(), d.mem()).expect("ring"),
-                    mode,
-                    gather,
-                );
+                let (mut d, mut rxq) = Driver::rx_full(256, mode, gather);
                 let mut null = NullBackend::new(wire.len()).expect("null backend");
                 let timer = timer_overhead(frames / batch) / batch as f64;
                 let ns = run_rx(
@@ -438,13 +440,7 @@ fn main() {
             let mut pairs = Vec::new();
             for _ in 0..repeats {
                 let base = run_readv(&mut rig, &wire, batch, rx_frames, probe);
-                let mut d = Driver::rx(256);
-                d.fill();
-                let mut rxq = RxQueue::new(
-                    Virtqueue::new(&d.queue(), d.mem()).expect("ring"),
-                    mode,
-                    gather,
-                );
+                let (mut d, mut rxq) = Driver::rx_full(256, mode, gather);
                 let case = run_rx(
                     &mut d,
                     &mut rxq,

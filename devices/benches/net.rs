@@ -70,6 +70,19 @@ impl Ring {
     }
 }
 
+/// `iters` frames in calls of at most `batch`: `call(n)` prepares `n` frames, runs the call
+/// and returns the time of the call alone; the sum of those times.
+fn in_batches(iters: u64, batch: u64, mut call: impl FnMut(u64) -> Duration) -> Duration {
+    let mut timed = Duration::ZERO;
+    let mut done = 0;
+    while done < iters {
+        let n = batch.min(iters - done);
+        timed += call(n);
+        done += n;
+    }
+    timed
+}
+
 fn drain(peer: &PairPeer, n: u64) {
     for _ in 0..n {
         peer.recv_frame().expect("frame sent by process_tx");
@@ -89,18 +102,14 @@ fn bench_tx(c: &mut Criterion) {
                 let (mut backend, peer) = PairBackend::new().expect("socketpair");
                 let mut counters = TxCounters::default();
                 b.iter_custom(|iters| {
-                    let mut timed = Duration::ZERO;
-                    let mut done = 0;
-                    while done < iters {
-                        let n = batch.min(iters - done);
+                    in_batches(iters, batch, |n| {
                         ring.publish(n);
                         let start = Instant::now();
                         txq.process(&mut backend, &mut counters).expect("ring ok");
-                        timed += start.elapsed();
+                        let timed = start.elapsed();
                         drain(&peer, n);
-                        done += n;
-                    }
-                    timed
+                        timed
+                    })
                 });
                 assert_eq!(counters.malformed_chains + counters.backend_errors, 0);
             });
@@ -123,20 +132,15 @@ fn bench_rx(c: &mut Criterion) {
                 let (mut backend, peer) = PairBackend::new().expect("socketpair");
                 let mut counters = RxCounters::default();
                 b.iter_custom(|iters| {
-                    let mut timed = Duration::ZERO;
-                    let mut done = 0;
-                    while done < iters {
-                        let n = batch.min(iters - done);
+                    in_batches(iters, batch, |n| {
                         ring.publish(n);
                         for _ in 0..n {
                             peer.send_frame(&wire).expect("send");
                         }
                         let start = Instant::now();
                         rxq.process(&mut backend, &mut counters).expect("ring ok");
-                        timed += start.elapsed();
-                        done += n;
-                    }
-                    timed
+                        start.elapsed()
+                    })
                 });
                 assert_eq!(counters.dropped_no_buffer + counters.malformed_chains, 0);
             });
