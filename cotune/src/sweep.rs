@@ -9,11 +9,12 @@ use std::thread;
 use std::time::Duration;
 
 use devices::backend::{NetBackend, PairBackend};
+use devices::test_utils::netns::NetNs;
 use vnet_driver::xsk::XskMode;
 use vnet_driver::{Config, TxCompletion};
 
 use crate::baseline::{raw_write_loop, BaselineResult};
-use crate::env::{NetNs, Sink};
+use crate::env::Sink;
 use crate::report::Row;
 use crate::rig::{Rig, RigConfig};
 use crate::workloads::{self, peer_loop, Sample, Workload};
@@ -288,7 +289,7 @@ fn make_trial(
             ))
         }
         BackendKind::Tap => {
-            let ns = NetNs::new()?;
+            let ns = crate::env::trial_netns()?;
             let tap = ns.tap("ctap0")?;
             // Transmit-only trials have no peer socket: a packet socket on the tap would clone
             // every frame the device (or the raw loop) writes, inflating both.

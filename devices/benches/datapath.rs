@@ -19,12 +19,12 @@
 //! Run: `cargo bench -p devices --bench datapath [-- --repeats N] [--quick]`
 
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use devices::backend::{NetBackend, NullBackend, Tap};
 use devices::iovec::IovecList;
+use devices::test_utils::link::{link_up, PacketSocket};
+use devices::test_utils::queue::{GuestQueue, NEXT, WRITE};
 use devices::virtio::net::metrics::{RxCounters, TxCounters};
 use devices::virtio::net::rx::{RX_GATHER_BYTES, RX_GATHER_NO_GSO_BYTES};
 use devices::virtio::net::{RxMode, RxQueue, TxQueue, VNET_HDR_LEN};
@@ -41,14 +41,12 @@ const AVAIL_AT: u64 = 0x4000;
 const USED_AT: u64 = 0x8000;
 const BUFS_AT: u64 = 0x10_0000;
 
-/// The driver side of one split queue in guest memory.
+/// The driver side of one split queue in guest memory: fixed chains, made available in turn.
 struct Driver {
-    mem: GuestMemoryMmap,
-    size: u16,
+    q: GuestQueue,
     /// Chain heads, in the order they are made available.
     heads: Vec<u16>,
     next_head: usize,
-    avail_idx: u16,
     used_seen: u16,
 }
 
@@ -59,24 +57,15 @@ impl Driver {
         mem.write_slice(&vec![0u8; 0x80_0000], GuestAddress(0))
             .expect("prefault");
         Driver {
-            mem,
-            size,
+            q: GuestQueue::with_rings(&mem, size, (DESC_AT, AVAIL_AT, USED_AT), BUFS_AT),
             heads: Vec::new(),
             next_head: 0,
-            avail_idx: 0,
             used_seen: 0,
         }
     }
 
-    fn write_desc(&self, i: u16, addr: u64, len: u32, flags: u16, next: u16) {
-        let mut desc = [0u8; 16];
-        desc[..8].copy_from_slice(&addr.to_le_bytes());
-        desc[8..12].copy_from_slice(&len.to_le_bytes());
-        desc[12..14].copy_from_slice(&flags.to_le_bytes());
-        desc[14..].copy_from_slice(&next.to_le_bytes());
-        self.mem
-            .write_slice(&desc, GuestAddress(DESC_AT + 16 * u64::from(i)))
-            .expect("descriptor");
+    fn mem(&self) -> &GuestMemoryMmap {
+        self.q.mem()
     }
 
     /// Tx chains of `descs` descriptors (1: header + frame together; 2: header, then frame).
@@ -84,20 +73,18 @@ impl Driver {
         let mut d = Driver::new(size);
         for c in 0..size / descs {
             let buf = BUFS_AT + u64::from(c) * 2048;
-            d.mem.write_slice(frame, GuestAddress(buf)).expect("frame");
-            let head = c * descs;
-            if descs == 1 {
-                d.write_desc(head, buf, frame.len() as u32, 0, 0);
+            d.mem()
+                .write_slice(frame, GuestAddress(buf))
+                .expect("frame");
+            let head = if descs == 1 {
+                d.q.write_descs(&[(buf, frame.len() as u32, 0, 0)])
             } else {
-                d.write_desc(head, buf, VNET_HDR_LEN as u32, 1, head + 1); // NEXT
-                d.write_desc(
-                    head + 1,
-                    buf + VNET_HDR_LEN as u64,
-                    (frame.len() - VNET_HDR_LEN) as u32,
-                    0,
-                    0,
-                );
-            }
+                let hdr = VNET_HDR_LEN as u32;
+                d.q.write_descs(&[
+                    (buf, hdr, NEXT, c * descs + 1),
+                    (buf + u64::from(hdr), frame.len() as u32 - hdr, 0, 0),
+                ])
+            }[0];
             d.heads.push(head);
         }
         d
@@ -108,80 +95,51 @@ impl Driver {
         let mut d = Driver::new(size);
         for i in 0..size {
             let buf = BUFS_AT + u64::from(i) * u64::from(RX_BUF_LEN);
-            d.write_desc(i, buf, RX_BUF_LEN, 2, 0); // WRITE
-            d.heads.push(i);
+            let head = d.q.write_descs(&[(buf, RX_BUF_LEN, WRITE, 0)])[0];
+            d.heads.push(head);
         }
         d
     }
 
+    /// Rx with every buffer posted (a full ring) and the device's queue over it.
+    fn rx_full(size: u16, mode: RxMode, gather: u64) -> (Driver, RxQueue) {
+        let mut d = Driver::rx(size);
+        d.fill();
+        let vq = Virtqueue::new(&d.queue(), d.mem()).expect("ring");
+        (d, RxQueue::new(vq, mode, gather))
+    }
+
     fn queue(&self) -> Queue {
-        let mut q = Queue::new(self.size).expect("queue");
-        q.set_size(self.size);
-        q.try_set_desc_table_address(GuestAddress(DESC_AT))
-            .expect("desc");
-        q.try_set_avail_ring_address(GuestAddress(AVAIL_AT))
-            .expect("avail");
-        q.try_set_used_ring_address(GuestAddress(USED_AT))
-            .expect("used");
-        q.set_ready(true);
+        let mut q = self.q.queue();
         q.set_event_idx(true);
         q
     }
 
-    fn push_avail(&mut self, head: u16) {
-        let slot = u64::from(self.avail_idx % self.size);
-        self.mem
-            .write_obj(head, GuestAddress(AVAIL_AT + 4 + 2 * slot))
-            .expect("avail entry");
-        self.avail_idx = self.avail_idx.wrapping_add(1);
-    }
-
-    fn store_avail_idx(&self) {
-        self.mem
-            .store(
-                self.avail_idx,
-                GuestAddress(AVAIL_AT + 2),
-                Ordering::Release,
-            )
-            .expect("avail idx");
-    }
-
     /// Makes the next `n` chains available (tx).
     fn publish(&mut self, n: usize) {
-        for _ in 0..n {
-            let head = self.heads[self.next_head];
-            self.next_head = (self.next_head + 1) % self.heads.len();
-            self.push_avail(head);
-        }
-        self.store_avail_idx();
+        let (heads, next) = (&self.heads, &mut self.next_head);
+        self.q.publish_all((0..n).map(|_| {
+            let head = heads[*next];
+            *next = (*next + 1) % heads.len();
+            head
+        }));
     }
 
     /// Posts every buffer once (rx: a full ring).
     fn fill(&mut self) {
-        for i in 0..self.heads.len() {
-            let head = self.heads[i];
-            self.push_avail(head);
-        }
-        self.store_avail_idx();
+        self.q.publish_all(self.heads.iter().copied());
     }
 
     /// Re-posts every buffer the device returned (rx: keeps the ring full).
     fn repost_used(&mut self) -> usize {
-        let used: u16 = self
-            .mem
-            .load(GuestAddress(USED_AT + 2), Ordering::Acquire)
-            .expect("used idx");
-        let n = used.wrapping_sub(self.used_seen);
-        for _ in 0..n {
-            let slot = u64::from(self.used_seen % self.size);
-            let id: u32 = self
-                .mem
-                .read_obj(GuestAddress(USED_AT + 4 + 8 * slot))
-                .expect("used elem");
-            self.push_avail(id as u16);
-            self.used_seen = self.used_seen.wrapping_add(1);
-        }
-        self.store_avail_idx();
+        let from = self.used_seen;
+        let n = self.q.used_idx().wrapping_sub(from);
+        let q = &mut self.q;
+        let ids: Vec<u16> = (0..n)
+            .map(|k| q.used(from.wrapping_add(k)).0 as u16)
+            .collect();
+        q.publish_all(ids);
+        self.used_seen = from.wrapping_add(n);
         usize::from(n)
     }
 }
@@ -251,8 +209,7 @@ fn run_writev(backend: &mut Tap, frame: &[u8], descs: u16, frames: usize) -> f64
 /// The tap in this process's own network namespace, and a packet socket to inject frames.
 struct TapRig {
     tap: Tap,
-    inject: OwnedFd,
-    addr: libc::sockaddr_ll,
+    inject: PacketSocket,
 }
 
 impl TapRig {
@@ -266,87 +223,17 @@ impl TapRig {
         let _ = std::fs::write("/proc/sys/net/ipv6/conf/default/disable_ipv6", "1");
         let tap = Tap::open(TAP_NAME).map_err(io::Error::other)?;
         link_up(TAP_NAME)?;
-        let (inject, addr) = packet_socket(TAP_NAME)?;
-        Ok(TapRig { tap, inject, addr })
-    }
-
-    fn inject(&self, frame: &[u8]) {
-        // SAFETY: `frame` and `addr` are valid for the call; sendto copies them.
-        let n = unsafe {
-            libc::sendto(
-                self.inject.as_raw_fd(),
-                frame.as_ptr().cast(),
-                frame.len(),
-                0,
-                (&self.addr as *const libc::sockaddr_ll).cast(),
-                std::mem::size_of::<libc::sockaddr_ll>() as libc::socklen_t,
-            )
-        };
-        assert_eq!(
-            n,
-            frame.len() as isize,
-            "inject: {}",
-            io::Error::last_os_error()
-        );
+        let inject = PacketSocket::open(TAP_NAME, ETHERTYPE)?;
+        Ok(TapRig { tap, inject })
     }
 }
 
-fn ifreq_for(name: &str) -> libc::ifreq {
-    // SAFETY: ifreq is plain old data; all-zero is valid.
-    let mut req: libc::ifreq = unsafe { std::mem::zeroed() };
-    for (dst, src) in req.ifr_name.iter_mut().zip(name.bytes()) {
-        *dst = src as libc::c_char;
+/// Sends `n` copies of `frame` into the tap through `sock`.
+fn inject(sock: &PacketSocket, frame: &[u8], n: usize) {
+    for _ in 0..n {
+        let sent = sock.send(frame).expect("inject");
+        assert_eq!(sent, frame.len(), "inject");
     }
-    req
-}
-
-fn link_up(name: &str) -> io::Result<()> {
-    // SAFETY: plain socket creation.
-    let sock = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
-    if sock < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: `sock` was just opened and is owned by nobody else.
-    let sock = unsafe { OwnedFd::from_raw_fd(sock) };
-    let mut req = ifreq_for(name);
-    // SAFETY: valid ifreq living across the call.
-    if unsafe { libc::ioctl(sock.as_raw_fd(), libc::SIOCGIFFLAGS, &mut req) } < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: the union's flags member was just written by the kernel.
-    unsafe { req.ifr_ifru.ifru_flags |= libc::IFF_UP as i16 };
-    // SAFETY: valid ifreq living across the call.
-    if unsafe { libc::ioctl(sock.as_raw_fd(), libc::SIOCSIFFLAGS, &mut req) } < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(())
-}
-
-fn packet_socket(name: &str) -> io::Result<(OwnedFd, libc::sockaddr_ll)> {
-    let cname = std::ffi::CString::new(name).map_err(io::Error::other)?;
-    // SAFETY: valid NUL-terminated string.
-    let ifindex = unsafe { libc::if_nametoindex(cname.as_ptr()) };
-    let proto = ETHERTYPE.to_be();
-    // SAFETY: plain socket creation.
-    let fd = unsafe {
-        libc::socket(
-            libc::AF_PACKET,
-            libc::SOCK_RAW | libc::SOCK_CLOEXEC,
-            i32::from(proto),
-        )
-    };
-    if fd < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: `fd` was just opened and is owned by nobody else.
-    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
-    // SAFETY: sockaddr_ll is plain old data; all-zero is valid.
-    let mut addr: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
-    addr.sll_family = libc::AF_PACKET as u16;
-    addr.sll_protocol = proto;
-    addr.sll_ifindex = ifindex as i32;
-    addr.sll_halen = 6;
-    Ok((fd, addr))
 }
 
 /// ns per frame of `process_rx` calls of `batch` frames each (timed per call; the frames are
@@ -392,9 +279,7 @@ fn run_readv(rig: &mut TapRig, frame: &[u8], batch: usize, frames: usize, probe:
     let iters = frames.div_ceil(batch);
     let mut next = 0;
     for _ in 0..iters {
-        for _ in 0..batch {
-            rig.inject(&frame[VNET_HDR_LEN..]);
-        }
+        inject(&rig.inject, &frame[VNET_HDR_LEN..], batch);
         let start = Instant::now();
         for _ in 0..batch {
             rig.tap
@@ -467,7 +352,7 @@ fn main() {
             let mut pairs = Vec::new();
             for _ in 0..repeats {
                 let mut d = Driver::tx(512, descs, &wire);
-                let mut txq = TxQueue::new(Virtqueue::new(&d.queue(), &d.mem).expect("ring"));
+                let mut txq = TxQueue::new(Virtqueue::new(&d.queue(), d.mem()).expect("ring"));
                 let mut null = NullBackend::new(wire.len()).expect("null backend");
                 pairs.push((0.0, run_tx(&mut d, &mut txq, &mut null, batch, frames)));
             }
@@ -481,13 +366,7 @@ fn main() {
         for batch in [1usize, 32] {
             let mut pairs = Vec::new();
             for _ in 0..repeats {
-                let mut d = Driver::rx(256);
-                d.fill();
-                let mut rxq = RxQueue::new(
-                    Virtqueue::new(&d.queue(), &d.mem).expect("ring"),
-                    mode,
-                    gather,
-                );
+                let (mut d, mut rxq) = Driver::rx_full(256, mode, gather);
                 let mut null = NullBackend::new(wire.len()).expect("null backend");
                 let timer = timer_overhead(frames / batch) / batch as f64;
                 let ns = run_rx(
@@ -522,7 +401,7 @@ fn main() {
             for _ in 0..repeats {
                 let base = run_writev(&mut rig.tap, &wire, descs, frames);
                 let mut d = Driver::tx(512, descs, &wire);
-                let mut txq = TxQueue::new(Virtqueue::new(&d.queue(), &d.mem).expect("ring"));
+                let mut txq = TxQueue::new(Virtqueue::new(&d.queue(), d.mem()).expect("ring"));
                 let case = run_tx(&mut d, &mut txq, &mut rig.tap, batch, frames);
                 pairs.push((base, case));
             }
@@ -561,23 +440,12 @@ fn main() {
             let mut pairs = Vec::new();
             for _ in 0..repeats {
                 let base = run_readv(&mut rig, &wire, batch, rx_frames, probe);
-                let mut d = Driver::rx(256);
-                d.fill();
-                let mut rxq = RxQueue::new(
-                    Virtqueue::new(&d.queue(), &d.mem).expect("ring"),
-                    mode,
-                    gather,
-                );
-                let inject_from = TapInjector {
-                    fd: rig.inject.as_raw_fd(),
-                    addr: rig.addr,
-                    frame: wire[VNET_HDR_LEN..].to_vec(),
-                };
+                let (mut d, mut rxq) = Driver::rx_full(256, mode, gather);
                 let case = run_rx(
                     &mut d,
                     &mut rxq,
                     &mut rig.tap,
-                    |_, n| inject_from.send(n),
+                    |_, n| inject(&rig.inject, &wire[VNET_HDR_LEN..], n),
                     batch,
                     rx_frames,
                 );
@@ -585,32 +453,6 @@ fn main() {
             }
             let base = if probe { "readv+EAGAIN" } else { "readv" };
             report(&format!("rx tap {label} batch {batch}"), base, &pairs);
-        }
-    }
-}
-
-/// Injects frames into the tap from inside a closure that also borrows the tap mutably.
-struct TapInjector {
-    fd: i32,
-    addr: libc::sockaddr_ll,
-    frame: Vec<u8>,
-}
-
-impl TapInjector {
-    fn send(&self, n: usize) {
-        for _ in 0..n {
-            // SAFETY: `frame` and `addr` are valid for the call; sendto copies them.
-            let sent = unsafe {
-                libc::sendto(
-                    self.fd,
-                    self.frame.as_ptr().cast(),
-                    self.frame.len(),
-                    0,
-                    (&self.addr as *const libc::sockaddr_ll).cast(),
-                    std::mem::size_of::<libc::sockaddr_ll>() as libc::socklen_t,
-                )
-            };
-            assert_eq!(sent, self.frame.len() as isize, "inject");
         }
     }
 }

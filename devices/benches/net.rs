@@ -7,12 +7,12 @@
 //!
 //! Run: `cargo bench -p devices --bench net -- --warm-up-time 1 --measurement-time 3`
 
-use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use devices::backend::{NetBackend, PairBackend, PairPeer};
 use devices::iovec::IovecList;
+use devices::test_utils::queue::{GuestQueue, WRITE};
 use devices::virtio::net::metrics::{RxCounters, TxCounters};
 use devices::virtio::net::rx::RX_GATHER_BYTES;
 use devices::virtio::net::{RxMode, RxQueue, TxQueue, VNET_HDR_LEN};
@@ -28,10 +28,7 @@ const BATCHES: [u64; 2] = [32, 1];
 
 /// The driver side of one split queue: slot `i` always describes buffer `i`.
 struct Ring {
-    mem: GuestMemoryMmap,
-    avail: u64,
-    used: u64,
-    avail_idx: u16,
+    q: GuestQueue,
 }
 
 impl Ring {
@@ -39,68 +36,51 @@ impl Ring {
     /// device-writable buffers of [`BUF_LEN`] bytes (rx).
     fn new(frame_len: Option<usize>) -> Ring {
         let mem = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 0x100_0000)]).expect("memory");
-        let size = u64::from(QUEUE_SIZE);
-        let avail = 16 * size;
-        let used = (avail + 6 + 2 * size + 3) & !3;
-        for i in 0..size {
+        let mut q = GuestQueue::new(&mem, QUEUE_SIZE);
+        for i in 0..u64::from(QUEUE_SIZE) {
             let buf = BUFS_AT + i * BUF_LEN;
             let (len, flags) = match frame_len {
                 Some(len) => {
                     let bytes: Vec<u8> = (0..VNET_HDR_LEN + len).map(|b| b as u8).collect();
                     mem.write_slice(&bytes, GuestAddress(buf)).expect("buffer");
-                    (bytes.len() as u32, 0u16)
+                    (bytes.len() as u32, 0)
                 }
-                None => (BUF_LEN as u32, 2u16), // VRING_DESC_F_WRITE
+                None => (BUF_LEN as u32, WRITE),
             };
-            let mut desc = [0u8; 16];
-            desc[..8].copy_from_slice(&buf.to_le_bytes());
-            desc[8..12].copy_from_slice(&len.to_le_bytes());
-            desc[12..14].copy_from_slice(&flags.to_le_bytes());
-            mem.write_slice(&desc, GuestAddress(i * 16))
-                .expect("descriptor");
+            q.write_descs(&[(buf, len, flags, 0)]);
         }
-        Ring {
-            mem,
-            avail,
-            used,
-            avail_idx: 0,
-        }
+        Ring { q }
+    }
+
+    fn mem(&self) -> &GuestMemoryMmap {
+        self.q.mem()
     }
 
     fn queue(&self) -> Queue {
-        let mut queue = Queue::new(QUEUE_SIZE).expect("queue");
-        queue.set_size(QUEUE_SIZE);
-        queue
-            .try_set_desc_table_address(GuestAddress(0))
-            .expect("aligned");
-        queue
-            .try_set_avail_ring_address(GuestAddress(self.avail))
-            .expect("aligned");
-        queue
-            .try_set_used_ring_address(GuestAddress(self.used))
-            .expect("aligned");
-        queue.set_ready(true);
+        let mut queue = self.q.queue();
         queue.set_event_idx(true);
         queue
     }
 
     /// Makes the next `n` slots available.
     fn publish(&mut self, n: u64) {
-        for _ in 0..n {
-            let slot = self.avail_idx % QUEUE_SIZE;
-            self.mem
-                .write_obj(slot, GuestAddress(self.avail + 4 + 2 * u64::from(slot)))
-                .expect("avail ring");
-            self.avail_idx = self.avail_idx.wrapping_add(1);
-        }
-        self.mem
-            .store(
-                self.avail_idx,
-                GuestAddress(self.avail + 2),
-                Ordering::Release,
-            )
-            .expect("avail idx");
+        let first = self.q.avail_idx();
+        self.q
+            .publish_all((0..n as u16).map(|k| first.wrapping_add(k) % QUEUE_SIZE));
     }
+}
+
+/// `iters` frames in calls of at most `batch`: `call(n)` prepares `n` frames, runs the call
+/// and returns the time of the call alone; the sum of those times.
+fn in_batches(iters: u64, batch: u64, mut call: impl FnMut(u64) -> Duration) -> Duration {
+    let mut timed = Duration::ZERO;
+    let mut done = 0;
+    while done < iters {
+        let n = batch.min(iters - done);
+        timed += call(n);
+        done += n;
+    }
+    timed
 }
 
 fn drain(peer: &PairPeer, n: u64) {
@@ -117,22 +97,19 @@ fn bench_tx(c: &mut Criterion) {
             let id = BenchmarkId::new(format!("batch{batch}"), format!("{frame_len}B"));
             group.bench_function(id, |b| {
                 let mut ring = Ring::new(Some(frame_len));
-                let mut txq = TxQueue::new(Virtqueue::new(&ring.queue(), &ring.mem).expect("ring"));
+                let mut txq =
+                    TxQueue::new(Virtqueue::new(&ring.queue(), ring.mem()).expect("ring"));
                 let (mut backend, peer) = PairBackend::new().expect("socketpair");
                 let mut counters = TxCounters::default();
                 b.iter_custom(|iters| {
-                    let mut timed = Duration::ZERO;
-                    let mut done = 0;
-                    while done < iters {
-                        let n = batch.min(iters - done);
+                    in_batches(iters, batch, |n| {
                         ring.publish(n);
                         let start = Instant::now();
                         txq.process(&mut backend, &mut counters).expect("ring ok");
-                        timed += start.elapsed();
+                        let timed = start.elapsed();
                         drain(&peer, n);
-                        done += n;
-                    }
-                    timed
+                        timed
+                    })
                 });
                 assert_eq!(counters.malformed_chains + counters.backend_errors, 0);
             });
@@ -150,25 +127,20 @@ fn bench_rx(c: &mut Criterion) {
             let id = BenchmarkId::new(format!("batch{batch}"), format!("{frame_len}B"));
             group.bench_function(id, |b| {
                 let mut ring = Ring::new(None);
-                let vq = Virtqueue::new(&ring.queue(), &ring.mem).expect("ring");
+                let vq = Virtqueue::new(&ring.queue(), ring.mem()).expect("ring");
                 let mut rxq = RxQueue::new(vq, RxMode::Mergeable, RX_GATHER_BYTES);
                 let (mut backend, peer) = PairBackend::new().expect("socketpair");
                 let mut counters = RxCounters::default();
                 b.iter_custom(|iters| {
-                    let mut timed = Duration::ZERO;
-                    let mut done = 0;
-                    while done < iters {
-                        let n = batch.min(iters - done);
+                    in_batches(iters, batch, |n| {
                         ring.publish(n);
                         for _ in 0..n {
                             peer.send_frame(&wire).expect("send");
                         }
                         let start = Instant::now();
                         rxq.process(&mut backend, &mut counters).expect("ring ok");
-                        timed += start.elapsed();
-                        done += n;
-                    }
-                    timed
+                        start.elapsed()
+                    })
                 });
                 assert_eq!(counters.dropped_no_buffer + counters.malformed_chains, 0);
             });

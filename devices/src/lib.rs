@@ -9,6 +9,8 @@ pub mod backend;
 pub mod fuzzing;
 pub mod iovec;
 pub mod legacy;
+#[cfg(any(test, feature = "test-utils"))]
+pub mod test_utils;
 pub mod virtio;
 
 /// A device that answers guest accesses to an address range (port I/O or MMIO).

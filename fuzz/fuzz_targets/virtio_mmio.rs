@@ -19,6 +19,7 @@ use std::time::{Duration, Instant};
 
 use arbitrary::Arbitrary;
 use devices::backend::{PairBackend, PairPeer};
+use devices::test_utils::mmio::Registers;
 use devices::virtio::net::{MacAddr, NetDevice};
 use devices::virtio::MmioTransport;
 use devices::BusDevice;
@@ -148,20 +149,6 @@ struct Rig {
 }
 
 impl Rig {
-    fn r32(&mut self, offset: u32) -> u32 {
-        let mut d = [0u8; 4];
-        self.t.read(u64::from(offset), &mut d);
-        u32::from_le_bytes(d)
-    }
-
-    fn w32(&mut self, offset: u32, value: u32) {
-        if offset == VIRTIO_MMIO_STATUS && value & !VIRTIO_CONFIG_S_NEEDS_RESET == 0 {
-            self.reset();
-        } else {
-            self.t.write(u64::from(offset), &value.to_le_bytes());
-        }
-    }
-
     /// A 0 written to Status, timed and checked.
     fn reset(&mut self) {
         let start = Instant::now();
@@ -177,50 +164,21 @@ impl Rig {
         );
         assert!(!self.t.device().is_active(), "device active after reset");
     }
+}
 
-    /// Reset, ACKNOWLEDGE, DRIVER, features, FEATURES_OK; true if FEATURES_OK stuck.
-    fn negotiate(&mut self, features: u64) -> bool {
-        self.reset();
-        self.w32(VIRTIO_MMIO_STATUS, VIRTIO_CONFIG_S_ACKNOWLEDGE);
-        self.w32(
-            VIRTIO_MMIO_STATUS,
-            VIRTIO_CONFIG_S_ACKNOWLEDGE | VIRTIO_CONFIG_S_DRIVER,
-        );
-        for sel in 0..2u32 {
-            self.w32(VIRTIO_MMIO_DRIVER_FEATURES_SEL, sel);
-            self.w32(VIRTIO_MMIO_DRIVER_FEATURES, (features >> (32 * sel)) as u32);
-        }
-        let status = self.r32(VIRTIO_MMIO_STATUS) | VIRTIO_CONFIG_S_FEATURES_OK;
-        self.w32(VIRTIO_MMIO_STATUS, status);
-        self.r32(VIRTIO_MMIO_STATUS) & VIRTIO_CONFIG_S_FEATURES_OK != 0
+/// The driver's steps (`negotiate`, `setup_queue`, `driver_ok`, `device_features`) from
+/// devices' test utilities; every reset they write goes through [`Rig::reset`].
+impl Registers for Rig {
+    fn r32(&mut self, offset: u32) -> u32 {
+        self.t.r32(offset)
     }
 
-    fn setup_queue(&mut self, index: u32, size: u16, (desc, avail, used): (u64, u64, u64)) {
-        self.w32(VIRTIO_MMIO_QUEUE_SEL, index);
-        self.w32(VIRTIO_MMIO_QUEUE_NUM, u32::from(size));
-        for (low, addr) in [
-            (VIRTIO_MMIO_QUEUE_DESC_LOW, desc),
-            (VIRTIO_MMIO_QUEUE_AVAIL_LOW, avail),
-            (VIRTIO_MMIO_QUEUE_USED_LOW, used),
-        ] {
-            self.w32(low, addr as u32);
-            self.w32(low + 4, (addr >> 32) as u32);
+    fn w32(&mut self, offset: u32, value: u32) {
+        if offset == VIRTIO_MMIO_STATUS && value & !VIRTIO_CONFIG_S_NEEDS_RESET == 0 {
+            self.reset();
+        } else {
+            self.t.w32(offset, value);
         }
-        self.w32(VIRTIO_MMIO_QUEUE_READY, 1);
-    }
-
-    fn driver_ok(&mut self) {
-        let status = self.r32(VIRTIO_MMIO_STATUS) | VIRTIO_CONFIG_S_DRIVER_OK;
-        self.w32(VIRTIO_MMIO_STATUS, status);
-    }
-
-    fn offered(&mut self) -> u64 {
-        let mut f = 0u64;
-        for sel in 0..2u32 {
-            self.w32(VIRTIO_MMIO_DEVICE_FEATURES_SEL, sel);
-            f |= u64::from(self.r32(VIRTIO_MMIO_DEVICE_FEATURES)) << (32 * sel);
-        }
-        f
     }
 }
 
@@ -274,7 +232,7 @@ fuzz_target!(|input: Input| {
                 tx_published,
                 rx_published,
             } => {
-                let offered = rig.offered();
+                let offered = rig.device_features();
                 let acked = (features & offered) | (1 << VIRTIO_F_VERSION_1);
                 if !rig.negotiate(acked) {
                     continue;

@@ -4,7 +4,6 @@
 //! machines these tests run on may have only two.
 
 pub mod api;
-pub mod netns;
 
 use std::collections::HashMap;
 use std::io::Read;

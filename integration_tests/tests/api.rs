@@ -17,8 +17,8 @@ use std::path::PathBuf;
 use std::process::Command;
 use std::time::Duration;
 
+use devices::test_utils::netns::NetNs;
 use integration_tests::api::Client;
-use integration_tests::netns::NetNs;
 use integration_tests::{
     artifacts, final_metrics, guest_lock, run_vmm, test_cmdline, vmm_binary, VmmProcess,
 };

@@ -13,7 +13,7 @@ use std::mem::{size_of, zeroed};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::time::{Duration, Instant};
 
-use integration_tests::netns::NetNs;
+use devices::test_utils::netns::NetNs;
 use integration_tests::{artifacts, final_metrics, guest_lock, vmm_binary, RunOutput, VmmProcess};
 use serde_json::Value;
 

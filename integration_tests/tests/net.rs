@@ -7,7 +7,7 @@ use std::io::{Read, Write};
 use std::net::{TcpStream, UdpSocket};
 use std::time::{Duration, Instant};
 
-use integration_tests::netns::NetNs;
+use devices::test_utils::netns::NetNs;
 use integration_tests::{
     artifacts, final_metrics, guest_lock, test_cmdline, vmm_binary, VmmProcess,
 };

@@ -5,7 +5,7 @@
 
 use std::time::{Duration, Instant};
 
-use integration_tests::netns::NetNs;
+use devices::test_utils::netns::NetNs;
 use integration_tests::{artifacts, final_metrics, guest_lock, vmm_binary, RunOutput, VmmProcess};
 
 const TAP: &str = "vmmsig0";

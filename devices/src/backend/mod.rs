@@ -10,7 +10,7 @@
 mod link;
 mod null;
 mod pair;
-mod tap;
+pub(crate) mod tap;
 
 use std::io;
 use std::ops::BitOr;

@@ -277,7 +277,7 @@ impl NetBackend for Tap {
 }
 
 /// An all-zero `ifreq` carrying `name` (already validated: ≤ 15 bytes, no NUL).
-fn ifreq_for(name: &str) -> libc::ifreq {
+pub(crate) fn ifreq_for(name: &str) -> libc::ifreq {
     // SAFETY: ifreq is plain old data (a name array and a union of integers and pointers) for
     // which all-zero bytes are a valid value.
     let mut req: libc::ifreq = unsafe { std::mem::zeroed() };

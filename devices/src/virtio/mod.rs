@@ -12,8 +12,6 @@ pub mod irq;
 pub mod mmio;
 pub mod net;
 pub mod ring;
-#[cfg(test)]
-pub(crate) mod testing;
 pub mod vring;
 
 use std::io;

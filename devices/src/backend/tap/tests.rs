@@ -4,41 +4,16 @@
 
 use std::fs::OpenOptions;
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-use std::thread;
+use std::os::fd::AsRawFd;
 use std::time::{Duration, Instant};
 
 use super::*;
 use crate::iovec::IovecList;
+use crate::test_utils::link::{link_up, set_link, PacketSocket};
+use crate::test_utils::netns::in_netns;
 
 /// An EtherType reserved for local experiments (IEEE 802 "Local Experimental 1").
 const ETHERTYPE: u16 = 0x88b5;
-
-/// Runs `body` in a new network namespace on its own thread; `None` (reported) without root.
-fn in_netns<T: Send + 'static>(body: impl FnOnce() -> T + Send + 'static) -> Option<T> {
-    // SAFETY: geteuid has no preconditions and cannot fail.
-    if unsafe { libc::geteuid() } != 0 {
-        eprintln!("skipped: tap tests need root and /dev/net/tun");
-        return None;
-    }
-    let result = thread::spawn(move || {
-        // SAFETY: CLONE_NEWNET moves only the calling thread (ours, never reused) into a new
-        // network namespace; no memory is involved.
-        let ret = unsafe { libc::unshare(libc::CLONE_NEWNET) };
-        assert_eq!(
-            ret,
-            0,
-            "unshare(CLONE_NEWNET): {}",
-            io::Error::last_os_error()
-        );
-        body()
-    })
-    .join();
-    match result {
-        Ok(value) => Some(value),
-        Err(panic) => std::panic::resume_unwind(panic),
-    }
-}
 
 /// Creates a persistent tap the way `ip tuntap add` does, and closes it.
 fn create_persistent_tap(name: &str) {
@@ -55,70 +30,6 @@ fn create_persistent_tap(name: &str) {
     // SAFETY: TUNSETPERSIST takes its argument by value.
     let ret = unsafe { libc::ioctl(file.as_raw_fd(), libc::TUNSETPERSIST, 1 as libc::c_ulong) };
     assert_eq!(ret, 0, "TUNSETPERSIST: {}", io::Error::last_os_error());
-}
-
-/// Sets IFF_UP on `name`.
-fn link_up(name: &str) {
-    set_link(name, true);
-}
-
-/// Sets or clears IFF_UP on `name`.
-fn set_link(name: &str, up: bool) {
-    // SAFETY: plain socket creation.
-    let sock = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
-    assert!(sock >= 0, "socket: {}", io::Error::last_os_error());
-    // SAFETY: `sock` was just opened and is owned by nobody else.
-    let sock = unsafe { OwnedFd::from_raw_fd(sock) };
-    let mut req = ifreq_for(name);
-    // SAFETY: valid ifreq living across the call; SIOCGIFFLAGS fills the flags field.
-    let ret = unsafe { libc::ioctl(sock.as_raw_fd(), libc::SIOCGIFFLAGS, &mut req) };
-    assert_eq!(ret, 0, "SIOCGIFFLAGS: {}", io::Error::last_os_error());
-    // SAFETY: the union's flags member was just written by the kernel.
-    unsafe {
-        if up {
-            req.ifr_ifru.ifru_flags |= libc::IFF_UP as i16;
-        } else {
-            req.ifr_ifru.ifru_flags &= !(libc::IFF_UP as i16);
-        }
-    }
-    // SAFETY: valid ifreq living across the call.
-    let ret = unsafe { libc::ioctl(sock.as_raw_fd(), libc::SIOCSIFFLAGS, &mut req) };
-    assert_eq!(ret, 0, "SIOCSIFFLAGS: {}", io::Error::last_os_error());
-}
-
-/// An AF_PACKET socket bound to `name` for [`ETHERTYPE`] frames.
-fn packet_socket(name: &str) -> (OwnedFd, libc::sockaddr_ll) {
-    let cname = std::ffi::CString::new(name).expect("name");
-    // SAFETY: valid NUL-terminated string.
-    let ifindex = unsafe { libc::if_nametoindex(cname.as_ptr()) };
-    assert_ne!(ifindex, 0);
-    let proto = ETHERTYPE.to_be();
-    // SAFETY: plain socket creation.
-    let fd = unsafe {
-        libc::socket(
-            libc::AF_PACKET,
-            libc::SOCK_RAW | libc::SOCK_CLOEXEC,
-            i32::from(proto),
-        )
-    };
-    assert!(fd >= 0, "packet socket: {}", io::Error::last_os_error());
-    // SAFETY: `fd` was just opened and is owned by nobody else.
-    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
-    // SAFETY: sockaddr_ll is plain old data; all-zero is valid.
-    let mut addr: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
-    addr.sll_family = libc::AF_PACKET as u16;
-    addr.sll_protocol = proto;
-    addr.sll_ifindex = ifindex as i32;
-    // SAFETY: `addr` is a valid sockaddr_ll and its size is passed.
-    let ret = unsafe {
-        libc::bind(
-            fd.as_raw_fd(),
-            (&addr as *const libc::sockaddr_ll).cast(),
-            std::mem::size_of::<libc::sockaddr_ll>() as libc::socklen_t,
-        )
-    };
-    assert_eq!(ret, 0, "bind: {}", io::Error::last_os_error());
-    (fd, addr)
 }
 
 fn ethernet_frame(len: usize, seed: u8) -> Vec<u8> {
@@ -230,8 +141,8 @@ fn offloads_and_header_size_are_set() {
 fn frames_round_trip_through_the_kernel() {
     in_netns(|| {
         let mut tap = Tap::open("vmmtest3").expect("create tap");
-        link_up("vmmtest3");
-        let (sock, addr) = packet_socket("vmmtest3");
+        link_up("vmmtest3").expect("link up");
+        let sock = PacketSocket::open("vmmtest3", ETHERTYPE).expect("packet socket");
 
         // Guest → host: header + frame written to the tap arrive on the interface.
         let out = ethernet_frame(200, 1);
@@ -256,18 +167,8 @@ fn frames_round_trip_through_the_kernel() {
         // mistaken for truncation.
         for (len, capacity) in [(300usize, 2048usize), (1000, 100), (500, 512)] {
             let frame = ethernet_frame(len, 2);
-            // SAFETY: `frame` and `addr` are valid for the call; sizes are passed.
-            let sent = unsafe {
-                libc::sendto(
-                    sock.as_raw_fd(),
-                    frame.as_ptr().cast(),
-                    frame.len(),
-                    0,
-                    (&addr as *const libc::sockaddr_ll).cast(),
-                    std::mem::size_of::<libc::sockaddr_ll>() as libc::socklen_t,
-                )
-            };
-            assert_eq!(sent, len as isize, "sendto: {}", io::Error::last_os_error());
+            let sent = sock.send(&frame).expect("sendto");
+            assert_eq!(sent, len);
             let (n, got) = read_test_frame(&mut tap, capacity);
             if 12 + len <= capacity {
                 assert_eq!(n, 12 + len);
@@ -284,22 +185,11 @@ fn frames_round_trip_through_the_kernel() {
 fn reads_scatter_across_split_buffers_adjacent_or_not() {
     in_netns(|| {
         let mut tap = Tap::open("vmmtest4").expect("create tap");
-        link_up("vmmtest4");
-        let (sock, addr) = packet_socket("vmmtest4");
+        link_up("vmmtest4").expect("link up");
+        let sock = PacketSocket::open("vmmtest4", ETHERTYPE).expect("packet socket");
         for adjacent in [true, false] {
             let frame = ethernet_frame(300, if adjacent { 3 } else { 4 });
-            // SAFETY: `frame` and `addr` are valid for the call; sizes are passed.
-            let sent = unsafe {
-                libc::sendto(
-                    sock.as_raw_fd(),
-                    frame.as_ptr().cast(),
-                    frame.len(),
-                    0,
-                    (&addr as *const libc::sockaddr_ll).cast(),
-                    std::mem::size_of::<libc::sockaddr_ll>() as libc::socklen_t,
-                )
-            };
-            assert_eq!(sent, 300);
+            assert_eq!(sock.send(&frame).expect("sendto"), 300);
             let deadline = Instant::now() + Duration::from_secs(5);
             loop {
                 assert!(Instant::now() < deadline, "no test frame on the tap");
@@ -337,10 +227,10 @@ fn reads_scatter_across_split_buffers_adjacent_or_not() {
 
 #[test]
 fn the_guest_link_follows_the_tap() {
+    use crate::test_utils::mmio::{wait_eventfd, wait_until, Registers};
     use crate::virtio::mmio::CONFIG_SPACE_OFFSET;
-    use crate::virtio::net::tests::support::Driver;
+    use crate::virtio::net::tests::support::GuestQueue;
     use crate::virtio::net::NetDevice;
-    use crate::virtio::testing::{wait_eventfd, wait_until, Registers};
     use crate::virtio::MmioTransport;
     use crate::BusDevice;
     use virtio_bindings::virtio_mmio::{
@@ -353,8 +243,8 @@ fn the_guest_link_follows_the_tap() {
         let device = NetDevice::new(&"tap=vmmlink0".parse().expect("spec")).expect("device");
         let link = device.link_control();
         let mut t = MmioTransport::new(mem.clone(), Box::new(device)).expect("transport");
-        let rx = Driver::at(&mem, GuestAddress(0), 256, 0x10_0000);
-        let tx = Driver::at(&mem, GuestAddress(0x1_0000), 256, 0x40_0000);
+        let rx = GuestQueue::at(&mem, GuestAddress(0), 256, 0x10_0000);
+        let tx = GuestQueue::at(&mem, GuestAddress(0x1_0000), 256, 0x40_0000);
         assert!(t.negotiate(1 << 32 | 1 << 16)); // VERSION_1 | STATUS
         t.setup_queue(0, 256, rx.ring_addrs());
         t.setup_queue(1, 256, tx.ring_addrs());
@@ -373,14 +263,14 @@ fn the_guest_link_follows_the_tap() {
             t.w32(VIRTIO_MMIO_INTERRUPT_ACK, s);
             s & VIRTIO_MMIO_INT_CONFIG
         };
-        link_up("vmmlink0");
+        link_up("vmmlink0").expect("link up");
         assert_eq!(status(&mut t), 1);
-        set_link("vmmlink0", false);
+        set_link("vmmlink0", false).expect("link down");
         assert!(wait_until(Duration::from_secs(5), || link.link()
             == crate::virtio::net::LinkState::Down));
         assert_eq!(config_interrupt(&mut t), VIRTIO_MMIO_INT_CONFIG);
         assert_eq!(status(&mut t), 0, "the driver sees the link down");
-        set_link("vmmlink0", true);
+        set_link("vmmlink0", true).expect("link up");
         assert!(wait_until(Duration::from_secs(5), || link.link()
             == crate::virtio::net::LinkState::Up));
         assert_eq!(config_interrupt(&mut t), VIRTIO_MMIO_INT_CONFIG);

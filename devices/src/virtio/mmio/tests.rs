@@ -8,8 +8,8 @@ use vm_memory::{GuestAddress, GuestMemoryMmap};
 
 use super::*;
 use crate::backend::{PairBackend, PairPeer};
+use crate::test_utils::mmio::{wait_eventfd, Registers};
 use crate::virtio::net::{MacAddr, NetDevice};
-use crate::virtio::testing::{wait_eventfd, Registers};
 
 const VERSION_1: u64 = 1 << 32;
 const ACK: u32 = VIRTIO_CONFIG_S_ACKNOWLEDGE;

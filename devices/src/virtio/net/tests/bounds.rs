@@ -6,17 +6,17 @@ use virtio_bindings::virtio_config::VIRTIO_CONFIG_S_NEEDS_RESET;
 use virtio_bindings::virtio_mmio::VIRTIO_MMIO_STATUS;
 use vm_memory::GuestAddress;
 
-use super::support::{frame, guest_mem, wire, Driver, INDIRECT, MEM_SIZE, NEXT, WRITE};
+use super::support::{frame, guest_mem, wire, GuestQueue, INDIRECT, MEM_SIZE, NEXT, WRITE};
 use super::worker::{kick, queues, rig, start, TIMEOUT, VERSION_1};
 use crate::backend::PairBackend;
+use crate::test_utils::mmio::{wait_until, Registers};
 use crate::virtio::net::metrics::{RxCounters, TxCounters};
 use crate::virtio::net::{process_rx, process_tx, RxMode, RxStop, TxStop};
 use crate::virtio::ring::{RingError, RingPart};
-use crate::virtio::testing::{wait_until, Registers};
 use crate::virtio::vring::{Virtqueue, CALL_DESCRIPTOR_BUDGET, MAX_CHAIN_DESCRIPTORS};
 
 /// Publishes `chains` chains of `links` empty descriptors each (the last one without NEXT).
-fn publish_empty_chains(driver: &mut Driver<'_>, chains: usize, links: u16, flags: u16) {
+fn publish_empty_chains(driver: &mut GuestQueue, chains: usize, links: u16, flags: u16) {
     for _ in 0..chains {
         let first = driver.next_slot();
         let descs: Vec<_> = (0..links)
@@ -38,7 +38,7 @@ fn publish_empty_chains(driver: &mut Driver<'_>, chains: usize, links: u16, flag
 #[test]
 fn tx_call_is_bounded_by_descriptors_visited_not_frames() {
     let mem = guest_mem();
-    let mut driver = Driver::new(&mem, 8192);
+    let mut driver = GuestQueue::new(&mem, 8192);
     let mut queue = driver.queue();
     // 60 chains of 100 empty descriptors: no frame in any of them.
     publish_empty_chains(&mut driver, 60, 100, 0);
@@ -61,7 +61,7 @@ fn tx_call_is_bounded_by_descriptors_visited_not_frames() {
 #[test]
 fn huge_indirect_tables_cost_a_bounded_walk() {
     let mem = guest_mem();
-    let mut driver = Driver::new(&mem, 16);
+    let mut driver = GuestQueue::new(&mem, 16);
     let mut queue = driver.queue();
     // A 65535-entry indirect table of empty, linked descriptors (1 MiB).
     let entries = 65535u32;
@@ -93,7 +93,7 @@ fn huge_indirect_tables_cost_a_bounded_walk() {
 #[test]
 fn rx_fill_is_bounded_when_every_chain_is_malformed() {
     let mem = guest_mem();
-    let mut driver = Driver::new(&mem, 8192);
+    let mut driver = GuestQueue::new(&mem, 8192);
     let mut queue = driver.queue();
     // Chains of 100 empty device-writable descriptors: walked to the end, then refused (no
     // room for a header).
@@ -135,7 +135,7 @@ fn rx_fill_is_bounded_when_every_chain_is_malformed() {
 #[test]
 fn used_ring_overlapping_the_avail_ring_or_table_is_refused() {
     let mem = guest_mem();
-    let driver = Driver::new(&mem, 16);
+    let driver = GuestQueue::new(&mem, 16);
     let (desc, avail, _) = driver.ring_addrs();
     for (used, part) in [
         // The used ring's flags word on the avail ring's idx.
@@ -183,8 +183,8 @@ fn overlapping_rings_make_the_device_need_a_reset_not_spin() {
     t.w32(VIRTIO_MMIO_STATUS, 0);
     assert_eq!(t.r32(VIRTIO_MMIO_STATUS), 0);
     let (rx2, mut tx2) = (
-        Driver::at(&mem, GuestAddress(0x2_0000), 256, 0x60_0000),
-        Driver::at(&mem, GuestAddress(0x3_0000), 256, 0x70_0000),
+        GuestQueue::at(&mem, GuestAddress(0x2_0000), 256, 0x60_0000),
+        GuestQueue::at(&mem, GuestAddress(0x3_0000), 256, 0x70_0000),
     );
     start(t, VERSION_1, &rx2, &tx2);
     let out = wire(&frame(64, 7));
@@ -197,7 +197,7 @@ fn overlapping_rings_make_the_device_need_a_reset_not_spin() {
 #[test]
 fn a_burst_publishes_the_used_index_in_batches_and_decides_once() {
     let mem = guest_mem();
-    let mut driver = Driver::new(&mem, 256);
+    let mut driver = GuestQueue::new(&mem, 256);
     let mut queue = driver.queue();
     let frames: Vec<Vec<u8>> = (0..100).map(|i| wire(&frame(60, i as u8))).collect();
     for f in &frames {
@@ -220,7 +220,7 @@ fn rx_queue_keeps_its_pool_across_calls() {
     use crate::virtio::net::rx::RX_GATHER_NO_GSO_BYTES;
     use crate::virtio::net::RxQueue;
     let mem = guest_mem();
-    let mut driver = Driver::new(&mem, 64);
+    let mut driver = GuestQueue::new(&mem, 64);
     let queue = driver.queue();
     let mut bufs = Vec::new();
     for _ in 0..64 {

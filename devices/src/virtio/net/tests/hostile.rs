@@ -8,7 +8,7 @@ use vm_memory::GuestMemoryMmap;
 use crate::backend::PairBackend;
 use crate::virtio::net::metrics::{RxCounters, TxCounters};
 use crate::virtio::net::tests::support::{
-    frame, guest_mem, wire, Driver, INDIRECT, MEM_SIZE, NEXT, WRITE,
+    frame, guest_mem, wire, GuestQueue, INDIRECT, MEM_SIZE, NEXT, WRITE,
 };
 use crate::virtio::net::tx::MAX_TX_CHAIN_LEN;
 use crate::virtio::net::{process_rx, process_tx, RxMode};
@@ -16,7 +16,7 @@ use crate::virtio::ring::RingError;
 
 /// Runs tx over whatever the driver queued plus one valid frame queued last, and checks that
 /// only the valid frame reached the backend. Returns the counters.
-fn tx_after(driver: &mut Driver<'_>, queue: &mut Queue, mem: &GuestMemoryMmap) -> TxCounters {
+fn tx_after(driver: &mut GuestQueue, queue: &mut Queue, mem: &GuestMemoryMmap) -> TxCounters {
     let good = wire(&frame(80, 0xee));
     driver.push_tx(&good, &[]);
     let (mut backend, peer) = PairBackend::new().expect("socketpair");
@@ -33,7 +33,7 @@ fn tx_after(driver: &mut Driver<'_>, queue: &mut Queue, mem: &GuestMemoryMmap) -
 }
 
 /// Asserts the first used entries are the chains `heads`, in order, each with length 0.
-fn assert_returned_empty(driver: &Driver<'_>, heads: &[u16]) {
+fn assert_returned_empty(driver: &GuestQueue, heads: &[u16]) {
     let used = driver.used_since(0);
     for (i, &head) in heads.iter().enumerate() {
         assert_eq!(used[i], (u32::from(head), 0), "chain {head}");
@@ -43,7 +43,7 @@ fn assert_returned_empty(driver: &Driver<'_>, heads: &[u16]) {
 #[test]
 fn descriptor_loop() {
     let mem = guest_mem();
-    let mut driver = Driver::new(&mem, 16);
+    let mut driver = GuestQueue::new(&mem, 16);
     let mut queue = driver.queue();
     let buf = driver.alloc(&wire(&frame(10, 0)));
     // a → b → a → ...
@@ -63,7 +63,7 @@ fn descriptor_loop() {
 #[test]
 fn next_index_out_of_range() {
     let mem = guest_mem();
-    let mut driver = Driver::new(&mem, 16);
+    let mut driver = GuestQueue::new(&mem, 16);
     let mut queue = driver.queue();
     let buf = driver.alloc(&wire(&frame(10, 0)));
     let slot = driver.write_descs(&[(buf, 22, NEXT, 500)])[0];
@@ -76,7 +76,7 @@ fn next_index_out_of_range() {
 #[test]
 fn buffer_outside_guest_memory() {
     let mem = guest_mem();
-    let mut driver = Driver::new(&mem, 16);
+    let mut driver = GuestQueue::new(&mem, 16);
     let mut queue = driver.queue();
     let hdr = driver.alloc(&wire(&[]));
     let mut heads = Vec::new();
@@ -96,7 +96,7 @@ fn buffer_outside_guest_memory() {
 #[test]
 fn wrong_direction() {
     let mem = guest_mem();
-    let mut driver = Driver::new(&mem, 16);
+    let mut driver = GuestQueue::new(&mem, 16);
     let mut queue = driver.queue();
     let buf = driver.alloc(&wire(&frame(50, 0)));
     // tx: a device-writable descriptor.
@@ -107,7 +107,7 @@ fn wrong_direction() {
 
     // rx: a device-readable descriptor. It is returned empty and the frame waits for a good
     // buffer.
-    let mut rx = Driver::at(&mem, vm_memory::GuestAddress(0x8000), 16, 0x40_0000);
+    let mut rx = GuestQueue::at(&mem, vm_memory::GuestAddress(0x8000), 16, 0x40_0000);
     let mut rx_queue = rx.queue();
     let bad = rx.add_chain(&[(buf, 2048)], 0);
     let (mut backend, peer) = PairBackend::new().expect("socketpair");
@@ -126,7 +126,7 @@ fn wrong_direction() {
 #[test]
 fn zero_length_frames() {
     let mem = guest_mem();
-    let mut driver = Driver::new(&mem, 16);
+    let mut driver = GuestQueue::new(&mem, 16);
     let mut queue = driver.queue();
     let hdr = driver.alloc(&wire(&[]));
     let heads = vec![
@@ -143,7 +143,7 @@ fn zero_length_frames() {
 #[test]
 fn oversized_frames() {
     let mem = guest_mem();
-    let mut driver = Driver::new(&mem, 16);
+    let mut driver = GuestQueue::new(&mem, 16);
     let mut queue = driver.queue();
     let max = MAX_TX_CHAIN_LEN as usize;
     let biggest = wire(&frame(max - 12, 1));
@@ -164,7 +164,7 @@ fn oversized_frames() {
 #[test]
 fn malformed_indirect_tables() {
     let mem = guest_mem();
-    let mut driver = Driver::new(&mem, 16);
+    let mut driver = GuestQueue::new(&mem, 16);
     let mut queue = driver.queue();
     let hdr = driver.alloc(&wire(&frame(20, 0)));
     // An indirect table whose own descriptor is indirect (nesting is forbidden).
@@ -207,7 +207,7 @@ fn malformed_indirect_tables() {
 #[test]
 fn avail_index_jump_is_a_ring_error() {
     let mem = guest_mem();
-    let mut driver = Driver::new(&mem, 16);
+    let mut driver = GuestQueue::new(&mem, 16);
     let mut queue = driver.queue();
     driver.push_tx(&wire(&frame(64, 0)), &[]);
     driver.set_avail_idx(17);
@@ -217,7 +217,7 @@ fn avail_index_jump_is_a_ring_error() {
     assert!(matches!(err, RingError::AvailIndexJump), "{err:?}");
     assert_eq!(peer.try_recv_frame().expect("recv"), None);
 
-    let mut rx = Driver::at(&mem, vm_memory::GuestAddress(0x8000), 16, 0x40_0000);
+    let mut rx = GuestQueue::at(&mem, vm_memory::GuestAddress(0x8000), 16, 0x40_0000);
     let mut rx_queue = rx.queue();
     rx.set_avail_idx(40_000);
     peer.send_frame(&wire(&frame(64, 0))).expect("send");
@@ -236,7 +236,7 @@ fn avail_index_jump_is_a_ring_error() {
 #[test]
 fn head_index_out_of_range_is_a_ring_error() {
     let mem = guest_mem();
-    let mut driver = Driver::new(&mem, 16);
+    let mut driver = GuestQueue::new(&mem, 16);
     let mut queue = driver.queue();
     driver.publish(16);
     let (mut backend, _peer) = PairBackend::new().expect("socketpair");
@@ -248,7 +248,7 @@ fn head_index_out_of_range_is_a_ring_error() {
 #[test]
 fn rx_chain_shorter_than_the_header() {
     let mem = guest_mem();
-    let mut rx = Driver::new(&mem, 16);
+    let mut rx = GuestQueue::new(&mem, 16);
     let mut queue = rx.queue();
     let short = rx.push_rx(&[8]).0;
     let (good, bufs) = rx.push_rx(&[4, 8, 1000]); // header straddles three descriptors
@@ -269,7 +269,7 @@ fn rx_chain_shorter_than_the_header() {
 #[test]
 fn rx_malformed_chain_after_good_ones_is_returned_once_in_order() {
     let mem = guest_mem();
-    let mut rx = Driver::new(&mem, 16);
+    let mut rx = GuestQueue::new(&mem, 16);
     let mut queue = rx.queue();
     let a = rx.push_rx(&[1024]).0;
     let b = rx.push_rx(&[1024]).0;
@@ -315,7 +315,7 @@ fn random_rings_never_panic() {
     let (mut backend, peer) = PairBackend::new().expect("socketpair");
     let mut broken = 0;
     for round in 0..300 {
-        let mut driver = Driver::new(&mem, 16);
+        let mut driver = GuestQueue::new(&mem, 16);
         let mut queue = driver.queue();
         queue.set_event_idx(round % 2 == 0);
         let descs: Vec<_> = (0..16)

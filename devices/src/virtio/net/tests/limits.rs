@@ -6,8 +6,8 @@ use std::time::{Duration, Instant};
 
 use super::support::{frame, guest_mem, wire};
 use super::worker::{kick, queues, rig_with, start, TIMEOUT, VERSION_1};
+use crate::test_utils::mmio::wait_until;
 use crate::virtio::net::{BucketConfig, RateLimiterConfig};
-use crate::virtio::testing::wait_until;
 
 fn ops(size: u64, refill_ms: u64) -> RateLimiterConfig {
     RateLimiterConfig {

@@ -5,7 +5,7 @@ use virtio_queue::QueueT;
 
 use crate::backend::PairBackend;
 use crate::virtio::net::metrics::{RxCounters, TxCounters};
-use crate::virtio::net::tests::support::{frame, guest_mem, wire, Driver};
+use crate::virtio::net::tests::support::{frame, guest_mem, wire, GuestQueue};
 use crate::virtio::net::{process_rx, process_tx, RxMode, TxStop};
 use crate::virtio::ring::vring_need_event;
 
@@ -79,7 +79,7 @@ fn event_idx_interrupts_follow_vring_need_event_across_wrap_around() {
     ];
     for &(start, n, used_event) in cases {
         let mem = guest_mem();
-        let mut driver = Driver::new(&mem, 16);
+        let mut driver = GuestQueue::new(&mem, 16);
         let mut queue = driver.queue();
         queue.set_event_idx(true);
         driver.start_at(&mut queue, start);
@@ -111,7 +111,7 @@ fn event_idx_interrupts_follow_vring_need_event_across_wrap_around() {
 #[test]
 fn event_idx_ignores_the_no_interrupt_flag() {
     let mem = guest_mem();
-    let mut driver = Driver::new(&mem, 16);
+    let mut driver = GuestQueue::new(&mem, 16);
     let mut queue = driver.queue();
     queue.set_event_idx(true);
     driver.set_avail_flags(1);
@@ -126,7 +126,7 @@ fn event_idx_ignores_the_no_interrupt_flag() {
 #[test]
 fn no_interrupt_flag_is_honoured_without_event_idx() {
     let mem = guest_mem();
-    let mut driver = Driver::new(&mem, 16);
+    let mut driver = GuestQueue::new(&mem, 16);
     let mut queue = driver.queue();
     let (mut backend, peer) = PairBackend::new().expect("socketpair");
     let mut counters = TxCounters::default();
@@ -146,7 +146,7 @@ fn no_interrupt_flag_is_honoured_without_event_idx() {
     assert_eq!(counters.interrupts_raised, 1);
 
     // Same on the rx side.
-    let mut rx_driver = Driver::at(&mem, vm_memory::GuestAddress(0x8000), 16, 0x40_0000);
+    let mut rx_driver = GuestQueue::at(&mem, vm_memory::GuestAddress(0x8000), 16, 0x40_0000);
     let mut rx_queue = rx_driver.queue();
     rx_driver.push_rx(&[2048]);
     rx_driver.push_rx(&[2048]);
@@ -169,7 +169,7 @@ fn no_interrupt_flag_is_honoured_without_event_idx() {
 #[test]
 fn driver_notifications_are_off_while_the_device_is_busy() {
     let mem = guest_mem();
-    let mut driver = Driver::new(&mem, 256);
+    let mut driver = GuestQueue::new(&mem, 256);
     let mut queue = driver.queue();
     let bytes = wire(&frame(8000, 4));
     for _ in 0..100 {

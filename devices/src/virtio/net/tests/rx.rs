@@ -5,11 +5,11 @@ use virtio_queue::QueueT;
 
 use crate::backend::PairBackend;
 use crate::virtio::net::metrics::RxCounters;
-use crate::virtio::net::tests::support::{frame, guest_mem, wire, Driver};
+use crate::virtio::net::tests::support::{frame, guest_mem, wire, GuestQueue};
 use crate::virtio::net::{process_rx, RxMode, RxStop, VNET_HDR_LEN};
 
 /// num_buffers of the header at `addr`.
-fn num_buffers(driver: &Driver<'_>, addr: u64) -> u16 {
+fn num_buffers(driver: &GuestQueue, addr: u64) -> u16 {
     let b = driver.read(addr + 10, 2);
     u16::from_le_bytes([b[0], b[1]])
 }
@@ -17,7 +17,7 @@ fn num_buffers(driver: &Driver<'_>, addr: u64) -> u16 {
 #[test]
 fn frame_lands_in_a_single_chain() {
     let mem = guest_mem();
-    let mut driver = Driver::new(&mem, 16);
+    let mut driver = GuestQueue::new(&mem, 16);
     let mut queue = driver.queue();
     // Header and frame in separate descriptors of one chain.
     let (head, bufs) = driver.push_rx(&[12, 2048]);
@@ -48,7 +48,7 @@ fn frame_lands_in_a_single_chain() {
 #[test]
 fn frame_spans_mergeable_chains_with_num_buffers() {
     let mem = guest_mem();
-    let mut driver = Driver::new(&mem, 16);
+    let mut driver = GuestQueue::new(&mem, 16);
     let mut queue = driver.queue();
     let chains: Vec<_> = (0..4).map(|_| driver.push_rx(&[512])).collect();
     let (mut backend, peer) = PairBackend::new().expect("socketpair");
@@ -97,7 +97,7 @@ fn frame_spans_mergeable_chains_with_num_buffers() {
 #[test]
 fn consecutive_frames_share_the_gathered_chains() {
     let mem = guest_mem();
-    let mut driver = Driver::new(&mem, 64);
+    let mut driver = GuestQueue::new(&mem, 64);
     let mut queue = driver.queue();
     let chains: Vec<_> = (0..40).map(|_| driver.push_rx(&[1536])).collect();
     let (mut backend, peer) = PairBackend::new().expect("socketpair");
@@ -135,7 +135,7 @@ fn consecutive_frames_share_the_gathered_chains() {
 #[test]
 fn frame_too_big_for_the_chain_is_dropped_and_counted() {
     let mem = guest_mem();
-    let mut driver = Driver::new(&mem, 16);
+    let mut driver = GuestQueue::new(&mem, 16);
     let mut queue = driver.queue();
     let (head, bufs) = driver.push_rx(&[12 + 100]);
     let (mut backend, peer) = PairBackend::new().expect("socketpair");
@@ -161,7 +161,7 @@ fn frame_too_big_for_the_chain_is_dropped_and_counted() {
 #[test]
 fn no_buffers_means_backpressure_not_loss() {
     let mem = guest_mem();
-    let mut driver = Driver::new(&mem, 16);
+    let mut driver = GuestQueue::new(&mem, 16);
     let mut queue = driver.queue();
     let (mut backend, peer) = PairBackend::new().expect("socketpair");
     let payload = frame(300, 3);
@@ -208,7 +208,7 @@ fn no_buffers_means_backpressure_not_loss() {
 #[test]
 fn closed_backend_is_reported() {
     let mem = guest_mem();
-    let mut driver = Driver::new(&mem, 16);
+    let mut driver = GuestQueue::new(&mem, 16);
     let mut queue = driver.queue();
     driver.push_rx(&[2048]);
     let (mut backend, peer) = PairBackend::new().expect("socketpair");

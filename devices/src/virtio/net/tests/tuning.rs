@@ -11,10 +11,10 @@ use virtio_bindings::virtio_config::VIRTIO_CONFIG_S_NEEDS_RESET;
 use virtio_bindings::virtio_mmio::{VIRTIO_MMIO_INT_CONFIG, VIRTIO_MMIO_INT_VRING};
 use virtio_bindings::virtio_ring::VIRTIO_RING_F_EVENT_IDX;
 
-use super::support::{frame, guest_mem, wire, Driver};
+use super::support::{frame, guest_mem, wire, GuestQueue};
 use super::worker::{kick, queues, rig, rig_with, start, take_interrupt, Rig, TIMEOUT, VERSION_1};
+use crate::test_utils::mmio::{wait_eventfd, wait_until, Registers};
 use crate::virtio::net::{InterruptCoalescing, NetTuning};
-use crate::virtio::testing::{wait_eventfd, wait_until, Registers};
 use crate::virtio::MmioTransport;
 
 fn coalescing(max_packets: u16, max_usecs: u32) -> NetTuning {
@@ -28,7 +28,7 @@ fn coalescing(max_packets: u16, max_usecs: u32) -> NetTuning {
 }
 
 /// Sends one frame from the guest and waits until the device has returned its buffer.
-fn send_one(rig: &Rig, tx: &mut Driver<'_>, seed: u8) {
+fn send_one(rig: &Rig, tx: &mut GuestQueue, seed: u8) {
     let used = tx.used_idx();
     tx.push_tx(&wire(&frame(64, seed)), &[]);
     kick(&rig.transport, 1);

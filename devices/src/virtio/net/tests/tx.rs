@@ -4,14 +4,14 @@ use virtio_queue::QueueT;
 
 use crate::backend::PairBackend;
 use crate::virtio::net::metrics::TxCounters;
-use crate::virtio::net::tests::support::{frame, guest_mem, wire, Driver, INDIRECT};
+use crate::virtio::net::tests::support::{frame, guest_mem, wire, GuestQueue, INDIRECT};
 use crate::virtio::net::tx::TX_BUDGET;
 use crate::virtio::net::{process_tx, TxStop};
 
 #[test]
 fn frame_split_across_descriptors_reaches_backend_with_its_header() {
     let mem = guest_mem();
-    let mut driver = Driver::new(&mem, 16);
+    let mut driver = GuestQueue::new(&mem, 16);
     let mut queue = driver.queue();
     let payload = frame(1500, 1);
     let bytes = wire(&payload);
@@ -35,7 +35,7 @@ fn frame_split_across_descriptors_reaches_backend_with_its_header() {
 #[test]
 fn frames_leave_in_ring_order_including_indirect_chains() {
     let mem = guest_mem();
-    let mut driver = Driver::new(&mem, 16);
+    let mut driver = GuestQueue::new(&mem, 16);
     let mut queue = driver.queue();
     let first = wire(&frame(60, 2));
     let second = wire(&frame(300, 3));
@@ -67,7 +67,7 @@ fn frames_leave_in_ring_order_including_indirect_chains() {
 #[test]
 fn full_backend_keeps_the_chain_queued_until_it_drains() {
     let mem = guest_mem();
-    let mut driver = Driver::new(&mem, 256);
+    let mut driver = GuestQueue::new(&mem, 256);
     let mut queue = driver.queue();
     let bytes = wire(&frame(8000, 4));
     for _ in 0..200 {
@@ -115,7 +115,7 @@ fn full_backend_keeps_the_chain_queued_until_it_drains() {
 #[test]
 fn budget_bounds_one_call() {
     let mem = guest_mem();
-    let mut driver = Driver::new(&mem, 512);
+    let mut driver = GuestQueue::new(&mem, 512);
     let mut queue = driver.queue();
     let bytes = wire(&frame(20, 5));
     for _ in 0..TX_BUDGET + 10 {
@@ -140,7 +140,7 @@ fn budget_bounds_one_call() {
 #[test]
 fn backend_errors_drop_the_frame_and_move_on() {
     let mem = guest_mem();
-    let mut driver = Driver::new(&mem, 16);
+    let mut driver = GuestQueue::new(&mem, 16);
     let mut queue = driver.queue();
     driver.push_tx(&wire(&frame(100, 6)), &[]);
     driver.push_tx(&wire(&frame(100, 7)), &[]);

@@ -14,10 +14,10 @@ use virtio_bindings::virtio_ring::VIRTIO_RING_F_EVENT_IDX;
 use vm_memory::{GuestAddress, GuestMemoryMmap};
 
 use crate::backend::{Offloads, PairBackend, PairPeer};
+use crate::test_utils::mmio::{wait_eventfd, wait_until, Registers};
 use crate::virtio::net::device::LinkState;
-use crate::virtio::net::tests::support::{frame, guest_mem, wire, Driver};
+use crate::virtio::net::tests::support::{frame, guest_mem, wire, GuestQueue};
 use crate::virtio::net::{LinkControl, MacAddr, NetDevice, NetMetrics, TuningControl};
-use crate::virtio::testing::{wait_eventfd, wait_until, Registers};
 use crate::virtio::MmioTransport;
 use crate::BusDevice;
 
@@ -59,7 +59,7 @@ pub(super) fn rig_with(
 }
 
 /// Negotiates `features`, programs both queues and sets DRIVER_OK.
-pub(super) fn start(t: &mut MmioTransport, features: u64, rx: &Driver<'_>, tx: &Driver<'_>) {
+pub(super) fn start(t: &mut MmioTransport, features: u64, rx: &GuestQueue, tx: &GuestQueue) {
     assert!(t.negotiate(features), "FEATURES_OK accepted");
     t.setup_queue(0, 256, rx.ring_addrs());
     t.setup_queue(1, 256, tx.ring_addrs());
@@ -84,10 +84,10 @@ pub(super) fn take_interrupt(t: &mut MmioTransport) -> u32 {
     status
 }
 
-pub(super) fn queues(mem: &GuestMemoryMmap) -> (Driver<'_>, Driver<'_>) {
+pub(super) fn queues(mem: &GuestMemoryMmap) -> (GuestQueue, GuestQueue) {
     (
-        Driver::at(mem, GuestAddress(0), 256, 0x10_0000),
-        Driver::at(mem, GuestAddress(0x1_0000), 256, 0x40_0000),
+        GuestQueue::at(mem, GuestAddress(0), 256, 0x10_0000),
+        GuestQueue::at(mem, GuestAddress(0x1_0000), 256, 0x40_0000),
     )
 }
 
@@ -137,8 +137,8 @@ fn frames_flow_both_ways_through_the_worker() {
     assert_eq!(metrics.tx.kicks.get(), 1);
     assert_eq!(metrics.irqfd_signals.get(), 2);
 
-    let rx3 = Driver::at(&mem, GuestAddress(0x2_0000), 256, 0x60_0000);
-    let mut tx3 = Driver::at(&mem, GuestAddress(0x3_0000), 256, 0x70_0000);
+    let rx3 = GuestQueue::at(&mem, GuestAddress(0x2_0000), 256, 0x60_0000);
+    let mut tx3 = GuestQueue::at(&mem, GuestAddress(0x3_0000), 256, 0x70_0000);
     start(&mut transport, VERSION_1, &rx3, &tx3);
     assert_eq!(peer.offloads(), Offloads::NONE);
     let again = wire(&frame(60, 3));
@@ -247,8 +247,8 @@ fn broken_ring_sets_needs_reset_and_the_vmm_survives() {
     // The driver resets and starts over; the backend survived the failed worker.
     transport.w32(VIRTIO_MMIO_STATUS, 0);
     assert_eq!(transport.r32(VIRTIO_MMIO_STATUS), 0);
-    let rx2 = Driver::at(&mem, GuestAddress(0x2_0000), 256, 0x60_0000);
-    let mut tx2 = Driver::at(&mem, GuestAddress(0x3_0000), 256, 0x70_0000);
+    let rx2 = GuestQueue::at(&mem, GuestAddress(0x2_0000), 256, 0x60_0000);
+    let mut tx2 = GuestQueue::at(&mem, GuestAddress(0x3_0000), 256, 0x70_0000);
     start(&mut transport, VERSION_1, &rx2, &tx2);
     let out = wire(&frame(64, 1));
     tx2.push_tx(&out, &[]);

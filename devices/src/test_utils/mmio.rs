@@ -1,4 +1,5 @@
-//! Test helpers playing the guest driver's side of the virtio-mmio registers.
+//! The guest driver's side of the virtio-mmio registers: register access, the initialisation
+//! steps, and waits for the device's worker (interrupts, state changes).
 
 use std::os::fd::AsRawFd;
 use std::time::{Duration, Instant};
@@ -10,11 +11,11 @@ use virtio_bindings::virtio_config::{
 use virtio_bindings::virtio_mmio::*;
 use vmm_sys_util::eventfd::EventFd;
 
-use super::MmioTransport;
+use crate::virtio::MmioTransport;
 use crate::BusDevice;
 
 /// 32-bit register access and the driver's initialisation steps.
-pub(crate) trait Registers {
+pub trait Registers {
     /// Reads a 32-bit register.
     fn r32(&mut self, offset: u32) -> u32;
     /// Writes a 32-bit register.
@@ -57,6 +58,16 @@ pub(crate) trait Registers {
         let status = self.r32(VIRTIO_MMIO_STATUS) | VIRTIO_CONFIG_S_DRIVER_OK;
         self.w32(VIRTIO_MMIO_STATUS, status);
     }
+
+    /// The features the device offers (both DeviceFeatures words).
+    fn device_features(&mut self) -> u64 {
+        let mut features = 0u64;
+        for sel in 0..2u32 {
+            self.w32(VIRTIO_MMIO_DEVICE_FEATURES_SEL, sel);
+            features |= u64::from(self.r32(VIRTIO_MMIO_DEVICE_FEATURES)) << (32 * sel);
+        }
+        features
+    }
 }
 
 impl Registers for MmioTransport {
@@ -72,7 +83,7 @@ impl Registers for MmioTransport {
 }
 
 /// Polls `cond` until it holds or `timeout` passes; returns whether it held.
-pub(crate) fn wait_until(timeout: Duration, mut cond: impl FnMut() -> bool) -> bool {
+pub fn wait_until(timeout: Duration, mut cond: impl FnMut() -> bool) -> bool {
     let deadline = Instant::now() + timeout;
     loop {
         if cond() {
@@ -86,7 +97,7 @@ pub(crate) fn wait_until(timeout: Duration, mut cond: impl FnMut() -> bool) -> b
 }
 
 /// Waits for `fd` to be signalled and consumes its count; returns the count (0 on timeout).
-pub(crate) fn wait_eventfd(fd: &EventFd, timeout: Duration) -> u64 {
+pub fn wait_eventfd(fd: &EventFd, timeout: Duration) -> u64 {
     let mut pfd = libc::pollfd {
         fd: fd.as_raw_fd(),
         events: libc::POLLIN,

@@ -1,0 +1,306 @@
+//! The driver's side of a split virtqueue in guest memory: [`GuestQueue`] lays out the
+//! descriptor table, the avail ring and the used ring, builds the device's [`Queue`], writes
+//! descriptors and avail entries (with index wrap-around) and reads the used ring back.
+//!
+//! It plays the guest driver in tests and benches of the device side; it is not the guest
+//! driver crate (`vnet-driver`), which has its own rings.
+
+use std::sync::atomic::Ordering;
+
+use virtio_bindings::virtio_ring::{VRING_DESC_F_INDIRECT, VRING_DESC_F_NEXT, VRING_DESC_F_WRITE};
+use virtio_queue::{Queue, QueueT};
+use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryMmap};
+
+/// Guest memory size of [`guest_mem`].
+pub const MEM_SIZE: u64 = 0x80_0000;
+/// Where [`GuestQueue::new`] allocates buffers (the rings live below).
+pub const DATA_START: u64 = 0x10_0000;
+
+/// Descriptor flag: the chain continues at `next`.
+pub const NEXT: u16 = VRING_DESC_F_NEXT as u16;
+/// Descriptor flag: the buffer is device-writable.
+pub const WRITE: u16 = VRING_DESC_F_WRITE as u16;
+/// Descriptor flag: the buffer is an indirect descriptor table.
+pub const INDIRECT: u16 = VRING_DESC_F_INDIRECT as u16;
+
+/// One region of [`MEM_SIZE`] bytes at guest address 0.
+pub fn guest_mem() -> GuestMemoryMmap {
+    GuestMemoryMmap::from_ranges(&[(GuestAddress(0), MEM_SIZE as usize)]).expect("guest memory")
+}
+
+/// The driver's side of one split queue (it holds a clone of the guest memory handle, which
+/// shares the mappings).
+pub struct GuestQueue {
+    mem: GuestMemoryMmap,
+    size: u16,
+    desc_addr: u64,
+    avail_addr: u64,
+    used_addr: u64,
+    next_desc: u16,
+    next_data: u64,
+    avail_idx: u16,
+}
+
+impl GuestQueue {
+    /// A queue of `size` entries whose rings start at guest address 0, allocating buffers from
+    /// [`DATA_START`].
+    pub fn new(mem: &GuestMemoryMmap, size: u16) -> Self {
+        Self::at(mem, GuestAddress(0), size, DATA_START)
+    }
+
+    /// A queue whose rings are laid out contiguously from `start` (descriptor table, avail
+    /// ring, then the used ring 4-aligned), allocating buffers from `data_start`.
+    pub fn at(mem: &GuestMemoryMmap, start: GuestAddress, size: u16, data_start: u64) -> Self {
+        let desc = start.0;
+        let avail = desc + 16 * u64::from(size);
+        // avail ring: flags, idx, ring[size], used_event; the used ring follows, 4-aligned.
+        let used = (avail + 6 + 2 * u64::from(size) + 3) & !3;
+        Self::with_rings(mem, size, (desc, avail, used), data_start)
+    }
+
+    /// A queue of `size` entries with its rings at (desc, avail, used), allocating buffers from
+    /// `data_start`. Both rings start zeroed; the descriptor table is left as it is.
+    pub fn with_rings(
+        mem: &GuestMemoryMmap,
+        size: u16,
+        (desc, avail, used): (u64, u64, u64),
+        data_start: u64,
+    ) -> Self {
+        let avail_len = 6 + 2 * usize::from(size);
+        let used_len = 6 + 8 * usize::from(size);
+        mem.write_slice(&vec![0u8; avail_len], GuestAddress(avail))
+            .expect("avail ring in memory");
+        mem.write_slice(&vec![0u8; used_len], GuestAddress(used))
+            .expect("used ring in memory");
+        GuestQueue {
+            mem: mem.clone(),
+            size,
+            desc_addr: desc,
+            avail_addr: avail,
+            used_addr: used,
+            next_desc: 0,
+            next_data: data_start,
+            avail_idx: 0,
+        }
+    }
+
+    /// The guest memory the queue lives in.
+    pub fn mem(&self) -> &GuestMemoryMmap {
+        &self.mem
+    }
+
+    /// The device's view of the queue (ready, addresses set, no EVENT_IDX).
+    pub fn queue(&self) -> Queue {
+        let mut queue = Queue::new(self.size).expect("valid queue size");
+        queue.set_size(self.size);
+        queue.set_ready(true);
+        queue
+            .try_set_desc_table_address(GuestAddress(self.desc_addr))
+            .expect("aligned descriptor table");
+        queue
+            .try_set_avail_ring_address(GuestAddress(self.avail_addr))
+            .expect("aligned avail ring");
+        queue
+            .try_set_used_ring_address(GuestAddress(self.used_addr))
+            .expect("aligned used ring");
+        queue
+    }
+
+    /// Ring addresses (desc, avail, used) for programming a transport.
+    pub fn ring_addrs(&self) -> (u64, u64, u64) {
+        (self.desc_addr, self.avail_addr, self.used_addr)
+    }
+
+    /// Moves the free-running indexes to `idx` on both sides (for wrap-around tests).
+    pub fn start_at(&mut self, queue: &mut Queue, idx: u16) {
+        self.avail_idx = idx;
+        self.store_u16(self.avail_addr + 2, idx);
+        self.store_u16(self.used_addr + 2, idx);
+        queue.set_next_avail(idx);
+        queue.set_next_used(idx);
+    }
+
+    /// Copies `bytes` into fresh guest memory; returns its address.
+    pub fn alloc(&mut self, bytes: &[u8]) -> u64 {
+        let addr = self.alloc_zeroed(bytes.len());
+        self.mem
+            .write_slice(bytes, GuestAddress(addr))
+            .expect("buffer in memory");
+        addr
+    }
+
+    /// Reserves `len` zeroed bytes of guest memory; returns the address.
+    pub fn alloc_zeroed(&mut self, len: usize) -> u64 {
+        let addr = self.next_data;
+        self.next_data = (addr + len as u64 + 15) & !15;
+        assert!(
+            self.next_data <= self.mem.last_addr().0 + 1,
+            "test data area exhausted"
+        );
+        self.mem
+            .write_slice(&vec![0u8; len], GuestAddress(addr))
+            .expect("buffer in memory");
+        addr
+    }
+
+    /// The table slot the next `write_descs` starts at.
+    pub fn next_slot(&self) -> u16 {
+        self.next_desc
+    }
+
+    /// Writes raw descriptors `(addr, len, flags, next)` into consecutive free table slots
+    /// without touching flags or next fields; returns the slot indexes.
+    pub fn write_descs(&mut self, descs: &[(u64, u32, u16, u16)]) -> Vec<u16> {
+        descs
+            .iter()
+            .map(|&(addr, len, flags, next)| {
+                let index = self.next_desc;
+                self.next_desc = (self.next_desc + 1) % self.size;
+                let mut desc = [0u8; 16];
+                desc[..8].copy_from_slice(&addr.to_le_bytes());
+                desc[8..12].copy_from_slice(&len.to_le_bytes());
+                desc[12..14].copy_from_slice(&flags.to_le_bytes());
+                desc[14..].copy_from_slice(&next.to_le_bytes());
+                self.mem
+                    .write_slice(&desc, GuestAddress(self.desc_addr + 16 * u64::from(index)))
+                    .expect("descriptor slot");
+                index
+            })
+            .collect()
+    }
+
+    /// Puts `head` in the avail ring and publishes it.
+    pub fn publish(&mut self, head: u16) {
+        self.publish_all([head]);
+    }
+
+    /// Puts every one of `heads` in the avail ring, then publishes them with one store of the
+    /// avail index.
+    pub fn publish_all(&mut self, heads: impl IntoIterator<Item = u16>) {
+        for head in heads {
+            let slot = self.avail_addr + 4 + 2 * u64::from(self.avail_idx % self.size);
+            self.mem
+                .write_obj(head.to_le(), GuestAddress(slot))
+                .expect("avail entry");
+            self.avail_idx = self.avail_idx.wrapping_add(1);
+        }
+        self.store_u16(self.avail_addr + 2, self.avail_idx);
+    }
+
+    /// The avail index the driver has published (free-running).
+    pub fn avail_idx(&self) -> u16 {
+        self.avail_idx
+    }
+
+    /// Publishes a chain of `bufs` (address, length), all with `flags` (0 or WRITE).
+    pub fn add_chain(&mut self, bufs: &[(u64, u32)], flags: u16) -> u16 {
+        let first = self.next_desc;
+        let descs: Vec<_> = bufs
+            .iter()
+            .enumerate()
+            .map(|(i, &(addr, len))| {
+                let last = i + 1 == bufs.len();
+                let next = (first + i as u16 + 1) % self.size;
+                (addr, len, if last { flags } else { flags | NEXT }, next)
+            })
+            .collect();
+        let head = self.write_descs(&descs)[0];
+        self.publish(head);
+        head
+    }
+
+    /// Publishes a tx chain carrying `bytes` (header included), cut at the `cuts` offsets.
+    pub fn push_tx(&mut self, bytes: &[u8], cuts: &[usize]) -> u16 {
+        let mut bufs = Vec::new();
+        let mut start = 0;
+        for &end in cuts.iter().chain([bytes.len()].iter()) {
+            bufs.push((self.alloc(&bytes[start..end]), (end - start) as u32));
+            start = end;
+        }
+        self.add_chain(&bufs, 0)
+    }
+
+    /// Publishes a device-writable chain of buffers of the given lengths; returns the head and
+    /// the buffer addresses.
+    pub fn push_rx(&mut self, lens: &[u32]) -> (u16, Vec<u64>) {
+        let bufs: Vec<_> = lens
+            .iter()
+            .map(|&len| (self.alloc_zeroed(len as usize), len))
+            .collect();
+        let head = self.add_chain(&bufs, WRITE);
+        (head, bufs.iter().map(|b| b.0).collect())
+    }
+
+    /// Sets the avail index without adding entries (hostile driver).
+    pub fn set_avail_idx(&mut self, idx: u16) {
+        self.avail_idx = idx;
+        self.store_u16(self.avail_addr + 2, idx);
+    }
+
+    /// The used ring index.
+    pub fn used_idx(&self) -> u16 {
+        self.load_u16(self.used_addr + 2)
+    }
+
+    /// Used ring entry `i` (free-running index): (descriptor id, length).
+    pub fn used(&self, i: u16) -> (u32, u32) {
+        let entry = self.used_addr + 4 + 8 * u64::from(i % self.size);
+        let id: u32 = self.mem.read_obj(GuestAddress(entry)).expect("used entry");
+        let len: u32 = self
+            .mem
+            .read_obj(GuestAddress(entry + 4))
+            .expect("used entry");
+        (u32::from_le(id), u32::from_le(len))
+    }
+
+    /// All used entries from index `from` up to the used index.
+    pub fn used_since(&self, from: u16) -> Vec<(u32, u32)> {
+        let to = self.used_idx();
+        (0..to.wrapping_sub(from))
+            .map(|k| self.used(from.wrapping_add(k)))
+            .collect()
+    }
+
+    /// Sets `used_event` (EVENT_IDX: interrupt me when the used index passes this).
+    pub fn set_used_event(&self, value: u16) {
+        self.store_u16(self.avail_addr + 4 + 2 * u64::from(self.size), value);
+    }
+
+    /// Sets the avail ring flags (VRING_AVAIL_F_NO_INTERRUPT).
+    pub fn set_avail_flags(&self, flags: u16) {
+        self.store_u16(self.avail_addr, flags);
+    }
+
+    /// The used ring flags (VRING_USED_F_NO_NOTIFY).
+    pub fn used_flags(&self) -> u16 {
+        self.load_u16(self.used_addr)
+    }
+
+    /// `avail_event` (EVENT_IDX: the device wants a kick when the avail index passes this).
+    pub fn avail_event(&self) -> u16 {
+        self.load_u16(self.used_addr + 4 + 8 * u64::from(self.size))
+    }
+
+    /// Reads guest memory.
+    pub fn read(&self, addr: u64, len: usize) -> Vec<u8> {
+        let mut buf = vec![0u8; len];
+        self.mem
+            .read_slice(&mut buf, GuestAddress(addr))
+            .expect("in memory");
+        buf
+    }
+
+    fn store_u16(&self, addr: u64, value: u16) {
+        self.mem
+            .store(value.to_le(), GuestAddress(addr), Ordering::Release)
+            .expect("ring in memory");
+    }
+
+    fn load_u16(&self, addr: u64) -> u16 {
+        u16::from_le(
+            self.mem
+                .load(GuestAddress(addr), Ordering::Acquire)
+                .expect("ring in memory"),
+        )
+    }
+}
