@@ -2,8 +2,9 @@
 //!
 //! The socket is opened when the backend is (before any seccomp filter) and polled by the
 //! device worker through epoll; reading it needs only `read`. A link is up while the interface
-//! is administratively up and running (`IFF_UP | IFF_RUNNING`); a deleted interface is down for
-//! good.
+//! is administratively up (`IFF_UP`; a tap's carrier is on while we hold it open, and bringing
+//! it up reports `IFF_UP` before `IFF_RUNNING`, which would flap the guest's link); a deleted
+//! interface is down for good.
 
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
@@ -108,8 +109,7 @@ pub(crate) fn parse_link_messages(mut buf: &[u8], ifindex: i32) -> Option<bool> 
             let index = i32::from_ne_bytes(body[4..8].try_into().ok()?);
             let flags = u32::from_ne_bytes(body[8..12].try_into().ok()?);
             if index == ifindex {
-                let running = (libc::IFF_UP | libc::IFF_RUNNING) as u32;
-                state = Some(kind == libc::RTM_NEWLINK && flags & running == running);
+                state = Some(kind == libc::RTM_NEWLINK && flags & libc::IFF_UP as u32 != 0);
             }
         }
         // Messages are 4-byte aligned.
@@ -144,8 +144,10 @@ mod tests {
         let mut buf = message(libc::RTM_NEWLINK, 7, up);
         buf.extend(message(libc::RTM_NEWLINK, 8, 0)); // another interface
         assert_eq!(parse_link_messages(&buf, 7), Some(true));
-        buf.extend(message(libc::RTM_NEWLINK, 7, libc::IFF_UP as u32)); // no carrier
+        buf.extend(message(libc::RTM_NEWLINK, 7, libc::IFF_RUNNING as u32)); // admin down
         assert_eq!(parse_link_messages(&buf, 7), Some(false));
+        buf.extend(message(libc::RTM_NEWLINK, 7, libc::IFF_UP as u32)); // up, carrier coming
+        assert_eq!(parse_link_messages(&buf, 7), Some(true));
         buf.extend(message(libc::RTM_DELLINK, 7, up));
         assert_eq!(parse_link_messages(&buf, 7), Some(false));
         assert_eq!(parse_link_messages(&buf, 9), None);
