@@ -234,6 +234,11 @@ impl VmmProcess {
         false
     }
 
+    /// What the guest console printed so far.
+    pub fn console(&self) -> String {
+        self.stdout.lock().unwrap().clone()
+    }
+
     /// Sends `signal` to the VMM.
     pub fn signal(&self, signal: i32) {
         let pid = libc::pid_t::try_from(self.child.id()).expect("pid");
