@@ -152,7 +152,12 @@ impl TokenBucket {
         })
     }
 
+    #[inline]
     fn refill(&mut self, now_ns: u64) {
+        // The datapath reads the clock once per call: most refills have nothing to add.
+        if now_ns <= self.last_ns {
+            return;
+        }
         let elapsed = u128::from(now_ns.saturating_sub(self.last_ns));
         self.last_ns = self.last_ns.max(now_ns);
         let full = (self.size * self.refill_ns) as i128;
