@@ -500,9 +500,9 @@ fn bad_requests_get_their_status_and_a_fault_message_and_the_vmm_serves_on() {
         (
             "PUT",
             "/network-interfaces/eth1",
-            r#"{"iface_id": "eth1", "host_dev_name": "t1", "rx_rate_limiter": {}}"#,
+            r#"{"iface_id": "eth1", "host_dev_name": "t1", "rx_rate_limiter": {"ops": {"size": 10, "refill_time": 0}}}"#,
             400,
-            "unknown field `rx_rate_limiter`",
+            "refill_time must be 1..=86400000 ms",
         ),
         (
             "PUT",
