@@ -232,21 +232,22 @@ pub fn load_initrd(
         kernel_end: kernel.end,
     };
     let addr = initrd_address(size, limit, kernel.end).ok_or_else(too_large)?;
-    if !map_file(mem, addr, &file, 0, size) {
-        mem.read_exact_volatile_from(GuestAddress(addr), &mut file, size as usize)
-            .map_err(|source| BootError::ReadInitrd {
-                path: path.to_owned(),
-                source,
-            })?;
-    }
+    // Copied, not mapped like the kernel's text: the guest frees these pages after unpacking
+    // and reuses them, network buffers included, and a copy-on-write fault at the device's
+    // first write into each slowed the TCP test's receive path enough to lose host GSO.
+    mem.read_exact_volatile_from(GuestAddress(addr), &mut file, size as usize)
+        .map_err(|source| BootError::ReadInitrd {
+            path: path.to_owned(),
+            source,
+        })?;
     Ok(InitrdPlacement { addr, size })
 }
 
 /// Puts `len` bytes of `file` from `offset` into guest memory at `addr` as a private
 /// (copy-on-write) mapping of the file instead of copying them, and zeroes the rest of the last
-/// page. Copying the ~8 MB of a vmlinux and a 2 MB initramfs into fresh anonymous memory took
-/// 6-9 ms of page faults and copies, most of the VMM's start-up; mapping takes microseconds,
-/// and the guest then reads the page cache's pages (and copies only those it writes).
+/// page. Copying the 6.7 MB text segment of a vmlinux into fresh anonymous memory took ~5 ms of
+/// page faults and copies, most of the VMM's start-up; mapping takes microseconds, and the
+/// guest then reads the page cache's pages.
 ///
 /// Returns false, with guest memory as it was, when the range is not page aligned or not inside
 /// one memory region, or the mapping fails: the caller then copies.
@@ -309,13 +310,16 @@ fn map_file(mem: &GuestMemory, addr: u64, file: &File, offset: u64, len: u64) ->
     true
 }
 
-/// Loads an ELF vmlinux by mapping its `PT_LOAD` segments ([`map_file`]) with the result
+/// Loads an ELF vmlinux, its read-only `PT_LOAD` segments (text, rodata) mapped ([`map_file`])
+/// and the writable ones copied (the guest writes them, and frees parts to its allocator: see
+/// [`load_initrd`] for why those stay anonymous memory), with the result
 /// linux-loader's `Elf::load` gives (entry `e_entry`, end the highest `p_paddr + p_memsz`).
 /// `None` when the image is not a little-endian x86-64 ELF whose segments are page aligned in
 /// the file and in memory and fit in it, or a mapping fails: linux-loader then loads it (and
 /// reports what is wrong).
 fn map_elf(mem: &GuestMemory, file: &File) -> Option<LoadedKernel> {
     const PT_LOAD: u32 = 1;
+    const PF_W: u32 = 2;
     const EM_X86_64: u16 = 62;
     const PHDR_SIZE: usize = 56;
     let u16_at = |b: &[u8], o: usize| u16::from_le_bytes([b[o], b[o + 1]]);
@@ -356,15 +360,21 @@ fn map_elf(mem: &GuestMemory, file: &File) -> Option<LoadedKernel> {
         {
             return None;
         }
-        segments.push((paddr, offset, filesz));
+        let writable = u32_at(ph, 4) & PF_W != 0;
+        segments.push((paddr, offset, filesz, writable));
         end = end.max(paddr.checked_add(memsz)?);
     }
     if segments.is_empty() {
         return None;
     }
-    for (paddr, offset, filesz) in segments {
-        // If a later segment fails, linux-loader copies the whole image over these mappings.
-        if !map_file(mem, paddr, file, offset, filesz) {
+    for (paddr, offset, filesz, writable) in segments {
+        // If a later segment fails, linux-loader copies the whole image over these.
+        if writable {
+            let mut f = file.try_clone().ok()?;
+            f.seek(SeekFrom::Start(offset)).ok()?;
+            mem.read_exact_volatile_from(GuestAddress(paddr), &mut f, filesz as usize)
+                .ok()?;
+        } else if !map_file(mem, paddr, file, offset, filesz) {
             return None;
         }
     }
