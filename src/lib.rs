@@ -20,8 +20,8 @@ pub mod vm;
 use std::io;
 use std::os::fd::AsRawFd;
 use std::path::PathBuf;
-use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant, SystemTime};
 
 use event_manager::{EventManager, EventOps, EventSet, Events, MutEventSubscriber, SubscriberOps};
 use vmm_sys_util::signal::{register_signal_handler, SIGRTMIN};
@@ -120,6 +120,38 @@ pub fn run(config: &VmConfig) -> Result<VmEnd, VmmError> {
         instance_id: DEFAULT_INSTANCE_ID.into(),
         ..Launch::default()
     })
+}
+
+static PROCESS_START: OnceLock<Instant> = OnceLock::new();
+
+/// Marks the moment the VMM started (`main` calls this first): the vCPU logs the VMM's own
+/// start-up time, from here to its first `KVM_RUN`, against it. Later calls return the first
+/// call's instant.
+pub fn mark_process_start() -> Instant {
+    *PROCESS_START.get_or_init(Instant::now)
+}
+
+/// Logs, once per VM, how long the VMM took from [`mark_process_start`] to the first
+/// `KVM_RUN`, with the wall-clock time so that a caller can also count the process's exec
+/// (`scripts/boot-time.sh` does).
+pub(crate) fn log_first_run() {
+    let wall = SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .unwrap_or_default();
+    let since = PROCESS_START
+        .get()
+        .map(|t| {
+            format!(
+                "{:.3} ms after the VMM started",
+                t.elapsed().as_secs_f64() * 1e3
+            )
+        })
+        .unwrap_or_else(|| "start-up time unknown".into());
+    log::info!(
+        "first KVM_RUN: {since} (unix time {}.{:06})",
+        wall.as_secs(),
+        wall.subsec_micros()
+    );
 }
 
 /// The instance id when none is given (Firecracker's).

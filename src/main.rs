@@ -115,6 +115,7 @@ impl Cli {
 }
 
 fn main() -> ExitCode {
+    vmm::mark_process_start();
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info"))
         .format_timestamp_millis()
         .init();

@@ -223,3 +223,30 @@ fn a_fifo_as_kernel_or_initrd_is_refused_at_once() {
     assert!(matches!(err, BootError::OpenKernel { .. }), "{err}");
     std::fs::remove_file(fifo).unwrap();
 }
+
+#[test]
+fn a_page_aligned_elf_is_mapped_privately_with_the_tail_zeroed() {
+    // tiny_elf's segment starts at file offset 120; move it to 4096 so that it is mapped.
+    let payload = b"MAPPED!!";
+    let mut image = tiny_elf(payload);
+    image.truncate(120);
+    image[64 + 8..64 + 16].copy_from_slice(&0x1000u64.to_le_bytes());
+    image.resize(0x1000, 0);
+    image.extend_from_slice(payload);
+    image.extend_from_slice(&[0xee; 100]); // file bytes past p_filesz: not the guest's
+    let elf = temp_file("vmlinux-aligned", &image);
+    let mem = create_guest_memory(64 * MIB).unwrap();
+    mem.write_slice(&[0x55; 16], GuestAddress(0x100_0000 + 8))
+        .unwrap();
+    let k = load_kernel(&mem, &elf).unwrap();
+    assert_eq!(k.entry, 0x100_0000);
+    assert_eq!(k.end, 0x100_0000 + payload.len() as u64 + 0x1000);
+    let mut b = [0u8; 16];
+    mem.read_slice(&mut b, GuestAddress(0x100_0000)).unwrap();
+    assert_eq!(&b, b"MAPPED!!\0\0\0\0\0\0\0\0");
+    // Copy-on-write: the guest's writes never reach the file.
+    mem.write_slice(b"written!", GuestAddress(0x100_0000))
+        .unwrap();
+    assert_eq!(&std::fs::read(&elf).unwrap()[0x1000..0x1008], payload);
+    std::fs::remove_file(elf).unwrap();
+}

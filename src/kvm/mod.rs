@@ -90,16 +90,9 @@ impl Vm {
             return Err(KvmError::ApiVersion(api));
         }
         let fd = kvm.create_vm().map_err(|e| KvmError::CreateVm(io_err(e)))?;
-        fd.set_tss_address(KVM_TSS_ADDRESS)
-            .map_err(|e| KvmError::SetTss(io_err(e)))?;
-        fd.create_irq_chip()
-            .map_err(|e| KvmError::CreateIrqchip(io_err(e)))?;
-        let pit = kvm_pit_config {
-            flags: KVM_PIT_SPEAKER_DUMMY,
-            ..Default::default()
-        };
-        fd.create_pit2(pit)
-            .map_err(|e| KvmError::CreatePit(io_err(e)))?;
+        // Memory before the irqchip: on the PVM host the first KVM_SET_USER_MEMORY_REGION
+        // after KVM_CREATE_IRQCHIP takes 4-8 ms (most of the VMM's start-up), before it 0.2 ms,
+        // and KVM_CREATE_IRQCHIP after it 0.02 ms (Firecracker uses this order too).
         for (slot, region) in mem.iter().enumerate() {
             let slot = slot as u32;
             let region_desc = kvm_userspace_memory_region {
@@ -117,6 +110,16 @@ impl Vm {
                 source: io_err(e),
             })?;
         }
+        fd.set_tss_address(KVM_TSS_ADDRESS)
+            .map_err(|e| KvmError::SetTss(io_err(e)))?;
+        fd.create_irq_chip()
+            .map_err(|e| KvmError::CreateIrqchip(io_err(e)))?;
+        let pit = kvm_pit_config {
+            flags: KVM_PIT_SPEAKER_DUMMY,
+            ..Default::default()
+        };
+        fd.create_pit2(pit)
+            .map_err(|e| KvmError::CreatePit(io_err(e)))?;
         Ok(Vm {
             kvm,
             fd,

@@ -163,6 +163,9 @@ impl Vcpu {
     /// Runs the vCPU until the VM ends or `stop` is set (the VMM then kicks the thread with a
     /// signal until it notices).
     pub fn run(mut self, stop: &AtomicBool) -> VcpuExit {
+        if self.id == 0 {
+            crate::log_first_run();
+        }
         loop {
             if stop.load(Ordering::Acquire) {
                 return VcpuExit::Stopped;
