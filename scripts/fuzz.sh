@@ -12,21 +12,16 @@
 # virtio_mmio, desc_chain (the device; they assert their own time bounds: 100 ms per datapath
 # call, 2 s per reset).
 #
-# Needs the nightly toolchain and cargo-fuzz (`cargo install cargo-fuzz`). Where cargo builds
-# must be serialised (a `cbuild` wrapper on PATH), the build goes through it.
+# Needs the nightly toolchain and cargo-fuzz (`cargo install cargo-fuzz`).
 set -euo pipefail
 
 seconds="${1:-60}"
 root="$(cd "$(dirname "$0")/.." && pwd)"
 read -r -a targets <<<"${FUZZ_TARGETS:-http_parser api_request config_file virtio_queues virtio_mmio desc_chain}"
 timeout="${FUZZ_TIMEOUT:-10}"
-wrap=()
-if command -v cbuild >/dev/null 2>&1; then
-    wrap=(cbuild)
-fi
 
 cd "$root"
-"${wrap[@]}" cargo +nightly fuzz build
+cargo +nightly fuzz build
 bin_dir="${CARGO_TARGET_DIR:-$root/fuzz/target}/x86_64-unknown-linux-gnu/release"
 
 scratch="$(mktemp -d)"
