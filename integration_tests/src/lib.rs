@@ -296,3 +296,23 @@ pub fn final_metrics(stderr: &str) -> Option<serde_json::Value> {
         .find(|l| l.starts_with("{\"net\":"))
         .and_then(|l| serde_json::from_str(l).ok())
 }
+
+/// A network namespace with tap `tap` in it, up, and IPv6 off (so that the host sends nothing
+/// of its own on the tap).
+pub fn namespace_with_tap(tag: &str, tap: &str) -> devices::test_utils::netns::NetNs {
+    let ns = devices::test_utils::netns::NetNs::new(tag).expect("create network namespace");
+    let sysctl = ns
+        .command("sysctl")
+        .args([
+            "-qw",
+            "net.ipv6.conf.all.disable_ipv6=1",
+            "net.ipv6.conf.default.disable_ipv6=1",
+        ])
+        .status()
+        .expect("run sysctl");
+    assert!(sysctl.success(), "sysctl in the namespace");
+    ns.ip(&["tuntap", "add", tap, "mode", "tap", "vnet_hdr"])
+        .expect("create the tap");
+    ns.ip(&["link", "set", tap, "up"]).expect("tap up");
+    ns
+}

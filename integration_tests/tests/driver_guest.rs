@@ -180,20 +180,7 @@ impl PacketSocket {
 /// A namespace with the tap (up, IPv6 off so the host sends nothing of its own), an AF_PACKET
 /// socket on it, and the tap's MAC.
 fn namespace(tag: &str) -> (NetNs, PacketSocket, [u8; 6]) {
-    let ns = NetNs::new(tag).expect("create network namespace");
-    let sysctl = ns
-        .command("sysctl")
-        .args([
-            "-qw",
-            "net.ipv6.conf.all.disable_ipv6=1",
-            "net.ipv6.conf.default.disable_ipv6=1",
-        ])
-        .status()
-        .expect("run sysctl");
-    assert!(sysctl.success());
-    ns.ip(&["tuntap", "add", TAP, "mode", "tap", "vnet_hdr"])
-        .unwrap();
-    ns.ip(&["link", "set", TAP, "up"]).unwrap();
+    let ns = integration_tests::namespace_with_tap(tag, TAP);
     let out = ns
         .command("cat")
         .arg(format!("/sys/class/net/{TAP}/address"))

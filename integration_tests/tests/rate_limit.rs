@@ -17,28 +17,15 @@ use std::time::{Duration, Instant};
 use devices::test_utils::link::PacketSocket;
 use devices::test_utils::netns::NetNs;
 use integration_tests::api::Client;
-use integration_tests::{artifacts, final_metrics, guest_lock, vmm_binary, VmmProcess};
+use integration_tests::{
+    artifacts, final_metrics, guest_lock, namespace_with_tap, vmm_binary, VmmProcess,
+};
 
 const TAP: &str = "vmmrl0";
 const ETHERTYPE: u16 = 0x88b5;
 
 fn namespace(tag: &str) -> NetNs {
-    let ns = NetNs::new(tag).expect("namespace");
-    let ok = ns
-        .command("sysctl")
-        .args([
-            "-qw",
-            "net.ipv6.conf.all.disable_ipv6=1",
-            "net.ipv6.conf.default.disable_ipv6=1",
-        ])
-        .status()
-        .expect("sysctl")
-        .success();
-    assert!(ok);
-    ns.ip(&["tuntap", "add", TAP, "mode", "tap", "vnet_hdr"])
-        .expect("tap");
-    ns.ip(&["link", "set", TAP, "up"]).expect("tap up");
-    ns
+    namespace_with_tap(tag, TAP)
 }
 
 fn start(ns: &NetNs, cmdline: &str, net: &str, sock: &std::path::Path) -> VmmProcess {
