@@ -207,6 +207,8 @@ struct RingState {
     signalled_used: Wrapping<u16>,
     /// What `used.flags` holds (without EVENT_IDX): notifications suppressed or not.
     no_notify: Option<bool>,
+    /// A full fence ran after the last used-index store: the interrupt decision needs none.
+    fenced: bool,
 }
 
 // SAFETY: the raw pointers point into guest memory owned (through `mem`) by the value itself;
@@ -279,6 +281,7 @@ impl Virtqueue {
                 published_used: next_used,
                 signalled_used: next_used,
                 no_notify: None,
+                fenced: false,
             },
         })
     }
@@ -519,6 +522,7 @@ impl RingOps<'_> {
         let idx = unsafe { AtomicU16::from_ptr(self.ring.used.add(2).cast()) };
         idx.store(self.ring.next_used.0.to_le(), Ordering::Release);
         self.ring.published_used = self.ring.next_used;
+        self.ring.fenced = false;
     }
 
     /// Decides whether the used entries published since the last decision warrant an
@@ -532,8 +536,11 @@ impl RingOps<'_> {
             return None;
         }
         // The used index store must be visible before we read the driver's event index or flags
-        // (the driver writes those, then reads the used index): a store→load barrier.
-        fence(Ordering::SeqCst);
+        // (the driver writes those, then reads the used index): a store→load barrier, unless
+        // one already ran after that store (`enable_notification` after `publish_used`).
+        if !std::mem::replace(&mut self.ring.fenced, false) {
+            fence(Ordering::SeqCst);
+        }
         if self.ring.event_idx {
             let offset = 4 + 2 * usize::from(self.ring.size);
             // SAFETY: `used_event` is the u16 after the avail ring's `size` entries, inside the
@@ -579,8 +586,10 @@ impl RingOps<'_> {
             self.store_used_flags(0);
             self.ring.no_notify = Some(false);
         }
-        // The enable must be visible before we re-read the driver's index (store→load).
+        // The enable must be visible before we re-read the driver's index (store→load); the
+        // same fence orders a used-index store made before it.
         fence(Ordering::SeqCst);
+        self.ring.fenced = true;
         let idx = self.load_avail_idx();
         self.ring.avail_shadow = if (idx - self.ring.next_avail).0 > self.ring.size {
             // Reported by the next pop.

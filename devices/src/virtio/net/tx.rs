@@ -186,7 +186,10 @@ fn drain<'g, B: NetBackend>(
         }
         let Some(head) = ring.pop_head()? else {
             // The standard race: the driver may have queued more just before we re-enabled.
+            // Publishing first lets the enable's fence also order the used-index store before
+            // the interrupt decision reads `used_event`: one fence per call instead of two.
             budget.charge(1);
+            ring.publish_used();
             if ring.enable_notification() {
                 ring.disable_notification();
                 continue;
