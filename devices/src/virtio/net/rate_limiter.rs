@@ -10,10 +10,10 @@
 //! the frame cost, which may put a bucket in debt (a 64 KiB frame through a 10 KiB bucket, or
 //! the last frame of a burst). Over a run the rate is exact; at any instant it is over by at
 //! most one frame. The arithmetic is integer and exact (tokens are kept scaled by the refill
-//! time in ns), and time is a parameter: no clock is read here, so the tests are exact and
-//! sleep-free.
+//! time in ns), and time is a parameter of [`TokenBucket`] and [`RateLimiter`], so their tests
+//! are exact and sleep-free; [`QueueLimiter`] adds the clock a queue reads once per call.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
@@ -232,6 +232,75 @@ impl RateLimiter {
         if let Some(b) = &mut self.ops {
             b.charge(1, now_ns);
         }
+    }
+}
+
+/// A queue's rate limiter and the clock it is read against (a monotonic count of ns since the
+/// queue was built).
+#[derive(Clone, Debug)]
+pub struct QueueLimiter {
+    limiter: RateLimiter,
+    epoch: Instant,
+}
+
+impl Default for QueueLimiter {
+    fn default() -> QueueLimiter {
+        QueueLimiter {
+            limiter: RateLimiter::default(),
+            epoch: Instant::now(),
+        }
+    }
+}
+
+impl QueueLimiter {
+    /// Replaces the limiter (full buckets).
+    pub fn set(&mut self, config: &RateLimiterConfig) {
+        self.limiter = RateLimiter::new(config, self.now_ns());
+    }
+
+    fn now_ns(&self) -> u64 {
+        u64::try_from(self.epoch.elapsed().as_nanos()).unwrap_or(u64::MAX)
+    }
+
+    /// The limiter for one datapath call: the clock is read once, and only with a limiter.
+    pub(crate) fn for_call(&mut self) -> Limit<'_> {
+        let now = if self.limiter.is_enabled() {
+            self.now_ns()
+        } else {
+            0
+        };
+        Limit {
+            limiter: &mut self.limiter,
+            now,
+        }
+    }
+}
+
+/// A queue's limiter during one call, at the call's time.
+#[derive(Debug)]
+pub(crate) struct Limit<'a> {
+    limiter: &'a mut RateLimiter,
+    now: u64,
+}
+
+impl Limit<'_> {
+    /// How long until the next frame may go, if it may not now.
+    #[inline]
+    pub(crate) fn blocked_for(&mut self) -> Option<Duration> {
+        if !self.limiter.is_enabled() {
+            return None;
+        }
+        self.limiter.blocked_for(self.now)
+    }
+
+    /// Pays for a frame of `bytes`; returns whether a limiter was charged.
+    #[inline]
+    pub(crate) fn charge(&mut self, bytes: u64) -> bool {
+        if !self.limiter.is_enabled() {
+            return false;
+        }
+        self.limiter.charge(bytes, self.now);
+        true
     }
 }
 

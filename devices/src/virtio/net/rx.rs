@@ -16,7 +16,7 @@
 
 use std::io;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use log::debug;
 use virtio_bindings::virtio_net::VIRTIO_NET_F_MRG_RXBUF;
@@ -24,8 +24,7 @@ use virtio_queue::Queue;
 use vm_memory::GuestMemoryMmap;
 
 use super::metrics::RxCounters;
-use super::rate_limiter::{RateLimiter, RateLimiterConfig};
-use super::tx::Limit;
+use super::rate_limiter::{Limit, QueueLimiter, RateLimiterConfig};
 use super::{CountInterrupts, MAX_FRAME_LEN, USED_PUBLISH_BATCH, VNET_HDR_LEN};
 use crate::backend::NetBackend;
 use crate::iovec::{IovecList, Iovecs, MAX_IOVECS};
@@ -110,9 +109,7 @@ pub struct RxQueue {
     /// The device's name in log lines.
     label: Arc<str>,
     /// The rx rate limiter (disabled: no clock is read).
-    limiter: RateLimiter,
-    /// Origin of the limiter's clock.
-    epoch: Instant,
+    limiter: QueueLimiter,
 }
 
 impl RxQueue {
@@ -126,15 +123,13 @@ impl RxQueue {
             gather: max_frame,
             pool: PoolState::default(),
             label: Arc::from("virtio-net"),
-            limiter: RateLimiter::default(),
-            epoch: Instant::now(),
+            limiter: QueueLimiter::default(),
         }
     }
 
     /// Replaces the rate limiter (full buckets).
     pub fn set_rate_limiter(&mut self, config: &RateLimiterConfig) {
-        let now = u64::try_from(self.epoch.elapsed().as_nanos()).unwrap_or(u64::MAX);
-        self.limiter = RateLimiter::new(config, now);
+        self.limiter.set(config);
     }
 
     /// Names the device in this queue's log lines.
@@ -174,15 +169,7 @@ impl RxQueue {
         counters: &mut RxCounters,
         give_back: bool,
     ) -> Result<RxOutcome, RingError> {
-        let now = if self.limiter.is_enabled() {
-            u64::try_from(self.epoch.elapsed().as_nanos()).unwrap_or(u64::MAX)
-        } else {
-            0
-        };
-        let mut limit = Limit {
-            limiter: &mut self.limiter,
-            now,
-        };
+        let mut limit = self.limiter.for_call();
         let (guest, mut ring) = self.vq.split();
         // SAFETY: every entry in the pool's storage was appended by `RingOps::walk_chain`
         // through this queue's own guest view, i.e. points into `self.vq`'s memory, which the
@@ -264,9 +251,13 @@ fn receive<'g, B: NetBackend>(
             Ok(n) if n > capacity => counters.dropped_no_buffer += 1,
             Ok(n) => {
                 unpublished += pool.complete_frame(ring, n);
+                let bytes = (n - VNET_HDR_LEN) as u64;
                 counters.frames += 1;
-                counters.bytes += (n - VNET_HDR_LEN) as u64;
-                limit.charge_rx((n - VNET_HDR_LEN) as u64, counters);
+                counters.bytes += bytes;
+                if limit.charge(bytes) {
+                    counters.rate_limiter_bytes += bytes;
+                    counters.rate_limiter_frames += 1;
+                }
                 if unpublished >= USED_PUBLISH_BATCH {
                     ring.publish_used();
                     unpublished = 0;

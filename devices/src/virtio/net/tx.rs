@@ -15,7 +15,7 @@ use virtio_queue::Queue;
 use vm_memory::GuestMemoryMmap;
 
 use super::metrics::TxCounters;
-use super::rate_limiter::{RateLimiter, RateLimiterConfig};
+use super::rate_limiter::{Limit, QueueLimiter, RateLimiterConfig};
 use super::{BurstLog, CountInterrupts, MAX_FRAME_LEN, USED_PUBLISH_BATCH, VNET_HDR_LEN};
 use crate::backend::NetBackend;
 use crate::iovec::{IovecList, Iovecs};
@@ -68,9 +68,7 @@ pub struct TxQueue {
     /// The device's name in log lines.
     label: Arc<str>,
     /// The tx rate limiter (disabled: no clock is read).
-    limiter: RateLimiter,
-    /// Origin of the limiter's clock.
-    epoch: Instant,
+    limiter: QueueLimiter,
 }
 
 impl TxQueue {
@@ -81,18 +79,13 @@ impl TxQueue {
             scratch: Vec::with_capacity(64),
             errors: BurstLog::default(),
             label: Arc::from("virtio-net"),
-            limiter: RateLimiter::default(),
-            epoch: Instant::now(),
+            limiter: QueueLimiter::default(),
         }
     }
 
     /// Replaces the rate limiter (full buckets).
     pub fn set_rate_limiter(&mut self, config: &RateLimiterConfig) {
-        self.limiter = RateLimiter::new(config, self.now_ns());
-    }
-
-    fn now_ns(&self) -> u64 {
-        u64::try_from(self.epoch.elapsed().as_nanos()).unwrap_or(u64::MAX)
+        self.limiter.set(config);
     }
 
     /// Names the device in this queue's log lines.
@@ -118,21 +111,12 @@ impl TxQueue {
         backend: &mut B,
         counters: &mut TxCounters,
     ) -> Result<TxOutcome, RingError> {
-        // One clock read per call, and only with a limiter.
-        let now = if self.limiter.is_enabled() {
-            self.now_ns()
-        } else {
-            0
-        };
         let mut out = Sink {
             backend,
             counters,
             errors: &mut self.errors,
             label: &self.label,
-            limit: Limit {
-                limiter: &mut self.limiter,
-                now,
-            },
+            limit: self.limiter.for_call(),
         };
         let (guest, mut ring) = self.vq.split();
         let mut iovs = IovecList::reuse(std::mem::take(&mut self.scratch));
@@ -212,7 +196,10 @@ fn drain<'g, B: NetBackend>(
                         let bytes = u64::from(len) - VNET_HDR_LEN as u64;
                         counters.frames += 1;
                         counters.bytes += bytes;
-                        limit.charge(bytes, *counters);
+                        if limit.charge(bytes) {
+                            counters.rate_limiter_bytes += bytes;
+                            counters.rate_limiter_frames += 1;
+                        }
                     }
                     Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
                         ring.unpop(1);
@@ -244,59 +231,6 @@ fn drain<'g, B: NetBackend>(
         if sent.is_multiple_of(USED_PUBLISH_BATCH) {
             ring.publish_used();
         }
-    }
-}
-
-/// A queue's limiter during one call, with the call's time.
-pub(crate) struct Limit<'a> {
-    pub(crate) limiter: &'a mut RateLimiter,
-    pub(crate) now: u64,
-}
-
-impl Limit<'_> {
-    /// How long until the next frame may go, if it may not now.
-    #[inline]
-    pub(crate) fn blocked_for(&mut self) -> Option<Duration> {
-        if !self.limiter.is_enabled() {
-            return None;
-        }
-        self.limiter.blocked_for(self.now)
-    }
-
-    /// Pays for a frame of `bytes`.
-    #[inline]
-    fn charge<C: ChargeCounters>(&mut self, bytes: u64, counters: &mut C) {
-        if self.limiter.is_enabled() {
-            self.limiter.charge(bytes, self.now);
-            counters.charged(bytes);
-        }
-    }
-}
-
-/// The counters a limiter charge is recorded in.
-pub(crate) trait ChargeCounters {
-    fn charged(&mut self, bytes: u64);
-}
-
-impl ChargeCounters for TxCounters {
-    fn charged(&mut self, bytes: u64) {
-        self.rate_limiter_bytes += bytes;
-        self.rate_limiter_frames += 1;
-    }
-}
-
-impl ChargeCounters for super::metrics::RxCounters {
-    fn charged(&mut self, bytes: u64) {
-        self.rate_limiter_bytes += bytes;
-        self.rate_limiter_frames += 1;
-    }
-}
-
-impl Limit<'_> {
-    /// Pays for a received frame of `bytes` (the rx path's entry point).
-    #[inline]
-    pub(crate) fn charge_rx(&mut self, bytes: u64, counters: &mut super::metrics::RxCounters) {
-        self.charge(bytes, counters);
     }
 }
 

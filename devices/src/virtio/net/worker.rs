@@ -180,9 +180,54 @@ pub(crate) struct WorkerThread {
 struct ThreadParts {
     stop: EventFd,
     timer: TimerFd,
-    tx_throttle: TimerFd,
-    rx_throttle: TimerFd,
+    tx_throttle: Throttle,
+    rx_throttle: Throttle,
     tuning_changed: EventFd,
+}
+
+/// A queue stopped by its rate limiter: the timer that ends the stop, and when it began.
+struct Throttle {
+    timer: TimerFd,
+    since: Option<Instant>,
+}
+
+impl Throttle {
+    fn new() -> io::Result<Throttle> {
+        Ok(Throttle {
+            timer: nonblocking_timerfd()?,
+            since: None,
+        })
+    }
+
+    fn is_on(&self) -> bool {
+        self.since.is_some()
+    }
+
+    /// Stops the queue for `wait` (the timer fires then).
+    fn start(&mut self, wait: Duration) -> Result<(), WorkerError> {
+        self.since = Some(Instant::now());
+        self.timer
+            .reset(wait.max(MIN_THROTTLE), None)
+            .map_err(|e| WorkerError::Timer(io_err(e)))
+    }
+
+    /// Ends the stop (timer read and disarmed); returns how long it lasted, in µs.
+    fn end(&mut self) -> Result<u64, WorkerError> {
+        let _ = self.timer.wait();
+        self.timer
+            .clear()
+            .map_err(|e| WorkerError::Timer(io_err(e)))?;
+        Ok(self
+            .since
+            .take()
+            .map_or(0, |since| since.elapsed().as_micros() as u64))
+    }
+
+    /// Forgets any stop, so that nothing fires into the next run.
+    fn reset(&mut self) {
+        self.since = None;
+        let _ = self.timer.clear();
+    }
 }
 
 /// A non-blocking monotonic timerfd.
@@ -206,8 +251,8 @@ impl ThreadParts {
         Ok(ThreadParts {
             stop: EventFd::new(EFD_NONBLOCK)?,
             timer: nonblocking_timerfd()?,
-            tx_throttle: nonblocking_timerfd()?,
-            rx_throttle: nonblocking_timerfd()?,
+            tx_throttle: Throttle::new()?,
+            rx_throttle: Throttle::new()?,
             tuning_changed: tuning.changed.try_clone()?,
         })
     }
@@ -383,10 +428,6 @@ struct EventLoop<'p, B> {
     tx_more: bool,
     /// The backend reached end of file: never polled again.
     backend_gone: bool,
-    /// The tx rate limiter stopped the queue at this time (until its timer fires).
-    tx_throttled: Option<Instant>,
-    /// The rx rate limiter stopped reading the backend at this time (until its timer fires).
-    rx_throttled: Option<Instant>,
     /// The rate-limiter change count applied.
     limiter_generation: u64,
     /// What the backend fd is registered for in epoll (empty: not registered).
@@ -443,8 +484,6 @@ impl<'p, B: NetBackend> EventLoop<'p, B> {
             tx_waiting: false,
             tx_more: false,
             backend_gone: false,
-            tx_throttled: None,
-            rx_throttled: None,
             limiter_generation: 0,
             registered: EventSet::empty(),
         };
@@ -482,8 +521,8 @@ impl<'p, B: NetBackend> EventLoop<'p, B> {
             (parts.stop.as_raw_fd(), Token::Stop),
             (parts.tuning_changed.as_raw_fd(), Token::Tuning),
             (parts.timer.as_raw_fd(), Token::CoalesceTimer),
-            (parts.tx_throttle.as_raw_fd(), Token::TxThrottle),
-            (parts.rx_throttle.as_raw_fd(), Token::RxThrottle),
+            (parts.tx_throttle.timer.as_raw_fd(), Token::TxThrottle),
+            (parts.rx_throttle.timer.as_raw_fd(), Token::RxThrottle),
         ] {
             epoll.ctl(
                 ControlOperation::Add,
@@ -518,8 +557,8 @@ impl<'p, B: NetBackend> EventLoop<'p, B> {
         }
         // The timers must not fire into the next run.
         let _ = self.parts.timer.clear();
-        let _ = self.parts.tx_throttle.clear();
-        let _ = self.parts.rx_throttle.clear();
+        self.parts.tx_throttle.reset();
+        self.parts.rx_throttle.reset();
         self.backend
     }
 
@@ -579,7 +618,7 @@ impl<'p, B: NetBackend> EventLoop<'p, B> {
 
     fn run_tx(&mut self) -> Result<(), WorkerError> {
         self.tx_more = false;
-        if self.tx_waiting || self.tx_throttled.is_some() {
+        if self.tx_waiting || self.parts.tx_throttle.is_on() {
             return Ok(());
         }
         let outcome = self
@@ -599,19 +638,13 @@ impl<'p, B: NetBackend> EventLoop<'p, B> {
             }
             // Come back after the other pending events: the driver will not kick for these.
             TxStop::Budget => self.tx_more = true,
-            TxStop::Throttled(wait) => {
-                self.tx_throttled = Some(Instant::now());
-                self.parts
-                    .tx_throttle
-                    .reset(wait.max(MIN_THROTTLE), None)
-                    .map_err(|e| WorkerError::Timer(io_err(e)))?;
-            }
+            TxStop::Throttled(wait) => self.parts.tx_throttle.start(wait)?,
         }
         Ok(())
     }
 
     fn run_rx(&mut self) -> Result<(), WorkerError> {
-        if self.rx_paused || self.backend_gone || self.rx_throttled.is_some() {
+        if self.rx_paused || self.backend_gone || self.parts.rx_throttle.is_on() {
             return Ok(());
         }
         let outcome = self
@@ -637,13 +670,7 @@ impl<'p, B: NetBackend> EventLoop<'p, B> {
                 }
                 self.rx_paused = true;
             }
-            RxStop::Throttled(wait) => {
-                self.rx_throttled = Some(Instant::now());
-                self.parts
-                    .rx_throttle
-                    .reset(wait.max(MIN_THROTTLE), None)
-                    .map_err(|e| WorkerError::Timer(io_err(e)))?;
-            }
+            RxStop::Throttled(wait) => self.parts.rx_throttle.start(wait)?,
             RxStop::BackendClosed => {
                 info!(
                     "virtio-net {}: backend closed; it is no longer polled",
@@ -694,7 +721,7 @@ impl<'p, B: NetBackend> EventLoop<'p, B> {
     fn update_backend_interest(&mut self) -> io::Result<()> {
         let mut want = EventSet::empty();
         if !self.backend_gone {
-            if !self.rx_paused && self.rx_throttled.is_none() {
+            if !self.rx_paused && !self.parts.rx_throttle.is_on() {
                 want |= EventSet::IN;
             }
             if self.tx_waiting {
@@ -744,11 +771,11 @@ impl<'p, B: NetBackend> EventLoop<'p, B> {
         let moderation = self.moderator.retune(self.tuning_shared.load());
         self.apply(moderation)?;
         if self.apply_limiters() {
-            if self.tx_throttled.is_some() {
+            if self.parts.tx_throttle.is_on() {
                 self.unthrottle_tx()?;
                 self.run_tx()?;
             }
-            if self.rx_throttled.is_some() {
+            if self.parts.rx_throttle.is_on() {
                 self.unthrottle_rx()?;
                 self.run_rx()?;
             }
@@ -774,27 +801,13 @@ impl<'p, B: NetBackend> EventLoop<'p, B> {
 
     /// The tx queue may go again: account the time it was stopped.
     fn unthrottle_tx(&mut self) -> Result<(), WorkerError> {
-        let _ = self.parts.tx_throttle.wait();
-        self.parts
-            .tx_throttle
-            .clear()
-            .map_err(|e| WorkerError::Timer(io_err(e)))?;
-        if let Some(since) = self.tx_throttled.take() {
-            self.tx_counters.rate_limiter_throttled_us += since.elapsed().as_micros() as u64;
-        }
+        self.tx_counters.rate_limiter_throttled_us += self.parts.tx_throttle.end()?;
         Ok(())
     }
 
     /// The backend may be read again: account the time it was not.
     fn unthrottle_rx(&mut self) -> Result<(), WorkerError> {
-        let _ = self.parts.rx_throttle.wait();
-        self.parts
-            .rx_throttle
-            .clear()
-            .map_err(|e| WorkerError::Timer(io_err(e)))?;
-        if let Some(since) = self.rx_throttled.take() {
-            self.rx_counters.rate_limiter_throttled_us += since.elapsed().as_micros() as u64;
-        }
+        self.rx_counters.rate_limiter_throttled_us += self.parts.rx_throttle.end()?;
         self.update_backend_interest().map_err(WorkerError::Epoll)
     }
 
