@@ -316,3 +316,36 @@ pub fn namespace_with_tap(tag: &str, tap: &str) -> devices::test_utils::netns::N
     ns.ip(&["link", "set", tap, "up"]).expect("tap up");
     ns
 }
+
+/// Starts the bare-metal driver guest through `vmm` in `ns`, with `--net NET`, the guest
+/// command line `cmdline` and, if given, `--api-sock`.
+pub fn spawn_driver_guest(
+    ns: &devices::test_utils::netns::NetNs,
+    cmdline: &str,
+    net: &str,
+    api_sock: Option<&Path>,
+) -> VmmProcess {
+    let guest = artifacts().get("driver_guest").to_owned();
+    let mut cmd = ns.command(&vmm_binary().to_string_lossy());
+    cmd.arg("--kernel").arg(&guest);
+    cmd.args(["--cmdline", cmdline, "--net", net]);
+    if let Some(sock) = api_sock {
+        cmd.arg("--api-sock").arg(sock);
+    }
+    VmmProcess::spawn(&mut cmd)
+}
+
+/// [`spawn_driver_guest`], then waits for the guest's `driver-guest: ready` line.
+pub fn ready_driver_guest(
+    ns: &devices::test_utils::netns::NetNs,
+    cmdline: &str,
+    net: &str,
+    api_sock: Option<&Path>,
+) -> VmmProcess {
+    let mut vmm = spawn_driver_guest(ns, cmdline, net, api_sock);
+    assert!(
+        vmm.wait_for_console("driver-guest: ready", Duration::from_secs(30)),
+        "the guest came up"
+    );
+    vmm
+}

@@ -14,7 +14,7 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::time::{Duration, Instant};
 
 use devices::test_utils::netns::NetNs;
-use integration_tests::{artifacts, final_metrics, guest_lock, vmm_binary, RunOutput, VmmProcess};
+use integration_tests::{final_metrics, guest_lock, RunOutput, VmmProcess};
 use serde_json::Value;
 
 const TAP: &str = "vmmtap0";
@@ -195,11 +195,7 @@ fn namespace(tag: &str) -> (NetNs, PacketSocket, [u8; 6]) {
 }
 
 fn start_guest(ns: &NetNs, cmdline: &str) -> VmmProcess {
-    let guest = artifacts().get("driver_guest").to_owned();
-    let mut cmd = ns.command(&vmm_binary().to_string_lossy());
-    cmd.arg("--kernel").arg(&guest);
-    cmd.args(["--cmdline", cmdline, "--net", &format!("tap={TAP}")]);
-    VmmProcess::spawn(&mut cmd)
+    integration_tests::spawn_driver_guest(ns, cmdline, &format!("tap={TAP}"), None)
 }
 
 /// The guest's MAC from its `driver-guest: ready … mac=…` line.

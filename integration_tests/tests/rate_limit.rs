@@ -18,7 +18,7 @@ use devices::test_utils::link::PacketSocket;
 use devices::test_utils::netns::NetNs;
 use integration_tests::api::Client;
 use integration_tests::{
-    artifacts, final_metrics, guest_lock, namespace_with_tap, vmm_binary, VmmProcess,
+    final_metrics, guest_lock, namespace_with_tap, ready_driver_guest, VmmProcess,
 };
 
 const TAP: &str = "vmmrl0";
@@ -29,17 +29,7 @@ fn namespace(tag: &str) -> NetNs {
 }
 
 fn start(ns: &NetNs, cmdline: &str, net: &str, sock: &std::path::Path) -> VmmProcess {
-    let guest = artifacts().get("driver_guest").to_owned();
-    let mut cmd = ns.command(&vmm_binary().to_string_lossy());
-    cmd.arg("--kernel").arg(&guest);
-    cmd.args(["--cmdline", cmdline, "--net", net]);
-    cmd.arg("--api-sock").arg(sock);
-    let mut vmm = VmmProcess::spawn(&mut cmd);
-    assert!(
-        vmm.wait_for_console("driver-guest: ready", Duration::from_secs(30)),
-        "the guest came up"
-    );
-    vmm
+    ready_driver_guest(ns, cmdline, net, Some(sock))
 }
 
 /// Counts the test frames arriving on `sock` until `stop`.

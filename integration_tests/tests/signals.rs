@@ -3,10 +3,14 @@
 //! during the stop ends the process at once. The guest is the bare-metal driver guest waiting
 //! for frames that never come (`echo=…`), on a tap in a network namespace the test creates.
 
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use devices::test_utils::netns::NetNs;
-use integration_tests::{artifacts, final_metrics, guest_lock, vmm_binary, RunOutput, VmmProcess};
+use integration_tests::{
+    final_metrics, guest_lock, namespace_with_tap, ready_driver_guest, vmm_binary, RunOutput,
+    VmmProcess,
+};
 
 const TAP: &str = "vmmsig0";
 
@@ -14,37 +18,22 @@ fn code(out: &RunOutput) -> Option<i32> {
     out.status.and_then(|s| s.code())
 }
 
-fn waiting_guest(ns: &NetNs, api_sock: Option<&str>) -> VmmProcess {
-    ns.ip(&["tuntap", "add", TAP, "mode", "tap", "vnet_hdr"])
-        .expect("tap");
-    ns.ip(&["link", "set", TAP, "up"]).expect("tap up");
-    let guest = artifacts().get("driver_guest").to_owned();
-    let mut cmd = ns.command(&vmm_binary().to_string_lossy());
-    cmd.arg("--kernel").arg(&guest).args([
-        "--cmdline",
+fn waiting_guest(ns: &NetNs, api_sock: Option<&Path>) -> VmmProcess {
+    ready_driver_guest(
+        ns,
         "console=ttyS0 echo=1000000 ring=3 timeout_ms=600000",
-        "--net",
         &format!("tap={TAP}"),
-    ]);
-    if let Some(sock) = api_sock {
-        cmd.args(["--api-sock", sock]);
-    }
-    let mut vmm = VmmProcess::spawn(&mut cmd);
-    assert!(
-        vmm.wait_for_console("driver-guest: ready", Duration::from_secs(30)),
-        "the guest came up"
-    );
-    vmm
+        api_sock,
+    )
 }
 
 fn stop_with(signal: i32, api: bool) {
     let _guest = guest_lock();
-    let ns = NetNs::new(if api { "sigapi" } else { "sig" }).expect("namespace");
+    let ns = namespace_with_tap(if api { "sigapi" } else { "sig" }, TAP);
     let dir = std::env::temp_dir().join(format!("vmm-signals-{}-{signal}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("temp dir");
     let sock = dir.join("api.sock");
-    let sock_str = sock.to_string_lossy().into_owned();
-    let vmm = waiting_guest(&ns, api.then_some(sock_str.as_str()));
+    let vmm = waiting_guest(&ns, api.then_some(sock.as_path()));
     if api {
         assert!(sock.exists(), "the API socket exists while the VM runs");
     }
@@ -104,7 +93,7 @@ fn sigterm_with_the_api_socket_and_no_vm_exits_in_order() {
 #[test]
 fn a_second_signal_ends_the_process_at_once() {
     let _guest = guest_lock();
-    let ns = NetNs::new("sig2").expect("namespace");
+    let ns = namespace_with_tap("sig2", TAP);
     let vmm = waiting_guest(&ns, None);
     let start = Instant::now();
     vmm.signal(libc::SIGINT);
