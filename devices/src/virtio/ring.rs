@@ -31,12 +31,3 @@ pub enum RingError {
     #[error("guest memory access to the ring failed")]
     Memory(#[source] GuestMemoryError),
 }
-
-impl From<virtio_queue::Error> for RingError {
-    fn from(e: virtio_queue::Error) -> Self {
-        match e {
-            virtio_queue::Error::InvalidAvailRingIndex => RingError::AvailIndexJump,
-            e => RingError::Queue(e),
-        }
-    }
-}
