@@ -3,13 +3,16 @@
 //! uses, and the `cotune` sweeps built on it.
 
 pub mod baseline;
+pub mod calib;
 pub mod check;
 pub mod cost;
 pub mod env;
 pub mod frames;
 pub mod hal;
+pub mod noise;
 pub mod report;
 pub mod rig;
 pub mod sweep;
 pub mod transport;
+pub mod vm;
 pub mod workloads;

@@ -2,72 +2,151 @@
 
 use std::fmt::Write as _;
 use std::io;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use plotters::prelude::*;
 use serde::Serialize;
 
-/// One measured point (the median of its repeats).
+/// One measured point (the median of its repeats): every knob of both sides, where it was
+/// measured, and the metrics. A metric that was not measured (a skipped point) is NaN and an
+/// empty CSV field.
 #[derive(Clone, Debug, Serialize)]
 pub struct Row {
     /// Preset name.
     pub preset: String,
-    /// The knob swept.
+    /// `sim` or `vm`.
+    pub target: String,
+    /// The (first) knob swept.
     pub knob: String,
-    /// The knob's value at this point.
+    /// Its value at this point.
     pub value: String,
+    /// The second knob of a 2-D sweep ("" for 1-D).
+    pub knob2: String,
+    /// Its value ("" for 1-D).
+    pub value2: String,
+    /// The workload (`xsk-tx`, `bidirectional`, `xdp-bounce`, `raw-write`).
+    pub workload: String,
     /// Ethernet frame size in bytes (virtio-net header not counted).
     pub frame_size: usize,
+    /// Driver: kick threshold.
+    pub kick_threshold: u16,
+    /// Driver: tx completion mode.
+    pub tx_completion: String,
+    /// Driver: EVENT_IDX negotiated.
+    pub event_idx: bool,
+    /// Driver: XDP_TX bulk queue.
+    pub xdp_bulk: u16,
+    /// Driver: AF_XDP mode (`zero-copy`, `copy`, "" when the workload is not AF_XDP).
+    pub xsk_mode: String,
+    /// Device: coalescing max_packets.
+    pub coalesce_packets: u16,
+    /// Device: coalescing max_usecs.
+    pub coalesce_usecs: u32,
+    /// Device: honour the driver's used_event.
+    pub dev_event_idx: bool,
+    /// Device: frames per tx call.
+    pub tx_budget: u16,
+    /// Device: busy-poll µs.
+    pub busy_poll_us: u32,
     /// Packets per second (the workload's main direction; both directions for bidirectional).
     pub pps: f64,
     /// Driver kicks (notifications written) per packet.
     pub kicks_per_pkt: f64,
     /// Interrupts the driver took per packet.
     pub irqs_per_pkt: f64,
-    /// Driver-thread CPU ns per packet (including the charged exit costs).
-    pub driver_ns_per_pkt: f64,
-    /// Device worker-thread CPU ns per packet.
-    pub device_ns_per_pkt: f64,
-    /// pps divided by the raw backend write loop's pps measured in the same run.
-    pub ratio_to_baseline: f64,
-    /// Tx interrupts per packet (interrupts whose status named the tx queue).
+    /// Tx interrupts per packet (the device's tx-queue interrupts).
     pub tx_irqs_per_pkt: f64,
     /// Kicks the driver skipped because EVENT_IDX said the device did not need one, per packet.
     pub kicks_suppressed_per_pkt: f64,
+    /// Driver (vCPU) thread CPU ns per packet (including charged exit costs in sim).
+    pub driver_ns_per_pkt: f64,
+    /// Device worker-thread CPU ns per packet.
+    pub device_ns_per_pkt: f64,
+    /// CPU the driver (vCPU) thread got over the trial, % of wall time.
+    pub driver_cpu_pct: f64,
+    /// CPU the device worker got over the trial, % of wall time.
+    pub device_cpu_pct: f64,
+    /// pps divided by the raw backend write loop's pps measured in the same run.
+    pub ratio_to_baseline: f64,
+    /// pps in the VM over pps in co-simulation (`--target both`).
+    pub vm_sim_ratio: f64,
+    /// 1-minute load average when the point started.
+    pub loadavg1: f64,
     /// Backend: pair or tap.
     pub backend: String,
-    /// Charged cost of one kick, ns.
-    pub kick_cost_ns: u64,
-    /// Charged cost of one interrupt, ns.
-    pub irq_cost_ns: u64,
+    /// Charged cost of one kick, ns (sim only).
+    pub kick_cost_ns: Option<u64>,
+    /// Charged cost of one interrupt, ns (sim only).
+    pub irq_cost_ns: Option<u64>,
+    /// Why a point was skipped, or how the VM's numbers map to the co-simulation's.
+    pub note: String,
 }
 
-const CSV_HEADER: &str = "preset,knob,value,frame_size,pps,kicks_per_pkt,irqs_per_pkt,driver_ns_per_pkt,device_ns_per_pkt,ratio_to_baseline,tx_irqs_per_pkt,kicks_suppressed_per_pkt,backend,kick_cost_ns,irq_cost_ns";
+/// The CSV header (one column per field of [`Row`], in order).
+pub const CSV_HEADER: &str = "preset,target,knob,value,knob2,value2,workload,frame_size,\
+kick_threshold,tx_completion,event_idx,xdp_bulk,xsk_mode,\
+coalesce_packets,coalesce_usecs,dev_event_idx,tx_budget,busy_poll_us,\
+pps,kicks_per_pkt,irqs_per_pkt,tx_irqs_per_pkt,kicks_suppressed_per_pkt,driver_ns_per_pkt,device_ns_per_pkt,\
+driver_cpu_pct,device_cpu_pct,ratio_to_baseline,vm_sim_ratio,loadavg1,backend,kick_cost_ns,irq_cost_ns,note";
+
+/// `v` with `prec` decimals, or "" when it is not a number.
+fn num(v: f64, prec: usize) -> String {
+    if v.is_finite() {
+        format!("{v:.prec$}")
+    } else {
+        String::new()
+    }
+}
+
+/// A CSV field without separators.
+fn field(s: &str) -> String {
+    s.replace([',', '\n', '\r'], ";")
+}
 
 /// The rows as CSV (header first).
 pub fn to_csv(rows: &[Row]) -> String {
     let mut s = String::from(CSV_HEADER);
     s.push('\n');
     for r in rows {
-        let _ = writeln!(
-            s,
-            "{},{},{},{},{:.0},{:.4},{:.4},{:.1},{:.1},{:.3},{:.4},{:.4},{},{},{}",
-            r.preset,
-            r.knob,
-            r.value,
-            r.frame_size,
-            r.pps,
-            r.kicks_per_pkt,
-            r.irqs_per_pkt,
-            r.driver_ns_per_pkt,
-            r.device_ns_per_pkt,
-            r.ratio_to_baseline,
-            r.tx_irqs_per_pkt,
-            r.kicks_suppressed_per_pkt,
-            r.backend,
-            r.kick_cost_ns,
-            r.irq_cost_ns
-        );
+        let opt = |v: Option<u64>| v.map(|v| v.to_string()).unwrap_or_default();
+        let fields = [
+            field(&r.preset),
+            field(&r.target),
+            field(&r.knob),
+            field(&r.value),
+            field(&r.knob2),
+            field(&r.value2),
+            field(&r.workload),
+            r.frame_size.to_string(),
+            r.kick_threshold.to_string(),
+            field(&r.tx_completion),
+            u8::from(r.event_idx).to_string(),
+            r.xdp_bulk.to_string(),
+            field(&r.xsk_mode),
+            r.coalesce_packets.to_string(),
+            r.coalesce_usecs.to_string(),
+            u8::from(r.dev_event_idx).to_string(),
+            r.tx_budget.to_string(),
+            r.busy_poll_us.to_string(),
+            num(r.pps, 0),
+            num(r.kicks_per_pkt, 4),
+            num(r.irqs_per_pkt, 4),
+            num(r.tx_irqs_per_pkt, 4),
+            num(r.kicks_suppressed_per_pkt, 4),
+            num(r.driver_ns_per_pkt, 1),
+            num(r.device_ns_per_pkt, 1),
+            num(r.driver_cpu_pct, 1),
+            num(r.device_cpu_pct, 1),
+            num(r.ratio_to_baseline, 3),
+            num(r.vm_sim_ratio, 3),
+            num(r.loadavg1, 2),
+            field(&r.backend),
+            opt(r.kick_cost_ns),
+            opt(r.irq_cost_ns),
+            field(&r.note),
+        ];
+        s.push_str(&fields.join(","));
+        s.push('\n');
     }
     s
 }
@@ -75,8 +154,9 @@ pub fn to_csv(rows: &[Row]) -> String {
 /// The rows as a fixed-width table.
 pub fn to_table(rows: &[Row]) -> String {
     let mut s = format!(
-        "{:<14} {:<22} {:>6} {:>11} {:>8} {:>8} {:>8} {:>9} {:>9} {:>7}\n",
+        "{:<19} {:<3} {:<34} {:>5} {:>9} {:>8} {:>8} {:>8} {:>9} {:>9} {:>5} {:>5} {:>6} {:>6} {:>5}  {}\n",
         "preset",
+        "at",
         "knob=value",
         "size",
         "pps",
@@ -85,42 +165,277 @@ pub fn to_table(rows: &[Row]) -> String {
         "txirq/pk",
         "drv ns/pk",
         "dev ns/pk",
-        "xbase"
+        "drv%",
+        "dev%",
+        "xbase",
+        "vm/sim",
+        "load",
+        "note"
     );
     for r in rows {
+        let mut knob = format!("{}={}", r.knob, r.value);
+        if !r.knob2.is_empty() {
+            knob += &format!(" {}={}", r.knob2, r.value2);
+        }
+        let f = |v: f64, w: usize, p: usize| {
+            if v.is_finite() {
+                format!("{v:>w$.p$}")
+            } else {
+                format!("{:>w$}", "-")
+            }
+        };
         let _ = writeln!(
             s,
-            "{:<14} {:<22} {:>6} {:>11.0} {:>8.4} {:>8.4} {:>8.4} {:>9.1} {:>9.1} {:>7.3}",
+            "{:<19} {:<3} {:<34} {:>5} {} {} {} {} {} {} {} {} {} {} {}  {}",
             r.preset,
-            format!("{}={}", r.knob, r.value),
+            r.target,
+            knob,
             r.frame_size,
-            r.pps,
-            r.kicks_per_pkt,
-            r.irqs_per_pkt,
-            r.tx_irqs_per_pkt,
-            r.driver_ns_per_pkt,
-            r.device_ns_per_pkt,
-            r.ratio_to_baseline
+            f(r.pps, 9, 0),
+            f(r.kicks_per_pkt, 8, 4),
+            f(r.irqs_per_pkt, 8, 4),
+            f(r.tx_irqs_per_pkt, 8, 4),
+            f(r.driver_ns_per_pkt, 9, 1),
+            f(r.device_ns_per_pkt, 9, 1),
+            f(r.driver_cpu_pct, 5, 0),
+            f(r.device_cpu_pct, 5, 0),
+            f(r.ratio_to_baseline, 6, 3),
+            f(r.vm_sim_ratio, 6, 3),
+            f(r.loadavg1, 5, 2),
+            r.note
         );
     }
     s
 }
 
+/// Draws the rows into `path`: 1-D sweeps as today's line plots; 2-D sweeps as heatmaps
+/// (into `path` when there is no 1-D sweep, else into `<stem>-heatmap.svg` beside it).
+/// Returns the files written.
+pub fn plot(rows: &[Row], path: &Path) -> io::Result<Vec<PathBuf>> {
+    let (two, one): (Vec<Row>, Vec<Row>) = rows.iter().cloned().partition(|r| !r.knob2.is_empty());
+    let one: Vec<Row> = one.into_iter().filter(|r| r.pps.is_finite()).collect();
+    let mut written = Vec::new();
+    let has_one = one.iter().any(|r| r.preset != "baseline");
+    if has_one || two.is_empty() {
+        plot_svg(&one, path)?;
+        written.push(path.to_path_buf());
+    }
+    if !two.is_empty() {
+        let hpath = if has_one {
+            let stem = path
+                .file_stem()
+                .map_or_else(|| "cotune".into(), |s| s.to_string_lossy().into_owned());
+            path.with_file_name(format!("{stem}-heatmap.svg"))
+        } else {
+            path.to_path_buf()
+        };
+        std::fs::write(&hpath, heatmap_svg(&two))?;
+        written.push(hpath);
+    }
+    Ok(written)
+}
+
+/// A heatmap metric: its name, how to read it from a row, and decimals in a cell.
+type HeatMetric = (&'static str, fn(&Row) -> f64, usize);
+
+/// The metrics a heatmap shows.
+const HEAT_METRICS: [HeatMetric; 4] = [
+    ("pps", |r| r.pps, 0),
+    ("kicks/pkt", |r| r.kicks_per_pkt, 3),
+    ("irqs/pkt", |r| r.irqs_per_pkt, 3),
+    ("device CPU ns/pkt", |r| r.device_ns_per_pkt, 0),
+];
+
+fn xml(s: &str) -> String {
+    s.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+        .replace('"', "&quot;")
+}
+
+/// Values in first-seen order.
+fn distinct<'a>(it: impl Iterator<Item = &'a str>) -> Vec<&'a str> {
+    let mut v: Vec<&str> = Vec::new();
+    for s in it {
+        if !v.contains(&s) {
+            v.push(s);
+        }
+    }
+    v
+}
+
+/// A cell's colour: white (lowest) to dark blue (highest); grey when not measured.
+fn heat_colour(v: f64, lo: f64, hi: f64) -> String {
+    if !v.is_finite() {
+        return "#dddddd".into();
+    }
+    let t = if hi > lo {
+        ((v - lo) / (hi - lo)).clamp(0.0, 1.0)
+    } else {
+        0.5
+    };
+    let mix = |a: f64, b: f64| (a + (b - a) * t).round() as u8;
+    format!(
+        "#{:02x}{:02x}{:02x}",
+        mix(247.0, 8.0),
+        mix(251.0, 48.0),
+        mix(255.0, 107.0)
+    )
+}
+
+fn cell_text(v: f64, prec: usize) -> String {
+    if !v.is_finite() {
+        "n/a".into()
+    } else if prec == 0 && v >= 10_000.0 {
+        format!("{:.0}k", v / 1000.0)
+    } else {
+        format!("{v:.prec$}")
+    }
+}
+
+/// 2-D sweeps as heatmaps, hand-written SVG: for each (preset, target, frame size) four panels
+/// (pps, kicks/pkt, irqs/pkt, device CPU ns/pkt), the first knob across, the second down, every
+/// cell (`class="cell"`) labelled with its value.
+pub fn heatmap_svg(rows: &[Row]) -> String {
+    const CELL_W: usize = 84;
+    const CELL_H: usize = 34;
+    const LEFT: usize = 110;
+    const TOP: usize = 46;
+    const GAP: usize = 30;
+    let groups = distinct(rows.iter().map(|r| r.preset.as_str()))
+        .into_iter()
+        .flat_map(|p| {
+            let of_p: Vec<&Row> = rows.iter().filter(|r| r.preset == p).collect();
+            distinct(of_p.iter().map(|r| r.target.as_str()))
+                .into_iter()
+                .flat_map(|t| {
+                    let of_t: Vec<&Row> = of_p.iter().copied().filter(|r| r.target == t).collect();
+                    let mut sizes: Vec<usize> = of_t.iter().map(|r| r.frame_size).collect();
+                    sizes.dedup();
+                    sizes
+                        .into_iter()
+                        .map(|s| {
+                            of_t.iter()
+                                .copied()
+                                .filter(|r| r.frame_size == s)
+                                .collect::<Vec<&Row>>()
+                        })
+                        .collect::<Vec<_>>()
+                })
+                .collect::<Vec<_>>()
+        })
+        .collect::<Vec<Vec<&Row>>>();
+    let mut body = String::new();
+    let mut y0 = 10usize;
+    let mut width = 0usize;
+    for g in &groups {
+        let xs = distinct(g.iter().map(|r| r.value.as_str()));
+        let ys = distinct(g.iter().map(|r| r.value2.as_str()));
+        let (knob, knob2) = (&g[0].knob, &g[0].knob2);
+        let panel_w = LEFT + xs.len() * CELL_W + GAP;
+        let panel_h = TOP + ys.len() * CELL_H + 36;
+        let _ = writeln!(
+            body,
+            r#"<text x="10" y="{}" font-size="15" font-weight="bold">{} ({}, {} B)</text>"#,
+            y0 + 14,
+            xml(&g[0].preset),
+            xml(&g[0].target),
+            g[0].frame_size
+        );
+        y0 += 22;
+        for (m, (metric, get, prec)) in HEAT_METRICS.iter().enumerate() {
+            let px = (m % 2) * panel_w;
+            let py = y0 + (m / 2) * panel_h;
+            width = width.max(px + panel_w);
+            let vals: Vec<f64> = g.iter().map(|r| get(r)).filter(|v| v.is_finite()).collect();
+            let lo = vals.iter().copied().fold(f64::INFINITY, f64::min);
+            let hi = vals.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+            let _ = writeln!(
+                body,
+                r#"<text x="{}" y="{}" font-size="13">{}: {} across, {} down</text>"#,
+                px + 10,
+                py + 16,
+                xml(metric),
+                xml(knob),
+                xml(knob2)
+            );
+            for (i, x) in xs.iter().enumerate() {
+                let _ = writeln!(
+                    body,
+                    r#"<text x="{}" y="{}" font-size="11" text-anchor="middle">{}</text>"#,
+                    px + LEFT + i * CELL_W + CELL_W / 2,
+                    py + TOP - 6,
+                    xml(x)
+                );
+            }
+            for (j, y) in ys.iter().enumerate() {
+                let cy = py + TOP + j * CELL_H;
+                let _ = writeln!(
+                    body,
+                    r#"<text x="{}" y="{}" font-size="11" text-anchor="end">{}</text>"#,
+                    px + LEFT - 6,
+                    cy + CELL_H / 2 + 4,
+                    xml(y)
+                );
+                for (i, x) in xs.iter().enumerate() {
+                    let v = g
+                        .iter()
+                        .find(|r| r.value == *x && r.value2 == *y)
+                        .map_or(f64::NAN, |r| get(r));
+                    let fill = heat_colour(v, lo, hi);
+                    let t = if v.is_finite() && hi > lo && (v - lo) / (hi - lo) > 0.55 {
+                        "white"
+                    } else {
+                        "black"
+                    };
+                    let cx = px + LEFT + i * CELL_W;
+                    let _ = writeln!(
+                        body,
+                        r##"<rect class="cell" x="{cx}" y="{cy}" width="{CELL_W}" height="{CELL_H}" fill="{fill}" stroke="#ffffff"><title>{} {}={} {}={}: {}</title></rect>"##,
+                        xml(metric),
+                        xml(knob),
+                        xml(x),
+                        xml(knob2),
+                        xml(y),
+                        cell_text(v, *prec)
+                    );
+                    let _ = writeln!(
+                        body,
+                        r#"<text x="{}" y="{}" font-size="11" text-anchor="middle" fill="{t}">{}</text>"#,
+                        cx + CELL_W / 2,
+                        cy + CELL_H / 2 + 4,
+                        cell_text(v, *prec)
+                    );
+                }
+            }
+        }
+        y0 += 2 * panel_h + 10;
+    }
+    format!(
+        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{w}\" height=\"{h}\" viewBox=\"0 0 {w} {h}\" font-family=\"sans-serif\">\n<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n{body}</svg>\n",
+        w = width.max(200) + 10,
+        h = y0 + 10,
+    )
+}
+
 /// Draws pps and kicks/pkt against the knob, one panel pair per preset, into an SVG file.
 pub fn plot_svg(rows: &[Row], path: &Path) -> io::Result<()> {
     // The baseline is one point with no kicks: it is the denominator, not a curve.
-    let mut presets: Vec<&str> = rows
+    let mut presets: Vec<(&str, &str)> = rows
         .iter()
         .filter(|r| r.preset != "baseline")
-        .map(|r| r.preset.as_str())
+        .map(|r| (r.preset.as_str(), r.target.as_str()))
         .collect();
     presets.dedup();
     let panels = presets.len().max(1);
     let root = SVGBackend::new(path, (1000, 360 * panels as u32)).into_drawing_area();
     root.fill(&WHITE).map_err(plot_err)?;
     let areas = root.split_evenly((panels, 2));
-    for (p, preset) in presets.iter().enumerate() {
-        let pts: Vec<&Row> = rows.iter().filter(|r| r.preset == *preset).collect();
+    for (p, &(preset, target)) in presets.iter().enumerate() {
+        let pts: Vec<&Row> = rows
+            .iter()
+            .filter(|r| r.preset == preset && r.target == target)
+            .collect();
         let one_size = pts.iter().all(|r| r.frame_size == pts[0].frame_size);
         let labels: Vec<String> = pts
             .iter()
@@ -146,7 +461,7 @@ pub fn plot_svg(rows: &[Row], path: &Path) -> io::Result<()> {
             let mut chart = ChartBuilder::on(area)
                 .caption(
                     format!(
-                        "{preset}: {metric} vs {}",
+                        "{preset} ({target}): {metric} vs {}",
                         pts.first().map(|r| r.knob.as_str()).unwrap_or("")
                     ),
                     ("sans-serif", 16),
@@ -205,42 +520,136 @@ mod tests {
     fn row(value: &str, pps: f64) -> Row {
         Row {
             preset: "kick-threshold".into(),
+            target: "sim".into(),
             knob: "kick_threshold".into(),
             value: value.into(),
+            knob2: String::new(),
+            value2: String::new(),
+            workload: "xsk-tx".into(),
             frame_size: 64,
+            kick_threshold: value.parse().unwrap_or(1),
+            tx_completion: "clean-from-rx".into(),
+            event_idx: true,
+            xdp_bulk: 16,
+            xsk_mode: "zero-copy".into(),
+            coalesce_packets: 0,
+            coalesce_usecs: 0,
+            dev_event_idx: true,
+            tx_budget: 256,
+            busy_poll_us: 0,
             pps,
             kicks_per_pkt: 0.125,
             irqs_per_pkt: 0.01,
-            driver_ns_per_pkt: 300.0,
-            device_ns_per_pkt: 400.0,
-            ratio_to_baseline: 0.9,
             tx_irqs_per_pkt: 0.01,
             kicks_suppressed_per_pkt: 0.0,
+            driver_ns_per_pkt: 300.0,
+            device_ns_per_pkt: 400.0,
+            driver_cpu_pct: 99.0,
+            device_cpu_pct: 80.0,
+            ratio_to_baseline: 0.9,
+            vm_sim_ratio: f64::NAN,
+            loadavg1: 0.2,
             backend: "pair".into(),
-            kick_cost_ns: 1500,
-            irq_cost_ns: 2000,
+            kick_cost_ns: Some(1500),
+            irq_cost_ns: Some(2000),
+            note: "a, b".into(),
         }
     }
 
+    fn grid(xs: &[&str], ys: &[&str]) -> Vec<Row> {
+        let mut v = Vec::new();
+        for (j, y) in ys.iter().enumerate() {
+            for (i, x) in xs.iter().enumerate() {
+                let mut r = row(x, 1e5 * (1 + i + 10 * j) as f64);
+                r.preset = "kick-busy-poll".into();
+                r.knob2 = "busy_poll_us".into();
+                r.value2 = (*y).into();
+                v.push(r);
+            }
+        }
+        v
+    }
+
     #[test]
-    fn csv_has_the_required_columns_and_one_line_per_row() {
-        let csv = to_csv(&[row("1", 1e6), row("8", 2e6)]);
+    fn csv_has_a_column_per_field_and_one_line_per_row() {
+        let mut skipped = row("8", f64::NAN);
+        skipped.target = "vm".into();
+        let csv = to_csv(&[row("1", 1e6), skipped]);
         let mut lines = csv.lines();
-        let header = lines.next().unwrap();
-        assert!(header.starts_with("preset,knob,value,frame_size,pps,kicks_per_pkt,irqs_per_pkt,driver_ns_per_pkt,device_ns_per_pkt,ratio_to_baseline"));
-        let cols = header.split(',').count();
-        let rows: Vec<&str> = lines.collect();
+        let header: Vec<&str> = lines.next().unwrap().split(',').collect();
+        let fields = serde_json::to_value(row("1", 1.0)).unwrap();
+        let names: Vec<&String> = fields.as_object().unwrap().keys().collect();
+        assert_eq!(header.len(), names.len(), "one column per Row field");
+        for n in names {
+            assert!(header.contains(&n.as_str()), "no column {n}");
+        }
+        let rows: Vec<Vec<&str>> = lines.map(|l| l.split(',').collect()).collect();
         assert_eq!(rows.len(), 2);
-        assert!(rows.iter().all(|r| r.split(',').count() == cols));
-        assert!(rows[1].starts_with("kick-threshold,kick_threshold,8,64,2000000,"));
+        assert!(rows.iter().all(|r| r.len() == header.len()), "{csv}");
+        let col = |name: &str| header.iter().position(|c| *c == name).unwrap();
+        assert_eq!(rows[0][col("pps")], "1000000");
+        assert_eq!(
+            rows[0][col("note")],
+            "a; b",
+            "commas in a field are replaced"
+        );
+        assert_eq!(rows[1][col("pps")], "", "an unmeasured metric is empty");
+        assert_eq!(rows[1][col("target")], "vm");
+        assert_eq!(rows[0][col("kick_cost_ns")], "1500");
     }
 
     #[test]
     fn svg_plot_is_written() {
         let path = std::env::temp_dir().join(format!("cotune-test-{}.svg", std::process::id()));
-        plot_svg(&[row("1", 1e6), row("8", 2e6)], &path).unwrap();
+        let files = plot(&[row("1", 1e6), row("8", 2e6)], &path).unwrap();
+        assert_eq!(files, vec![path.clone()]);
         let svg = std::fs::read_to_string(&path).unwrap();
         assert!(svg.starts_with("<svg") && svg.contains("kick-threshold"));
         std::fs::remove_file(path).unwrap();
+    }
+
+    #[test]
+    fn heatmap_has_one_labelled_cell_per_point_and_metric() {
+        let rows = grid(&["1", "2", "8"], &["0", "50"]);
+        let svg = heatmap_svg(&rows);
+        assert_eq!(
+            svg.matches(r#"class="cell""#).count(),
+            3 * 2 * HEAT_METRICS.len()
+        );
+        // The highest pps (x=8, y=50: 1.3 Mpps) is labelled and darkest; the lowest is white.
+        assert!(svg.contains(">1300k</text>"), "{svg}");
+        assert!(svg.contains(r##"fill="#08306b""##) && svg.contains(r##"fill="#f7fbff""##));
+        assert_eq!(svg.matches("<svg").count(), 1);
+        assert!(svg.trim_end().ends_with("</svg>"));
+        // A missing point is a grey n/a cell, not a hole.
+        let mut missing = rows.clone();
+        missing.remove(0);
+        let svg = heatmap_svg(&missing);
+        assert_eq!(
+            svg.matches(r#"class="cell""#).count(),
+            3 * 2 * HEAT_METRICS.len()
+        );
+        assert!(svg.contains(">n/a</text>"));
+    }
+
+    #[test]
+    fn plot_splits_line_plots_and_heatmaps() {
+        let dir = std::env::temp_dir().join(format!("cotune-plot-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let mut rows = vec![row("1", 1e6), row("8", 2e6)];
+        rows.extend(grid(&["1", "8"], &["0", "50"]));
+        let files = plot(&rows, &dir.join("out.svg")).unwrap();
+        assert_eq!(
+            files,
+            vec![dir.join("out.svg"), dir.join("out-heatmap.svg")]
+        );
+        let heat = std::fs::read_to_string(dir.join("out-heatmap.svg")).unwrap();
+        assert_eq!(
+            heat.matches(r#"class="cell""#).count(),
+            4 * HEAT_METRICS.len()
+        );
+        let only2d = plot(&grid(&["1", "8"], &["0", "50"]), &dir.join("h.svg")).unwrap();
+        assert_eq!(only2d, vec![dir.join("h.svg")]);
+        std::fs::remove_dir_all(dir).unwrap();
     }
 }

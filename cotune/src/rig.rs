@@ -7,7 +7,7 @@ use std::os::fd::AsRawFd;
 use std::sync::Arc;
 
 use devices::backend::NetBackend;
-use devices::virtio::net::{MacAddr, NetDevice, NetMetrics};
+use devices::virtio::net::{MacAddr, NetDevice, NetMetrics, NetTuning, TuningError};
 use devices::virtio::MmioTransport as DeviceTransport;
 use vm_memory::{GuestAddress, GuestMemoryMmap};
 use vmm_sys_util::eventfd::EventFd;
@@ -25,11 +25,14 @@ const DRIVER_DMA_START: u64 = 1 << 20;
 /// Caller-owned umem comes from [UMEM_START, MEM_SIZE).
 const UMEM_START: u64 = 32 << 20;
 
-/// Driver knobs plus the exit-cost model.
+/// Driver knobs, device knobs and the exit-cost model.
 #[derive(Clone, Copy, Debug)]
 pub struct RigConfig {
     /// The guest driver's configuration.
     pub driver: Config,
+    /// The device's tuning (coalescing, EVENT_IDX override, tx budget, busy-poll), set before
+    /// the driver brings the device up.
+    pub device: NetTuning,
     /// ns charged to the driver thread per kick.
     pub kick_cost_ns: u64,
     /// ns charged to the driver thread per interrupt taken.
@@ -52,6 +55,8 @@ pub enum RigError {
     },
     #[error("eventfd")]
     EventFd(#[source] std::io::Error),
+    #[error("device tuning refused")]
+    Tuning(#[source] TuningError),
     #[error("driver initialisation failed: {0:?}")]
     Driver(vnet_driver::InitError),
 }
@@ -78,6 +83,10 @@ impl Rig {
         let queue_size = config.driver.rx_queue_size.max(config.driver.tx_queue_size);
         let device = NetDevice::with_backend(backend, MacAddr::derived_from("cotune"), queue_size);
         let metrics = device.metrics();
+        device
+            .tuning_control()
+            .set(config.device)
+            .map_err(RigError::Tuning)?;
         let transport =
             DeviceTransport::new(mem.clone(), Box::new(device)).map_err(RigError::Transport)?;
         let transport =

@@ -1,5 +1,6 @@
-//! Presets: which knob each sweeps, over which workload, and how a point is measured (fresh rig
-//! per repeat, median by pps).
+//! Presets: which knobs of the driver and of the device each sweeps (one axis or two), over
+//! which workload, and how a point is measured: in co-simulation (fresh rig per repeat), in a
+//! real VM (one boot of the driver guest per repeat, `vm.rs`), or both; the median by pps.
 
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
@@ -10,16 +11,19 @@ use std::time::Duration;
 
 use devices::backend::{NetBackend, PairBackend};
 use devices::test_utils::netns::NetNs;
+use devices::virtio::net::{InterruptCoalescing, NetTuning};
 use vnet_driver::xsk::XskMode;
 use vnet_driver::{Config, TxCompletion};
 
 use crate::baseline::{raw_write_loop, BaselineResult};
 use crate::env::Sink;
+use crate::noise::{cpu_pct, loadavg1};
 use crate::report::Row;
 use crate::rig::{Rig, RigConfig};
+use crate::vm::VmEnv;
 use crate::workloads::{self, peer_loop, Sample, Workload};
 
-/// Which backend the device uses.
+/// Which backend the co-simulated device uses.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum BackendKind {
     /// socketpair(AF_UNIX, SOCK_SEQPACKET) with a peer thread (no root needed).
@@ -29,11 +33,35 @@ pub enum BackendKind {
 }
 
 impl BackendKind {
-    fn name(self) -> &'static str {
+    /// The name as on the command line.
+    pub fn name(self) -> &'static str {
         match self {
             BackendKind::Pair => "pair",
             BackendKind::Tap => "tap",
         }
+    }
+}
+
+/// Where a point is measured.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Target {
+    /// Co-simulation: the driver crate and the device model on host threads.
+    Sim,
+    /// The driver guest (`ring=3`) booted through the `vmm` binary on a tap.
+    Vm,
+    /// Both, with a vm/sim pps ratio.
+    Both,
+}
+
+impl Target {
+    /// Runs the co-simulation.
+    pub fn sim(self) -> bool {
+        self != Target::Vm
+    }
+
+    /// Boots VMs.
+    pub fn vm(self) -> bool {
+        self != Target::Sim
     }
 }
 
@@ -48,18 +76,30 @@ pub enum Preset {
     XdpBulk,
     /// Zero-copy vs copy transmit at 64, 512 and 1456 B.
     XskZc,
+    /// Device busy-poll 0, 10, 50, 200 µs on zero-copy transmit.
+    BusyPoll,
+    /// Kick threshold × device busy-poll (2-D), zero-copy transmit.
+    KickBusyPoll,
+    /// Tx completion mode × interrupt coalescing max_packets (max_usecs 100), bidirectional.
+    CompletionCoalesce,
+    /// XDP_TX bulk × interrupt coalescing max_packets (max_usecs 100), rx → XDP_TX bounce.
+    BulkCoalesce,
     /// The raw backend write loop alone.
     Baseline,
 }
 
 impl Preset {
     /// All presets, in report order.
-    pub const ALL: [Preset; 5] = [
+    pub const ALL: [Preset; 9] = [
         Preset::Baseline,
         Preset::KickThreshold,
         Preset::TxCompletion,
         Preset::XdpBulk,
         Preset::XskZc,
+        Preset::BusyPoll,
+        Preset::KickBusyPoll,
+        Preset::CompletionCoalesce,
+        Preset::BulkCoalesce,
     ];
 
     /// The preset's name as on the command line.
@@ -69,6 +109,10 @@ impl Preset {
             Preset::TxCompletion => "tx-completion",
             Preset::XdpBulk => "xdp-bulk",
             Preset::XskZc => "xsk-zc",
+            Preset::BusyPoll => "busy-poll",
+            Preset::KickBusyPoll => "kick-busy-poll",
+            Preset::CompletionCoalesce => "completion-coalesce",
+            Preset::BulkCoalesce => "bulk-coalesce",
             Preset::Baseline => "baseline",
         }
     }
@@ -77,15 +121,15 @@ impl Preset {
 /// How to measure.
 #[derive(Clone, Debug)]
 pub struct Options {
-    /// Measured time per trial.
+    /// Measured time per co-simulation trial.
     pub duration: Duration,
-    /// Warm-up per trial.
+    /// Warm-up per co-simulation trial.
     pub warmup: Duration,
     /// Trials per point (the median is reported).
     pub repeat: usize,
     /// Frame size override (Ethernet bytes); presets have their own defaults.
     pub frame_size: Option<usize>,
-    /// Backend.
+    /// Co-simulation backend.
     pub backend: BackendKind,
     /// Exit-cost model.
     pub kick_cost_ns: u64,
@@ -93,24 +137,137 @@ pub struct Options {
     pub irq_cost_ns: u64,
     /// Fewer points (CI).
     pub quick: bool,
+    /// Where points are measured.
+    pub target: Target,
+    /// Pin the driver (vCPU) thread and the device worker to two separate CPUs.
+    pub pin: bool,
+    /// The VMM, the guest and the frame count, when `target` boots VMs.
+    pub vm: Option<VmEnv>,
 }
 
-/// A point of a sweep: a label and the driver config and workload it runs.
-struct Point {
-    knob: &'static str,
-    value: String,
-    config: Config,
-    workload: Workload,
-    frame_size: usize,
+/// The device-side knobs of a point.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DevKnobs {
+    /// Interrupt coalescing: frames that release a held interrupt (0: no packet bound).
+    pub coalesce_packets: u16,
+    /// Interrupt coalescing: µs an interrupt may be held (0: off).
+    pub coalesce_usecs: u32,
+    /// Honour the driver's `used_event` (the device's EVENT_IDX override when false).
+    pub event_idx: bool,
+    /// Frames per tx call.
+    pub tx_budget: u16,
+    /// Device busy-poll, µs (0: off).
+    pub busy_poll_us: u32,
 }
 
-fn points(preset: Preset, opts: &Options) -> Vec<Point> {
+impl Default for DevKnobs {
+    fn default() -> Self {
+        let t = NetTuning::default();
+        DevKnobs {
+            coalesce_packets: t.interrupt_coalescing.max_packets,
+            coalesce_usecs: t.interrupt_coalescing.max_usecs,
+            event_idx: t.event_idx,
+            tx_budget: 256,
+            busy_poll_us: 0,
+        }
+    }
+}
+
+impl DevKnobs {
+    /// The device tuning these knobs make.
+    #[allow(clippy::needless_update)] // until NetTuning gains tx_budget and busy_poll_us
+    pub fn tuning(&self) -> NetTuning {
+        NetTuning {
+            interrupt_coalescing: InterruptCoalescing {
+                max_packets: self.coalesce_packets,
+                max_usecs: self.coalesce_usecs,
+            },
+            event_idx: self.event_idx,
+            ..NetTuning::default()
+        }
+    }
+
+    /// The `--net` spec keys that set these knobs (only those that differ from the device's
+    /// defaults, each as `,key=value`).
+    pub fn net_spec_keys(&self) -> String {
+        let d = DevKnobs::default();
+        let mut s = String::new();
+        if self.coalesce_packets != d.coalesce_packets {
+            s += &format!(",coalesce_packets={}", self.coalesce_packets);
+        }
+        if self.coalesce_usecs != d.coalesce_usecs {
+            s += &format!(",coalesce_usecs={}", self.coalesce_usecs);
+        }
+        if self.event_idx != d.event_idx {
+            s += if self.event_idx {
+                ",event_idx=on"
+            } else {
+                ",event_idx=off"
+            };
+        }
+        if self.tx_budget != d.tx_budget {
+            s += &format!(",tx_budget={}", self.tx_budget);
+        }
+        if self.busy_poll_us != d.busy_poll_us {
+            s += &format!(",busy_poll_us={}", self.busy_poll_us);
+        }
+        s
+    }
+}
+
+/// A point of a sweep: the swept knobs' names and values (one axis or two), and the driver
+/// config, device knobs and workload it runs.
+#[derive(Clone, Debug)]
+pub struct Point {
+    /// (knob, value) per axis: one for a 1-D sweep, two for a 2-D sweep.
+    pub axes: Vec<(&'static str, String)>,
+    /// Driver knobs.
+    pub config: Config,
+    /// Device knobs.
+    pub dev: DevKnobs,
+    /// The workload.
+    pub workload: Workload,
+    /// Ethernet frame size.
+    pub frame_size: usize,
+}
+
+impl Point {
+    fn label(&self) -> String {
+        self.axes
+            .iter()
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect::<Vec<_>>()
+            .join(" ")
+    }
+}
+
+/// The points of `preset`.
+pub fn points(preset: Preset, opts: &Options) -> Vec<Point> {
     match preset {
         Preset::Baseline => Vec::new(),
         Preset::KickThreshold => kick_threshold_points(opts),
         Preset::TxCompletion => tx_completion_points(opts),
         Preset::XdpBulk => xdp_bulk_points(opts),
         Preset::XskZc => xsk_points(opts),
+        Preset::BusyPoll => busy_poll_points(opts),
+        Preset::KickBusyPoll => kick_busy_poll_points(opts),
+        Preset::CompletionCoalesce => completion_coalesce_points(opts),
+        Preset::BulkCoalesce => bulk_coalesce_points(opts),
+    }
+}
+
+/// Zero-copy transmit with the kick threshold `n` and clean-from-rx completion.
+fn zc_tx_point(opts: &Options, axes: Vec<(&'static str, String)>, n: u16, dev: DevKnobs) -> Point {
+    Point {
+        axes,
+        config: Config {
+            kick_threshold: n,
+            tx_completion: TxCompletion::CleanFromRx,
+            ..Config::default()
+        },
+        dev,
+        workload: Workload::XskTx(XskMode::ZeroCopy),
+        frame_size: opts.frame_size.unwrap_or(64),
     }
 }
 
@@ -122,49 +279,136 @@ fn kick_threshold_points(opts: &Options) -> Vec<Point> {
         &[1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64]
     };
     ns.iter()
-        .map(|&n| Point {
-            knob: "kick_threshold",
-            value: n.to_string(),
-            config: Config {
-                kick_threshold: n,
-                tx_completion: TxCompletion::CleanFromRx,
-                ..Config::default()
-            },
-            workload: Workload::XskTx(XskMode::ZeroCopy),
-            frame_size: opts.frame_size.unwrap_or(64),
+        .map(|&n| {
+            let axes = vec![("kick_threshold", n.to_string())];
+            zc_tx_point(opts, axes, n, DevKnobs::default())
         })
         .collect()
 }
 
+/// The device busy-poll window on zero-copy transmit (kick threshold 8).
+fn busy_poll_points(opts: &Options) -> Vec<Point> {
+    let us: &[u32] = if opts.quick {
+        &[0, 50]
+    } else {
+        &[0, 10, 50, 200]
+    };
+    us.iter()
+        .map(|&b| {
+            let dev = DevKnobs {
+                busy_poll_us: b,
+                ..DevKnobs::default()
+            };
+            zc_tx_point(opts, vec![("busy_poll_us", b.to_string())], 8, dev)
+        })
+        .collect()
+}
+
+/// Kick threshold × busy-poll on zero-copy transmit.
+fn kick_busy_poll_points(opts: &Options) -> Vec<Point> {
+    let (ns, us): (&[u16], &[u32]) = if opts.quick {
+        (&[1, 8], &[0, 50])
+    } else {
+        (&[1, 2, 4, 8, 16, 64], &[0, 10, 50, 200])
+    };
+    let mut v = Vec::new();
+    for &b in us {
+        for &n in ns {
+            let dev = DevKnobs {
+                busy_poll_us: b,
+                ..DevKnobs::default()
+            };
+            let axes = vec![
+                ("kick_threshold", n.to_string()),
+                ("busy_poll_us", b.to_string()),
+            ];
+            v.push(zc_tx_point(opts, axes, n, dev));
+        }
+    }
+    v
+}
+
+const COMPLETIONS: [(TxCompletion, &str); 3] = [
+    (TxCompletion::TxInterrupt, "tx-interrupt"),
+    (TxCompletion::CleanFromRx, "clean-from-rx"),
+    (TxCompletion::Lazy, "lazy"),
+];
+
+/// Coalescing bounds for `max_packets` (0: coalescing off; otherwise with max_usecs 100).
+fn coalescing(max_packets: u16) -> DevKnobs {
+    DevKnobs {
+        coalesce_packets: max_packets,
+        coalesce_usecs: if max_packets == 0 { 0 } else { 100 },
+        ..DevKnobs::default()
+    }
+}
+
 /// Each tx completion mode, with EVENT_IDX and with the flags, on traffic both ways.
 fn tx_completion_points(opts: &Options) -> Vec<Point> {
-    let modes = [
-        (TxCompletion::TxInterrupt, "tx-interrupt"),
-        (TxCompletion::CleanFromRx, "clean-from-rx"),
-        (TxCompletion::Lazy, "lazy"),
-    ];
     let suppressions: &[(bool, &str)] = if opts.quick {
         &[(true, "eventidx")]
     } else {
         &[(true, "eventidx"), (false, "flags")]
     };
     let mut v = Vec::new();
-    for (mode, mode_name) in modes {
+    for (mode, mode_name) in COMPLETIONS {
         for &(event_idx, suppression) in suppressions {
             v.push(Point {
-                knob: "tx_completion",
-                value: format!("{mode_name}/{suppression}"),
+                axes: vec![("tx_completion", format!("{mode_name}/{suppression}"))],
                 config: Config {
                     tx_completion: mode,
                     event_idx,
                     ..Config::default()
                 },
+                dev: DevKnobs::default(),
                 workload: Workload::Bidirectional,
                 frame_size: opts.frame_size.unwrap_or(64),
             });
         }
     }
     v
+}
+
+/// Tx completion × coalescing max_packets (max_usecs 100), bidirectional.
+fn completion_coalesce_points(opts: &Options) -> Vec<Point> {
+    let (modes, packets): (&[(TxCompletion, &str)], &[u16]) = if opts.quick {
+        (&COMPLETIONS[..2], &[0, 32])
+    } else {
+        (&COMPLETIONS, &[0, 8, 32, 128])
+    };
+    let mut v = Vec::new();
+    for &p in packets {
+        for &(mode, name) in modes {
+            v.push(Point {
+                axes: vec![
+                    ("tx_completion", name.into()),
+                    ("coalesce_packets", p.to_string()),
+                ],
+                config: Config {
+                    tx_completion: mode,
+                    ..Config::default()
+                },
+                dev: coalescing(p),
+                workload: Workload::Bidirectional,
+                frame_size: opts.frame_size.unwrap_or(64),
+            });
+        }
+    }
+    v
+}
+
+fn bounce_point(opts: &Options, axes: Vec<(&'static str, String)>, b: u16, dev: DevKnobs) -> Point {
+    Point {
+        axes,
+        config: Config {
+            xdp_bulk: b,
+            tx_completion: TxCompletion::CleanFromRx,
+            ..Config::default()
+        },
+        dev,
+        workload: Workload::XdpBounce,
+        frame_size: opts.frame_size.unwrap_or(64),
+    }
 }
 
 /// XDP_TX bulk queue size on the bounce workload.
@@ -175,18 +419,35 @@ fn xdp_bulk_points(opts: &Options) -> Vec<Point> {
         &[1, 2, 4, 8, 16]
     };
     bs.iter()
-        .map(|&b| Point {
-            knob: "xdp_bulk",
-            value: b.to_string(),
-            config: Config {
-                xdp_bulk: b,
-                tx_completion: TxCompletion::CleanFromRx,
-                ..Config::default()
-            },
-            workload: Workload::XdpBounce,
-            frame_size: opts.frame_size.unwrap_or(64),
+        .map(|&b| {
+            bounce_point(
+                opts,
+                vec![("xdp_bulk", b.to_string())],
+                b,
+                DevKnobs::default(),
+            )
         })
         .collect()
+}
+
+/// XDP_TX bulk × coalescing max_packets (max_usecs 100) on the bounce workload.
+fn bulk_coalesce_points(opts: &Options) -> Vec<Point> {
+    let (bs, packets): (&[u16], &[u16]) = if opts.quick {
+        (&[1, 16], &[0, 32])
+    } else {
+        (&[1, 4, 16], &[0, 8, 32, 128])
+    };
+    let mut v = Vec::new();
+    for &p in packets {
+        for &b in bs {
+            let axes = vec![
+                ("xdp_bulk", b.to_string()),
+                ("coalesce_packets", p.to_string()),
+            ];
+            v.push(bounce_point(opts, axes, b, coalescing(p)));
+        }
+    }
+    v
 }
 
 /// AF_XDP transmit, zero-copy against copy, at a few frame sizes.
@@ -200,18 +461,64 @@ fn xsk_points(opts: &Options) -> Vec<Point> {
     for s in sizes {
         for (mode, name) in [(XskMode::ZeroCopy, "zero-copy"), (XskMode::Copy, "copy")] {
             v.push(Point {
-                knob: "xsk_mode",
-                value: name.into(),
+                axes: vec![("xsk_mode", name.into())],
                 config: Config {
                     tx_completion: TxCompletion::CleanFromRx,
                     ..Config::default()
                 },
+                dev: DevKnobs::default(),
                 workload: Workload::XskTx(mode),
                 frame_size: s,
             });
         }
     }
     v
+}
+
+/// What one trial measured, in co-simulation or in a VM.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Measured {
+    /// Measured wall time, s.
+    pub secs: f64,
+    /// Packets (see [`Sample::packets`]).
+    pub packets: u64,
+    /// Driver kicks (tx + rx).
+    pub kicks: u64,
+    /// Interrupts the driver took.
+    pub irqs: u64,
+    /// The device's tx-queue interrupts.
+    pub tx_irqs: u64,
+    /// Kicks EVENT_IDX let the driver skip.
+    pub kicks_suppressed: u64,
+    /// Driver (vCPU) thread CPU, ns.
+    pub driver_cpu_ns: u64,
+    /// Device worker CPU, ns.
+    pub device_cpu_ns: u64,
+    /// Wall time over which the CPU times were taken, s.
+    pub cpu_secs: f64,
+}
+
+impl Measured {
+    /// Packets per second.
+    pub fn pps(&self) -> f64 {
+        self.packets as f64 / self.secs.max(1e-9)
+    }
+}
+
+impl From<Sample> for Measured {
+    fn from(m: Sample) -> Measured {
+        Measured {
+            secs: m.secs,
+            packets: m.packets,
+            kicks: m.driver.kicks + m.driver.rx_kicks,
+            irqs: m.driver.interrupts,
+            tx_irqs: m.dev_tx_irqs,
+            kicks_suppressed: m.driver.kicks_suppressed,
+            driver_cpu_ns: m.driver_cpu_ns,
+            device_cpu_ns: m.device_cpu_ns,
+            cpu_secs: m.secs,
+        }
+    }
 }
 
 /// The device's backend for one trial and what keeps its peer side going.
@@ -317,8 +624,18 @@ fn make_trial(
     }
 }
 
-/// Runs one trial of `point` and checks the driver and device counters agree.
-fn trial(point: &Point, opts: &Options) -> io::Result<Sample> {
+/// Pins the calling (driver) thread and the device worker threads (`net-…`) to two CPUs.
+fn pin_sim_threads() -> io::Result<()> {
+    let (driver, device) = crate::noise::cpu_pair()?;
+    crate::noise::pin_thread(0, driver)?;
+    for tid in crate::cost::threads_named("net-") {
+        crate::noise::pin_thread(tid, device)?;
+    }
+    Ok(())
+}
+
+/// Runs one co-simulation trial of `point` and checks the driver and device counters agree.
+fn sim_trial(point: &Point, opts: &Options) -> io::Result<Sample> {
     let receives = matches!(
         point.workload,
         Workload::Bidirectional | Workload::XdpBounce
@@ -326,6 +643,7 @@ fn trial(point: &Point, opts: &Options) -> io::Result<Sample> {
     let (backend, mut peer) = make_trial(opts.backend, point.frame_size, receives)?;
     let rig_config = RigConfig {
         driver: point.config,
+        device: point.dev.tuning(),
         kick_cost_ns: opts.kick_cost_ns,
         irq_cost_ns: opts.irq_cost_ns,
     };
@@ -333,7 +651,10 @@ fn trial(point: &Point, opts: &Options) -> io::Result<Sample> {
         Trial::Pair(b) => Rig::new(b, &rig_config),
         Trial::Tap(b) => Rig::new(b, &rig_config),
     }
-    .map_err(|e| io::Error::other(e.to_string()))?;
+    .map_err(|e| io::Error::other(format!("{e}: {:?}", std::error::Error::source(&e))))?;
+    if opts.pin {
+        pin_sim_threads()?;
+    }
     let sample = workloads::run(
         &mut rig,
         point.workload,
@@ -374,8 +695,133 @@ pub fn baseline(
     Ok(runs[runs.len() / 2])
 }
 
+/// The median by pps of `runs` (not empty).
+fn median(mut runs: Vec<Measured>) -> Measured {
+    runs.sort_by(|a, b| a.pps().total_cmp(&b.pps()));
+    runs[runs.len() / 2]
+}
+
+fn xsk_mode_name(w: Workload) -> &'static str {
+    match w {
+        Workload::XskTx(XskMode::ZeroCopy) => "zero-copy",
+        Workload::XskTx(XskMode::Copy) => "copy",
+        _ => "",
+    }
+}
+
+fn workload_name(w: Workload) -> &'static str {
+    match w {
+        Workload::XskTx(_) => "xsk-tx",
+        Workload::Bidirectional => "bidirectional",
+        Workload::XdpBounce => "xdp-bounce",
+    }
+}
+
+fn completion_name(c: TxCompletion) -> &'static str {
+    match c {
+        TxCompletion::TxInterrupt => "tx-interrupt",
+        TxCompletion::CleanFromRx => "clean-from-rx",
+        TxCompletion::Lazy => "lazy",
+    }
+}
+
+/// A row for `point` with every knob of both sides and, if measured, its metrics.
+fn point_row(
+    preset: Preset,
+    target: &str,
+    point: &Point,
+    m: Option<&Measured>,
+    base_pps: f64,
+    load: f64,
+    opts: &Options,
+) -> Row {
+    let nan = f64::NAN;
+    let per = |n: u64| m.map_or(nan, |m| n as f64 / m.packets.max(1) as f64);
+    let axis = |i: usize| point.axes.get(i).cloned().unwrap_or(("", String::new()));
+    let (knob, value) = axis(0);
+    let (knob2, value2) = axis(1);
+    let pps = m.map_or(nan, Measured::pps);
+    let sim = target == "sim";
+    Row {
+        preset: preset.name().into(),
+        target: target.into(),
+        knob: knob.into(),
+        value,
+        knob2: knob2.into(),
+        value2,
+        workload: workload_name(point.workload).into(),
+        frame_size: point.frame_size,
+        kick_threshold: point.config.kick_threshold,
+        tx_completion: completion_name(point.config.tx_completion).into(),
+        event_idx: point.config.event_idx,
+        xdp_bulk: point.config.xdp_bulk,
+        xsk_mode: xsk_mode_name(point.workload).into(),
+        coalesce_packets: point.dev.coalesce_packets,
+        coalesce_usecs: point.dev.coalesce_usecs,
+        dev_event_idx: point.dev.event_idx,
+        tx_budget: point.dev.tx_budget,
+        busy_poll_us: point.dev.busy_poll_us,
+        pps,
+        kicks_per_pkt: per(m.map_or(0, |m| m.kicks)),
+        irqs_per_pkt: per(m.map_or(0, |m| m.irqs)),
+        tx_irqs_per_pkt: per(m.map_or(0, |m| m.tx_irqs)),
+        kicks_suppressed_per_pkt: per(m.map_or(0, |m| m.kicks_suppressed)),
+        driver_ns_per_pkt: per(m.map_or(0, |m| m.driver_cpu_ns)),
+        device_ns_per_pkt: per(m.map_or(0, |m| m.device_cpu_ns)),
+        driver_cpu_pct: m.map_or(nan, |m| cpu_pct(m.driver_cpu_ns, m.cpu_secs)),
+        device_cpu_pct: m.map_or(nan, |m| cpu_pct(m.device_cpu_ns, m.cpu_secs)),
+        ratio_to_baseline: pps / base_pps,
+        vm_sim_ratio: nan,
+        loadavg1: load,
+        backend: if sim { opts.backend.name() } else { "tap" }.into(),
+        kick_cost_ns: if sim { Some(opts.kick_cost_ns) } else { None },
+        irq_cost_ns: if sim { Some(opts.irq_cost_ns) } else { None },
+        note: String::new(),
+    }
+}
+
+/// A baseline row: the raw write loop of `target`'s backend.
+fn baseline_row(
+    target: &str,
+    backend: BackendKind,
+    size: usize,
+    b: &BaselineResult,
+    opts: &Options,
+) -> Row {
+    let point = Point {
+        axes: vec![("loop", "raw-write".into())],
+        config: Config::default(),
+        dev: DevKnobs::default(),
+        workload: Workload::XskTx(XskMode::Copy),
+        frame_size: size,
+    };
+    let mut row = point_row(
+        Preset::Baseline,
+        target,
+        &point,
+        None,
+        b.pps,
+        loadavg1(),
+        opts,
+    );
+    row.workload = "raw-write".into();
+    row.xsk_mode = String::new();
+    row.pps = b.pps;
+    row.ratio_to_baseline = 1.0;
+    row.kicks_per_pkt = 0.0;
+    row.irqs_per_pkt = 0.0;
+    row.tx_irqs_per_pkt = 0.0;
+    row.kicks_suppressed_per_pkt = 0.0;
+    row.driver_ns_per_pkt = b.cpu_ns_per_pkt;
+    row.device_ns_per_pkt = 0.0;
+    row.backend = backend.name().into();
+    row.kick_cost_ns = None;
+    row.irq_cost_ns = None;
+    row
+}
+
 /// Runs `preset`, calling `progress` before each trial. Returns its rows (with a baseline row
-/// for each frame size it uses).
+/// per target for each frame size it uses).
 pub fn run_preset(
     preset: Preset,
     opts: &Options,
@@ -389,76 +835,175 @@ pub fn run_preset(
     sizes.sort_unstable();
     sizes.dedup();
     let mut rows = Vec::new();
-    let mut baselines = Vec::new();
+    // (target, size, pps)
+    let mut baselines: Vec<(&str, usize, f64)> = Vec::new();
+    let mut targets = Vec::new();
+    if opts.target.sim() {
+        targets.push(("sim", opts.backend));
+    }
+    if opts.target.vm() {
+        // A VM's device writes to a tap: its floor is the raw tap loop.
+        targets.push(("vm", BackendKind::Tap));
+    }
     for &s in &sizes {
-        progress(&format!(
-            "{}: raw {} write loop, {s} B",
-            preset.name(),
-            opts.backend.name()
-        ));
-        let b = baseline(opts.backend, s, opts)?;
-        baselines.push((s, b));
-        if preset == Preset::Baseline {
-            rows.push(Row {
-                preset: preset.name().into(),
-                knob: "loop".into(),
-                value: "raw-write".into(),
-                frame_size: s,
-                pps: b.pps,
-                kicks_per_pkt: 0.0,
-                irqs_per_pkt: 0.0,
-                driver_ns_per_pkt: b.cpu_ns_per_pkt,
-                device_ns_per_pkt: 0.0,
-                ratio_to_baseline: 1.0,
-                tx_irqs_per_pkt: 0.0,
-                kicks_suppressed_per_pkt: 0.0,
-                backend: opts.backend.name().into(),
-                kick_cost_ns: opts.kick_cost_ns,
-                irq_cost_ns: opts.irq_cost_ns,
-            });
+        for &(target, backend) in &targets {
+            progress(&format!(
+                "{}: raw {} write loop, {s} B",
+                preset.name(),
+                backend.name()
+            ));
+            let b = baseline(backend, s, opts)?;
+            baselines.push((target, s, b.pps));
+            if preset == Preset::Baseline {
+                rows.push(baseline_row(target, backend, s, &b, opts));
+            }
         }
     }
+    let base = |target: &str, size: usize| {
+        baselines
+            .iter()
+            .find(|(t, s, _)| *t == target && *s == size)
+            .map_or(f64::NAN, |b| b.2)
+    };
     for (i, p) in pts.iter().enumerate() {
-        let mut samples = Vec::new();
-        for r in 0..opts.repeat {
+        let load = loadavg1();
+        let mut say = |target: &str, r: usize| {
             progress(&format!(
-                "{} [{}/{}] {}={} {} B, trial {}/{}",
+                "{} [{}/{}] {target} {} {} B, trial {}/{}",
                 preset.name(),
                 i + 1,
                 pts.len(),
-                p.knob,
-                p.value,
+                p.label(),
                 p.frame_size,
                 r + 1,
                 opts.repeat
+            ))
+        };
+        let mut sim_row = None;
+        if opts.target.sim() {
+            let mut runs = Vec::new();
+            for r in 0..opts.repeat {
+                say("sim", r);
+                runs.push(Measured::from(sim_trial(p, opts)?));
+            }
+            let m = median(runs);
+            sim_row = Some(point_row(
+                preset,
+                "sim",
+                p,
+                Some(&m),
+                base("sim", p.frame_size),
+                load,
+                opts,
             ));
-            samples.push(trial(p, opts)?);
         }
-        samples.sort_by(|a, b| a.pps().total_cmp(&b.pps()));
-        let m = samples[samples.len() / 2];
-        let pk = m.packets.max(1) as f64;
-        let base = baselines
-            .iter()
-            .find(|(s, _)| *s == p.frame_size)
-            .map(|(_, b)| b.pps)
-            .unwrap_or(f64::NAN);
-        rows.push(Row {
-            preset: preset.name().into(),
-            knob: p.knob.into(),
-            value: p.value.clone(),
-            frame_size: p.frame_size,
-            pps: m.pps(),
-            kicks_per_pkt: (m.driver.kicks + m.driver.rx_kicks) as f64 / pk,
-            irqs_per_pkt: m.driver.interrupts as f64 / pk,
-            driver_ns_per_pkt: m.driver_cpu_ns as f64 / pk,
-            device_ns_per_pkt: m.device_cpu_ns as f64 / pk,
-            ratio_to_baseline: m.pps() / base,
-            tx_irqs_per_pkt: m.dev_tx_irqs as f64 / pk,
-            kicks_suppressed_per_pkt: m.driver.kicks_suppressed as f64 / pk,
-            backend: opts.backend.name().into(),
-            kick_cost_ns: opts.kick_cost_ns,
-            irq_cost_ns: opts.irq_cost_ns,
-        });
+        let mut vm_row = None;
+        if let (true, Some(env)) = (opts.target.vm(), &opts.vm) {
+            let row = match crate::vm::unsupported(p) {
+                Some(why) => {
+                    let mut row = point_row(preset, "vm", p, None, f64::NAN, load, opts);
+                    row.note = format!("skipped: {why}");
+                    row
+                }
+                None => {
+                    let mut runs = Vec::new();
+                    let mut note = String::new();
+                    for r in 0..opts.repeat {
+                        say("vm", r);
+                        let (m, n) = crate::vm::run_point(env, p, opts.pin)?;
+                        runs.push(m);
+                        note = n;
+                    }
+                    let m = median(runs);
+                    let mut row = point_row(
+                        preset,
+                        "vm",
+                        p,
+                        Some(&m),
+                        base("vm", p.frame_size),
+                        load,
+                        opts,
+                    );
+                    row.note = note;
+                    row
+                }
+            };
+            vm_row = Some(row);
+        }
+        if let (Some(s), Some(v)) = (&mut sim_row, &mut vm_row) {
+            let ratio = v.pps / s.pps;
+            s.vm_sim_ratio = ratio;
+            v.vm_sim_ratio = ratio;
+        }
+        rows.extend(sim_row);
+        rows.extend(vm_row);
     }
     Ok(rows)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn opts(quick: bool) -> Options {
+        Options {
+            duration: Duration::from_millis(100),
+            warmup: Duration::ZERO,
+            repeat: 1,
+            frame_size: None,
+            backend: BackendKind::Pair,
+            kick_cost_ns: 0,
+            irq_cost_ns: 0,
+            quick,
+            target: Target::Sim,
+            pin: false,
+            vm: None,
+        }
+    }
+
+    #[test]
+    fn two_dimensional_presets_cover_their_grid_and_set_the_device_knobs() {
+        for preset in [
+            Preset::KickBusyPoll,
+            Preset::CompletionCoalesce,
+            Preset::BulkCoalesce,
+        ] {
+            for quick in [true, false] {
+                let pts = points(preset, &opts(quick));
+                assert!(pts.iter().all(|p| p.axes.len() == 2), "{preset:?}");
+                let xs: std::collections::BTreeSet<_> = pts.iter().map(|p| &p.axes[0].1).collect();
+                let ys: std::collections::BTreeSet<_> = pts.iter().map(|p| &p.axes[1].1).collect();
+                assert_eq!(pts.len(), xs.len() * ys.len(), "{preset:?} is a full grid");
+                if quick {
+                    assert_eq!((xs.len(), ys.len()), (2, 2), "{preset:?} --quick is 2x2");
+                }
+                for p in &pts {
+                    assert!(p.dev.tuning().validate().is_ok(), "{preset:?} {p:?}");
+                    let y: u32 = p.axes[1].1.parse().unwrap();
+                    let dev_y = match p.axes[1].0 {
+                        "busy_poll_us" => p.dev.busy_poll_us,
+                        "coalesce_packets" => u32::from(p.dev.coalesce_packets),
+                        other => panic!("unexpected axis {other}"),
+                    };
+                    assert_eq!(y, dev_y, "the second axis is the device knob");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn net_spec_names_only_the_knobs_that_differ() {
+        assert_eq!(DevKnobs::default().net_spec_keys(), "");
+        let k = DevKnobs {
+            coalesce_packets: 32,
+            coalesce_usecs: 100,
+            event_idx: false,
+            tx_budget: 64,
+            busy_poll_us: 50,
+        };
+        assert_eq!(
+            k.net_spec_keys(),
+            ",coalesce_packets=32,coalesce_usecs=100,event_idx=off,tx_budget=64,busy_poll_us=50"
+        );
+    }
 }

@@ -21,6 +21,7 @@ fn rig(config: Config) -> (Rig, PairPeer) {
         backend,
         &RigConfig {
             driver: config,
+            device: Default::default(),
             kick_cost_ns: 0,
             irq_cost_ns: 0,
         },

@@ -1,0 +1,539 @@
+//! `--target vm`: a point measured in a real VM. Each trial boots the bare-metal driver guest
+//! (`guest/baremetal`, `ring=3`) through the `vmm` binary on a tap in a network namespace the
+//! tool creates and removes, as `guest/baremetal/sweep.sh` does: driver knobs and the workload
+//! go on the guest's command line, device knobs in the `--net` spec; the guest's
+//! `{"driver":…}` line (stdout) and the VMM's `{"net":…}` metrics line (stderr, at exit) give
+//! the counters. The echo workload's host side is a packet socket in the namespace.
+
+use std::io::{self, BufRead, BufReader, Read};
+use std::os::fd::AsRawFd;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{mpsc, Arc};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use devices::test_utils::link::PacketSocket;
+use devices::test_utils::netns::NetNs;
+use serde_json::Value;
+use vnet_driver::xsk::XskMode;
+
+use crate::calib::{self, Calibration};
+use crate::frames::{test_frame, ETHERTYPE, SRC_MAC};
+use crate::noise::{comm_name, cpu_pair, pin_thread, proc_task_cpu_ns, proc_thread_named};
+use crate::sweep::{Measured, Point};
+use crate::workloads::Workload;
+
+/// The tap each VM trial uses (inside its own namespace).
+const TAP: &str = "ctap0";
+/// Echo frames the host peer keeps in flight (as sweep.sh).
+const IN_FLIGHT: u64 = 64;
+/// How long a guest may take to come up.
+const READY_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// What booting VMs needs.
+#[derive(Clone, Debug)]
+pub struct VmEnv {
+    /// The `vmm` binary.
+    pub vmm: PathBuf,
+    /// The driver guest (ELF).
+    pub guest: PathBuf,
+    /// Frames per VM trial (`tx=N` / `echo=N`).
+    pub frames: u64,
+}
+
+/// The workspace root (cotune's manifest directory's parent).
+fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .map_or_else(|| PathBuf::from("."), Path::to_path_buf)
+}
+
+/// The `vmm` binary: `explicit`, else `vmm` beside this executable, else the workspace's
+/// `target/release/vmm`.
+pub fn locate_vmm(explicit: Option<PathBuf>) -> Result<PathBuf, String> {
+    if let Some(p) = explicit {
+        return if p.is_file() {
+            Ok(p)
+        } else {
+            Err(format!("--vmm {}: no such file", p.display()))
+        };
+    }
+    let mut tried = Vec::new();
+    if let Some(dir) = std::env::current_exe()
+        .ok()
+        .and_then(|e| e.parent().map(Path::to_path_buf))
+    {
+        tried.push(dir.join("vmm"));
+        // Test binaries run from target/<profile>/deps.
+        if dir.ends_with("deps") {
+            if let Some(up) = dir.parent() {
+                tried.push(up.join("vmm"));
+            }
+        }
+    }
+    tried.push(workspace_root().join("target/release/vmm"));
+    tried.iter().find(|p| p.is_file()).cloned().ok_or_else(|| {
+        format!(
+            "no vmm binary (looked at {}); build it (cargo build --release -p vmm) or pass --vmm PATH",
+            tried.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(", ")
+        )
+    })
+}
+
+/// The driver guest: `explicit`, else what `resources/build-guest.sh --driver-guest-only`
+/// prints as `driver_guest=` (it builds the guest once and caches it).
+pub fn locate_guest(explicit: Option<PathBuf>) -> Result<PathBuf, String> {
+    if let Some(p) = explicit {
+        return if p.is_file() {
+            Ok(p)
+        } else {
+            Err(format!("--guest {}: no such file", p.display()))
+        };
+    }
+    let script = workspace_root().join("resources/build-guest.sh");
+    let out = Command::new("bash")
+        .arg(&script)
+        .arg("--driver-guest-only")
+        .stderr(Stdio::inherit())
+        .output()
+        .map_err(|e| format!("cannot run {}: {e}", script.display()))?;
+    if !out.status.success() {
+        return Err(format!(
+            "{} --driver-guest-only failed ({})",
+            script.display(),
+            out.status
+        ));
+    }
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .find_map(|l| l.strip_prefix("driver_guest="))
+        .map(PathBuf::from)
+        .filter(|p| p.is_file())
+        .ok_or_else(|| {
+            format!(
+                "{} printed no driver_guest= line with a file",
+                script.display()
+            )
+        })
+}
+
+/// Refuses a VM target on a machine that cannot boot one here.
+pub fn check_host() -> Result<(), String> {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    if unsafe { libc::geteuid() } != 0 {
+        return Err("--target vm|both needs root (a network namespace and a tap)".into());
+    }
+    if !Path::new("/dev/kvm").exists() {
+        return Err("--target vm|both needs /dev/kvm".into());
+    }
+    Ok(())
+}
+
+/// Why `point` has no counterpart in the driver guest, if it has none.
+pub fn unsupported(point: &Point) -> Option<&'static str> {
+    match point.workload {
+        Workload::XskTx(XskMode::Copy) => {
+            Some("the driver guest has no AF_XDP copy-mode transmit (only tx= batches)")
+        }
+        _ => None,
+    }
+}
+
+/// The guest's command line for `point` with `frames` frames.
+pub fn cmdline(point: &Point, frames: u64) -> String {
+    let c = &point.config;
+    let workload = match point.workload {
+        Workload::XskTx(_) => "tx",
+        Workload::Bidirectional | Workload::XdpBounce => "echo",
+    };
+    let completion = match c.tx_completion {
+        vnet_driver::TxCompletion::TxInterrupt => "tx-interrupt",
+        vnet_driver::TxCompletion::CleanFromRx => "clean-from-rx",
+        vnet_driver::TxCompletion::Lazy => "lazy",
+    };
+    format!(
+        "console=ttyS0 {workload}={frames} size={} ring=3 kick_threshold={} tx_completion={completion} \
+         event_idx={} xdp_bulk={} timeout_ms=120000",
+        point.frame_size,
+        c.kick_threshold,
+        u8::from(c.event_idx),
+        c.xdp_bulk
+    )
+}
+
+/// A fresh namespace with tap [`TAP`] (vnet_hdr, up) for one VM, IPv6 off so that nothing but
+/// the workload crosses it.
+fn vm_netns() -> io::Result<NetNs> {
+    let ns = crate::env::trial_netns()?;
+    let status = ns
+        .command("sysctl")
+        .args([
+            "-qw",
+            "net.ipv6.conf.all.disable_ipv6=1",
+            "net.ipv6.conf.default.disable_ipv6=1",
+        ])
+        .status()?;
+    if !status.success() {
+        return Err(io::Error::other("sysctl in the namespace failed"));
+    }
+    ns.ip(&["tuntap", "add", TAP, "mode", "tap", "vnet_hdr"])?;
+    ns.ip(&["link", "set", TAP, "up"])?;
+    Ok(ns)
+}
+
+/// A running `vmm`, killed on drop if it has not exited.
+struct Vmm {
+    child: Child,
+    lines: mpsc::Receiver<String>,
+    stderr: Option<thread::JoinHandle<String>>,
+}
+
+impl Vmm {
+    fn spawn(
+        env_vmm: &Path,
+        guest: &Path,
+        ns: &NetNs,
+        net: &str,
+        cmdline: &str,
+    ) -> io::Result<Vmm> {
+        let mut child = ns
+            .command(&env_vmm.to_string_lossy())
+            .arg("--kernel")
+            .arg(guest)
+            .args(["--net", net, "--cmdline", cmdline])
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()?;
+        let stdout = child.stdout.take().expect("piped stdout");
+        let mut stderr = child.stderr.take().expect("piped stderr");
+        let (tx, lines) = mpsc::channel();
+        thread::Builder::new()
+            .name("cotune-vmout".into())
+            .spawn(move || {
+                for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                    if tx.send(line).is_err() {
+                        break;
+                    }
+                }
+            })?;
+        let stderr = thread::Builder::new()
+            .name("cotune-vmerr".into())
+            .spawn(move || {
+                let mut s = String::new();
+                let _ = stderr.read_to_string(&mut s);
+                s
+            })?;
+        Ok(Vmm {
+            child,
+            lines,
+            stderr: Some(stderr),
+        })
+    }
+
+    /// The next console line, waiting until `deadline`.
+    fn line_until(&self, deadline: Instant) -> Option<String> {
+        let left = deadline.saturating_duration_since(Instant::now());
+        self.lines.recv_timeout(left).ok()
+    }
+
+    /// Waits for the VMM to exit (killing it after `timeout`) and returns its stderr.
+    fn finish(mut self, timeout: Duration) -> String {
+        let deadline = Instant::now() + timeout;
+        loop {
+            match self.child.try_wait() {
+                Ok(Some(_)) | Err(_) => break,
+                Ok(None) if Instant::now() >= deadline => {
+                    let _ = self.child.kill();
+                    let _ = self.child.wait();
+                    break;
+                }
+                Ok(None) => thread::sleep(Duration::from_millis(5)),
+            }
+        }
+        self.stderr
+            .take()
+            .and_then(|h| h.join().ok())
+            .unwrap_or_default()
+    }
+}
+
+impl Drop for Vmm {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+/// The vCPU and device-worker threads of a running VMM and their CPU time.
+struct VmThreads {
+    pid: u32,
+    vcpu: Option<i32>,
+    worker: Option<i32>,
+}
+
+impl VmThreads {
+    fn find(pid: u32) -> VmThreads {
+        VmThreads {
+            pid,
+            vcpu: proc_thread_named(pid, "vcpu0"),
+            worker: proc_thread_named(pid, &comm_name(&format!("net-{TAP}"))),
+        }
+    }
+
+    fn cpu(&self) -> (u64, u64) {
+        let get = |t: Option<i32>| t.and_then(|t| proc_task_cpu_ns(self.pid, t)).unwrap_or(0);
+        (get(self.vcpu), get(self.worker))
+    }
+
+    fn pin(&self) -> io::Result<()> {
+        let (a, b) = cpu_pair()?;
+        let missing = |what| io::Error::other(format!("--pin: the VMM has no {what} thread"));
+        pin_thread(self.vcpu.ok_or_else(|| missing("vcpu0"))?, a)?;
+        pin_thread(self.worker.ok_or_else(|| missing("net-ctap0"))?, b)
+    }
+}
+
+/// The echo workload's host side: sends test frames into the tap (at most [`IN_FLIGHT`]
+/// unanswered) and counts the guest's echoes (MACs swapped), until `n` came back, `stop`, or
+/// 10 s without an echo.
+fn echo_peer(sock: PacketSocket, n: u64, size: usize, stop: Arc<AtomicBool>) -> u64 {
+    let fd = sock.as_raw_fd();
+    let mut buf = vec![0u8; 70_000];
+    let (mut sent, mut got) = (0u64, 0u64);
+    let mut last = Instant::now();
+    while got < n && !stop.load(Ordering::Relaxed) && last.elapsed() < Duration::from_secs(10) {
+        while sent < n && sent - got < IN_FLIGHT {
+            if sock.send(&test_frame(size, sent as u32)).is_err() {
+                break;
+            }
+            sent += 1;
+        }
+        if !crate::env::wait_readable(fd, 10) {
+            continue;
+        }
+        loop {
+            // SAFETY: recv writes at most buf.len() bytes into buf, which lives for the call.
+            let r =
+                unsafe { libc::recv(fd, buf.as_mut_ptr().cast(), buf.len(), libc::MSG_DONTWAIT) };
+            if r <= 0 {
+                break;
+            }
+            let f = &buf[..r as usize];
+            // An echo comes back addressed to our source MAC.
+            if f.len() >= 14 && f[..6] == SRC_MAC && f[12..14] == ETHERTYPE.to_be_bytes() {
+                got += 1;
+                last = Instant::now();
+            }
+        }
+    }
+    got
+}
+
+/// The last `{"net":…}` line of the VMM's stderr, for tap [`TAP`].
+fn device_metrics(stderr: &str) -> Option<Value> {
+    let line = stderr.lines().rev().find(|l| l.starts_with("{\"net\":"))?;
+    let v: Value = serde_json::from_str(line).ok()?;
+    v.get("net")?.get(TAP).cloned()
+}
+
+fn num(v: &Value, path: &[&str]) -> u64 {
+    path.iter()
+        .try_fold(v, |v, k| v.get(k))
+        .and_then(Value::as_u64)
+        .unwrap_or(0)
+}
+
+/// Boots the driver guest for one trial of `point`; returns what it measured and a note.
+pub fn run_point(env: &VmEnv, point: &Point, pin: bool) -> io::Result<(Measured, String)> {
+    let ns = vm_netns()?;
+    let net = format!("tap={TAP}{}", point.dev.net_spec_keys());
+    let cmdline = cmdline(point, env.frames);
+    let vmm = Vmm::spawn(&env.vmm, &env.guest, &ns, &net, &cmdline)?;
+    let ready_by = Instant::now() + READY_TIMEOUT;
+    let mut console = String::new();
+    loop {
+        let Some(line) = vmm.line_until(ready_by) else {
+            let err = vmm.finish(Duration::from_secs(1));
+            return Err(io::Error::other(format!(
+                "the driver guest did not come up (vmm --net {net} --cmdline {cmdline:?}):\n{console}{err}"
+            )));
+        };
+        let ready = line.contains("driver-guest: ready");
+        console.push_str(&line);
+        console.push('\n');
+        if ready {
+            break;
+        }
+    }
+    let threads = VmThreads::find(vmm.child.id());
+    if pin {
+        threads.pin()?;
+    }
+    let (t0, cpu0) = (Instant::now(), threads.cpu());
+    let echo = !matches!(point.workload, Workload::XskTx(_));
+    let stop = Arc::new(AtomicBool::new(false));
+    let peer = if echo {
+        let sock = ns.run(|| PacketSocket::open(TAP, ETHERTYPE))??;
+        let (n, size, s) = (env.frames, point.frame_size, stop.clone());
+        Some(
+            thread::Builder::new()
+                .name("cotune-echo".into())
+                .spawn(move || echo_peer(sock, n, size, s))?,
+        )
+    } else {
+        None
+    };
+    // Generous: the slowest in-guest rates seen are ~50 kpps.
+    let done_by = Instant::now() + Duration::from_secs(60) + Duration::from_micros(env.frames * 20);
+    let mut report = None;
+    let mut cpu1 = cpu0;
+    let mut t1 = t0;
+    while let Some(line) = vmm.line_until(done_by) {
+        // The threads live until the guest resets: sample as the result line arrives.
+        if line.starts_with("{\"driver\":") {
+            (t1, cpu1) = (Instant::now(), threads.cpu());
+            report = serde_json::from_str::<Value>(&line).ok();
+            break;
+        }
+        console.push_str(&line);
+        console.push('\n');
+    }
+    stop.store(true, Ordering::Relaxed);
+    let echoed = peer.map(|p| p.join().unwrap_or(0));
+    let stderr = vmm.finish(Duration::from_secs(10));
+    drop(ns);
+    let Some(report) = report.and_then(|r| r.get("driver").cloned()) else {
+        return Err(io::Error::other(format!(
+            "no result line from the driver guest (vmm --net {net} --cmdline {cmdline:?}):\n{console}{stderr}"
+        )));
+    };
+    let status = report.get("status").and_then(Value::as_str).unwrap_or("?");
+    if status != "done" {
+        return Err(io::Error::other(format!(
+            "driver guest: status {status} ({report}) for --net {net} --cmdline {cmdline:?}"
+        )));
+    }
+    let dev = device_metrics(&stderr).ok_or_else(|| {
+        io::Error::other(format!(
+            "no {{\"net\":{{\"{TAP}\":…}}}} metrics line from the vmm:\n{stderr}"
+        ))
+    })?;
+    let done = num(&report, &["done"]);
+    let elapsed_ns = num(&report, &["elapsed_ns"]);
+    if elapsed_ns == 0 {
+        return Err(io::Error::other(format!(
+            "driver guest reported no elapsed_ns: {report}"
+        )));
+    }
+    let mut note = String::new();
+    // The co-simulation's bidirectional workload counts frames both ways: so does this row.
+    let packets = if point.workload == Workload::Bidirectional {
+        note += "vm: echo workload (host peer keeps 64 frames in flight), pps counts rx+tx (2 per echo)";
+        done * 2
+    } else {
+        if echo {
+            note += "vm: echo workload (host peer keeps 64 frames in flight)";
+        } else {
+            note += "vm: tx= copy batches";
+        }
+        done
+    };
+    if let Some(e) = echoed {
+        if e < done {
+            note += &format!("; peer counted {e} of {done} echoes");
+        }
+    }
+    let m = Measured {
+        secs: elapsed_ns as f64 / 1e9,
+        packets,
+        kicks: num(&report, &["kicks"]) + num(&report, &["rx_kicks"]),
+        irqs: num(&report, &["irqs_taken"]),
+        tx_irqs: num(&dev, &["tx", "interrupts_raised"]),
+        kicks_suppressed: num(&report, &["kicks_suppressed"]),
+        driver_cpu_ns: cpu1.0.saturating_sub(cpu0.0),
+        device_cpu_ns: cpu1.1.saturating_sub(cpu0.1),
+        cpu_secs: (t1 - t0).as_secs_f64(),
+    };
+    Ok((m, note))
+}
+
+/// Boots the driver guest once with `calibrate=2000 ring=3` and reads its exit costs.
+pub fn calibrate(env: &VmEnv) -> Result<Calibration, String> {
+    let ns = vm_netns().map_err(|e| format!("calibration: {e}"))?;
+    let cmdline = "console=ttyS0 calibrate=2000 ring=3 timeout_ms=60000";
+    let vmm = Vmm::spawn(&env.vmm, &env.guest, &ns, &format!("tap={TAP}"), cmdline)
+        .map_err(|e| format!("calibration: cannot start {}: {e}", env.vmm.display()))?;
+    let deadline = Instant::now() + Duration::from_secs(90);
+    let mut console = String::new();
+    while let Some(line) = vmm.line_until(deadline) {
+        console.push_str(&line);
+        console.push('\n');
+        if line.starts_with("{\"calibrate\":") || line.starts_with("{\"driver\":") {
+            break;
+        }
+    }
+    let stderr = vmm.finish(Duration::from_secs(10));
+    calib::parse_output(&console).map_err(|e| format!("calibration: {e}\n{console}{stderr}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sweep::DevKnobs;
+    use vnet_driver::{Config, TxCompletion};
+
+    fn point(workload: Workload) -> Point {
+        Point {
+            axes: vec![("kick_threshold", "8".into())],
+            config: Config {
+                kick_threshold: 8,
+                tx_completion: TxCompletion::Lazy,
+                event_idx: false,
+                xdp_bulk: 4,
+                ..Config::default()
+            },
+            dev: DevKnobs::default(),
+            workload,
+            frame_size: 128,
+        }
+    }
+
+    #[test]
+    fn command_line_carries_every_driver_knob_and_the_workload() {
+        let c = cmdline(&point(Workload::XskTx(XskMode::ZeroCopy)), 1000);
+        for word in [
+            "tx=1000",
+            "size=128",
+            "ring=3",
+            "kick_threshold=8",
+            "tx_completion=lazy",
+            "event_idx=0",
+            "xdp_bulk=4",
+        ] {
+            assert!(c.split(' ').any(|w| w == word), "{word} missing from {c}");
+        }
+        assert!(cmdline(&point(Workload::XdpBounce), 5).contains(" echo=5 "));
+        assert!(cmdline(&point(Workload::Bidirectional), 5).contains(" echo=5 "));
+    }
+
+    #[test]
+    fn copy_mode_transmit_is_skipped_with_a_reason() {
+        assert!(unsupported(&point(Workload::XskTx(XskMode::Copy))).is_some());
+        assert!(unsupported(&point(Workload::XskTx(XskMode::ZeroCopy))).is_none());
+        assert!(unsupported(&point(Workload::XdpBounce)).is_none());
+    }
+
+    #[test]
+    fn reads_the_device_metrics_line_of_the_tap() {
+        let stderr = "[vmm] booting\n{\"net\":{\"ctap0\":{\"irqfd_signals\":5,\"tx\":{\"interrupts_raised\":7}}},\"vmm\":{}}\n";
+        let dev = device_metrics(stderr).unwrap();
+        assert_eq!(num(&dev, &["tx", "interrupts_raised"]), 7);
+        assert_eq!(num(&dev, &["irqfd_signals"]), 5);
+        assert!(device_metrics("{\"net\":{\"other\":{}}}").is_none());
+    }
+}
