@@ -140,9 +140,10 @@ fn main() -> ExitCode {
         );
     }
     let vm_env = if cli.target.vm() || calibrate {
-        let env = vm::check_host().and_then(|()| {
+        let env = vm::locate_vmm(cli.vmm.clone()).and_then(|vmm| {
+            vm::check_host()?;
             Ok(VmEnv {
-                vmm: vm::locate_vmm(cli.vmm.clone())?,
+                vmm,
                 guest: vm::locate_guest(cli.guest.clone())?,
                 frames: cli
                     .vm_frames

@@ -27,21 +27,39 @@ fn quick_run_of_every_preset_writes_csv_and_plot() {
     let header: Vec<&str> = lines.next().unwrap().split(',').collect();
     for col in [
         "preset",
+        "target",
         "knob",
         "value",
+        "knob2",
+        "value2",
         "frame_size",
+        "kick_threshold",
+        "tx_completion",
+        "event_idx",
+        "xdp_bulk",
+        "xsk_mode",
+        "coalesce_packets",
+        "coalesce_usecs",
+        "dev_event_idx",
+        "tx_budget",
+        "busy_poll_us",
         "pps",
         "kicks_per_pkt",
         "irqs_per_pkt",
         "driver_ns_per_pkt",
         "device_ns_per_pkt",
+        "driver_cpu_pct",
+        "device_cpu_pct",
         "ratio_to_baseline",
+        "vm_sim_ratio",
+        "loadavg1",
     ] {
         assert!(header.contains(&col), "missing column {col}");
     }
     let rows: Vec<Vec<&str>> = lines.map(|l| l.split(',').collect()).collect();
-    // baseline 1 + kick-threshold 3 + tx-completion 3 + xdp-bulk 2 + xsk-zc 2.
-    assert_eq!(rows.len(), 11, "{csv_text}");
+    // baseline 1 + kick-threshold 3 + tx-completion 3 + xdp-bulk 2 + xsk-zc 2 + busy-poll 2
+    // + three 2-D presets of 2x2.
+    assert_eq!(rows.len(), 25, "{csv_text}");
     assert_eq!(
         table,
         rows.len() + 1,
@@ -53,6 +71,10 @@ fn quick_run_of_every_preset_writes_csv_and_plot() {
         "tx-completion",
         "xdp-bulk",
         "xsk-zc",
+        "busy-poll",
+        "kick-busy-poll",
+        "completion-coalesce",
+        "bulk-coalesce",
     ] {
         assert!(rows.iter().any(|r| r[0] == preset), "no {preset} row");
     }
@@ -63,6 +85,9 @@ fn quick_run_of_every_preset_writes_csv_and_plot() {
     );
     let svg_text = std::fs::read_to_string(&svg).unwrap();
     assert!(svg_text.contains("<svg") && svg_text.contains("kick-threshold"));
+    // The 2-D presets go to a heatmap file beside it: 3 presets x 4 cells x 4 metrics.
+    let heat = std::fs::read_to_string(dir.join("quick-heatmap.svg")).unwrap();
+    assert_eq!(heat.matches(r#"class="cell""#).count(), 3 * 4 * 4);
     std::fs::remove_dir_all(dir).unwrap();
 }
 
@@ -79,4 +104,26 @@ fn bad_arguments_are_refused_with_a_message() {
         .output()
         .expect("run cotune");
     assert!(!out.status.success());
+    for (args, says) in [
+        (&["--kick-cost-ns", "soon"][..], "--kick-cost-ns"),
+        (&["--irq-cost-ns=-5"][..], "--irq-cost-ns"),
+        (&["--target", "cloud"][..], "--target"),
+        (&["--vm-frames", "100000"][..], "--vm-frames needs --target"),
+        (
+            &["--target", "vm", "--vm-frames", "5"][..],
+            "--vm-frames must be",
+        ),
+        (
+            &["--target", "vm", "--vmm", "/nonexistent/vmm"][..],
+            "/nonexistent/vmm",
+        ),
+    ] {
+        let out = Command::new(env!("CARGO_BIN_EXE_cotune"))
+            .args(args)
+            .output()
+            .expect("run cotune");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{args:?} was accepted");
+        assert!(err.contains(says), "{args:?}: {err}");
+    }
 }
