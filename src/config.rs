@@ -193,7 +193,7 @@ impl NetworkInterface {
             queue_size: Some(config.queue_size),
             rx_rate_limiter: limited(config.rx_rate_limiter),
             tx_rate_limiter: limited(config.tx_rate_limiter),
-            tuning: NetTuning::default(),
+            tuning: config.tuning,
         }
     }
 

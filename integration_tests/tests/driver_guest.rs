@@ -194,8 +194,8 @@ fn namespace(tag: &str) -> (NetNs, PacketSocket, [u8; 6]) {
     (ns, sock, tap_mac)
 }
 
-fn start_guest(ns: &NetNs, cmdline: &str) -> VmmProcess {
-    integration_tests::spawn_driver_guest(ns, cmdline, &format!("tap={TAP}"), None)
+fn start_guest(ns: &NetNs, cmdline: &str, device_knobs: &str) -> VmmProcess {
+    integration_tests::spawn_driver_guest(ns, cmdline, &format!("tap={TAP}{device_knobs}"), None)
 }
 
 /// The guest's MAC from its `driver-guest: ready … mac=…` line.
@@ -299,6 +299,18 @@ fn summary(d: &Value, signalled: u64) -> String {
 
 /// Boots the guest with `tx=count` and `knobs`, reads every frame on the tap and checks it.
 fn run_tx(tag: &str, count: u64, size: usize, knobs: &str) -> Value {
+    run_tx_on(tag, count, size, knobs, "").0
+}
+
+/// [`run_tx`] with device knobs (`,key=value…` appended to `--net`); also returns the device's
+/// metrics.
+fn run_tx_on(
+    tag: &str,
+    count: u64,
+    size: usize,
+    knobs: &str,
+    device_knobs: &str,
+) -> (Value, Value) {
     let _guest = guest_lock();
     let (ns, sock, tap_mac) = namespace(tag);
     let cmdline = format!(
@@ -318,7 +330,7 @@ fn run_tx(tag: &str, count: u64, size: usize, knobs: &str) -> Value {
         }
         frames
     });
-    let vmm = start_guest(&ns, &cmdline);
+    let vmm = start_guest(&ns, &cmdline, device_knobs);
     let out = vmm.finish(Duration::from_secs(180));
     let frames = reader.join().expect("reader thread");
     assert!(out.success(), "{out}");
@@ -343,7 +355,7 @@ fn run_tx(tag: &str, count: u64, size: usize, knobs: &str) -> Value {
     let (_, signalled) = check_counters(&d, &m, &out);
     assert_eq!(n(&d, "tx_frames"), count);
     eprintln!("{}", summary(&d, signalled));
-    d
+    (d, m["net"][TAP].clone())
 }
 
 /// Boots the guest with `echo=count` and `knobs`, sends `count` frames (at most WINDOW in
@@ -352,7 +364,7 @@ fn run_echo(tag: &str, count: u64, size: usize, knobs: &str) -> Value {
     let _guest = guest_lock();
     let (ns, sock, tap_mac) = namespace(tag);
     let cmdline = format!("console=ttyS0 echo={count} size={size} timeout_ms=120000 {knobs}");
-    let mut vmm = start_guest(&ns, &cmdline);
+    let mut vmm = start_guest(&ns, &cmdline, "");
     assert!(
         vmm.wait_for_console("driver-guest: ready", Duration::from_secs(60)),
         "the guest never came up"
@@ -492,7 +504,7 @@ fn user_mode_driver_loop() {
 fn bad_knob_is_reported() {
     let _guest = guest_lock();
     let (ns, _sock, _) = namespace("dgbad");
-    let vmm = start_guest(&ns, "console=ttyS0 tx=10 tx_completion=sometimes");
+    let vmm = start_guest(&ns, "console=ttyS0 tx=10 tx_completion=sometimes", "");
     let out = vmm.finish(Duration::from_secs(60));
     assert!(out.success(), "{out}");
     let d = driver_result(&out);
@@ -512,7 +524,7 @@ fn hostile_overlapping_used_ring_is_refused_and_the_vmm_exits() {
     let _guest = guest_lock();
     let (ns, _sock, _) = namespace("dghostile");
     let started = Instant::now();
-    let vmm = start_guest(&ns, "console=ttyS0 hostile=overlap-used");
+    let vmm = start_guest(&ns, "console=ttyS0 hostile=overlap-used", "");
     let out = vmm.finish(Duration::from_secs(60));
     assert!(
         out.status.is_some(),
@@ -557,4 +569,40 @@ fn baremetal_crate_unit_tests() {
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
+}
+
+/// Interrupt coalescing set in `--net` bounds the interrupts per frame: in tx-interrupt mode at
+/// ring 3 the device signals at most once per `coalesce_packets` frames or per
+/// `coalesce_usecs`, where without it (and with the device's EVENT_IDX override off) every
+/// batch interrupts.
+#[test]
+fn device_coalescing_bounds_interrupts_per_frame() {
+    const FRAMES: u64 = 20_000;
+    let knobs = "ring=3 tx_completion=tx-interrupt";
+    // The device's EVENT_IDX override off: without coalescing it interrupts after every batch.
+    let (plain, plain_dev) = run_tx_on("coal0", FRAMES, 64, knobs, ",event_idx=off");
+    let (held, dev) = run_tx_on(
+        "coal64",
+        FRAMES,
+        64,
+        knobs,
+        ",event_idx=off,coalesce_packets=64,coalesce_usecs=2000",
+    );
+    let signalled = n(&dev, "irqfd_signals");
+    let elapsed_us = n(&held, "elapsed_ns") / 1000;
+    let bound = FRAMES / 64 + elapsed_us / 2000 + 2;
+    assert!(
+        signalled <= bound,
+        "{signalled} interrupts for {FRAMES} frames in {elapsed_us} µs (bound {bound}): {dev}"
+    );
+    assert!(n(&dev, "interrupts_held") > 0, "{dev}");
+    let releases = n(&dev, "coalesce_packet_releases") + n(&dev, "coalesce_timer_releases");
+    assert!(releases > 0 && releases <= signalled, "{dev}");
+    eprintln!(
+        "irqfd signals per frame: {:.4} without coalescing, {:.4} with 64/2000 µs (bound {:.4})",
+        n(&plain_dev, "irqfd_signals") as f64 / FRAMES as f64,
+        signalled as f64 / FRAMES as f64,
+        bound as f64 / FRAMES as f64
+    );
+    assert_eq!(n(&plain_dev, "interrupts_held"), 0, "{plain}");
 }

@@ -64,8 +64,8 @@ fn the_iface_id_of_the_path_must_match_the_body() {
                 rx_rate_limiter: None,
                 tx_rate_limiter: None,
                 tuning: Some(NetTuningUpdate {
-                    interrupt_coalescing: None,
                     event_idx: Some(false),
+                    ..NetTuningUpdate::default()
                 }),
             }
         ))
@@ -203,6 +203,8 @@ fn openapi_document_matches_the_server() {
             max_usecs: 1,
         },
         event_idx: true,
+        tx_budget: 64,
+        busy_poll_us: 5,
     };
     let iface = crate::config::NetworkInterface {
         iface_id: "eth0".into(),
@@ -250,6 +252,8 @@ fn openapi_document_matches_the_server() {
         tuning: Some(NetTuningUpdate {
             interrupt_coalescing: Some(tuning.interrupt_coalescing),
             event_idx: Some(true),
+            tx_budget: Some(tuning.tx_budget),
+            busy_poll_us: Some(tuning.busy_poll_us),
         }),
     };
     let info = InstanceInfo {

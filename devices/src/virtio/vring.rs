@@ -211,6 +211,18 @@ struct RingState {
     fenced: bool,
 }
 
+impl RingState {
+    /// `avail.idx`, acquire.
+    #[inline]
+    fn load_avail_idx(&self) -> Wrapping<u16> {
+        // SAFETY: `avail` points to a 2-aligned ring of 6 + 2·size bytes inside mapped guest
+        // memory (checked in `Virtqueue::new`); offset 2 is the u16 `idx`. Guest memory is
+        // plain shared memory, valid for atomic access.
+        let idx = unsafe { AtomicU16::from_ptr(self.avail.add(2).cast()) };
+        Wrapping(u16::from_le(idx.load(Ordering::Acquire)))
+    }
+}
+
 // SAFETY: the raw pointers point into guest memory owned (through `mem`) by the value itself;
 // nothing in it is tied to the thread that built it.
 unsafe impl Send for Virtqueue {}
@@ -312,6 +324,13 @@ impl Virtqueue {
         self.ring.next_used.0
     }
 
+    /// Whether the driver has published avail entries the device has not popped yet: one load
+    /// of `avail.idx` and no state change (the busy-poll's probe).
+    #[inline]
+    pub fn avail_pending(&self) -> bool {
+        self.ring.load_avail_idx() != self.ring.next_avail
+    }
+
     /// Guest memory and ring, borrowed apart: iovecs into the former while the latter moves.
     pub(crate) fn split(&mut self) -> (GuestView<'_>, RingOps<'_>) {
         (
@@ -341,11 +360,7 @@ impl RingOps<'_> {
     /// `avail.idx`, acquire.
     #[inline]
     fn load_avail_idx(&self) -> Wrapping<u16> {
-        // SAFETY: `avail` points to a 2-aligned ring of 6 + 2·size bytes inside mapped guest
-        // memory (checked in `Virtqueue::new`); offset 2 is the u16 `idx`. Guest memory is
-        // plain shared memory, valid for atomic access.
-        let idx = unsafe { AtomicU16::from_ptr(self.ring.avail.add(2).cast()) };
-        Wrapping(u16::from_le(idx.load(Ordering::Acquire)))
+        self.ring.load_avail_idx()
     }
 
     /// Pops the next available head, or `None` when the driver has published no more.

@@ -264,7 +264,8 @@ fn the_guest_link_follows_the_tap() {
             s & VIRTIO_MMIO_INT_CONFIG
         };
         link_up("vmmlink0").expect("link up");
-        assert_eq!(status(&mut t), 1);
+        // The worker learns of it from rtnetlink, asynchronously.
+        assert!(wait_until(Duration::from_secs(5), || status(&mut t) == 1));
         set_link("vmmlink0", false).expect("link down");
         assert!(wait_until(Duration::from_secs(5), || link.link()
             == crate::virtio::net::LinkState::Down));

@@ -1,7 +1,9 @@
 //! `NetConfig`: what the user says about a virtio-net device (CLI, API, tests).
 //!
 //! CLI form: `tap0`, or `tap=tap0,mac=02:00:00:00:00:01,queue_size=256` (keys in any order,
-//! `tap` required). The serde form is `{"tap": "tap0", "mac": "...", "queue_size": 256}` with
+//! `tap` required), plus rate limiters (`rx_bw`, `rx_ops`, `tx_bw`, `tx_ops`) and the device's
+//! runtime knobs (`coalesce_packets`, `coalesce_usecs`, `event_idx=on|off`, `tx_budget`,
+//! `busy_poll_us`; see [`NetTuning`]). The serde form is `{"tap": "tap0", "mac": "...", "queue_size": 256}` with
 //! `mac` and `queue_size` optional; both forms are validated the same way.
 
 use std::fmt;
@@ -10,6 +12,7 @@ use std::str::FromStr;
 use serde::{Deserialize, Serialize};
 
 use super::rate_limiter::{parse_bucket, RateLimiterConfig, RateLimiterError};
+use super::tuning::{NetTuning, TuningError};
 
 use crate::backend::validate_ifname;
 
@@ -26,9 +29,25 @@ pub enum NetConfigError {
     /// No `tap=` given in the key=value form.
     #[error("missing tap=NAME")]
     MissingTap,
-    /// A key other than tap, mac, queue_size, rx_bw, rx_ops, tx_bw, tx_ops.
-    #[error("unknown key {0:?} (expected tap, mac, queue_size, rx_bw, rx_ops, tx_bw, tx_ops)")]
+    /// A key other than tap, mac, queue_size, the rate limiter and the tuning keys.
+    #[error(
+        "unknown key {0:?} (expected tap, mac, queue_size, rx_bw, rx_ops, tx_bw, tx_ops, \
+         coalesce_packets, coalesce_usecs, event_idx, tx_budget, busy_poll_us)"
+    )]
     UnknownKey(String),
+    /// A tuning key whose value is not a number (or `on`/`off` for `event_idx`).
+    #[error("invalid {key} {value:?} ({expected})")]
+    InvalidValue {
+        /// The key.
+        key: String,
+        /// The value given.
+        value: String,
+        /// What it takes.
+        expected: &'static str,
+    },
+    /// Tuning knobs out of range.
+    #[error(transparent)]
+    Tuning(#[from] TuningError),
     /// A key given twice.
     #[error("key {0:?} given more than once")]
     DuplicateKey(String),
@@ -141,6 +160,14 @@ pub struct NetConfig {
     /// Transmit rate limiter (none by default).
     #[serde(default, skip_serializing_if = "is_unlimited")]
     pub tx_rate_limiter: RateLimiterConfig,
+    /// The device's runtime knobs at start (defaults: no coalescing, EVENT_IDX honoured, tx
+    /// budget 256, no busy-poll).
+    #[serde(default, skip_serializing_if = "is_default_tuning")]
+    pub tuning: NetTuning,
+}
+
+fn is_default_tuning(tuning: &NetTuning) -> bool {
+    *tuning == NetTuning::default()
 }
 
 fn is_unlimited(config: &RateLimiterConfig) -> bool {
@@ -158,6 +185,8 @@ struct RawNetConfig {
     rx_rate_limiter: RateLimiterConfig,
     #[serde(default)]
     tx_rate_limiter: RateLimiterConfig,
+    #[serde(default)]
+    tuning: NetTuning,
 }
 
 impl TryFrom<RawNetConfig> for NetConfig {
@@ -165,7 +194,8 @@ impl TryFrom<RawNetConfig> for NetConfig {
 
     fn try_from(raw: RawNetConfig) -> Result<NetConfig, NetConfigError> {
         NetConfig::new(raw.tap, raw.mac, raw.queue_size)?
-            .with_rate_limiters(raw.rx_rate_limiter, raw.tx_rate_limiter)
+            .with_rate_limiters(raw.rx_rate_limiter, raw.tx_rate_limiter)?
+            .with_tuning(raw.tuning)
     }
 }
 
@@ -197,6 +227,7 @@ impl NetConfig {
             queue_size,
             rx_rate_limiter: RateLimiterConfig::default(),
             tx_rate_limiter: RateLimiterConfig::default(),
+            tuning: NetTuning::default(),
         })
     }
 
@@ -212,6 +243,34 @@ impl NetConfig {
         self.tx_rate_limiter = tx;
         Ok(self)
     }
+
+    /// This config with the device knobs `tuning` at start (validated).
+    pub fn with_tuning(mut self, tuning: NetTuning) -> Result<NetConfig, NetConfigError> {
+        tuning.validate()?;
+        self.tuning = tuning;
+        Ok(self)
+    }
+}
+
+/// A tuning value from the CLI form.
+fn knob<T: FromStr>(key: &str, value: &str, expected: &'static str) -> Result<T, NetConfigError> {
+    value.parse().map_err(|_| NetConfigError::InvalidValue {
+        key: key.to_owned(),
+        value: value.to_owned(),
+        expected,
+    })
+}
+
+fn on_off(key: &str, value: &str) -> Result<bool, NetConfigError> {
+    match value {
+        "on" | "1" | "true" => Ok(true),
+        "off" | "0" | "false" => Ok(false),
+        _ => Err(NetConfigError::InvalidValue {
+            key: key.to_owned(),
+            value: value.to_owned(),
+            expected: "on or off",
+        }),
+    }
 }
 
 impl FromStr for NetConfig {
@@ -223,6 +282,8 @@ impl FromStr for NetConfig {
         }
         let (mut tap, mut mac, mut queue_size) = (None, None, None);
         let (mut rx, mut tx) = (RateLimiterConfig::default(), RateLimiterConfig::default());
+        let mut tuning = NetTuning::default();
+        let mut seen: Vec<&str> = Vec::new();
         for item in s.split(',') {
             let (key, value) = item
                 .split_once('=')
@@ -240,6 +301,25 @@ impl FromStr for NetConfig {
                 "rx_ops" => rx.ops.replace(parse_bucket(value)?).is_some(),
                 "tx_bw" => tx.bandwidth.replace(parse_bucket(value)?).is_some(),
                 "tx_ops" => tx.ops.replace(parse_bucket(value)?).is_some(),
+                "coalesce_packets" | "coalesce_usecs" | "event_idx" | "tx_budget"
+                | "busy_poll_us" => {
+                    match key {
+                        "coalesce_packets" => {
+                            tuning.interrupt_coalescing.max_packets =
+                                knob(key, value, "frames, 0..=65535")?
+                        }
+                        "coalesce_usecs" => {
+                            tuning.interrupt_coalescing.max_usecs =
+                                knob(key, value, "microseconds")?
+                        }
+                        "event_idx" => tuning.event_idx = on_off(key, value)?,
+                        "tx_budget" => tuning.tx_budget = knob(key, value, "frames per call")?,
+                        _ => tuning.busy_poll_us = knob(key, value, "microseconds")?,
+                    }
+                    let again = seen.contains(&key);
+                    seen.push(key);
+                    again
+                }
                 _ => return Err(NetConfigError::UnknownKey(key.to_owned())),
             };
             if duplicate {
@@ -247,7 +327,8 @@ impl FromStr for NetConfig {
             }
         }
         NetConfig::new(tap.ok_or(NetConfigError::MissingTap)?, mac, queue_size)?
-            .with_rate_limiters(rx, tx)
+            .with_rate_limiters(rx, tx)?
+            .with_tuning(tuning)
     }
 }
 
@@ -342,6 +423,66 @@ mod tests {
         )
         .expect("valid");
         assert_eq!(json.tx_rate_limiter.ops.map(|b| b.size), Some(5));
+    }
+
+    #[test]
+    fn tuning_in_the_short_form() {
+        let cfg: NetConfig =
+            "tap=t0,coalesce_packets=16,coalesce_usecs=100,event_idx=off,tx_budget=64,busy_poll_us=50"
+                .parse()
+                .expect("valid");
+        assert_eq!(cfg.tuning.interrupt_coalescing.max_packets, 16);
+        assert_eq!(cfg.tuning.interrupt_coalescing.max_usecs, 100);
+        assert!(!cfg.tuning.event_idx);
+        assert_eq!(cfg.tuning.tx_budget, 64);
+        assert_eq!(cfg.tuning.busy_poll_us, 50);
+        assert_eq!(
+            "tap0".parse::<NetConfig>().expect("valid").tuning,
+            NetTuning::default()
+        );
+        let cases: [(&str, NetConfigError); 6] = [
+            (
+                "tap=t0,busy_poll_us=10001",
+                NetConfigError::Tuning(TuningError::BusyPoll(10001)),
+            ),
+            (
+                "tap=t0,tx_budget=0",
+                NetConfigError::Tuning(TuningError::TxBudget(0)),
+            ),
+            (
+                "tap=t0,coalesce_packets=8",
+                NetConfigError::Tuning(TuningError::PacketsWithoutTime(8)),
+            ),
+            (
+                "tap=t0,busy_poll_us=5,busy_poll_us=6",
+                NetConfigError::DuplicateKey("busy_poll_us".into()),
+            ),
+            (
+                "tap=t0,event_idx=maybe",
+                NetConfigError::InvalidValue {
+                    key: "event_idx".into(),
+                    value: "maybe".into(),
+                    expected: "on or off",
+                },
+            ),
+            (
+                "tap=t0,tx_budget=-1",
+                NetConfigError::InvalidValue {
+                    key: "tx_budget".into(),
+                    value: "-1".into(),
+                    expected: "frames per call",
+                },
+            ),
+        ];
+        for (input, expected) in cases {
+            assert_eq!(input.parse::<NetConfig>(), Err(expected), "{input}");
+        }
+        let json: NetConfig =
+            serde_json::from_str(r#"{"tap":"t0","tuning":{"busy_poll_us":7}}"#).expect("valid");
+        assert_eq!(json.tuning.busy_poll_us, 7);
+        assert!(
+            serde_json::from_str::<NetConfig>(r#"{"tap":"t0","tuning":{"tx_budget":0}}"#).is_err()
+        );
     }
 
     #[test]

@@ -132,6 +132,19 @@ queue_metrics! {
     }
 }
 
+queue_metrics! {
+    /// Device busy-poll (`busy_poll_us`): what the worker's polling windows found.
+    BusyPollMetrics / BusyPollCounters {
+        /// Polling windows started (after the queues drained, before sleeping).
+        polls,
+        /// Windows that ended because the driver queued more (tx or rx buffers) or the
+        /// backend or another event became ready: a kick or a wake-up saved.
+        found_work,
+        /// Microseconds spent polling.
+        polled_us,
+    }
+}
+
 /// All metrics of one virtio-net device.
 #[derive(Debug, Default, Serialize)]
 pub struct NetMetrics {
@@ -156,6 +169,8 @@ pub struct NetMetrics {
     pub needs_reset_events: Counter,
     /// Worker runs started (one per DRIVER_OK).
     pub activations: Counter,
+    /// Device busy-poll.
+    pub busy_poll: BusyPollMetrics,
 }
 
 impl NetMetrics {

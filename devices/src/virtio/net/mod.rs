@@ -59,7 +59,10 @@ pub use device::{LinkControl, LinkState, NetDevice, NetError};
 pub use metrics::NetMetrics;
 pub use rate_limiter::{BucketConfig, RateLimiterConfig, RateLimiterError};
 pub use rx::{process_rx, RxMode, RxOutcome, RxQueue, RxStop};
-pub use tuning::{InterruptCoalescing, NetTuning, NetTuningUpdate, TuningControl, TuningError};
+pub use tuning::{
+    InterruptCoalescing, NetTuning, NetTuningUpdate, TuningControl, TuningError, DEFAULT_TX_BUDGET,
+    MAX_BUSY_POLL_USECS, MAX_TX_BUDGET,
+};
 pub use tx::{process_tx, TxOutcome, TxQueue, TxStop};
 pub use worker::WorkerThreadError;
 

@@ -156,6 +156,7 @@ mod tests {
                 max_usecs,
             },
             event_idx,
+            ..NetTuning::default()
         }
     }
 

@@ -1,6 +1,6 @@
 //! Device-side knobs that can change while the guest runs (the VMM's API sets them):
-//! interrupt coalescing and whether the driver's `used_event` (EVENT_IDX) may suppress
-//! interrupts.
+//! interrupt coalescing, whether the driver's `used_event` (EVENT_IDX) may suppress
+//! interrupts, the tx budget per call and the device busy-poll.
 //!
 //! A change is handed to the worker without touching the datapath: the whole [`NetTuning`]
 //! is packed into one atomic word, then an eventfd wakes the worker, which copies the word
@@ -18,6 +18,13 @@ use super::rate_limiter::{RateLimiterConfig, RateLimiterError};
 /// Longest an interrupt may be held back (1 s): longer would only stall the guest.
 pub const MAX_COALESCE_USECS: u32 = 1_000_000;
 
+/// Longest device busy-poll (10 ms): a worker that polls longer is a spinning core.
+pub const MAX_BUSY_POLL_USECS: u32 = 10_000;
+/// Default frames per tx call before the worker looks at its other events.
+pub const DEFAULT_TX_BUDGET: u16 = 256;
+/// Largest tx budget (frames per call).
+pub const MAX_TX_BUDGET: u16 = 4096;
+
 /// Errors in a tuning request.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum TuningError {
@@ -30,6 +37,12 @@ pub enum TuningError {
          interrupt could be held forever); use max_packets 0 with max_usecs 0 to turn coalescing off"
     )]
     PacketsWithoutTime(u16),
+    /// `busy_poll_us` above [`MAX_BUSY_POLL_USECS`].
+    #[error("busy_poll_us {0} is out of range (0..={MAX_BUSY_POLL_USECS})")]
+    BusyPoll(u32),
+    /// `tx_budget` of 0 or above [`MAX_TX_BUDGET`].
+    #[error("tx_budget {0} is out of range (1..={MAX_TX_BUDGET})")]
+    TxBudget(u16),
 }
 
 /// Interrupt coalescing: after a batch the driver wants to hear about, the device holds the
@@ -83,10 +96,26 @@ pub struct NetTuning {
     /// as if it had not read `used_event`: for experiments on interrupt suppression.
     #[serde(default = "default_event_idx")]
     pub event_idx: bool,
+    /// Frames one tx call sends before the worker looks at its other events (rx, timers,
+    /// the API) and comes back (1..=4096, default 256).
+    #[serde(default = "default_tx_budget")]
+    pub tx_budget: u16,
+    /// Device busy-poll, in microseconds (0: off, the default; at most 10 ms). After the worker
+    /// drains the queues it keeps polling the tx avail ring (and, when rx waits for buffers,
+    /// the rx avail ring; the backend every few microseconds) this long with the driver's
+    /// notifications still disabled, before it re-enables them and sleeps: a driver that
+    /// queues again within the window needs no kick. The userspace counterpart of vhost-net's
+    /// `busyloop_timeout`; it costs a core while it polls.
+    #[serde(default)]
+    pub busy_poll_us: u32,
 }
 
 fn default_event_idx() -> bool {
     true
+}
+
+fn default_tx_budget() -> u16 {
+    DEFAULT_TX_BUDGET
 }
 
 impl Default for NetTuning {
@@ -94,6 +123,8 @@ impl Default for NetTuning {
         NetTuning {
             interrupt_coalescing: InterruptCoalescing::OFF,
             event_idx: true,
+            tx_budget: DEFAULT_TX_BUDGET,
+            busy_poll_us: 0,
         }
     }
 }
@@ -101,7 +132,14 @@ impl Default for NetTuning {
 impl NetTuning {
     /// Checks every knob.
     pub fn validate(&self) -> Result<(), TuningError> {
-        self.interrupt_coalescing.validate()
+        self.interrupt_coalescing.validate()?;
+        if self.busy_poll_us > MAX_BUSY_POLL_USECS {
+            return Err(TuningError::BusyPoll(self.busy_poll_us));
+        }
+        if self.tx_budget == 0 || self.tx_budget > MAX_TX_BUDGET {
+            return Err(TuningError::TxBudget(self.tx_budget));
+        }
+        Ok(())
     }
 
     /// This tuning with the fields `update` sets replaced.
@@ -111,23 +149,31 @@ impl NetTuning {
                 .interrupt_coalescing
                 .unwrap_or(self.interrupt_coalescing),
             event_idx: update.event_idx.unwrap_or(self.event_idx),
+            tx_budget: update.tx_budget.unwrap_or(self.tx_budget),
+            busy_poll_us: update.busy_poll_us.unwrap_or(self.busy_poll_us),
         }
     }
 
-    /// Packs into one word: bits 0..32 max_usecs, 32..48 max_packets, bit 48 event_idx.
+    /// Packs a validated tuning into one word: bits 0..20 max_usecs (≤ 1 000 000), 20..36
+    /// max_packets, bit 36 event_idx, 37..51 busy_poll_us (≤ 10 000), 51..64 tx_budget
+    /// (≤ 4096).
     fn pack(&self) -> u64 {
-        u64::from(self.interrupt_coalescing.max_usecs)
-            | u64::from(self.interrupt_coalescing.max_packets) << 32
-            | u64::from(self.event_idx) << 48
+        u64::from(self.interrupt_coalescing.max_usecs & 0xf_ffff)
+            | u64::from(self.interrupt_coalescing.max_packets) << 20
+            | u64::from(self.event_idx) << 36
+            | u64::from(self.busy_poll_us & 0x3fff) << 37
+            | u64::from(self.tx_budget & 0x1fff) << 51
     }
 
     fn unpack(word: u64) -> NetTuning {
         NetTuning {
             interrupt_coalescing: InterruptCoalescing {
-                max_usecs: word as u32,
-                max_packets: (word >> 32) as u16,
+                max_usecs: (word & 0xf_ffff) as u32,
+                max_packets: (word >> 20) as u16,
             },
-            event_idx: word & 1 << 48 != 0,
+            event_idx: word & 1 << 36 != 0,
+            busy_poll_us: ((word >> 37) & 0x3fff) as u32,
+            tx_budget: ((word >> 51) & 0x1fff) as u16,
         }
     }
 }
@@ -142,12 +188,18 @@ pub struct NetTuningUpdate {
     /// New EVENT_IDX interrupt-suppression setting.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub event_idx: Option<bool>,
+    /// New tx budget per call.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tx_budget: Option<u16>,
+    /// New busy-poll window (µs, 0 = off).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub busy_poll_us: Option<u32>,
 }
 
 impl NetTuningUpdate {
     /// True when the update changes nothing.
     pub fn is_empty(&self) -> bool {
-        self.interrupt_coalescing.is_none() && self.event_idx.is_none()
+        *self == NetTuningUpdate::default()
     }
 }
 
@@ -261,6 +313,17 @@ mod tests {
                     max_usecs: MAX_COALESCE_USECS,
                 },
                 event_idx: false,
+                tx_budget: MAX_TX_BUDGET,
+                busy_poll_us: MAX_BUSY_POLL_USECS,
+            },
+            NetTuning {
+                interrupt_coalescing: InterruptCoalescing {
+                    max_packets: 1,
+                    max_usecs: 1,
+                },
+                event_idx: true,
+                tx_budget: 1,
+                busy_poll_us: 1,
             },
         ] {
             assert_eq!(NetTuning::unpack(t.pack()), t);
@@ -292,9 +355,25 @@ mod tests {
                 max_packets: 8,
                 max_usecs: 0,
             },
-            event_idx: true,
+            ..NetTuning::default()
         };
         assert!(control.set(bad).is_err());
+        for bad in [
+            NetTuning {
+                busy_poll_us: MAX_BUSY_POLL_USECS + 1,
+                ..NetTuning::default()
+            },
+            NetTuning {
+                tx_budget: 0,
+                ..NetTuning::default()
+            },
+            NetTuning {
+                tx_budget: MAX_TX_BUDGET + 1,
+                ..NetTuning::default()
+            },
+        ] {
+            assert!(control.set(bad).is_err(), "{bad:?}");
+        }
         assert!(
             control.shared().changed.read().is_err(),
             "no wake-up for a refused change"
@@ -305,6 +384,8 @@ mod tests {
                 max_usecs: 100,
             },
             event_idx: false,
+            tx_budget: 32,
+            busy_poll_us: 50,
         };
         control.set(good).expect("valid");
         assert_eq!(control.get(), good);
@@ -323,6 +404,12 @@ mod tests {
             r#"{"interrupt_coalescing":{"max_packets":70000,"max_usecs":1}}"#
         )
         .is_err());
+        assert_eq!(t.tx_budget, DEFAULT_TX_BUDGET);
+        assert_eq!(t.busy_poll_us, 0);
+        let u: NetTuningUpdate =
+            serde_json::from_str(r#"{"busy_poll_us":20,"tx_budget":64}"#).expect("valid");
+        let t2 = NetTuning::default().updated(&u);
+        assert_eq!((t2.busy_poll_us, t2.tx_budget), (20, 64));
         let u: NetTuningUpdate = serde_json::from_str(r#"{"event_idx":false}"#).expect("valid");
         assert!(!NetTuning::default().updated(&u).event_idx);
         assert!(!u.is_empty());

@@ -23,8 +23,9 @@ use crate::virtio::chain::Direction;
 use crate::virtio::ring::RingError;
 use crate::virtio::vring::{GuestView, RingOps, Virtqueue, WalkBudget};
 
-/// Most frames one [`TxQueue::process`] call sends before yielding to other work.
-pub const TX_BUDGET: usize = 256;
+/// Most frames one [`TxQueue::process`] call sends before yielding to other work, unless
+/// tuned otherwise ([`TxQueue::set_budget`]).
+pub const TX_BUDGET: usize = super::tuning::DEFAULT_TX_BUDGET as usize;
 
 /// Longest tx chain: header + largest frame.
 pub const MAX_TX_CHAIN_LEN: u32 = VNET_HDR_LEN as u32 + MAX_FRAME_LEN;
@@ -34,10 +35,14 @@ pub const MAX_TX_CHAIN_LEN: u32 = VNET_HDR_LEN as u32 + MAX_FRAME_LEN;
 pub enum TxStop {
     /// The driver has nothing more queued (notifications re-enabled, race re-checked).
     Drained,
+    /// The driver has nothing more queued and notifications stay disabled ([`TxQueue::poll`]):
+    /// the caller busy-polls [`Virtqueue::avail_pending`], then calls [`TxQueue::process`] to
+    /// re-enable them before it sleeps.
+    Idle,
     /// The backend would block; the unsent chain is still queued. Call again once the backend
     /// is writable.
     BackendFull,
-    /// [`TX_BUDGET`] frames were sent and more may be queued. Call again soon: the driver will
+    /// The budget of frames was sent and more may be queued. Call again soon: the driver will
     /// not notify for them (notifications stay disabled).
     Budget,
     /// The rate limiter stops the queue for this long; chains stay queued (notifications stay
@@ -69,6 +74,8 @@ pub struct TxQueue {
     label: Arc<str>,
     /// The tx rate limiter (disabled: no clock is read).
     limiter: QueueLimiter,
+    /// Frames per call.
+    budget: usize,
 }
 
 impl TxQueue {
@@ -80,7 +87,13 @@ impl TxQueue {
             errors: BurstLog::default(),
             label: Arc::from("virtio-net"),
             limiter: QueueLimiter::default(),
+            budget: TX_BUDGET,
         }
+    }
+
+    /// Frames one call sends at most (at least 1).
+    pub fn set_budget(&mut self, frames: usize) {
+        self.budget = frames.max(1);
     }
 
     /// Replaces the rate limiter (full buckets).
@@ -111,6 +124,26 @@ impl TxQueue {
         backend: &mut B,
         counters: &mut TxCounters,
     ) -> Result<TxOutcome, RingError> {
+        self.run(backend, counters, false)
+    }
+
+    /// As [`TxQueue::process`], but when the ring is empty the driver's notifications stay
+    /// disabled and the call returns [`TxStop::Idle`]: for a busy-polling caller, which must
+    /// end its polling with a [`TxQueue::process`] call.
+    pub fn poll<B: NetBackend>(
+        &mut self,
+        backend: &mut B,
+        counters: &mut TxCounters,
+    ) -> Result<TxOutcome, RingError> {
+        self.run(backend, counters, true)
+    }
+
+    fn run<B: NetBackend>(
+        &mut self,
+        backend: &mut B,
+        counters: &mut TxCounters,
+        park: bool,
+    ) -> Result<TxOutcome, RingError> {
         let mut out = Sink {
             backend,
             counters,
@@ -120,7 +153,7 @@ impl TxQueue {
         };
         let (guest, mut ring) = self.vq.split();
         let mut iovs = IovecList::reuse(std::mem::take(&mut self.scratch));
-        let result = drain(&guest, &mut ring, &mut iovs, &mut out);
+        let result = drain(&guest, &mut ring, &mut iovs, &mut out, self.budget, park);
         let counters = out.counters;
         ring.publish_used();
         self.scratch = iovs.into_storage();
@@ -149,6 +182,8 @@ fn drain<'g, B: NetBackend>(
     ring: &mut RingOps<'_>,
     iovs: &mut IovecList<'g>,
     out: &mut Sink<'_, B>,
+    frames: usize,
+    park: bool,
 ) -> Result<TxStop, RingError> {
     let Sink {
         backend,
@@ -161,7 +196,7 @@ fn drain<'g, B: NetBackend>(
     let mut sent = 0usize;
     ring.disable_notification();
     loop {
-        if sent == TX_BUDGET || budget.exhausted() {
+        if sent == frames || budget.exhausted() {
             return Ok(TxStop::Budget);
         }
         if let Some(wait) = limit.blocked_for() {
@@ -169,6 +204,11 @@ fn drain<'g, B: NetBackend>(
             return Ok(TxStop::Throttled(wait));
         }
         let Some(head) = ring.pop_head()? else {
+            if park {
+                // Notifications stay off while the caller polls; the decision fences itself.
+                ring.publish_used();
+                return Ok(TxStop::Idle);
+            }
             // The standard race: the driver may have queued more just before we re-enabled.
             // Publishing first lets the enable's fence also order the used-index store before
             // the interrupt decision reads `used_event`: one fence per call instead of two.

@@ -42,7 +42,7 @@ use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 use vmm_sys_util::timerfd::TimerFd;
 
 use super::device::{LinkControl, LinkState};
-use super::metrics::{NetMetrics, RxCounters, TxCounters};
+use super::metrics::{BusyPollCounters, NetMetrics, RxCounters, TxCounters};
 use super::moderation::{Moderation, Moderator, TimerOp};
 use super::rx::{RxMode, RxQueue, RxStop, RX_GATHER_BYTES, RX_GATHER_NO_GSO_BYTES};
 use super::tuning::TuningShared;
@@ -426,6 +426,17 @@ struct EventLoop<'p, B> {
     tx_waiting: bool,
     /// process_tx stopped on its budget with frames left: run it again after the other events.
     tx_more: bool,
+    /// The tx queue drained with the driver's notifications left off (busy-poll on): poll it,
+    /// then re-enable them before sleeping.
+    tx_parked: bool,
+    /// A busy-poll saw an epoll event ready: the next wait must not sleep.
+    events_pending: bool,
+    /// The busy-poll window (zero: off).
+    busy_poll: Duration,
+    /// What the busy-poll found.
+    poll_counters: BusyPollCounters,
+    /// Polling time not yet published (below a microsecond).
+    polled_ns: u64,
     /// The backend reached end of file: never polled again.
     backend_gone: bool,
     /// The rate-limiter change count applied.
@@ -463,10 +474,13 @@ impl<'p, B: NetBackend> EventLoop<'p, B> {
             // Counted as a needs-reset event by the device.
             Err(e) => return Err((ActivateError::Ring(e), backend)),
         };
+        let tuning = shared.tuning.load();
+        let mut tx = tx.with_label(shared.label.clone());
+        tx.set_budget(tuning.tx_budget.into());
         let mut event_loop = EventLoop {
             label: shared.label.clone(),
             rx: rx.with_label(shared.label.clone()),
-            tx: tx.with_label(shared.label.clone()),
+            tx,
             rx_kick: a.rx_kick,
             tx_kick: a.tx_kick,
             backend,
@@ -477,12 +491,17 @@ impl<'p, B: NetBackend> EventLoop<'p, B> {
             rx_errors: BurstLog::default(),
             parts,
             epoll,
-            moderator: Moderator::new(shared.tuning.load()),
+            moderator: Moderator::new(tuning),
             rx_counters: RxCounters::default(),
             tx_counters: TxCounters::default(),
             rx_paused: false,
             tx_waiting: false,
             tx_more: false,
+            tx_parked: false,
+            events_pending: false,
+            busy_poll: Duration::from_micros(tuning.busy_poll_us.into()),
+            poll_counters: BusyPollCounters::default(),
+            polled_ns: 0,
             backend_gone: false,
             limiter_generation: 0,
             registered: EventSet::empty(),
@@ -569,8 +588,17 @@ impl<'p, B: NetBackend> EventLoop<'p, B> {
         self.flush()?;
         let mut events = [EpollEvent::default(); 8];
         loop {
-            // With tx work left over, only look at what else is ready, do not sleep.
-            let timeout = if self.tx_more { 0 } else { -1 };
+            if self.tx_parked && !self.events_pending {
+                self.busy_poll()?;
+            }
+            // With tx work left over, or events seen while polling, only look at what is ready,
+            // do not sleep.
+            let timeout = if self.tx_more || self.events_pending {
+                0
+            } else {
+                -1
+            };
+            self.events_pending = false;
             let n = match self.epoll.wait(timeout, &mut events) {
                 Ok(n) => n,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
@@ -616,22 +644,32 @@ impl<'p, B: NetBackend> EventLoop<'p, B> {
         }
     }
 
+    /// Sends what the driver queued; with busy-poll on, a drained queue stays parked
+    /// (notifications off) for [`EventLoop::busy_poll`].
     fn run_tx(&mut self) -> Result<(), WorkerError> {
+        self.run_tx_parking(!self.busy_poll.is_zero())
+    }
+
+    fn run_tx_parking(&mut self, park: bool) -> Result<(), WorkerError> {
         self.tx_more = false;
         if self.tx_waiting || self.parts.tx_throttle.is_on() {
             return Ok(());
         }
-        let outcome = self
-            .tx
-            .process(&mut self.backend, &mut self.tx_counters)
-            .map_err(|source| WorkerError::Ring {
-                queue: "tx",
-                source,
-            })?;
+        let (backend, counters) = (&mut self.backend, &mut self.tx_counters);
+        let outcome = if park {
+            self.tx.poll(backend, counters)
+        } else {
+            self.tx.process(backend, counters)
+        }
+        .map_err(|source| WorkerError::Ring {
+            queue: "tx",
+            source,
+        })?;
         self.moderator
             .batch(outcome.needs_interrupt, outcome.suppressed_by_event_idx);
+        self.tx_parked = outcome.stop == TxStop::Idle;
         match outcome.stop {
-            TxStop::Drained => {}
+            TxStop::Drained | TxStop::Idle => {}
             TxStop::BackendFull => {
                 self.tx_waiting = true;
                 self.update_backend_interest().map_err(WorkerError::Epoll)?;
@@ -768,7 +806,11 @@ impl<'p, B: NetBackend> EventLoop<'p, B> {
     /// Picks up new knobs; an interrupt held under bounds that no longer apply goes out now,
     /// and a queue stopped by a limiter that changed resumes under the new one.
     fn retune(&mut self) -> Result<(), WorkerError> {
-        let moderation = self.moderator.retune(self.tuning_shared.load());
+        let tuning = self.tuning_shared.load();
+        self.tx.set_budget(tuning.tx_budget.into());
+        // A parked queue under a window now zero is unparked by the next busy_poll.
+        self.busy_poll = Duration::from_micros(tuning.busy_poll_us.into());
+        let moderation = self.moderator.retune(tuning);
         self.apply(moderation)?;
         if self.apply_limiters() {
             if self.parts.tx_throttle.is_on() {
@@ -828,7 +870,82 @@ impl<'p, B: NetBackend> EventLoop<'p, B> {
         Ok(())
     }
 
+    /// The device busy-poll: the queues are drained, tx notifications are still off and the
+    /// round's interrupt is out. Spins on the tx avail index (and the rx avail index while rx
+    /// waits for buffers) for up to the window, looking at epoll every few microseconds for
+    /// backend input and the other events. Work found is done at once and the window starts
+    /// again; an event ready returns to the loop (which does not sleep, then comes back);
+    /// a window that ends with nothing re-enables notifications (re-checking the race) so
+    /// the loop can sleep.
+    fn busy_poll(&mut self) -> Result<(), WorkerError> {
+        /// Spins between two looks at epoll and the clock (~1-3 µs).
+        const SPINS_PER_CHECK: u32 = 64;
+        let mut ready = [EpollEvent::default(); 1];
+        while self.tx_parked {
+            if self.busy_poll.is_zero() {
+                return self.unpark_tx();
+            }
+            let start = Instant::now();
+            self.poll_counters.polls += 1;
+            let mut spins = 0u32;
+            let found = loop {
+                if self.tx.virtqueue().avail_pending() {
+                    break Found::Tx;
+                }
+                if self.rx_paused && !self.backend_gone && self.rx.virtqueue().avail_pending() {
+                    break Found::Rx;
+                }
+                spins += 1;
+                if spins.is_multiple_of(SPINS_PER_CHECK) {
+                    match self.epoll.wait(0, &mut ready) {
+                        Ok(0) => {}
+                        Ok(_) => break Found::Event,
+                        Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                        Err(e) => return Err(WorkerError::Epoll(e)),
+                    }
+                    if start.elapsed() >= self.busy_poll {
+                        break Found::Nothing;
+                    }
+                }
+                std::hint::spin_loop();
+            };
+            self.polled_ns += u64::try_from(start.elapsed().as_nanos()).unwrap_or(u64::MAX);
+            match found {
+                Found::Nothing => return self.unpark_tx(),
+                Found::Event => {
+                    self.poll_counters.found_work += 1;
+                    self.events_pending = true;
+                    return Ok(());
+                }
+                Found::Tx => {
+                    self.poll_counters.found_work += 1;
+                    self.run_tx()?;
+                }
+                Found::Rx => {
+                    self.poll_counters.found_work += 1;
+                    self.resume_rx()?;
+                }
+            }
+            self.flush()?;
+            if self.tx_more {
+                // Budget spent: the loop looks at its other events, then runs tx again.
+                return Ok(());
+            }
+        }
+        Ok(())
+    }
+
+    /// Ends a busy-poll: notifications back on (with the race re-checked and anything that
+    /// raced in sent), and this round's interrupt.
+    fn unpark_tx(&mut self) -> Result<(), WorkerError> {
+        self.run_tx_parking(false)?;
+        self.flush()
+    }
+
     fn publish(&mut self) {
+        self.poll_counters.polled_us += self.polled_ns / 1000;
+        self.polled_ns %= 1000;
+        self.poll_counters.publish(&self.metrics.busy_poll);
         self.rx_counters.publish(&self.metrics.rx);
         self.tx_counters.publish(&self.metrics.tx);
         let c = std::mem::take(&mut self.moderator.counters);
@@ -841,6 +958,18 @@ impl<'p, B: NetBackend> EventLoop<'p, B> {
             .add(c.coalesce_timer_releases);
         self.metrics.event_idx_overrides.add(c.event_idx_overrides);
     }
+}
+
+/// What a busy-poll window found.
+enum Found {
+    /// Nothing before the window ended.
+    Nothing,
+    /// The driver queued tx frames.
+    Tx,
+    /// The driver posted rx buffers while rx waited for some.
+    Rx,
+    /// An epoll source is ready (backend input, a kick, a timer, a command).
+    Event,
 }
 
 /// Shortest throttle timer: a zero duration would disarm a timerfd.

@@ -23,7 +23,7 @@ fn coalescing(max_packets: u16, max_usecs: u32) -> NetTuning {
             max_packets,
             max_usecs,
         },
-        event_idx: true,
+        ..NetTuning::default()
     }
 }
 
@@ -176,4 +176,129 @@ fn the_worker_applies_its_seccomp_filter_before_running() {
         != 0));
     assert_eq!(take_interrupt(&mut rig.transport), VIRTIO_MMIO_INT_CONFIG);
     assert_eq!(rig.metrics.needs_reset_events.get(), 1);
+}
+
+/// `vring_need_event`: the driver kicks when its new avail index passes `avail_event`.
+fn needs_kick(tx: &GuestQueue, event_idx: bool, old: u16, new: u16) -> bool {
+    if event_idx {
+        let event = tx.avail_event();
+        new.wrapping_sub(event).wrapping_sub(1) < new.wrapping_sub(old)
+    } else {
+        tx.used_flags() & 1 == 0
+    }
+}
+
+/// A driver that queues one frame, kicks only when the ring asks for it, waits for the frame
+/// to be sent, and pauses `pause` before the next. Returns the kicks it wrote.
+fn paced_driver(
+    rig: &Rig,
+    tx: &mut GuestQueue,
+    event_idx: bool,
+    frames: u8,
+    pause: Duration,
+) -> u32 {
+    let mut kicks = 0;
+    for seed in 0..frames {
+        let used = tx.used_idx();
+        let old = tx.avail_idx();
+        tx.push_tx(&wire(&frame(64, seed)), &[]);
+        if needs_kick(tx, event_idx, old, tx.avail_idx()) {
+            kick(&rig.transport, 1);
+            kicks += 1;
+        }
+        rig.peer.recv_frame().expect("frame");
+        assert!(wait_until(TIMEOUT, || tx.used_idx() == used.wrapping_add(1)));
+        std::thread::sleep(pause);
+    }
+    kicks
+}
+
+#[test]
+fn busy_poll_saves_the_kicks_of_a_driver_that_pauses_less_than_the_window() {
+    for event_idx in [true, false] {
+        let features = VERSION_1
+            | if event_idx {
+                1 << VIRTIO_RING_F_EVENT_IDX
+            } else {
+                0
+            };
+        let mut kicks = Vec::new();
+        for busy_poll_us in [0, 5_000] {
+            let mem = guest_mem();
+            let mut rig = rig(&mem);
+            rig.tuning
+                .set(NetTuning {
+                    busy_poll_us,
+                    ..NetTuning::default()
+                })
+                .expect("valid");
+            let (rx, mut tx) = queues(&mem);
+            start(&mut rig.transport, features, &rx, &tx);
+            // Pauses of 0.5 ms, well inside a 5 ms window.
+            let n = paced_driver(&rig, &mut tx, event_idx, 20, Duration::from_micros(500));
+            let found = rig.metrics.busy_poll.found_work.get();
+            if busy_poll_us == 0 {
+                assert_eq!(rig.metrics.busy_poll.polls.get(), 0);
+            } else {
+                assert!(
+                    found >= 15,
+                    "event_idx {event_idx}: found work {found} times"
+                );
+                assert!(rig.metrics.busy_poll.polled_us.get() > 0);
+            }
+            kicks.push(n);
+        }
+        assert_eq!(
+            kicks[0], 20,
+            "event_idx {event_idx}: without busy-poll every frame kicks"
+        );
+        assert!(
+            kicks[1] <= 3,
+            "event_idx {event_idx}: busy-poll kept notifications off, yet {} kicks",
+            kicks[1]
+        );
+    }
+}
+
+#[test]
+fn busy_poll_window_ends_with_notifications_back_on() {
+    let mem = guest_mem();
+    let mut rig = rig(&mem);
+    rig.tuning
+        .set(NetTuning {
+            busy_poll_us: 1000,
+            ..NetTuning::default()
+        })
+        .expect("valid");
+    let (rx, mut tx) = queues(&mem);
+    start(
+        &mut rig.transport,
+        VERSION_1 | 1 << VIRTIO_RING_F_EVENT_IDX,
+        &rx,
+        &tx,
+    );
+    // The windows at activation (which also see the tuning change) end first.
+    std::thread::sleep(Duration::from_millis(30));
+    let (polls0, found0) = (
+        rig.metrics.busy_poll.polls.get(),
+        rig.metrics.busy_poll.found_work.get(),
+    );
+    // Pauses of 30 ms: every window (1 ms) ends first, so each frame needs its kick, and one
+    // that the driver did not write would never be sent (the test would time out).
+    let kicks = paced_driver(&rig, &mut tx, true, 5, Duration::from_millis(30));
+    assert_eq!(kicks, 5);
+    assert!(wait_until(TIMEOUT, || rig.metrics.busy_poll.polls.get() >= polls0 + 5));
+    assert_eq!(rig.metrics.busy_poll.found_work.get(), found0);
+    let polled = rig.metrics.busy_poll.polled_us.get();
+    assert!(
+        (5_000..40_000).contains(&polled),
+        "polled {polled} µs in 5-7 windows of 1 ms"
+    );
+    // Switched off at run time: no more polling.
+    rig.tuning.set(NetTuning::default()).expect("valid");
+    std::thread::sleep(Duration::from_millis(20));
+    let polls = rig.metrics.busy_poll.polls.get();
+    assert_eq!(paced_driver(&rig, &mut tx, true, 3, Duration::ZERO), 3);
+    std::thread::sleep(Duration::from_millis(20));
+    assert_eq!(rig.metrics.busy_poll.polls.get(), polls);
 }

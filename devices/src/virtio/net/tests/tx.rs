@@ -6,7 +6,8 @@ use crate::backend::PairBackend;
 use crate::virtio::net::metrics::TxCounters;
 use crate::virtio::net::tests::support::{frame, guest_mem, wire, GuestQueue, INDIRECT};
 use crate::virtio::net::tx::TX_BUDGET;
-use crate::virtio::net::{process_tx, TxStop};
+use crate::virtio::net::{process_tx, TxQueue, TxStop};
+use crate::virtio::vring::Virtqueue;
 
 #[test]
 fn frame_split_across_descriptors_reaches_backend_with_its_header() {
@@ -135,6 +136,43 @@ fn budget_bounds_one_call() {
         n += 1;
     }
     assert_eq!(n, TX_BUDGET + 10);
+}
+
+#[test]
+fn tuned_budget_and_parking() {
+    let mem = guest_mem();
+    let mut driver = GuestQueue::new(&mem, 16);
+    let queue = driver.queue();
+    let bytes = wire(&frame(20, 5));
+    for _ in 0..10 {
+        driver.push_tx(&bytes, &[]);
+    }
+    let (mut backend, peer) = PairBackend::new().expect("socketpair");
+    let mut counters = TxCounters::default();
+    let mut txq = TxQueue::new(Virtqueue::new(&queue, &mem).expect("ring"));
+    txq.set_budget(4);
+    for sent in [4, 8] {
+        let outcome = txq.process(&mut backend, &mut counters).expect("ring ok");
+        assert_eq!(outcome.stop, TxStop::Budget);
+        assert_eq!(counters.frames, sent);
+    }
+    // Parked: drained, and notifications stay off (no EVENT_IDX: the NO_NOTIFY flag).
+    let outcome = txq.poll(&mut backend, &mut counters).expect("ring ok");
+    assert_eq!(outcome.stop, TxStop::Idle);
+    assert_eq!(counters.frames, 10);
+    assert_eq!(driver.used_idx(), 10, "used entries published");
+    assert_eq!(driver.used_flags() & 1, 1, "notifications still off");
+    assert!(!txq.virtqueue().avail_pending());
+    driver.push_tx(&bytes, &[]);
+    assert!(txq.virtqueue().avail_pending());
+    let outcome = txq.process(&mut backend, &mut counters).expect("ring ok");
+    assert_eq!(outcome.stop, TxStop::Drained);
+    assert_eq!(driver.used_flags() & 1, 0, "notifications back on");
+    let mut n = 0;
+    while peer.try_recv_frame().expect("recv").is_some() {
+        n += 1;
+    }
+    assert_eq!(n, 11);
 }
 
 #[test]
