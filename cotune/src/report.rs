@@ -66,6 +66,10 @@ pub struct Row {
     pub driver_cpu_pct: f64,
     /// CPU the device worker got over the trial, % of wall time.
     pub device_cpu_pct: f64,
+    /// Device busy-poll windows that found work (a kick or wake-up saved), per packet.
+    pub busy_poll_found_per_pkt: f64,
+    /// Time the device spent busy-polling, % of wall time.
+    pub busy_poll_pct: f64,
     /// pps divided by the raw backend write loop's pps measured in the same run.
     pub ratio_to_baseline: f64,
     /// pps in the VM over pps in co-simulation (`--target both`).
@@ -87,7 +91,7 @@ pub const CSV_HEADER: &str = "preset,target,knob,value,knob2,value2,workload,fra
 kick_threshold,tx_completion,event_idx,xdp_bulk,xsk_mode,\
 coalesce_packets,coalesce_usecs,dev_event_idx,tx_budget,busy_poll_us,\
 pps,kicks_per_pkt,irqs_per_pkt,tx_irqs_per_pkt,kicks_suppressed_per_pkt,driver_ns_per_pkt,device_ns_per_pkt,\
-driver_cpu_pct,device_cpu_pct,ratio_to_baseline,vm_sim_ratio,loadavg1,backend,kick_cost_ns,irq_cost_ns,note";
+driver_cpu_pct,device_cpu_pct,busy_poll_found_per_pkt,busy_poll_pct,ratio_to_baseline,vm_sim_ratio,loadavg1,backend,kick_cost_ns,irq_cost_ns,note";
 
 /// `v` with `prec` decimals, or "" when it is not a number.
 fn num(v: f64, prec: usize) -> String {
@@ -137,6 +141,8 @@ pub fn to_csv(rows: &[Row]) -> String {
             num(r.device_ns_per_pkt, 1),
             num(r.driver_cpu_pct, 1),
             num(r.device_cpu_pct, 1),
+            num(r.busy_poll_found_per_pkt, 4),
+            num(r.busy_poll_pct, 1),
             num(r.ratio_to_baseline, 3),
             num(r.vm_sim_ratio, 3),
             num(r.loadavg1, 2),
@@ -546,6 +552,8 @@ mod tests {
             device_ns_per_pkt: 400.0,
             driver_cpu_pct: 99.0,
             device_cpu_pct: 80.0,
+            busy_poll_found_per_pkt: 0.0,
+            busy_poll_pct: 0.0,
             ratio_to_baseline: 0.9,
             vm_sim_ratio: f64::NAN,
             loadavg1: 0.2,

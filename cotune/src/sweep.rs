@@ -167,15 +167,14 @@ impl Default for DevKnobs {
             coalesce_packets: t.interrupt_coalescing.max_packets,
             coalesce_usecs: t.interrupt_coalescing.max_usecs,
             event_idx: t.event_idx,
-            tx_budget: 256,
-            busy_poll_us: 0,
+            tx_budget: t.tx_budget,
+            busy_poll_us: t.busy_poll_us,
         }
     }
 }
 
 impl DevKnobs {
     /// The device tuning these knobs make.
-    #[allow(clippy::needless_update)] // until NetTuning gains tx_budget and busy_poll_us
     pub fn tuning(&self) -> NetTuning {
         NetTuning {
             interrupt_coalescing: InterruptCoalescing {
@@ -183,7 +182,8 @@ impl DevKnobs {
                 max_usecs: self.coalesce_usecs,
             },
             event_idx: self.event_idx,
-            ..NetTuning::default()
+            tx_budget: self.tx_budget,
+            busy_poll_us: self.busy_poll_us,
         }
     }
 
@@ -496,6 +496,10 @@ pub struct Measured {
     pub device_cpu_ns: u64,
     /// Wall time over which the CPU times were taken, s.
     pub cpu_secs: f64,
+    /// Device busy-poll windows that found work (a kick or wake-up saved).
+    pub busy_poll_found: u64,
+    /// Microseconds the device spent busy-polling.
+    pub busy_poll_us: u64,
 }
 
 impl Measured {
@@ -517,6 +521,8 @@ impl From<Sample> for Measured {
             driver_cpu_ns: m.driver_cpu_ns,
             device_cpu_ns: m.device_cpu_ns,
             cpu_secs: m.secs,
+            busy_poll_found: m.dev_busy_poll_found,
+            busy_poll_us: m.dev_busy_poll_us,
         }
     }
 }
@@ -770,6 +776,8 @@ fn point_row(
         device_ns_per_pkt: per(m.map_or(0, |m| m.device_cpu_ns)),
         driver_cpu_pct: m.map_or(nan, |m| cpu_pct(m.driver_cpu_ns, m.cpu_secs)),
         device_cpu_pct: m.map_or(nan, |m| cpu_pct(m.device_cpu_ns, m.cpu_secs)),
+        busy_poll_found_per_pkt: per(m.map_or(0, |m| m.busy_poll_found)),
+        busy_poll_pct: m.map_or(nan, |m| cpu_pct(m.busy_poll_us * 1000, m.secs)),
         ratio_to_baseline: pps / base_pps,
         vm_sim_ratio: nan,
         loadavg1: load,
@@ -814,6 +822,8 @@ fn baseline_row(
     row.kicks_suppressed_per_pkt = 0.0;
     row.driver_ns_per_pkt = b.cpu_ns_per_pkt;
     row.device_ns_per_pkt = 0.0;
+    row.busy_poll_found_per_pkt = 0.0;
+    row.busy_poll_pct = 0.0;
     row.backend = backend.name().into();
     row.kick_cost_ns = None;
     row.irq_cost_ns = None;

@@ -458,6 +458,8 @@ pub fn run_point(env: &VmEnv, point: &Point, pin: bool) -> io::Result<(Measured,
         driver_cpu_ns: cpu1.0.saturating_sub(cpu0.0),
         device_cpu_ns: cpu1.1.saturating_sub(cpu0.1),
         cpu_secs: (t1 - t0).as_secs_f64(),
+        busy_poll_found: num(&dev, &["busy_poll", "found_work"]),
+        busy_poll_us: num(&dev, &["busy_poll", "polled_us"]),
     };
     Ok((m, note))
 }

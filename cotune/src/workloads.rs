@@ -34,6 +34,10 @@ pub struct Sample {
     pub driver_cpu_ns: u64,
     /// Device worker CPU ns.
     pub device_cpu_ns: u64,
+    /// Device busy-poll windows that found work.
+    pub dev_busy_poll_found: u64,
+    /// Microseconds the device busy-polled.
+    pub dev_busy_poll_us: u64,
 }
 
 impl Sample {
@@ -62,6 +66,8 @@ struct Mark {
     dev_tx_irqs: u64,
     drv_cpu: u64,
     dev_cpu: u64,
+    busy_found: u64,
+    busy_us: u64,
 }
 
 fn device_worker_tid() -> Option<i32> {
@@ -77,6 +83,8 @@ fn mark(rig: &Rig, dev_tid: Option<i32>) -> Mark {
         dev_tx_irqs: rig.metrics.tx.interrupts_raised.get(),
         drv_cpu: rig.cpu_ns(),
         dev_cpu: dev_tid.and_then(task_cpu_ns).unwrap_or(0),
+        busy_found: rig.metrics.busy_poll.found_work.get(),
+        busy_us: rig.metrics.busy_poll.polled_us.get(),
     }
 }
 
@@ -96,6 +104,8 @@ fn delta(a: &Mark, b: &Mark, workload: Workload) -> Sample {
         dev_tx_irqs: b.dev_tx_irqs - a.dev_tx_irqs,
         driver_cpu_ns: b.drv_cpu - a.drv_cpu,
         device_cpu_ns: b.dev_cpu.saturating_sub(a.dev_cpu),
+        dev_busy_poll_found: b.busy_found - a.busy_found,
+        dev_busy_poll_us: b.busy_us - a.busy_us,
     }
 }
 

@@ -50,6 +50,8 @@ fn quick_run_of_every_preset_writes_csv_and_plot() {
         "device_ns_per_pkt",
         "driver_cpu_pct",
         "device_cpu_pct",
+        "busy_poll_found_per_pkt",
+        "busy_poll_pct",
         "ratio_to_baseline",
         "vm_sim_ratio",
         "loadavg1",
