@@ -131,6 +131,14 @@ fn main() -> ExitCode {
         }
     }
     let (kick, irq) = (cli.kick_cost_ns, cli.irq_cost_ns);
+    let pin = if cli.pin {
+        match cotune::noise::cpu_pair() {
+            Ok(p) => Some(p),
+            Err(e) => return usage(&e.to_string()),
+        }
+    } else {
+        None
+    };
     let calibrate = kick == Cost::Auto || irq == Cost::Auto;
     let load = loadavg1();
     if load > BUSY_LOADAVG {
@@ -192,7 +200,7 @@ fn main() -> ExitCode {
         irq_cost_ns: cost(irq, |c| c.irq_ns),
         quick: cli.quick,
         target: cli.target,
-        pin: cli.pin,
+        pin,
         vm: if cli.target.vm() {
             vm_env.clone()
         } else {
@@ -250,7 +258,12 @@ fn main() -> ExitCode {
     });
     println!(
         "# target={target}{sim}{vm} duration={:?} repeat={} pin={} loadavg1_at_start={load:.2}",
-        opts.duration, opts.repeat, opts.pin,
+        opts.duration,
+        opts.repeat,
+        opts.pin.map_or_else(
+            || "off".into(),
+            |(a, b)| format!("driver/vcpu:cpu{a},device:cpu{b}")
+        ),
     );
     print!("{}", to_table(&rows));
     if let Some(path) = &cli.csv {

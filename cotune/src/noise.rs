@@ -44,8 +44,8 @@ pub fn comm_name(name: &str) -> String {
     name[..end].to_owned()
 }
 
-/// The CPUs this process may run on (its affinity mask), lowest first.
-pub fn allowed_cpus() -> io::Result<Vec<usize>> {
+/// The calling thread's affinity mask.
+fn affinity() -> io::Result<libc::cpu_set_t> {
     // SAFETY: cpu_set_t is plain old data; all-zero is a valid (empty) set.
     let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
     // SAFETY: sched_getaffinity writes at most size_of::<cpu_set_t>() bytes into `set`, which
@@ -55,6 +55,45 @@ pub fn allowed_cpus() -> io::Result<Vec<usize>> {
     if rc != 0 {
         return Err(io::Error::last_os_error());
     }
+    Ok(set)
+}
+
+fn set_affinity(tid: i32, set: &libc::cpu_set_t) -> io::Result<()> {
+    // SAFETY: sched_setaffinity reads size_of::<cpu_set_t>() bytes from `set`, which lives for
+    // the call; it changes only the scheduling of thread `tid`.
+    let rc = unsafe { libc::sched_setaffinity(tid, std::mem::size_of::<libc::cpu_set_t>(), set) };
+    if rc != 0 {
+        return Err(io::Error::other(format!(
+            "sched_setaffinity(thread {tid}): {}",
+            io::Error::last_os_error()
+        )));
+    }
+    Ok(())
+}
+
+/// Pins the calling thread to one CPU until dropped, then gives it its old mask back.
+pub struct PinGuard {
+    old: libc::cpu_set_t,
+}
+
+impl PinGuard {
+    /// Pins the calling thread to `cpu`.
+    pub fn pin(cpu: usize) -> io::Result<PinGuard> {
+        let old = affinity()?;
+        pin_thread(0, cpu)?;
+        Ok(PinGuard { old })
+    }
+}
+
+impl Drop for PinGuard {
+    fn drop(&mut self) {
+        let _ = set_affinity(0, &self.old);
+    }
+}
+
+/// The CPUs the calling thread may run on (its affinity mask), lowest first.
+pub fn allowed_cpus() -> io::Result<Vec<usize>> {
+    let set = affinity()?;
     Ok((0..libc::CPU_SETSIZE as usize)
         // SAFETY: CPU_ISSET only reads the set, and the index is below CPU_SETSIZE.
         .filter(|&c| unsafe { libc::CPU_ISSET(c, &set) })
@@ -63,24 +102,18 @@ pub fn allowed_cpus() -> io::Result<Vec<usize>> {
 
 /// Pins thread `tid` (0: the calling thread) to CPU `cpu` alone.
 pub fn pin_thread(tid: i32, cpu: usize) -> io::Result<()> {
+    if cpu >= libc::CPU_SETSIZE as usize {
+        return Err(io::Error::other(format!("no CPU {cpu}")));
+    }
     // SAFETY: cpu_set_t is plain old data; all-zero is a valid (empty) set.
     let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
-    // SAFETY: CPU_SET writes one bit of `set`; cpu_pair() only returns CPUs below CPU_SETSIZE.
+    // SAFETY: CPU_SET writes one bit of `set`; `cpu` is below CPU_SETSIZE (checked above).
     unsafe { libc::CPU_SET(cpu, &mut set) };
-    // SAFETY: sched_setaffinity reads size_of::<cpu_set_t>() bytes from `set`, which lives for
-    // the call; it changes only the scheduling of thread `tid`.
-    let rc = unsafe { libc::sched_setaffinity(tid, std::mem::size_of::<libc::cpu_set_t>(), &set) };
-    if rc != 0 {
-        return Err(io::Error::other(format!(
-            "sched_setaffinity(thread {tid}, cpu {cpu}): {}",
-            io::Error::last_os_error()
-        )));
-    }
-    Ok(())
+    set_affinity(tid, &set).map_err(|e| io::Error::other(format!("{e} (cpu {cpu})")))
 }
 
-/// Two distinct CPUs this process may use: (driver/vCPU, device worker). Error when it may
-/// use only one.
+/// Two distinct CPUs the calling thread may use: (driver/vCPU, device worker). Error when it
+/// may use only one. Call before pinning anything.
 pub fn cpu_pair() -> io::Result<(usize, usize)> {
     let cpus = allowed_cpus()?;
     match cpus.as_slice() {
@@ -135,10 +168,25 @@ mod tests {
             std::thread::sleep(std::time::Duration::from_millis(5));
         }
         let tid = tid.expect("the probe thread is listed");
-        let cpu = allowed_cpus().unwrap()[0];
+        let all = allowed_cpus().unwrap();
+        let cpu = *all.last().unwrap();
         pin_thread(tid, cpu).unwrap();
         tx.send(()).unwrap();
         assert_eq!(t.join().unwrap(), vec![cpu]);
+        // A guard pins the calling thread and gives the old mask back.
+        let mine = std::thread::spawn(move || {
+            let before = allowed_cpus().unwrap();
+            let pinned = {
+                let _g = PinGuard::pin(cpu).unwrap();
+                allowed_cpus().unwrap()
+            };
+            (before, pinned, allowed_cpus().unwrap())
+        })
+        .join()
+        .unwrap();
+        assert_eq!(mine.1, vec![cpu]);
+        assert_eq!(mine.0, mine.2);
+        assert_eq!(mine.0, all);
     }
 
     #[test]

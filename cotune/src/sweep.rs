@@ -139,8 +139,8 @@ pub struct Options {
     pub quick: bool,
     /// Where points are measured.
     pub target: Target,
-    /// Pin the driver (vCPU) thread and the device worker to two separate CPUs.
-    pub pin: bool,
+    /// Pin the driver (vCPU) thread and the device worker to these two CPUs.
+    pub pin: Option<(usize, usize)>,
     /// The VMM, the guest and the frame count, when `target` boots VMs.
     pub vm: Option<VmEnv>,
 }
@@ -630,14 +630,14 @@ fn make_trial(
     }
 }
 
-/// Pins the calling (driver) thread and the device worker threads (`net-…`) to two CPUs.
-fn pin_sim_threads() -> io::Result<()> {
-    let (driver, device) = crate::noise::cpu_pair()?;
-    crate::noise::pin_thread(0, driver)?;
+/// Pins the calling (driver) thread, until the guard drops, and the device worker threads
+/// (`net-…`) to two CPUs.
+fn pin_sim_threads((driver, device): (usize, usize)) -> io::Result<crate::noise::PinGuard> {
+    let guard = crate::noise::PinGuard::pin(driver)?;
     for tid in crate::cost::threads_named("net-") {
         crate::noise::pin_thread(tid, device)?;
     }
-    Ok(())
+    Ok(guard)
 }
 
 /// Runs one co-simulation trial of `point` and checks the driver and device counters agree.
@@ -658,9 +658,7 @@ fn sim_trial(point: &Point, opts: &Options) -> io::Result<Sample> {
         Trial::Tap(b) => Rig::new(b, &rig_config),
     }
     .map_err(|e| io::Error::other(format!("{e}: {:?}", std::error::Error::source(&e))))?;
-    if opts.pin {
-        pin_sim_threads()?;
-    }
+    let _pinned = opts.pin.map(pin_sim_threads).transpose()?;
     let sample = workloads::run(
         &mut rig,
         point.workload,
@@ -966,7 +964,7 @@ mod tests {
             irq_cost_ns: 0,
             quick,
             target: Target::Sim,
-            pin: false,
+            pin: None,
             vm: None,
         }
     }

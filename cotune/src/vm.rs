@@ -21,7 +21,7 @@ use vnet_driver::xsk::XskMode;
 
 use crate::calib::{self, Calibration};
 use crate::frames::{test_frame, ETHERTYPE, SRC_MAC};
-use crate::noise::{comm_name, cpu_pair, pin_thread, proc_task_cpu_ns, proc_thread_named};
+use crate::noise::{comm_name, pin_thread, proc_task_cpu_ns, proc_thread_named};
 use crate::sweep::{Measured, Point};
 use crate::workloads::Workload;
 
@@ -290,8 +290,7 @@ impl VmThreads {
         (get(self.vcpu), get(self.worker))
     }
 
-    fn pin(&self) -> io::Result<()> {
-        let (a, b) = cpu_pair()?;
+    fn pin(&self, (a, b): (usize, usize)) -> io::Result<()> {
         let missing = |what| io::Error::other(format!("--pin: the VMM has no {what} thread"));
         pin_thread(self.vcpu.ok_or_else(|| missing("vcpu0"))?, a)?;
         pin_thread(self.worker.ok_or_else(|| missing("net-ctap0"))?, b)
@@ -349,7 +348,11 @@ fn num(v: &Value, path: &[&str]) -> u64 {
 }
 
 /// Boots the driver guest for one trial of `point`; returns what it measured and a note.
-pub fn run_point(env: &VmEnv, point: &Point, pin: bool) -> io::Result<(Measured, String)> {
+pub fn run_point(
+    env: &VmEnv,
+    point: &Point,
+    pin: Option<(usize, usize)>,
+) -> io::Result<(Measured, String)> {
     let ns = vm_netns()?;
     let net = format!("tap={TAP}{}", point.dev.net_spec_keys());
     let cmdline = cmdline(point, env.frames);
@@ -371,8 +374,8 @@ pub fn run_point(env: &VmEnv, point: &Point, pin: bool) -> io::Result<(Measured,
         }
     }
     let threads = VmThreads::find(vmm.child.id());
-    if pin {
-        threads.pin()?;
+    if let Some(cpus) = pin {
+        threads.pin(cpus)?;
     }
     let (t0, cpu0) = (Instant::now(), threads.cpu());
     let echo = !matches!(point.workload, Workload::XskTx(_));
