@@ -140,6 +140,12 @@ fn main() -> ExitCode {
         None
     };
     let calibrate = kick == Cost::Auto || irq == Cost::Auto;
+    if cli.target == Target::Both && cli.backend == BackendKind::Pair {
+        eprintln!(
+            "cotune: note: the VM's device writes to a tap; --backend tap makes the vm/sim ratio \
+             compare like with like"
+        );
+    }
     let load = loadavg1();
     if load > BUSY_LOADAVG {
         eprintln!(
