@@ -38,6 +38,10 @@ pub struct Row {
     pub xdp_bulk: u16,
     /// Driver: AF_XDP mode (`zero-copy`, `copy`, "" when the workload is not AF_XDP).
     pub xsk_mode: String,
+    /// Driver workload pacing: frames per burst (0: unpaced).
+    pub burst: u32,
+    /// Driver workload pacing: µs spun after each burst.
+    pub pause_us: u32,
     /// Device: coalescing max_packets.
     pub coalesce_packets: u16,
     /// Device: coalescing max_usecs.
@@ -88,7 +92,7 @@ pub struct Row {
 
 /// The CSV header (one column per field of [`Row`], in order).
 pub const CSV_HEADER: &str = "preset,target,knob,value,knob2,value2,workload,frame_size,\
-kick_threshold,tx_completion,event_idx,xdp_bulk,xsk_mode,\
+kick_threshold,tx_completion,event_idx,xdp_bulk,xsk_mode,burst,pause_us,\
 coalesce_packets,coalesce_usecs,dev_event_idx,tx_budget,busy_poll_us,\
 pps,kicks_per_pkt,irqs_per_pkt,tx_irqs_per_pkt,kicks_suppressed_per_pkt,driver_ns_per_pkt,device_ns_per_pkt,\
 driver_cpu_pct,device_cpu_pct,busy_poll_found_per_pkt,busy_poll_pct,ratio_to_baseline,vm_sim_ratio,loadavg1,backend,kick_cost_ns,irq_cost_ns,note";
@@ -127,6 +131,8 @@ pub fn to_csv(rows: &[Row]) -> String {
             u8::from(r.event_idx).to_string(),
             r.xdp_bulk.to_string(),
             field(&r.xsk_mode),
+            r.burst.to_string(),
+            r.pause_us.to_string(),
             r.coalesce_packets.to_string(),
             r.coalesce_usecs.to_string(),
             u8::from(r.dev_event_idx).to_string(),
@@ -538,6 +544,8 @@ mod tests {
             event_idx: true,
             xdp_bulk: 16,
             xsk_mode: "zero-copy".into(),
+            burst: 0,
+            pause_us: 0,
             coalesce_packets: 0,
             coalesce_usecs: 0,
             dev_event_idx: true,

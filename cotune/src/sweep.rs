@@ -21,7 +21,7 @@ use crate::noise::{cpu_pct, loadavg1};
 use crate::report::Row;
 use crate::rig::{Rig, RigConfig};
 use crate::vm::VmEnv;
-use crate::workloads::{self, peer_loop, Sample, Workload};
+use crate::workloads::{self, peer_loop, Pace, Sample, Workload};
 
 /// Which backend the co-simulated device uses.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -227,6 +227,8 @@ pub struct Point {
     pub dev: DevKnobs,
     /// The workload.
     pub workload: Workload,
+    /// Pacing of a transmit workload (None: as fast as the ring takes frames).
+    pub pace: Option<Pace>,
     /// Ethernet frame size.
     pub frame_size: usize,
 }
@@ -257,8 +259,15 @@ pub fn points(preset: Preset, opts: &Options) -> Vec<Point> {
 }
 
 /// Zero-copy transmit with the kick threshold `n` and clean-from-rx completion.
-fn zc_tx_point(opts: &Options, axes: Vec<(&'static str, String)>, n: u16, dev: DevKnobs) -> Point {
+fn zc_tx_point(
+    opts: &Options,
+    axes: Vec<(&'static str, String)>,
+    n: u16,
+    dev: DevKnobs,
+    pace: Option<Pace>,
+) -> Point {
     Point {
+        pace,
         axes,
         config: Config {
             kick_threshold: n,
@@ -281,12 +290,19 @@ fn kick_threshold_points(opts: &Options) -> Vec<Point> {
     ns.iter()
         .map(|&n| {
             let axes = vec![("kick_threshold", n.to_string())];
-            zc_tx_point(opts, axes, n, DevKnobs::default())
+            zc_tx_point(opts, axes, n, DevKnobs::default(), None)
         })
         .collect()
 }
 
-/// The device busy-poll window on zero-copy transmit (kick threshold 8).
+/// The busy-poll presets' transmit: bursts of 8 frames, 20 µs apart, so that the device
+/// drains each burst and goes idle for a pause shorter than the longer polls.
+const BUSY_POLL_PACE: Pace = Pace {
+    burst: 8,
+    pause_us: 20,
+};
+
+/// The device busy-poll window on paced zero-copy transmit (kick threshold 8).
 fn busy_poll_points(opts: &Options) -> Vec<Point> {
     let us: &[u32] = if opts.quick {
         &[0, 50]
@@ -299,12 +315,13 @@ fn busy_poll_points(opts: &Options) -> Vec<Point> {
                 busy_poll_us: b,
                 ..DevKnobs::default()
             };
-            zc_tx_point(opts, vec![("busy_poll_us", b.to_string())], 8, dev)
+            let axes = vec![("busy_poll_us", b.to_string())];
+            zc_tx_point(opts, axes, 8, dev, Some(BUSY_POLL_PACE))
         })
         .collect()
 }
 
-/// Kick threshold × busy-poll on zero-copy transmit.
+/// Kick threshold × busy-poll on paced zero-copy transmit.
 fn kick_busy_poll_points(opts: &Options) -> Vec<Point> {
     let (ns, us): (&[u16], &[u32]) = if opts.quick {
         (&[1, 8], &[0, 50])
@@ -322,7 +339,7 @@ fn kick_busy_poll_points(opts: &Options) -> Vec<Point> {
                 ("kick_threshold", n.to_string()),
                 ("busy_poll_us", b.to_string()),
             ];
-            v.push(zc_tx_point(opts, axes, n, dev));
+            v.push(zc_tx_point(opts, axes, n, dev, Some(BUSY_POLL_PACE)));
         }
     }
     v
@@ -362,6 +379,7 @@ fn tx_completion_points(opts: &Options) -> Vec<Point> {
                 },
                 dev: DevKnobs::default(),
                 workload: Workload::Bidirectional,
+                pace: None,
                 frame_size: opts.frame_size.unwrap_or(64),
             });
         }
@@ -390,6 +408,7 @@ fn completion_coalesce_points(opts: &Options) -> Vec<Point> {
                 },
                 dev: coalescing(p),
                 workload: Workload::Bidirectional,
+                pace: None,
                 frame_size: opts.frame_size.unwrap_or(64),
             });
         }
@@ -407,6 +426,7 @@ fn bounce_point(opts: &Options, axes: Vec<(&'static str, String)>, b: u16, dev: 
         },
         dev,
         workload: Workload::XdpBounce,
+        pace: None,
         frame_size: opts.frame_size.unwrap_or(64),
     }
 }
@@ -468,6 +488,7 @@ fn xsk_points(opts: &Options) -> Vec<Point> {
                 },
                 dev: DevKnobs::default(),
                 workload: Workload::XskTx(mode),
+                pace: None,
                 frame_size: s,
             });
         }
@@ -663,6 +684,7 @@ fn sim_trial(point: &Point, opts: &Options) -> io::Result<Sample> {
         &mut rig,
         point.workload,
         point.frame_size,
+        point.pace,
         opts.warmup,
         opts.duration,
     );
@@ -760,6 +782,8 @@ fn point_row(
         event_idx: point.config.event_idx,
         xdp_bulk: point.config.xdp_bulk,
         xsk_mode: xsk_mode_name(point.workload).into(),
+        burst: point.pace.map_or(0, |p| p.burst),
+        pause_us: point.pace.map_or(0, |p| p.pause_us),
         coalesce_packets: point.dev.coalesce_packets,
         coalesce_usecs: point.dev.coalesce_usecs,
         dev_event_idx: point.dev.event_idx,
@@ -799,6 +823,7 @@ fn baseline_row(
         config: Config::default(),
         dev: DevKnobs::default(),
         workload: Workload::XskTx(XskMode::Copy),
+        pace: None,
         frame_size: size,
     };
     let mut row = point_row(
@@ -997,6 +1022,25 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn busy_poll_presets_pace_the_driver_with_pauses_shorter_than_the_longest_poll() {
+        for preset in [Preset::BusyPoll, Preset::KickBusyPoll] {
+            let pts = points(preset, &opts(false));
+            let longest = pts.iter().map(|p| p.dev.busy_poll_us).max().unwrap();
+            assert!(
+                pts.iter().any(|p| p.dev.busy_poll_us == 0),
+                "{preset:?} has an off point"
+            );
+            for p in &pts {
+                let pace = p.pace.expect("paced");
+                assert!(pace.pause_us > 0 && pace.pause_us < longest, "{preset:?}");
+            }
+        }
+        assert!(points(Preset::KickThreshold, &opts(false))
+            .iter()
+            .all(|p| p.pace.is_none()));
     }
 
     #[test]

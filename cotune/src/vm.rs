@@ -153,9 +153,12 @@ pub fn cmdline(point: &Point, frames: u64) -> String {
         vnet_driver::TxCompletion::CleanFromRx => "clean-from-rx",
         vnet_driver::TxCompletion::Lazy => "lazy",
     };
+    let pace = point.pace.map_or_else(String::new, |p| {
+        format!(" burst={} pause_us={}", p.burst, p.pause_us)
+    });
     format!(
         "console=ttyS0 {workload}={frames} size={} ring=3 kick_threshold={} tx_completion={completion} \
-         event_idx={} xdp_bulk={} timeout_ms=120000",
+         event_idx={} xdp_bulk={} timeout_ms=120000{pace}",
         point.frame_size,
         c.kick_threshold,
         u8::from(c.event_idx),
@@ -426,6 +429,16 @@ pub fn run_point(
             "no {{\"net\":{{\"{TAP}\":…}}}} metrics line from the vmm:\n{stderr}"
         ))
     })?;
+    if let Some(p) = point.pace {
+        // A guest that does not know burst= ignores the word: it would run unpaced.
+        if report.get("burst").and_then(Value::as_u64) != Some(u64::from(p.burst)) {
+            return Err(io::Error::other(format!(
+                "the driver guest did not run burst={} pause_us={} (its result line has no \
+                 matching \"burst\"; it needs the burst=/pause_us= tx pacing): {report}",
+                p.burst, p.pause_us
+            )));
+        }
+    }
     let done = num(&report, &["done"]);
     let elapsed_ns = num(&report, &["elapsed_ns"]);
     if elapsed_ns == 0 {
@@ -504,6 +517,7 @@ mod tests {
             },
             dev: DevKnobs::default(),
             workload,
+            pace: None,
             frame_size: 128,
         }
     }
@@ -522,6 +536,14 @@ mod tests {
         ] {
             assert!(c.split(' ').any(|w| w == word), "{word} missing from {c}");
         }
+        assert!(!c.contains("burst="), "unpaced: {c}");
+        let mut paced = point(Workload::XskTx(XskMode::ZeroCopy));
+        paced.pace = Some(crate::workloads::Pace {
+            burst: 8,
+            pause_us: 20,
+        });
+        let c = cmdline(&paced, 1000);
+        assert!(c.ends_with(" burst=8 pause_us=20"), "{c}");
         assert!(cmdline(&point(Workload::XdpBounce), 5).contains(" echo=5 "));
         assert!(cmdline(&point(Workload::Bidirectional), 5).contains(" echo=5 "));
     }

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use vnet_driver::xsk::{self, Umem, XdpDesc, XskConfig, XskMode};
 use vnet_driver::{Counters, Hal, TxCompletion, XdpAction};
 
-use crate::cost::{task_cpu_ns, threads_named};
+use crate::cost::{spin_for_ns, task_cpu_ns, threads_named};
 use crate::frames::test_frame;
 use crate::rig::Rig;
 
@@ -127,16 +127,28 @@ fn counters_delta(a: &Counters, b: &Counters) -> Counters {
     }
 }
 
-/// Runs `workload` on `rig` for `warmup` then `duration`, with frames of `frame_size` bytes.
+/// Pacing of a transmit workload (the driver guest's `burst=B pause_us=P`): after every
+/// `burst` frames queued and flushed, the driver spins `pause_us`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Pace {
+    /// Frames per burst (1..=64 here).
+    pub burst: u32,
+    /// Microseconds the driver spins after each burst.
+    pub pause_us: u32,
+}
+
+/// Runs `workload` on `rig` for `warmup` then `duration`, with frames of `frame_size` bytes,
+/// paced by `pace` (transmit workloads only).
 pub fn run(
     rig: &mut Rig,
     workload: Workload,
     frame_size: usize,
+    pace: Option<Pace>,
     warmup: Duration,
     duration: Duration,
 ) -> Sample {
     match workload {
-        Workload::XskTx(mode) => xsk_tx(rig, mode, frame_size, warmup, duration),
+        Workload::XskTx(mode) => xsk_tx(rig, mode, frame_size, pace, warmup, duration),
         Workload::Bidirectional => bidirectional(rig, frame_size, warmup, duration),
         Workload::XdpBounce => xdp_bounce(rig, warmup, duration),
     }
@@ -175,6 +187,7 @@ fn xsk_tx(
     rig: &mut Rig,
     mode: XskMode,
     frame_size: usize,
+    pace: Option<Pace>,
     warmup: Duration,
     duration: Duration,
 ) -> Sample {
@@ -207,6 +220,8 @@ fn xsk_tx(
         return Sample::default();
     }
     let len = frame_size as u32;
+    let burst = pace.map_or(64, |p| p.burst.clamp(1, 64)) as usize;
+    let pause_ns = pace.map_or(0, |p| u64::from(p.pause_us) * 1000);
     let mut descs: Vec<XdpDesc> = Vec::with_capacity(64);
     let mut step = |rig: &mut Rig, free: &mut Vec<u64>| {
         while let Some(addr) = sock.completion.pop() {
@@ -214,7 +229,7 @@ fn xsk_tx(
         }
         sock.completion.release();
         descs.clear();
-        let take = free.len().min(64);
+        let take = free.len().min(burst);
         descs.extend(
             free.drain(free.len() - take..)
                 .map(|addr| XdpDesc { addr, len }),
@@ -222,8 +237,9 @@ fn xsk_tx(
         let submitted = sock.submit_tx(&descs);
         // Descriptors the tx ring could not take go back to the free list.
         free.extend(descs[submitted..].iter().map(|d| d.addr));
-        let sent = rig.net.xsk_transmit(64);
+        let sent = rig.net.xsk_transmit(burst);
         service(rig, sent == 0);
+        spin_for_ns(pause_ns);
     };
     let dev_tid = measure_window(rig, warmup, duration, &mut |rig| step(rig, &mut free));
     let sample = delta(&dev_tid.0, &dev_tid.1, Workload::XskTx(mode));

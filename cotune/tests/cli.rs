@@ -38,6 +38,8 @@ fn quick_run_of_every_preset_writes_csv_and_plot() {
         "event_idx",
         "xdp_bulk",
         "xsk_mode",
+        "burst",
+        "pause_us",
         "coalesce_packets",
         "coalesce_usecs",
         "dev_event_idx",

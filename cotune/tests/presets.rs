@@ -69,6 +69,8 @@ fn completion_coalesce_quick_has_both_sides_knobs_and_a_heatmap() {
             "dev_event_idx",
             "tx_budget",
             "busy_poll_us",
+            "burst",
+            "pause_us",
         ] {
             assert!(r[col].parse::<u32>().is_ok(), "{col}={:?}", r[col]);
         }
