@@ -932,31 +932,32 @@ pub fn run_preset(
         }
         let mut vm_row = None;
         if let (true, Some(env)) = (opts.target.vm(), &opts.vm) {
-            let row = match crate::vm::unsupported(p) {
+            let mut skipped = crate::vm::unsupported(p).map(str::to_owned);
+            let mut runs = Vec::new();
+            let mut note = String::new();
+            for r in 0..opts.repeat {
+                if skipped.is_some() {
+                    break;
+                }
+                say("vm", r);
+                match crate::vm::run_point(env, p, opts.pin)? {
+                    crate::vm::VmRun::Measured(m, n) => {
+                        runs.push(m);
+                        note = n;
+                    }
+                    crate::vm::VmRun::Unsupported(why) => skipped = Some(why),
+                }
+            }
+            let row = match skipped {
                 Some(why) => {
                     let mut row = point_row(preset, "vm", p, None, f64::NAN, load, opts);
                     row.note = format!("skipped: {why}");
                     row
                 }
                 None => {
-                    let mut runs = Vec::new();
-                    let mut note = String::new();
-                    for r in 0..opts.repeat {
-                        say("vm", r);
-                        let (m, n) = crate::vm::run_point(env, p, opts.pin)?;
-                        runs.push(m);
-                        note = n;
-                    }
                     let m = median(runs);
-                    let mut row = point_row(
-                        preset,
-                        "vm",
-                        p,
-                        Some(&m),
-                        base("vm", p.frame_size),
-                        load,
-                        opts,
-                    );
+                    let base = base("vm", p.frame_size);
+                    let mut row = point_row(preset, "vm", p, Some(&m), base, load, opts);
                     row.note = note;
                     row
                 }
