@@ -288,9 +288,10 @@ impl VmThreads {
         }
     }
 
-    fn cpu(&self) -> (u64, u64) {
-        let get = |t: Option<i32>| t.and_then(|t| proc_task_cpu_ns(self.pid, t)).unwrap_or(0);
-        (get(self.vcpu), get(self.worker))
+    /// Both threads' CPU time, if both could be read (they exit when the guest resets).
+    fn cpu(&self) -> Option<(u64, u64)> {
+        let get = |t: Option<i32>| t.and_then(|t| proc_task_cpu_ns(self.pid, t));
+        Some((get(self.vcpu)?, get(self.worker)?))
     }
 
     fn pin(&self, (a, b): (usize, usize)) -> io::Result<()> {
@@ -385,7 +386,8 @@ pub fn run_point(env: &VmEnv, point: &Point, pin: Option<(usize, usize)>) -> io:
     if let Some(cpus) = pin {
         threads.pin(cpus)?;
     }
-    let (t0, cpu0) = (Instant::now(), threads.cpu());
+    let t0 = Instant::now();
+    let cpu0 = threads.cpu();
     let echo = !matches!(point.workload, Workload::XskTx(_));
     let stop = Arc::new(AtomicBool::new(false));
     let peer = if echo {
@@ -402,18 +404,35 @@ pub fn run_point(env: &VmEnv, point: &Point, pin: Option<(usize, usize)>) -> io:
     // Generous: the slowest in-guest rates seen are ~50 kpps.
     let done_by = Instant::now() + Duration::from_secs(60) + Duration::from_micros(env.frames * 20);
     let mut report = None;
-    let mut cpu1 = cpu0;
-    let mut t1 = t0;
-    while let Some(line) = vmm.line_until(done_by) {
-        // The threads live until the guest resets: sample as the result line arrives.
+    // The last reading of both threads' CPU time: sampled every 20 ms and as the result line
+    // arrives (the threads end when the guest resets, which can beat the line to us).
+    let mut last = (t0, cpu0);
+    loop {
+        let next = Instant::now() + Duration::from_millis(20);
+        let line = if next < done_by {
+            match vmm.lines.recv_timeout(Duration::from_millis(20)) {
+                Ok(line) => Some(line),
+                Err(mpsc::RecvTimeoutError::Timeout) => None,
+                Err(mpsc::RecvTimeoutError::Disconnected) => break,
+            }
+        } else {
+            match vmm.line_until(done_by) {
+                Some(line) => Some(line),
+                None => break,
+            }
+        };
+        if let Some(c) = threads.cpu() {
+            last = (Instant::now(), Some(c));
+        }
+        let Some(line) = line else { continue };
         if line.starts_with("{\"driver\":") {
-            (t1, cpu1) = (Instant::now(), threads.cpu());
             report = serde_json::from_str::<Value>(&line).ok();
             break;
         }
         console.push_str(&line);
         console.push('\n');
     }
+    let (t1, cpu1) = last;
     stop.store(true, Ordering::Relaxed);
     let echoed = peer.map(|p| p.join().unwrap_or(0));
     let stderr = vmm.finish(Duration::from_secs(10));
@@ -423,6 +442,7 @@ pub fn run_point(env: &VmEnv, point: &Point, pin: Option<(usize, usize)>) -> io:
             "no result line from the driver guest (vmm --net {net} --cmdline {cmdline:?}):\n{console}{stderr}"
         )));
     };
+    let mut note_cpu = "";
     let status = report.get("status").and_then(Value::as_str).unwrap_or("?");
     if status != "done" {
         return Err(io::Error::other(format!(
@@ -443,6 +463,13 @@ pub fn run_point(env: &VmEnv, point: &Point, pin: Option<(usize, usize)>) -> io:
             )));
         }
     }
+    let cpu = match (cpu0, cpu1) {
+        (Some(a), Some(b)) if t1 > t0 => Some((b.0.saturating_sub(a.0), b.1.saturating_sub(a.1))),
+        _ => {
+            note_cpu = "; thread CPU not read (vcpu0/net-ctap0 not found)";
+            None
+        }
+    };
     let done = num(&report, &["done"]);
     let elapsed_ns = num(&report, &["elapsed_ns"]);
     if elapsed_ns == 0 {
@@ -468,6 +495,7 @@ pub fn run_point(env: &VmEnv, point: &Point, pin: Option<(usize, usize)>) -> io:
             note += &format!("; peer counted {e} of {done} echoes");
         }
     }
+    note += note_cpu;
     let m = Measured {
         secs: elapsed_ns as f64 / 1e9,
         packets,
@@ -475,9 +503,13 @@ pub fn run_point(env: &VmEnv, point: &Point, pin: Option<(usize, usize)>) -> io:
         irqs: num(&report, &["irqs_taken"]),
         tx_irqs: num(&dev, &["tx", "interrupts_raised"]),
         kicks_suppressed: num(&report, &["kicks_suppressed"]),
-        driver_cpu_ns: cpu1.0.saturating_sub(cpu0.0),
-        device_cpu_ns: cpu1.1.saturating_sub(cpu0.1),
-        cpu_secs: (t1 - t0).as_secs_f64(),
+        driver_cpu_ns: cpu.map_or(0, |c| c.0),
+        device_cpu_ns: cpu.map_or(0, |c| c.1),
+        cpu_secs: if cpu.is_some() {
+            (t1 - t0).as_secs_f64()
+        } else {
+            f64::NAN
+        },
         busy_poll_found: num(&dev, &["busy_poll", "found_work"]),
         busy_poll_us: num(&dev, &["busy_poll", "polled_us"]),
     };
