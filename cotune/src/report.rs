@@ -433,12 +433,14 @@ pub fn heatmap_svg(rows: &[Row]) -> String {
 /// Draws pps and kicks/pkt against the knob, one panel pair per preset, into an SVG file.
 pub fn plot_svg(rows: &[Row], path: &Path) -> io::Result<()> {
     // The baseline is one point with no kicks: it is the denominator, not a curve.
-    let mut presets: Vec<(&str, &str)> = rows
-        .iter()
-        .filter(|r| r.preset != "baseline")
-        .map(|r| (r.preset.as_str(), r.target.as_str()))
-        .collect();
-    presets.dedup();
+    // One panel pair per (preset, target), in first-seen order (`both` interleaves targets).
+    let mut presets: Vec<(&str, &str)> = Vec::new();
+    for r in rows.iter().filter(|r| r.preset != "baseline") {
+        let key = (r.preset.as_str(), r.target.as_str());
+        if !presets.contains(&key) {
+            presets.push(key);
+        }
+    }
     let panels = presets.len().max(1);
     let root = SVGBackend::new(path, (1000, 360 * panels as u32)).into_drawing_area();
     root.fill(&WHITE).map_err(plot_err)?;
@@ -621,6 +623,20 @@ mod tests {
         assert_eq!(files, vec![path.clone()]);
         let svg = std::fs::read_to_string(&path).unwrap();
         assert!(svg.starts_with("<svg") && svg.contains("kick-threshold"));
+        let one_pair = svg.len();
+        // sim and vm rows interleaved (--target both): one panel pair per target, not per row.
+        let mut rows = Vec::new();
+        for v in ["1", "2", "4", "8"] {
+            rows.push(row(v, 1e6));
+            let mut vm = row(v, 9e5);
+            vm.target = "vm".into();
+            rows.push(vm);
+        }
+        plot(&rows, &path).unwrap();
+        let svg = std::fs::read_to_string(&path).unwrap();
+        assert!(svg.contains("kick-threshold (sim)") && svg.contains("kick-threshold (vm)"));
+        assert!(svg.contains(r#"height="720""#), "two panel rows of 360");
+        assert!(svg.len() < 4 * one_pair);
         std::fs::remove_file(path).unwrap();
     }
 
