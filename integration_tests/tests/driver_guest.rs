@@ -524,24 +524,40 @@ fn calibrate_reports_plausible_costs() {
         assert!(p10 <= median && median <= p90, "{key} percentiles in {c}");
     }
     assert!((1..=10_000_000).contains(&n(c, "isr_ns")), "{c}");
-    // The latency runs from just before the kick to the interrupt: it holds a whole kick
-    // (and the device's processing after it).
-    assert!(n(c, "kick_ns") < n(c, "irq_latency_ns"), "{c}");
-    // Most samples survive the filters (timer ticks, suppressed kicks).
-    assert!(n(c, "irq_samples") >= SAMPLES / 2, "{c}");
-    assert!(n(c, "latency_samples") >= SAMPLES / 2, "{c}");
-    assert!(n(c, "latency_samples") <= n(c, "irq_samples"), "{c}");
+    // Each latency sample runs from just before a kick to the interrupt: it holds a whole
+    // kick and the device's processing after it. (Medians are not compared: on a loaded host
+    // the kicks whose worker ran on the vCPU's core take ~30 µs, and their interrupts, which
+    // arrive during the kick, give no latency sample.)
+    assert!(n(c, "kick_ns_p10") < n(c, "irq_latency_ns_p90"), "{c}");
+    assert!(n(c, "exit_ns") < n(c, "irq_latency_ns"), "{c}");
+    // Dropped interrupt samples (timer ticks, interrupts that came during their kick) are
+    // retried with another frame, up to 4 per sample. With fewer than 10 % kept (a loaded
+    // host: the worker on the vCPU's core) `irq_ns` comes from the local APIC timer instead.
+    let (kept, attempts) = (n(c, "irq_samples"), n(c, "irq_attempts"));
+    let source = c["irq_source"].as_str().unwrap_or("");
+    match source {
+        "device" => assert!((SAMPLES / 10..=SAMPLES).contains(&kept), "{c}"),
+        "apic-timer" => assert!(kept < SAMPLES / 10, "{c}"),
+        _ => panic!("irq_source in {c}"),
+    }
+    assert!(kept + n(c, "irq_early") <= attempts, "{c}");
+    assert!(attempts <= 4 * SAMPLES, "{c}");
+    assert!(kept == SAMPLES || attempts == 4 * SAMPLES, "{c}");
+    // Latency samples: every kicked frame without a tick, early or not.
+    let latency = n(c, "latency_samples");
+    assert!((SAMPLES / 2..=attempts).contains(&latency), "{c}");
     let m = final_metrics(&out.stderr).unwrap_or_else(|| panic!("no metrics line\n{out}"));
     let dev = &m["net"][TAP];
-    assert_eq!(n(&dev["tx"], "frames"), SAMPLES, "{dev}");
-    assert_eq!(n(dev, "irqfd_signals"), SAMPLES, "{dev}");
+    // One frame and one interrupt per attempt.
+    assert_eq!(n(&dev["tx"], "frames"), attempts, "{dev}");
+    assert_eq!(n(dev, "irqfd_signals"), attempts, "{dev}");
     // Every kicked frame woke the device; the raw kicks may merge in the eventfd.
     let kicks = n(&dev["tx"], "kicks");
     assert!(
-        kicks >= n(c, "latency_samples") && kicks <= 2 * SAMPLES,
+        kicks >= n(c, "latency_samples") && kicks <= SAMPLES + attempts,
         "{dev}"
     );
-    eprintln!("{line}");
+    eprintln!("irq_source {source}: {line}");
 }
 
 /// `burst=8 pause_us=50`: the tx workload spins 50 µs after every 8 frames, each burst

@@ -6,7 +6,7 @@
 //! `{"calibrate":{"ring":3,"tsc_khz":…,"samples":…,"kick_ns":…,"exit_ns":…,"irq_ns":…,
 //! "irq_latency_ns":…` (integers, medians), then the 10th and 90th percentiles of each
 //! (`kick_ns_p10`, `kick_ns_p90`, …) and the extra measurements (`isr_ns`, `cpuid_ns`,
-//! `loop_ns`, the sample counts that survived the filters).
+//! `loop_ns`, the sample counts that survived the filters, `irq_early`).
 
 use core::fmt::{self, Write};
 
@@ -65,6 +65,16 @@ pub fn ns_to_cycles(ns: u64, tsc_khz: u64) -> u64 {
     u64::try_from(u128::from(ns) * u128::from(tsc_khz) / 1_000_000).unwrap_or(u64::MAX)
 }
 
+/// Which interrupts `irq` measured.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum IrqSource {
+    /// The device's (a tx completion through the irqfd).
+    Device,
+    /// The local APIC timer's, because fewer than 10 % of the device's interrupts arrived in
+    /// the timing loop (the device worker ran on the vCPU's host core).
+    ApicTimer,
+}
+
 /// What `calibrate=N` measured, in nanoseconds.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Calibration {
@@ -89,10 +99,20 @@ pub struct Calibration {
     pub cpuid: Percentiles,
     /// The median iteration of the undisturbed timing loop, subtracted from each interrupt gap.
     pub loop_ns: u64,
-    /// Interrupt samples kept (a sample is dropped when the timer ticked during it).
+    /// Interrupt samples kept (a sample is dropped when the timer ticked during it, or when
+    /// the interrupt arrived before the timing loop started: see `irq_early`).
     pub irq_samples: u32,
+    /// Which interrupts `irq` measured.
+    pub irq_source: IrqSource,
     /// Latency samples kept (also dropped when the driver's kick decision suppressed the kick).
     pub latency_samples: u32,
+    /// Interrupts that arrived while the kick was still in progress (the device worker ran
+    /// on the vCPU's host core during the kick's exit): their cost is inside that kick, so
+    /// they give no `irq` or `irq_latency` sample.
+    pub irq_early: u32,
+    /// Frames the interrupt measurement sent (one per sample, plus one per dropped sample
+    /// retried).
+    pub irq_attempts: u32,
 }
 
 impl Calibration {
@@ -124,12 +144,18 @@ impl Calibration {
         write!(
             w,
             ",\"isr_ns\":{},\"cpuid_ns\":{},\"loop_ns\":{},\"irq_samples\":{},\
-             \"latency_samples\":{}}}}}",
+             \"latency_samples\":{},\"irq_early\":{},\"irq_attempts\":{},\"irq_source\":\"{}\"}}}}",
             self.isr.median,
             self.cpuid.median,
             self.loop_ns,
             self.irq_samples,
-            self.latency_samples
+            self.latency_samples,
+            self.irq_early,
+            self.irq_attempts,
+            match self.irq_source {
+                IrqSource::Device => "device",
+                IrqSource::ApicTimer => "apic-timer",
+            }
         )
     }
 }
@@ -193,7 +219,10 @@ mod tests {
             cpuid: pc(100),
             loop_ns: 12,
             irq_samples: 1998,
+            irq_source: IrqSource::Device,
             latency_samples: 1990,
+            irq_early: 3,
+            irq_attempts: 2010,
         };
         let mut s = String::new();
         c.write_json(&mut s).unwrap();
@@ -215,11 +244,19 @@ mod tests {
         ] {
             assert!(s.contains(field), "{field} missing in {s}");
         }
-        assert!(s.ends_with("\"latency_samples\":1990}}"), "{s}");
+        assert!(
+            s.ends_with(
+                "\"latency_samples\":1990,\"irq_early\":3,\"irq_attempts\":2010,\
+                 \"irq_source\":\"device\"}}"
+            ),
+            "{s}"
+        );
         let mut k = c;
         k.ring = Ring::Kernel;
+        k.irq_source = IrqSource::ApicTimer;
         let mut s = String::new();
         k.write_json(&mut s).unwrap();
         assert!(s.starts_with("{\"calibrate\":{\"ring\":0,"), "{s}");
+        assert!(s.ends_with(",\"irq_source\":\"apic-timer\"}}"), "{s}");
     }
 }
