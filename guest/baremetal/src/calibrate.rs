@@ -88,7 +88,8 @@ pub struct Calibration {
     pub kick: Percentiles,
     /// One no-op exit handled by KVM (a read of the local APIC's ID register).
     pub exit: Percentiles,
-    /// The time one device interrupt took from the interrupted loop.
+    /// The time one device interrupt (or APIC timer interrupt, see `irq_source`) took from
+    /// the interrupted loop.
     pub irq: Percentiles,
     /// From just before the kick to the interrupt's arrival in the interrupted loop.
     pub irq_latency: Percentiles,
@@ -99,16 +100,20 @@ pub struct Calibration {
     pub cpuid: Percentiles,
     /// The median iteration of the undisturbed timing loop, subtracted from each interrupt gap.
     pub loop_ns: u64,
-    /// Interrupt samples kept (a sample is dropped when the timer ticked during it, or when
-    /// the interrupt arrived before the timing loop started: see `irq_early`).
+    /// Device interrupt samples kept (a sample is dropped when the timer ticked during it, or
+    /// when the interrupt arrived before the timing loop started: see `irq_early`). With
+    /// [`IrqSource::ApicTimer`], `irq` holds timer samples instead and this says how few
+    /// device samples there were.
     pub irq_samples: u32,
     /// Which interrupts `irq` measured.
     pub irq_source: IrqSource,
-    /// Latency samples kept (also dropped when the driver's kick decision suppressed the kick).
+    /// Latency samples kept: kicked frames during which the timer did not tick (the driver's
+    /// kick decision may suppress a kick).
     pub latency_samples: u32,
     /// Interrupts that arrived while the kick was still in progress (the device worker ran
     /// on the vCPU's host core during the kick's exit): their cost is inside that kick, so
-    /// they give no `irq` or `irq_latency` sample.
+    /// they give no `irq` sample, and their `irq_latency` sample is the kick's duration (an
+    /// upper bound).
     pub irq_early: u32,
     /// Frames the interrupt measurement sent (one per sample, plus one per dropped sample
     /// retried).
