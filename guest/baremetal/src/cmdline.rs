@@ -53,6 +53,25 @@ pub enum Workload {
     Echo(u64),
     /// Bring the device up and report (no traffic).
     Idle,
+    /// Measure this host's notification and interrupt costs with this many samples of each
+    /// (`calibrate=N`) and print a `{"calibrate":{…}}` line instead of the result line.
+    Calibrate(u32),
+}
+
+/// Most samples `calibrate=` takes (the samples are kept in memory to take percentiles).
+pub const MAX_CALIBRATE_SAMPLES: u32 = 100_000;
+/// Longest `pause_us=` (one second).
+pub const MAX_PAUSE_US: u32 = 1_000_000;
+
+/// `burst=B pause_us=P`: the tx workload spins `pause_us` after every `burst` frames queued
+/// (each burst ends with a flush: publish and kick decision).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Pause {
+    /// Frames per burst (≥ 1).
+    pub burst: u32,
+    /// Microseconds the driver spins (TSC) after each burst (0: flush every `burst` frames,
+    /// no pause).
+    pub pause_us: u32,
 }
 
 /// A driver that misprograms the device on purpose (`hostile=`), to test the VMM's defences.
@@ -88,6 +107,8 @@ pub struct Options {
     pub tsc_khz: Option<u64>,
     /// Misprogram the device instead of running a workload (`hostile=`).
     pub hostile: Option<Hostile>,
+    /// Pauses between bursts of the tx workload (`burst=`, `pause_us=`); `None`: none.
+    pub pause: Option<Pause>,
 }
 
 impl Default for Options {
@@ -104,6 +125,7 @@ impl Default for Options {
             timeout_ms: 60_000,
             tsc_khz: None,
             hostile: None,
+            pause: None,
         }
     }
 }
@@ -128,6 +150,9 @@ pub fn parse(cmdline: &str) -> Result<Options, BadValue<'_>> {
     let mut o = Options::default();
     let mut tx = None;
     let mut echo = None;
+    let mut calibrate = None;
+    let mut burst = None;
+    let mut pause_us = None;
     for word in cmdline.split_ascii_whitespace() {
         let Some((key, value)) = word.split_once('=') else {
             continue;
@@ -157,6 +182,15 @@ pub fn parse(cmdline: &str) -> Result<Options, BadValue<'_>> {
             }
             "tx" => tx = Some(number(value).ok_or(bad)?),
             "echo" => echo = Some(number(value).ok_or(bad)?),
+            "calibrate" => {
+                calibrate = Some(
+                    number(value)
+                        .filter(|n| (1..=MAX_CALIBRATE_SAMPLES).contains(n))
+                        .ok_or(bad)?,
+                )
+            }
+            "burst" => burst = Some(number(value).filter(|&b: &u32| b > 0).ok_or(bad)?),
+            "pause_us" => pause_us = Some(number(value).filter(|&p| p <= MAX_PAUSE_US).ok_or(bad)?),
             "size" => {
                 o.frame_size = number(value)
                     .filter(|s| (MIN_FRAME..=MAX_FRAME).contains(s))
@@ -189,17 +223,37 @@ pub fn parse(cmdline: &str) -> Result<Options, BadValue<'_>> {
             _ => {}
         }
     }
-    o.workload = match (tx, echo) {
-        (Some(_), Some(_)) => {
+    o.workload = match (tx, echo, calibrate) {
+        (Some(n), None, None) => Workload::Tx(n),
+        (None, Some(n), None) => Workload::Echo(n),
+        (None, None, Some(n)) => Workload::Calibrate(n),
+        (None, None, None) => Workload::Idle,
+        _ => {
             return Err(BadValue {
-                key: "tx/echo",
-                value: "both given",
+                key: "tx/echo/calibrate",
+                value: "more than one given",
             })
         }
-        (Some(n), None) => Workload::Tx(n),
-        (None, Some(n)) => Workload::Echo(n),
-        (None, None) => Workload::Idle,
     };
+    o.pause = match (burst, pause_us) {
+        (None, None) => None,
+        (None, Some(_)) => {
+            return Err(BadValue {
+                key: "pause_us",
+                value: "needs burst=",
+            })
+        }
+        (Some(burst), pause_us) => Some(Pause {
+            burst,
+            pause_us: pause_us.unwrap_or(0),
+        }),
+    };
+    if o.pause.is_some() && !matches!(o.workload, Workload::Tx(_)) {
+        return Err(BadValue {
+            key: "burst",
+            value: "only with tx=",
+        });
+    }
     Ok(o)
 }
 
@@ -332,6 +386,92 @@ mod tests {
         }
         let e = parse("console=ttyS0 tx=abc").unwrap_err();
         assert_eq!((e.key, e.value), ("tx", "abc"));
+    }
+
+    #[test]
+    fn calibrate_workload() {
+        let o = parse("console=ttyS0 calibrate=2000 ring=3").unwrap();
+        assert_eq!(o.workload, Workload::Calibrate(2000));
+        assert_eq!((o.ring, o.pause), (Ring::User, None));
+        assert_eq!(
+            parse("calibrate=1").unwrap().workload,
+            Workload::Calibrate(1)
+        );
+        assert_eq!(
+            parse("calibrate=0x10").unwrap().workload,
+            Workload::Calibrate(16)
+        );
+        assert_eq!(
+            parse("calibrate=100000").unwrap().workload,
+            Workload::Calibrate(MAX_CALIBRATE_SAMPLES)
+        );
+        for line in [
+            "calibrate=0",
+            "calibrate=100001",
+            "calibrate=-1",
+            "calibrate=",
+            "calibrate=many",
+            "calibrate=5000000000",
+            "calibrate=10 tx=5",
+            "echo=5 calibrate=10",
+            "calibrate=10 burst=8",
+        ] {
+            assert!(parse(line).is_err(), "{line}");
+        }
+        let e = parse("calibrate=0").unwrap_err();
+        assert_eq!((e.key, e.value), ("calibrate", "0"));
+        let e = parse("tx=1 calibrate=2").unwrap_err();
+        assert_eq!(e.key, "tx/echo/calibrate");
+    }
+
+    #[test]
+    fn burst_and_pause() {
+        assert_eq!(parse("tx=100").unwrap().pause, None);
+        let o = parse("tx=1000 burst=8 pause_us=50").unwrap();
+        assert_eq!(
+            o.pause,
+            Some(Pause {
+                burst: 8,
+                pause_us: 50
+            })
+        );
+        assert_eq!(o.workload, Workload::Tx(1000));
+        // Without pause_us: flush every `burst` frames, no pause.
+        assert_eq!(
+            parse("pause_us=0 burst=1 tx=3").unwrap().pause,
+            Some(Pause {
+                burst: 1,
+                pause_us: 0
+            })
+        );
+        assert_eq!(
+            parse("tx=3 burst=4").unwrap().pause,
+            Some(Pause {
+                burst: 4,
+                pause_us: 0
+            })
+        );
+        assert_eq!(
+            parse("tx=3 burst=4 pause_us=1000000").unwrap().pause,
+            Some(Pause {
+                burst: 4,
+                pause_us: MAX_PAUSE_US
+            })
+        );
+        for (line, key) in [
+            ("tx=10 burst=0", "burst"),
+            ("tx=10 burst=x pause_us=5", "burst"),
+            ("tx=10 burst=4294967296", "burst"),
+            ("tx=10 burst=8 pause_us=1000001", "pause_us"),
+            ("tx=10 burst=8 pause_us=-3", "pause_us"),
+            ("tx=10 burst=8 pause_us=", "pause_us"),
+            ("tx=10 pause_us=50", "pause_us"),
+            ("echo=10 burst=8 pause_us=50", "burst"),
+            ("burst=8", "burst"),
+        ] {
+            let e = parse(line).unwrap_err();
+            assert_eq!(e.key, key, "{line}: {e}");
+        }
     }
 
     #[test]

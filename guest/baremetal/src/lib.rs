@@ -9,6 +9,7 @@ extern crate alloc;
 #[cfg(test)]
 extern crate std;
 
+pub mod calibrate;
 pub mod cmdline;
 pub mod frames;
 pub mod report;

@@ -8,6 +8,9 @@
 //! (`tx=N` or `echo=N`), prints one JSON result line starting with `{"driver":` on COM1 and
 //! resets through the i8042, which ends the VM with status 0.
 //!
+//! With `calibrate=N` it measures this host's kick, no-op exit and interrupt costs instead
+//! (`probe.rs`) and prints a `{"calibrate":` line (see `README.md` in this directory).
+//!
 //! With `hostile=…` it misprograms the device on purpose instead (see `hostile.rs`), then
 //! resets the machine the same way: the VMM must refuse the queue and still end by itself.
 //!
@@ -29,6 +32,8 @@ mod arch;
 mod hostile;
 #[cfg(target_os = "none")]
 mod memory;
+#[cfg(target_os = "none")]
+mod probe;
 #[cfg(target_os = "none")]
 mod run;
 #[cfg(target_os = "none")]

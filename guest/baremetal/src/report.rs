@@ -5,7 +5,7 @@ use core::fmt::{self, Write};
 
 use vnet_driver::{Config, Counters, TxCompletion};
 
-use crate::cmdline::{Ring, Wait, Workload};
+use crate::cmdline::{Pause, Ring, Wait, Workload};
 
 /// How the run ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -53,6 +53,10 @@ pub struct Report<'a> {
     pub cycles: u64,
     /// TSC frequency, if known.
     pub tsc_khz: Option<u64>,
+    /// `burst=`/`pause_us=` of the tx workload (reported as 0 and 0 when off).
+    pub pause: Option<Pause>,
+    /// Pauses the tx workload made.
+    pub pauses: u64,
 }
 
 /// `s` as a JSON string.
@@ -114,6 +118,7 @@ impl Report<'_> {
             Workload::Tx(n) => ("tx", n),
             Workload::Echo(n) => ("echo", n),
             Workload::Idle => ("idle", 0),
+            Workload::Calibrate(n) => ("calibrate", u64::from(n)),
         };
         write!(w, "{{\"driver\":{{\"status\":\"{status}\"")?;
         if let Some(e) = error {
@@ -146,6 +151,12 @@ impl Report<'_> {
             self.features,
             self.queue_sizes.0,
             self.queue_sizes.1,
+        )?;
+        let (burst, pause_us) = self.pause.map_or((0, 0), |p| (p.burst, p.pause_us));
+        write!(
+            w,
+            ",\"burst\":{burst},\"pause_us\":{pause_us},\"pauses\":{}",
+            self.pauses
         )?;
         let k = &self.counters;
         for (name, value) in [
@@ -218,6 +229,8 @@ mod tests {
             foreign_frames: 0,
             cycles: 2_000_000,
             tsc_khz: Some(1_000_000),
+            pause: None,
+            pauses: 0,
         }
     }
 
@@ -240,9 +253,26 @@ mod tests {
             "\"tx_completion\":\"tx-interrupt\"",
             "\"elapsed_ns\":2000000,",
             "\"pps\":50000}}",
+            "\"burst\":0,\"pause_us\":0,\"pauses\":0,",
         ] {
             assert!(s.contains(field), "{field} missing in {s}");
         }
+    }
+
+    #[test]
+    fn burst_and_pause_are_reported() {
+        let mut r = report();
+        r.pause = Some(Pause {
+            burst: 8,
+            pause_us: 50,
+        });
+        r.pauses = 12;
+        let mut s = String::new();
+        r.write_json(&mut s).unwrap();
+        assert!(
+            s.contains(",\"burst\":8,\"pause_us\":50,\"pauses\":12,"),
+            "{s}"
+        );
     }
 
     #[test]

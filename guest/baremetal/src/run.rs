@@ -13,6 +13,7 @@ use core::fmt::Write;
 use core::ptr::NonNull;
 use core::sync::atomic::Ordering;
 
+use vnet_baremetal::calibrate::ns_to_cycles;
 use vnet_baremetal::cmdline::{Options, Ring, Wait, Workload};
 use vnet_baremetal::frames::{self, Ramp};
 use vnet_baremetal::report::{self, Outcome, Report};
@@ -105,6 +106,17 @@ pub fn main(o: &Options) -> ! {
     let timeout = o
         .timeout_ms
         .saturating_mul(tsc_khz.unwrap_or(FALLBACK_TSC_KHZ));
+    let deadline = cpu::rdtsc().saturating_add(timeout);
+    if let Workload::Calibrate(samples) = o.workload {
+        calibrate(net, o, samples, tsc_khz, deadline);
+    }
+    let pause_cycles = match (o.pause, tsc_khz) {
+        (Some(p), Some(khz)) => ns_to_cycles(u64::from(p.pause_us) * 1000, khz),
+        (Some(p), None) if p.pause_us > 0 => fail_early(
+            "pause_us= needs the TSC frequency (neither tsc_early_khz= nor CPUID leaf 0x15 gives it)",
+        ),
+        _ => 0,
+    };
     let mut d = Driver {
         net,
         o,
@@ -112,13 +124,15 @@ pub fn main(o: &Options) -> ! {
         halts: 0,
         foreign: 0,
         rx_scheduled: false,
-        deadline: cpu::rdtsc().saturating_add(timeout),
+        deadline,
         timed_out: false,
+        pause_cycles,
+        pauses: 0,
     };
     let run = match o.workload {
         Workload::Tx(n) => d.tx(n),
         Workload::Echo(n) => d.echo(n),
-        Workload::Idle => Ok(Run::default()),
+        Workload::Idle | Workload::Calibrate(_) => Ok(Run::default()),
     };
     let (outcome, run) = match run {
         Ok(run) if d.timed_out => (Outcome::Timeout, run),
@@ -142,6 +156,8 @@ pub fn main(o: &Options) -> ! {
         foreign_frames: d.foreign,
         cycles: run.cycles,
         tsc_khz,
+        pause: o.pause,
+        pauses: d.pauses,
     };
     let mut line = String::with_capacity(2048);
     let _ = report.write_json(&mut line);
@@ -149,6 +165,27 @@ pub fn main(o: &Options) -> ! {
     sys::write(line.as_bytes());
     // The device is left running (not reset): the VMM prints its metrics as they are.
     sys::power_off()
+}
+
+/// `calibrate=N`: measures, prints the `{"calibrate":{…}}` line and powers off. Without a TSC
+/// frequency (neither `tsc_early_khz=` nor CPUID leaf 0x15) nothing can be converted to
+/// nanoseconds: the run ends with an error result line instead.
+fn calibrate(mut net: Net, o: &Options, samples: u32, tsc_khz: Option<u64>, deadline: u64) -> ! {
+    let Some(khz) = tsc_khz.filter(|&k| k > 0) else {
+        fail_early(
+            "calibrate needs the TSC frequency (neither tsc_early_khz= nor CPUID leaf 0x15 gives it)",
+        );
+    };
+    match crate::probe::calibrate(&mut net, o, samples, khz, deadline) {
+        Ok(c) => {
+            let mut line = String::with_capacity(1024);
+            let _ = c.write_json(&mut line);
+            line.push('\n');
+            sys::write(line.as_bytes());
+            sys::power_off()
+        }
+        Err(e) => fail_early(e),
+    }
 }
 
 /// What a workload did.
@@ -183,6 +220,10 @@ struct Driver<'o> {
     /// TSC value at which the workload gives up.
     deadline: u64,
     timed_out: bool,
+    /// TSC cycles of each pause between bursts (`burst=`, `pause_us=`).
+    pause_cycles: u64,
+    /// Pauses made.
+    pauses: u64,
 }
 
 impl Driver<'_> {
@@ -295,6 +336,16 @@ impl Driver<'_> {
         self.net.tx_free_descriptors() > free
     }
 
+    /// `burst=`/`pause_us=`: spins `pause_cycles` on the TSC (interrupts are taken and counted
+    /// meanwhile; the loop services them afterwards).
+    fn pause(&mut self) {
+        self.pauses += 1;
+        let end = cpu::rdtsc().saturating_add(self.pause_cycles);
+        while cpu::rdtsc() < end {
+            core::hint::spin_loop();
+        }
+    }
+
     /// Waits until the device has returned every tx buffer.
     fn drain_tx(&mut self) {
         let tx_size = usize::from(self.net.queue_sizes().1);
@@ -320,12 +371,15 @@ impl Driver<'_> {
         let mut frame = vec![0u8; size];
         let src = self.net.mac().unwrap_or(FALLBACK_MAC);
         let interrupt_due = self.mode() == TxCompletion::TxInterrupt;
+        let burst = self.o.pause.map(|p| p.burst);
+        // Frames queued since the last pause.
+        let mut in_burst = 0u32;
         let start = cpu::rdtsc();
         let mut sent = 0u64;
         while sent < n {
             let mut queued = 0;
             let mut full = false;
-            while queued < self.o.batch && sent < n {
+            while queued < self.o.batch && sent < n && Some(in_burst) != burst {
                 if !ramp.fill(&mut frame, self.o.dst, src, sent as u32) {
                     return Err(("cannot build a frame of size=", Run::default()));
                 }
@@ -333,6 +387,7 @@ impl Driver<'_> {
                     Ok(()) => {
                         sent += 1;
                         queued += 1;
+                        in_burst += 1;
                     }
                     Err(TxError::RingFull) => {
                         full = true;
@@ -343,7 +398,11 @@ impl Driver<'_> {
             }
             self.net.flush_tx();
             let reclaimed = self.service_tx(Phase::Sending);
-            if full && !reclaimed {
+            if Some(in_burst) == burst && sent < n {
+                // A whole burst is queued, published and kick-decided: pause before the next.
+                in_burst = 0;
+                self.pause();
+            } else if full && !reclaimed {
                 if self.expired() {
                     break;
                 }

@@ -50,6 +50,19 @@ fn ioapic_write(reg: u32, value: u32) {
     }
 }
 
+/// Reads the local APIC's ID register: a side-effect-free MMIO read that KVM's in-kernel local
+/// APIC answers (used by `calibrate=` as a no-op exit). Either ring: the page is mapped
+/// user-accessible.
+pub fn read_id() -> u32 {
+    lapic_read(LAPIC_ID)
+}
+
+/// Restarts the periodic tick with `count` (APIC bus cycles / 16) instead of the usual ~10 ms,
+/// or with the usual count for `None`. Either ring (the page is mapped user-accessible).
+pub fn restart_tick(count: Option<u32>) {
+    lapic_write(LAPIC_TIMER_INITIAL, count.unwrap_or(TIMER_COUNT));
+}
+
 /// Masks the PICs, enables the local APIC with the tick, and routes `gsi` to `vector` on this
 /// CPU (edge, active high). Kernel mode, interrupts off.
 pub fn init(gsi: Option<u32>, vector: u8) {

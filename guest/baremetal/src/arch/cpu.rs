@@ -204,6 +204,25 @@ pub fn rdtsc() -> u64 {
     (u64::from(hi) << 32) | u64::from(lo)
 }
 
+/// The time-stamp counter, read after every earlier instruction has completed and before any
+/// later one starts (`lfence; rdtsc; lfence`): for timing one operation.
+pub fn rdtsc_fenced() -> u64 {
+    let (lo, hi): (u32, u32);
+    // SAFETY: lfence and rdtsc only order execution and read the TSC (CR4.TSD is clear, so
+    // also in user mode).
+    unsafe {
+        asm!(
+            "lfence",
+            "rdtsc",
+            "lfence",
+            out("eax") lo,
+            out("edx") hi,
+            options(nostack, preserves_flags)
+        )
+    };
+    (u64::from(hi) << 32) | u64::from(lo)
+}
+
 /// CPUID leaf `leaf`: (eax, ebx, ecx, edx).
 pub fn cpuid(leaf: u32) -> (u32, u32, u32, u32) {
     let r = core::arch::x86_64::__cpuid(leaf);
