@@ -27,6 +27,19 @@ pub struct Calibration {
     pub irq_ns: f64,
     /// From the device's signal to the handler, ns.
     pub irq_latency_ns: f64,
+    /// The driver's interrupt service routine (InterruptStatus read and ack: two MMIO exits to
+    /// the VMM process), ns; 0 when the guest did not report it.
+    #[serde(default)]
+    pub isr_ns: f64,
+}
+
+impl Calibration {
+    /// What one interrupt costs the driver's vCPU in the VM: the interrupt itself and the
+    /// service routine's register exits. In co-simulation the same routine's register
+    /// accesses are plain function calls, so `--irq-cost-ns auto` charges both.
+    pub fn interrupt_cost_ns(&self) -> f64 {
+        self.irq_ns + self.isr_ns
+    }
 }
 
 #[derive(Deserialize)]
@@ -92,6 +105,10 @@ mod tests {
         assert_eq!(c.kick_ns, 2417.0);
         assert_eq!(c.exit_ns, 1873.0);
         assert_eq!(c.irq_ns, 3120.0);
+        assert_eq!(c.isr_ns, 0.0, "absent: 0");
+        assert_eq!(c.interrupt_cost_ns(), 3120.0);
+        let with_isr = parse_line(&SAMPLE.replace("}}", ",\"isr_ns\":40000}}")).unwrap();
+        assert_eq!(with_isr.interrupt_cost_ns(), 43120.0);
         assert_eq!(c.irq_latency_ns, 5400.0);
     }
 
