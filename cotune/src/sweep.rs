@@ -590,11 +590,13 @@ fn dup(fd: RawFd) -> io::Result<OwnedFd> {
     Ok(unsafe { OwnedFd::from_raw_fd(n) })
 }
 
-/// Builds a backend and its peer. `receives`: the workload needs frames sent to the device.
+/// Builds a backend and its peer. `receives`: the workload needs frames sent to the device;
+/// `window`: the peer keeps at most this many in flight (else it floods).
 fn make_trial(
     kind: BackendKind,
     frame_size: usize,
     receives: bool,
+    window: Option<u64>,
 ) -> io::Result<(Trial, PeerSide)> {
     let stop = Arc::new(AtomicBool::new(false));
     match kind {
@@ -606,7 +608,7 @@ fn make_trial(
                 let (fd, s) = (peer_fd.as_raw_fd(), stop.clone());
                 let t = thread::Builder::new()
                     .name("cotune-peer".into())
-                    .spawn(move || peer_loop(fd, frame_size, true, true, &s))?;
+                    .spawn(move || peer_loop(fd, frame_size, true, window, &s))?;
                 (None, Some(t))
             } else {
                 (Some(Sink::start(peer_fd.as_raw_fd())), None)
@@ -632,7 +634,7 @@ fn make_trial(
                 let (fd, s) = (sock.as_raw_fd(), stop.clone());
                 let t = thread::Builder::new()
                     .name("cotune-peer".into())
-                    .spawn(move || peer_loop(fd, frame_size, false, true, &s))?;
+                    .spawn(move || peer_loop(fd, frame_size, false, window, &s))?;
                 (Some(sock), Some(t))
             } else {
                 (None, None)
@@ -665,9 +667,10 @@ fn pin_sim_threads((driver, device): (usize, usize)) -> io::Result<crate::noise:
 fn sim_trial(point: &Point, opts: &Options) -> io::Result<Sample> {
     let receives = matches!(
         point.workload,
-        Workload::Bidirectional | Workload::XdpBounce
+        Workload::Bidirectional | Workload::XdpBounce | Workload::Echo
     );
-    let (backend, mut peer) = make_trial(opts.backend, point.frame_size, receives)?;
+    let window = (point.workload == Workload::Echo).then_some(workloads::ECHO_WINDOW);
+    let (backend, mut peer) = make_trial(opts.backend, point.frame_size, receives, window)?;
     let rig_config = RigConfig {
         driver: point.config,
         device: point.dev.tuning(),
@@ -703,7 +706,7 @@ pub fn baseline(
 ) -> io::Result<BaselineResult> {
     let mut runs = Vec::new();
     for _ in 0..opts.repeat {
-        let (trial, peer) = make_trial(kind, frame_size, false)?;
+        let (trial, peer) = make_trial(kind, frame_size, false, None)?;
         let r = match trial {
             Trial::Pair(mut b) => {
                 b.set_vnet_hdr_size(12)?;
@@ -740,6 +743,7 @@ fn workload_name(w: Workload) -> &'static str {
         Workload::XskTx(_) => "xsk-tx",
         Workload::Bidirectional => "bidirectional",
         Workload::XdpBounce => "xdp-bounce",
+        Workload::Echo => "echo",
     }
 }
 
@@ -864,7 +868,17 @@ pub fn run_preset(
     opts: &Options,
     progress: &mut dyn FnMut(&str),
 ) -> io::Result<Vec<Row>> {
-    let pts = points(preset, opts);
+    let mut pts = points(preset, opts);
+    if opts.target.vm() {
+        // The VM's only receiving workload is the driver guest's echo with a host peer that
+        // keeps 64 frames in flight: run exactly that on both sides, so vm/sim compares like
+        // with like (`--target sim` keeps the flooding bidirectional and bounce workloads).
+        for p in &mut pts {
+            if matches!(p.workload, Workload::Bidirectional | Workload::XdpBounce) {
+                p.workload = Workload::Echo;
+            }
+        }
+    }
     let mut sizes: Vec<usize> = pts.iter().map(|p| p.frame_size).collect();
     if sizes.is_empty() {
         sizes.push(opts.frame_size.unwrap_or(64));

@@ -28,7 +28,7 @@ use crate::workloads::Workload;
 /// The tap each VM trial uses (inside its own namespace).
 const TAP: &str = "ctap0";
 /// Echo frames the host peer keeps in flight (as sweep.sh).
-const IN_FLIGHT: u64 = 64;
+const IN_FLIGHT: u64 = crate::workloads::ECHO_WINDOW;
 /// How long a guest may take to come up.
 const READY_TIMEOUT: Duration = Duration::from_secs(30);
 
@@ -146,7 +146,7 @@ pub fn cmdline(point: &Point, frames: u64) -> String {
     let c = &point.config;
     let workload = match point.workload {
         Workload::XskTx(_) => "tx",
-        Workload::Bidirectional | Workload::XdpBounce => "echo",
+        Workload::Bidirectional | Workload::XdpBounce | Workload::Echo => "echo",
     };
     let completion = match c.tx_completion {
         vnet_driver::TxCompletion::TxInterrupt => "tx-interrupt",

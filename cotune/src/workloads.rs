@@ -56,7 +56,14 @@ pub enum Workload {
     Bidirectional,
     /// Every received frame is bounced back with XDP_TX (MACs swapped).
     XdpBounce,
+    /// As [`Workload::XdpBounce`], with a peer that keeps [`ECHO_WINDOW`] frames in flight
+    /// instead of flooding: the driver guest's `echo=` workload, so that `--target both`
+    /// compares the same thing on both sides.
+    Echo,
 }
+
+/// Frames the echo peer keeps in flight (as the VM target's host peer does).
+pub const ECHO_WINDOW: u64 = 64;
 
 struct Mark {
     t: Instant,
@@ -92,7 +99,7 @@ fn delta(a: &Mark, b: &Mark, workload: Workload) -> Sample {
     let dev_tx_frames = b.dev_tx - a.dev_tx;
     let dev_rx_frames = b.dev_rx - a.dev_rx;
     let packets = match workload {
-        Workload::XskTx(_) | Workload::XdpBounce => dev_tx_frames,
+        Workload::XskTx(_) | Workload::XdpBounce | Workload::Echo => dev_tx_frames,
         Workload::Bidirectional => dev_tx_frames + dev_rx_frames,
     };
     Sample {
@@ -150,7 +157,7 @@ pub fn run(
     match workload {
         Workload::XskTx(mode) => xsk_tx(rig, mode, frame_size, pace, warmup, duration),
         Workload::Bidirectional => bidirectional(rig, frame_size, warmup, duration),
-        Workload::XdpBounce => xdp_bounce(rig, warmup, duration),
+        Workload::XdpBounce | Workload::Echo => xdp_bounce(rig, warmup, duration),
     }
 }
 
@@ -329,7 +336,7 @@ pub fn peer_loop(
     fd: RawFd,
     frame_size: usize,
     with_header: bool,
-    send: bool,
+    window: Option<u64>,
     stop: &std::sync::atomic::AtomicBool,
 ) -> (u64, u64) {
     use std::sync::atomic::Ordering;
@@ -343,17 +350,17 @@ pub fn peer_loop(
     let (mut sent, mut received) = (0u64, 0u64);
     while !stop.load(Ordering::Relaxed) {
         let mut progress = false;
-        if send {
-            for _ in 0..32 {
-                // SAFETY: send reads out.len() bytes from out, which lives for the call.
-                let n =
-                    unsafe { libc::send(fd, out.as_ptr().cast(), out.len(), libc::MSG_DONTWAIT) };
-                if n <= 0 {
-                    break;
-                }
-                sent += 1;
-                progress = true;
+        for _ in 0..32 {
+            if window.is_some_and(|w| sent - received.min(sent) >= w) {
+                break;
             }
+            // SAFETY: send reads out.len() bytes from out, which lives for the call.
+            let n = unsafe { libc::send(fd, out.as_ptr().cast(), out.len(), libc::MSG_DONTWAIT) };
+            if n <= 0 {
+                break;
+            }
+            sent += 1;
+            progress = true;
         }
         loop {
             // SAFETY: recv writes at most buf.len() bytes into buf, which lives for the call.
