@@ -38,7 +38,8 @@ echo "pair,bare_write_pps,vm_pps,ratio"
 ratios=() bases=() vms=()
 for i in $(seq "$repeats"); do
 	target/release/cotune baseline --backend tap --duration 2 --repeat 1 --frame-size 64 --csv "$csv" >/dev/null 2>&1
-	base=$(awk -F, 'NR == 2 { print $5 }' "$csv")
+	# The pps column, found by its header name.
+	base=$(awk -F, 'NR == 1 { for (i = 1; i <= NF; i++) if ($i == "pps") c = i } NR == 2 { print $c }' "$csv")
 	vm=$(guest/baremetal/sweep.sh --workload "$workload" --ring 3 --frames "$frames" --size 64 \
 		--kick-thresholds 8 --modes "$mode" --event-idx 1 --vmm "$vmm" | awk -F, 'NR == 2 { print $11 }')
 	ratio=$(python3 -c "print(round($vm / $base, 3))")
