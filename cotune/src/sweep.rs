@@ -80,6 +80,8 @@ pub enum Preset {
     BusyPoll,
     /// Kick threshold × device busy-poll (2-D), zero-copy transmit.
     KickBusyPoll,
+    /// The device's tx budget per call 1, 16, 256 on zero-copy transmit.
+    TxBudget,
     /// Tx completion mode × interrupt coalescing max_packets (max_usecs 100), bidirectional.
     CompletionCoalesce,
     /// XDP_TX bulk × interrupt coalescing max_packets (max_usecs 100), rx → XDP_TX bounce.
@@ -90,7 +92,7 @@ pub enum Preset {
 
 impl Preset {
     /// All presets, in report order.
-    pub const ALL: [Preset; 9] = [
+    pub const ALL: [Preset; 10] = [
         Preset::Baseline,
         Preset::KickThreshold,
         Preset::TxCompletion,
@@ -98,6 +100,7 @@ impl Preset {
         Preset::XskZc,
         Preset::BusyPoll,
         Preset::KickBusyPoll,
+        Preset::TxBudget,
         Preset::CompletionCoalesce,
         Preset::BulkCoalesce,
     ];
@@ -111,6 +114,7 @@ impl Preset {
             Preset::XskZc => "xsk-zc",
             Preset::BusyPoll => "busy-poll",
             Preset::KickBusyPoll => "kick-busy-poll",
+            Preset::TxBudget => "tx-budget",
             Preset::CompletionCoalesce => "completion-coalesce",
             Preset::BulkCoalesce => "bulk-coalesce",
             Preset::Baseline => "baseline",
@@ -253,6 +257,7 @@ pub fn points(preset: Preset, opts: &Options) -> Vec<Point> {
         Preset::XskZc => xsk_points(opts),
         Preset::BusyPoll => busy_poll_points(opts),
         Preset::KickBusyPoll => kick_busy_poll_points(opts),
+        Preset::TxBudget => tx_budget_points(opts),
         Preset::CompletionCoalesce => completion_coalesce_points(opts),
         Preset::BulkCoalesce => bulk_coalesce_points(opts),
     }
@@ -317,6 +322,27 @@ fn busy_poll_points(opts: &Options) -> Vec<Point> {
             };
             let axes = vec![("busy_poll_us", b.to_string())];
             zc_tx_point(opts, axes, 8, dev, Some(BUSY_POLL_PACE))
+        })
+        .collect()
+}
+
+/// The device's frames per tx call on unpaced zero-copy transmit: what one call's fixed cost
+/// (the notification re-check, the used-index store, the interrupt decision, the loop's
+/// epoll round) weighs per frame.
+fn tx_budget_points(opts: &Options) -> Vec<Point> {
+    let budgets: &[u16] = if opts.quick {
+        &[1, 256]
+    } else {
+        &[1, 4, 16, 64, 256]
+    };
+    budgets
+        .iter()
+        .map(|&b| {
+            let dev = DevKnobs {
+                tx_budget: b,
+                ..DevKnobs::default()
+            };
+            zc_tx_point(opts, vec![("tx_budget", b.to_string())], 8, dev, None)
         })
         .collect()
 }

@@ -62,8 +62,9 @@ fn quick_run_of_every_preset_writes_csv_and_plot() {
     }
     let rows: Vec<Vec<&str>> = lines.map(|l| l.split(',').collect()).collect();
     // baseline 1 + kick-threshold 3 + tx-completion 3 + xdp-bulk 2 + xsk-zc 2 + busy-poll 2
+    // + tx-budget 2
     // + three 2-D presets of 2x2.
-    assert_eq!(rows.len(), 25, "{csv_text}");
+    assert_eq!(rows.len(), 27, "{csv_text}");
     assert_eq!(
         table,
         rows.len() + 1,
