@@ -59,6 +59,15 @@ pub struct Config {
     /// Negotiate VIRTIO_NET_F_CSUM if offered (the driver never sends partial checksums, so
     /// this only changes what is negotiated).
     pub csum: bool,
+    /// Negotiate VIRTIO_NET_F_CTRL_VQ if offered, with VIRTIO_NET_F_NOTF_COAL and
+    /// VIRTIO_NET_F_VQ_NOTF_COAL where offered, and set up the control queue (queue 2) for
+    /// [`crate::VirtioNet::control`] and its typed helpers. A device that does not offer
+    /// CTRL_VQ is driven exactly as without this knob.
+    pub ctrl_vq: bool,
+    /// Also negotiate VIRTIO_NET_F_CTRL_RX (with `ctrl_vq`), for
+    /// [`crate::VirtioNet::set_promisc`]. Off by default: with CTRL_RX negotiated the receive
+    /// filter becomes the driver's to program, which this driver does only when asked.
+    pub ctrl_rx: bool,
 }
 
 impl Default for Config {
@@ -74,6 +83,8 @@ impl Default for Config {
             event_idx: true,
             mrg_rxbuf: true,
             csum: false,
+            ctrl_vq: true,
+            ctrl_rx: false,
         }
     }
 }

@@ -48,6 +48,14 @@ pub struct Counters {
     /// Device protocol violations, each ignored: used ids out of range or not in flight, used
     /// lengths larger than the buffer, bad `num_buffers`, a used index jumping past the ring.
     pub device_errors: u64,
+    /// Control commands queued to the device ([`crate::VirtioNet::control`]).
+    pub ctrl_commands: u64,
+    /// Control commands that did not end in VIRTIO_NET_OK (refused, unanswered, malformed
+    /// answers).
+    pub ctrl_failed: u64,
+    /// Control commands the device did not answer within the wait bound (also in
+    /// `ctrl_failed`).
+    pub ctrl_timeouts: u64,
 }
 
 impl Counters {

@@ -163,3 +163,56 @@ impl fmt::Display for XskError {
 }
 
 impl core::error::Error for XskError {}
+
+/// Why a control command ([`crate::VirtioNet::control`] and its typed helpers) did not succeed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CtrlError {
+    /// The feature the command needs (named) was not negotiated: the device does not offer
+    /// it, or [`crate::Config`] turned it off.
+    NotNegotiated(&'static str),
+    /// Command data or reply longer than [`crate::ctrl::DATA_MAX`] /
+    /// [`crate::ctrl::REPLY_MAX`].
+    TooLarge,
+    /// An earlier command timed out and the device still holds it.
+    Busy,
+    /// The device did not answer within the wait bound ([`crate::ctrl::CtrlWait`]); the
+    /// command stays queued (see [`CtrlError::Busy`]).
+    Timeout,
+    /// The device answered VIRTIO_NET_ERR (typed helpers; `control` returns
+    /// [`crate::ctrl::Ack::Err`]).
+    Rejected,
+    /// The device returned the command with an ack that is neither VIRTIO_NET_OK nor
+    /// VIRTIO_NET_ERR (0xff: it did not write the ack).
+    BadAck(u8),
+    /// The device acknowledged with VIRTIO_NET_OK but wrote fewer bytes than the reply and
+    /// the ack (the used length).
+    ShortReply {
+        /// The used length.
+        len: u32,
+        /// Reply bytes plus the ack.
+        expected: u32,
+    },
+    /// The device broke the control queue (a used entry that is not the command in flight, or
+    /// a used index past the ring); counted in `device_errors`.
+    Device,
+}
+
+impl fmt::Display for CtrlError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            CtrlError::NotNegotiated(feature) => write!(f, "{feature} not negotiated"),
+            CtrlError::TooLarge => write!(f, "control command data or reply too large"),
+            CtrlError::Busy => write!(f, "an earlier control command is still unanswered"),
+            CtrlError::Timeout => write!(f, "the device did not answer the control command"),
+            CtrlError::Rejected => write!(f, "the device refused the command (VIRTIO_NET_ERR)"),
+            CtrlError::BadAck(a) => write!(f, "invalid control ack {a:#x}"),
+            CtrlError::ShortReply { len, expected } => write!(
+                f,
+                "control reply of {len} bytes written (expected {expected} with the ack)"
+            ),
+            CtrlError::Device => write!(f, "the device broke the control queue"),
+        }
+    }
+}
+
+impl core::error::Error for CtrlError {}

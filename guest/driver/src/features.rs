@@ -14,9 +14,21 @@ pub const NET_F_STATUS: u64 = 1 << 16;
 pub const RING_F_EVENT_IDX: u64 = 1 << 29;
 /// Virtio 1.x (required).
 pub const F_VERSION_1: u64 = 1 << 32;
+/// The device has a control virtqueue (queue 2 without multiqueue).
+pub const NET_F_CTRL_VQ: u64 = 1 << 17;
+/// Control class RX: promiscuous and all-multicast modes (requires CTRL_VQ).
+pub const NET_F_CTRL_RX: u64 = 1 << 18;
+/// Control class NOTF_COAL: TX_SET and RX_SET, device-wide notification coalescing (requires
+/// CTRL_VQ).
+pub const NET_F_NOTF_COAL: u64 = 1 << 53;
+/// Control class NOTF_COAL: VQ_SET and VQ_GET, per-virtqueue notification coalescing (requires
+/// CTRL_VQ).
+pub const NET_F_VQ_NOTF_COAL: u64 = 1 << 52;
 
 /// The features the driver acknowledges out of `offered` under `config`: VERSION_1, MAC,
-/// STATUS, and EVENT_IDX, MRG_RXBUF, CSUM as `config` says. Nothing else (no indirect
+/// STATUS, and EVENT_IDX, MRG_RXBUF, CSUM as `config` says; with `config.ctrl_vq` the control
+/// queue (CTRL_VQ) with NOTF_COAL and VQ_NOTF_COAL, and CTRL_RX if `config.ctrl_rx` too (each
+/// only if CTRL_VQ is offered: the spec makes them depend on it). Nothing else (no indirect
 /// descriptors, no receive offloads: received frames never carry partial checksums).
 pub fn acknowledged(offered: u64, config: &Config) -> u64 {
     let mut wanted = F_VERSION_1 | NET_F_MAC | NET_F_STATUS;
@@ -28,6 +40,12 @@ pub fn acknowledged(offered: u64, config: &Config) -> u64 {
     }
     if config.csum {
         wanted |= NET_F_CSUM;
+    }
+    if config.ctrl_vq && offered & NET_F_CTRL_VQ != 0 {
+        wanted |= NET_F_CTRL_VQ | NET_F_NOTF_COAL | NET_F_VQ_NOTF_COAL;
+        if config.ctrl_rx {
+            wanted |= NET_F_CTRL_RX;
+        }
     }
     offered & wanted
 }

@@ -16,7 +16,9 @@
 //! What it adds over a plain driver are the knobs this project co-tunes with the device
 //! ([`Config`]): the transmit kick threshold, the transmit completion strategy, the XDP_TX bulk
 //! size, EVENT_IDX and mergeable rx buffers on or off, plus an AF_XDP-style zero-copy transmit
-//! path over a caller-owned umem ([`xsk`]) and plain counters ([`Counters`]).
+//! path over a caller-owned umem ([`xsk`]) and plain counters ([`Counters`]). Devices that
+//! offer a control queue get synchronous control commands, notification coalescing set from
+//! the guest among them ([`ctrl`]).
 //!
 //! Bringing a device up, sending, receiving and taking interrupts:
 //!
@@ -53,6 +55,7 @@ extern crate std;
 
 pub mod config;
 pub mod counters;
+pub mod ctrl;
 pub mod error;
 pub mod features;
 pub mod hal;
@@ -74,7 +77,8 @@ mod tests;
 
 pub use config::{Config, TxCompletion};
 pub use counters::Counters;
-pub use error::{InitError, TxError, XskError};
+pub use ctrl::{Ack, Coalescing, CtrlWait};
+pub use error::{CtrlError, InitError, TxError, XskError};
 pub use hal::{Hal, PhysAddr, PAGE_SIZE};
 pub use header::{VirtioNetHdr, VNET_HDR_LEN};
 pub use net::{IrqStatus, QueueId, Rearm, VirtioNet};

@@ -4,8 +4,11 @@
 
 use crate::config::{Config, TxCompletion, MIN_RX_BUF_WITHOUT_MRG};
 use crate::counters::Counters;
+use crate::ctrl::CTRL_QUEUE_SIZE;
+use crate::ctrl::{ControlQueue, CtrlStats, CtrlWait, CTRL_BUF_BYTES, CTRL_MAX_CHAIN, CTRL_QUEUE};
 use crate::error::InitError;
-use crate::features::{self, NET_F_MAC, NET_F_MRG_RXBUF, NET_F_STATUS, RING_F_EVENT_IDX};
+use crate::features::RING_F_EVENT_IDX;
+use crate::features::{self, NET_F_CTRL_VQ, NET_F_MAC, NET_F_MRG_RXBUF, NET_F_STATUS};
 use crate::hal::{DmaRegion, Hal};
 use crate::queue::{ReceiveQueue, ReceiveStats, SendQueue, SendStats};
 use crate::ring::{RingLayout, SplitRing};
@@ -84,11 +87,16 @@ pub struct VirtioNet<H: Hal, T: Transport> {
     pub(crate) rq: ReceiveQueue,
     /// The send queue (virtqueue [`TX_QUEUE`]).
     pub(crate) sq: SendQueue,
+    /// The control queue (virtqueue 2), if VIRTIO_NET_F_CTRL_VQ was negotiated.
+    pub(crate) cq: Option<ControlQueue>,
+    /// How long a control command waits for its answer.
+    pub(crate) ctrl_wait: CtrlWait,
 }
 
 impl<H: Hal, T: Transport> VirtioNet<H, T> {
     /// Brings up the virtio-net device behind `transport`: checks it, resets it, negotiates
-    /// features, sets up both queues, sets DRIVER_OK and posts the rx buffers.
+    /// features, sets up both queues (and the control queue if VIRTIO_NET_F_CTRL_VQ was
+    /// negotiated), sets DRIVER_OK and posts the rx buffers.
     pub fn new(hal: H, mut transport: T, config: Config) -> Result<Self, InitError> {
         config.validate()?;
         check_identity(&mut transport)?;
@@ -104,9 +112,18 @@ impl<H: Hal, T: Transport> VirtioNet<H, T> {
                     min: MIN_RX_BUF_WITHOUT_MRG,
                 });
             }
-            Ok((features, sizes))
+            let ctrl_size = if features & NET_F_CTRL_VQ != 0 {
+                let size = queue_size(&mut transport, CTRL_QUEUE, CTRL_QUEUE_SIZE)?;
+                if size < CTRL_MAX_CHAIN {
+                    return Err(InitError::QueueUnavailable(CTRL_QUEUE));
+                }
+                Some(size)
+            } else {
+                None
+            };
+            Ok((features, sizes, ctrl_size))
         });
-        let (features, [rx_size, tx_size]) = match result {
+        let (features, [rx_size, tx_size], ctrl_size) = match result {
             Ok(v) => v,
             Err(e) => {
                 set_status(&mut transport, status::FAILED);
@@ -127,6 +144,24 @@ impl<H: Hal, T: Transport> VirtioNet<H, T> {
             set_status(&mut transport, status::FAILED);
             return Err(InitError::DmaAlloc);
         };
+        let cq = match ctrl_size {
+            None => None,
+            Some(size) => {
+                let sizes = [RingLayout::new(size).bytes, CTRL_BUF_BYTES];
+                let Some([ring, buf]) = DmaRegion::alloc_all(&hal, sizes) else {
+                    for region in [&rx_ring, &tx_ring, &rx_bufs, &tx_bufs] {
+                        // SAFETY: allocated just above from `hal`, never shown to the device.
+                        unsafe { region.dealloc(&hal) };
+                    }
+                    set_status(&mut transport, status::FAILED);
+                    return Err(InitError::DmaAlloc);
+                };
+                Some(ControlQueue::new(
+                    SplitRing::new(CTRL_QUEUE, size, ring, event_idx),
+                    buf,
+                ))
+            }
+        };
         let mut net = VirtioNet {
             rq: ReceiveQueue::new(
                 SplitRing::new(RX_QUEUE, rx_size, rx_ring, event_idx),
@@ -145,10 +180,15 @@ impl<H: Hal, T: Transport> VirtioNet<H, T> {
             link_up: true,
             needs_reset: false,
             interrupts: 0,
+            cq,
+            ctrl_wait: CtrlWait::default(),
         };
         // From here on, dropping `net` resets the device and frees the memory.
         net.program_queue(RX_QUEUE);
         net.program_queue(TX_QUEUE);
+        if net.cq.is_some() {
+            net.program_queue(CTRL_QUEUE);
+        }
         net.read_config();
         // Interrupt suppression lives in ring memory: set it before the device starts.
         net.rq.ring.enable_interrupts();
@@ -167,8 +207,9 @@ impl<H: Hal, T: Transport> VirtioNet<H, T> {
     }
 
     fn program_queue(&mut self, queue: u16) {
-        let (size, (desc, avail, used)) = match queue {
-            RX_QUEUE => (self.rq.ring.size(), self.rq.ring.addresses()),
+        let (size, (desc, avail, used)) = match (queue, &self.cq) {
+            (RX_QUEUE, _) => (self.rq.ring.size(), self.rq.ring.addresses()),
+            (CTRL_QUEUE, Some(cq)) => (cq.ring.size(), cq.ring.addresses()),
             _ => (self.sq.ring.size(), self.sq.ring.addresses()),
         };
         let t = &mut self.transport;
@@ -266,7 +307,8 @@ impl<H: Hal, T: Transport> VirtioNet<H, T> {
         self.sq.ring.has_used()
     }
 
-    /// The counters so far: the send and receive queues' counters, and the interrupts.
+    /// The counters so far: the send, receive and control queues' counters, and the
+    /// interrupts.
     pub fn counters(&self) -> Counters {
         // Every field on both sides is named, so a counter added to a queue or to `Counters`
         // does not compile until it is reported here.
@@ -295,6 +337,12 @@ impl<H: Hal, T: Transport> VirtioNet<H, T> {
             xdp_drop,
             device_errors: rx_device_errors,
         } = self.rq.stats;
+        let CtrlStats {
+            commands: ctrl_commands,
+            failed: ctrl_failed,
+            timeouts: ctrl_timeouts,
+            device_errors: ctrl_device_errors,
+        } = self.cq.as_ref().map_or(CtrlStats::default(), |cq| cq.stats);
         Counters {
             tx_frames,
             tx_bytes,
@@ -316,7 +364,10 @@ impl<H: Hal, T: Transport> VirtioNet<H, T> {
             xdp_drop,
             xdp_pass,
             xsk_invalid_descs,
-            device_errors: tx_device_errors + rx_device_errors,
+            device_errors: tx_device_errors + rx_device_errors + ctrl_device_errors,
+            ctrl_commands,
+            ctrl_failed,
+            ctrl_timeouts,
         }
     }
 
@@ -348,7 +399,10 @@ impl<H: Hal, T: Transport> VirtioNet<H, T> {
     /// True once the device asked for a reset or broke a used ring: the driver should be
     /// dropped and brought up again.
     pub fn is_broken(&self) -> bool {
-        self.needs_reset || self.rq.ring.is_broken() || self.sq.ring.is_broken()
+        self.needs_reset
+            || self.rq.ring.is_broken()
+            || self.sq.ring.is_broken()
+            || self.cq.as_ref().is_some_and(|cq| cq.ring.is_broken())
     }
 
     /// Free descriptors on the tx ring.
@@ -371,6 +425,9 @@ impl<H: Hal, T: Transport> Drop for VirtioNet<H, T> {
         unsafe {
             self.rq.dealloc(&self.hal);
             self.sq.dealloc(&self.hal);
+            if let Some(cq) = &self.cq {
+                cq.dealloc(&self.hal);
+            }
         }
     }
 }

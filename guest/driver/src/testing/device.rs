@@ -1,7 +1,9 @@
 //! [`TestDevice`]: the device half of the split rings, written from the spec (not from the
 //! driver's `ring.rs`), over the same [`TestHal`] memory.
 
+use std::boxed::Box;
 use std::sync::atomic::{fence, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::vec::Vec;
 
 use super::hal::TestHal;
@@ -194,13 +196,196 @@ impl DevQueue {
     }
 }
 
-/// A device consuming the driver's rx (0) and tx (1) queues.
+/// How the test device's control queue answers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum CtrlBehaviour {
+    /// As [`CtrlDevice::model`] decides (a small spec-conforming device).
+    Model,
+    /// VIRTIO_NET_ERR to everything.
+    AlwaysErr,
+    /// Pops commands and keeps them (`held`) without answering.
+    Silent,
+    /// Returns the chain with this ack byte and a used length of 1 (no reply written).
+    RawAck(u8),
+    /// Answers as the model, with a used length of 1 whatever it wrote.
+    ShortLen,
+}
+
+/// One control command as the device read it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct CtrlRecord {
+    pub(crate) class: u8,
+    pub(crate) cmd: u8,
+    /// Command data (the device-readable bytes after the header).
+    pub(crate) data: Vec<u8>,
+    /// Length of each descriptor, device-readable ones first (`true`: device-writable).
+    pub(crate) layout: Vec<(u32, bool)>,
+}
+
+/// The device side of the control queue (queue 2): a small model of the NOTF_COAL and RX
+/// classes, written from the spec.
+pub(crate) struct CtrlDevice {
+    hal: TestHal,
+    pub(crate) q: DevQueue,
+    pub(crate) behaviour: CtrlBehaviour,
+    /// Every command popped, in order.
+    pub(crate) log: Vec<CtrlRecord>,
+    /// Commands popped under [`CtrlBehaviour::Silent`], not answered yet.
+    pub(crate) held: Vec<Chain>,
+    /// (max_packets, usecs) of the rx queue (index 0) and the tx queue (index 1).
+    pub(crate) coal: [(u32, u32); 2],
+    pub(crate) promisc: bool,
+}
+
+/// The NOTF_COAL/RX constants, spelled out from the spec (not from `ctrl.rs`).
+const OK: u8 = 0;
+const ERR: u8 = 1;
+
+impl CtrlDevice {
+    fn u32_at(data: &[u8], at: usize) -> u32 {
+        u32::from_le_bytes(data[at..at + 4].try_into().expect("4 bytes"))
+    }
+
+    /// The model's answer to `class`/`cmd` with `data`: (ack, reply bytes).
+    pub(crate) fn model(&mut self, class: u8, cmd: u8, data: &[u8]) -> (u8, Vec<u8>) {
+        let vqn = |data: &[u8]| usize::from(u16::from_le_bytes([data[0], data[1]]));
+        match (class, cmd, data.len()) {
+            // NOTF_COAL TX_SET / RX_SET: tx_max_packets, tx_usecs (rx likewise).
+            (6, 0, 8) => {
+                self.coal[1] = (Self::u32_at(data, 0), Self::u32_at(data, 4));
+                (OK, Vec::new())
+            }
+            (6, 1, 8) => {
+                self.coal[0] = (Self::u32_at(data, 0), Self::u32_at(data, 4));
+                (OK, Vec::new())
+            }
+            // VQ_SET: vqn, reserved, max_packets, max_usecs; only queues 0 and 1 exist.
+            (6, 2, 12) if vqn(data) < 2 => {
+                self.coal[vqn(data)] = (Self::u32_at(data, 4), Self::u32_at(data, 8));
+                (OK, Vec::new())
+            }
+            // VQ_GET: vqn, reserved → max_packets, max_usecs.
+            (6, 3, 4) if vqn(data) < 2 => {
+                let (packets, usecs) = self.coal[vqn(data)];
+                let mut reply = packets.to_le_bytes().to_vec();
+                reply.extend_from_slice(&usecs.to_le_bytes());
+                (OK, reply)
+            }
+            // RX PROMISC: one byte, 0 or 1.
+            (0, 0, 1) if data[0] <= 1 => {
+                self.promisc = data[0] == 1;
+                (OK, Vec::new())
+            }
+            _ => (ERR, Vec::new()),
+        }
+    }
+
+    /// Answers `chain`: reply then ack into its device-writable buffers, in order.
+    fn answer(&mut self, chain: &Chain) {
+        let readable: Vec<u8> = chain
+            .descs
+            .iter()
+            .filter(|d| !d.writable())
+            .flat_map(|d| self.hal.read(d.addr, d.len as usize))
+            .collect();
+        let writable: Vec<Desc> = chain.descs.iter().copied().filter(Desc::writable).collect();
+        assert!(
+            chain
+                .descs
+                .iter()
+                .skip_while(|d| !d.writable())
+                .all(Desc::writable),
+            "device-readable descriptor after a device-writable one"
+        );
+        let room: usize = writable.iter().map(|d| d.len as usize).sum();
+        let (ack, reply) = match self.behaviour {
+            CtrlBehaviour::RawAck(ack) => {
+                let last = writable.last().expect("no writable ack");
+                self.hal.write(last.addr + u64::from(last.len) - 1, &[ack]);
+                self.q.push_used(chain.head, 1);
+                return;
+            }
+            CtrlBehaviour::AlwaysErr => (ERR, Vec::new()),
+            CtrlBehaviour::Model | CtrlBehaviour::ShortLen | CtrlBehaviour::Silent => {
+                if readable.len() < 2 || room < 1 {
+                    (ERR, Vec::new())
+                } else {
+                    self.model(readable[0], readable[1], &readable[2..])
+                }
+            }
+        };
+        // Reply first, ack last; a reply that does not fit (with the ack) is an error.
+        let (ack, reply) = if reply.len() + 1 > room {
+            (ERR, Vec::new())
+        } else {
+            (ack, reply)
+        };
+        let mut bytes = reply;
+        bytes.resize(room - 1, 0);
+        bytes.push(ack);
+        let mut rest = &bytes[..];
+        for d in &writable {
+            let n = d.len as usize;
+            self.hal.write(d.addr, &rest[..n]);
+            rest = &rest[n..];
+        }
+        let written = match self.behaviour {
+            CtrlBehaviour::ShortLen => 1,
+            _ => room as u32,
+        };
+        self.q.push_used(chain.head, written);
+    }
+
+    /// Pops every published command, records it, and answers it (or holds it when
+    /// [`CtrlBehaviour::Silent`]). Returns the number popped.
+    pub(crate) fn serve(&mut self) -> usize {
+        let mut n = 0;
+        while let Some(chain) = self.q.pop() {
+            n += 1;
+            let readable: Vec<u8> = chain
+                .descs
+                .iter()
+                .filter(|d| !d.writable())
+                .flat_map(|d| self.hal.read(d.addr, d.len as usize))
+                .collect();
+            self.log.push(CtrlRecord {
+                class: readable.first().copied().unwrap_or(0xff),
+                cmd: readable.get(1).copied().unwrap_or(0xff),
+                data: readable.get(2..).unwrap_or_default().to_vec(),
+                layout: chain.descs.iter().map(|d| (d.len, d.writable())).collect(),
+            });
+            if self.behaviour == CtrlBehaviour::Silent {
+                self.held.push(chain);
+            } else {
+                self.answer(&chain);
+            }
+        }
+        // Notifications back on (EVENT_IDX: `avail_event` at the next slot), as a device does
+        // after draining; the driver kicks for the next command.
+        self.q.enable_notifications();
+        n
+    }
+
+    /// Answers the held commands as the model would.
+    pub(crate) fn release(&mut self) {
+        self.behaviour = CtrlBehaviour::Model;
+        for chain in std::mem::take(&mut self.held) {
+            self.answer(&chain);
+        }
+    }
+}
+
+/// A device consuming the driver's rx (0) and tx (1) queues, and its control queue (2) if the
+/// driver set one up.
 pub(crate) struct TestDevice {
     pub(crate) hal: TestHal,
     pub(crate) transport: TestTransport,
     pub(crate) rx: DevQueue,
     pub(crate) tx: DevQueue,
     pub(crate) mrg: bool,
+    /// The control queue, served synchronously from the driver's kick (a notification hook
+    /// on the transport).
+    pub(crate) ctrl: Option<Arc<Mutex<CtrlDevice>>>,
 }
 
 impl TestDevice {
@@ -219,13 +404,44 @@ impl TestDevice {
                 event_idx,
             )
         };
-        TestDevice {
+        let ctrl = (regs.queues[2].ready == 1).then(|| {
+            Arc::new(Mutex::new(CtrlDevice {
+                hal: hal.clone(),
+                q: queue(2),
+                behaviour: CtrlBehaviour::Model,
+                log: Vec::new(),
+                held: Vec::new(),
+                coal: [(0, 0); 2],
+                promisc: false,
+            }))
+        });
+        let device = TestDevice {
             hal: hal.clone(),
             transport: transport.clone(),
             rx: queue(0),
             tx: queue(1),
             mrg: regs.driver_features & NET_F_MRG_RXBUF != 0,
+            ctrl,
+        };
+        drop(regs);
+        if let Some(ctrl) = &device.ctrl {
+            let ctrl = Arc::clone(ctrl);
+            transport.set_notify_hook(Some(Box::new(move |queue| {
+                if queue == 2 {
+                    ctrl.lock().expect("ctrl lock").serve();
+                }
+            })));
         }
+        device
+    }
+
+    /// The control queue's device side (panics if the driver set none up).
+    pub(crate) fn ctrl(&self) -> MutexGuard<'_, CtrlDevice> {
+        self.ctrl
+            .as_ref()
+            .expect("no control queue")
+            .lock()
+            .expect("ctrl lock")
     }
 
     /// Bytes of a device-readable chain (header included).

@@ -6,6 +6,6 @@ pub(crate) mod device;
 pub(crate) mod hal;
 pub(crate) mod transport;
 
-pub(crate) use device::{DevQueue, TestDevice};
+pub(crate) use device::{CtrlBehaviour, CtrlRecord, DevQueue, TestDevice};
 pub(crate) use hal::TestHal;
 pub(crate) use transport::{Regs, TestTransport};

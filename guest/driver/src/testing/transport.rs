@@ -1,6 +1,7 @@
 //! [`TestTransport`]: a virtio-mmio register file with the status/feature rules a device
 //! enforces, shared (`Arc`) between the driver under test and the test.
 
+use std::boxed::Box;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::Duration;
 use std::vec::Vec;
@@ -37,7 +38,8 @@ pub(crate) struct Regs {
     /// Set DEVICE_NEEDS_RESET on DRIVER_OK.
     pub(crate) fail_activation: bool,
     pub(crate) queue_sel: u32,
-    pub(crate) queues: [QueueRegs; 2],
+    /// Rx, tx and control queue (the control queue has `num_max` 0, "absent", by default).
+    pub(crate) queues: [QueueRegs; 3],
     pub(crate) config: [u8; 8],
     pub(crate) config_generation: u32,
     pub(crate) interrupt_status: u32,
@@ -69,10 +71,17 @@ impl Default for Regs {
             refuse_features: false,
             fail_activation: false,
             queue_sel: 0,
-            queues: [QueueRegs {
-                num_max: 256,
-                ..QueueRegs::default()
-            }; 2],
+            queues: [
+                QueueRegs {
+                    num_max: 256,
+                    ..QueueRegs::default()
+                },
+                QueueRegs {
+                    num_max: 256,
+                    ..QueueRegs::default()
+                },
+                QueueRegs::default(),
+            ],
             config,
             config_generation: 0,
             interrupt_status: 0,
@@ -102,12 +111,14 @@ impl Regs {
 
     fn write_status(&mut self, value: u32) {
         if value == 0 {
-            let keep = (self.queues[0].num_max, self.queues[1].num_max);
             self.status = 0;
             self.driver_features = 0;
-            self.queues = [QueueRegs::default(); 2];
-            self.queues[0].num_max = keep.0;
-            self.queues[1].num_max = keep.1;
+            for q in &mut self.queues {
+                *q = QueueRegs {
+                    num_max: q.num_max,
+                    ..QueueRegs::default()
+                };
+            }
             return;
         }
         let mut value = value;
@@ -126,8 +137,13 @@ impl Regs {
     }
 }
 
+/// Called (outside the register lock) on every QueueNotify with the queue index: a device
+/// that answers synchronously, inside the driver's kick.
+pub(crate) type NotifyHook = Box<dyn FnMut(u16) + Send>;
+
 struct Shared {
     regs: Mutex<Regs>,
+    hook: Mutex<Option<NotifyHook>>,
     /// Signalled on every QueueNotify.
     kicked: Condvar,
     /// Signalled when the device raises an interrupt.
@@ -145,6 +161,7 @@ impl TestTransport {
         TestTransport {
             shared: Arc::new(Shared {
                 regs: Mutex::new(regs),
+                hook: Mutex::new(None),
                 kicked: Condvar::new(),
                 irq: Condvar::new(),
             }),
@@ -153,6 +170,11 @@ impl TestTransport {
 
     pub(crate) fn regs(&self) -> MutexGuard<'_, Regs> {
         self.shared.regs.lock().expect("regs lock")
+    }
+
+    /// Installs (or with `None` removes) the notification hook.
+    pub(crate) fn set_notify_hook(&self, hook: Option<NotifyHook>) {
+        *self.shared.hook.lock().expect("hook lock") = hook;
     }
 
     /// The device side: raises InterruptStatus `bits` and wakes an interrupt waiter.
@@ -261,5 +283,8 @@ impl Transport for TestTransport {
     fn notify(&mut self, queue: u16) {
         self.regs().notifies.push(queue);
         self.shared.kicked.notify_all();
+        if let Some(hook) = self.shared.hook.lock().expect("hook lock").as_mut() {
+            hook(queue);
+        }
     }
 }

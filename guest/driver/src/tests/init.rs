@@ -22,10 +22,13 @@ fn negotiates_sets_up_queues_and_posts_rx_buffers() {
             status::ACKNOWLEDGE | status::DRIVER | status::FEATURES_OK | status::DRIVER_OK
         );
         assert_eq!((regs.queues[0].num, regs.queues[1].num), (256, 256));
-        assert!(regs
-            .queues
+        assert!(regs.queues[..2]
             .iter()
             .all(|q| q.avail != 0 && q.desc % 16 == 0 && q.used % 4 == 0));
+        assert_eq!(
+            regs.queues[2].ready, 0,
+            "no control queue offered, none set up"
+        );
         assert_eq!(
             regs.notifies,
             [RX_QUEUE],

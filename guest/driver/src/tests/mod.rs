@@ -1,6 +1,7 @@
 //! Driver tests against the in-crate test device ([`crate::testing`]): no KVM, no devices crate.
 
 mod concurrent;
+mod ctrl;
 mod init;
 mod queue;
 mod rx;

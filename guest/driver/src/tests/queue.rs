@@ -1,6 +1,8 @@
 //! The per-queue split: [`crate::Counters`] is assembled from the queues' counters.
 
-use super::harness;
+use super::{harness, harness_with};
+use crate::ctrl::CtrlStats;
+use crate::features::{NET_F_CTRL_VQ, NET_F_NOTF_COAL};
 use crate::queue::{ReceiveStats, SendStats};
 use crate::{Config, Counters};
 
@@ -57,6 +59,35 @@ fn counters_report_each_queue_counter_in_its_field() {
             xdp_pass: 105,
             xsk_invalid_descs: 13,
             device_errors: 14 + 107,
+            ctrl_commands: 0,
+            ctrl_failed: 0,
+            ctrl_timeouts: 0,
         }
+    );
+}
+
+#[test]
+fn counters_report_the_control_queue_counters() {
+    let mut h = harness_with(Config::default(), |r| {
+        r.device_features |= NET_F_CTRL_VQ | NET_F_NOTF_COAL;
+        r.queues[2].num_max = 8;
+    });
+    h.net.sq.stats.device_errors = 1;
+    h.net.rq.stats.device_errors = 2;
+    h.net.cq.as_mut().expect("control queue").stats = CtrlStats {
+        commands: 301,
+        failed: 302,
+        timeouts: 303,
+        device_errors: 304,
+    };
+    let c = h.net.counters();
+    assert_eq!(
+        (
+            c.ctrl_commands,
+            c.ctrl_failed,
+            c.ctrl_timeouts,
+            c.device_errors
+        ),
+        (301, 302, 303, 1 + 2 + 304)
     );
 }
