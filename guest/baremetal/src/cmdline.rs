@@ -7,7 +7,7 @@
 
 use core::fmt;
 
-use vnet_driver::{Config, TxCompletion};
+use vnet_driver::{Coalescing, Config, TxCompletion};
 
 /// Largest frame the workloads send (a tap with the default 1500-byte MTU takes 1514 bytes).
 pub const MAX_FRAME: usize = 9014;
@@ -74,6 +74,23 @@ pub struct Pause {
     pub pause_us: u32,
 }
 
+/// `coalesce=TXP/TXU/RXP/RXU`: notification coalescing the guest sets over the control queue
+/// (NOTF_COAL TX_SET, then RX_SET) once the device is up, before the workload.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Coalesce {
+    /// Tx `max_packets` and `usecs`.
+    pub tx: Coalescing,
+    /// Rx `max_packets` and `usecs`.
+    pub rx: Coalescing,
+}
+
+impl fmt::Display for Coalesce {
+    /// The word's value as given (in decimal): `TXP/TXU/RXP/RXU`.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}", self.tx, self.rx)
+    }
+}
+
 /// A driver that misprograms the device on purpose (`hostile=`), to test the VMM's defences.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Hostile {
@@ -109,6 +126,8 @@ pub struct Options {
     pub hostile: Option<Hostile>,
     /// Pauses between bursts of the tx workload (`burst=`, `pause_us=`); `None`: none.
     pub pause: Option<Pause>,
+    /// Coalescing to set over the control queue before the workload (`coalesce=`).
+    pub coalesce: Option<Coalesce>,
 }
 
 impl Default for Options {
@@ -126,6 +145,7 @@ impl Default for Options {
             tsc_khz: None,
             hostile: None,
             pause: None,
+            coalesce: None,
         }
     }
 }
@@ -172,6 +192,8 @@ pub fn parse(cmdline: &str) -> Result<Options, BadValue<'_>> {
             }
             "event_idx" => o.driver.event_idx = flag(value).ok_or(bad)?,
             "mrg_rxbuf" => o.driver.mrg_rxbuf = flag(value).ok_or(bad)?,
+            "ctrl_vq" => o.driver.ctrl_vq = flag(value).ok_or(bad)?,
+            "coalesce" => o.coalesce = Some(parse_coalesce(value).ok_or(bad)?),
             "tx_completion" => {
                 o.driver.tx_completion = match value {
                     "tx-interrupt" => TxCompletion::TxInterrupt,
@@ -254,7 +276,30 @@ pub fn parse(cmdline: &str) -> Result<Options, BadValue<'_>> {
             value: "only with tx=",
         });
     }
+    if o.coalesce.is_some() && !o.driver.ctrl_vq {
+        return Err(BadValue {
+            key: "coalesce",
+            value: "needs ctrl_vq=1",
+        });
+    }
     Ok(o)
+}
+
+/// `TXP/TXU/RXP/RXU`: four numbers (decimal or `0x` hex, each fitting 32 bits).
+pub fn parse_coalesce(value: &str) -> Option<Coalesce> {
+    let mut parts = value.split('/');
+    let mut next = || -> Option<u32> { number(parts.next()?) };
+    let c = Coalesce {
+        tx: Coalescing {
+            max_packets: next()?,
+            usecs: next()?,
+        },
+        rx: Coalescing {
+            max_packets: next()?,
+            usecs: next()?,
+        },
+    };
+    parts.next().is_none().then_some(c)
 }
 
 /// `<size>@<base>:<irq>[:<id>]`, as Linux's virtio-mmio driver reads it (sizes and addresses
@@ -472,6 +517,45 @@ mod tests {
             let e = parse(line).unwrap_err();
             assert_eq!(e.key, key, "{line}: {e}");
         }
+    }
+
+    #[test]
+    fn coalesce_word() {
+        assert_eq!(parse("tx=10").unwrap().coalesce, None);
+        let o = parse("tx=10 coalesce=64/500/0/0").unwrap();
+        let c = o.coalesce.unwrap();
+        assert_eq!(
+            (c.tx.max_packets, c.tx.usecs, c.rx.max_packets, c.rx.usecs),
+            (64, 500, 0, 0)
+        );
+        assert_eq!(alloc::format!("{c}"), "64/500/0/0");
+        assert!(
+            o.driver.ctrl_vq,
+            "the control queue is negotiated by default"
+        );
+        let c = parse("coalesce=0x10/4294967295/1/2 echo=5")
+            .unwrap()
+            .coalesce
+            .unwrap();
+        assert_eq!(alloc::format!("{c}"), "16/4294967295/1/2");
+        assert!(!parse("ctrl_vq=0").unwrap().driver.ctrl_vq);
+        for (line, key) in [
+            ("coalesce=64/500/0", "coalesce"),
+            ("coalesce=64/500/0/0/0", "coalesce"),
+            ("coalesce=64/500//0", "coalesce"),
+            ("coalesce=64/500/0/x", "coalesce"),
+            ("coalesce=4294967296/0/0/0", "coalesce"),
+            ("coalesce=-1/0/0/0", "coalesce"),
+            ("coalesce=", "coalesce"),
+            ("coalesce=64,500,0,0", "coalesce"),
+            ("coalesce=1/2/3/4 ctrl_vq=0", "coalesce"),
+            ("ctrl_vq=2", "ctrl_vq"),
+        ] {
+            let e = parse(line).unwrap_err();
+            assert_eq!(e.key, key, "{line}: {e}");
+        }
+        let e = parse("tx=1 coalesce=1/2/3").unwrap_err();
+        assert_eq!((e.key, e.value), ("coalesce", "1/2/3"));
     }
 
     #[test]

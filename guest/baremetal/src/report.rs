@@ -5,7 +5,7 @@ use core::fmt::{self, Write};
 
 use vnet_driver::{Config, Counters, TxCompletion};
 
-use crate::cmdline::{Pause, Ring, Wait, Workload};
+use crate::cmdline::{Coalesce, Pause, Ring, Wait, Workload};
 
 /// How the run ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -57,6 +57,8 @@ pub struct Report<'a> {
     pub pause: Option<Pause>,
     /// Pauses the tx workload made.
     pub pauses: u64,
+    /// `coalesce=` as asked (reported whether or not the device took it: see the status).
+    pub coalesce: Option<Coalesce>,
 }
 
 /// `s` as a JSON string.
@@ -142,16 +144,23 @@ impl Report<'_> {
         write!(
             w,
             ",\"kick_threshold\":{},\"tx_completion\":\"{}\",\"xdp_bulk\":{},\"event_idx\":{},\
-             \"mrg_rxbuf\":{},\"features\":{},\"rx_queue_size\":{},\"tx_queue_size\":{}",
+             \"mrg_rxbuf\":{},\"ctrl_vq\":{},\"notf_coal\":{},\"features\":{},\"rx_queue_size\":{},\
+             \"tx_queue_size\":{}",
             c.kick_threshold,
             completion_name(c.tx_completion),
             c.xdp_bulk,
             u8::from(self.features & vnet_driver::features::RING_F_EVENT_IDX != 0),
             u8::from(self.features & vnet_driver::features::NET_F_MRG_RXBUF != 0),
+            u8::from(self.features & vnet_driver::features::NET_F_CTRL_VQ != 0),
+            u8::from(self.features & vnet_driver::features::NET_F_NOTF_COAL != 0),
             self.features,
             self.queue_sizes.0,
             self.queue_sizes.1,
         )?;
+        match self.coalesce {
+            Some(c) => write!(w, ",\"coalesce\":\"{c}\"")?,
+            None => w.write_str(",\"coalesce\":null")?,
+        }
         let (burst, pause_us) = self.pause.map_or((0, 0), |p| (p.burst, p.pause_us));
         write!(
             w,
@@ -180,6 +189,9 @@ impl Report<'_> {
             ("xdp_drop", k.xdp_drop),
             ("xdp_pass", k.xdp_pass),
             ("device_errors", k.device_errors),
+            ("ctrl_commands", k.ctrl_commands),
+            ("ctrl_failed", k.ctrl_failed),
+            ("ctrl_timeouts", k.ctrl_timeouts),
             ("irqs_taken", self.irqs_taken),
             ("ticks", self.ticks),
             ("waits", self.waits),
@@ -231,6 +243,7 @@ mod tests {
             tsc_khz: Some(1_000_000),
             pause: None,
             pauses: 0,
+            coalesce: None,
         }
     }
 
@@ -254,6 +267,9 @@ mod tests {
             "\"elapsed_ns\":2000000,",
             "\"pps\":50000}}",
             "\"burst\":0,\"pause_us\":0,\"pauses\":0,",
+            "\"ctrl_vq\":0,\"notf_coal\":0,",
+            "\"coalesce\":null,",
+            "\"ctrl_commands\":0,\"ctrl_failed\":0,\"ctrl_timeouts\":0,",
         ] {
             assert!(s.contains(field), "{field} missing in {s}");
         }
@@ -273,6 +289,28 @@ mod tests {
             s.contains(",\"burst\":8,\"pause_us\":50,\"pauses\":12,"),
             "{s}"
         );
+    }
+
+    #[test]
+    fn coalesce_and_control_counters_are_reported() {
+        use vnet_driver::features::{NET_F_CTRL_VQ, NET_F_NOTF_COAL};
+        let mut r = report();
+        r.features |= NET_F_CTRL_VQ | NET_F_NOTF_COAL;
+        r.coalesce = crate::cmdline::parse_coalesce("64/500/0/0");
+        r.counters.ctrl_commands = 2;
+        r.counters.ctrl_failed = 1;
+        r.counters.ctrl_timeouts = 1;
+        r.outcome = Outcome::Error("coalesce=: the device did not answer");
+        let mut s = String::new();
+        r.write_json(&mut s).unwrap();
+        for field in [
+            "{\"driver\":{\"status\":\"error\",\"error\":\"coalesce=: the device did not answer\",",
+            "\"ctrl_vq\":1,\"notf_coal\":1,",
+            ",\"coalesce\":\"64/500/0/0\",",
+            "\"ctrl_commands\":2,\"ctrl_failed\":1,\"ctrl_timeouts\":1,",
+        ] {
+            assert!(s.contains(field), "{field} missing in {s}");
+        }
     }
 
     #[test]

@@ -14,12 +14,12 @@ use core::ptr::NonNull;
 use core::sync::atomic::Ordering;
 
 use vnet_baremetal::calibrate::ns_to_cycles;
-use vnet_baremetal::cmdline::{Options, Ring, Wait, Workload};
+use vnet_baremetal::cmdline::{Coalesce, Options, Ring, Wait, Workload};
 use vnet_baremetal::frames::{self, Ramp};
 use vnet_baremetal::report::{self, Outcome, Report};
 use vnet_driver::transport::WINDOW_SIZE;
 use vnet_driver::{
-    xdp, MmioTransport, QueueId, Rearm, TxCompletion, TxError, VirtioNet, XdpAction,
+    xdp, CtrlWait, MmioTransport, QueueId, Rearm, TxCompletion, TxError, VirtioNet, XdpAction,
 };
 
 use crate::arch::{cpu, DEVICE_IRQS, TICKS};
@@ -34,6 +34,9 @@ const RX_BUDGET: usize = 64;
 const FALLBACK_MAC: [u8; 6] = [0x02, 0, 0, 0, 0, 0x02];
 /// TSC frequency assumed for the timeout when neither the command line nor CPUID gives one.
 const FALLBACK_TSC_KHZ: u64 = 1_000_000;
+/// How long a control command waits for the device's answer (TSC-timed when the frequency is
+/// known; otherwise the driver's default bound on polls).
+const CTRL_TIMEOUT_MS: u64 = 1000;
 
 /// Prints a result line with just `error` and powers off.
 pub fn fail_early(error: &str) -> ! {
@@ -76,7 +79,7 @@ pub fn main(o: &Options) -> ! {
     if let Some(which) = o.hostile {
         crate::hostile::run(transport, which);
     }
-    let net = match VirtioNet::new(DmaHal, transport, o.driver) {
+    let mut net = match VirtioNet::new(DmaHal, transport, o.driver) {
         Ok(net) => net,
         Err(e) => fail_early(&alloc::format!("driver initialisation failed: {e}")),
     };
@@ -103,11 +106,28 @@ pub fn main(o: &Options) -> ! {
     );
     sys::write(line.as_bytes());
 
+    if let Some(khz) = tsc_khz.filter(|&k| k > 0) {
+        net.set_ctrl_wait(CtrlWait::Clock {
+            now: cpu::rdtsc,
+            ticks: CTRL_TIMEOUT_MS.saturating_mul(khz),
+        });
+    }
+    // `coalesce=`: once, after bring-up and before any workload. A refusal ends the run with
+    // an error result line (no workload), which still reports the control counters.
+    let coalesce_error = o.coalesce.and_then(|c| set_coalescing(&mut net, c).err());
+    if coalesce_error.is_none() {
+        if let Some(c) = o.coalesce {
+            let mut line = String::new();
+            let _ = writeln!(line, "driver-guest: coalesce={c} set");
+            sys::write(line.as_bytes());
+        }
+    }
+
     let timeout = o
         .timeout_ms
         .saturating_mul(tsc_khz.unwrap_or(FALLBACK_TSC_KHZ));
     let deadline = cpu::rdtsc().saturating_add(timeout);
-    if let Workload::Calibrate(samples) = o.workload {
+    if let (Workload::Calibrate(samples), None) = (o.workload, &coalesce_error) {
         calibrate(net, o, samples, tsc_khz, deadline);
     }
     let pause_cycles = match (o.pause, tsc_khz) {
@@ -129,15 +149,17 @@ pub fn main(o: &Options) -> ! {
         pause_cycles,
         pauses: 0,
     };
-    let run = match o.workload {
-        Workload::Tx(n) => d.tx(n),
-        Workload::Echo(n) => d.echo(n),
-        Workload::Idle | Workload::Calibrate(_) => Ok(Run::default()),
+    let run = match (o.workload, &coalesce_error) {
+        (_, Some(_)) => Ok(Run::default()),
+        (Workload::Tx(n), None) => d.tx(n),
+        (Workload::Echo(n), None) => d.echo(n),
+        (Workload::Idle | Workload::Calibrate(_), None) => Ok(Run::default()),
     };
-    let (outcome, run) = match run {
-        Ok(run) if d.timed_out => (Outcome::Timeout, run),
-        Ok(run) => (Outcome::Done, run),
-        Err((e, run)) => (Outcome::Error(e), run),
+    let (outcome, run) = match (run, &coalesce_error) {
+        (_, Some(e)) => (Outcome::Error(e.as_str()), Run::default()),
+        (Ok(run), None) if d.timed_out => (Outcome::Timeout, run),
+        (Ok(run), None) => (Outcome::Done, run),
+        (Err((e, run)), None) => (Outcome::Error(e), run),
     };
     let report = Report {
         outcome,
@@ -158,6 +180,7 @@ pub fn main(o: &Options) -> ! {
         tsc_khz,
         pause: o.pause,
         pauses: d.pauses,
+        coalesce: o.coalesce,
     };
     let mut line = String::with_capacity(2048);
     let _ = report.write_json(&mut line);
@@ -165,6 +188,20 @@ pub fn main(o: &Options) -> ! {
     sys::write(line.as_bytes());
     // The device is left running (not reset): the VMM prints its metrics as they are.
     sys::power_off()
+}
+
+/// `coalesce=`: NOTF_COAL TX_SET then RX_SET over the control queue. The error says which
+/// step failed and why (no control queue, no NOTF_COAL, refused, unanswered).
+fn set_coalescing(net: &mut Net, c: Coalesce) -> Result<(), String> {
+    if !net.has_ctrl_vq() {
+        return Err(String::from(
+            "coalesce=: the device offers no control queue (VIRTIO_NET_F_CTRL_VQ)",
+        ));
+    }
+    net.set_tx_coalescing(c.tx.max_packets, c.tx.usecs)
+        .map_err(|e| alloc::format!("coalesce=: tx ({}): {e}", c.tx))?;
+    net.set_rx_coalescing(c.rx.max_packets, c.rx.usecs)
+        .map_err(|e| alloc::format!("coalesce=: rx ({}): {e}", c.rx))
 }
 
 /// `calibrate=N`: measures, prints the `{"calibrate":{…}}` line and powers off. Without a TSC
