@@ -200,7 +200,12 @@ pub enum CtrlError {
 impl fmt::Display for CtrlError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            CtrlError::NotNegotiated(feature) => write!(f, "{feature} not negotiated"),
+            CtrlError::NotNegotiated(feature) => {
+                write!(
+                    f,
+                    "{feature} not negotiated (the device does not offer it, or it is off)"
+                )
+            }
             CtrlError::TooLarge => write!(f, "control command data or reply too large"),
             CtrlError::Busy => write!(f, "an earlier control command is still unanswered"),
             CtrlError::Timeout => write!(f, "the device did not answer the control command"),
