@@ -7,9 +7,10 @@
 //! the device-readable header `{u8 class; u8 command}`, the device-readable command data (if
 //! any), the device-writable reply (if any), and the device-writable `u8 ack`
 //! ([`VIRTIO_NET_OK`] or [`VIRTIO_NET_ERR`]). The driver queues one command at a time, kicks
-//! and busy-waits on the used ring, bounded by [`CtrlWait`]; the queue's interrupts are off (as
-//! in Linux, whose control queue has no callback), so commands never add to the interrupt
-//! count. None of this touches the rx or tx queues.
+//! (always: notification suppression is not trusted for this rare path) and busy-waits on the
+//! used ring, bounded by [`CtrlWait`]; the queue's interrupts are off (as in Linux, whose
+//! control queue has no callback), so commands never add to the interrupt count. None of this
+//! touches the rx or tx queues.
 //!
 //! A command the device has not answered when the wait ends stays queued (its buffers belong
 //! to the device until it returns them): later commands fail with [`CtrlError::Busy`] until the
@@ -317,10 +318,12 @@ impl<H: Hal, T: Transport> VirtioNet<H, T> {
         reply.fill(0);
         cq.write(REPLY_OFFSET, reply);
         cq.queue(class, cmd, data, reply.len())?;
-        match cq.ring.kick_decision() {
-            Kick::Notify => self.transport.notify(CTRL_QUEUE),
-            Kick::NothingNew | Kick::SuppressedByEventIdx | Kick::SuppressedByFlag => {}
-        }
+        // Always notified, whatever `avail_event` / NO_NOTIFY say (the decision still runs, to
+        // keep the ring's bookkeeping and its fence): commands are rare, a kick the device did
+        // not ask for costs one exit, and one it needed but did not get would stall the
+        // command for the whole wait.
+        let _: Kick = cq.ring.kick_decision();
+        self.transport.notify(CTRL_QUEUE);
         let result = wait_for_answer(cq, wait, reply);
         if !matches!(result, Ok(Ack::Ok)) {
             cq.stats.failed += 1;

@@ -235,6 +235,8 @@ pub(crate) struct CtrlDevice {
     /// (max_packets, usecs) of the rx queue (index 0) and the tx queue (index 1).
     pub(crate) coal: [(u32, u32); 2],
     pub(crate) promisc: bool,
+    /// Leave notifications as they are after serving (a device that never re-enables them).
+    pub(crate) suppress: bool,
 }
 
 /// The NOTF_COAL/RX constants, spelled out from the spec (not from `ctrl.rs`).
@@ -362,7 +364,9 @@ impl CtrlDevice {
         }
         // Notifications back on (EVENT_IDX: `avail_event` at the next slot), as a device does
         // after draining; the driver kicks for the next command.
-        self.q.enable_notifications();
+        if !self.suppress {
+            self.q.enable_notifications();
+        }
         n
     }
 
@@ -413,6 +417,7 @@ impl TestDevice {
                 held: Vec::new(),
                 coal: [(0, 0); 2],
                 promisc: false,
+                suppress: false,
             }))
         });
         let device = TestDevice {

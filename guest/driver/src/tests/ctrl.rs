@@ -154,7 +154,7 @@ fn coalescing_commands_reach_the_device_in_linux_layout() {
             record(3, &[1, 0, 0, 0], &[(2, r), (4, r), (8, w), (1, w)]),
         ]
     );
-    // One kick per command (the device re-enables notifications after each).
+    // One kick per command.
     assert_eq!(h.transport.regs().kicks(2), 5);
     let c = h.net.counters();
     assert_eq!((c.ctrl_commands, c.ctrl_failed, c.ctrl_timeouts), (5, 0, 0));
@@ -192,6 +192,28 @@ fn commands_work_without_event_idx() {
     }
     assert_eq!(h.dev.ctrl().coal, [(38, 0), (39, 0)]);
     assert_eq!(h.net.counters().ctrl_commands, 40);
+}
+
+#[test]
+fn commands_are_kicked_even_when_the_device_suppresses_notifications() {
+    // A device that never re-enables notifications on the control queue after the first
+    // command (`avail_event` stays 0, or NO_NOTIFY set): each command is still kicked.
+    for event_idx in [true, false] {
+        let mut h = ctrl_harness(Config {
+            event_idx,
+            ..Config::default()
+        });
+        h.net.set_tx_coalescing(1, 1).unwrap();
+        h.dev.ctrl().q.set_avail_event(0);
+        h.dev.ctrl().q.set_used_flags(1);
+        h.dev.ctrl().suppress = true;
+        h.net.set_ctrl_wait(CtrlWait::Polls(1000));
+        for n in 2..6u32 {
+            h.net.set_tx_coalescing(n, 0).unwrap();
+            assert_eq!(h.dev.ctrl().coal[1], (n, 0));
+        }
+        assert_eq!(h.transport.regs().kicks(2), 5, "event_idx {event_idx}");
+    }
 }
 
 #[test]
