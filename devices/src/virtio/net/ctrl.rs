@@ -143,13 +143,13 @@ pub enum CtrlError {
 /// in tests and fuzzers).
 pub trait CtrlBytes {
     /// Total bytes.
-    fn len(&self) -> u32;
+    fn total_len(&self) -> u32;
     /// Reads `buf.len()` bytes at `offset`; false if out of range.
     fn read(&self, offset: u32, buf: &mut [u8]) -> bool;
 }
 
 impl CtrlBytes for [u8] {
-    fn len(&self) -> u32 {
+    fn total_len(&self) -> u32 {
         u32::try_from(<[u8]>::len(self)).unwrap_or(u32::MAX)
     }
 
@@ -169,7 +169,7 @@ impl CtrlBytes for [u8] {
 }
 
 impl CtrlBytes for Iovecs<'_> {
-    fn len(&self) -> u32 {
+    fn total_len(&self) -> u32 {
         u32::try_from(self.total_bytes()).unwrap_or(u32::MAX)
     }
 
@@ -192,7 +192,7 @@ pub fn parse(
     acked: u64,
 ) -> Result<CtrlCommand, CtrlError> {
     let [class, command] = read_array::<2>(readable, 0).ok_or(CtrlError::ShortHeader)?;
-    let data_len = readable.len() - 2;
+    let data_len = readable.total_len() - 2;
     let unsupported = CtrlError::Unsupported { class, command };
     let not_negotiated = CtrlError::NotNegotiated { class, command };
     let bad_length = CtrlError::BadLength { class, command };
