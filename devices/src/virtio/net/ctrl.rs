@@ -41,8 +41,9 @@ pub const CTRL_QUEUE_SIZE: u16 = 64;
 /// Most bytes a command's readable part may have (header and data): MAC tables of 10 000
 /// addresses fit.
 pub const MAX_CTRL_READABLE: u32 = 64 * 1024;
-/// Chains one call handles before the worker looks at its other events (it comes back).
-pub const CTRL_CHAINS_PER_CALL: usize = 64;
+/// Chains one call handles before the worker looks at its other events (it comes back
+/// without waiting for a kick).
+pub const CTRL_CHAINS_PER_CALL: usize = 16;
 /// The ack values.
 pub const ACK_OK: u8 = VIRTIO_NET_OK as u8;
 /// See [`ACK_OK`].

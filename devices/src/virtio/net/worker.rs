@@ -33,7 +33,7 @@ use std::sync::Arc;
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
-use log::{error, info, warn};
+use log::{debug, error, info, warn};
 use seccompiler::BpfProgram;
 use virtio_queue::Queue;
 use vm_memory::GuestMemoryMmap;
@@ -1096,7 +1096,7 @@ impl<'p, B: NetBackend> EventLoop<'p, B> {
                 return Ok(Ok(Some(reply)));
             }
         }
-        info!(
+        debug!(
             "virtio-net {}: receive filter {:?} recorded (a tap does not filter)",
             self.label, self.rx_filter
         );

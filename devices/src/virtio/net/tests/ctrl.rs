@@ -605,3 +605,40 @@ fn rx_mode_mac_table_mac_address_and_guest_offloads() {
     rig.transport.read(0x100, &mut config);
     assert_eq!(config, [2, 0, 0, 0, 0, 1]);
 }
+
+#[test]
+fn a_full_control_ring_is_handled_in_bounded_rounds_from_one_kick() {
+    let mem = guest_mem();
+    let mut rig = rig(&mem);
+    let (rx, tx) = queues(&mem);
+    let mut ctrl = ctrl_queue(&mem);
+    start_ctrl(&mut rig.transport, ALL, &rx, &tx, &ctrl);
+    let n = CTRL_QUEUE_SIZE / 2; // two descriptors each
+    assert!(usize::from(n) > crate::virtio::net::ctrl::CTRL_CHAINS_PER_CALL);
+    let mut acks = Vec::new();
+    let mut heads = Vec::new();
+    for i in 0..n {
+        let readable = ctrl.alloc(&[vec![NOTF_COAL, RX_SET], coal(u32::from(i) + 2, 100)].concat());
+        let ack = ctrl.alloc(&[0xAA]);
+        let first = ctrl.next_slot();
+        let descs = [
+            (readable, 10, NEXT, (first + 1) % CTRL_QUEUE_SIZE),
+            (ack, 1, WRITE, 0),
+        ];
+        heads.push(ctrl.write_descs(&descs)[0]);
+        acks.push(ack);
+    }
+    ctrl.publish_all(heads);
+    kick(&rig.transport, CTRL_QUEUE);
+    assert!(wait_until(TIMEOUT, || ctrl.used_idx() == n));
+    for ack in acks {
+        assert_eq!(ctrl.read(ack, 1), [ACK_OK]);
+    }
+    assert!(wait_until(TIMEOUT, || rig.metrics.ctrl.ok.get() == u64::from(n)));
+    assert_eq!(rig.metrics.ctrl.kicks.get(), 1);
+    assert_eq!(
+        vq_get(&rig, &mut ctrl, 0),
+        (u32::from(n) + 1, 100),
+        "the last one set"
+    );
+}
