@@ -1079,7 +1079,8 @@ impl<'p, B: NetBackend> EventLoop<'p, B> {
                 let coalescing = self.coalescing(tuning.interrupt_coalescing);
                 let moderation = self.moderator.retune(tuning.event_idx, coalescing);
                 self.apply(moderation)?;
-                info!(
+                // Linux's adaptive coalescing (DIM) may send these often: not an info line.
+                debug!(
                     "virtio-net {}: the driver set {} interrupt coalescing {bounds:?}",
                     self.label,
                     if dir == RX { "rx" } else { "tx" }

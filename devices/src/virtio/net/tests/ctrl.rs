@@ -10,7 +10,7 @@ use virtio_bindings::virtio_mmio::{VIRTIO_MMIO_CONFIG_GENERATION, VIRTIO_MMIO_ST
 use virtio_bindings::virtio_net::*;
 use vm_memory::{GuestAddress, GuestMemoryMmap};
 
-use super::support::{frame, guest_mem, wire, GuestQueue, NEXT, WRITE};
+use super::support::{frame, guest_mem, wire, GuestQueue, INDIRECT, NEXT, WRITE};
 use super::worker::{kick, queues, rig, take_interrupt, Rig, TIMEOUT, VERSION_1};
 use crate::backend::Offloads;
 use crate::test_utils::mmio::{wait_eventfd, wait_until, Registers};
@@ -641,4 +641,37 @@ fn a_full_control_ring_is_handled_in_bounded_rounds_from_one_kick() {
         (u32::from(n) + 1, 100),
         "the last one set"
     );
+}
+
+#[test]
+fn a_command_in_an_indirect_table_is_handled() {
+    let mem = guest_mem();
+    let mut rig = rig(&mem);
+    let (rx, tx) = queues(&mem);
+    let mut ctrl = ctrl_queue(&mem);
+    let features = ALL | bit(virtio_bindings::virtio_ring::VIRTIO_RING_F_INDIRECT_DESC);
+    start_ctrl(&mut rig.transport, features, &rx, &tx, &ctrl);
+    // Linux puts a command's buffers in an indirect table when INDIRECT_DESC is negotiated.
+    let header = ctrl.alloc(&[NOTF_COAL, VQ_SET]);
+    let data = ctrl.alloc(&vq_coal(1, 6, 700));
+    let ack = ctrl.alloc(&[0xAA]);
+    let mut table = Vec::new();
+    for (addr, len, flags, next) in [
+        (header, 2u32, NEXT, 1u16),
+        (data, 12, NEXT, 2),
+        (ack, 1, WRITE, 0),
+    ] {
+        table.extend_from_slice(&addr.to_le_bytes());
+        table.extend_from_slice(&len.to_le_bytes());
+        table.extend_from_slice(&flags.to_le_bytes());
+        table.extend_from_slice(&next.to_le_bytes());
+    }
+    let table_addr = ctrl.alloc(&table);
+    let head = ctrl.write_descs(&[(table_addr, table.len() as u32, INDIRECT, 0)])[0];
+    ctrl.publish(head);
+    kick(&rig.transport, CTRL_QUEUE);
+    assert!(wait_until(TIMEOUT, || ctrl.used_idx() == 1));
+    assert_eq!(ctrl.used(0), (u32::from(head), 1));
+    assert_eq!(ctrl.read(ack, 1), [ACK_OK]);
+    assert_eq!(vq_get(&rig, &mut ctrl, 1), (6, 700));
 }
