@@ -315,11 +315,12 @@ impl<B: NetBackend> NetDevice<B> {
 
     fn stop_worker(&mut self) {
         self.link.attach(None);
-        if self.guest_mac.clear() {
-            self.link.bump_generation();
-        }
         if let WorkerSlot::Started(thread) = &mut self.worker {
             thread.stop();
+        }
+        // After the worker stopped: it cannot set another one meanwhile.
+        if self.guest_mac.clear() {
+            self.link.bump_generation();
         }
     }
 }

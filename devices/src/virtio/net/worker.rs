@@ -484,6 +484,8 @@ struct EventLoop<'p, B> {
     operator_coalescing_seen: u64,
     guest_mac: Arc<GuestMac>,
     rx_filter: RxFilter,
+    /// Refused control commands, logged once per burst.
+    ctrl_errors: BurstLog,
 }
 
 impl<'p, B: NetBackend> EventLoop<'p, B> {
@@ -567,6 +569,7 @@ impl<'p, B: NetBackend> EventLoop<'p, B> {
             operator_coalescing_seen: shared.tuning.operator_coalescing(),
             guest_mac: shared.guest_mac.clone(),
             rx_filter: RxFilter::default(),
+            ctrl_errors: BurstLog::default(),
         };
         // A new run starts from the operator's coalescing (a reset forgets the guest's).
         shared.tuning.set_guest(RX, None);
@@ -988,15 +991,12 @@ impl<'p, B: NetBackend> EventLoop<'p, B> {
             let used_len = match walked {
                 Err(e) => {
                     self.ctrl_counters.malformed_chains += 1;
-                    warn!("virtio-net {}: control chain refused: {e}", self.label);
+                    self.ctrl_refused(&format_args!("chain refused: {e}"));
                     0
                 }
                 Ok((_, 0)) => {
                     self.ctrl_counters.no_ack += 1;
-                    warn!(
-                        "virtio-net {}: control command without a writable ack byte",
-                        self.label
-                    );
+                    self.ctrl_refused(&"a command without a writable ack byte");
                     0
                 }
                 Ok((_, writable_len)) => {
@@ -1017,7 +1017,7 @@ impl<'p, B: NetBackend> EventLoop<'p, B> {
                         }
                         Err(e) => {
                             e.count(&mut self.ctrl_counters);
-                            info!("virtio-net {}: control command refused: {e}", self.label);
+                            self.ctrl_refused(&format_args!("VIRTIO_NET_ERR: {e}"));
                             ACK_ERR
                         }
                     };
@@ -1029,6 +1029,17 @@ impl<'p, B: NetBackend> EventLoop<'p, B> {
             ctrl.writable = writable.into_storage();
             ring.add_used(head, used_len);
             ring.publish_used();
+        }
+    }
+
+    /// Logs a refused control command, at most one line per burst (a driver can send many).
+    fn ctrl_refused(&mut self, what: &dyn std::fmt::Display) {
+        if let Some(more) = self.ctrl_errors.failure(Instant::now()) {
+            warn!(
+                "virtio-net {}: control queue: {what} ({more} more refused since the last report; \
+                 see the `ctrl` metrics)",
+                self.label
+            );
         }
     }
 
