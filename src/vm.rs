@@ -12,7 +12,8 @@ use std::time::{Duration, Instant};
 
 use devices::legacy::{CmosRtc, Serial, I8042};
 use devices::virtio::net::{
-    NetDevice, NetMetrics, NetTuning, NetTuningUpdate, RateLimiterConfig, TuningControl,
+    CoalescingInForce, NetDevice, NetMetrics, NetTuning, NetTuningUpdate, RateLimiterConfig,
+    TuningControl,
 };
 use devices::virtio::MmioTransport;
 use serde_json::{Map, Value};
@@ -246,14 +247,21 @@ impl RunningVm {
             .iter()
             .find(|n| n.iface_id == iface_id)
             .ok_or_else(|| crate::VmmActionError::UnknownInterface(iface_id.into()))?;
-        let tuning = net.tuning.get().updated(update);
+        // `update` (not `set`): naming the coalescing takes it back from the guest.
         net.tuning
-            .set(tuning)
+            .update(update)
             .map_err(|source| crate::VmmActionError::Tuning {
                 iface_id: iface_id.into(),
                 source,
-            })?;
-        Ok(tuning)
+            })
+    }
+
+    /// The interrupt coalescing in force on interface `iface_id`'s device, and who set it.
+    pub fn coalescing_in_force(&self, iface_id: &str) -> Option<CoalescingInForce> {
+        self.nets
+            .iter()
+            .find(|n| n.iface_id == iface_id)
+            .map(|n| n.tuning.coalescing_in_force())
     }
 
     /// Replaces the rate limiters of interface `iface_id` on the running device.

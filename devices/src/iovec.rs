@@ -233,6 +233,40 @@ impl<'a> Iovecs<'a> {
         self.bytes == 0
     }
 
+    /// Reads `buf.len()` bytes at logical byte `offset` of the view (volatile, may straddle
+    /// entries).
+    ///
+    /// Returns false, reading nothing, if the view is too short.
+    pub fn read_at(&self, offset: usize, buf: &mut [u8]) -> bool {
+        if offset
+            .checked_add(buf.len())
+            .is_none_or(|end| end > self.bytes)
+        {
+            return false;
+        }
+        let mut skip = offset;
+        let mut dst = &mut buf[..];
+        for iov in self.raw {
+            if dst.is_empty() {
+                break;
+            }
+            if skip >= iov.iov_len {
+                skip -= iov.iov_len;
+                continue;
+            }
+            let n = (iov.iov_len - skip).min(dst.len());
+            for (i, b) in dst[..n].iter_mut().enumerate() {
+                // SAFETY: `skip + i < iov_len`, and the entry points to memory valid for reads
+                // during `'a` (IovecList invariant). Guest memory may be written concurrently
+                // by the guest, hence the volatile read.
+                *b = unsafe { std::ptr::read_volatile(iov.iov_base.cast::<u8>().add(skip + i)) };
+            }
+            dst = &mut dst[n..];
+            skip = 0;
+        }
+        true
+    }
+
     /// Writes `bytes` at logical byte `offset` of the view (volatile, may straddle entries).
     ///
     /// Returns false, writing nothing, if the view is too short.

@@ -3,7 +3,12 @@
 
 use event_manager::EventOps;
 
-use super::{ActionType, InstanceInfo, VmmActionError, VmmRequest, VmmResponse, VmmResult};
+use devices::virtio::net::{CoalescingInForce, CoalescingSource, DirectionCoalescing};
+
+use super::{
+    ActionType, InstanceInfo, NetworkInterfaceInfo, VmmActionError, VmmRequest, VmmResponse,
+    VmmResult,
+};
 use crate::config::{BootSource, NetworkInterfaceUpdate};
 use crate::{files, VmEnd, Vmm};
 
@@ -22,6 +27,7 @@ impl Vmm {
             VmmRequest::GetMachineConfig => json(&self.config.machine_config),
             VmmRequest::GetMetrics => Ok(VmmResponse::Metrics(self.metrics())),
             VmmRequest::PatchNetworkInterface(update) => self.patch_network_interface(update),
+            VmmRequest::GetNetworkInterface(id) => self.get_network_interface(&id),
             VmmRequest::Action(action) => self.action(action, ops),
             configure => self.configure(configure),
         }
@@ -111,6 +117,36 @@ impl Vmm {
         iface.tuning = new;
         log::info!("network interface {id:?}: tuning now {new:?}");
         Ok(VmmResponse::NoContent)
+    }
+
+    /// `GET /network-interfaces/{id}`: the configuration and the coalescing in force (before
+    /// boot, the configured one).
+    fn get_network_interface(&self, id: &str) -> VmmResult {
+        let iface = self
+            .config
+            .network_interfaces
+            .iter()
+            .find(|n| n.iface_id == id)
+            .ok_or_else(|| VmmActionError::UnknownInterface(id.to_owned()))?;
+        let coalescing_in_force = match self.vm.as_ref().and_then(|vm| vm.coalescing_in_force(id)) {
+            Some(in_force) => in_force,
+            None => {
+                let c = iface.tuning.interrupt_coalescing;
+                let direction = DirectionCoalescing {
+                    source: CoalescingSource::Operator,
+                    max_packets: c.max_packets,
+                    max_usecs: c.max_usecs,
+                };
+                CoalescingInForce {
+                    rx: direction,
+                    tx: direction,
+                }
+            }
+        };
+        json(&NetworkInterfaceInfo {
+            config: iface.clone(),
+            coalescing_in_force,
+        })
     }
 
     /// `PUT /actions`.

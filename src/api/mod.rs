@@ -81,7 +81,7 @@ pub const ROUTES: &[Route] = &[
     },
     Route {
         path: "/network-interfaces/{iface_id}",
-        methods: &[Method::Put, Method::Patch],
+        methods: &[Method::Get, Method::Put, Method::Patch],
     },
     Route {
         path: "/vm/config",
@@ -92,6 +92,18 @@ pub const ROUTES: &[Route] = &[
         methods: &[Method::Get],
     },
 ];
+
+/// `GET /network-interfaces/{iface_id}`: the interface as configured, and the interrupt
+/// coalescing in force on its device, per direction, with who set it (the operator's `tuning`,
+/// or the guest over the control queue with VIRTIO_NET_F_NOTF_COAL: the last one set wins).
+#[derive(Clone, Debug, Serialize, PartialEq)]
+pub struct NetworkInterfaceInfo {
+    /// The configuration (as in `GET /vm/config`).
+    #[serde(flatten)]
+    pub config: crate::config::NetworkInterface,
+    /// The interrupt coalescing in force.
+    pub coalescing_in_force: devices::virtio::net::CoalescingInForce,
+}
 
 /// `PUT /actions` body.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
@@ -133,6 +145,8 @@ pub enum VmmRequest {
     PutNetworkInterface(NetworkInterface),
     /// `PATCH /network-interfaces/{iface_id}`
     PatchNetworkInterface(NetworkInterfaceUpdate),
+    /// `GET /network-interfaces/{iface_id}`
+    GetNetworkInterface(String),
     /// `PUT /actions`
     Action(ActionType),
 }
@@ -317,6 +331,9 @@ pub fn parse_request(method: &str, path: &str, body: &[u8]) -> Result<VmmRequest
         ("/network-interfaces/{iface_id}", _) => {
             let id = param.unwrap_or_default();
             validate_iface_id(id).map_err(|e| ApiError::bad_request(e.to_string()))?;
+            if method == Method::Get {
+                return Ok(VmmRequest::GetNetworkInterface(id.to_owned()));
+            }
             let (request, body_id) = if method == Method::Put {
                 let iface: NetworkInterface = json(body)?;
                 let body_id = iface.iface_id.clone();

@@ -262,7 +262,32 @@ fn openapi_document_matches_the_server() {
         vmm_version: "v".into(),
         app_name: "vmm".into(),
     };
-    let checks: [(&str, Value); 11] = [
+    let in_force = devices::virtio::net::CoalescingInForce {
+        rx: devices::virtio::net::DirectionCoalescing {
+            source: devices::virtio::net::CoalescingSource::Guest,
+            max_packets: 8,
+            max_usecs: 50,
+        },
+        tx: devices::virtio::net::DirectionCoalescing {
+            source: devices::virtio::net::CoalescingSource::Operator,
+            max_packets: 1,
+            max_usecs: 1,
+        },
+    };
+    let iface_info = crate::api::NetworkInterfaceInfo {
+        config: iface.clone(),
+        coalescing_in_force: in_force,
+    };
+    let checks: [(&str, Value); 14] = [
+        (
+            "NetworkInterfaceInfo",
+            serde_json::to_value(&iface_info).unwrap(),
+        ),
+        ("CoalescingInForce", serde_json::to_value(in_force).unwrap()),
+        (
+            "DirectionCoalescing",
+            serde_json::to_value(in_force.rx).unwrap(),
+        ),
         ("BootSource", serde_json::to_value(&boot).unwrap()),
         (
             "MachineConfiguration",
@@ -321,4 +346,49 @@ fn openapi_document_matches_the_server() {
     })
     .collect();
     assert_eq!(actions, ours);
+}
+
+#[test]
+fn get_network_interface_names_the_interface() {
+    assert_eq!(
+        parse_request("GET", "/network-interfaces/eth0", b"").expect("valid"),
+        VmmRequest::GetNetworkInterface("eth0".into())
+    );
+    assert_eq!(
+        parse_request("GET", "/network-interfaces/bad%20id", b"")
+            .expect_err("bad id")
+            .status,
+        400
+    );
+    // The document: the configuration, flattened, and the coalescing in force.
+    let info = NetworkInterfaceInfo {
+        config: crate::config::NetworkInterface {
+            iface_id: "eth0".into(),
+            host_dev_name: "tap0".into(),
+            guest_mac: None,
+            queue_size: None,
+            rx_rate_limiter: None,
+            tx_rate_limiter: None,
+            tuning: NetTuning::default(),
+        },
+        coalescing_in_force: devices::virtio::net::CoalescingInForce {
+            rx: devices::virtio::net::DirectionCoalescing {
+                source: devices::virtio::net::CoalescingSource::Guest,
+                max_packets: 8,
+                max_usecs: 50,
+            },
+            tx: devices::virtio::net::DirectionCoalescing {
+                source: devices::virtio::net::CoalescingSource::Operator,
+                max_packets: 0,
+                max_usecs: 0,
+            },
+        },
+    };
+    let value = serde_json::to_value(&info).expect("serialises");
+    assert_eq!(value["iface_id"], "eth0");
+    assert_eq!(
+        value["coalescing_in_force"]["rx"],
+        json!({"source": "guest", "max_packets": 8, "max_usecs": 50})
+    );
+    assert_eq!(value["coalescing_in_force"]["tx"]["source"], "operator");
 }

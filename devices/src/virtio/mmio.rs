@@ -429,7 +429,8 @@ impl MmioTransport {
         let event_idx = self.acked_features & (1 << VIRTIO_RING_F_EVENT_IDX) != 0;
         let mut queues = Vec::with_capacity(self.queues.len());
         let mut kicks = Vec::with_capacity(self.kicks.len());
-        for (index, (queue, kick)) in self.queues.iter().zip(&self.kicks).enumerate() {
+        let in_use = self.device.queues_in_use(self.acked_features);
+        for (index, (queue, kick)) in self.queues.iter().zip(&self.kicks).enumerate().take(in_use) {
             if !queue.is_valid(&self.mem) {
                 self.guest_warn(format_args!(
                     "DRIVER_OK with queue {index} not ready or outside guest memory"

@@ -30,7 +30,8 @@ pub struct ActivationContext {
     /// Guest memory (a cheap clone sharing the mappings).
     pub mem: GuestMemoryMmap,
     /// The queues as the driver configured them, in queue-index order, EVENT_IDX already set
-    /// from the negotiated features. Every queue is ready and lies inside guest memory.
+    /// from the negotiated features. Every queue is ready and lies inside guest memory. Only
+    /// the device's [`VirtioDevice::queues_in_use`] first queues are passed.
     pub queues: Vec<Queue>,
     /// The queue notification eventfds (clones of the ones the VMM registered as ioeventfds),
     /// in queue-index order.
@@ -95,6 +96,15 @@ pub trait VirtioDevice: Send {
 
     /// The features the device offers (including VIRTIO_F_VERSION_1).
     fn features(&self) -> u64;
+
+    /// How many queues (the first ones, in queue-index order) the driver must set up with
+    /// the features `acked`: all by default. A device with a queue that exists only with a
+    /// feature (e.g. virtio-net's control queue) says fewer when it is not negotiated; the
+    /// transport then ignores the others.
+    fn queues_in_use(&self, acked: u64) -> usize {
+        let _ = acked;
+        self.queue_max_sizes().len()
+    }
 
     /// Device-specific checks of the acknowledged features (e.g. dependencies between them),
     /// run when the driver sets FEATURES_OK. `acked` is already a subset of [`Self::features`].

@@ -512,6 +512,90 @@ impl RingOps<'_> {
         }
     }
 
+    /// Walks a control-style chain at `head`: device-readable buffers first (appended to
+    /// `readable`), then device-writable ones (appended to `writable`); a readable buffer after
+    /// a writable one is refused, as are loops, bad indirect tables, buffers outside guest
+    /// memory and chains of more than [`MAX_CHAIN_DESCRIPTORS`] descriptors or `limit` bytes
+    /// per part. Returns the (readable, writable) byte counts. Off the datapath (the control
+    /// queue); on error both lists are left as they were. Every descriptor visited is charged
+    /// to `budget`.
+    pub(crate) fn walk_chain_split<'g>(
+        &self,
+        guest: &GuestView<'g>,
+        head: u16,
+        limit: u32,
+        readable: &mut IovecList<'g>,
+        writable: &mut IovecList<'g>,
+        budget: &mut WalkBudget,
+    ) -> Result<(u32, u32), ChainError> {
+        let starts = (readable.len(), writable.len());
+        let mut visited = 0u32;
+        let mut totals = (0u32, 0u32);
+        let mut seen_writable = false;
+        let mut push = |desc: &RawDesc| -> Result<(), ChainError> {
+            let flags = u16::from_le(desc.flags);
+            let addr = u64::from_le(desc.addr);
+            let len = u32::from_le(desc.len);
+            let (list, total) = if flags & VRING_DESC_F_WRITE as u16 != 0 {
+                seen_writable = true;
+                (&mut *writable, &mut totals.1)
+            } else if seen_writable {
+                return Err(ChainError::WrongDirection { addr });
+            } else {
+                (&mut *readable, &mut totals.0)
+            };
+            *total = total
+                .checked_add(len)
+                .filter(|t| *t <= limit)
+                .ok_or(ChainError::TooLong { limit })?;
+            guest.push_range(list, addr, len)?;
+            Ok(())
+        };
+        let result = self.traverse(guest, head, &mut visited, &mut push);
+        budget.charge(visited.max(1));
+        match result {
+            Ok(()) => Ok(totals),
+            Err(e) => {
+                readable.truncate(starts.0);
+                writable.truncate(starts.1);
+                Err(e)
+            }
+        }
+    }
+
+    /// Visits the descriptors of the chain at `head` (direct, then an indirect table if the
+    /// chain ends in one) with the same limits as the datapath's walk, calling `visit` on each.
+    fn traverse(
+        &self,
+        guest: &GuestView<'_>,
+        head: u16,
+        visited: &mut u32,
+        visit: &mut dyn FnMut(&RawDesc) -> Result<(), ChainError>,
+    ) -> Result<(), ChainError> {
+        let mut index = head;
+        let mut ttl = self.ring.size;
+        loop {
+            let desc = self.read_desc(index);
+            *visited += 1;
+            if *visited > MAX_CHAIN_DESCRIPTORS {
+                return Err(ChainError::TooManyDescriptors);
+            }
+            let flags = u16::from_le(desc.flags);
+            if flags & VRING_DESC_F_INDIRECT as u16 != 0 {
+                return traverse_indirect(guest, desc, visited, visit);
+            }
+            visit(&desc)?;
+            if flags & VRING_DESC_F_NEXT as u16 == 0 {
+                return Ok(());
+            }
+            ttl -= 1;
+            index = u16::from_le(desc.next);
+            if ttl == 0 || index >= self.ring.size {
+                return Err(ChainError::Truncated);
+            }
+        }
+    }
+
     /// Writes used element (`head`, `len`) at the next used slot (not yet published).
     #[inline]
     pub(crate) fn add_used(&mut self, head: u16, len: u32) {
@@ -682,6 +766,47 @@ fn walk_indirect<'g>(
         total = push_desc(guest, &desc, flags, write_flag, limit, total, iovs)?;
         if flags & VRING_DESC_F_NEXT as u16 == 0 {
             return Ok(total);
+        }
+        ttl -= 1;
+        index = u32::from(u16::from_le(desc.next));
+        if ttl == 0 || index >= count {
+            return Err(ChainError::Truncated);
+        }
+    }
+}
+
+/// Visits the descriptors of an indirect table (the rest of a chain); see `walk_indirect`.
+fn traverse_indirect(
+    guest: &GuestView<'_>,
+    table: RawDesc,
+    visited: &mut u32,
+    visit: &mut dyn FnMut(&RawDesc) -> Result<(), ChainError>,
+) -> Result<(), ChainError> {
+    let table_len = u32::from_le(table.len);
+    let count = table_len / DESC_SIZE as u32;
+    if !table_len.is_multiple_of(DESC_SIZE as u32) || count == 0 || count > u32::from(u16::MAX) {
+        return Err(ChainError::BadIndirectTable);
+    }
+    let base = guest
+        .host_range(u64::from_le(table.addr), u64::from(table_len))
+        .ok_or(ChainError::BadIndirectTable)?;
+    let mut index: u32 = 0;
+    let mut ttl = count;
+    loop {
+        // SAFETY: `index < count`, so the 16 bytes are inside the table, which lies inside one
+        // mapped region (host_range above).
+        let desc = unsafe { read_desc_at(base.add(index as usize * 16)) };
+        *visited += 1;
+        if *visited > MAX_CHAIN_DESCRIPTORS {
+            return Err(ChainError::TooManyDescriptors);
+        }
+        let flags = u16::from_le(desc.flags);
+        if flags & VRING_DESC_F_INDIRECT as u16 != 0 {
+            return Err(ChainError::BadIndirectTable);
+        }
+        visit(&desc)?;
+        if flags & VRING_DESC_F_NEXT as u16 == 0 {
+            return Ok(());
         }
         ttl -= 1;
         index = u32::from(u16::from_le(desc.next));

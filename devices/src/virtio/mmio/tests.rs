@@ -45,7 +45,9 @@ fn identity_registers() {
     assert_eq!(t.r32(VIRTIO_MMIO_VERSION), 2);
     assert_eq!(t.r32(VIRTIO_MMIO_DEVICE_ID), 1);
     assert_eq!(t.r32(VIRTIO_MMIO_VENDOR_ID), MMIO_VENDOR_ID);
-    for (sel, max) in [(0, 64), (1, 64), (2, 0), (u32::MAX, 0)] {
+    // rx, tx, and the control queue (its own size).
+    let ctrl = u32::from(crate::virtio::net::ctrl::CTRL_QUEUE_SIZE);
+    for (sel, max) in [(0, 64), (1, 64), (2, ctrl), (3, 0), (u32::MAX, 0)] {
         t.w32(VIRTIO_MMIO_QUEUE_SEL, sel);
         assert_eq!(t.r32(VIRTIO_MMIO_QUEUE_NUM_MAX), max, "queue {sel}");
     }
@@ -281,7 +283,10 @@ fn ioeventfds_and_queue_notify_fallback() {
         .into_iter()
         .map(|(_, addr, datamatch)| (addr, datamatch))
         .collect();
-    assert_eq!(listed, [(0xd000_0050, 0), (0xd000_0050, 1)]);
+    assert_eq!(
+        listed,
+        [(0xd000_0050, 0), (0xd000_0050, 1), (0xd000_0050, 2)]
+    );
     t.w32(VIRTIO_MMIO_QUEUE_NOTIFY, 1);
     t.w32(VIRTIO_MMIO_QUEUE_NOTIFY, 5);
     assert_eq!(t.ioeventfds(0)[1].0.read().expect("kicked"), 1);

@@ -2,7 +2,7 @@
 
 use std::fmt;
 use std::io;
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use log::{debug, error};
@@ -11,18 +11,19 @@ use virtio_bindings::virtio_config::VIRTIO_F_VERSION_1;
 use virtio_bindings::virtio_ids::VIRTIO_ID_NET;
 use virtio_bindings::virtio_net::*;
 use virtio_bindings::virtio_ring::{VIRTIO_RING_F_EVENT_IDX, VIRTIO_RING_F_INDIRECT_DESC};
-use virtio_queue::Queue;
-use vmm_sys_util::eventfd::EventFd;
 
 use super::config::{MacAddr, NetConfig};
+use super::ctrl::CTRL_QUEUE_SIZE;
 use super::metrics::NetMetrics;
 use super::rx::RxMode;
 use super::tuning::{NetTuning, TuningControl};
 use super::worker::{Activation, Shared, WorkerThread, WorkerThreadError};
-use super::{NUM_QUEUES, RX_QUEUE, TX_QUEUE};
+use super::{CTRL_QUEUE, NUM_QUEUES, RX_QUEUE, TX_QUEUE};
 
-// The worker takes the queues as [rx, tx].
-const _: () = assert!(RX_QUEUE == 0 && TX_QUEUE == 1);
+// The worker takes the queues as [rx, tx, ctrl].
+const _: () = assert!(RX_QUEUE == 0 && TX_QUEUE == 1 && CTRL_QUEUE == 2);
+/// All queues, the control queue included.
+const ALL_QUEUES: usize = CTRL_QUEUE + 1;
 use crate::backend::{NetBackend, Offloads, Tap, TapError};
 use crate::virtio::{
     ActivateError, ActivationContext, FeatureDependencyError, VirtioDevice, VirtioInterrupt,
@@ -105,6 +106,11 @@ impl LinkControl {
         self.shared.generation.load(Ordering::Acquire)
     }
 
+    /// Another configuration field changed (no interrupt: the driver changed it itself).
+    pub(crate) fn bump_generation(&self) {
+        self.shared.generation.fetch_add(1, Ordering::AcqRel);
+    }
+
     fn attach(&self, interrupt: Option<Arc<VirtioInterrupt>>) {
         *self.lock() = interrupt;
     }
@@ -115,6 +121,38 @@ impl LinkControl {
             .interrupt
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
+
+/// The MAC address the driver set over the control queue (0: none; else bit 48 set and the
+/// address in bits 0..48). Shared by the device (config space) and its worker (ADDR_SET).
+#[derive(Debug, Default)]
+pub(crate) struct GuestMac(AtomicU64);
+
+impl GuestMac {
+    const SET: u64 = 1 << 48;
+
+    pub(crate) fn set(&self, mac: MacAddr) {
+        let mut word = [0u8; 8];
+        word[..6].copy_from_slice(&mac.bytes());
+        self.0
+            .store(u64::from_le_bytes(word) | Self::SET, Ordering::Release);
+    }
+
+    pub(crate) fn get(&self) -> Option<MacAddr> {
+        let word = self.0.load(Ordering::Acquire);
+        if word & Self::SET == 0 {
+            return None;
+        }
+        let bytes = word.to_le_bytes();
+        let mut mac = [0u8; 6];
+        mac.copy_from_slice(&bytes[..6]);
+        Some(MacAddr::new(mac))
+    }
+
+    /// Forgets it; returns whether one was set.
+    fn clear(&self) -> bool {
+        self.0.swap(0, Ordering::AcqRel) & Self::SET != 0
     }
 }
 
@@ -135,7 +173,9 @@ enum WorkerSlot<B> {
 pub struct NetDevice<B: NetBackend = Tap> {
     label: String,
     mac: MacAddr,
-    queue_sizes: [u16; NUM_QUEUES],
+    /// The MAC the driver set with VIRTIO_NET_CTRL_MAC_ADDR_SET ([`GuestMac`]), until reset.
+    guest_mac: Arc<GuestMac>,
+    queue_sizes: [u16; ALL_QUEUES],
     features: u64,
     worker: WorkerSlot<B>,
     metrics: Arc<NetMetrics>,
@@ -197,7 +237,8 @@ impl<B: NetBackend> NetDevice<B> {
         NetDevice {
             label: label.to_owned(),
             mac,
-            queue_sizes: [queue_size; NUM_QUEUES],
+            guest_mac: Arc::new(GuestMac::default()),
+            queue_sizes: [queue_size, queue_size, CTRL_QUEUE_SIZE],
             features: offered_features(backend.supported_offloads()),
             worker: WorkerSlot::NotStarted(backend),
             metrics: Arc::new(NetMetrics::default()),
@@ -215,6 +256,7 @@ impl<B: NetBackend> NetDevice<B> {
                     metrics: self.metrics.clone(),
                     tuning: self.tuning.shared().clone(),
                     link: self.link.clone(),
+                    guest_mac: self.guest_mac.clone(),
                 };
                 match WorkerThread::spawn(&format!("net-{}", self.label), backend, shared) {
                     Ok(thread) => self.worker = WorkerSlot::Started(thread),
@@ -254,14 +296,15 @@ impl<B: NetBackend> NetDevice<B> {
         self.link.clone()
     }
 
-    /// The guest's MAC address.
+    /// The guest's MAC address: the configured one, or the one the driver set over the
+    /// control queue (until a reset).
     pub fn mac(&self) -> MacAddr {
-        self.mac
+        self.guest_mac.get().unwrap_or(self.mac)
     }
 
     fn config_bytes(&self) -> [u8; 8] {
         let mut bytes = [0u8; 8];
-        bytes[..6].copy_from_slice(&self.mac.bytes());
+        bytes[..6].copy_from_slice(&self.mac().bytes());
         let status = match self.link.link() {
             LinkState::Up => VIRTIO_NET_S_LINK_UP as u16,
             LinkState::Down => 0,
@@ -274,6 +317,10 @@ impl<B: NetBackend> NetDevice<B> {
         self.link.attach(None);
         if let WorkerSlot::Started(thread) = &mut self.worker {
             thread.stop();
+        }
+        // After the worker stopped: it cannot set another one meanwhile.
+        if self.guest_mac.clear() {
+            self.link.bump_generation();
         }
     }
 }
@@ -293,6 +340,14 @@ impl<B: NetBackend> VirtioDevice for NetDevice<B> {
 
     fn features(&self) -> u64 {
         self.features
+    }
+
+    fn queues_in_use(&self, acked: u64) -> usize {
+        if acked & bit(VIRTIO_NET_F_CTRL_VQ) != 0 {
+            ALL_QUEUES
+        } else {
+            NUM_QUEUES
+        }
     }
 
     fn validate_features(&self, acked: u64) -> Result<(), FeatureDependencyError> {
@@ -349,26 +404,29 @@ impl<B: NetBackend> VirtioDevice for NetDevice<B> {
 
 impl<B: NetBackend> NetDevice<B> {
     fn start_worker(&mut self, ctx: ActivationContext) -> Result<(), ActivateError> {
-        let [rx, tx]: [Queue; NUM_QUEUES] =
-            ctx.queues
-                .try_into()
-                .map_err(|q: Vec<Queue>| ActivateError::QueueCount {
-                    expected: NUM_QUEUES,
-                    got: q.len(),
-                })?;
-        let [rx_kick, tx_kick]: [EventFd; NUM_QUEUES] =
-            ctx.kicks
-                .try_into()
-                .map_err(|k: Vec<EventFd>| ActivateError::QueueCount {
-                    expected: NUM_QUEUES,
-                    got: k.len(),
-                })?;
+        let expected = self.queues_in_use(ctx.acked_features);
+        if ctx.queues.len() != expected || ctx.kicks.len() != expected {
+            return Err(ActivateError::QueueCount {
+                expected,
+                got: ctx.queues.len().min(ctx.kicks.len()),
+            });
+        }
+        let mut queues = ctx.queues.into_iter();
+        let mut kicks = ctx.kicks.into_iter();
+        let (Some(rx), Some(tx), Some(rx_kick), Some(tx_kick)) =
+            (queues.next(), queues.next(), kicks.next(), kicks.next())
+        else {
+            return Err(ActivateError::QueueCount { expected, got: 0 });
+        };
+        let ctrl = queues.next().zip(kicks.next());
         let activation = Activation {
             mem: ctx.mem,
             rx,
             tx,
             rx_kick,
             tx_kick,
+            ctrl,
+            acked_features: ctx.acked_features,
             rx_mode: RxMode::from_features(ctx.acked_features),
             offloads: guest_offloads(ctx.acked_features),
             interrupt: ctx.interrupt.clone(),
@@ -429,6 +487,36 @@ const FEATURE_DEPENDENCIES: &[(u32, &str, u32, &str)] = &[
         "CSUM",
     ),
     (VIRTIO_NET_F_HOST_UFO, "HOST_UFO", VIRTIO_NET_F_CSUM, "CSUM"),
+    (
+        VIRTIO_NET_F_CTRL_RX,
+        "CTRL_RX",
+        VIRTIO_NET_F_CTRL_VQ,
+        "CTRL_VQ",
+    ),
+    (
+        VIRTIO_NET_F_CTRL_MAC_ADDR,
+        "CTRL_MAC_ADDR",
+        VIRTIO_NET_F_CTRL_VQ,
+        "CTRL_VQ",
+    ),
+    (
+        VIRTIO_NET_F_CTRL_GUEST_OFFLOADS,
+        "CTRL_GUEST_OFFLOADS",
+        VIRTIO_NET_F_CTRL_VQ,
+        "CTRL_VQ",
+    ),
+    (
+        VIRTIO_NET_F_NOTF_COAL,
+        "NOTF_COAL",
+        VIRTIO_NET_F_CTRL_VQ,
+        "CTRL_VQ",
+    ),
+    (
+        VIRTIO_NET_F_VQ_NOTF_COAL,
+        "VQ_NOTF_COAL",
+        VIRTIO_NET_F_CTRL_VQ,
+        "CTRL_VQ",
+    ),
 ];
 
 /// The features offered in front of a backend supporting `offloads`.
@@ -438,9 +526,17 @@ pub fn offered_features(offloads: Offloads) -> u64 {
         | bit(VIRTIO_RING_F_INDIRECT_DESC)
         | bit(VIRTIO_NET_F_MAC)
         | bit(VIRTIO_NET_F_STATUS)
-        | bit(VIRTIO_NET_F_MRG_RXBUF);
+        | bit(VIRTIO_NET_F_MRG_RXBUF)
+        // The control queue (queue 2) and its commands; see `ctrl`.
+        | bit(VIRTIO_NET_F_CTRL_VQ)
+        | bit(VIRTIO_NET_F_CTRL_RX)
+        | bit(VIRTIO_NET_F_CTRL_MAC_ADDR)
+        | bit(VIRTIO_NET_F_NOTF_COAL)
+        | bit(VIRTIO_NET_F_VQ_NOTF_COAL);
     if offloads.contains(Offloads::CSUM) {
-        features |= bit(VIRTIO_NET_F_CSUM) | bit(VIRTIO_NET_F_GUEST_CSUM);
+        features |= bit(VIRTIO_NET_F_CSUM)
+            | bit(VIRTIO_NET_F_GUEST_CSUM)
+            | bit(VIRTIO_NET_F_CTRL_GUEST_OFFLOADS);
         if offloads.contains(Offloads::TSO4 | Offloads::TSO6) {
             features |= bit(VIRTIO_NET_F_HOST_TSO4)
                 | bit(VIRTIO_NET_F_HOST_TSO6)

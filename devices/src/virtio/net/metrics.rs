@@ -145,6 +145,47 @@ queue_metrics! {
     }
 }
 
+queue_metrics! {
+    /// The control queue (queue 2, when VIRTIO_NET_F_CTRL_VQ is negotiated).
+    CtrlMetrics / CtrlCounters {
+        /// Notifications (kicks) from the driver.
+        kicks,
+        /// Command chains taken from the queue.
+        commands,
+        /// Commands acked VIRTIO_NET_OK.
+        ok,
+        /// Commands acked VIRTIO_NET_ERR (one of the reasons below).
+        errors,
+        /// ERR: header, data or reply space of the wrong length.
+        bad_length,
+        /// ERR: unknown class or command.
+        unsupported,
+        /// ERR: the command's feature was not negotiated.
+        not_negotiated,
+        /// ERR: a value out of range (flag, MAC, offload, queue number, coalescing bounds).
+        out_of_range,
+        /// ERR: the backend refused the change (GUEST_OFFLOADS_SET).
+        backend_errors,
+        /// Chains with no device-writable byte for the ack: returned with used length 0.
+        no_ack,
+        /// Chains the ring walk refused (loop, bad address or indirect table, a readable
+        /// buffer after a writable one, too long): returned with used length 0, not acked.
+        malformed_chains,
+        /// NOTF_COAL RX_SET / TX_SET / VQ_SET carried out.
+        coalescing_sets,
+        /// NOTF_COAL VQ_GET answered.
+        coalescing_gets,
+        /// RX PROMISC / ALLMULTI recorded (no-ops on a tap).
+        rx_mode_sets,
+        /// MAC TABLE_SET recorded (no filtering on a tap).
+        mac_table_sets,
+        /// MAC ADDR_SET carried out (the config space's `mac`).
+        mac_addr_sets,
+        /// GUEST_OFFLOADS_SET carried out (the tap's offloads).
+        offloads_sets,
+    }
+}
+
 /// All metrics of one virtio-net device.
 #[derive(Debug, Default, Serialize)]
 pub struct NetMetrics {
@@ -171,6 +212,8 @@ pub struct NetMetrics {
     pub activations: Counter,
     /// Device busy-poll.
     pub busy_poll: BusyPollMetrics,
+    /// The control queue.
+    pub ctrl: CtrlMetrics,
 }
 
 impl NetMetrics {

@@ -8,6 +8,8 @@
 //! - [`tuning`] holds the runtime knobs (interrupt coalescing, EVENT_IDX suppression) and the
 //!   [`TuningControl`] that hands changes to the worker.
 //! - `worker` is the per-device thread and its epoll loop.
+//! - [`ctrl`] parses the control queue's commands (CTRL_VQ: RX mode, MAC, guest offloads and
+//!   NOTF_COAL, the guest's interrupt coalescing); the worker carries them out.
 //! - [`metrics`] holds the counters.
 //!
 //! Wiring one device (the VMM side; the KVM calls are the VMM's own):
@@ -42,6 +44,7 @@
 //! [`NetBackend`]: crate::backend::NetBackend
 
 pub mod config;
+pub mod ctrl;
 pub mod device;
 pub mod metrics;
 mod moderation;
@@ -60,8 +63,9 @@ pub use metrics::NetMetrics;
 pub use rate_limiter::{BucketConfig, RateLimiterConfig, RateLimiterError};
 pub use rx::{process_rx, RxMode, RxOutcome, RxQueue, RxStop};
 pub use tuning::{
-    InterruptCoalescing, NetTuning, NetTuningUpdate, TuningControl, TuningError, DEFAULT_TX_BUDGET,
-    MAX_BUSY_POLL_USECS, MAX_TX_BUDGET,
+    CoalescingInForce, CoalescingSource, DirectionCoalescing, InterruptCoalescing, NetTuning,
+    NetTuningUpdate, TuningControl, TuningError, DEFAULT_TX_BUDGET, MAX_BUSY_POLL_USECS,
+    MAX_TX_BUDGET,
 };
 pub use tx::{process_tx, TxOutcome, TxQueue, TxStop};
 pub use worker::WorkerThreadError;
@@ -76,8 +80,10 @@ pub const MAX_FRAME_LEN: u32 = 65536;
 pub const RX_QUEUE: usize = 0;
 /// Index of the transmit queue.
 pub const TX_QUEUE: usize = 1;
-/// Number of queues.
+/// Number of datapath queues (rx and tx).
 pub const NUM_QUEUES: usize = 2;
+/// Index of the control queue (VIRTIO_NET_F_CTRL_VQ; no multiqueue, so it follows tx).
+pub const CTRL_QUEUE: usize = 2;
 
 /// Rate-limits a log line about repeated failures: the first failure of a burst is reported
 /// at once, later ones at most every [`BurstLog::QUIET`] with how many went unreported.

@@ -43,6 +43,9 @@ pub enum TuningError {
     /// `tx_budget` of 0 or above [`MAX_TX_BUDGET`].
     #[error("tx_budget {0} is out of range (1..={MAX_TX_BUDGET})")]
     TxBudget(u16),
+    /// A guest's NOTF_COAL `max_packets` above 65535.
+    #[error("max_packets {0} is out of range (0..=65535)")]
+    MaxPackets(u32),
 }
 
 /// Interrupt coalescing: after a batch the driver wants to hear about, the device holds the
@@ -70,6 +73,23 @@ impl InterruptCoalescing {
     /// True when interrupts may be held back.
     pub fn is_enabled(&self) -> bool {
         self.max_usecs > 0
+    }
+
+    /// The bounds a guest asked for with NOTF_COAL (`max_packets`, `max_usecs` as on the
+    /// wire), validated like the operator's: the same meaning and the same limits. `max_usecs`
+    /// 0 with `max_packets` 0 or 1 is "off" (what Linux sends, and what the spec calls no
+    /// coalescing); `max_usecs` 0 with `max_packets` > 1 would hold an interrupt with no time
+    /// bound and is refused, like `max_usecs` above [`MAX_COALESCE_USECS`] and `max_packets`
+    /// above 65535.
+    pub fn from_guest(max_packets: u32, max_usecs: u32) -> Result<Self, TuningError> {
+        let max_packets =
+            u16::try_from(max_packets).map_err(|_| TuningError::MaxPackets(max_packets))?;
+        let c = InterruptCoalescing {
+            max_packets,
+            max_usecs,
+        };
+        c.validate()?;
+        Ok(c)
     }
 
     /// Checks the bounds.
@@ -203,6 +223,39 @@ impl NetTuningUpdate {
     }
 }
 
+/// Marks a guest coalescing word as set.
+const GUEST_SET: u64 = 1 << 63;
+
+/// Who set a direction's interrupt coalescing.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CoalescingSource {
+    /// The operator (`--net coalesce_*`, the config file, `PATCH .. tuning`).
+    Operator,
+    /// The guest driver (VIRTIO_NET_F_NOTF_COAL over the control queue, e.g. `ethtool -C`).
+    Guest,
+}
+
+/// One direction's interrupt coalescing in force.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DirectionCoalescing {
+    /// Who set it.
+    pub source: CoalescingSource,
+    /// See [`InterruptCoalescing::max_packets`].
+    pub max_packets: u16,
+    /// See [`InterruptCoalescing::max_usecs`].
+    pub max_usecs: u32,
+}
+
+/// The interrupt coalescing in force on a device, per direction.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CoalescingInForce {
+    /// Receive (queue 0).
+    pub rx: DirectionCoalescing,
+    /// Transmit (queue 1).
+    pub tx: DirectionCoalescing,
+}
+
 /// Changes a device's tuning from any thread; the worker picks the change up between two
 /// batches. Cheap to clone.
 #[derive(Clone, Debug)]
@@ -213,6 +266,12 @@ pub struct TuningControl {
 #[derive(Debug)]
 pub(crate) struct TuningShared {
     word: AtomicU64,
+    /// Bumped by every operator change that names the interrupt coalescing: the worker then
+    /// drops what the guest set (the last one set wins).
+    operator_coalescing: AtomicU64,
+    /// What the guest set with NOTF_COAL, `[rx, tx]` ([`GUEST_SET`] | packed bounds; 0: not
+    /// set). Written by the worker only, read by [`TuningControl::coalescing_in_force`].
+    guest: [AtomicU64; 2],
     /// The rate limiters (control path only: the worker copies them when `changed` fires).
     limiters: Mutex<Limiters>,
     /// Written after each change; the worker polls it.
@@ -233,6 +292,8 @@ impl TuningControl {
         Ok(TuningControl {
             shared: Arc::new(TuningShared {
                 word: AtomicU64::new(initial.pack()),
+                operator_coalescing: AtomicU64::new(0),
+                guest: [AtomicU64::new(0), AtomicU64::new(0)],
                 limiters: Mutex::new(Limiters::default()),
                 changed: EventFd::new(EFD_NONBLOCK)?,
             }),
@@ -247,6 +308,48 @@ impl TuningControl {
         // a wake-up pending that will read the new word.
         let _ = self.shared.changed.write(1);
         Ok(())
+    }
+
+    /// Applies a partial change (`PATCH`) and returns the tuning now in force. Naming
+    /// `interrupt_coalescing` takes the coalescing back from the guest (NOTF_COAL), even with
+    /// the same value: the last one set wins.
+    pub fn update(&self, update: &NetTuningUpdate) -> Result<NetTuning, TuningError> {
+        let tuning = self.get().updated(update);
+        tuning.validate()?;
+        if update.interrupt_coalescing.is_some() {
+            self.shared
+                .operator_coalescing
+                .fetch_add(1, Ordering::AcqRel);
+        }
+        self.set(tuning)?;
+        Ok(tuning)
+    }
+
+    /// The interrupt coalescing in force per direction, and who set it: the operator's
+    /// [`NetTuning::interrupt_coalescing`] (both directions, frames counted together), or what
+    /// the guest set with NOTF_COAL for a direction (the other keeps the operator's bounds).
+    pub fn coalescing_in_force(&self) -> CoalescingInForce {
+        let operator = self.get().interrupt_coalescing;
+        let direction = |i: usize| {
+            let word = self.shared.guest[i].load(Ordering::Acquire);
+            if word & GUEST_SET != 0 {
+                DirectionCoalescing {
+                    source: CoalescingSource::Guest,
+                    max_packets: (word >> 32) as u16,
+                    max_usecs: word as u32,
+                }
+            } else {
+                DirectionCoalescing {
+                    source: CoalescingSource::Operator,
+                    max_packets: operator.max_packets,
+                    max_usecs: operator.max_usecs,
+                }
+            }
+        };
+        CoalescingInForce {
+            rx: direction(0),
+            tx: direction(1),
+        }
     }
 
     /// The tuning in force (or about to be picked up).
@@ -285,6 +388,19 @@ impl TuningControl {
 }
 
 impl TuningShared {
+    /// The operator's coalescing change count.
+    pub(crate) fn operator_coalescing(&self) -> u64 {
+        self.operator_coalescing.load(Ordering::Acquire)
+    }
+
+    /// Records what the guest set for direction `dir` (0 rx, 1 tx), or `None`: not set.
+    pub(crate) fn set_guest(&self, dir: usize, bounds: Option<InterruptCoalescing>) {
+        let word = bounds.map_or(0, |c| {
+            GUEST_SET | u64::from(c.max_packets) << 32 | u64::from(c.max_usecs)
+        });
+        self.guest[dir & 1].store(word, Ordering::Release);
+    }
+
     pub(crate) fn load(&self) -> NetTuning {
         NetTuning::unpack(self.word.load(Ordering::Acquire))
     }

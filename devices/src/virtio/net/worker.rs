@@ -33,7 +33,7 @@ use std::sync::Arc;
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
-use log::{error, info, warn};
+use log::{debug, error, info, warn};
 use seccompiler::BpfProgram;
 use virtio_queue::Queue;
 use vm_memory::GuestMemoryMmap;
@@ -41,17 +41,19 @@ use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 use vmm_sys_util::timerfd::TimerFd;
 
-use super::device::{LinkControl, LinkState};
-use super::metrics::{BusyPollCounters, NetMetrics, RxCounters, TxCounters};
-use super::moderation::{Moderation, Moderator, TimerOp};
+use super::ctrl::{self, CtrlCommand, CtrlError, ACK_ERR, ACK_OK, CTRL_CHAINS_PER_CALL};
+use super::device::{GuestMac, LinkControl, LinkState};
+use super::metrics::{BusyPollCounters, CtrlCounters, NetMetrics, RxCounters, TxCounters};
+use super::moderation::{Coalescing, Moderation, Moderator, TimerOp, RX, TX};
 use super::rx::{RxMode, RxQueue, RxStop, RX_GATHER_BYTES, RX_GATHER_NO_GSO_BYTES};
-use super::tuning::TuningShared;
+use super::tuning::{InterruptCoalescing, TuningShared};
 use super::tx::{TxQueue, TxStop};
 use super::BurstLog;
 use super::VNET_HDR_LEN;
 use crate::backend::{NetBackend, Offloads};
-use crate::virtio::ring::RingError;
-use crate::virtio::vring::Virtqueue;
+use crate::iovec::IovecList;
+use crate::virtio::ring::{InterruptDecision, RingError};
+use crate::virtio::vring::{Virtqueue, WalkBudget};
 use crate::virtio::{ActivateError, VirtioInterrupt};
 
 /// What woke the worker.
@@ -75,10 +77,12 @@ enum Token {
     TxThrottle,
     /// The rx rate limiter's wait is over.
     RxThrottle,
+    /// The driver kicked the control queue.
+    CtrlKick,
 }
 
 impl Token {
-    const ALL: [Token; 9] = [
+    const ALL: [Token; 10] = [
         Token::TxKick,
         Token::RxKick,
         Token::Backend,
@@ -88,6 +92,7 @@ impl Token {
         Token::Link,
         Token::TxThrottle,
         Token::RxThrottle,
+        Token::CtrlKick,
     ];
 
     fn data(self) -> u64 {
@@ -142,6 +147,10 @@ pub(crate) struct Activation {
     pub(crate) tx: Queue,
     pub(crate) rx_kick: EventFd,
     pub(crate) tx_kick: EventFd,
+    /// The control queue and its kick, when VIRTIO_NET_F_CTRL_VQ was negotiated.
+    pub(crate) ctrl: Option<(Queue, EventFd)>,
+    /// The negotiated features (what the control commands may use).
+    pub(crate) acked_features: u64,
     pub(crate) rx_mode: RxMode,
     /// The offloads to set on the backend for the negotiated features.
     pub(crate) offloads: Offloads,
@@ -156,6 +165,8 @@ pub(crate) struct Shared {
     pub(crate) tuning: Arc<TuningShared>,
     /// The link status the driver sees, following the backend's link.
     pub(crate) link: LinkControl,
+    /// The MAC address the driver set (config space).
+    pub(crate) guest_mac: Arc<GuestMac>,
 }
 
 enum Command {
@@ -400,6 +411,24 @@ fn thread_main<B: NetBackend>(
     }
 }
 
+/// The control queue of a run, and the storage its chain walks reuse.
+struct CtrlQueue {
+    vq: Virtqueue,
+    kick: EventFd,
+    readable: Vec<libc::iovec>,
+    writable: Vec<libc::iovec>,
+}
+
+/// What the driver set over the control queue that has no effect on a tap, recorded (and
+/// logged) as the device's state.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+struct RxFilter {
+    promisc: bool,
+    allmulti: bool,
+    unicast_entries: u32,
+    multicast_entries: u32,
+}
+
 /// A running worker's state.
 struct EventLoop<'p, B> {
     label: Arc<str>,
@@ -443,6 +472,20 @@ struct EventLoop<'p, B> {
     limiter_generation: u64,
     /// What the backend fd is registered for in epoll (empty: not registered).
     registered: EventSet,
+    /// The control queue (CTRL_VQ negotiated).
+    ctrl: Option<CtrlQueue>,
+    ctrl_counters: CtrlCounters,
+    /// The control queue stopped on its per-call bound with chains left.
+    ctrl_more: bool,
+    acked_features: u64,
+    /// The coalescing the guest set with NOTF_COAL, `[rx, tx]` (None: the operator's).
+    guest_coalescing: [Option<InterruptCoalescing>; 2],
+    /// The operator's coalescing change count last seen.
+    operator_coalescing_seen: u64,
+    guest_mac: Arc<GuestMac>,
+    rx_filter: RxFilter,
+    /// Refused control commands, logged once per burst.
+    ctrl_errors: BurstLog,
 }
 
 impl<'p, B: NetBackend> EventLoop<'p, B> {
@@ -468,6 +511,19 @@ impl<'p, B: NetBackend> EventLoop<'p, B> {
         let epoll = match Self::setup_epoll(&a, parts) {
             Ok(epoll) => epoll,
             Err(e) => return Err((ActivateError::EventLoop(e), backend)),
+        };
+        let ctrl = match &a.ctrl {
+            None => None,
+            Some((queue, kick)) => match (Virtqueue::new(queue, &a.mem), kick.try_clone()) {
+                (Ok(vq), Ok(kick)) => Some(CtrlQueue {
+                    vq,
+                    kick,
+                    readable: Vec::new(),
+                    writable: Vec::new(),
+                }),
+                (Err(e), _) => return Err((ActivateError::Ring(e), backend)),
+                (_, Err(e)) => return Err((ActivateError::EventLoop(e), backend)),
+            },
         };
         let (rx, tx) = match Self::queues(&a) {
             Ok(queues) => queues,
@@ -505,7 +561,19 @@ impl<'p, B: NetBackend> EventLoop<'p, B> {
             backend_gone: false,
             limiter_generation: 0,
             registered: EventSet::empty(),
+            ctrl,
+            ctrl_counters: CtrlCounters::default(),
+            ctrl_more: false,
+            acked_features: a.acked_features,
+            guest_coalescing: [None; 2],
+            operator_coalescing_seen: shared.tuning.operator_coalescing(),
+            guest_mac: shared.guest_mac.clone(),
+            rx_filter: RxFilter::default(),
+            ctrl_errors: BurstLog::default(),
         };
+        // A new run starts from the operator's coalescing (a reset forgets the guest's).
+        shared.tuning.set_guest(RX, None);
+        shared.tuning.set_guest(TX, None);
         event_loop.apply_limiters();
         if let Err(e) = event_loop.update_backend_interest() {
             return Err((ActivateError::EventLoop(e), event_loop.backend));
@@ -549,6 +617,13 @@ impl<'p, B: NetBackend> EventLoop<'p, B> {
                 EpollEvent::new(EventSet::IN, token.data()),
             )?;
         }
+        if let Some((_, kick)) = &a.ctrl {
+            epoll.ctl(
+                ControlOperation::Add,
+                kick.as_raw_fd(),
+                EpollEvent::new(EventSet::IN, Token::CtrlKick.data()),
+            )?;
+        }
         Ok(epoll)
     }
 
@@ -574,6 +649,9 @@ impl<'p, B: NetBackend> EventLoop<'p, B> {
                 );
             }
         }
+        // A reset forgets what the guest set: the operator's coalescing is in force again.
+        self.tuning_shared.set_guest(RX, None);
+        self.tuning_shared.set_guest(TX, None);
         // The timers must not fire into the next run.
         let _ = self.parts.timer.clear();
         self.parts.tx_throttle.reset();
@@ -585,6 +663,7 @@ impl<'p, B: NetBackend> EventLoop<'p, B> {
         // Kicks and frames may have arrived before activation.
         self.run_tx()?;
         self.run_rx()?;
+        self.run_ctrl()?;
         self.flush()?;
         let mut events = [EpollEvent::default(); 8];
         loop {
@@ -593,7 +672,7 @@ impl<'p, B: NetBackend> EventLoop<'p, B> {
             }
             // With tx work left over, or events seen while polling, only look at what is ready,
             // do not sleep.
-            let timeout = if self.tx_more || self.events_pending {
+            let timeout = if self.tx_more || self.ctrl_more || self.events_pending {
                 0
             } else {
                 -1
@@ -630,6 +709,12 @@ impl<'p, B: NetBackend> EventLoop<'p, B> {
                         self.unthrottle_rx()?;
                         self.run_rx()?;
                     }
+                    Some(Token::CtrlKick) => {
+                        if let Some(ctrl) = &self.ctrl {
+                            self.ctrl_counters.kicks += drain(&ctrl.kick)?;
+                        }
+                        self.run_ctrl()?;
+                    }
                     None => warn!(
                         "virtio-net {}: unknown epoll token {}",
                         self.label,
@@ -639,6 +724,9 @@ impl<'p, B: NetBackend> EventLoop<'p, B> {
             }
             if self.tx_more {
                 self.run_tx()?;
+            }
+            if self.ctrl_more {
+                self.run_ctrl()?;
             }
             self.flush()?;
         }
@@ -666,7 +754,7 @@ impl<'p, B: NetBackend> EventLoop<'p, B> {
             source,
         })?;
         self.moderator
-            .batch(outcome.needs_interrupt, outcome.suppressed_by_event_idx);
+            .batch(TX, outcome.needs_interrupt, outcome.suppressed_by_event_idx);
         self.tx_parked = outcome.stop == TxStop::Idle;
         match outcome.stop {
             TxStop::Drained | TxStop::Idle => {}
@@ -693,7 +781,7 @@ impl<'p, B: NetBackend> EventLoop<'p, B> {
                 source,
             })?;
         self.moderator
-            .batch(outcome.needs_interrupt, outcome.suppressed_by_event_idx);
+            .batch(RX, outcome.needs_interrupt, outcome.suppressed_by_event_idx);
         match outcome.stop {
             // Level-triggered epoll reports the backend again if frames remain.
             RxStop::BackendEmpty | RxStop::Budget => {}
@@ -784,8 +872,8 @@ impl<'p, B: NetBackend> EventLoop<'p, B> {
     /// End of a round: one interrupt for everything completed (now, or held back by
     /// coalescing until its packet or time bound), counters published once.
     fn flush(&mut self) -> Result<(), WorkerError> {
-        let completed = self.rx_counters.frames + self.tx_counters.frames;
-        let moderation = self.moderator.end_round(completed);
+        let completed = [self.rx_counters.frames, self.tx_counters.frames];
+        let moderation = self.moderator.end_round(completed, Instant::now);
         self.apply(moderation)?;
         self.publish();
         Ok(())
@@ -810,7 +898,22 @@ impl<'p, B: NetBackend> EventLoop<'p, B> {
         self.tx.set_budget(tuning.tx_budget.into());
         // A parked queue under a window now zero is unparked by the next busy_poll.
         self.busy_poll = Duration::from_micros(tuning.busy_poll_us.into());
-        let moderation = self.moderator.retune(tuning);
+        let generation = self.tuning_shared.operator_coalescing();
+        if generation != self.operator_coalescing_seen {
+            // The operator set the coalescing after the guest: the last one set wins.
+            self.operator_coalescing_seen = generation;
+            if self.guest_coalescing != [None, None] {
+                info!(
+                    "virtio-net {}: the operator's interrupt coalescing replaces the guest's",
+                    self.label
+                );
+                self.guest_coalescing = [None, None];
+                self.tuning_shared.set_guest(RX, None);
+                self.tuning_shared.set_guest(TX, None);
+            }
+        }
+        let coalescing = self.coalescing(tuning.interrupt_coalescing);
+        let moderation = self.moderator.retune(tuning.event_idx, coalescing);
         self.apply(moderation)?;
         if self.apply_limiters() {
             if self.parts.tx_throttle.is_on() {
@@ -823,6 +926,193 @@ impl<'p, B: NetBackend> EventLoop<'p, B> {
             }
         }
         Ok(())
+    }
+
+    /// The coalescing in force: the operator's (`Shared`), unless the guest set a direction.
+    fn coalescing(&self, operator: InterruptCoalescing) -> Coalescing {
+        match self.guest_coalescing {
+            [None, None] => Coalescing::Shared(operator),
+            [rx, tx] => Coalescing::Split([rx.unwrap_or(operator), tx.unwrap_or(operator)]),
+        }
+    }
+
+    /// Handles the control queue's pending commands (at most [`CTRL_CHAINS_PER_CALL`] and one
+    /// call's descriptor budget; the loop comes back for more), then interrupts the driver if
+    /// it wants (not coalesced: NOTF_COAL is about rx and tx).
+    fn run_ctrl(&mut self) -> Result<(), WorkerError> {
+        self.ctrl_more = false;
+        let Some(mut ctrl) = self.ctrl.take() else {
+            return Ok(());
+        };
+        let result = self.ctrl_chains(&mut ctrl);
+        let decision = ctrl.vq.split().1.interrupt_decision();
+        self.ctrl = Some(ctrl);
+        result?;
+        if decision == Some(InterruptDecision::Raise) {
+            self.interrupt
+                .signal_used_queue()
+                .map_err(WorkerError::Interrupt)?;
+            self.metrics.irqfd_signals.add(1);
+        }
+        Ok(())
+    }
+
+    fn ctrl_chains(&mut self, ctrl: &mut CtrlQueue) -> Result<(), WorkerError> {
+        let ring_error = |source| WorkerError::Ring {
+            queue: "control",
+            source,
+        };
+        let mut budget = WalkBudget::per_call();
+        let mut handled = 0;
+        loop {
+            let (guest, mut ring) = ctrl.vq.split();
+            if handled == CTRL_CHAINS_PER_CALL || budget.exhausted() {
+                self.ctrl_more = true;
+                return Ok(());
+            }
+            let Some(head) = ring.pop_head().map_err(ring_error)? else {
+                if ring.enable_notification() {
+                    continue;
+                }
+                return Ok(());
+            };
+            handled += 1;
+            self.ctrl_counters.commands += 1;
+            let mut readable = IovecList::reuse(std::mem::take(&mut ctrl.readable));
+            let mut writable = IovecList::reuse(std::mem::take(&mut ctrl.writable));
+            let walked = ring.walk_chain_split(
+                &guest,
+                head,
+                ctrl::MAX_CTRL_READABLE,
+                &mut readable,
+                &mut writable,
+                &mut budget,
+            );
+            let used_len = match walked {
+                Err(e) => {
+                    self.ctrl_counters.malformed_chains += 1;
+                    self.ctrl_refused(&format_args!("chain refused: {e}"));
+                    0
+                }
+                Ok((_, 0)) => {
+                    self.ctrl_counters.no_ack += 1;
+                    self.ctrl_refused(&"a command without a writable ack byte");
+                    0
+                }
+                Ok((_, writable_len)) => {
+                    let outcome =
+                        match ctrl::parse(&readable.as_iovecs(), writable_len, self.acked_features)
+                        {
+                            Ok(command) => self.execute(command)?,
+                            Err(e) => Err(e),
+                        };
+                    let out = writable.as_iovecs();
+                    let ack = match outcome {
+                        Ok(reply) => {
+                            self.ctrl_counters.ok += 1;
+                            if let Some(reply) = reply {
+                                out.write_at(0, &reply);
+                            }
+                            ACK_OK
+                        }
+                        Err(e) => {
+                            e.count(&mut self.ctrl_counters);
+                            self.ctrl_refused(&format_args!("VIRTIO_NET_ERR: {e}"));
+                            ACK_ERR
+                        }
+                    };
+                    out.write_at(writable_len as usize - 1, &[ack]);
+                    writable_len
+                }
+            };
+            ctrl.readable = readable.into_storage();
+            ctrl.writable = writable.into_storage();
+            ring.add_used(head, used_len);
+            ring.publish_used();
+        }
+    }
+
+    /// Logs a refused control command, at most one line per burst (a driver can send many).
+    fn ctrl_refused(&mut self, what: &dyn std::fmt::Display) {
+        if let Some(more) = self.ctrl_errors.failure(Instant::now()) {
+            warn!(
+                "virtio-net {}: control queue: {what} ({more} more refused since the last report; \
+                 see the `ctrl` metrics)",
+                self.label
+            );
+        }
+    }
+
+    /// Carries out a validated control command; the reply bytes (VQ_GET) or why it failed.
+    #[allow(clippy::type_complexity)]
+    fn execute(
+        &mut self,
+        command: CtrlCommand,
+    ) -> Result<Result<Option<[u8; 8]>, CtrlError>, WorkerError> {
+        let c = &mut self.ctrl_counters;
+        match command {
+            CtrlCommand::Promisc(on) => {
+                c.rx_mode_sets += 1;
+                self.rx_filter.promisc = on;
+            }
+            CtrlCommand::AllMulti(on) => {
+                c.rx_mode_sets += 1;
+                self.rx_filter.allmulti = on;
+            }
+            CtrlCommand::MacTable { unicast, multicast } => {
+                c.mac_table_sets += 1;
+                self.rx_filter.unicast_entries = unicast;
+                self.rx_filter.multicast_entries = multicast;
+            }
+            CtrlCommand::MacAddr(mac) => {
+                c.mac_addr_sets += 1;
+                self.guest_mac.set(mac);
+                self.link.bump_generation();
+                info!("virtio-net {}: the driver set MAC {mac}", self.label);
+                return Ok(Ok(None));
+            }
+            CtrlCommand::GuestOffloads(offloads) => {
+                if let Err(e) = self.backend.set_offloads(offloads) {
+                    warn!(
+                        "virtio-net {}: the backend refused offloads {offloads:?}: {e}",
+                        self.label
+                    );
+                    return Ok(Err(CtrlError::Backend));
+                }
+                c.offloads_sets += 1;
+                return Ok(Ok(None));
+            }
+            CtrlCommand::SetCoalescing(dir, bounds) => {
+                c.coalescing_sets += 1;
+                self.guest_coalescing[dir & 1] = Some(bounds);
+                self.tuning_shared.set_guest(dir, Some(bounds));
+                let tuning = self.tuning_shared.load();
+                let coalescing = self.coalescing(tuning.interrupt_coalescing);
+                let moderation = self.moderator.retune(tuning.event_idx, coalescing);
+                self.apply(moderation)?;
+                // Linux's adaptive coalescing (DIM) may send these often: not an info line.
+                debug!(
+                    "virtio-net {}: the driver set {} interrupt coalescing {bounds:?}",
+                    self.label,
+                    if dir == RX { "rx" } else { "tx" }
+                );
+                return Ok(Ok(None));
+            }
+            CtrlCommand::GetCoalescing(dir) => {
+                c.coalescing_gets += 1;
+                let bounds = self.guest_coalescing[dir & 1]
+                    .unwrap_or(self.tuning_shared.load().interrupt_coalescing);
+                let mut reply = [0u8; 8];
+                reply[..4].copy_from_slice(&u32::from(bounds.max_packets).to_le_bytes());
+                reply[4..].copy_from_slice(&bounds.max_usecs.to_le_bytes());
+                return Ok(Ok(Some(reply)));
+            }
+        }
+        debug!(
+            "virtio-net {}: receive filter {:?} recorded (a tap does not filter)",
+            self.label, self.rx_filter
+        );
+        Ok(Ok(None))
     }
 
     /// Installs the rate limiters if they changed; returns whether they did.
@@ -948,6 +1238,7 @@ impl<'p, B: NetBackend> EventLoop<'p, B> {
         self.poll_counters.publish(&self.metrics.busy_poll);
         self.rx_counters.publish(&self.metrics.rx);
         self.tx_counters.publish(&self.metrics.tx);
+        self.ctrl_counters.publish(&self.metrics.ctrl);
         let c = std::mem::take(&mut self.moderator.counters);
         self.metrics.interrupts_held.add(c.interrupts_held);
         self.metrics

@@ -2,6 +2,7 @@
 //! (`support`), and the socket-pair backend. No KVM, no root.
 
 mod bounds;
+mod ctrl;
 mod hostile;
 mod limits;
 mod notify;
