@@ -736,3 +736,53 @@ fn device_busy_poll_saves_kicks_of_a_pausing_driver() {
         "busy-poll left {k_on} kicks of {k_off}: {on_dev}"
     );
 }
+
+/// NOTF_COAL from the guest (the driver guest's `coalesce=` over the control queue) bounds the
+/// interrupts per frame as the operator's `--net` coalescing does, and the device counts the
+/// commands; a setting the device refuses ends the run with an error line naming it.
+#[test]
+fn guest_notf_coal_bounds_interrupts_like_the_operator_knob() {
+    const FRAMES: u64 = 20_000;
+    let knobs = "ring=3 tx_completion=tx-interrupt";
+    let (d, dev) = run_tx_on(
+        "gcoal",
+        FRAMES,
+        64,
+        &format!("{knobs} coalesce=64/2000/0/0"),
+        ",event_idx=off",
+    );
+    assert_eq!(d["coalesce"], "64/2000/0/0", "{d}");
+    assert_eq!(
+        (n(&d, "ctrl_commands"), n(&d, "ctrl_failed")),
+        (2, 0),
+        "{d}"
+    );
+    assert_eq!(n(&dev["ctrl"], "ok"), 2, "{dev}");
+    assert_eq!(n(&dev["ctrl"], "errors"), 0, "{dev}");
+    let signalled = n(&dev, "irqfd_signals");
+    let elapsed_us = n(&d, "elapsed_ns") / 1000;
+    let bound = FRAMES / 64 + elapsed_us / 2000 + 2;
+    assert!(
+        signalled <= bound,
+        "{signalled} interrupts for {FRAMES} frames in {elapsed_us} µs (bound {bound}): {dev}"
+    );
+    assert!(n(&dev, "coalesce_packet_releases") > 0, "{dev}");
+    eprintln!(
+        "guest NOTF_COAL 64/2000 µs: {:.4} irqfd signals per frame (bound {:.4})",
+        signalled as f64 / FRAMES as f64,
+        bound as f64 / FRAMES as f64
+    );
+
+    // Refused (a packet bound without a time bound): an error line, no traffic.
+    let _guest = guest_lock();
+    let (ns, _sock, _) = namespace("gcoalbad");
+    let vmm = start_guest(&ns, "console=ttyS0 tx=10 coalesce=2/0/0/0", "");
+    let out = vmm.finish(Duration::from_secs(60));
+    let d = driver_result(&out);
+    assert_eq!(d["status"], "error", "{d}");
+    let why = d["error"].as_str().unwrap_or_default();
+    assert!(why.contains("coalesce") && why.contains("refused"), "{d}");
+    let m = final_metrics(&out.stderr).unwrap_or_else(|| panic!("no metrics line\n{out}"));
+    assert_eq!(n(&m["net"][TAP]["ctrl"], "errors"), 1, "{m}");
+    assert_eq!(n(&m["net"][TAP]["tx"], "frames"), 0, "{m}");
+}
