@@ -473,6 +473,7 @@ impl RingOps<'_> {
         result
     }
 
+    #[inline]
     fn walk<'g>(
         &self,
         guest: &GuestView<'g>,
@@ -487,29 +488,12 @@ impl RingOps<'_> {
             Direction::DeviceReads => 0,
         };
         let mut total: u32 = 0;
-        let mut index = head;
-        // Links left in the direct table: a loop ends when they run out.
-        let mut ttl = self.ring.size;
-        loop {
-            let desc = self.read_desc(index);
-            *visited += 1;
-            if *visited > MAX_CHAIN_DESCRIPTORS {
-                return Err(ChainError::TooManyDescriptors);
-            }
+        self.traverse(guest, head, visited, &mut |desc: &RawDesc| {
             let flags = u16::from_le(desc.flags);
-            if flags & VRING_DESC_F_INDIRECT as u16 != 0 {
-                return walk_indirect(guest, desc, write_flag, limit, total, iovs, visited);
-            }
-            total = push_desc(guest, &desc, flags, write_flag, limit, total, iovs)?;
-            if flags & VRING_DESC_F_NEXT as u16 == 0 {
-                return Ok(total);
-            }
-            ttl -= 1;
-            index = u16::from_le(desc.next);
-            if ttl == 0 || index >= self.ring.size {
-                return Err(ChainError::Truncated);
-            }
-        }
+            total = push_desc(guest, desc, flags, write_flag, limit, total, iovs)?;
+            Ok(())
+        })?;
+        Ok(total)
     }
 
     /// Walks a control-style chain at `head`: device-readable buffers first (appended to
@@ -565,12 +549,14 @@ impl RingOps<'_> {
 
     /// Visits the descriptors of the chain at `head` (direct, then an indirect table if the
     /// chain ends in one) with the same limits as the datapath's walk, calling `visit` on each.
-    fn traverse(
+    /// Generic rather than `dyn`, so that the datapath's walk inlines its visitor.
+    #[inline]
+    fn traverse<F: FnMut(&RawDesc) -> Result<(), ChainError>>(
         &self,
         guest: &GuestView<'_>,
         head: u16,
         visited: &mut u32,
-        visit: &mut dyn FnMut(&RawDesc) -> Result<(), ChainError>,
+        visit: &mut F,
     ) -> Result<(), ChainError> {
         let mut index = head;
         let mut ttl = self.ring.size;
@@ -730,57 +716,14 @@ fn push_desc<'g>(
     Ok(total)
 }
 
-/// Walks an indirect table (the rest of the chain), after `total` bytes of direct buffers.
-fn walk_indirect<'g>(
-    guest: &GuestView<'g>,
-    table: RawDesc,
-    write_flag: u16,
-    limit: u32,
-    mut total: u32,
-    iovs: &mut IovecList<'g>,
-    visited: &mut u32,
-) -> Result<u32, ChainError> {
-    let table_len = u32::from_le(table.len);
-    let count = table_len / DESC_SIZE as u32;
-    if !table_len.is_multiple_of(DESC_SIZE as u32) || count == 0 || count > u32::from(u16::MAX) {
-        return Err(ChainError::BadIndirectTable);
-    }
-    let addr = u64::from_le(table.addr);
-    let base = guest
-        .host_range(addr, u64::from(table_len))
-        .ok_or(ChainError::BadIndirectTable)?;
-    let mut index: u32 = 0;
-    let mut ttl = count;
-    loop {
-        // SAFETY: `index < count`, so the 16 bytes are inside the table, which lies inside one
-        // mapped region (host_range above).
-        let desc = unsafe { read_desc_at(base.add(index as usize * 16)) };
-        *visited += 1;
-        if *visited > MAX_CHAIN_DESCRIPTORS {
-            return Err(ChainError::TooManyDescriptors);
-        }
-        let flags = u16::from_le(desc.flags);
-        if flags & VRING_DESC_F_INDIRECT as u16 != 0 {
-            return Err(ChainError::BadIndirectTable);
-        }
-        total = push_desc(guest, &desc, flags, write_flag, limit, total, iovs)?;
-        if flags & VRING_DESC_F_NEXT as u16 == 0 {
-            return Ok(total);
-        }
-        ttl -= 1;
-        index = u32::from(u16::from_le(desc.next));
-        if ttl == 0 || index >= count {
-            return Err(ChainError::Truncated);
-        }
-    }
-}
-
-/// Visits the descriptors of an indirect table (the rest of a chain); see `walk_indirect`.
-fn traverse_indirect(
+/// Visits the descriptors of an indirect table (the rest of a chain): at most `count` links,
+/// no nested indirect table, every index inside the table.
+#[inline]
+fn traverse_indirect<F: FnMut(&RawDesc) -> Result<(), ChainError>>(
     guest: &GuestView<'_>,
     table: RawDesc,
     visited: &mut u32,
-    visit: &mut dyn FnMut(&RawDesc) -> Result<(), ChainError>,
+    visit: &mut F,
 ) -> Result<(), ChainError> {
     let table_len = u32::from_le(table.len);
     let count = table_len / DESC_SIZE as u32;
