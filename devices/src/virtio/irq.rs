@@ -1,11 +1,22 @@
-//! Device → driver signalling for one virtio-mmio device: the irqfd, the InterruptStatus bits
+//! Device → driver signalling for one virtio device: the irqfd, the InterruptStatus bits
 //! and the DEVICE_NEEDS_RESET flag, shared lock-free by the transport and the device worker.
+//!
+//! A virtio-mmio device has one line (one irqfd). A virtio-pci device with MSI-X
+//! ([`VirtioInterrupt::with_msix`]) has one irqfd per MSI-X vector instead: a queue interrupt
+//! goes to the vector the driver assigned to that queue, a configuration interrupt to the
+//! configuration vector (see [`crate::virtio::pci::msix`]). A worker that knows which queue it
+//! used calls [`VirtioInterrupt::signal_queue`]; [`VirtioInterrupt::signal_used_queue`] (which
+//! queue unknown) fires every vector a queue is mapped to, each once. On one line both are the
+//! same. The status bits (ISR on PCI) are set either way.
 
 use std::io;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::Arc;
 
 use virtio_bindings::virtio_mmio::{VIRTIO_MMIO_INT_CONFIG, VIRTIO_MMIO_INT_VRING};
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
+
+use super::pci::msix::MsixVectors;
 
 /// The interrupt line of one device. Shared as `Arc<VirtioInterrupt>`; no lock on any path.
 #[derive(Debug)]
@@ -13,6 +24,8 @@ pub struct VirtioInterrupt {
     irqfd: EventFd,
     status: AtomicU32,
     needs_reset: AtomicBool,
+    /// Per-vector lines (virtio-pci with MSI-X); `irqfd` is then unused.
+    msix: Option<Arc<MsixVectors>>,
 }
 
 impl VirtioInterrupt {
@@ -22,7 +35,31 @@ impl VirtioInterrupt {
             irqfd: EventFd::new(EFD_NONBLOCK)?,
             status: AtomicU32::new(0),
             needs_reset: AtomicBool::new(false),
+            msix: None,
         })
+    }
+
+    /// A line that signals through MSI-X `vectors` (one irqfd per vector) instead of its irqfd.
+    pub fn with_msix(vectors: Arc<MsixVectors>) -> io::Result<VirtioInterrupt> {
+        Ok(VirtioInterrupt {
+            msix: Some(vectors),
+            ..VirtioInterrupt::new()?
+        })
+    }
+
+    /// The MSI-X vectors, on a virtio-pci line.
+    pub fn msix(&self) -> Option<&Arc<MsixVectors>> {
+        self.msix.as_ref()
+    }
+
+    /// Signals "used buffers available" on queue `index`: its MSI-X vector, or the one line.
+    pub fn signal_queue(&self, index: usize) -> io::Result<()> {
+        self.status
+            .fetch_or(VIRTIO_MMIO_INT_VRING, Ordering::AcqRel);
+        match &self.msix {
+            Some(vectors) => vectors.signal_queue(index),
+            None => self.irqfd.write(1),
+        }
     }
 
     /// The eventfd the VMM registers as an irqfd on the device's GSI.
@@ -71,7 +108,11 @@ impl VirtioInterrupt {
 
     fn signal(&self, bit: u32) -> io::Result<()> {
         self.status.fetch_or(bit, Ordering::AcqRel);
-        self.irqfd.write(1)
+        match &self.msix {
+            Some(vectors) if bit == VIRTIO_MMIO_INT_CONFIG => vectors.signal_config(),
+            Some(vectors) => vectors.signal_all_queues(),
+            None => self.irqfd.write(1),
+        }
     }
 }
 

@@ -8,9 +8,11 @@
 #![warn(missing_docs)]
 
 pub mod chain;
+mod common;
 pub mod irq;
 pub mod mmio;
 pub mod net;
+pub mod pci;
 pub mod ring;
 pub mod vring;
 

@@ -1,0 +1,231 @@
+//! Transport logic shared by virtio transports: the device status state machine, the
+//! acknowledged-features check and the preparation of the queues handed over at activation.
+//!
+//! These are the rules of [`super::mmio::MmioTransport`] as pure functions, so that the
+//! virtio-pci transport applies exactly the same ones.
+
+use virtio_bindings::virtio_config::{
+    VIRTIO_CONFIG_S_ACKNOWLEDGE, VIRTIO_CONFIG_S_DRIVER, VIRTIO_CONFIG_S_DRIVER_OK,
+    VIRTIO_CONFIG_S_FAILED, VIRTIO_CONFIG_S_FEATURES_OK, VIRTIO_CONFIG_S_NEEDS_RESET,
+    VIRTIO_F_VERSION_1,
+};
+use virtio_bindings::virtio_ring::VIRTIO_RING_F_EVENT_IDX;
+use virtio_queue::{Queue, QueueT};
+use vm_memory::GuestMemoryMmap;
+use vmm_sys_util::eventfd::EventFd;
+
+use super::VirtioDevice;
+
+/// The status bits the driver sets, in the order it must set them.
+pub(crate) const STATUS_STEPS: [u32; 4] = [
+    VIRTIO_CONFIG_S_ACKNOWLEDGE,
+    VIRTIO_CONFIG_S_DRIVER,
+    VIRTIO_CONFIG_S_FEATURES_OK,
+    VIRTIO_CONFIG_S_DRIVER_OK,
+];
+
+/// What a write to the device status register does.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum StatusChange {
+    /// The driver wrote 0: reset the device.
+    Reset,
+    /// The status becomes `status`; `activate` when DRIVER_OK was just set; `warning` for a
+    /// (partly) refused write.
+    Update {
+        status: u32,
+        activate: bool,
+        warning: Option<String>,
+    },
+}
+
+/// Applies the driver's write of `value` to the status `old`: steps in order
+/// (ACKNOWLEDGE → DRIVER → FEATURES_OK → DRIVER_OK, several at once allowed), no bit cleared
+/// without a reset, FAILED sticks, nothing after FAILED, FEATURES_OK only if `check_features`
+/// accepts the acknowledged features. NEEDS_RESET in `value` is ignored (it is the device's).
+pub(crate) fn write_status(
+    old: u32,
+    value: u32,
+    check_features: impl FnOnce() -> Result<(), String>,
+) -> StatusChange {
+    let value = value & !VIRTIO_CONFIG_S_NEEDS_RESET;
+    if value == 0 {
+        return StatusChange::Reset;
+    }
+    let refuse = |warning: String| StatusChange::Update {
+        status: old,
+        activate: false,
+        warning: Some(warning),
+    };
+    if value & old != old {
+        return refuse(format!(
+            "Status {value:#x} clears bits of {old:#x} without a reset"
+        ));
+    }
+    if value & VIRTIO_CONFIG_S_FAILED != 0 {
+        return StatusChange::Update {
+            status: old | VIRTIO_CONFIG_S_FAILED,
+            activate: false,
+            warning: None,
+        };
+    }
+    if old & VIRTIO_CONFIG_S_FAILED != 0 {
+        return refuse(format!("Status {value:#x} after FAILED (reset first)"));
+    }
+    let mut status = old;
+    let mut activate = false;
+    let mut check_features = Some(check_features);
+    for step in STATUS_STEPS {
+        if status & step != 0 {
+            continue;
+        }
+        if value & step == 0 {
+            break;
+        }
+        if step == VIRTIO_CONFIG_S_FEATURES_OK {
+            let check = check_features.take().map_or(Ok(()), |f| f());
+            if let Err(why) = check {
+                return StatusChange::Update {
+                    status,
+                    activate: false,
+                    warning: Some(format!("FEATURES_OK refused: {why}")),
+                };
+            }
+        }
+        if step == VIRTIO_CONFIG_S_DRIVER_OK {
+            activate = true;
+        }
+        status |= step;
+    }
+    let ignored = value & !status;
+    StatusChange::Update {
+        status,
+        activate,
+        warning: (ignored != 0).then(|| {
+            format!("Status bits {ignored:#x} ignored (out of order or unknown) in {value:#x}")
+        }),
+    }
+}
+
+/// Checks the features the driver acknowledged against the `offered` ones: a subset, with
+/// VERSION_1, and acceptable to the device.
+pub(crate) fn check_features(
+    device: &dyn VirtioDevice,
+    offered: u64,
+    acked: u64,
+) -> Result<(), String> {
+    if acked & !offered != 0 {
+        return Err(format!(
+            "driver acknowledged features {:#x} the device did not offer",
+            acked & !offered
+        ));
+    }
+    if acked & (1 << VIRTIO_F_VERSION_1) == 0 {
+        return Err("VIRTIO_F_VERSION_1 not acknowledged (legacy drivers are unsupported)".into());
+    }
+    device.validate_features(acked).map_err(|e| e.to_string())
+}
+
+/// Why the queues cannot be handed to the device.
+#[derive(Debug)]
+pub(crate) enum ActivationProblem {
+    /// The driver's doing (logged as a guest warning).
+    Guest(String),
+    /// The host's (logged as an error).
+    Host(String),
+}
+
+/// The first `in_use` queues, copied for the worker (each valid in `mem`, EVENT_IDX set from
+/// `acked`), and clones of their kick eventfds.
+pub(crate) fn activation_queues(
+    mem: &GuestMemoryMmap,
+    queues: &[Queue],
+    kicks: &[EventFd],
+    in_use: usize,
+    acked: u64,
+) -> Result<(Vec<Queue>, Vec<EventFd>), ActivationProblem> {
+    let event_idx = acked & (1 << VIRTIO_RING_F_EVENT_IDX) != 0;
+    let mut out_queues = Vec::with_capacity(in_use);
+    let mut out_kicks = Vec::with_capacity(in_use);
+    for (index, (queue, kick)) in queues.iter().zip(kicks).enumerate().take(in_use) {
+        if !queue.is_valid(mem) {
+            return Err(ActivationProblem::Guest(format!(
+                "DRIVER_OK with queue {index} not ready or outside guest memory"
+            )));
+        }
+        if queue.avail_ring() == 0 {
+            // virtio-queue treats an avail ring at guest address 0 as "not configured".
+            return Err(ActivationProblem::Guest(format!(
+                "DRIVER_OK with queue {index}'s avail ring at guest address 0 (unsupported)"
+            )));
+        }
+        let mut worker_queue = Queue::try_from(queue.state())
+            .map_err(|e| ActivationProblem::Host(format!("cannot copy queue {index}: {e}")))?;
+        worker_queue.set_event_idx(event_idx);
+        out_queues.push(worker_queue);
+        out_kicks.push(kick.try_clone().map_err(|e| {
+            ActivationProblem::Host(format!("cannot clone kick eventfd {index}: {e}"))
+        })?);
+    }
+    Ok((out_queues, out_kicks))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const ACK: u32 = VIRTIO_CONFIG_S_ACKNOWLEDGE;
+    const DRIVER: u32 = VIRTIO_CONFIG_S_DRIVER;
+    const FEATURES_OK: u32 = VIRTIO_CONFIG_S_FEATURES_OK;
+    const DRIVER_OK: u32 = VIRTIO_CONFIG_S_DRIVER_OK;
+
+    fn update(old: u32, value: u32, features: Result<(), String>) -> (u32, bool, bool) {
+        match write_status(old, value, || features) {
+            StatusChange::Reset => panic!("unexpected reset"),
+            StatusChange::Update {
+                status,
+                activate,
+                warning,
+            } => (status, activate, warning.is_some()),
+        }
+    }
+
+    #[test]
+    fn status_machine() {
+        assert_eq!(
+            write_status(ACK, VIRTIO_CONFIG_S_NEEDS_RESET, || Ok(())),
+            StatusChange::Reset
+        );
+        assert_eq!(update(0, DRIVER, Ok(())), (0, false, true));
+        assert_eq!(
+            update(0, ACK | DRIVER, Ok(())),
+            (ACK | DRIVER, false, false)
+        );
+        assert_eq!(
+            update(ACK | DRIVER, ACK, Ok(())),
+            (ACK | DRIVER, false, true)
+        );
+        let all = ACK | DRIVER | FEATURES_OK | DRIVER_OK;
+        assert_eq!(update(0, all, Ok(())), (all, true, false));
+        assert_eq!(
+            update(0, all, Err("no".into())),
+            (ACK | DRIVER, false, true),
+            "steps before a refused FEATURES_OK are kept"
+        );
+        let failed = ACK | VIRTIO_CONFIG_S_FAILED;
+        assert_eq!(update(ACK, failed, Ok(())), (failed, false, false));
+        assert_eq!(
+            update(failed, failed | DRIVER, Ok(())),
+            (failed, false, false)
+        );
+        assert_eq!(
+            update(failed, ACK | DRIVER, Ok(())),
+            (failed, false, true),
+            "nothing after FAILED"
+        );
+        assert_eq!(
+            update(all, all, Ok(())),
+            (all, false, false),
+            "no re-activation"
+        );
+    }
+}

@@ -1,0 +1,1004 @@
+//! Transport tests without KVM: configuration space, BAR sizing, the capability chain, common
+//! configuration (features, status machine, queues, activation), notifications, ISR, MSI-X
+//! masking/pending/routes, and hostile accesses.
+
+use std::sync::{Arc, Mutex};
+
+use virtio_bindings::virtio_config::*;
+use virtio_bindings::virtio_ring::VIRTIO_RING_F_EVENT_IDX;
+use virtio_queue::QueueT;
+use vm_memory::{GuestAddress, GuestMemoryMmap};
+
+use super::config::*;
+use super::msix::{MsiMessage, VIRTIO_MSI_NO_VECTOR};
+use super::*;
+use crate::virtio::{ActivateError, ActivationContext, FeatureDependencyError, VirtioDevice};
+use crate::BusDevice;
+
+const VERSION_1: u64 = 1 << VIRTIO_F_VERSION_1;
+/// A feature the fake device offers only with its prerequisite `F_DEP`.
+const F_NEEDS: u64 = 1 << 5;
+const F_DEP: u64 = 1 << 6;
+const ACK: u32 = VIRTIO_CONFIG_S_ACKNOWLEDGE;
+const DRIVER: u32 = VIRTIO_CONFIG_S_DRIVER;
+const FEATURES_OK: u32 = VIRTIO_CONFIG_S_FEATURES_OK;
+const DRIVER_OK: u32 = VIRTIO_CONFIG_S_DRIVER_OK;
+
+// Common configuration offsets.
+const DFSEL: u64 = 0x00;
+const DF: u64 = 0x04;
+const GFSEL: u64 = 0x08;
+const GF: u64 = 0x0c;
+const MSIX_CONFIG: u64 = 0x10;
+const NUM_QUEUES: u64 = 0x12;
+const STATUS: u64 = 0x14;
+const GENERATION: u64 = 0x15;
+const Q_SELECT: u64 = 0x16;
+const Q_SIZE: u64 = 0x18;
+const Q_MSIX: u64 = 0x1a;
+const Q_ENABLE: u64 = 0x1c;
+const Q_NOTIFY_OFF: u64 = 0x1e;
+const Q_DESC: u64 = 0x20;
+const Q_DRIVER: u64 = 0x28;
+const Q_DEVICE: u64 = 0x30;
+
+#[derive(Default)]
+struct FakeState {
+    ctx: Option<ActivationContext>,
+    activations: usize,
+    resets: usize,
+    config_writes: Vec<(u64, Vec<u8>)>,
+}
+
+struct FakeDevice {
+    state: Arc<Mutex<FakeState>>,
+    sizes: Vec<u16>,
+    features: u64,
+}
+
+impl VirtioDevice for FakeDevice {
+    fn device_type(&self) -> u32 {
+        1
+    }
+    fn queue_max_sizes(&self) -> &[u16] {
+        &self.sizes
+    }
+    fn features(&self) -> u64 {
+        self.features
+    }
+    fn validate_features(&self, acked: u64) -> Result<(), FeatureDependencyError> {
+        if acked & F_NEEDS != 0 && acked & F_DEP == 0 {
+            return Err(FeatureDependencyError {
+                feature: "F_NEEDS",
+                requires: "F_DEP",
+            });
+        }
+        Ok(())
+    }
+    fn read_config(&self, offset: u64, data: &mut [u8]) {
+        for (i, b) in data.iter_mut().enumerate() {
+            let o = offset + i as u64;
+            *b = if o < 8 { 0xa0 + o as u8 } else { 0 };
+        }
+    }
+    fn write_config(&mut self, offset: u64, data: &[u8]) {
+        let mut s = lock(&self.state);
+        s.config_writes.push((offset, data.to_vec()));
+    }
+    fn config_generation(&self) -> u32 {
+        0x1_0007
+    }
+    fn activate(&mut self, ctx: ActivationContext) -> Result<(), ActivateError> {
+        let mut s = lock(&self.state);
+        s.activations += 1;
+        s.ctx = Some(ctx);
+        Ok(())
+    }
+    fn reset(&mut self) {
+        let mut s = lock(&self.state);
+        s.resets += 1;
+        s.ctx = None;
+    }
+    fn is_active(&self) -> bool {
+        lock(&self.state).ctx.is_some()
+    }
+}
+
+/// The fake's state, even after a failed assertion poisoned it (the transport's drop resets).
+fn lock(state: &Mutex<FakeState>) -> std::sync::MutexGuard<'_, FakeState> {
+    state.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn mem() -> GuestMemoryMmap {
+    GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 0x10_0000)]).expect("guest memory")
+}
+
+const OFFERED: u64 = VERSION_1
+    | F_NEEDS
+    | F_DEP
+    | (1 << VIRTIO_RING_F_EVENT_IDX)
+    | (1 << VIRTIO_F_RING_RESET)
+    | (1 << 40);
+
+/// A transport over a fake device with queues of 64, 64 and 16 entries; BAR0 at 0xe000_0000.
+fn transport() -> (VirtioPciTransport, Arc<Mutex<FakeState>>) {
+    let state = Arc::new(Mutex::new(FakeState::default()));
+    let device = FakeDevice {
+        state: state.clone(),
+        sizes: vec![64, 64, 16],
+        features: OFFERED,
+    };
+    let mut t = VirtioPciTransport::new(mem(), Box::new(device)).expect("transport");
+    t.set_bar0_address(0xe000_0000);
+    (t, state)
+}
+
+fn le(value: u64, len: usize) -> Vec<u8> {
+    value.to_le_bytes()[..len].to_vec()
+}
+
+fn from_le(data: &[u8]) -> u64 {
+    let mut b = [0u8; 8];
+    b[..data.len()].copy_from_slice(data);
+    u64::from_le_bytes(b)
+}
+
+fn cfg_r(t: &mut VirtioPciTransport, offset: u64, len: usize) -> u64 {
+    let mut data = vec![0xeeu8; len];
+    t.read_config_register(offset, &mut data);
+    from_le(&data)
+}
+
+fn cfg_w(t: &mut VirtioPciTransport, offset: u64, len: usize, value: u64) -> Option<BarMove> {
+    t.write_config_register(offset, &le(value, len))
+}
+
+fn bar_r(t: &mut VirtioPciTransport, offset: u64, len: usize) -> u64 {
+    let mut data = vec![0xeeu8; len];
+    BusDevice::read(t, offset, &mut data);
+    from_le(&data)
+}
+
+fn bar_w(t: &mut VirtioPciTransport, offset: u64, len: usize, value: u64) {
+    BusDevice::write(t, offset, &le(value, len));
+}
+
+fn status(t: &mut VirtioPciTransport) -> u32 {
+    bar_r(t, STATUS, 1) as u32
+}
+
+fn set_status(t: &mut VirtioPciTransport, value: u32) {
+    bar_w(t, STATUS, 1, u64::from(value));
+}
+
+/// Resets, ACKNOWLEDGE, DRIVER, writes `features`, FEATURES_OK. True if it stuck.
+fn negotiate(t: &mut VirtioPciTransport, features: u64) -> bool {
+    set_status(t, 0);
+    set_status(t, ACK);
+    set_status(t, ACK | DRIVER);
+    for sel in 0..2u64 {
+        bar_w(t, GFSEL, 4, sel);
+        bar_w(t, GF, 4, (features >> (32 * sel)) & 0xffff_ffff);
+    }
+    set_status(t, ACK | DRIVER | FEATURES_OK);
+    status(t) & FEATURES_OK != 0
+}
+
+/// Programs queue `index` (size, rings at `base`, vector) and enables it.
+fn setup_queue(t: &mut VirtioPciTransport, index: u16, size: u16, base: u64, vector: u16) {
+    bar_w(t, Q_SELECT, 2, index.into());
+    bar_w(t, Q_SIZE, 2, size.into());
+    bar_w(t, Q_DESC, 8, base);
+    // The driver ring as two dwords, as a 32-bit driver writes it.
+    bar_w(t, Q_DRIVER, 4, (base + 0x400) & 0xffff_ffff);
+    bar_w(t, Q_DRIVER + 4, 4, (base + 0x400) >> 32);
+    bar_w(t, Q_DEVICE, 8, base + 0x800);
+    bar_w(t, Q_MSIX, 2, vector.into());
+    bar_w(t, Q_ENABLE, 2, 1);
+}
+
+fn driver_ok(t: &mut VirtioPciTransport) {
+    let s = status(t);
+    set_status(t, s | DRIVER_OK);
+}
+
+/// Walks the capability list: (offset, id) in order.
+fn capabilities(t: &mut VirtioPciTransport) -> Vec<(u64, u8)> {
+    let mut caps = Vec::new();
+    let mut next = cfg_r(t, PCI_CAPABILITY_LIST as u64, 1);
+    while next != 0 {
+        assert!(caps.len() < 48, "capability list loops");
+        assert!(
+            next >= 0x40 && next.is_multiple_of(4) && next < 0x100,
+            "cap at {next:#x}"
+        );
+        caps.push((next, cfg_r(t, next, 1) as u8));
+        next = cfg_r(t, next + 1, 1);
+    }
+    caps
+}
+
+/// The virtio capability of `cfg_type`: (cap offset, cap_len, bar, offset, length).
+fn virtio_cap(t: &mut VirtioPciTransport, cfg_type: u8) -> (u64, u8, u8, u64, u64) {
+    for (at, id) in capabilities(t) {
+        if id == PCI_CAP_ID_VNDR && cfg_r(t, at + 3, 1) as u8 == cfg_type {
+            return (
+                at,
+                cfg_r(t, at + 2, 1) as u8,
+                cfg_r(t, at + 4, 1) as u8,
+                cfg_r(t, at + 8, 4),
+                cfg_r(t, at + 12, 4),
+            );
+        }
+    }
+    panic!("no capability of type {cfg_type}");
+}
+
+fn msix_cap(t: &mut VirtioPciTransport) -> u64 {
+    capabilities(t)
+        .into_iter()
+        .find(|&(_, id)| id == PCI_CAP_ID_MSIX)
+        .expect("MSI-X capability")
+        .0
+}
+
+fn fired(fd: &vmm_sys_util::eventfd::EventFd) -> u64 {
+    fd.read().unwrap_or(0)
+}
+
+#[test]
+fn header_fields() {
+    let (mut t, _) = transport();
+    assert_eq!(cfg_r(&mut t, 0, 2), 0x1af4);
+    assert_eq!(cfg_r(&mut t, 2, 2), 0x1041, "0x1040 + net");
+    assert_eq!(cfg_r(&mut t, 0, 4), 0x1041_1af4);
+    assert_eq!(cfg_r(&mut t, PCI_REVISION_ID as u64, 1), 1);
+    assert_eq!(
+        cfg_r(&mut t, 0x08, 4),
+        0x0200_0001,
+        "class 02/00/00, revision 1"
+    );
+    assert_eq!(cfg_r(&mut t, PCI_HEADER_TYPE as u64, 1), 0);
+    assert_eq!(cfg_r(&mut t, PCI_SUBSYSTEM_VENDOR_ID as u64, 2), 0x1af4);
+    assert_eq!(cfg_r(&mut t, PCI_SUBSYSTEM_ID as u64, 2), 1);
+    assert_eq!(cfg_r(&mut t, PCI_INTERRUPT_PIN as u64, 1), 0, "no INTx");
+    assert_eq!(
+        cfg_r(&mut t, PCI_STATUS as u64, 2) as u16 & PCI_STATUS_CAP_LIST,
+        PCI_STATUS_CAP_LIST
+    );
+    assert_eq!(cfg_r(&mut t, PCI_COMMAND as u64, 2), 0);
+    // Bytes past the space read 0, and no panic.
+    assert_eq!(cfg_r(&mut t, 0xfe, 4), 0);
+    assert_eq!(cfg_r(&mut t, 0x1000, 4), 0);
+    assert_eq!(cfg_r(&mut t, u64::MAX, 8), 0);
+}
+
+#[test]
+fn read_only_fields_stay_read_only() {
+    let (mut t, _) = transport();
+    let before: Vec<u64> = (0..64u64).map(|o| cfg_r(&mut t, o * 4, 4)).collect();
+    let skip = [
+        PCI_COMMAND / 4,
+        PCI_CACHE_LINE_SIZE / 4,
+        4,
+        5,
+        PCI_INTERRUPT_LINE / 4,
+    ];
+    for dword in 0..64u64 {
+        if skip.contains(&(dword as usize)) {
+            continue;
+        }
+        cfg_w(&mut t, dword * 4, 4, 0xffff_ffff);
+        cfg_w(&mut t, dword * 4, 4, 0);
+    }
+    for dword in 0..64u64 {
+        if skip.contains(&(dword as usize)) {
+            continue;
+        }
+        let at = dword * 4;
+        let now = cfg_r(&mut t, at, 4);
+        // The PCI_CFG capability's bar/offset/length are the driver's (checked elsewhere);
+        // MSI-X Message Control has its enable and mask bits.
+        let (pci_cfg, ..) = virtio_cap(&mut t, VIRTIO_PCI_CAP_PCI_CFG);
+        let msix = msix_cap(&mut t);
+        if (pci_cfg + 4..pci_cfg + 16).contains(&at) || at == msix {
+            continue;
+        }
+        assert_eq!(now, before[dword as usize], "dword {at:#x} changed");
+    }
+    // Command: only memory, bus master and INTx disable stick.
+    cfg_w(&mut t, PCI_COMMAND as u64, 2, 0xffff);
+    assert_eq!(
+        cfg_r(&mut t, PCI_COMMAND as u64, 2) as u16,
+        PCI_COMMAND_MEMORY | PCI_COMMAND_MASTER | PCI_COMMAND_INTX_DISABLE
+    );
+    assert!(t.config_space().memory_enabled());
+    assert!(t.config_space().bus_master_enabled());
+    // Status is not writable (its capability bit stays, nothing else appears).
+    cfg_w(&mut t, PCI_STATUS as u64, 2, 0xffff);
+    assert_eq!(
+        cfg_r(&mut t, PCI_STATUS as u64, 2) as u16,
+        PCI_STATUS_CAP_LIST
+    );
+    // Interrupt line is a scratch register; pin is not.
+    cfg_w(&mut t, PCI_INTERRUPT_LINE as u64, 2, 0xffff);
+    assert_eq!(cfg_r(&mut t, PCI_INTERRUPT_LINE as u64, 2), 0x00ff);
+    // The other BARs and the expansion ROM are unimplemented: 0 whatever is written.
+    for bar in [0x18u64, 0x1c, 0x20, 0x24, 0x30] {
+        cfg_w(&mut t, bar, 4, 0xffff_ffff);
+        assert_eq!(cfg_r(&mut t, bar, 4), 0, "{bar:#x}");
+    }
+}
+
+#[test]
+fn bar0_sizing_protocol() {
+    let (mut t, _) = transport();
+    let lo = PCI_BAR0 as u64;
+    assert_eq!(
+        cfg_r(&mut t, lo, 4),
+        0xe000_0004,
+        "64-bit, non-prefetchable memory BAR"
+    );
+    assert_eq!(cfg_r(&mut t, lo + 4, 4), 0);
+    assert_eq!(t.bar0(), (0xe000_0000, BAR0_SIZE));
+    assert!(BAR0_SIZE.is_power_of_two());
+    // Sizing, as Linux does it: all ones, read, restore; low dword then high dword.
+    assert_eq!(cfg_w(&mut t, lo, 4, 0xffff_ffff), None);
+    let mask_lo = cfg_r(&mut t, lo, 4);
+    assert_eq!(mask_lo, (!(BAR0_SIZE - 1) & 0xffff_fff0) | 0b100);
+    assert_eq!(cfg_w(&mut t, lo, 4, 0xe000_0000), None, "restored: no move");
+    assert_eq!(cfg_w(&mut t, lo + 4, 4, 0xffff_ffff), None);
+    assert_eq!(cfg_r(&mut t, lo + 4, 4), 0xffff_ffff);
+    assert_eq!(cfg_w(&mut t, lo + 4, 4, 0), None);
+    let size = !((mask_lo & !0xf) | 0xffff_ffff_0000_0000) + 1;
+    assert_eq!(size, BAR0_SIZE);
+    assert_eq!(t.bar0_address(), 0xe000_0000);
+    // The type bits are read-only, the address bits below the size too.
+    assert_eq!(
+        cfg_w(&mut t, lo, 4, 0xd000_7ff8),
+        Some(BarMove {
+            bar: 0,
+            old: 0xe000_0000,
+            new: 0xd000_0000,
+            size: BAR0_SIZE
+        })
+    );
+    assert_eq!(cfg_r(&mut t, lo, 4), 0xd000_0004);
+    // Moving above 4 GiB through the high dword.
+    let moved = cfg_w(&mut t, lo + 4, 4, 0x1).expect("move");
+    assert_eq!((moved.old, moved.new), (0xd000_0000, 0x1_d000_0000));
+    assert_eq!(t.bar0(), (0x1_d000_0000, BAR0_SIZE));
+    // Byte writes go through the same mask.
+    cfg_w(&mut t, lo, 1, 0xff);
+    assert_eq!(cfg_r(&mut t, lo, 4), 0xd000_0004);
+}
+
+#[test]
+fn capability_chain() {
+    let (mut t, _) = transport();
+    let caps = capabilities(&mut t);
+    assert_eq!(caps.len(), 6, "{caps:x?}");
+    // Every capability lies inside the space and after the previous one.
+    let mut ends = Vec::new();
+    for &(at, id) in &caps {
+        let len = match id {
+            PCI_CAP_ID_VNDR => cfg_r(&mut t, at + 2, 1),
+            PCI_CAP_ID_MSIX => 12,
+            other => panic!("unexpected capability {other:#x}"),
+        };
+        assert!(at + len <= 0x100);
+        if let Some(&prev_end) = ends.last() {
+            assert!(at >= prev_end, "capabilities overlap");
+        }
+        ends.push(at + len);
+    }
+    let mut regions = Vec::new();
+    for (cfg_type, offset, min_len) in [
+        (VIRTIO_PCI_CAP_COMMON_CFG, COMMON_OFFSET, 0x38),
+        (VIRTIO_PCI_CAP_NOTIFY_CFG, NOTIFY_OFFSET, 3 * 4),
+        (VIRTIO_PCI_CAP_ISR_CFG, ISR_OFFSET, 1),
+        (VIRTIO_PCI_CAP_DEVICE_CFG, DEVICE_OFFSET, 8),
+    ] {
+        let (at, cap_len, bar, off, len) = virtio_cap(&mut t, cfg_type);
+        let expected_cap_len = if cfg_type == VIRTIO_PCI_CAP_NOTIFY_CFG {
+            20
+        } else {
+            16
+        };
+        assert_eq!(cap_len, expected_cap_len, "type {cfg_type}");
+        assert_eq!(bar, 0);
+        assert_eq!(off, offset, "type {cfg_type}");
+        assert!(len >= min_len, "type {cfg_type}: length {len}");
+        assert!(off + len <= BAR0_SIZE);
+        regions.push((off, off + len));
+        if cfg_type == VIRTIO_PCI_CAP_NOTIFY_CFG {
+            assert_eq!(cfg_r(&mut t, at + 16, 4), u64::from(NOTIFY_OFF_MULTIPLIER));
+            assert_eq!(
+                len,
+                3 * u64::from(NOTIFY_OFF_MULTIPLIER),
+                "one slot per queue"
+            );
+        }
+    }
+    let (_, cap_len, ..) = virtio_cap(&mut t, VIRTIO_PCI_CAP_PCI_CFG);
+    assert_eq!(cap_len, 20);
+    // MSI-X: 4 vectors (3 queues + config), table and PBA in BAR0.
+    let msix = msix_cap(&mut t);
+    assert_eq!(
+        cfg_r(&mut t, msix + 2, 2),
+        3,
+        "table size N-1, disabled, unmasked"
+    );
+    let table = cfg_r(&mut t, msix + 4, 4);
+    let pba = cfg_r(&mut t, msix + 8, 4);
+    assert_eq!(table & 7, 0, "table BIR 0");
+    assert_eq!(pba & 7, 0, "PBA BIR 0");
+    assert_eq!(table & !7, MSIX_TABLE_OFFSET);
+    assert_eq!(pba & !7, MSIX_PBA_OFFSET);
+    regions.push((MSIX_TABLE_OFFSET, MSIX_TABLE_OFFSET + 4 * 16));
+    regions.push((MSIX_PBA_OFFSET, MSIX_PBA_OFFSET + 8));
+    regions.sort();
+    for pair in regions.windows(2) {
+        assert!(pair[0].1 <= pair[1].0, "BAR0 regions overlap: {regions:x?}");
+    }
+    assert!(regions.last().unwrap().1 <= BAR0_SIZE);
+}
+
+#[test]
+fn feature_negotiation() {
+    let (mut t, _) = transport();
+    // RING_RESET is not offered (queue_reset is not implemented), the rest is the device's.
+    bar_w(&mut t, DFSEL, 4, 0);
+    let lo = bar_r(&mut t, DF, 4);
+    bar_w(&mut t, DFSEL, 4, 1);
+    let hi = bar_r(&mut t, DF, 4);
+    assert_eq!(hi << 32 | lo, OFFERED & !(1 << VIRTIO_F_RING_RESET));
+    assert_eq!(bar_r(&mut t, DFSEL, 4), 1);
+    bar_w(&mut t, DFSEL, 4, 7);
+    assert_eq!(bar_r(&mut t, DF, 4), 0);
+    // Driver features before DRIVER: ignored.
+    bar_w(&mut t, GF, 4, 0xffff_ffff);
+    assert_eq!(t.acked_features(), 0);
+
+    assert!(!negotiate(&mut t, VERSION_1 | 1 << 41), "not offered");
+    assert!(
+        !negotiate(&mut t, VERSION_1 | 1 << VIRTIO_F_RING_RESET),
+        "not offered"
+    );
+    assert!(!negotiate(&mut t, F_DEP), "legacy driver (no VERSION_1)");
+    assert!(
+        !negotiate(&mut t, VERSION_1 | F_NEEDS),
+        "dependency refused by the device"
+    );
+    assert!(negotiate(&mut t, VERSION_1 | F_NEEDS | F_DEP));
+    assert!(negotiate(&mut t, VERSION_1));
+    let all = OFFERED & !(1 << VIRTIO_F_RING_RESET);
+    assert!(negotiate(&mut t, all));
+    bar_w(&mut t, GFSEL, 4, 1);
+    assert_eq!(bar_r(&mut t, GF, 4), all >> 32, "driver_feature reads back");
+    // Frozen once FEATURES_OK is set.
+    bar_w(&mut t, GFSEL, 4, 0);
+    bar_w(&mut t, GF, 4, 0);
+    assert_eq!(t.acked_features(), all);
+}
+
+#[test]
+fn status_steps_must_come_in_order() {
+    let (mut t, _) = transport();
+    set_status(&mut t, DRIVER);
+    assert_eq!(status(&mut t), 0, "DRIVER before ACKNOWLEDGE");
+    set_status(&mut t, ACK);
+    set_status(&mut t, ACK | FEATURES_OK);
+    assert_eq!(status(&mut t), ACK, "FEATURES_OK before DRIVER");
+    set_status(&mut t, ACK | DRIVER);
+    set_status(&mut t, ACK | DRIVER | DRIVER_OK);
+    assert_eq!(status(&mut t), ACK | DRIVER, "DRIVER_OK before FEATURES_OK");
+    set_status(&mut t, ACK);
+    assert_eq!(status(&mut t), ACK | DRIVER, "bits cleared without reset");
+    set_status(&mut t, ACK | DRIVER | VIRTIO_CONFIG_S_NEEDS_RESET);
+    assert_eq!(status(&mut t), ACK | DRIVER, "NEEDS_RESET is the device's");
+    set_status(&mut t, ACK | DRIVER | VIRTIO_CONFIG_S_FAILED);
+    assert_eq!(status(&mut t), ACK | DRIVER | VIRTIO_CONFIG_S_FAILED);
+    set_status(&mut t, ACK | DRIVER | VIRTIO_CONFIG_S_FAILED | FEATURES_OK);
+    assert_eq!(status(&mut t) & FEATURES_OK, 0, "no progress after FAILED");
+    set_status(&mut t, 0);
+    assert_eq!(status(&mut t), 0);
+    // Status is a byte: other widths are refused.
+    bar_w(&mut t, STATUS, 2, u64::from(ACK));
+    bar_w(&mut t, STATUS, 4, u64::from(ACK));
+    assert_eq!(status(&mut t), 0);
+    assert_eq!(bar_r(&mut t, STATUS, 4), 0);
+    // Several steps in one write are taken in order.
+    set_status(&mut t, ACK | DRIVER);
+    bar_w(&mut t, GFSEL, 4, 1);
+    bar_w(&mut t, GF, 4, 1);
+    set_status(&mut t, ACK | DRIVER | FEATURES_OK);
+    assert_eq!(status(&mut t), ACK | DRIVER | FEATURES_OK);
+    // The generation is the device's, as a byte.
+    assert_eq!(bar_r(&mut t, GENERATION, 1), 7);
+}
+
+#[test]
+fn queue_configuration_is_validated() {
+    let (mut t, _) = transport();
+    assert_eq!(bar_r(&mut t, NUM_QUEUES, 2), 3);
+    for (sel, size) in [(0u64, 64), (1, 64), (2, 16), (3, 0), (0xffff, 0)] {
+        bar_w(&mut t, Q_SELECT, 2, sel);
+        assert_eq!(bar_r(&mut t, Q_SIZE, 2), size, "queue {sel}");
+        let notify_off = if size == 0 { 0 } else { sel };
+        assert_eq!(bar_r(&mut t, Q_NOTIFY_OFF, 2), notify_off, "queue {sel}");
+        assert_eq!(bar_r(&mut t, Q_MSIX, 2), u64::from(VIRTIO_MSI_NO_VECTOR));
+    }
+    // Before FEATURES_OK: ignored.
+    setup_queue(&mut t, 0, 32, 0x1000, 1);
+    bar_w(&mut t, Q_SELECT, 2, 0);
+    assert_eq!(bar_r(&mut t, Q_ENABLE, 2), 0);
+    assert_eq!(bar_r(&mut t, Q_SIZE, 2), 64);
+    assert_eq!(bar_r(&mut t, Q_DESC, 8), 0);
+
+    assert!(negotiate(&mut t, VERSION_1));
+    bar_w(&mut t, Q_SELECT, 2, 0);
+    for bad in [0u64, 3, 100, 128, 0xffff] {
+        bar_w(&mut t, Q_SIZE, 2, bad);
+        assert_eq!(bar_r(&mut t, Q_SIZE, 2), 64, "queue_size {bad} refused");
+    }
+    bar_w(&mut t, Q_SIZE, 2, 16);
+    assert_eq!(bar_r(&mut t, Q_SIZE, 2), 16);
+    bar_w(&mut t, Q_DESC, 8, 0x1008);
+    assert_eq!(
+        bar_r(&mut t, Q_DESC, 8),
+        0,
+        "descriptor table must be 16-aligned"
+    );
+    bar_w(&mut t, Q_DEVICE, 8, 0x1002);
+    assert_eq!(bar_r(&mut t, Q_DEVICE, 8), 0, "used ring must be 4-aligned");
+    // 64-bit addresses as one qword or two dwords, read either way.
+    bar_w(&mut t, Q_DESC, 8, 0x1_2345_6780);
+    assert_eq!(bar_r(&mut t, Q_DESC, 8), 0x1_2345_6780);
+    assert_eq!(bar_r(&mut t, Q_DESC, 4), 0x2345_6780);
+    assert_eq!(bar_r(&mut t, Q_DESC + 4, 4), 1);
+    bar_w(&mut t, Q_DESC + 4, 4, 0);
+    assert_eq!(bar_r(&mut t, Q_DESC, 8), 0x2345_6780);
+    // queue_enable: only 1.
+    bar_w(&mut t, Q_ENABLE, 2, 7);
+    bar_w(&mut t, Q_ENABLE, 2, 0);
+    assert_eq!(bar_r(&mut t, Q_ENABLE, 2), 0);
+    // Vectors past the table read back as NO_VECTOR (4 vectors: 0..=3).
+    bar_w(&mut t, Q_MSIX, 2, 4);
+    assert_eq!(bar_r(&mut t, Q_MSIX, 2), u64::from(VIRTIO_MSI_NO_VECTOR));
+    bar_w(&mut t, Q_MSIX, 2, 3);
+    assert_eq!(bar_r(&mut t, Q_MSIX, 2), 3);
+    bar_w(&mut t, MSIX_CONFIG, 2, 9);
+    assert_eq!(
+        bar_r(&mut t, MSIX_CONFIG, 2),
+        u64::from(VIRTIO_MSI_NO_VECTOR)
+    );
+    // Nonexistent queue.
+    bar_w(&mut t, Q_SELECT, 2, 9);
+    bar_w(&mut t, Q_SIZE, 2, 16);
+    bar_w(&mut t, Q_ENABLE, 2, 1);
+    bar_w(&mut t, Q_MSIX, 2, 1);
+    assert_eq!(bar_r(&mut t, Q_ENABLE, 2), 0);
+    assert_eq!(bar_r(&mut t, Q_MSIX, 2), u64::from(VIRTIO_MSI_NO_VECTOR));
+    // Read-only registers.
+    bar_w(&mut t, NUM_QUEUES, 2, 1);
+    bar_w(&mut t, Q_SELECT, 2, 0);
+    bar_w(&mut t, Q_NOTIFY_OFF, 2, 5);
+    assert_eq!(bar_r(&mut t, NUM_QUEUES, 2), 3);
+    assert_eq!(bar_r(&mut t, Q_NOTIFY_OFF, 2), 0);
+}
+
+#[test]
+fn activation_hands_over_queues_kicks_and_interrupt() {
+    let (mut t, state) = transport();
+    let features = VERSION_1 | 1 << VIRTIO_RING_F_EVENT_IDX;
+    assert!(negotiate(&mut t, features));
+    setup_queue(&mut t, 0, 32, 0x1000, 1);
+    setup_queue(&mut t, 1, 64, 0x2000, 2);
+    setup_queue(&mut t, 2, 16, 0x3000, VIRTIO_MSI_NO_VECTOR);
+    driver_ok(&mut t);
+    assert_eq!(status(&mut t), ACK | DRIVER | FEATURES_OK | DRIVER_OK);
+    {
+        let s = state.lock().unwrap();
+        assert_eq!(s.activations, 1);
+        let ctx = s.ctx.as_ref().expect("activated");
+        assert_eq!(ctx.acked_features, features);
+        assert_eq!(ctx.queues.len(), 3);
+        assert_eq!(ctx.kicks.len(), 3);
+        assert_eq!(ctx.queues[0].size(), 32);
+        assert_eq!(ctx.queues[0].desc_table(), 0x1000);
+        assert_eq!(ctx.queues[0].avail_ring(), 0x1400);
+        assert_eq!(ctx.queues[0].used_ring(), 0x1800);
+        assert_eq!(ctx.queues[1].desc_table(), 0x2000);
+        assert_eq!(ctx.queues[2].size(), 16);
+        assert!(ctx.queues.iter().all(|q| q.event_idx_enabled()));
+        assert!(Arc::ptr_eq(&ctx.interrupt, t.interrupt()));
+        // A kick clone is the transport's eventfd.
+        bar_w(&mut t, NOTIFY_OFFSET + 4, 2, 1);
+        assert_eq!(fired(&ctx.kicks[1]), 1);
+    }
+    // After DRIVER_OK the queue configuration is frozen.
+    bar_w(&mut t, Q_SELECT, 2, 0);
+    bar_w(&mut t, Q_SIZE, 2, 64);
+    bar_w(&mut t, Q_DESC, 8, 0x5000);
+    assert_eq!(bar_r(&mut t, Q_SIZE, 2), 32);
+    assert_eq!(bar_r(&mut t, Q_DESC, 8), 0x1000);
+    // Rewriting the same status does not activate again.
+    driver_ok(&mut t);
+    assert_eq!(state.lock().unwrap().activations, 1);
+}
+
+#[test]
+fn driver_ok_with_bad_rings_needs_reset() {
+    let (mut t, state) = transport();
+    enable_msix(&mut t);
+    program_vector(&mut t, 0, 0xfee0_0000, 0x40, false);
+    assert!(negotiate(&mut t, VERSION_1));
+    bar_w(&mut t, MSIX_CONFIG, 2, 0);
+    setup_queue(&mut t, 0, 64, 0x1000, 1);
+    setup_queue(&mut t, 1, 64, 0x2000, 1);
+    // Queue 2 never enabled.
+    driver_ok(&mut t);
+    assert_eq!(
+        status(&mut t),
+        ACK | DRIVER | FEATURES_OK | DRIVER_OK | VIRTIO_CONFIG_S_NEEDS_RESET
+    );
+    assert!(state.lock().unwrap().ctx.is_none());
+    let config_irq = t.msix_vectors().irqfd(0).expect("vector 0");
+    assert_eq!(fired(config_irq), 1, "config vector told the driver");
+    assert_eq!(bar_r(&mut t, ISR_OFFSET, 1), 2, "ISR config bit");
+
+    // Rings beyond the end of guest memory.
+    assert!(negotiate(&mut t, VERSION_1));
+    assert_eq!(status(&mut t) & VIRTIO_CONFIG_S_NEEDS_RESET, 0);
+    setup_queue(&mut t, 0, 64, 0x1000, 1);
+    setup_queue(&mut t, 1, 64, 0x2000, 1);
+    setup_queue(&mut t, 2, 16, 0xf_ff00, 1);
+    driver_ok(&mut t);
+    assert_ne!(status(&mut t) & VIRTIO_CONFIG_S_NEEDS_RESET, 0);
+    assert!(state.lock().unwrap().ctx.is_none());
+}
+
+#[test]
+fn reset_returns_to_the_initial_state() {
+    let (mut t, state) = transport();
+    enable_msix(&mut t);
+    program_vector(&mut t, 1, 0xfee0_0000, 0x41, false);
+    assert!(negotiate(&mut t, VERSION_1));
+    bar_w(&mut t, MSIX_CONFIG, 2, 0);
+    setup_queue(&mut t, 0, 32, 0x1000, 1);
+    setup_queue(&mut t, 1, 32, 0x2000, 1);
+    setup_queue(&mut t, 2, 16, 0x3000, 1);
+    driver_ok(&mut t);
+    assert!(t.device().is_active());
+    t.interrupt().signal_queue(0).expect("irq");
+    let resets = state.lock().unwrap().resets;
+    set_status(&mut t, 0);
+    assert!(!t.device().is_active());
+    assert_eq!(state.lock().unwrap().resets, resets + 1);
+    assert_eq!(status(&mut t), 0);
+    assert_eq!(bar_r(&mut t, ISR_OFFSET, 1), 0);
+    assert_eq!(t.acked_features(), 0);
+    assert_eq!(
+        bar_r(&mut t, MSIX_CONFIG, 2),
+        u64::from(VIRTIO_MSI_NO_VECTOR)
+    );
+    bar_w(&mut t, Q_SELECT, 2, 0);
+    assert_eq!(bar_r(&mut t, Q_ENABLE, 2), 0);
+    assert_eq!(bar_r(&mut t, Q_SIZE, 2), 64);
+    assert_eq!(bar_r(&mut t, Q_MSIX, 2), u64::from(VIRTIO_MSI_NO_VECTOR));
+    // The MSI-X table is PCI state: it survives.
+    assert_eq!(bar_r(&mut t, MSIX_TABLE_OFFSET + 16 + 8, 4), 0x41);
+    assert!(t.msix_table().enabled());
+}
+
+#[test]
+fn device_config_is_forwarded() {
+    let (mut t, state) = transport();
+    assert_eq!(bar_r(&mut t, DEVICE_OFFSET, 4), 0xa3a2_a1a0);
+    assert_eq!(bar_r(&mut t, DEVICE_OFFSET + 6, 2), 0xa7a6);
+    assert_eq!(
+        bar_r(&mut t, DEVICE_OFFSET + 7, 2),
+        0x00a7,
+        "past the end reads 0"
+    );
+    assert_eq!(bar_r(&mut t, DEVICE_OFFSET + 0xff8, 8), 0);
+    bar_w(&mut t, DEVICE_OFFSET + 2, 2, 0xbeef);
+    assert_eq!(
+        state.lock().unwrap().config_writes,
+        [(2u64, vec![0xef, 0xbe])]
+    );
+}
+
+#[test]
+fn notify_address_per_queue() {
+    let (mut t, _) = transport();
+    let listed: Vec<(u64, u32)> = t
+        .ioeventfds(0xe000_0000)
+        .into_iter()
+        .map(|(_, addr, len)| (addr, len))
+        .collect();
+    assert_eq!(
+        listed,
+        [(0xe000_3000, 0), (0xe000_3004, 0), (0xe000_3008, 0)],
+        "one address per queue, any length, no datamatch"
+    );
+    // Each address is queue_notify_off * multiplier past the notify cap's offset.
+    let (_, _, _, notify_off, _) = virtio_cap(&mut t, VIRTIO_PCI_CAP_NOTIFY_CFG);
+    for q in 0..3u64 {
+        bar_w(&mut t, Q_SELECT, 2, q);
+        let off = bar_r(&mut t, Q_NOTIFY_OFF, 2);
+        assert_eq!(
+            0xe000_0000 + notify_off + off * u64::from(NOTIFY_OFF_MULTIPLIER),
+            listed[q as usize].0
+        );
+    }
+    // The fallback path (no ioeventfd): any width, the value does not matter.
+    bar_w(&mut t, NOTIFY_OFFSET + 8, 2, 0);
+    bar_w(&mut t, NOTIFY_OFFSET + 8, 4, 0x1234_0002);
+    bar_w(&mut t, NOTIFY_OFFSET + 12, 2, 3);
+    let fds = t.ioeventfds(0);
+    assert_eq!(fired(fds[2].0), 2);
+    assert_eq!(fired(fds[0].0), 0);
+    assert_eq!(fired(fds[1].0), 0);
+    assert_eq!(bar_r(&mut t, NOTIFY_OFFSET, 2), 0);
+}
+
+#[test]
+fn isr_read_to_clear() {
+    let (mut t, _) = transport();
+    assert_eq!(bar_r(&mut t, ISR_OFFSET, 1), 0);
+    t.interrupt().signal_used_queue().expect("irq");
+    // Reads elsewhere in the ISR structure do not clear.
+    assert_eq!(bar_r(&mut t, ISR_OFFSET + 1, 1), 0);
+    assert_eq!(bar_r(&mut t, ISR_OFFSET, 1), 1);
+    assert_eq!(bar_r(&mut t, ISR_OFFSET, 1), 0, "cleared by the read");
+    t.interrupt().signal_queue(1).expect("irq");
+    t.interrupt().signal_config_change().expect("irq");
+    assert_eq!(bar_r(&mut t, ISR_OFFSET, 4), 3);
+    assert_eq!(bar_r(&mut t, ISR_OFFSET, 4), 0);
+    // Writes are ignored.
+    t.interrupt().signal_queue(0).expect("irq");
+    bar_w(&mut t, ISR_OFFSET, 1, 0);
+    assert_eq!(bar_r(&mut t, ISR_OFFSET, 1), 1);
+}
+
+fn enable_msix(t: &mut VirtioPciTransport) {
+    let cap = msix_cap(t);
+    cfg_w(t, cap + 2, 2, u64::from(msix::MSIX_CTRL_ENABLE));
+}
+
+fn program_vector(t: &mut VirtioPciTransport, v: u64, addr: u64, data: u32, masked: bool) {
+    let at = MSIX_TABLE_OFFSET + 16 * v;
+    bar_w(t, at, 4, addr & 0xffff_ffff);
+    bar_w(t, at + 4, 4, addr >> 32);
+    bar_w(t, at + 8, 4, data.into());
+    bar_w(t, at + 12, 4, u64::from(masked));
+}
+
+#[test]
+fn msix_masking_pending_and_unmask_delivery() {
+    let (mut t, _) = transport();
+    let cap = msix_cap(&mut t);
+    assert!(negotiate(&mut t, VERSION_1));
+    bar_w(&mut t, Q_SELECT, 2, 0);
+    bar_w(&mut t, Q_MSIX, 2, 1);
+    bar_w(&mut t, Q_SELECT, 2, 1);
+    bar_w(&mut t, Q_MSIX, 2, 2);
+    bar_w(&mut t, MSIX_CONFIG, 2, 0);
+    let vectors = t.msix_vectors().clone();
+    let irq = |v: u16| fired(vectors.irqfd(v).expect("vector"));
+    // Entries come out of reset masked.
+    for v in 0..4u64 {
+        assert_eq!(bar_r(&mut t, MSIX_TABLE_OFFSET + 16 * v + 12, 4), 1);
+    }
+    // MSI-X disabled: nothing is delivered, the vector is pending.
+    t.interrupt().signal_queue(0).expect("irq");
+    assert_eq!(irq(1), 0);
+    assert_eq!(bar_r(&mut t, MSIX_PBA_OFFSET, 8), 0b10);
+    // Enabled, the entry still masked: still pending.
+    enable_msix(&mut t);
+    assert_eq!(
+        cfg_r(&mut t, cap + 2, 2),
+        u64::from(msix::MSIX_CTRL_ENABLE) | 3
+    );
+    assert_eq!(irq(1), 0);
+    // Writing the message while masked delivers nothing.
+    program_vector(&mut t, 1, 0xfee0_0000, 0x31, true);
+    assert_eq!(irq(1), 0);
+    assert!(vectors.is_pending(1));
+    // Unmask: the pending interrupt goes out once, the PBA bit clears.
+    bar_w(&mut t, MSIX_TABLE_OFFSET + 16 + 12, 4, 0);
+    assert_eq!(irq(1), 1);
+    assert_eq!(bar_r(&mut t, MSIX_PBA_OFFSET, 4), 0);
+    // Unmasked: delivered at once, to that queue's vector only.
+    t.interrupt().signal_queue(0).expect("irq");
+    assert_eq!(irq(1), 1);
+    assert_eq!(irq(2), 0);
+    // Function mask holds every vector.
+    cfg_w(
+        &mut t,
+        cap + 2,
+        2,
+        u64::from(msix::MSIX_CTRL_ENABLE | msix::MSIX_CTRL_FUNCTION_MASK),
+    );
+    assert!(t.msix_table().function_masked());
+    t.interrupt().signal_queue(0).expect("irq");
+    t.interrupt().signal_queue(0).expect("irq");
+    assert_eq!(irq(1), 0);
+    assert_eq!(bar_r(&mut t, MSIX_PBA_OFFSET, 4), 0b10);
+    assert_eq!(
+        bar_r(&mut t, MSIX_PBA_OFFSET, 1),
+        0,
+        "PBA: dwords and qwords only"
+    );
+    cfg_w(&mut t, cap + 2, 2, u64::from(msix::MSIX_CTRL_ENABLE));
+    assert_eq!(irq(1), 1, "one pending interrupt, delivered once");
+    // Table size bits are read-only.
+    cfg_w(&mut t, cap + 2, 2, 0x07ff);
+    assert_eq!(cfg_r(&mut t, cap + 2, 2), 3);
+    enable_msix(&mut t);
+    // The config vector; a queue without a vector signals nothing.
+    program_vector(&mut t, 0, 0xfee0_0000, 0x30, false);
+    t.interrupt().signal_config_change().expect("irq");
+    assert_eq!(irq(0), 1);
+    t.interrupt().signal_queue(2).expect("irq");
+    assert_eq!((irq(0), irq(1), irq(2), irq(3)), (0, 0, 0, 0));
+    // signal_used_queue (queue unknown) fires each queue vector once.
+    program_vector(&mut t, 2, 0xfee0_0000, 0x32, false);
+    bar_w(&mut t, Q_SELECT, 2, 2);
+    bar_w(&mut t, Q_MSIX, 2, 1);
+    t.interrupt().signal_used_queue().expect("irq");
+    assert_eq!((irq(0), irq(1), irq(2), irq(3)), (0, 1, 1, 0));
+    // Table reads: dwords and qwords, reserved address bits read 0.
+    bar_w(&mut t, MSIX_TABLE_OFFSET + 16 * 3, 4, 0xfee0_1003);
+    assert_eq!(bar_r(&mut t, MSIX_TABLE_OFFSET + 16 * 3, 4), 0xfee0_1000);
+    bar_w(&mut t, MSIX_TABLE_OFFSET + 16 * 3, 8, 0x0000_0001_fee0_2000);
+    assert_eq!(
+        bar_r(&mut t, MSIX_TABLE_OFFSET + 16 * 3, 8),
+        0x0000_0001_fee0_2000
+    );
+    // Vector control: only the mask bit.
+    bar_w(&mut t, MSIX_TABLE_OFFSET + 16 * 3 + 12, 4, 0xffff_fffe);
+    assert_eq!(bar_r(&mut t, MSIX_TABLE_OFFSET + 16 * 3 + 12, 4), 0);
+}
+
+#[test]
+fn msix_route_changes_are_reported() {
+    let (mut t, _) = transport();
+    let msg = |address: u64, data: u32| MsiMessage { address, data };
+    // Nothing while MSI-X is disabled or the entry masked.
+    program_vector(&mut t, 1, 0xfee0_0000, 0x41, false);
+    assert!(t.take_route_changes().is_empty());
+    enable_msix(&mut t);
+    assert_eq!(t.take_route_changes(), [(1, msg(0xfee0_0000, 0x41))]);
+    assert!(t.take_route_changes().is_empty());
+    // A masked entry rewritten: reported when it is unmasked, latest message once.
+    program_vector(&mut t, 2, 0xfee0_0000, 0x42, true);
+    bar_w(&mut t, MSIX_TABLE_OFFSET + 32 + 8, 4, 0x52);
+    assert!(t.take_route_changes().is_empty());
+    bar_w(&mut t, MSIX_TABLE_OFFSET + 32 + 12, 4, 0);
+    assert_eq!(t.take_route_changes(), [(2, msg(0xfee0_0000, 0x52))]);
+    // Rewritten while live: each effective change reported, same message not again.
+    bar_w(&mut t, MSIX_TABLE_OFFSET + 16 + 8, 4, 0x61);
+    bar_w(&mut t, MSIX_TABLE_OFFSET + 16 + 4, 4, 0x1);
+    bar_w(&mut t, MSIX_TABLE_OFFSET + 16 + 8, 4, 0x61);
+    assert_eq!(t.take_route_changes(), [(1, msg(0x1_fee0_0000, 0x61))]);
+    // Masking and unmasking with the same message: nothing new.
+    bar_w(&mut t, MSIX_TABLE_OFFSET + 16 + 12, 4, 1);
+    bar_w(&mut t, MSIX_TABLE_OFFSET + 16 + 12, 4, 0);
+    assert!(t.take_route_changes().is_empty());
+    let routes = t.msix_table().routes();
+    assert_eq!(
+        routes,
+        [(1, msg(0x1_fee0_0000, 0x61)), (2, msg(0xfee0_0000, 0x52))]
+    );
+}
+
+#[test]
+fn route_handler_runs_before_a_pending_interrupt_fires() {
+    let (mut t, _) = transport();
+    assert!(negotiate(&mut t, VERSION_1));
+    bar_w(&mut t, Q_SELECT, 2, 0);
+    bar_w(&mut t, Q_MSIX, 2, 3);
+    enable_msix(&mut t);
+    program_vector(&mut t, 3, 0xfee0_0000, 0x23, true);
+    t.interrupt().signal_queue(0).expect("irq");
+    let vectors = t.msix_vectors().clone();
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let seen2 = seen.clone();
+    t.set_msix_route_handler(Box::new(move |v, m| {
+        // The vector's pending interrupt must not have been fired yet.
+        let early = vectors.irqfd(v).and_then(|fd| fd.read().ok()).unwrap_or(0);
+        seen2.lock().unwrap().push((v, m, early));
+    }));
+    bar_w(&mut t, MSIX_TABLE_OFFSET + 16 * 3 + 12, 4, 0);
+    let msg = MsiMessage {
+        address: 0xfee0_0000,
+        data: 0x23,
+    };
+    assert_eq!(*seen.lock().unwrap(), [(3, msg, 0)]);
+    assert_eq!(fired(t.msix_vectors().irqfd(3).unwrap()), 1, "then fired");
+    assert!(t.take_route_changes().is_empty(), "went to the handler");
+}
+
+#[test]
+fn pci_cfg_window_reaches_bar0() {
+    let (mut t, _) = transport();
+    let (cap, ..) = virtio_cap(&mut t, VIRTIO_PCI_CAP_PCI_CFG);
+    let data = cap + 16;
+    // Not set up: reads 0.
+    assert_eq!(cfg_r(&mut t, data, 4), 0);
+    cfg_w(&mut t, cap + 4, 1, 0);
+    cfg_w(&mut t, cap + 8, 4, NUM_QUEUES);
+    cfg_w(&mut t, cap + 12, 4, 2);
+    assert_eq!(
+        cfg_r(&mut t, cap + 8, 4),
+        NUM_QUEUES,
+        "offset is the driver's"
+    );
+    assert_eq!(cfg_r(&mut t, data, 2), 3, "num_queues through the window");
+    assert_eq!(cfg_r(&mut t, data, 4), 0, "size must match length");
+    // Writes: queue_select.
+    cfg_w(&mut t, cap + 8, 4, Q_SELECT);
+    cfg_w(&mut t, data, 2, 2);
+    assert_eq!(bar_r(&mut t, Q_SELECT, 2), 2);
+    assert_eq!(bar_r(&mut t, Q_SIZE, 2), 16);
+    // A BAR other than 0, a misaligned or out-of-range offset: nothing.
+    cfg_w(&mut t, cap + 4, 1, 1);
+    assert_eq!(cfg_r(&mut t, data, 2), 0);
+    cfg_w(&mut t, cap + 4, 1, 0);
+    cfg_w(&mut t, cap + 8, 4, 0x13);
+    assert_eq!(cfg_r(&mut t, data, 2), 0);
+    cfg_w(&mut t, cap + 8, 4, BAR0_SIZE);
+    assert_eq!(cfg_r(&mut t, data, 2), 0);
+}
+
+/// Hammers configuration space and BAR0 with pseudo-random accesses: nothing may panic.
+#[test]
+fn random_guest_accesses_never_panic() {
+    let (mut t, _) = transport();
+    let mut seed: u64 = 0x9e37_79b9_7f4a_7c15;
+    let mut next = move || {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed
+    };
+    let hot = [
+        0x00u64, 0x04, 0x08, 0x0c, 0x10, 0x12, 0x14, 0x16, 0x18, 0x1a, 0x1c, 0x20, 0x24, 0x28,
+        0x30, 0x3a, 0x1000, 0x2000, 0x3000, 0x3004, 0x3008, 0x4000, 0x400c, 0x401c, 0x5000, 0x7ff8,
+    ];
+    for _ in 0..30_000 {
+        let r = next();
+        let len = [1usize, 2, 4, 8][((r >> 40) & 3) as usize];
+        let mut data = next().to_le_bytes();
+        if r & 0x100 != 0 {
+            data = (next() % 300).to_le_bytes();
+        }
+        let data = &mut data[..len];
+        if r & 0x1000 != 0 {
+            let offset = (r >> 8) % 0x110;
+            if r & 0x200 != 0 {
+                t.write_config_register(offset, data);
+            } else {
+                t.read_config_register(offset, data);
+            }
+        } else {
+            let offset = if r & 3 == 0 {
+                (r >> 8) % BAR0_SIZE
+            } else {
+                hot[((r >> 8) % hot.len() as u64) as usize]
+            };
+            let len = data.len().min((BAR0_SIZE - offset) as usize);
+            if r & 0x200 != 0 {
+                BusDevice::write(&mut t, offset, &data[..len]);
+            } else {
+                BusDevice::read(&mut t, offset, &mut data[..len]);
+            }
+        }
+        if r & 0xff_0000 == 0 {
+            let _ = t.interrupt().signal_queue((r >> 24) as usize % 5);
+        }
+    }
+}
