@@ -719,12 +719,26 @@ impl VirtioPciTransport {
     }
 }
 
+/// BAR0 accesses (offsets relative to BAR0). While the guest has memory space disabled in
+/// Command, the function does not decode them: reads return all ones (a master abort), writes
+/// are dropped. (Kicks registered as ioeventfds are KVM's and still land.)
 impl BusDevice for VirtioPciTransport {
     fn read(&mut self, offset: u64, data: &mut [u8]) {
+        if !self.config.memory_enabled() {
+            data.fill(0xff);
+            return;
+        }
         self.bar_read(offset, data);
     }
 
     fn write(&mut self, offset: u64, data: &[u8]) {
+        if !self.config.memory_enabled() {
+            let len = data.len();
+            self.guest_warn(format_args!(
+                "{len}-byte BAR0 write at {offset:#x} with memory space disabled"
+            ));
+            return;
+        }
         self.bar_write(offset, data);
     }
 }
