@@ -13,15 +13,14 @@ use std::sync::Arc;
 use log::{error, warn};
 use virtio_bindings::virtio_config::{
     VIRTIO_CONFIG_S_ACKNOWLEDGE, VIRTIO_CONFIG_S_DRIVER, VIRTIO_CONFIG_S_DRIVER_OK,
-    VIRTIO_CONFIG_S_FAILED, VIRTIO_CONFIG_S_FEATURES_OK, VIRTIO_CONFIG_S_NEEDS_RESET,
-    VIRTIO_F_VERSION_1,
+    VIRTIO_CONFIG_S_FEATURES_OK, VIRTIO_CONFIG_S_NEEDS_RESET,
 };
 use virtio_bindings::virtio_mmio::*;
-use virtio_bindings::virtio_ring::VIRTIO_RING_F_EVENT_IDX;
 use virtio_queue::{Queue, QueueT};
 use vm_memory::{GuestAddress, GuestMemoryMmap};
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
+use super::common::{self, ActivationProblem, StatusChange};
 use super::{ActivationContext, VirtioDevice, VirtioInterrupt};
 use crate::BusDevice;
 
@@ -40,14 +39,6 @@ pub const CONFIG_SPACE_OFFSET: u64 = VIRTIO_MMIO_CONFIG as u64;
 
 /// Warnings about guest misbehaviour logged per transport before going quiet.
 const MAX_GUEST_WARNINGS: u32 = 32;
-
-/// The status bits the driver sets, in the order it must set them.
-const STATUS_STEPS: [u32; 4] = [
-    VIRTIO_CONFIG_S_ACKNOWLEDGE,
-    VIRTIO_CONFIG_S_DRIVER,
-    VIRTIO_CONFIG_S_FEATURES_OK,
-    VIRTIO_CONFIG_S_DRIVER_OK,
-];
 
 /// Errors building a transport.
 #[derive(Debug, thiserror::Error)]
@@ -355,112 +346,49 @@ impl MmioTransport {
     }
 
     fn write_status(&mut self, value: u32) {
-        // NEEDS_RESET belongs to the device; a driver writing back what it read may carry it.
-        let value = value & !VIRTIO_CONFIG_S_NEEDS_RESET;
-        if value == 0 {
-            self.reset();
-            return;
-        }
-        let old = self.status;
-        if value & old != old {
-            self.guest_warn(format_args!(
-                "Status {value:#x} clears bits of {old:#x} without a reset"
-            ));
-            return;
-        }
-        if value & VIRTIO_CONFIG_S_FAILED != 0 {
-            self.status |= VIRTIO_CONFIG_S_FAILED;
-            return;
-        }
-        if old & VIRTIO_CONFIG_S_FAILED != 0 {
-            self.guest_warn(format_args!("Status {value:#x} after FAILED (reset first)"));
-            return;
-        }
-        for step in STATUS_STEPS {
-            if self.status & step != 0 {
-                continue;
-            }
-            if value & step == 0 {
-                break;
-            }
-            match step {
-                VIRTIO_CONFIG_S_FEATURES_OK => {
-                    if let Err(why) = self.check_features() {
-                        self.guest_warn(format_args!("FEATURES_OK refused: {why}"));
-                        return;
-                    }
-                    self.status |= step;
-                }
-                VIRTIO_CONFIG_S_DRIVER_OK => {
-                    self.status |= step;
-                    self.activate();
-                }
-                _ => self.status |= step,
-            }
-        }
-        let ignored = value & !self.status;
-        if ignored != 0 {
-            self.guest_warn(format_args!(
-                "Status bits {ignored:#x} ignored (out of order or unknown) in {value:#x}"
-            ));
-        }
-    }
-
-    fn check_features(&self) -> Result<(), String> {
         let offered = self.device.features();
         let acked = self.acked_features;
-        if acked & !offered != 0 {
-            return Err(format!(
-                "driver acknowledged features {:#x} the device did not offer",
-                acked & !offered
-            ));
+        let change = common::write_status(self.status, value, || {
+            common::check_features(self.device.as_ref(), offered, acked)
+        });
+        match change {
+            StatusChange::Reset => self.reset(),
+            StatusChange::Update {
+                status,
+                activate,
+                warning,
+            } => {
+                self.status = status;
+                if activate {
+                    self.activate();
+                }
+                if let Some(w) = warning {
+                    self.guest_warn(format_args!("{w}"));
+                }
+            }
         }
-        if acked & (1 << VIRTIO_F_VERSION_1) == 0 {
-            return Err(
-                "VIRTIO_F_VERSION_1 not acknowledged (legacy drivers are unsupported)".into(),
-            );
-        }
-        self.device
-            .validate_features(acked)
-            .map_err(|e| e.to_string())
     }
 
     fn activate(&mut self) {
-        let event_idx = self.acked_features & (1 << VIRTIO_RING_F_EVENT_IDX) != 0;
-        let mut queues = Vec::with_capacity(self.queues.len());
-        let mut kicks = Vec::with_capacity(self.kicks.len());
         let in_use = self.device.queues_in_use(self.acked_features);
-        for (index, (queue, kick)) in self.queues.iter().zip(&self.kicks).enumerate().take(in_use) {
-            if !queue.is_valid(&self.mem) {
-                self.guest_warn(format_args!(
-                    "DRIVER_OK with queue {index} not ready or outside guest memory"
-                ));
+        let prepared = common::activation_queues(
+            &self.mem,
+            &self.queues,
+            &self.kicks,
+            in_use,
+            self.acked_features,
+        );
+        let (queues, kicks) = match prepared {
+            Ok(q) => q,
+            Err(ActivationProblem::Guest(why)) => {
+                self.guest_warn(format_args!("{why}"));
                 return self.fail_activation();
             }
-            if queue.avail_ring() == 0 {
-                // virtio-queue treats an avail ring at guest address 0 as "not configured".
-                self.guest_warn(format_args!(
-                    "DRIVER_OK with queue {index}'s avail ring at guest address 0 (unsupported)"
-                ));
+            Err(ActivationProblem::Host(why)) => {
+                error!("{}: {why}", self.name());
                 return self.fail_activation();
             }
-            let mut worker_queue = match Queue::try_from(queue.state()) {
-                Ok(q) => q,
-                Err(e) => {
-                    error!("{}: cannot copy queue {index}: {e}", self.name());
-                    return self.fail_activation();
-                }
-            };
-            worker_queue.set_event_idx(event_idx);
-            queues.push(worker_queue);
-            match kick.try_clone() {
-                Ok(k) => kicks.push(k),
-                Err(e) => {
-                    error!("{}: cannot clone kick eventfd {index}: {e}", self.name());
-                    return self.fail_activation();
-                }
-            }
-        }
+        };
         let ctx = ActivationContext {
             mem: self.mem.clone(),
             queues,
