@@ -244,3 +244,53 @@ impl PciConfigSpace {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ids() -> PciIds {
+        PciIds {
+            vendor: 0x1234,
+            device: 0x5678,
+            revision: 2,
+            class: 0x0c_0330,
+            subsystem_vendor: 0x1af4,
+            subsystem: 9,
+        }
+    }
+
+    #[test]
+    fn bar_size_is_a_power_of_two_and_flags_stick() {
+        let mut c = PciConfigSpace::new(ids(), 0x3000, true);
+        assert_eq!(c.bar0_size(), 0x4000);
+        assert_eq!(c.read_u32(PCI_BAR0), 0b1100, "64-bit prefetchable");
+        c.write(PCI_BAR0 as u64, &[0xff; 8]);
+        assert_eq!(c.read_u32(PCI_BAR0), 0xffff_c00c);
+        assert_eq!(c.read_u32(PCI_BAR0 + 4), 0xffff_ffff);
+        c.set_bar0_address(0x1_2345_6789);
+        assert_eq!(c.bar0_address(), 0x1_2345_4000, "aligned down to the size");
+        assert_eq!(c.read_u32(PCI_CLASS_PROG - 1), 0x0c03_3002);
+    }
+
+    #[test]
+    fn capabilities_until_full() {
+        let mut c = PciConfigSpace::new(ids(), 0x1000, false);
+        let mut offsets = Vec::new();
+        while let Some(at) = c.add_capability(0x09, &[0xaa; 14], &[0xff]) {
+            offsets.push(at);
+        }
+        assert_eq!(offsets.len(), (256 - 0x40) / 16);
+        assert_eq!(usize::from(c.read_u8(PCI_CAPABILITY_LIST)), offsets[0]);
+        for pair in offsets.windows(2) {
+            assert_eq!(usize::from(c.read_u8(pair[0] + 1)), pair[1]);
+        }
+        assert_eq!(c.read_u8(offsets[offsets.len() - 1] + 1), 0, "end of list");
+        // Only the first body byte is writable.
+        c.write(offsets[0] as u64, &[0; 4]);
+        assert_eq!(
+            c.read_u32(offsets[0]),
+            0xaa00_0009 | (offsets[1] as u32) << 8
+        );
+    }
+}
