@@ -42,7 +42,7 @@ mod transport;
 #[cfg(test)]
 mod tests;
 
-pub use transport::{PciTransportError, VirtioPciTransport};
+pub use transport::{PciTransportError, VirtioPciTransport, UNSUPPORTED_TRANSPORT_FEATURES};
 
 /// The virtio PCI vendor ID.
 pub const VIRTIO_PCI_VENDOR_ID: u16 = 0x1af4;

@@ -118,7 +118,8 @@ const OFFERED: u64 = VERSION_1
     | F_DEP
     | (1 << VIRTIO_RING_F_EVENT_IDX)
     | (1 << VIRTIO_F_RING_RESET)
-    | (1 << 40);
+    | (1 << 39)
+    | (1 << VIRTIO_F_ACCESS_PLATFORM);
 
 /// A transport over a fake device with queues of 64, 64 and 16 entries; BAR0 at 0xe000_0000.
 fn transport() -> (VirtioPciTransport, Arc<Mutex<FakeState>>) {
@@ -481,7 +482,15 @@ fn feature_negotiation() {
     let lo = bar_r(&mut t, DF, 4);
     bar_w(&mut t, DFSEL, 4, 1);
     let hi = bar_r(&mut t, DF, 4);
-    assert_eq!(hi << 32 | lo, OFFERED & !(1 << VIRTIO_F_RING_RESET));
+    assert_eq!(
+        hi << 32 | lo,
+        OFFERED & !(1 << VIRTIO_F_RING_RESET | 1 << 39)
+    );
+    assert_ne!(
+        hi & 1 << (VIRTIO_F_ACCESS_PLATFORM - 32),
+        0,
+        "device features pass"
+    );
     assert_eq!(bar_r(&mut t, DFSEL, 4), 1);
     bar_w(&mut t, DFSEL, 4, 7);
     assert_eq!(bar_r(&mut t, DF, 4), 0);
@@ -501,7 +510,7 @@ fn feature_negotiation() {
     );
     assert!(negotiate(&mut t, VERSION_1 | F_NEEDS | F_DEP));
     assert!(negotiate(&mut t, VERSION_1));
-    let all = OFFERED & !(1 << VIRTIO_F_RING_RESET);
+    let all = OFFERED & !UNSUPPORTED_TRANSPORT_FEATURES;
     assert!(negotiate(&mut t, all));
     bar_w(&mut t, GFSEL, 4, 1);
     assert_eq!(bar_r(&mut t, GF, 4), all >> 32, "driver_feature reads back");

@@ -21,6 +21,11 @@ use crate::virtio::common::{self, ActivationProblem, StatusChange};
 use crate::virtio::{ActivationContext, VirtioDevice, VirtioInterrupt};
 use crate::BusDevice;
 
+/// Transport features not implemented here, never offered whatever the device says:
+/// VIRTIO_F_RING_RESET (`queue_reset`: it needs a per-queue stop in the device interface),
+/// VIRTIO_F_NOTIF_CONFIG_DATA (39, `queue_notif_config_data`) and VIRTIO_F_ADMIN_VQ (41).
+pub const UNSUPPORTED_TRANSPORT_FEATURES: u64 = 1 << VIRTIO_F_RING_RESET | 1 << 39 | 1 << 41;
+
 /// Warnings about guest misbehaviour logged per transport before going quiet.
 const MAX_GUEST_WARNINGS: u32 = 32;
 
@@ -305,10 +310,10 @@ impl VirtioPciTransport {
         self.reset();
     }
 
-    /// The features offered: the device's, without VIRTIO_F_RING_RESET (queue_reset is not
-    /// implemented yet).
+    /// The features offered: the device's, without the transport features this transport
+    /// does not implement.
     fn offered_features(&self) -> u64 {
-        self.device.features() & !(1u64 << VIRTIO_F_RING_RESET)
+        self.device.features() & !UNSUPPORTED_TRANSPORT_FEATURES
     }
 
     fn guest_warn(&mut self, args: fmt::Arguments<'_>) {
