@@ -172,6 +172,10 @@ pub struct NetworkInterface {
     /// Extension: the size of each queue (a power of two, 2..=32768; default 256).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub queue_size: Option<u16>,
+    /// Extension: queue pairs (1..=16; default 1). More than one offers VIRTIO_NET_F_MQ and
+    /// opens the tap multi-queue (one fd and one worker thread per pair).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub queues: Option<u16>,
     /// Firecracker's receive rate limiter (also changed by `PATCH`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rx_rate_limiter: Option<RateLimiterConfig>,
@@ -191,6 +195,7 @@ impl NetworkInterface {
             host_dev_name: config.tap,
             guest_mac: Some(config.mac),
             queue_size: Some(config.queue_size),
+            queues: (config.queues > 1).then_some(config.queues),
             rx_rate_limiter: limited(config.rx_rate_limiter),
             tx_rate_limiter: limited(config.tx_rate_limiter),
             tuning: config.tuning,
@@ -200,6 +205,7 @@ impl NetworkInterface {
     /// The device description (validated).
     pub fn net_config(&self) -> Result<NetConfig, ConfigError> {
         NetConfig::new(self.host_dev_name.clone(), self.guest_mac, self.queue_size)
+            .and_then(|c| c.with_queues(self.queues.unwrap_or(1)))
             .and_then(|c| {
                 c.with_rate_limiters(
                     self.rx_rate_limiter.unwrap_or_default(),
@@ -559,6 +565,7 @@ mod tests {
             host_dev_name: tap.into(),
             guest_mac: None,
             queue_size: None,
+            queues: None,
             rx_rate_limiter: None,
             tx_rate_limiter: None,
             tuning: NetTuning::default(),

@@ -34,8 +34,9 @@ struct Cli {
     /// Number of vCPUs (1..=32).
     #[arg(long, value_name = "N", default_value_t = 1, requires = "kernel")]
     vcpus: u8,
-    /// A virtio-net device on a host tap: `TAP` or `tap=TAP[,mac=MAC][,queue_size=N]`. The tap
-    /// is opened, or created when it does not exist. Repeat for more devices.
+    /// A virtio-net device on a host tap: `TAP` or `tap=TAP[,mac=MAC][,queue_size=N][,queues=N]`
+    /// (`queues`: queue pairs, 1..=16, a multi-queue tap when more than one). The tap is
+    /// opened, or created when it does not exist. Repeat for more devices.
     #[arg(long, value_name = "SPEC", requires = "kernel", value_parser = parse_net)]
     net: Vec<NetConfig>,
     /// Boot the VM described by this JSON file (Firecracker's shape: `boot-source`,

@@ -266,8 +266,9 @@ fn thread_kind_rules(kind: ThreadKind) -> Vec<Allow> {
             allow_args(
                 SYS_ioctl,
                 1,
-                &[TUNSETVNETHDRSZ, TUNSETOFFLOAD],
-                "tap: header size and offloads for the negotiated features, per activation",
+                &[TUNSETVNETHDRSZ, TUNSETOFFLOAD, TUNSETQUEUE],
+                "tap: header size and offloads for the negotiated features, per activation; \
+                 attaching and detaching a multi-queue tap's queue as the driver enables pairs",
             ),
         ]),
     }

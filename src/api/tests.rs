@@ -211,6 +211,7 @@ fn openapi_document_matches_the_server() {
         host_dev_name: "tap0".into(),
         guest_mac: Some(MacAddr::new([2, 0, 0, 0, 0, 1])),
         queue_size: Some(256),
+        queues: None,
         rx_rate_limiter: Some(devices::virtio::net::RateLimiterConfig {
             bandwidth: Some(devices::virtio::net::BucketConfig {
                 size: 1 << 20,
@@ -367,6 +368,7 @@ fn get_network_interface_names_the_interface() {
             host_dev_name: "tap0".into(),
             guest_mac: None,
             queue_size: None,
+            queues: None,
             rx_rate_limiter: None,
             tx_rate_limiter: None,
             tuning: NetTuning::default(),

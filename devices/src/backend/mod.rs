@@ -59,6 +59,15 @@ pub trait NetBackend: AsRawFd + Send + 'static {
     fn poll_link(&mut self) -> Option<bool> {
         None
     }
+
+    /// Enables or disables this backend queue (one queue pair of a multiqueue device): a
+    /// disabled queue should get no frames from the host (a multiqueue tap detaches it with
+    /// `TUNSETQUEUE`, so the kernel steers flows to the enabled ones). Idempotent. Backends
+    /// with a single queue need do nothing.
+    fn set_queue_enabled(&mut self, enabled: bool) -> io::Result<()> {
+        let _ = enabled;
+        Ok(())
+    }
 }
 
 /// A set of tap offload flags (`TUN_F_*`).

@@ -22,6 +22,8 @@ pub const DEFAULT_PEER_TIMEOUT: Duration = Duration::from_secs(10);
 struct PairShared {
     offloads: AtomicU32,
     vnet_hdr_size: AtomicU32,
+    /// `set_queue_enabled`: 0 never called, 1 enabled, 2 disabled.
+    queue_state: AtomicU32,
 }
 
 /// The device's end of the socket pair (non-blocking).
@@ -108,6 +110,12 @@ impl NetBackend for PairBackend {
         self.shared.vnet_hdr_size.store(size, Ordering::Relaxed);
         Ok(())
     }
+
+    fn set_queue_enabled(&mut self, enabled: bool) -> io::Result<()> {
+        let state = if enabled { 1 } else { 2 };
+        self.shared.queue_state.store(state, Ordering::Relaxed);
+        Ok(())
+    }
 }
 
 impl PairPeer {
@@ -163,6 +171,16 @@ impl PairPeer {
     /// The offloads the device last set on its end (`TUNSETOFFLOAD` equivalent).
     pub fn offloads(&self) -> Offloads {
         Offloads::from_bits_truncate(self.shared.offloads.load(Ordering::Relaxed))
+    }
+
+    /// What the device last said with `set_queue_enabled` (a multiqueue device's pair;
+    /// `None` if it never did).
+    pub fn queue_enabled(&self) -> Option<bool> {
+        match self.shared.queue_state.load(Ordering::Relaxed) {
+            1 => Some(true),
+            2 => Some(false),
+            _ => None,
+        }
     }
 
     /// The vnet header size the device last set on its end (0 if never set).

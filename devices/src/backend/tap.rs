@@ -6,7 +6,7 @@ use std::io;
 use std::os::fd::{AsRawFd, RawFd};
 use std::os::unix::fs::OpenOptionsExt;
 
-use log::{info, warn};
+use log::{debug, info, warn};
 
 use super::{iov_count, syscall_len, LinkWatch, NetBackend, Offloads};
 use crate::iovec::Iovecs;
@@ -40,6 +40,27 @@ pub enum TapError {
     /// `TUNSETOFFLOAD` failed even with no offload.
     #[error("TUNSETOFFLOAD failed for {name:?}")]
     SetOffload {
+        /// The tap name.
+        name: String,
+        /// The ioctl's error.
+        #[source]
+        source: io::Error,
+    },
+    /// A tap that exists without `multi_queue` cannot be opened with several queues.
+    #[error(
+        "tap {name:?} exists but is not a multi-queue tap, so it cannot be opened with \
+         queues={queues}; delete it, or recreate it with `ip tuntap add dev {name} mode tap \
+         multi_queue` (or let the VMM create it)"
+    )]
+    NotMultiQueue {
+        /// The tap name.
+        name: String,
+        /// The queues asked for.
+        queues: usize,
+    },
+    /// `TUNSETQUEUE` failed (attaching or detaching a queue of a multi-queue tap).
+    #[error("TUNSETQUEUE failed for {name:?}")]
+    SetQueue {
         /// The tap name.
         name: String,
         /// The ioctl's error.
@@ -84,8 +105,11 @@ pub struct Tap {
     supported: Offloads,
     read_iovecs: IovecScratch,
     guard: [u8; 1],
-    /// The interface's link notifications (absent if they could not be subscribed to).
+    /// The interface's link notifications (absent if they could not be subscribed to, and on
+    /// the queues of a multi-queue tap but the first).
     link: Option<LinkWatch>,
+    /// One queue of a multi-queue tap: `Some(attached)` (see [`NetBackend::set_queue_enabled`]).
+    queue: Option<bool>,
 }
 
 /// Room to append the guard byte to the caller's iovecs without allocating per frame.
@@ -106,6 +130,46 @@ impl Tap {
     /// The fd is non-blocking, the vnet header size is set to 12 and receive offloads are off
     /// until [`NetBackend::set_offloads`]; which offloads the kernel accepts is probed here.
     pub fn open(name: &str) -> Result<Tap, TapError> {
+        Tap::open_with(name, false)
+    }
+
+    /// Opens `queues` queues of the tap `name` (creating it if no interface has that name):
+    /// one [`Tap`] (fd) per queue pair of a multiqueue device. With one queue this is
+    /// [`Tap::open`]; with more the tap is opened `IFF_MULTI_QUEUE` on each fd, and a tap that
+    /// exists without `multi_queue` is refused ([`TapError::NotMultiQueue`]). Every queue but
+    /// the first starts detached (`TUNSETQUEUE`): the kernel steers no frame to it until its
+    /// worker enables it. Only the first follows the link.
+    pub fn open_queues(name: &str, queues: usize) -> Result<Vec<Tap>, TapError> {
+        if queues <= 1 {
+            return Ok(vec![Tap::open(name)?]);
+        }
+        let mut taps = Vec::with_capacity(queues);
+        for i in 0..queues {
+            let mut tap = Tap::open_with(name, true).map_err(|e| match e {
+                TapError::SetIff { source, .. }
+                    if source.raw_os_error() == Some(libc::EINVAL) && i == 0 =>
+                {
+                    TapError::NotMultiQueue {
+                        name: name.to_owned(),
+                        queues,
+                    }
+                }
+                other => other,
+            })?;
+            if i > 0 {
+                tap.link = None;
+                tap.set_queue_enabled(false)
+                    .map_err(|source| TapError::SetQueue {
+                        name: name.to_owned(),
+                        source,
+                    })?;
+            }
+            taps.push(tap);
+        }
+        Ok(taps)
+    }
+
+    fn open_with(name: &str, multi_queue: bool) -> Result<Tap, TapError> {
         validate_ifname(name).map_err(|reason| TapError::InvalidName {
             name: name.to_owned(),
             reason,
@@ -120,7 +184,11 @@ impl Tap {
 
         let mut req = ifreq_for(name);
         // `IFF_*` values fit in the c_short flags field.
-        req.ifr_ifru.ifru_flags = (libc::IFF_TAP | libc::IFF_NO_PI | libc::IFF_VNET_HDR) as i16;
+        let mut flags = libc::IFF_TAP | libc::IFF_NO_PI | libc::IFF_VNET_HDR;
+        if multi_queue {
+            flags |= libc::IFF_MULTI_QUEUE;
+        }
+        req.ifr_ifru.ifru_flags = flags as i16;
         // SAFETY: `req` is a valid, NUL-terminated ifreq that outlives the call; TUNSETIFF reads
         // it and writes back the interface name, both within the struct.
         let ret = unsafe { libc::ioctl(file.as_raw_fd(), libc::TUNSETIFF, &mut req) };
@@ -130,10 +198,11 @@ impl Tap {
                 source: io::Error::last_os_error(),
             });
         }
-        if existed {
-            info!("opened existing tap {name}");
-        } else {
-            info!("created tap {name}");
+        match (existed, multi_queue) {
+            (true, false) => info!("opened existing tap {name}"),
+            (false, false) => info!("created tap {name}"),
+            (true, true) => debug!("opened a queue of multi-queue tap {name}"),
+            (false, true) => info!("created multi-queue tap {name}"),
         }
 
         let mut tap = Tap {
@@ -143,6 +212,7 @@ impl Tap {
             read_iovecs: IovecScratch::default(),
             guard: [0],
             link: link_watch(name),
+            queue: multi_queue.then_some(true),
         };
         tap.supported = tap.probe_offloads();
         tap.set_offloads(Offloads::NONE)
@@ -254,6 +324,29 @@ impl NetBackend for Tap {
         if ret < 0 {
             return Err(io::Error::last_os_error());
         }
+        Ok(())
+    }
+
+    fn set_queue_enabled(&mut self, enabled: bool) -> io::Result<()> {
+        // Single-queue taps have nothing to attach; an unchanged state would get EINVAL.
+        if self.queue.is_none_or(|attached| attached == enabled) {
+            return Ok(());
+        }
+        let mut req = ifreq_for("");
+        let flags = if enabled {
+            libc::IFF_ATTACH_QUEUE
+        } else {
+            libc::IFF_DETACH_QUEUE
+        };
+        // `IFF_*` values fit in the c_short flags field.
+        req.ifr_ifru.ifru_flags = flags as i16;
+        // SAFETY: `req` is a valid ifreq living on this stack frame for the whole call;
+        // TUNSETQUEUE only reads its flags.
+        let ret = unsafe { libc::ioctl(self.file.as_raw_fd(), libc::TUNSETQUEUE, &mut req) };
+        if ret < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        self.queue = Some(enabled);
         Ok(())
     }
 

@@ -23,6 +23,9 @@ pub const MIN_QUEUE_SIZE: u16 = 2;
 /// Largest queue size accepted (the split-ring maximum).
 pub const MAX_QUEUE_SIZE: u16 = 32768;
 
+/// Most queue pairs a device may have (`queues=`).
+pub const MAX_QUEUE_PAIRS: u16 = 16;
+
 /// Errors in a virtio-net device description.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum NetConfigError {
@@ -32,7 +35,7 @@ pub enum NetConfigError {
     /// A key other than tap, mac, queue_size, the rate limiter and the tuning keys.
     #[error(
         "unknown key {0:?} (expected tap, mac, queue_size, rx_bw, rx_ops, tx_bw, tx_ops, \
-         coalesce_packets, coalesce_usecs, event_idx, tx_budget, busy_poll_us)"
+         coalesce_packets, coalesce_usecs, event_idx, tx_budget, busy_poll_us, queues)"
     )]
     UnknownKey(String),
     /// A tuning key whose value is not a number (or `on`/`off` for `event_idx`).
@@ -71,6 +74,9 @@ pub enum NetConfigError {
     /// A rate limiter bucket that cannot be used.
     #[error(transparent)]
     RateLimiter(#[from] RateLimiterError),
+    /// The number of queue pairs is not a number in 1..=16.
+    #[error("invalid queues {0:?} (queue pairs, 1 to {MAX_QUEUE_PAIRS})")]
+    InvalidQueues(String),
 }
 
 /// An Ethernet MAC address.
@@ -152,8 +158,12 @@ pub struct NetConfig {
     pub tap: String,
     /// The guest's MAC address.
     pub mac: MacAddr,
-    /// Maximum size of each of the two queues.
+    /// Maximum size of each queue.
     pub queue_size: u16,
+    /// Queue pairs (1..=16, default 1): with more than one the device offers
+    /// VIRTIO_NET_F_MQ and opens the tap multi-queue, one fd and one worker per pair.
+    #[serde(skip_serializing_if = "is_one")]
+    pub queues: u16,
     /// Receive rate limiter (none by default).
     #[serde(default, skip_serializing_if = "is_unlimited")]
     pub rx_rate_limiter: RateLimiterConfig,
@@ -164,6 +174,10 @@ pub struct NetConfig {
     /// budget 256, no busy-poll).
     #[serde(default, skip_serializing_if = "is_default_tuning")]
     pub tuning: NetTuning,
+}
+
+fn is_one(queues: &u16) -> bool {
+    *queues == 1
 }
 
 fn is_default_tuning(tuning: &NetTuning) -> bool {
@@ -181,6 +195,7 @@ struct RawNetConfig {
     tap: String,
     mac: Option<MacAddr>,
     queue_size: Option<u16>,
+    queues: Option<u16>,
     #[serde(default)]
     rx_rate_limiter: RateLimiterConfig,
     #[serde(default)]
@@ -194,6 +209,7 @@ impl TryFrom<RawNetConfig> for NetConfig {
 
     fn try_from(raw: RawNetConfig) -> Result<NetConfig, NetConfigError> {
         NetConfig::new(raw.tap, raw.mac, raw.queue_size)?
+            .with_queues(raw.queues.unwrap_or(1))?
             .with_rate_limiters(raw.rx_rate_limiter, raw.tx_rate_limiter)?
             .with_tuning(raw.tuning)
     }
@@ -225,10 +241,20 @@ impl NetConfig {
             mac: mac.unwrap_or_else(|| MacAddr::derived_from(&tap)),
             tap,
             queue_size,
+            queues: 1,
             rx_rate_limiter: RateLimiterConfig::default(),
             tx_rate_limiter: RateLimiterConfig::default(),
             tuning: NetTuning::default(),
         })
+    }
+
+    /// This config with `queues` queue pairs (1..=[`MAX_QUEUE_PAIRS`]).
+    pub fn with_queues(mut self, queues: u16) -> Result<NetConfig, NetConfigError> {
+        if !(1..=MAX_QUEUE_PAIRS).contains(&queues) {
+            return Err(NetConfigError::InvalidQueues(queues.to_string()));
+        }
+        self.queues = queues;
+        Ok(self)
     }
 
     /// This config with rate limiters (validated).
@@ -280,7 +306,7 @@ impl FromStr for NetConfig {
         if !s.contains('=') {
             return NetConfig::new(s.to_owned(), None, None);
         }
-        let (mut tap, mut mac, mut queue_size) = (None, None, None);
+        let (mut tap, mut mac, mut queue_size, mut queues) = (None, None, None, None);
         let (mut rx, mut tx) = (RateLimiterConfig::default(), RateLimiterConfig::default());
         let mut tuning = NetTuning::default();
         let mut seen: Vec<&str> = Vec::new();
@@ -296,6 +322,12 @@ impl FromStr for NetConfig {
                         .parse::<u16>()
                         .map_err(|_| NetConfigError::InvalidQueueSize(value.to_owned()))?;
                     queue_size.replace(size).is_some()
+                }
+                "queues" => {
+                    let n = value
+                        .parse::<u16>()
+                        .map_err(|_| NetConfigError::InvalidQueues(value.to_owned()))?;
+                    queues.replace(n).is_some()
                 }
                 "rx_bw" => rx.bandwidth.replace(parse_bucket(value)?).is_some(),
                 "rx_ops" => rx.ops.replace(parse_bucket(value)?).is_some(),
@@ -327,6 +359,7 @@ impl FromStr for NetConfig {
             }
         }
         NetConfig::new(tap.ok_or(NetConfigError::MissingTap)?, mac, queue_size)?
+            .with_queues(queues.unwrap_or(1))?
             .with_rate_limiters(rx, tx)?
             .with_tuning(tuning)
     }
@@ -335,6 +368,41 @@ impl FromStr for NetConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn queues_key_and_field() {
+        let cfg: NetConfig = "tap=t0,queues=2".parse().expect("valid");
+        assert_eq!(cfg.queues, 2);
+        assert_eq!("tap0".parse::<NetConfig>().expect("valid").queues, 1);
+        let max: NetConfig = "tap=t0,queues=16".parse().expect("valid");
+        assert_eq!(max.queues, MAX_QUEUE_PAIRS);
+        for bad in ["0", "17", "-1", "two", ""] {
+            assert_eq!(
+                format!("tap=t0,queues={bad}").parse::<NetConfig>(),
+                Err(NetConfigError::InvalidQueues(bad.to_owned())),
+                "{bad}"
+            );
+        }
+        assert_eq!(
+            "tap=t0,queues=2,queues=2".parse::<NetConfig>(),
+            Err(NetConfigError::DuplicateKey("queues".into()))
+        );
+        let err = "tap=t0,queues=99".parse::<NetConfig>().unwrap_err();
+        assert!(err.to_string().contains("1 to 16"), "{err}");
+        // serde: absent is 1 (and not written back), present is validated.
+        let json: NetConfig = serde_json::from_str(r#"{"tap":"t0","queues":4}"#).expect("valid");
+        assert_eq!(json.queues, 4);
+        assert!(serde_json::to_string(&json)
+            .expect("json")
+            .contains("\"queues\":4"));
+        let one: NetConfig = serde_json::from_str(r#"{"tap":"t0"}"#).expect("valid");
+        assert_eq!(one.queues, 1);
+        assert!(!serde_json::to_string(&one)
+            .expect("json")
+            .contains("queues"));
+        assert!(serde_json::from_str::<NetConfig>(r#"{"tap":"t0","queues":0}"#).is_err());
+        assert!(serde_json::from_str::<NetConfig>(r#"{"tap":"t0","queues":17}"#).is_err());
+    }
 
     #[test]
     fn bare_name_gets_defaults() {

@@ -84,6 +84,8 @@ pub enum CtrlCommand {
     SetCoalescing(usize, InterruptCoalescing),
     /// NOTF_COAL VQ_GET: direction (0 rx, 1 tx).
     GetCoalescing(usize),
+    /// MQ VQ_PAIRS_SET: the queue pairs the device must use (1..=max_virtqueue_pairs).
+    SetPairs(u16),
 }
 
 impl CtrlCommand {
@@ -186,11 +188,24 @@ fn read_array<const N: usize>(bytes: &(impl CtrlBytes + ?Sized), offset: u32) ->
 
 /// Parses and validates one command: `readable` is the chain's device-readable part (header
 /// and data), `writable_len` the device-writable bytes (reply and ack, at least 1: a chain
-/// without them is not parsed), `acked` the negotiated features. Never panics.
+/// without them is not parsed), `acked` the negotiated features. Never panics. For a device
+/// with one queue pair; see [`parse_mq`].
 pub fn parse(
     readable: &(impl CtrlBytes + ?Sized),
     writable_len: u32,
     acked: u64,
+) -> Result<CtrlCommand, CtrlError> {
+    parse_mq(readable, writable_len, acked, 1)
+}
+
+/// [`parse`] for a device with `max_pairs` queue pairs (its `max_virtqueue_pairs`): with
+/// VIRTIO_NET_F_MQ negotiated, MQ VQ_PAIRS_SET takes 1..=`max_pairs` and VQ_SET / VQ_GET
+/// any data queue (0..2 × `max_pairs`; even is rx, odd tx). Never panics.
+pub fn parse_mq(
+    readable: &(impl CtrlBytes + ?Sized),
+    writable_len: u32,
+    acked: u64,
+    max_pairs: u16,
 ) -> Result<CtrlCommand, CtrlError> {
     let [class, command] = read_array::<2>(readable, 0).ok_or(CtrlError::ShortHeader)?;
     let data_len = readable.total_len() - 2;
@@ -295,11 +310,16 @@ pub fn parse(
             let vqn = read_array::<2>(readable, 2)
                 .map(u16::from_le_bytes)
                 .ok_or(bad_length)?;
-            // Queue 0 is rx, 1 tx; the control queue (2) has no coalescing.
-            let dir = match vqn {
-                0 | 1 => usize::from(vqn),
-                _ => return Err(out_of_range),
+            // Queue 2i is rx, 2i + 1 tx; the control queue (after them) has no coalescing.
+            let data_queues = if acked & bit(VIRTIO_NET_F_MQ) != 0 {
+                2 * u32::from(max_pairs.max(1))
+            } else {
+                2
             };
+            if u32::from(vqn) >= data_queues {
+                return Err(out_of_range);
+            }
+            let dir = usize::from(vqn & 1);
             if set {
                 let (packets, usecs) = u32_at(4).zip(u32_at(8)).ok_or(bad_length)?;
                 let bounds =
@@ -309,6 +329,19 @@ pub fn parse(
                 CtrlCommand::GetCoalescing(dir)
             }
         }
+        (VIRTIO_NET_CTRL_MQ, VIRTIO_NET_CTRL_MQ_VQ_PAIRS_SET) => {
+            needs(VIRTIO_NET_F_MQ)?;
+            exact(2)?;
+            let pairs = read_array::<2>(readable, 2)
+                .map(u16::from_le_bytes)
+                .ok_or(bad_length)?;
+            if pairs == 0 || pairs > max_pairs {
+                return Err(out_of_range);
+            }
+            CtrlCommand::SetPairs(pairs)
+        }
+        // RSS_CONFIG, HASH_CONFIG: VIRTIO_NET_F_RSS / HASH_REPORT, not offered.
+        (VIRTIO_NET_CTRL_MQ, 1 | 2) => return Err(not_negotiated),
         _ => return Err(unsupported),
     };
     if writable_len != parsed.reply_len() + 1 {
@@ -473,13 +506,103 @@ mod tests {
             parse(&cmd(5, 0, &tso)[..], 1, ALL),
             Err(CtrlError::OutOfRange { .. })
         ));
-        // MQ (4) is not offered: unknown here.
+        // MQ (4) without VIRTIO_NET_F_MQ negotiated (a one-pair device does not offer it).
         assert_eq!(
             parse(&cmd(4, 0, &[1, 0])[..], 1, ALL),
-            Err(CtrlError::Unsupported {
+            Err(CtrlError::NotNegotiated {
                 class: 4,
                 command: 0
             })
+        );
+    }
+
+    #[test]
+    fn mq_vq_pairs_set_and_per_queue_coalescing() {
+        let mq = ALL | bit(VIRTIO_NET_F_MQ);
+        let pairs = |n: u16| cmd(4, 0, &n.to_le_bytes());
+        assert_eq!(
+            parse_mq(&pairs(1)[..], 1, mq, 4),
+            Ok(CtrlCommand::SetPairs(1))
+        );
+        assert_eq!(
+            parse_mq(&pairs(4)[..], 1, mq, 4),
+            Ok(CtrlCommand::SetPairs(4))
+        );
+        let oor = Err(CtrlError::OutOfRange {
+            class: 4,
+            command: 0,
+        });
+        assert_eq!(parse_mq(&pairs(0)[..], 1, mq, 4), oor, "0 pairs");
+        assert_eq!(parse_mq(&pairs(5)[..], 1, mq, 4), oor, "over max");
+        assert_eq!(parse_mq(&pairs(0x8000)[..], 1, mq, 4), oor);
+        let bad_length = Err(CtrlError::BadLength {
+            class: 4,
+            command: 0,
+        });
+        assert_eq!(parse_mq(&cmd(4, 0, &[2])[..], 1, mq, 4), bad_length);
+        assert_eq!(parse_mq(&cmd(4, 0, &[2, 0, 0])[..], 1, mq, 4), bad_length);
+        assert_eq!(parse_mq(&pairs(2)[..], 2, mq, 4), bad_length, "reply space");
+        assert_eq!(
+            parse_mq(&pairs(2)[..], 1, ALL, 4),
+            Err(CtrlError::NotNegotiated {
+                class: 4,
+                command: 0
+            }),
+            "MQ not negotiated"
+        );
+        // RSS_CONFIG / HASH_CONFIG are not offered; 3 is unknown.
+        for (command, error) in [
+            (
+                1,
+                CtrlError::NotNegotiated {
+                    class: 4,
+                    command: 1,
+                },
+            ),
+            (
+                2,
+                CtrlError::NotNegotiated {
+                    class: 4,
+                    command: 2,
+                },
+            ),
+            (
+                3,
+                CtrlError::Unsupported {
+                    class: 4,
+                    command: 3,
+                },
+            ),
+        ] {
+            assert_eq!(
+                parse_mq(&cmd(4, command, &[1, 0])[..], 1, mq, 4),
+                Err(error)
+            );
+        }
+        // VQ_SET / VQ_GET: any data queue of the pairs (even rx, odd tx), not the control one.
+        let vq_get = |vqn: u16| {
+            let mut data = vqn.to_le_bytes().to_vec();
+            data.extend([0, 0]);
+            cmd(6, 3, &data)
+        };
+        assert_eq!(
+            parse_mq(&vq_get(6)[..], 9, mq, 4),
+            Ok(CtrlCommand::GetCoalescing(0))
+        );
+        assert_eq!(
+            parse_mq(&vq_get(7)[..], 9, mq, 4),
+            Ok(CtrlCommand::GetCoalescing(1))
+        );
+        assert!(matches!(
+            parse_mq(&vq_get(8)[..], 9, mq, 4),
+            Err(CtrlError::OutOfRange { .. })
+        ));
+        assert!(
+            matches!(
+                parse_mq(&vq_get(2)[..], 9, ALL, 4),
+                Err(CtrlError::OutOfRange { .. })
+            ),
+            "without MQ only queues 0 and 1"
         );
     }
 

@@ -20,9 +20,9 @@ use super::tuning::{NetTuning, TuningControl};
 use super::worker::{Activation, Shared, WorkerThread, WorkerThreadError};
 use super::{CTRL_QUEUE, NUM_QUEUES, RX_QUEUE, TX_QUEUE};
 
-// The worker takes the queues as [rx, tx, ctrl].
+// The worker takes the queues as [rx, tx, ctrl] (one pair), or rx0 tx0 rx1 tx1 … ctrl (MQ).
 const _: () = assert!(RX_QUEUE == 0 && TX_QUEUE == 1 && CTRL_QUEUE == 2);
-/// All queues, the control queue included.
+/// All queues of one pair, the control queue included.
 const ALL_QUEUES: usize = CTRL_QUEUE + 1;
 use crate::backend::{NetBackend, Offloads, Tap, TapError};
 use crate::virtio::{
@@ -175,9 +175,11 @@ pub struct NetDevice<B: NetBackend = Tap> {
     mac: MacAddr,
     /// The MAC the driver set with VIRTIO_NET_CTRL_MAC_ADDR_SET ([`GuestMac`]), until reset.
     guest_mac: Arc<GuestMac>,
-    queue_sizes: [u16; ALL_QUEUES],
+    /// rx0 tx0 … rxN-1 txN-1 ctrl (the control queue is queue 2 unless MQ is negotiated).
+    queue_sizes: Vec<u16>,
     features: u64,
-    worker: WorkerSlot<B>,
+    /// One worker per queue pair (pair 0's also serves the control queue).
+    workers: Vec<WorkerSlot<B>>,
     metrics: Arc<NetMetrics>,
     link: LinkControl,
     tuning: TuningControl,
@@ -198,12 +200,13 @@ impl NetDevice<Tap> {
     /// Opens (or creates) the tap of `config` and builds the device, its worker thread
     /// started.
     pub fn new(config: &NetConfig) -> Result<Self, NetError> {
-        let tap = Tap::open(&config.tap)?;
-        let tuning = TuningControl::new(NetTuning::default()).map_err(NetError::Tuning)?;
+        let taps = Tap::open_queues(&config.tap, usize::from(config.queues))?;
+        let tuning = TuningControl::with_workers(NetTuning::default(), taps.len())
+            .map_err(NetError::Tuning)?;
         // Validated with the config.
         let _ = tuning.set_rate_limiters(config.rx_rate_limiter, config.tx_rate_limiter);
-        let mut device = NetDevice::build(tap, config.mac, config.queue_size, tuning, &config.tap);
-        device.start_thread()?;
+        let mut device = NetDevice::build(taps, config.mac, config.queue_size, tuning, &config.tap);
+        device.start_threads()?;
         Ok(device)
     }
 }
@@ -217,39 +220,84 @@ impl<B: NetBackend> NetDevice<B> {
     /// When the process cannot create one eventfd (out of file descriptors); use
     /// [`NetDevice::new`] for a fallible constructor.
     pub fn with_backend(backend: B, mac: MacAddr, queue_size: u16) -> Self {
+        Self::with_backends(vec![backend], mac, queue_size)
+    }
+
+    /// A device with one queue pair per backend (VIRTIO_NET_F_MQ offered when there are
+    /// several; at most [`MAX_QUEUE_PAIRS`](super::config::MAX_QUEUE_PAIRS) are used). See
+    /// [`NetDevice::with_backend`].
+    ///
+    /// # Panics
+    ///
+    /// When `backends` is empty, or the process cannot create the eventfds.
+    pub fn with_backends(mut backends: Vec<B>, mac: MacAddr, queue_size: u16) -> Self {
+        assert!(!backends.is_empty(), "a virtio-net device needs a backend");
+        backends.truncate(usize::from(super::config::MAX_QUEUE_PAIRS));
         // Tests, benches and the co-simulation harness build devices here; running out of file
         // descriptors there is not worth an error path in every caller.
-        let tuning = TuningControl::new(NetTuning::default()).expect("eventfd for the tuning");
-        let mut device = NetDevice::build(backend, mac, queue_size, tuning, "net");
-        if let Err(e) = device.start_thread() {
+        let tuning = TuningControl::with_workers(NetTuning::default(), backends.len())
+            .expect("eventfd for the tuning");
+        let mut device = NetDevice::build(backends, mac, queue_size, tuning, "net");
+        if let Err(e) = device.start_threads() {
             error!("virtio-net {}: {e}; retried at activation", device.label);
         }
         device
     }
 
+    /// `backends`: one per queue pair, 1..=16 (the callers ensure it).
     fn build(
-        backend: B,
+        backends: Vec<B>,
         mac: MacAddr,
         queue_size: u16,
         tuning: TuningControl,
         label: &str,
     ) -> Self {
+        let pairs = backends.len();
+        let mut features = backends
+            .first()
+            .map_or(Offloads::NONE, NetBackend::supported_offloads);
+        for backend in &backends[1.min(pairs)..] {
+            features =
+                Offloads::from_bits_truncate(features.bits() & backend.supported_offloads().bits());
+        }
+        let mut features = offered_features(features);
+        if pairs > 1 {
+            features |= bit(VIRTIO_NET_F_MQ);
+        }
+        let mut queue_sizes = vec![queue_size; 2 * pairs];
+        queue_sizes.push(CTRL_QUEUE_SIZE);
         NetDevice {
             label: label.to_owned(),
             mac,
             guest_mac: Arc::new(GuestMac::default()),
-            queue_sizes: [queue_size, queue_size, CTRL_QUEUE_SIZE],
-            features: offered_features(backend.supported_offloads()),
-            worker: WorkerSlot::NotStarted(backend),
-            metrics: Arc::new(NetMetrics::default()),
+            queue_sizes,
+            features,
+            workers: backends.into_iter().map(WorkerSlot::NotStarted).collect(),
+            metrics: Arc::new(NetMetrics::with_pairs(pairs)),
             link: LinkControl::new(),
             tuning,
         }
     }
 
-    /// Starts the worker thread if it is not running yet.
-    fn start_thread(&mut self) -> Result<&mut WorkerThread, WorkerThreadError> {
-        match std::mem::replace(&mut self.worker, WorkerSlot::Lost) {
+    /// The device's queue pairs (`max_virtqueue_pairs`).
+    pub fn queue_pairs(&self) -> usize {
+        self.workers.len()
+    }
+
+    /// Starts every worker thread not running yet.
+    fn start_threads(&mut self) -> Result<(), WorkerThreadError> {
+        for pair in 0..self.workers.len() {
+            self.start_thread(pair)?;
+        }
+        Ok(())
+    }
+
+    /// Starts pair `pair`'s worker thread if it is not running yet (`net-TAP`, or `net-TAP-i`
+    /// with several pairs).
+    fn start_thread(&mut self, pair: usize) -> Result<&mut WorkerThread, WorkerThreadError> {
+        let pairs = self.workers.len();
+        let slot = self.workers.get_mut(pair).ok_or(WorkerThreadError::Gone)?;
+        match std::mem::replace(slot, WorkerSlot::Lost) {
             WorkerSlot::NotStarted(backend) => {
                 let shared = Shared {
                     label: self.label.as_str().into(),
@@ -257,27 +305,36 @@ impl<B: NetBackend> NetDevice<B> {
                     tuning: self.tuning.shared().clone(),
                     link: self.link.clone(),
                     guest_mac: self.guest_mac.clone(),
+                    pair,
+                    pairs: u16::try_from(pairs).unwrap_or(u16::MAX),
                 };
-                match WorkerThread::spawn(&format!("net-{}", self.label), backend, shared) {
-                    Ok(thread) => self.worker = WorkerSlot::Started(thread),
+                let name = if pairs > 1 {
+                    format!("net-{}-{pair}", self.label)
+                } else {
+                    format!("net-{}", self.label)
+                };
+                match WorkerThread::spawn(&name, backend, shared) {
+                    Ok(thread) => *slot = WorkerSlot::Started(thread),
                     Err((e, backend)) => {
-                        self.worker = WorkerSlot::NotStarted(backend);
+                        *slot = WorkerSlot::NotStarted(backend);
                         return Err(WorkerThreadError::Spawn(e));
                     }
                 }
             }
-            other => self.worker = other,
+            other => *slot = other,
         }
-        match &mut self.worker {
+        match slot {
             WorkerSlot::Started(thread) => Ok(thread),
             _ => Err(WorkerThreadError::Gone),
         }
     }
 
-    /// Confines the worker thread with `filter` (a seccomp BPF program) before it ever runs
+    /// Confines the worker threads with `filter` (a seccomp BPF program) before they ever run
     /// the datapath. Call it before the guest can activate the device.
     pub fn set_worker_seccomp_filter(&mut self, filter: Arc<BpfProgram>) -> Result<(), NetError> {
-        self.start_thread()?.apply_seccomp(filter)?;
+        for pair in 0..self.workers.len() {
+            self.start_thread(pair)?.apply_seccomp(filter.clone())?;
+        }
         Ok(())
     }
 
@@ -302,21 +359,28 @@ impl<B: NetBackend> NetDevice<B> {
         self.guest_mac.get().unwrap_or(self.mac)
     }
 
-    fn config_bytes(&self) -> [u8; 8] {
-        let mut bytes = [0u8; 8];
+    /// `mac[6]`, `le16 status`, then `le16 max_virtqueue_pairs` (with MQ offered; 0 else).
+    fn config_bytes(&self) -> [u8; 10] {
+        let mut bytes = [0u8; 10];
         bytes[..6].copy_from_slice(&self.mac().bytes());
         let status = match self.link.link() {
             LinkState::Up => VIRTIO_NET_S_LINK_UP as u16,
             LinkState::Down => 0,
         };
-        bytes[6..].copy_from_slice(&status.to_le_bytes());
+        bytes[6..8].copy_from_slice(&status.to_le_bytes());
+        if self.features & bit(VIRTIO_NET_F_MQ) != 0 {
+            let pairs = u16::try_from(self.workers.len()).unwrap_or(u16::MAX);
+            bytes[8..10].copy_from_slice(&pairs.to_le_bytes());
+        }
         bytes
     }
 
     fn stop_worker(&mut self) {
         self.link.attach(None);
-        if let WorkerSlot::Started(thread) = &mut self.worker {
-            thread.stop();
+        for worker in &mut self.workers {
+            if let WorkerSlot::Started(thread) = worker {
+                thread.stop();
+            }
         }
         // After the worker stopped: it cannot set another one meanwhile.
         if self.guest_mac.clear() {
@@ -343,7 +407,9 @@ impl<B: NetBackend> VirtioDevice for NetDevice<B> {
     }
 
     fn queues_in_use(&self, acked: u64) -> usize {
-        if acked & bit(VIRTIO_NET_F_CTRL_VQ) != 0 {
+        if acked & bit(VIRTIO_NET_F_MQ) != 0 {
+            self.queue_sizes.len()
+        } else if acked & bit(VIRTIO_NET_F_CTRL_VQ) != 0 {
             ALL_QUEUES
         } else {
             NUM_QUEUES
@@ -398,7 +464,7 @@ impl<B: NetBackend> VirtioDevice for NetDevice<B> {
     }
 
     fn is_active(&self) -> bool {
-        matches!(&self.worker, WorkerSlot::Started(thread) if thread.is_running())
+        matches!(self.workers.first(), Some(WorkerSlot::Started(thread)) if thread.is_running())
     }
 }
 
@@ -411,33 +477,60 @@ impl<B: NetBackend> NetDevice<B> {
                 got: ctx.queues.len().min(ctx.kicks.len()),
             });
         }
-        let mut queues = ctx.queues.into_iter();
-        let mut kicks = ctx.kicks.into_iter();
-        let (Some(rx), Some(tx), Some(rx_kick), Some(tx_kick)) =
-            (queues.next(), queues.next(), kicks.next(), kicks.next())
-        else {
-            return Err(ActivateError::QueueCount { expected, got: 0 });
+        // With MQ: rx0 tx0 … rxN-1 txN-1 ctrl; without: rx tx [ctrl].
+        let pairs = if ctx.acked_features & bit(VIRTIO_NET_F_MQ) != 0 {
+            self.workers.len()
+        } else {
+            1
         };
-        let ctrl = queues.next().zip(kicks.next());
-        let activation = Activation {
-            mem: ctx.mem,
-            rx,
-            tx,
-            rx_kick,
-            tx_kick,
-            ctrl,
-            acked_features: ctx.acked_features,
-            rx_mode: RxMode::from_features(ctx.acked_features),
-            offloads: guest_offloads(ctx.acked_features),
-            interrupt: ctx.interrupt.clone(),
+        let mut queues = ctx.queues;
+        let mut kicks = ctx.kicks;
+        let ctrl = if expected > 2 * pairs {
+            queues.pop().zip(kicks.pop())
+        } else {
+            None
         };
-        let thread = self.start_thread().map_err(|e| match e {
-            WorkerThreadError::Spawn(e) => ActivateError::Spawn(e),
-            _ => ActivateError::BackendUnavailable,
-        })?;
-        // Stops a run still going (the transport cannot set DRIVER_OK twice without a reset;
-        // be safe anyway), then starts the new one.
-        thread.start(activation)?;
+        let mut ctrl = ctrl;
+        let mut activations = Vec::with_capacity(pairs);
+        let mut queues = queues.into_iter();
+        let mut kicks = kicks.into_iter();
+        for _ in 0..pairs {
+            let (Some(rx), Some(tx), Some(rx_kick), Some(tx_kick)) =
+                (queues.next(), queues.next(), kicks.next(), kicks.next())
+            else {
+                return Err(ActivateError::QueueCount { expected, got: 0 });
+            };
+            activations.push(Activation {
+                mem: ctx.mem.clone(),
+                rx,
+                tx,
+                rx_kick,
+                tx_kick,
+                ctrl: ctrl.take(),
+                acked_features: ctx.acked_features,
+                rx_mode: RxMode::from_features(ctx.acked_features),
+                offloads: guest_offloads(ctx.acked_features),
+                interrupt: ctx.interrupt.clone(),
+            });
+        }
+        // Only pair 0 until the driver sends VQ_PAIRS_SET (virtio 1.2 §5.1.6.5.5).
+        self.tuning.shared().set_active_pairs(1);
+        for (pair, activation) in activations.into_iter().enumerate() {
+            let started = self
+                .start_thread(pair)
+                .map_err(|e| match e {
+                    WorkerThreadError::Spawn(e) => ActivateError::Spawn(e),
+                    _ => ActivateError::BackendUnavailable,
+                })
+                // Stops a run still going (the transport cannot set DRIVER_OK twice without a
+                // reset; be safe anyway), then starts the new one.
+                .and_then(|thread| thread.start(activation));
+            if let Err(e) = started {
+                // All pairs or none: the ones started go back to waiting.
+                self.stop_worker();
+                return Err(e);
+            }
+        }
         self.metrics.activations.add(1);
         self.link.attach(Some(ctx.interrupt));
         Ok(())
@@ -517,6 +610,7 @@ const FEATURE_DEPENDENCIES: &[(u32, &str, u32, &str)] = &[
         VIRTIO_NET_F_CTRL_VQ,
         "CTRL_VQ",
     ),
+    (VIRTIO_NET_F_MQ, "MQ", VIRTIO_NET_F_CTRL_VQ, "CTRL_VQ"),
 ];
 
 /// The features offered in front of a backend supporting `offloads`.

@@ -183,16 +183,34 @@ queue_metrics! {
         mac_addr_sets,
         /// GUEST_OFFLOADS_SET carried out (the tap's offloads).
         offloads_sets,
+        /// MQ VQ_PAIRS_SET carried out (the active queue pairs).
+        mq_pairs_sets,
     }
 }
 
+/// One queue pair's datapath counters (multiqueue devices).
+#[derive(Debug, Default, Serialize)]
+pub struct PairMetrics {
+    /// The pair's receive queue (queue 2i).
+    pub rx: RxQueueMetrics,
+    /// The pair's transmit queue (queue 2i + 1).
+    pub tx: TxQueueMetrics,
+}
+
 /// All metrics of one virtio-net device.
+///
+/// With several queue pairs (`queues=N`, N > 1) `rx` and `tx` are the sums over the pairs
+/// and `queues[i]` holds pair i's own; with one pair `queues` is empty (and absent from the
+/// JSON). Every other counter covers the whole device.
 #[derive(Debug, Default, Serialize)]
 pub struct NetMetrics {
-    /// Receive queue.
+    /// Receive queues (all pairs).
     pub rx: RxQueueMetrics,
-    /// Transmit queue.
+    /// Transmit queues (all pairs).
     pub tx: TxQueueMetrics,
+    /// Per queue pair, when the device has more than one (else empty).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub queues: Vec<PairMetrics>,
     /// Writes to the irqfd (one per worker wake-up that completed buffers the guest wants to
     /// hear about; rx and tx share it).
     pub irqfd_signals: Counter,
@@ -217,6 +235,18 @@ pub struct NetMetrics {
 }
 
 impl NetMetrics {
+    /// Metrics for a device with `pairs` queue pairs (per-pair counters when more than one).
+    pub fn with_pairs(pairs: usize) -> NetMetrics {
+        NetMetrics {
+            queues: if pairs > 1 {
+                (0..pairs).map(|_| PairMetrics::default()).collect()
+            } else {
+                Vec::new()
+            },
+            ..NetMetrics::default()
+        }
+    }
+
     /// The metrics as one line of JSON.
     pub fn to_json(&self) -> String {
         serde_json::to_string(self).unwrap_or_else(|e| format!("{{\"error\":\"{e}\"}}"))
@@ -244,5 +274,20 @@ mod tests {
         let json: serde_json::Value = serde_json::from_str(&metrics.to_json()).expect("valid JSON");
         assert_eq!(json["tx"]["frames"], 4);
         assert_eq!(json["rx"]["dropped_no_buffer"], 0);
+        assert!(
+            json.get("queues").is_none(),
+            "one pair: no per-pair counters"
+        );
+    }
+
+    #[test]
+    fn pairs_have_their_own_counters() {
+        assert!(NetMetrics::with_pairs(1).queues.is_empty());
+        let metrics = NetMetrics::with_pairs(3);
+        assert_eq!(metrics.queues.len(), 3);
+        metrics.queues[2].rx.frames.add(5);
+        let json: serde_json::Value = serde_json::from_str(&metrics.to_json()).expect("valid JSON");
+        assert_eq!(json["queues"][2]["rx"]["frames"], 5);
+        assert_eq!(json["queues"][0]["tx"]["frames"], 0);
     }
 }

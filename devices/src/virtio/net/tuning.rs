@@ -274,8 +274,11 @@ pub(crate) struct TuningShared {
     guest: [AtomicU64; 2],
     /// The rate limiters (control path only: the worker copies them when `changed` fires).
     limiters: Mutex<Limiters>,
-    /// Written after each change; the worker polls it.
-    pub(crate) changed: EventFd,
+    /// The guest's active queue pairs (VIRTIO_NET_CTRL_MQ_VQ_PAIRS_SET; 1 without MQ).
+    active_pairs: AtomicU64,
+    /// Written after each change, one per worker (queue pair; a reader consumes the count);
+    /// each worker polls its own.
+    pub(crate) changed: Box<[EventFd]>,
 }
 
 /// Both directions' rate limiters and a change count.
@@ -288,14 +291,24 @@ pub(crate) struct Limiters {
 }
 
 impl TuningControl {
+    #[cfg(test)]
     pub(crate) fn new(initial: NetTuning) -> io::Result<TuningControl> {
+        Self::with_workers(initial, 1)
+    }
+
+    /// A control for a device with `workers` worker threads (one per queue pair; at least 1).
+    pub(crate) fn with_workers(initial: NetTuning, workers: usize) -> io::Result<TuningControl> {
+        let changed = (0..workers.max(1))
+            .map(|_| EventFd::new(EFD_NONBLOCK))
+            .collect::<io::Result<Box<[EventFd]>>>()?;
         Ok(TuningControl {
             shared: Arc::new(TuningShared {
                 word: AtomicU64::new(initial.pack()),
                 operator_coalescing: AtomicU64::new(0),
                 guest: [AtomicU64::new(0), AtomicU64::new(0)],
                 limiters: Mutex::new(Limiters::default()),
-                changed: EventFd::new(EFD_NONBLOCK)?,
+                active_pairs: AtomicU64::new(1),
+                changed,
             }),
         })
     }
@@ -304,9 +317,7 @@ impl TuningControl {
     pub fn set(&self, tuning: NetTuning) -> Result<(), TuningError> {
         tuning.validate()?;
         self.shared.word.store(tuning.pack(), Ordering::Release);
-        // The eventfd only fails when its counter would overflow, i.e. the worker already has
-        // a wake-up pending that will read the new word.
-        let _ = self.shared.changed.write(1);
+        self.shared.notify_except(usize::MAX);
         Ok(())
     }
 
@@ -376,7 +387,7 @@ impl TuningControl {
             l.tx = tx;
             l.generation += 1;
         }
-        let _ = self.shared.changed.write(1);
+        self.shared.notify_except(usize::MAX);
         Ok(())
     }
 
@@ -388,6 +399,36 @@ impl TuningControl {
 }
 
 impl TuningShared {
+    /// Wakes every worker but `pair`'s (`usize::MAX`: all) to pick up a change.
+    pub(crate) fn notify_except(&self, pair: usize) {
+        for (i, changed) in self.changed.iter().enumerate() {
+            if i != pair {
+                // The eventfd only fails when its counter would overflow, i.e. the worker
+                // already has a wake-up pending that will read the new state.
+                let _ = changed.write(1);
+            }
+        }
+    }
+
+    /// The queue pairs the driver enabled (1..=the device's pairs).
+    pub(crate) fn active_pairs(&self) -> usize {
+        self.active_pairs.load(Ordering::Acquire) as usize
+    }
+
+    /// Records the active queue pairs (the caller wakes the workers).
+    pub(crate) fn set_active_pairs(&self, pairs: usize) {
+        self.active_pairs.store(pairs as u64, Ordering::Release);
+    }
+
+    /// The guest's coalescing of direction `dir` (0 rx, 1 tx), if it set one.
+    pub(crate) fn guest(&self, dir: usize) -> Option<InterruptCoalescing> {
+        let word = self.guest[dir & 1].load(Ordering::Acquire);
+        (word & GUEST_SET != 0).then_some(InterruptCoalescing {
+            max_packets: (word >> 32) as u16,
+            max_usecs: word as u32,
+        })
+    }
+
     /// The operator's coalescing change count.
     pub(crate) fn operator_coalescing(&self) -> u64 {
         self.operator_coalescing.load(Ordering::Acquire)
@@ -491,7 +532,7 @@ mod tests {
             assert!(control.set(bad).is_err(), "{bad:?}");
         }
         assert!(
-            control.shared().changed.read().is_err(),
+            control.shared().changed[0].read().is_err(),
             "no wake-up for a refused change"
         );
         let good = NetTuning {
@@ -505,7 +546,7 @@ mod tests {
         };
         control.set(good).expect("valid");
         assert_eq!(control.get(), good);
-        assert_eq!(control.shared().changed.read().expect("signalled"), 1);
+        assert_eq!(control.shared().changed[0].read().expect("signalled"), 1);
     }
 
     #[test]

@@ -26,7 +26,7 @@
 
 use std::error::Error;
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd};
+use std::os::fd::{AsRawFd, FromRawFd, RawFd};
 use std::panic::{self, AssertUnwindSafe};
 use std::sync::mpsc::{self, Receiver, SyncSender};
 use std::sync::Arc;
@@ -167,6 +167,10 @@ pub(crate) struct Shared {
     pub(crate) link: LinkControl,
     /// The MAC address the driver set (config space).
     pub(crate) guest_mac: Arc<GuestMac>,
+    /// This worker's queue pair (0: the first, which also serves the control queue).
+    pub(crate) pair: usize,
+    /// The device's queue pairs (`max_virtqueue_pairs`).
+    pub(crate) pairs: u16,
 }
 
 enum Command {
@@ -258,13 +262,17 @@ fn nonblocking_timerfd() -> io::Result<TimerFd> {
 }
 
 impl ThreadParts {
-    fn new(tuning: &TuningShared) -> io::Result<ThreadParts> {
+    fn new(tuning: &TuningShared, pair: usize) -> io::Result<ThreadParts> {
         Ok(ThreadParts {
             stop: EventFd::new(EFD_NONBLOCK)?,
             timer: nonblocking_timerfd()?,
             tx_throttle: Throttle::new()?,
             rx_throttle: Throttle::new()?,
-            tuning_changed: tuning.changed.try_clone()?,
+            tuning_changed: tuning
+                .changed
+                .get(pair)
+                .ok_or_else(|| io::Error::from(io::ErrorKind::InvalidInput))?
+                .try_clone()?,
         })
     }
 }
@@ -277,7 +285,7 @@ impl WorkerThread {
         backend: B,
         shared: Shared,
     ) -> Result<WorkerThread, (io::Error, B)> {
-        let parts = match ThreadParts::new(&shared.tuning) {
+        let parts = match ThreadParts::new(&shared.tuning, shared.pair) {
             Ok(parts) => parts,
             Err(e) => return Err((e, backend)),
         };
@@ -486,6 +494,13 @@ struct EventLoop<'p, B> {
     rx_filter: RxFilter,
     /// Refused control commands, logged once per burst.
     ctrl_errors: BurstLog,
+    /// This worker's queue pair.
+    pair: usize,
+    /// The device's queue pairs (what VQ_PAIRS_SET may ask for).
+    pairs: u16,
+    /// The pair is in use (pair 0 always; pair i once the driver enabled more than i pairs
+    /// with VQ_PAIRS_SET): a disabled pair's kicks and backend are not polled.
+    enabled: bool,
 }
 
 impl<'p, B: NetBackend> EventLoop<'p, B> {
@@ -508,7 +523,11 @@ impl<'p, B: NetBackend> EventLoop<'p, B> {
         if let Err(e) = parts.timer.clear() {
             return Err((ActivateError::EventLoop(io_err(e)), backend));
         }
-        let epoll = match Self::setup_epoll(&a, parts) {
+        let enabled = shared.pair == 0 || shared.pair < shared.tuning.active_pairs();
+        if let Err(e) = backend.set_queue_enabled(enabled) {
+            return Err((ActivateError::Backend(e), backend));
+        }
+        let epoll = match Self::setup_epoll(&a, parts, enabled) {
             Ok(epoll) => epoll,
             Err(e) => return Err((ActivateError::EventLoop(e), backend)),
         };
@@ -570,10 +589,18 @@ impl<'p, B: NetBackend> EventLoop<'p, B> {
             guest_mac: shared.guest_mac.clone(),
             rx_filter: RxFilter::default(),
             ctrl_errors: BurstLog::default(),
+            pair: shared.pair,
+            pairs: shared.pairs,
+            enabled,
         };
-        // A new run starts from the operator's coalescing (a reset forgets the guest's).
-        shared.tuning.set_guest(RX, None);
-        shared.tuning.set_guest(TX, None);
+        if shared.pair == 0 {
+            // A new run starts from the operator's coalescing (a reset forgets the guest's).
+            shared.tuning.set_guest(RX, None);
+            shared.tuning.set_guest(TX, None);
+        } else {
+            // Pair 0 (the control queue's) owns what the guest set; the others follow it.
+            event_loop.guest_coalescing = [shared.tuning.guest(RX), shared.tuning.guest(TX)];
+        }
         event_loop.apply_limiters();
         if let Err(e) = event_loop.update_backend_interest() {
             return Err((ActivateError::EventLoop(e), event_loop.backend));
@@ -600,11 +627,12 @@ impl<'p, B: NetBackend> EventLoop<'p, B> {
         Ok((rx, tx))
     }
 
-    fn setup_epoll(a: &Activation, parts: &ThreadParts) -> io::Result<Epoll> {
+    fn setup_epoll(a: &Activation, parts: &ThreadParts, enabled: bool) -> io::Result<Epoll> {
         let epoll = Epoll::new()?;
+        if enabled {
+            Self::watch_kicks(&epoll, a.tx_kick.as_raw_fd(), a.rx_kick.as_raw_fd(), true)?;
+        }
         for (fd, token) in [
-            (a.tx_kick.as_raw_fd(), Token::TxKick),
-            (a.rx_kick.as_raw_fd(), Token::RxKick),
             (parts.stop.as_raw_fd(), Token::Stop),
             (parts.tuning_changed.as_raw_fd(), Token::Tuning),
             (parts.timer.as_raw_fd(), Token::CoalesceTimer),
@@ -625,6 +653,66 @@ impl<'p, B: NetBackend> EventLoop<'p, B> {
             )?;
         }
         Ok(epoll)
+    }
+
+    /// Adds (or removes) the two kick eventfds to (from) the epoll set.
+    fn watch_kicks(epoll: &Epoll, tx_kick: RawFd, rx_kick: RawFd, add: bool) -> io::Result<()> {
+        for (fd, token) in [(tx_kick, Token::TxKick), (rx_kick, Token::RxKick)] {
+            let op = if add {
+                ControlOperation::Add
+            } else {
+                ControlOperation::Delete
+            };
+            epoll.ctl(op, fd, EpollEvent::new(EventSet::IN, token.data()))?;
+        }
+        Ok(())
+    }
+
+    /// Follows the driver's active queue pairs (VQ_PAIRS_SET, carried out by pair 0): a pair
+    /// enabled starts polling its kicks and backend queue (attached to the tap again) and
+    /// runs what is pending; a pair disabled stops polling them and detaches its tap queue.
+    fn sync_enabled(&mut self) -> Result<(), WorkerError> {
+        if self.pair == 0 {
+            return Ok(());
+        }
+        let want = self.pair < self.tuning_shared.active_pairs();
+        if want == self.enabled {
+            return Ok(());
+        }
+        self.enabled = want;
+        if let Err(e) = self.backend.set_queue_enabled(want) {
+            warn!(
+                "virtio-net {}: queue pair {}: the backend refused to {} its queue: {e}",
+                self.label,
+                self.pair,
+                if want { "attach" } else { "detach" }
+            );
+        }
+        Self::watch_kicks(
+            &self.epoll,
+            self.tx_kick.as_raw_fd(),
+            self.rx_kick.as_raw_fd(),
+            want,
+        )
+        .map_err(WorkerError::Epoll)?;
+        info!(
+            "virtio-net {}: queue pair {} {}",
+            self.label,
+            self.pair,
+            if want { "enabled" } else { "disabled" }
+        );
+        if want {
+            self.rx_paused = false;
+            self.update_backend_interest().map_err(WorkerError::Epoll)?;
+            self.run_tx()?;
+            self.run_rx()?;
+        } else {
+            self.tx_parked = false;
+            self.tx_more = false;
+            self.tx_waiting = false;
+            self.update_backend_interest().map_err(WorkerError::Epoll)?;
+        }
+        Ok(())
     }
 
     /// Runs until stopped or failed, then hands the backend back.
@@ -649,9 +737,17 @@ impl<'p, B: NetBackend> EventLoop<'p, B> {
                 );
             }
         }
-        // A reset forgets what the guest set: the operator's coalescing is in force again.
-        self.tuning_shared.set_guest(RX, None);
-        self.tuning_shared.set_guest(TX, None);
+        if self.pair == 0 {
+            // A reset forgets what the guest set: the operator's coalescing is in force again.
+            self.tuning_shared.set_guest(RX, None);
+            self.tuning_shared.set_guest(TX, None);
+        } else if let Err(e) = self.backend.set_queue_enabled(false) {
+            // Not polled until the next run enables it: the host should not steer to it.
+            warn!(
+                "virtio-net {}: queue pair {}: cannot detach its backend queue: {e}",
+                self.label, self.pair
+            );
+        }
         // The timers must not fire into the next run.
         let _ = self.parts.timer.clear();
         self.parts.tx_throttle.reset();
@@ -698,6 +794,7 @@ impl<'p, B: NetBackend> EventLoop<'p, B> {
                     Some(Token::Tuning) => {
                         drain(&self.parts.tuning_changed)?;
                         self.retune()?;
+                        self.sync_enabled()?;
                     }
                     Some(Token::CoalesceTimer) => self.timer_expired()?,
                     Some(Token::Link) => self.link_changed(),
@@ -740,7 +837,7 @@ impl<'p, B: NetBackend> EventLoop<'p, B> {
 
     fn run_tx_parking(&mut self, park: bool) -> Result<(), WorkerError> {
         self.tx_more = false;
-        if self.tx_waiting || self.parts.tx_throttle.is_on() {
+        if !self.enabled || self.tx_waiting || self.parts.tx_throttle.is_on() {
             return Ok(());
         }
         let (backend, counters) = (&mut self.backend, &mut self.tx_counters);
@@ -770,7 +867,7 @@ impl<'p, B: NetBackend> EventLoop<'p, B> {
     }
 
     fn run_rx(&mut self) -> Result<(), WorkerError> {
-        if self.rx_paused || self.backend_gone || self.parts.rx_throttle.is_on() {
+        if !self.enabled || self.rx_paused || self.backend_gone || self.parts.rx_throttle.is_on() {
             return Ok(());
         }
         let outcome = self
@@ -846,7 +943,7 @@ impl<'p, B: NetBackend> EventLoop<'p, B> {
     /// removed, so that a persistent error condition (always reported) cannot spin the loop.
     fn update_backend_interest(&mut self) -> io::Result<()> {
         let mut want = EventSet::empty();
-        if !self.backend_gone {
+        if self.enabled && !self.backend_gone {
             if !self.rx_paused && !self.parts.rx_throttle.is_on() {
                 want |= EventSet::IN;
             }
@@ -899,7 +996,10 @@ impl<'p, B: NetBackend> EventLoop<'p, B> {
         // A parked queue under a window now zero is unparked by the next busy_poll.
         self.busy_poll = Duration::from_micros(tuning.busy_poll_us.into());
         let generation = self.tuning_shared.operator_coalescing();
-        if generation != self.operator_coalescing_seen {
+        if self.pair != 0 {
+            // Pair 0 decides between the operator's and the guest's, and wakes the others.
+            self.guest_coalescing = [self.tuning_shared.guest(RX), self.tuning_shared.guest(TX)];
+        } else if generation != self.operator_coalescing_seen {
             // The operator set the coalescing after the guest: the last one set wins.
             self.operator_coalescing_seen = generation;
             if self.guest_coalescing != [None, None] {
@@ -910,6 +1010,7 @@ impl<'p, B: NetBackend> EventLoop<'p, B> {
                 self.guest_coalescing = [None, None];
                 self.tuning_shared.set_guest(RX, None);
                 self.tuning_shared.set_guest(TX, None);
+                self.tuning_shared.notify_except(0);
             }
         }
         let coalescing = self.coalescing(tuning.interrupt_coalescing);
@@ -1000,12 +1101,15 @@ impl<'p, B: NetBackend> EventLoop<'p, B> {
                     0
                 }
                 Ok((_, writable_len)) => {
-                    let outcome =
-                        match ctrl::parse(&readable.as_iovecs(), writable_len, self.acked_features)
-                        {
-                            Ok(command) => self.execute(command)?,
-                            Err(e) => Err(e),
-                        };
+                    let outcome = match ctrl::parse_mq(
+                        &readable.as_iovecs(),
+                        writable_len,
+                        self.acked_features,
+                        self.pairs,
+                    ) {
+                        Ok(command) => self.execute(command)?,
+                        Err(e) => Err(e),
+                    };
                     let out = writable.as_iovecs();
                     let ack = match outcome {
                         Ok(reply) => {
@@ -1086,6 +1190,8 @@ impl<'p, B: NetBackend> EventLoop<'p, B> {
                 c.coalescing_sets += 1;
                 self.guest_coalescing[dir & 1] = Some(bounds);
                 self.tuning_shared.set_guest(dir, Some(bounds));
+                // The other pairs' workers follow (coalescing is per direction, device-wide).
+                self.tuning_shared.notify_except(0);
                 let tuning = self.tuning_shared.load();
                 let coalescing = self.coalescing(tuning.interrupt_coalescing);
                 let moderation = self.moderator.retune(tuning.event_idx, coalescing);
@@ -1106,6 +1212,16 @@ impl<'p, B: NetBackend> EventLoop<'p, B> {
                 reply[..4].copy_from_slice(&u32::from(bounds.max_packets).to_le_bytes());
                 reply[4..].copy_from_slice(&bounds.max_usecs.to_le_bytes());
                 return Ok(Ok(Some(reply)));
+            }
+            CtrlCommand::SetPairs(pairs) => {
+                c.mq_pairs_sets += 1;
+                self.tuning_shared.set_active_pairs(usize::from(pairs));
+                self.tuning_shared.notify_except(0);
+                info!(
+                    "virtio-net {}: the driver set {pairs} queue pair(s)",
+                    self.label
+                );
+                return Ok(Ok(None));
             }
         }
         debug!(
@@ -1236,6 +1352,12 @@ impl<'p, B: NetBackend> EventLoop<'p, B> {
         self.poll_counters.polled_us += self.polled_ns / 1000;
         self.polled_ns %= 1000;
         self.poll_counters.publish(&self.metrics.busy_poll);
+        if let Some(pair) = self.metrics.queues.get(self.pair) {
+            // Copies: `publish` zeroes what it adds.
+            let (mut rx, mut tx) = (self.rx_counters, self.tx_counters);
+            rx.publish(&pair.rx);
+            tx.publish(&pair.tx);
+        }
         self.rx_counters.publish(&self.metrics.rx);
         self.tx_counters.publish(&self.metrics.tx);
         self.ctrl_counters.publish(&self.metrics.ctrl);

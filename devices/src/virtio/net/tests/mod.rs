@@ -5,6 +5,7 @@ mod bounds;
 mod ctrl;
 mod hostile;
 mod limits;
+mod mq;
 mod notify;
 mod rx;
 pub(crate) mod support;
