@@ -278,3 +278,125 @@ fn the_guest_link_follows_the_tap() {
         assert_eq!(status(&mut t), 1, "and up again");
     });
 }
+
+/// Writes `frame` with a zero virtio-net header to `tap`.
+fn write_test_frame(tap: &mut Tap, frame: &[u8]) -> io::Result<usize> {
+    let mut hdr = [0u8; 12];
+    let mut body = frame.to_vec();
+    let mut list = IovecList::new();
+    list.push_slice(&mut hdr).expect("room");
+    list.push_slice(&mut body).expect("room");
+    tap.write_frame(list.as_iovecs())
+}
+
+/// Receives one frame from the packet socket.
+fn recv_test_frame(sock: &PacketSocket) -> Vec<u8> {
+    wait_readable(sock.as_raw_fd());
+    let mut buf = vec![0u8; 2048];
+    // SAFETY: `buf` has room for its length and outlives the call.
+    let n = unsafe { libc::recv(sock.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), 0) };
+    assert!(n > 0, "recv: {}", io::Error::last_os_error());
+    buf.truncate(n as usize);
+    buf
+}
+
+fn tunsetqueue(tap: &Tap, flags: libc::c_int) -> libc::c_int {
+    let mut req = ifreq_for("");
+    req.ifr_ifru.ifru_flags = flags as i16;
+    // SAFETY: TUNSETQUEUE reads the flags of `req`, which outlives the call.
+    unsafe { libc::ioctl(tap.as_raw_fd(), libc::TUNSETQUEUE, &mut req) }
+}
+
+/// Whether the kernel steers frames to this queue (probed: detaching a detached queue is
+/// EINVAL; an attached one is attached again after the probe).
+fn attached(tap: &Tap) -> bool {
+    if tunsetqueue(tap, libc::IFF_DETACH_QUEUE) != 0 {
+        return false;
+    }
+    assert_eq!(tunsetqueue(tap, libc::IFF_ATTACH_QUEUE), 0, "re-attach");
+    true
+}
+
+/// The tap's `IFF_*` flags (`TUNGETIFF` on one of its fds).
+fn tun_flags(tap: &Tap) -> u32 {
+    let mut req = ifreq_for("");
+    // SAFETY: TUNGETIFF writes the name and flags into `req`, which outlives the call.
+    let ret = unsafe { libc::ioctl(tap.as_raw_fd(), libc::TUNGETIFF, &mut req) };
+    assert_eq!(ret, 0, "TUNGETIFF: {}", io::Error::last_os_error());
+    // SAFETY: TUNGETIFF filled the flags member of the union.
+    u32::from(unsafe { req.ifr_ifru.ifru_flags } as u16)
+}
+
+#[test]
+fn a_multi_queue_tap_has_one_fd_per_queue_and_idle_queues_detached() {
+    in_netns(|| {
+        let mut taps = Tap::open_queues("vmmmq0", 3).expect("create multi-queue tap");
+        assert_eq!(taps.len(), 3);
+        assert_ne!(
+            tun_flags(&taps[0]) & libc::IFF_MULTI_QUEUE as u32,
+            0,
+            "created multi_queue"
+        );
+        link_up("vmmmq0").expect("link up");
+        let sock = PacketSocket::open("vmmmq0", ETHERTYPE).expect("packet socket");
+        // Queue 0 carries frames both ways; 1 and 2 are detached (no flow is steered to
+        // them) until enabled.
+        let out = ethernet_frame(200, 1);
+        assert_eq!(write_test_frame(&mut taps[0], &out).expect("write"), 212);
+        assert_eq!(recv_test_frame(&sock), out);
+        assert!(attached(&taps[0]));
+        assert!(!attached(&taps[1]) && !attached(&taps[2]));
+        // Host → guest: with one queue attached every flow lands on queue 0.
+        for seed in 0..8 {
+            let frame = ethernet_frame(100, seed);
+            sock.send(&frame).expect("sendto");
+            let (_, got) = read_test_frame(&mut taps[0], 2048);
+            assert_eq!(got[12..], frame[..]);
+        }
+        // Enabled: queue 1 carries frames intact; enabling twice is harmless.
+        taps[1].set_queue_enabled(true).expect("attach");
+        taps[1]
+            .set_queue_enabled(true)
+            .expect("attach again: no-op");
+        assert!(attached(&taps[1]));
+        assert!(!attached(&taps[2]));
+        let out = ethernet_frame(300, 2);
+        assert_eq!(write_test_frame(&mut taps[1], &out).expect("write"), 312);
+        assert_eq!(recv_test_frame(&sock), out);
+        // Disabled again.
+        taps[1].set_queue_enabled(false).expect("detach");
+        taps[1]
+            .set_queue_enabled(false)
+            .expect("detach again: no-op");
+        assert!(!attached(&taps[1]));
+        // A single-queue tap needs nothing.
+        let mut single = Tap::open("vmmmq1").expect("single-queue tap");
+        single.set_queue_enabled(false).expect("no-op");
+        single.set_queue_enabled(true).expect("no-op");
+        drop(taps);
+        assert!(
+            !interface_exists("vmmmq0"),
+            "a tap we created goes away with us"
+        );
+    });
+}
+
+#[test]
+fn a_single_queue_tap_cannot_be_opened_with_several_queues() {
+    in_netns(|| {
+        create_persistent_tap("vmmmq2");
+        match Tap::open_queues("vmmmq2", 2) {
+            Err(e @ TapError::NotMultiQueue { .. }) => {
+                let text = e.to_string();
+                assert!(
+                    text.contains("ip tuntap add dev vmmmq2 mode tap multi_queue"),
+                    "{text}"
+                );
+                assert!(text.contains("queues=2"), "{text}");
+            }
+            other => panic!("expected NotMultiQueue, got {other:?}"),
+        }
+        // One queue still opens it.
+        assert_eq!(Tap::open_queues("vmmmq2", 1).expect("single").len(), 1);
+    });
+}
