@@ -211,7 +211,7 @@ fn openapi_document_matches_the_server() {
         host_dev_name: "tap0".into(),
         guest_mac: Some(MacAddr::new([2, 0, 0, 0, 0, 1])),
         queue_size: Some(256),
-        queues: None,
+        queues: Some(2),
         rx_rate_limiter: Some(devices::virtio::net::RateLimiterConfig {
             bandwidth: Some(devices::virtio::net::BucketConfig {
                 size: 1 << 20,
