@@ -313,3 +313,147 @@ fn a_driver_without_mq_gets_one_pair_and_the_control_queue_at_2() {
     assert_eq!(metrics.ctrl.not_negotiated.get(), 1);
     assert_eq!(peers[1].queue_enabled(), None, "pair 1 never started");
 }
+
+/// An IPv4/UDP frame of flow `flow` (source port), marked so it can be told apart from what
+/// the host kernel sends on its own (IPv6 neighbour discovery).
+fn udp_frame(flow: u16) -> Vec<u8> {
+    let payload = [b'v', b'm', b'm', b'q', flow as u8, (flow >> 8) as u8];
+    let mut f = vec![2, 0, 0, 0, 0, 1, 2, 0, 0, 0, 0, 0x99, 0x08, 0x00];
+    let ip_len = (20 + 8 + payload.len()) as u16;
+    f.extend_from_slice(&[
+        0x45,
+        0,
+        (ip_len >> 8) as u8,
+        ip_len as u8,
+        0,
+        0,
+        0x40,
+        0,
+        64,
+        17,
+    ]);
+    f.extend_from_slice(&[0, 0, 10, 0, 0, 1, 10, 0, 0, 2]);
+    let sport = 1000 + flow;
+    let udp_len = (8 + payload.len()) as u16;
+    f.extend_from_slice(&sport.to_be_bytes());
+    f.extend_from_slice(&2000u16.to_be_bytes());
+    f.extend_from_slice(&udp_len.to_be_bytes());
+    f.extend_from_slice(&[0, 0]);
+    f.extend_from_slice(&payload);
+    f
+}
+
+/// The marked UDP frames the guest received on `q` since used index `from` (buffers by head
+/// in `bufs`), by flow.
+fn received_flows(
+    q: &GuestQueue,
+    bufs: &std::collections::HashMap<u32, u64>,
+    from: u16,
+) -> Vec<(u16, Vec<u8>)> {
+    q.used_since(from)
+        .into_iter()
+        .filter_map(|(id, len)| {
+            let bytes = q.read(bufs[&id], len as usize);
+            let frame = bytes.get(12..)?.to_vec();
+            let marker = frame.get(42..46)?;
+            (marker == b"vmmq").then(|| (u16::from_le_bytes([frame[46], frame[47]]), frame))
+        })
+        .collect()
+}
+
+#[test]
+fn a_real_multi_queue_tap_carries_frames_on_every_enabled_pair() {
+    use crate::test_utils::link::{link_up, PacketSocket};
+    use crate::test_utils::netns::in_netns;
+    use crate::virtio::net::NetConfig;
+
+    in_netns(|| {
+        let config: NetConfig = "tap=vmmmqdev0,queues=2".parse().expect("config");
+        let device = NetDevice::new(&config).expect("device on a multi-queue tap");
+        assert_eq!(device.queue_pairs(), 2);
+        let metrics = device.metrics();
+        link_up("vmmmqdev0").expect("link up");
+        const ETHERTYPE: u16 = 0x88b5;
+        let experimental = PacketSocket::open("vmmmqdev0", ETHERTYPE).expect("packet socket");
+        let ipv4 = PacketSocket::open("vmmmqdev0", 0x0800).expect("packet socket");
+        let mem = guest_mem();
+        let mut t = MmioTransport::new(mem.clone(), Box::new(device)).expect("transport");
+        let mut r = rings(&mem);
+        // Each ring's buffers by head (heads are per ring).
+        let mut bufs = [
+            std::collections::HashMap::new(),
+            std::collections::HashMap::new(),
+        ];
+        for (q, bufs) in r.rx.iter_mut().zip(&mut bufs) {
+            for _ in 0..64 {
+                let (head, addrs) = q.push_rx(&[2048]);
+                bufs.insert(u32::from(head), addrs[0]);
+            }
+        }
+        start_mq(&mut t, &r);
+        let [bufs0, bufs1] = bufs;
+
+        // One pair: every flow lands on pair 0 (pair 1's tap queue is detached).
+        for flow in 0..8 {
+            ipv4.send(&udp_frame(flow)).expect("send");
+        }
+        let on_pair_0 = || received_flows(&r.rx[0], &bufs0, 0).len();
+        assert!(wait_until(TIMEOUT, || on_pair_0() == 8), "{}", on_pair_0());
+        assert!(received_flows(&r.rx[1], &bufs1, 0).is_empty());
+        let (rx0_seen, rx1_seen) = (r.rx[0].used_idx(), r.rx[1].used_idx());
+
+        // Two pairs: frames from both tx queues reach the host intact; host flows spread
+        // over both rx queues (32 flows: all on one queue has odds 2^-31).
+        assert_eq!(pairs_set(&t, &mut r, 2), ACK_OK);
+        for pair in 0..2 {
+            let out = wire(&{
+                let mut f = vec![0xff; 6];
+                f.extend_from_slice(&[2, 0, 0, 0, 0, 1]);
+                f.extend_from_slice(&ETHERTYPE.to_be_bytes());
+                f.extend(std::iter::repeat_n(pair as u8 + 0x40, 100));
+                f
+            });
+            r.tx[pair].push_tx(&out, &[]);
+            kick(&t, 2 * pair + 1);
+            let mut buf = vec![0u8; 2048];
+            let n = loop {
+                // SAFETY: `buf` has room for its length and outlives the call.
+                let n = unsafe {
+                    libc::recv(
+                        std::os::fd::AsRawFd::as_raw_fd(&experimental),
+                        buf.as_mut_ptr().cast(),
+                        buf.len(),
+                        0,
+                    )
+                };
+                assert!(n > 0, "recv: {}", std::io::Error::last_os_error());
+                if n as usize == out.len() - 12 {
+                    break n as usize;
+                }
+            };
+            assert_eq!(buf[..n], out[12..], "pair {pair}'s frame intact");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+        for flow in 100..132 {
+            ipv4.send(&udp_frame(flow)).expect("send");
+        }
+        let total = || {
+            received_flows(&r.rx[0], &bufs0, rx0_seen).len()
+                + received_flows(&r.rx[1], &bufs1, rx1_seen).len()
+        };
+        assert!(wait_until(TIMEOUT, || total() == 32), "{}", total());
+        let on_pair_1 = received_flows(&r.rx[1], &bufs1, rx1_seen);
+        assert!(!on_pair_1.is_empty(), "no flow steered to pair 1");
+        for (flow, frame) in on_pair_1 {
+            assert_eq!(frame, udp_frame(flow), "intact");
+        }
+        assert!(wait_until(TIMEOUT, || metrics.queues[1].tx.frames.get() == 1));
+        assert_eq!(metrics.queues[0].tx.frames.get(), 1);
+        assert!(metrics.queues[1].rx.frames.get() >= 1);
+        assert_eq!(
+            metrics.rx.frames.get(),
+            metrics.queues[0].rx.frames.get() + metrics.queues[1].rx.frames.get()
+        );
+        drop(t);
+    });
+}
