@@ -1240,10 +1240,13 @@ impl<'p, B: NetBackend> EventLoop<'p, B> {
         self.limiter_generation = limiters.generation;
         self.rx.set_rate_limiter(&limiters.rx);
         self.tx.set_rate_limiter(&limiters.tx);
-        info!(
-            "virtio-net {}: rate limiters rx {:?}, tx {:?}",
-            self.label, limiters.rx, limiters.tx
-        );
+        if self.pair == 0 {
+            // Each pair applies the same buckets (its own); one line for the device.
+            info!(
+                "virtio-net {}: rate limiters rx {:?}, tx {:?}",
+                self.label, limiters.rx, limiters.tx
+            );
+        }
         true
     }
 
