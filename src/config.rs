@@ -625,6 +625,40 @@ mod tests {
     }
 
     #[test]
+    fn network_interface_queues_extension() {
+        let iface = |queues: &str| {
+            serde_json::from_str::<NetworkInterface>(&format!(
+                r#"{{"iface_id":"eth0","host_dev_name":"tap0"{queues}}}"#
+            ))
+            .expect("shape")
+        };
+        let two = iface(r#","queues":2"#);
+        assert_eq!(two.net_config().expect("valid").queues, 2);
+        assert!(two.validate().is_ok());
+        assert_eq!(iface("").net_config().expect("valid").queues, 1);
+        for bad in ["0", "17"] {
+            let e = iface(&format!(r#","queues":{bad}"#))
+                .validate()
+                .unwrap_err();
+            assert!(
+                crate::error_chain(&e).contains("invalid queues"),
+                "{bad}: {}",
+                crate::error_chain(&e)
+            );
+        }
+        // A --net device keeps its queues in the configuration (and omits the default).
+        let cli: NetConfig = "tap=tap0,queues=4".parse().expect("valid");
+        let from_cli = NetworkInterface::from_net_config(cli);
+        assert_eq!(from_cli.queues, Some(4));
+        assert_eq!(from_cli.net_config().expect("valid").queues, 4);
+        let one = NetworkInterface::from_net_config("tap0".parse().expect("valid"));
+        assert_eq!(one.queues, None);
+        assert!(!serde_json::to_string(&one)
+            .expect("json")
+            .contains("queues"));
+    }
+
+    #[test]
     fn parts_reject_unknown_fields_and_bad_values() {
         assert!(serde_json::from_str::<BootSource>(r#"{"kernel_image_path":"/k","x":1}"#).is_err());
         assert!(serde_json::from_str::<MachineConfig>(r#"{"vcpu_count":1}"#).is_err());

@@ -491,6 +491,63 @@ mod tests {
         }
     }
 
+    const TAP_QUEUE_CHILD_ENV: &str = "VMM_SECCOMP_TAP_QUEUE_CHILD";
+
+    /// A multiqueue device's worker attaches and detaches its tap queue (`TUNSETQUEUE`) as
+    /// the driver enables pairs: the net-worker filter must allow it. In a child process
+    /// (a refused call ends it), as root (a tap in a private network namespace).
+    #[test]
+    fn a_net_worker_may_attach_and_detach_its_tap_queue() {
+        // SAFETY: geteuid has no preconditions and cannot fail.
+        if unsafe { libc::geteuid() } != 0 {
+            eprintln!("skipped: this test needs root (a network namespace, a tap)");
+            return;
+        }
+        let exe = std::env::current_exe().expect("test binary");
+        let out = Command::new(&exe)
+            .args([
+                "--exact",
+                "seccomp::tests::tap_queue_child",
+                "--ignored",
+                "--nocapture",
+                "--test-threads=1",
+            ])
+            .env(TAP_QUEUE_CHILD_ENV, "1")
+            .output()
+            .expect("run the child");
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(0), "{stdout}\n{stderr}");
+        assert!(
+            stdout.contains("tap queue calls worked"),
+            "{stdout}\n{stderr}"
+        );
+    }
+
+    #[test]
+    #[ignore = "the child half of a_net_worker_may_attach_and_detach_its_tap_queue"]
+    fn tap_queue_child() {
+        use devices::backend::{NetBackend, Tap};
+        if std::env::var(TAP_QUEUE_CHILD_ENV).is_err() {
+            return;
+        }
+        install_sigsys_handler().expect("handler");
+        let filters = Filters::build().expect("filters");
+        std::thread::spawn(move || {
+            // SAFETY: CLONE_NEWNET moves only this thread into a new network namespace.
+            assert_eq!(unsafe { libc::unshare(libc::CLONE_NEWNET) }, 0);
+            let mut taps = Tap::open_queues("vmmsc0", 2).expect("multi-queue tap");
+            filters.apply(ThreadKind::NetWorker).expect("filter");
+            taps[1].set_queue_enabled(true).expect("attach");
+            taps[1].set_queue_enabled(false).expect("detach");
+            // Closing is not what this test is about.
+            std::mem::forget(taps);
+        })
+        .join()
+        .expect("the filtered thread");
+        println!("tap queue calls worked");
+    }
+
     #[test]
     fn decimal_formatting_is_signal_safe_and_right() {
         let text = |n| {
