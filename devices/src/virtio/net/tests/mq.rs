@@ -457,3 +457,61 @@ fn a_real_multi_queue_tap_carries_frames_on_every_enabled_pair() {
         drop(t);
     });
 }
+
+/// Acknowledges whatever interrupts are pending (the irqfd count and InterruptStatus).
+fn drain_interrupts(t: &mut MmioTransport) {
+    use virtio_bindings::virtio_mmio::{VIRTIO_MMIO_INTERRUPT_ACK, VIRTIO_MMIO_INTERRUPT_STATUS};
+    crate::test_utils::mmio::wait_eventfd(t.irqfd(), Duration::from_millis(20));
+    let status = t.r32(VIRTIO_MMIO_INTERRUPT_STATUS);
+    t.w32(VIRTIO_MMIO_INTERRUPT_ACK, status);
+}
+
+#[test]
+fn the_guests_coalescing_applies_to_every_pair() {
+    let mem = guest_mem();
+    let (device, peers) = device(2);
+    let metrics = device.metrics();
+    let mut t = MmioTransport::new(mem.clone(), Box::new(device)).expect("transport");
+    let mut r = rings(&mem);
+    let features = MQ | bit(VIRTIO_NET_F_NOTF_COAL);
+    assert!(t.negotiate(features), "FEATURES_OK accepted");
+    for (index, q) in [&r.rx[0], &r.tx[0], &r.rx[1], &r.tx[1]]
+        .into_iter()
+        .enumerate()
+    {
+        t.setup_queue(index as u32, 256, q.ring_addrs());
+    }
+    t.setup_queue(4, CTRL_QUEUE_SIZE, r.ctrl.ring_addrs());
+    t.driver_ok();
+    assert_eq!(pairs_set(&t, &mut r, 2), ACK_OK);
+    // TX_SET, carried out by pair 0's worker, holds pair 1's tx interrupts too.
+    let mut coal = 4u32.to_le_bytes().to_vec();
+    coal.extend_from_slice(&1_000_000u32.to_le_bytes());
+    let tx_set = [
+        VIRTIO_NET_CTRL_NOTF_COAL as u8,
+        VIRTIO_NET_CTRL_NOTF_COAL_TX_SET as u8,
+    ];
+    assert_eq!(send(&t, &mut r.ctrl, 4, tx_set, &coal), ACK_OK);
+    // Pair 1's worker picks it up on its next wake-up (the tuning eventfd).
+    std::thread::sleep(Duration::from_millis(100));
+    drain_interrupts(&mut t);
+    for seed in 0..3 {
+        let used = r.tx[1].used_idx();
+        transmit(&t, &mut r, 1, seed);
+        peers[1].recv_frame().expect("frame on pair 1");
+        assert!(wait_until(TIMEOUT, || r.tx[1].used_idx() == used + 1));
+    }
+    assert_eq!(
+        crate::test_utils::mmio::wait_eventfd(t.irqfd(), Duration::from_millis(50)),
+        0,
+        "pair 1 holds its interrupt: 3 of 4 tx frames"
+    );
+    transmit(&t, &mut r, 1, 3);
+    peers[1].recv_frame().expect("frame on pair 1");
+    assert!(crate::test_utils::mmio::wait_eventfd(t.irqfd(), TIMEOUT) > 0);
+    assert!(wait_until(TIMEOUT, || metrics
+        .coalesce_packet_releases
+        .get()
+        == 1));
+    assert_eq!(metrics.queues[1].tx.frames.get(), 4);
+}
