@@ -14,7 +14,12 @@ use virtio_queue::{Queue, QueueT};
 use vm_memory::GuestMemoryMmap;
 use vmm_sys_util::eventfd::EventFd;
 
-use super::VirtioDevice;
+use std::fmt;
+use std::sync::Arc;
+
+use log::{error, warn};
+
+use super::{ActivationContext, VirtioDevice, VirtioInterrupt};
 
 /// The status bits the driver sets, in the order it must set them.
 pub(crate) const STATUS_STEPS: [u32; 4] = [
@@ -167,6 +172,236 @@ pub(crate) fn activation_queues(
         })?);
     }
     Ok((out_queues, out_kicks))
+}
+
+/// Warnings about guest misbehaviour logged per transport before going quiet.
+const MAX_GUEST_WARNINGS: u32 = 32;
+
+/// The transport-independent half of a virtio transport, embedded by both: the device, its
+/// queues and kick eventfds, the interrupt, the status machine and feature negotiation, and
+/// activation and reset. The transports keep only their register layouts (and, for PCI, the
+/// configuration space and MSI-X).
+pub(crate) struct VirtioState {
+    pub(crate) device: Box<dyn VirtioDevice>,
+    pub(crate) mem: GuestMemoryMmap,
+    pub(crate) interrupt: Arc<VirtioInterrupt>,
+    pub(crate) queues: Vec<Queue>,
+    pub(crate) kicks: Vec<EventFd>,
+    pub(crate) status: u32,
+    pub(crate) device_features_sel: u32,
+    pub(crate) driver_features_sel: u32,
+    pub(crate) acked_features: u64,
+    guest_warnings: u32,
+    /// "virtio-mmio" or "virtio-pci", for log lines.
+    transport: &'static str,
+    /// Device features the transport cannot offer.
+    unsupported: u64,
+}
+
+impl VirtioState {
+    /// The state of a freshly reset device.
+    pub(crate) fn new(
+        transport: &'static str,
+        unsupported: u64,
+        mem: GuestMemoryMmap,
+        device: Box<dyn VirtioDevice>,
+        interrupt: Arc<VirtioInterrupt>,
+        queues: Vec<Queue>,
+        kicks: Vec<EventFd>,
+    ) -> VirtioState {
+        VirtioState {
+            device,
+            mem,
+            interrupt,
+            queues,
+            kicks,
+            status: 0,
+            device_features_sel: 0,
+            driver_features_sel: 0,
+            acked_features: 0,
+            guest_warnings: 0,
+            transport,
+            unsupported,
+        }
+    }
+
+    /// "virtio-mmio LABEL (device type N)" for log lines.
+    pub(crate) fn name(&self) -> String {
+        format!(
+            "{} {} (device type {})",
+            self.transport,
+            self.device.label(),
+            self.device.device_type()
+        )
+    }
+
+    /// Logs guest misbehaviour, rate-limited per transport.
+    pub(crate) fn guest_warn(&mut self, args: fmt::Arguments<'_>) {
+        self.guest_warnings = self.guest_warnings.saturating_add(1);
+        let dev = self.name();
+        if self.guest_warnings <= MAX_GUEST_WARNINGS {
+            warn!("{dev}: {args}");
+        } else if self.guest_warnings == MAX_GUEST_WARNINGS + 1 {
+            warn!("{dev}: further guest errors are not logged");
+        }
+    }
+
+    /// True when every bit of `bits` is set in the status.
+    pub(crate) fn has(&self, bits: u32) -> bool {
+        self.status & bits == bits
+    }
+
+    /// The features offered: the device's, without those the transport cannot offer.
+    pub(crate) fn offered_features(&self) -> u64 {
+        self.device.features() & !self.unsupported
+    }
+
+    /// The status register as the driver reads it (with the device's NEEDS_RESET).
+    pub(crate) fn status_register(&self) -> u32 {
+        if self.interrupt.needs_reset() {
+            self.status | VIRTIO_CONFIG_S_NEEDS_RESET
+        } else {
+            self.status
+        }
+    }
+
+    /// The driver's write of 32 feature bits at `driver_features_sel` (`register`: its name
+    /// in this transport, for the warnings).
+    pub(crate) fn write_driver_features(&mut self, value: u32, register: &str) {
+        if !self.has(VIRTIO_CONFIG_S_ACKNOWLEDGE | VIRTIO_CONFIG_S_DRIVER)
+            || self.has(VIRTIO_CONFIG_S_FEATURES_OK)
+        {
+            let status = self.status;
+            self.guest_warn(format_args!(
+                "{register} written in status {status:#x} (allowed after DRIVER, before FEATURES_OK)"
+            ));
+            return;
+        }
+        match self.driver_features_sel {
+            0 => self.acked_features = (self.acked_features & !0xffff_ffff) | u64::from(value),
+            1 => {
+                self.acked_features = (self.acked_features & 0xffff_ffff) | (u64::from(value) << 32)
+            }
+            sel => self.guest_warn(format_args!("{register} written with selector {sel}")),
+        }
+    }
+
+    /// Queue `sel`, if its configuration may be written now (after FEATURES_OK, before
+    /// DRIVER_OK); warns otherwise.
+    pub(crate) fn configurable_queue(&mut self, sel: usize, what: &str) -> Option<&mut Queue> {
+        if !self.has(VIRTIO_CONFIG_S_FEATURES_OK) || self.has(VIRTIO_CONFIG_S_DRIVER_OK) {
+            let status = self.status;
+            self.guest_warn(format_args!(
+                "{what} written in status {status:#x} (allowed after FEATURES_OK, before DRIVER_OK)"
+            ));
+            return None;
+        }
+        if self.queues.get(sel).is_none() {
+            self.guest_warn(format_args!("{what} written for nonexistent queue {sel}"));
+            return None;
+        }
+        self.queues.get_mut(sel)
+    }
+
+    /// A notification for queue `index` that did not go through an ioeventfd.
+    pub(crate) fn notify(&mut self, index: u64) {
+        match usize::try_from(index).ok().and_then(|i| self.kicks.get(i)) {
+            Some(kick) => {
+                if let Err(e) = kick.write(1) {
+                    error!(
+                        "{}: failed to signal queue {index}'s kick eventfd: {e}",
+                        self.name()
+                    );
+                }
+            }
+            None => self.guest_warn(format_args!("notification for nonexistent queue {index}")),
+        }
+    }
+
+    /// The driver's write of the status register. Returns true when it asks for a reset,
+    /// which the transport carries out (it has state of its own to reset).
+    #[must_use]
+    pub(crate) fn write_status(&mut self, value: u32) -> bool {
+        let offered = self.offered_features();
+        let acked = self.acked_features;
+        let change = write_status(self.status, value, || {
+            check_features(self.device.as_ref(), offered, acked)
+        });
+        match change {
+            StatusChange::Reset => true,
+            StatusChange::Update {
+                status,
+                activate,
+                warning,
+            } => {
+                self.status = status;
+                if let Some(w) = warning {
+                    self.guest_warn(format_args!("{w}"));
+                }
+                if activate {
+                    self.activate();
+                }
+                false
+            }
+        }
+    }
+
+    fn activate(&mut self) {
+        let in_use = self.device.queues_in_use(self.acked_features);
+        let prepared = activation_queues(
+            &self.mem,
+            &self.queues,
+            &self.kicks,
+            in_use,
+            self.acked_features,
+        );
+        let (queues, kicks) = match prepared {
+            Ok(q) => q,
+            Err(ActivationProblem::Guest(why)) => {
+                self.guest_warn(format_args!("{why}"));
+                return self.fail_activation();
+            }
+            Err(ActivationProblem::Host(why)) => {
+                error!("{}: {why}", self.name());
+                return self.fail_activation();
+            }
+        };
+        let ctx = ActivationContext {
+            mem: self.mem.clone(),
+            queues,
+            kicks,
+            interrupt: self.interrupt.clone(),
+            acked_features: self.acked_features,
+        };
+        if let Err(e) = self.device.activate(ctx) {
+            error!("{}: activation failed: {e}", self.name());
+            self.fail_activation();
+        }
+    }
+
+    fn fail_activation(&mut self) {
+        if let Err(e) = self.interrupt.set_needs_reset() {
+            error!("{}: failed to signal DEVICE_NEEDS_RESET: {e}", self.name());
+        }
+    }
+
+    /// Device reset: the worker stopped, queues and kicks cleared, no interrupt pending,
+    /// negotiation back to the start.
+    pub(crate) fn reset(&mut self) {
+        self.device.reset();
+        for queue in &mut self.queues {
+            queue.reset();
+        }
+        for kick in &self.kicks {
+            // A WouldBlock only means no stale kick was pending.
+            let _ = kick.read();
+        }
+        self.interrupt.reset();
+        self.status = 0;
+        self.device_features_sel = 0;
+        self.driver_features_sel = 0;
+        self.acked_features = 0;
+    }
 }
 
 #[cfg(test)]

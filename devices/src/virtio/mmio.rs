@@ -10,18 +10,13 @@
 use std::fmt;
 use std::sync::Arc;
 
-use log::{error, warn};
-use virtio_bindings::virtio_config::{
-    VIRTIO_CONFIG_S_ACKNOWLEDGE, VIRTIO_CONFIG_S_DRIVER, VIRTIO_CONFIG_S_DRIVER_OK,
-    VIRTIO_CONFIG_S_FEATURES_OK, VIRTIO_CONFIG_S_NEEDS_RESET,
-};
 use virtio_bindings::virtio_mmio::*;
 use virtio_queue::{Queue, QueueT};
 use vm_memory::{GuestAddress, GuestMemoryMmap};
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
-use super::common::{self, ActivationProblem, StatusChange};
-use super::{ActivationContext, VirtioDevice, VirtioInterrupt};
+use super::common::VirtioState;
+use super::{VirtioDevice, VirtioInterrupt};
 use crate::BusDevice;
 
 /// Size of one device's MMIO window.
@@ -36,9 +31,6 @@ pub const MMIO_VENDOR_ID: u32 = 0;
 pub const QUEUE_NOTIFY_OFFSET: u64 = VIRTIO_MMIO_QUEUE_NOTIFY as u64;
 /// Offset of the device configuration space inside the window.
 pub const CONFIG_SPACE_OFFSET: u64 = VIRTIO_MMIO_CONFIG as u64;
-
-/// Warnings about guest misbehaviour logged per transport before going quiet.
-const MAX_GUEST_WARNINGS: u32 = 32;
 
 /// Errors building a transport.
 #[derive(Debug, thiserror::Error)]
@@ -73,25 +65,16 @@ enum Half {
 
 /// One virtio device behind a virtio-mmio window.
 pub struct MmioTransport {
-    device: Box<dyn VirtioDevice>,
-    mem: GuestMemoryMmap,
-    interrupt: Arc<VirtioInterrupt>,
-    queues: Vec<Queue>,
-    kicks: Vec<EventFd>,
-    status: u32,
-    device_features_sel: u32,
-    driver_features_sel: u32,
-    acked_features: u64,
+    state: VirtioState,
     queue_sel: u32,
-    guest_warnings: u32,
 }
 
 impl fmt::Debug for MmioTransport {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("MmioTransport")
-            .field("device_type", &self.device.device_type())
-            .field("status", &self.status)
-            .field("acked_features", &self.acked_features)
+            .field("device_type", &self.state.device.device_type())
+            .field("status", &self.state.status)
+            .field("acked_features", &self.state.acked_features)
             .finish_non_exhaustive()
     }
 }
@@ -107,17 +90,8 @@ impl MmioTransport {
         }
         let interrupt = Arc::new(VirtioInterrupt::new().map_err(MmioError::EventFd)?);
         Ok(MmioTransport {
-            device,
-            mem,
-            interrupt,
-            queues,
-            kicks,
-            status: 0,
-            device_features_sel: 0,
-            driver_features_sel: 0,
-            acked_features: 0,
+            state: VirtioState::new("virtio-mmio", 0, mem, device, interrupt, queues, kicks),
             queue_sel: 0,
-            guest_warnings: 0,
         })
     }
 
@@ -125,7 +99,8 @@ impl MmioTransport {
     /// eventfd, the guest physical address of QueueNotify (`mmio_base + 0x50`, 4-byte write)
     /// and the datamatch value (the queue index).
     pub fn ioeventfds(&self, mmio_base: u64) -> Vec<(&EventFd, u64, u32)> {
-        self.kicks
+        self.state
+            .kicks
             .iter()
             .zip(0u32..)
             .map(|(kick, index)| (kick, mmio_base + QUEUE_NOTIFY_OFFSET, index))
@@ -134,26 +109,22 @@ impl MmioTransport {
 
     /// The eventfd to register as the KVM irqfd of the device's interrupt line.
     pub fn irqfd(&self) -> &EventFd {
-        self.interrupt.irqfd()
+        self.state.interrupt.irqfd()
     }
 
     /// The device's interrupt line (InterruptStatus and DEVICE_NEEDS_RESET).
     pub fn interrupt(&self) -> &Arc<VirtioInterrupt> {
-        &self.interrupt
+        &self.state.interrupt
     }
 
     /// The device.
     pub fn device(&self) -> &dyn VirtioDevice {
-        self.device.as_ref()
+        self.state.device.as_ref()
     }
 
     /// The Status register as the driver reads it.
     pub fn status(&self) -> u32 {
-        if self.interrupt.needs_reset() {
-            self.status | VIRTIO_CONFIG_S_NEEDS_RESET
-        } else {
-            self.status
-        }
+        self.state.status_register()
     }
 
     /// Stops the device's worker and resets the device, as if the driver wrote 0 to Status.
@@ -162,52 +133,30 @@ impl MmioTransport {
         self.reset();
     }
 
-    fn guest_warn(&mut self, args: fmt::Arguments<'_>) {
-        self.guest_warnings = self.guest_warnings.saturating_add(1);
-        let dev = self.name();
-        if self.guest_warnings <= MAX_GUEST_WARNINGS {
-            warn!("{dev}: {args}");
-        } else if self.guest_warnings == MAX_GUEST_WARNINGS + 1 {
-            warn!("{dev}: further guest errors are not logged");
-        }
-    }
-
-    /// "virtio-mmio LABEL (device type N)" for log lines.
-    fn name(&self) -> String {
-        format!(
-            "virtio-mmio {} (device type {})",
-            self.device.label(),
-            self.device.device_type()
-        )
-    }
-
-    fn has(&self, bits: u32) -> bool {
-        self.status & bits == bits
-    }
-
     fn read_register(&mut self, offset: u32) -> u32 {
         match offset {
             VIRTIO_MMIO_MAGIC_VALUE => MMIO_MAGIC_VALUE,
             VIRTIO_MMIO_VERSION => MMIO_VERSION,
-            VIRTIO_MMIO_DEVICE_ID => self.device.device_type(),
+            VIRTIO_MMIO_DEVICE_ID => self.state.device.device_type(),
             VIRTIO_MMIO_VENDOR_ID => MMIO_VENDOR_ID,
-            VIRTIO_MMIO_DEVICE_FEATURES => match self.device_features_sel {
-                0 => self.device.features() as u32,
-                1 => (self.device.features() >> 32) as u32,
+            VIRTIO_MMIO_DEVICE_FEATURES => match self.state.device_features_sel {
+                0 => self.state.device.features() as u32,
+                1 => (self.state.device.features() >> 32) as u32,
                 _ => 0,
             },
             VIRTIO_MMIO_QUEUE_NUM_MAX => self.selected_queue().map_or(0, |q| q.max_size().into()),
             VIRTIO_MMIO_QUEUE_READY => self.selected_queue().map_or(0, |q| q.ready().into()),
-            VIRTIO_MMIO_INTERRUPT_STATUS => self.interrupt.status(),
+            VIRTIO_MMIO_INTERRUPT_STATUS => self.state.interrupt.status(),
             VIRTIO_MMIO_STATUS => self.status(),
             // No shared memory regions: length and base read as all ones.
             VIRTIO_MMIO_SHM_LEN_LOW
             | VIRTIO_MMIO_SHM_LEN_HIGH
             | VIRTIO_MMIO_SHM_BASE_LOW
             | VIRTIO_MMIO_SHM_BASE_HIGH => u32::MAX,
-            VIRTIO_MMIO_CONFIG_GENERATION => self.device.config_generation(),
+            VIRTIO_MMIO_CONFIG_GENERATION => self.state.device.config_generation(),
             _ => {
-                self.guest_warn(format_args!("read of unknown register {offset:#x}"));
+                self.state
+                    .guest_warn(format_args!("read of unknown register {offset:#x}"));
                 0
             }
         }
@@ -215,15 +164,21 @@ impl MmioTransport {
 
     fn write_register(&mut self, offset: u32, value: u32) {
         match offset {
-            VIRTIO_MMIO_DEVICE_FEATURES_SEL => self.device_features_sel = value,
-            VIRTIO_MMIO_DRIVER_FEATURES => self.write_driver_features(value),
-            VIRTIO_MMIO_DRIVER_FEATURES_SEL => self.driver_features_sel = value,
+            VIRTIO_MMIO_DEVICE_FEATURES_SEL => self.state.device_features_sel = value,
+            VIRTIO_MMIO_DRIVER_FEATURES => {
+                self.state.write_driver_features(value, "DriverFeatures")
+            }
+            VIRTIO_MMIO_DRIVER_FEATURES_SEL => self.state.driver_features_sel = value,
             VIRTIO_MMIO_QUEUE_SEL => self.queue_sel = value,
             VIRTIO_MMIO_QUEUE_NUM => self.write_queue_num(value),
             VIRTIO_MMIO_QUEUE_READY => self.write_queue_ready(value),
-            VIRTIO_MMIO_QUEUE_NOTIFY => self.notify(value),
-            VIRTIO_MMIO_INTERRUPT_ACK => self.interrupt.ack(value),
-            VIRTIO_MMIO_STATUS => self.write_status(value),
+            VIRTIO_MMIO_QUEUE_NOTIFY => self.state.notify(value.into()),
+            VIRTIO_MMIO_INTERRUPT_ACK => self.state.interrupt.ack(value),
+            VIRTIO_MMIO_STATUS => {
+                if self.state.write_status(value) {
+                    self.reset();
+                }
+            }
             VIRTIO_MMIO_QUEUE_DESC_LOW => self.write_ring_addr(RingPart::Desc, Half::Low, value),
             VIRTIO_MMIO_QUEUE_DESC_HIGH => self.write_ring_addr(RingPart::Desc, Half::High, value),
             VIRTIO_MMIO_QUEUE_AVAIL_LOW => self.write_ring_addr(RingPart::Avail, Half::Low, value),
@@ -233,80 +188,54 @@ impl MmioTransport {
             VIRTIO_MMIO_QUEUE_USED_LOW => self.write_ring_addr(RingPart::Used, Half::Low, value),
             VIRTIO_MMIO_QUEUE_USED_HIGH => self.write_ring_addr(RingPart::Used, Half::High, value),
             VIRTIO_MMIO_SHM_SEL => {}
-            _ => self.guest_warn(format_args!(
+            _ => self.state.guest_warn(format_args!(
                 "write of {value:#x} to unknown or read-only register {offset:#x}"
             )),
         }
     }
 
     fn selected_queue(&self) -> Option<&Queue> {
-        self.queues.get(self.queue_sel as usize)
-    }
-
-    /// The selected queue, if its configuration may be written now (after FEATURES_OK,
-    /// before DRIVER_OK); warns otherwise.
-    fn configurable_queue(&mut self, what: &str) -> Option<&mut Queue> {
-        if !self.has(VIRTIO_CONFIG_S_FEATURES_OK) || self.has(VIRTIO_CONFIG_S_DRIVER_OK) {
-            let status = self.status;
-            self.guest_warn(format_args!(
-                "{what} written in status {status:#x} (allowed after FEATURES_OK, before DRIVER_OK)"
-            ));
-            return None;
-        }
-        let sel = self.queue_sel;
-        if self.queues.get(sel as usize).is_none() {
-            self.guest_warn(format_args!("{what} written for nonexistent queue {sel}"));
-            return None;
-        }
-        self.queues.get_mut(sel as usize)
-    }
-
-    fn write_driver_features(&mut self, value: u32) {
-        if !self.has(VIRTIO_CONFIG_S_ACKNOWLEDGE | VIRTIO_CONFIG_S_DRIVER)
-            || self.has(VIRTIO_CONFIG_S_FEATURES_OK)
-        {
-            let status = self.status;
-            self.guest_warn(format_args!(
-                "DriverFeatures written in status {status:#x} (allowed after DRIVER, before FEATURES_OK)"
-            ));
-            return;
-        }
-        match self.driver_features_sel {
-            0 => self.acked_features = (self.acked_features & !0xffff_ffff) | u64::from(value),
-            1 => {
-                self.acked_features = (self.acked_features & 0xffff_ffff) | (u64::from(value) << 32)
-            }
-            sel => self.guest_warn(format_args!("DriverFeatures written with selector {sel}")),
-        }
+        self.state.queues.get(self.queue_sel as usize)
     }
 
     fn write_queue_num(&mut self, value: u32) {
-        let Some(queue) = self.configurable_queue("QueueNum") else {
+        let Some(queue) = self
+            .state
+            .configurable_queue(self.queue_sel as usize, "QueueNum")
+        else {
             return;
         };
         let ok = u16::try_from(value)
             .ok()
             .is_some_and(|size| queue.try_set_size(size).is_ok());
         if !ok {
-            self.guest_warn(format_args!(
+            self.state.guest_warn(format_args!(
                 "QueueNum {value} refused (must be a power of two ≤ QueueNumMax)"
             ));
         }
     }
 
     fn write_queue_ready(&mut self, value: u32) {
-        let Some(queue) = self.configurable_queue("QueueReady") else {
+        let Some(queue) = self
+            .state
+            .configurable_queue(self.queue_sel as usize, "QueueReady")
+        else {
             return;
         };
         match value {
             0 => queue.set_ready(false),
             1 => queue.set_ready(true),
-            _ => self.guest_warn(format_args!("QueueReady {value} refused")),
+            _ => self
+                .state
+                .guest_warn(format_args!("QueueReady {value} refused")),
         }
     }
 
     fn write_ring_addr(&mut self, part: RingPart, half: Half, value: u32) {
-        let Some(queue) = self.configurable_queue("a queue address register") else {
+        let Some(queue) = self
+            .state
+            .configurable_queue(self.queue_sel as usize, "a queue address register")
+        else {
             return;
         };
         let old = match part {
@@ -324,104 +253,15 @@ impl MmioTransport {
             RingPart::Used => queue.try_set_used_ring_address(addr),
         };
         if result.is_err() {
-            self.guest_warn(format_args!(
+            self.state.guest_warn(format_args!(
                 "{part:?} ring address {:#x} refused (misaligned)",
                 addr.0
             ));
         }
     }
 
-    fn notify(&mut self, value: u32) {
-        match self.kicks.get(value as usize) {
-            Some(kick) => {
-                if let Err(e) = kick.write(1) {
-                    error!(
-                        "{}: failed to signal queue {value}'s kick eventfd: {e}",
-                        self.name()
-                    );
-                }
-            }
-            None => self.guest_warn(format_args!("QueueNotify for nonexistent queue {value}")),
-        }
-    }
-
-    fn write_status(&mut self, value: u32) {
-        let offered = self.device.features();
-        let acked = self.acked_features;
-        let change = common::write_status(self.status, value, || {
-            common::check_features(self.device.as_ref(), offered, acked)
-        });
-        match change {
-            StatusChange::Reset => self.reset(),
-            StatusChange::Update {
-                status,
-                activate,
-                warning,
-            } => {
-                self.status = status;
-                if activate {
-                    self.activate();
-                }
-                if let Some(w) = warning {
-                    self.guest_warn(format_args!("{w}"));
-                }
-            }
-        }
-    }
-
-    fn activate(&mut self) {
-        let in_use = self.device.queues_in_use(self.acked_features);
-        let prepared = common::activation_queues(
-            &self.mem,
-            &self.queues,
-            &self.kicks,
-            in_use,
-            self.acked_features,
-        );
-        let (queues, kicks) = match prepared {
-            Ok(q) => q,
-            Err(ActivationProblem::Guest(why)) => {
-                self.guest_warn(format_args!("{why}"));
-                return self.fail_activation();
-            }
-            Err(ActivationProblem::Host(why)) => {
-                error!("{}: {why}", self.name());
-                return self.fail_activation();
-            }
-        };
-        let ctx = ActivationContext {
-            mem: self.mem.clone(),
-            queues,
-            kicks,
-            interrupt: self.interrupt.clone(),
-            acked_features: self.acked_features,
-        };
-        if let Err(e) = self.device.activate(ctx) {
-            error!("{}: activation failed: {e}", self.name());
-            self.fail_activation();
-        }
-    }
-
-    fn fail_activation(&mut self) {
-        if let Err(e) = self.interrupt.set_needs_reset() {
-            error!("{}: failed to signal DEVICE_NEEDS_RESET: {e}", self.name());
-        }
-    }
-
     fn reset(&mut self) {
-        self.device.reset();
-        for queue in &mut self.queues {
-            queue.reset();
-        }
-        for kick in &self.kicks {
-            // A WouldBlock only means no stale kick was pending.
-            let _ = kick.read();
-        }
-        self.interrupt.reset();
-        self.status = 0;
-        self.device_features_sel = 0;
-        self.driver_features_sel = 0;
-        self.acked_features = 0;
+        self.state.reset();
         self.queue_sel = 0;
     }
 }
@@ -429,13 +269,15 @@ impl MmioTransport {
 impl BusDevice for MmioTransport {
     fn read(&mut self, offset: u64, data: &mut [u8]) {
         if offset >= CONFIG_SPACE_OFFSET {
-            self.device.read_config(offset - CONFIG_SPACE_OFFSET, data);
+            self.state
+                .device
+                .read_config(offset - CONFIG_SPACE_OFFSET, data);
             return;
         }
         if data.len() != 4 || !offset.is_multiple_of(4) {
             data.fill(0);
             let len = data.len();
-            self.guest_warn(format_args!(
+            self.state.guest_warn(format_args!(
                 "{len}-byte read at register offset {offset:#x} (registers are 4-byte aligned words)"
             ));
             return;
@@ -446,18 +288,21 @@ impl BusDevice for MmioTransport {
 
     fn write(&mut self, offset: u64, data: &[u8]) {
         if offset >= CONFIG_SPACE_OFFSET {
-            self.device.write_config(offset - CONFIG_SPACE_OFFSET, data);
+            self.state
+                .device
+                .write_config(offset - CONFIG_SPACE_OFFSET, data);
             return;
         }
         let Ok(bytes) = <[u8; 4]>::try_from(data) else {
             let len = data.len();
-            self.guest_warn(format_args!(
+            self.state.guest_warn(format_args!(
                 "{len}-byte write at register offset {offset:#x} (registers are 4-byte words)"
             ));
             return;
         };
         if !offset.is_multiple_of(4) {
-            self.guest_warn(format_args!("misaligned register write at {offset:#x}"));
+            self.state
+                .guest_warn(format_args!("misaligned register write at {offset:#x}"));
             return;
         }
         self.write_register(offset as u32, u32::from_le_bytes(bytes));
@@ -466,7 +311,7 @@ impl BusDevice for MmioTransport {
 
 impl Drop for MmioTransport {
     fn drop(&mut self) {
-        self.device.reset();
+        self.state.device.reset();
     }
 }
 

@@ -170,7 +170,7 @@ fn features_ok_is_refused_for_bad_feature_sets() {
     // Features are frozen once FEATURES_OK is set.
     t.w32(VIRTIO_MMIO_DRIVER_FEATURES_SEL, 0);
     t.w32(VIRTIO_MMIO_DRIVER_FEATURES, 0);
-    assert_eq!(t.acked_features, offered);
+    assert_eq!(t.state.acked_features, offered);
 }
 
 #[test]
@@ -184,19 +184,19 @@ fn queue_registers_are_validated() {
     t.w32(VIRTIO_MMIO_QUEUE_SEL, 0);
     for bad in [0u32, 3, 100, 128, 65536 + 64, u32::MAX] {
         t.w32(VIRTIO_MMIO_QUEUE_NUM, bad);
-        assert_eq!(t.queues[0].size(), 64, "QueueNum {bad} refused");
+        assert_eq!(t.state.queues[0].size(), 64, "QueueNum {bad} refused");
     }
     t.w32(VIRTIO_MMIO_QUEUE_NUM, 16);
-    assert_eq!(t.queues[0].size(), 16);
+    assert_eq!(t.state.queues[0].size(), 16);
     t.w32(VIRTIO_MMIO_QUEUE_DESC_LOW, 0x1008);
     assert_ne!(
-        t.queues[0].desc_table(),
+        t.state.queues[0].desc_table(),
         0x1008,
         "descriptor table must be 16-aligned"
     );
     t.w32(VIRTIO_MMIO_QUEUE_USED_LOW, 0x1002);
     assert_ne!(
-        t.queues[0].used_ring(),
+        t.state.queues[0].used_ring(),
         0x1002,
         "used ring must be 4-aligned"
     );
@@ -223,8 +223,8 @@ fn queue_registers_are_validated() {
     t.w32(VIRTIO_MMIO_QUEUE_NUM, 32);
     t.w32(VIRTIO_MMIO_QUEUE_DESC_LOW, 0x5000);
     t.w32(VIRTIO_MMIO_QUEUE_READY, 0);
-    assert_eq!(t.queues[0].size(), 64);
-    assert_eq!(t.queues[0].desc_table(), 0x1000);
+    assert_eq!(t.state.queues[0].size(), 64);
+    assert_eq!(t.state.queues[0].desc_table(), 0x1000);
     assert_eq!(t.r32(VIRTIO_MMIO_QUEUE_READY), 1);
 }
 
@@ -268,10 +268,10 @@ fn reset_returns_to_the_initial_state() {
     assert!(!is_active(&t));
     assert_eq!(t.r32(VIRTIO_MMIO_STATUS), 0);
     assert_eq!(t.r32(VIRTIO_MMIO_INTERRUPT_STATUS), 0);
-    assert_eq!(t.acked_features, 0);
+    assert_eq!(t.state.acked_features, 0);
     t.w32(VIRTIO_MMIO_QUEUE_SEL, 0);
     assert_eq!(t.r32(VIRTIO_MMIO_QUEUE_READY), 0);
-    assert_eq!(t.queues[0].size(), 64);
+    assert_eq!(t.state.queues[0].size(), 64);
 }
 
 #[test]

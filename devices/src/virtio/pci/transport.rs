@@ -4,12 +4,7 @@
 use std::fmt;
 use std::sync::Arc;
 
-use log::{error, warn};
-use virtio_bindings::virtio_config::VIRTIO_CONFIG_S_ACKNOWLEDGE;
-use virtio_bindings::virtio_config::{
-    VIRTIO_CONFIG_S_DRIVER, VIRTIO_CONFIG_S_DRIVER_OK, VIRTIO_CONFIG_S_FEATURES_OK,
-    VIRTIO_CONFIG_S_NEEDS_RESET, VIRTIO_F_RING_RESET,
-};
+use virtio_bindings::virtio_config::VIRTIO_F_RING_RESET;
 use virtio_queue::{Queue, QueueT};
 use vm_memory::{GuestAddress, GuestMemoryMmap};
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
@@ -17,17 +12,14 @@ use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 use super::config::{PciConfigSpace, PciIds, PCI_CAP_ID_MSIX, PCI_CAP_ID_VNDR};
 use super::msix::{MsiMessage, MsixTable, MsixVectors, MSIX_CTRL_ENABLE, MSIX_CTRL_FUNCTION_MASK};
 use super::*;
-use crate::virtio::common::{self, ActivationProblem, StatusChange};
-use crate::virtio::{ActivationContext, VirtioDevice, VirtioInterrupt};
+use crate::virtio::common::VirtioState;
+use crate::virtio::{VirtioDevice, VirtioInterrupt};
 use crate::BusDevice;
 
 /// Transport features not implemented here, never offered whatever the device says:
 /// VIRTIO_F_RING_RESET (`queue_reset`: it needs a per-queue stop in the device interface),
 /// VIRTIO_F_NOTIF_CONFIG_DATA (39, `queue_notif_config_data`) and VIRTIO_F_ADMIN_VQ (41).
 pub const UNSUPPORTED_TRANSPORT_FEATURES: u64 = 1 << VIRTIO_F_RING_RESET | 1 << 39 | 1 << 41;
-
-/// Warnings about guest misbehaviour logged per transport before going quiet.
-const MAX_GUEST_WARNINGS: u32 = 32;
 
 // Common configuration registers (struct virtio_pci_common_cfg).
 const DEVICE_FEATURE_SELECT: u64 = 0x00;
@@ -82,30 +74,21 @@ enum RingPart {
 
 /// One virtio device behind a modern virtio-pci function.
 pub struct VirtioPciTransport {
-    device: Box<dyn VirtioDevice>,
-    mem: GuestMemoryMmap,
-    interrupt: Arc<VirtioInterrupt>,
+    state: VirtioState,
     msix: MsixTable,
     config: PciConfigSpace,
     msix_cap: usize,
     pci_cfg_cap: usize,
     bar0_reported: u64,
-    queues: Vec<Queue>,
-    kicks: Vec<EventFd>,
-    status: u32,
-    device_features_sel: u32,
-    driver_features_sel: u32,
-    acked_features: u64,
     queue_sel: u16,
-    guest_warnings: u32,
 }
 
 impl fmt::Debug for VirtioPciTransport {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("VirtioPciTransport")
-            .field("device_type", &self.device.device_type())
-            .field("status", &self.status)
-            .field("acked_features", &self.acked_features)
+            .field("device_type", &self.state.device.device_type())
+            .field("status", &self.state.status)
+            .field("acked_features", &self.state.acked_features)
             .field("config", &self.config)
             .finish_non_exhaustive()
     }
@@ -210,22 +193,21 @@ impl VirtioPciTransport {
         let msix_cap = add(PCI_CAP_ID_MSIX, msix_body, &ctrl_writable);
 
         Ok(VirtioPciTransport {
-            device,
-            mem,
-            interrupt,
+            state: VirtioState::new(
+                "virtio-pci",
+                UNSUPPORTED_TRANSPORT_FEATURES,
+                mem,
+                device,
+                interrupt,
+                queues,
+                kicks,
+            ),
             msix,
             config,
             msix_cap,
             pci_cfg_cap,
             bar0_reported: 0,
-            queues,
-            kicks,
-            status: 0,
-            device_features_sel: 0,
-            driver_features_sel: 0,
-            acked_features: 0,
             queue_sel: 0,
-            guest_warnings: 0,
         })
     }
 
@@ -249,7 +231,8 @@ impl VirtioPciTransport {
     /// eventfd, its notify address (`bar0_base + NOTIFY_OFFSET + 4 * index`) and the access
     /// length to match, 0 meaning any (no datamatch).
     pub fn ioeventfds(&self, bar0_base: u64) -> Vec<(&EventFd, u64, u32)> {
-        self.kicks
+        self.state
+            .kicks
             .iter()
             .zip(0u64..)
             .map(|(kick, index)| {
@@ -282,60 +265,28 @@ impl VirtioPciTransport {
 
     /// The device's interrupt (ISR bits, DEVICE_NEEDS_RESET, MSI-X vectors).
     pub fn interrupt(&self) -> &Arc<VirtioInterrupt> {
-        &self.interrupt
+        &self.state.interrupt
     }
 
     /// The device.
     pub fn device(&self) -> &dyn VirtioDevice {
-        self.device.as_ref()
+        self.state.device.as_ref()
     }
 
     /// The device status as the driver reads it.
     pub fn status(&self) -> u32 {
-        if self.interrupt.needs_reset() {
-            self.status | VIRTIO_CONFIG_S_NEEDS_RESET
-        } else {
-            self.status
-        }
+        self.state.status_register()
     }
 
     /// The features the driver acknowledged.
     pub fn acked_features(&self) -> u64 {
-        self.acked_features
+        self.state.acked_features
     }
 
     /// Stops the device's worker and resets the device, as if the driver wrote 0 to
     /// device_status. Call at VMM exit (dropping the transport does the same).
     pub fn shutdown(&mut self) {
         self.reset();
-    }
-
-    /// The features offered: the device's, without the transport features this transport
-    /// does not implement.
-    fn offered_features(&self) -> u64 {
-        self.device.features() & !UNSUPPORTED_TRANSPORT_FEATURES
-    }
-
-    fn guest_warn(&mut self, args: fmt::Arguments<'_>) {
-        self.guest_warnings = self.guest_warnings.saturating_add(1);
-        let dev = self.name();
-        if self.guest_warnings <= MAX_GUEST_WARNINGS {
-            warn!("{dev}: {args}");
-        } else if self.guest_warnings == MAX_GUEST_WARNINGS + 1 {
-            warn!("{dev}: further guest errors are not logged");
-        }
-    }
-
-    fn name(&self) -> String {
-        format!(
-            "virtio-pci {} (device type {})",
-            self.device.label(),
-            self.device.device_type()
-        )
-    }
-
-    fn has(&self, bits: u32) -> bool {
-        self.status & bits == bits
     }
 
     // ---- configuration space ----
@@ -364,28 +315,28 @@ impl VirtioPciTransport {
     // ---- common configuration ----
 
     fn selected_queue(&self) -> Option<&Queue> {
-        self.queues.get(usize::from(self.queue_sel))
+        self.state.queues.get(usize::from(self.queue_sel))
     }
 
     fn read_common(&mut self, offset: u64, len: usize) -> Option<u64> {
         let q = self.selected_queue();
         let value = match (offset, len) {
-            (DEVICE_FEATURE_SELECT, 4) => u64::from(self.device_features_sel),
-            (DEVICE_FEATURE, 4) => match self.device_features_sel {
-                0 => self.offered_features() & 0xffff_ffff,
-                1 => self.offered_features() >> 32,
+            (DEVICE_FEATURE_SELECT, 4) => u64::from(self.state.device_features_sel),
+            (DEVICE_FEATURE, 4) => match self.state.device_features_sel {
+                0 => self.state.offered_features() & 0xffff_ffff,
+                1 => self.state.offered_features() >> 32,
                 _ => 0,
             },
-            (DRIVER_FEATURE_SELECT, 4) => u64::from(self.driver_features_sel),
-            (DRIVER_FEATURE, 4) => match self.driver_features_sel {
-                0 => self.acked_features & 0xffff_ffff,
-                1 => self.acked_features >> 32,
+            (DRIVER_FEATURE_SELECT, 4) => u64::from(self.state.driver_features_sel),
+            (DRIVER_FEATURE, 4) => match self.state.driver_features_sel {
+                0 => self.state.acked_features & 0xffff_ffff,
+                1 => self.state.acked_features >> 32,
                 _ => 0,
             },
             (CONFIG_MSIX_VECTOR, 2) => u64::from(self.msix.vectors().config_vector()),
-            (NUM_QUEUES, 2) => self.queues.len() as u64,
+            (NUM_QUEUES, 2) => self.state.queues.len() as u64,
             (DEVICE_STATUS, 1) => u64::from(self.status() as u8),
-            (CONFIG_GENERATION, 1) => u64::from(self.device.config_generation() as u8),
+            (CONFIG_GENERATION, 1) => u64::from(self.state.device.config_generation() as u8),
             (QUEUE_SELECT, 2) => u64::from(self.queue_sel),
             (QUEUE_SIZE, 2) => q.map_or(0, |q| q.size().into()),
             (QUEUE_MSIX_VECTOR, 2) => u64::from(
@@ -422,16 +373,23 @@ impl VirtioPciTransport {
 
     fn write_common(&mut self, offset: u64, len: usize, value: u64) {
         match (offset, len) {
-            (DEVICE_FEATURE_SELECT, 4) => self.device_features_sel = value as u32,
-            (DRIVER_FEATURE_SELECT, 4) => self.driver_features_sel = value as u32,
-            (DRIVER_FEATURE, 4) => self.write_driver_features(value as u32),
+            (DEVICE_FEATURE_SELECT, 4) => self.state.device_features_sel = value as u32,
+            (DRIVER_FEATURE_SELECT, 4) => self.state.driver_features_sel = value as u32,
+            (DRIVER_FEATURE, 4) => self
+                .state
+                .write_driver_features(value as u32, "driver_feature"),
             (CONFIG_MSIX_VECTOR, 2) => {
                 let stored = self.msix.vectors().set_config_vector(value as u16);
                 if stored != value as u16 {
-                    self.guest_warn(format_args!("config_msix_vector {value} out of range"));
+                    self.state
+                        .guest_warn(format_args!("config_msix_vector {value} out of range"));
                 }
             }
-            (DEVICE_STATUS, 1) => self.write_status(value as u32),
+            (DEVICE_STATUS, 1) => {
+                if self.state.write_status(value as u32) {
+                    self.reset();
+                }
+            }
             (QUEUE_SELECT, 2) => self.queue_sel = value as u16,
             (QUEUE_SIZE, 2) => self.write_queue_size(value as u16),
             (QUEUE_MSIX_VECTOR, 2) => self.write_queue_vector(value as u16),
@@ -445,56 +403,22 @@ impl VirtioPciTransport {
             (0x24 | 0x2c | 0x34, 4) => {
                 self.write_ring_addr(offset - 4, |old| (old & 0xffff_ffff) | (value << 32))
             }
-            _ => self.guest_warn(format_args!(
+            _ => self.state.guest_warn(format_args!(
                 "{len}-byte write of {value:#x} to read-only, unknown or misaligned common \
                  configuration offset {offset:#x}"
             )),
         }
     }
 
-    fn write_driver_features(&mut self, value: u32) {
-        if !self.has(VIRTIO_CONFIG_S_ACKNOWLEDGE | VIRTIO_CONFIG_S_DRIVER)
-            || self.has(VIRTIO_CONFIG_S_FEATURES_OK)
-        {
-            let status = self.status;
-            self.guest_warn(format_args!(
-                "driver_feature written in status {status:#x} (allowed after DRIVER, before FEATURES_OK)"
-            ));
-            return;
-        }
-        match self.driver_features_sel {
-            0 => self.acked_features = (self.acked_features & !0xffff_ffff) | u64::from(value),
-            1 => {
-                self.acked_features = (self.acked_features & 0xffff_ffff) | (u64::from(value) << 32)
-            }
-            sel => self.guest_warn(format_args!("driver_feature written with selector {sel}")),
-        }
-    }
-
-    /// The selected queue, if its configuration may be written now (after FEATURES_OK,
-    /// before DRIVER_OK); warns otherwise.
-    fn configurable_queue(&mut self, what: &str) -> Option<&mut Queue> {
-        if !self.has(VIRTIO_CONFIG_S_FEATURES_OK) || self.has(VIRTIO_CONFIG_S_DRIVER_OK) {
-            let status = self.status;
-            self.guest_warn(format_args!(
-                "{what} written in status {status:#x} (allowed after FEATURES_OK, before DRIVER_OK)"
-            ));
-            return None;
-        }
-        let sel = self.queue_sel;
-        if self.queues.get(usize::from(sel)).is_none() {
-            self.guest_warn(format_args!("{what} written for nonexistent queue {sel}"));
-            return None;
-        }
-        self.queues.get_mut(usize::from(sel))
-    }
-
     fn write_queue_size(&mut self, value: u16) {
-        let Some(queue) = self.configurable_queue("queue_size") else {
+        let Some(queue) = self
+            .state
+            .configurable_queue(usize::from(self.queue_sel), "queue_size")
+        else {
             return;
         };
         if queue.try_set_size(value).is_err() {
-            self.guest_warn(format_args!(
+            self.state.guest_warn(format_args!(
                 "queue_size {value} refused (must be a power of two ≤ the maximum)"
             ));
         }
@@ -502,27 +426,32 @@ impl VirtioPciTransport {
 
     fn write_queue_vector(&mut self, value: u16) {
         let sel = usize::from(self.queue_sel);
-        if sel >= self.queues.len() {
-            self.guest_warn(format_args!(
+        if sel >= self.state.queues.len() {
+            self.state.guest_warn(format_args!(
                 "queue_msix_vector written for nonexistent queue {sel}"
             ));
             return;
         }
         // A vector past the table reads back as NO_VECTOR: the driver's check of the mapping.
         if self.msix.vectors().set_queue_vector(sel, value) != value {
-            self.guest_warn(format_args!("queue_msix_vector {value} out of range"));
+            self.state
+                .guest_warn(format_args!("queue_msix_vector {value} out of range"));
         }
     }
 
     fn write_queue_enable(&mut self, value: u16) {
-        let Some(queue) = self.configurable_queue("queue_enable") else {
+        let Some(queue) = self
+            .state
+            .configurable_queue(usize::from(self.queue_sel), "queue_enable")
+        else {
             return;
         };
         if value == 1 {
             queue.set_ready(true);
         } else {
             // The driver must not write 0 (a queue is disabled by a reset).
-            self.guest_warn(format_args!("queue_enable {value} refused"));
+            self.state
+                .guest_warn(format_args!("queue_enable {value} refused"));
         }
     }
 
@@ -532,7 +461,10 @@ impl VirtioPciTransport {
             QUEUE_DRIVER => RingPart::Driver,
             _ => RingPart::Device,
         };
-        let Some(queue) = self.configurable_queue("a queue address") else {
+        let Some(queue) = self
+            .state
+            .configurable_queue(usize::from(self.queue_sel), "a queue address")
+        else {
             return;
         };
         let old = match part {
@@ -547,111 +479,25 @@ impl VirtioPciTransport {
             RingPart::Device => queue.try_set_used_ring_address(addr),
         };
         if result.is_err() {
-            self.guest_warn(format_args!(
+            self.state.guest_warn(format_args!(
                 "{part:?} ring address {:#x} refused (misaligned)",
                 addr.0
             ));
         }
     }
 
-    fn write_status(&mut self, value: u32) {
-        let offered = self.offered_features();
-        let acked = self.acked_features;
-        let change = common::write_status(self.status, value, || {
-            common::check_features(self.device.as_ref(), offered, acked)
-        });
-        match change {
-            StatusChange::Reset => self.reset(),
-            StatusChange::Update {
-                status,
-                activate,
-                warning,
-            } => {
-                self.status = status;
-                if let Some(w) = warning {
-                    self.guest_warn(format_args!("{w}"));
-                }
-                if activate {
-                    self.activate();
-                }
-            }
-        }
-    }
-
-    fn activate(&mut self) {
-        let in_use = self.device.queues_in_use(self.acked_features);
-        let prepared = common::activation_queues(
-            &self.mem,
-            &self.queues,
-            &self.kicks,
-            in_use,
-            self.acked_features,
-        );
-        let (queues, kicks) = match prepared {
-            Ok(q) => q,
-            Err(ActivationProblem::Guest(why)) => {
-                self.guest_warn(format_args!("{why}"));
-                return self.fail_activation();
-            }
-            Err(ActivationProblem::Host(why)) => {
-                error!("{}: {why}", self.name());
-                return self.fail_activation();
-            }
-        };
-        let ctx = ActivationContext {
-            mem: self.mem.clone(),
-            queues,
-            kicks,
-            interrupt: self.interrupt.clone(),
-            acked_features: self.acked_features,
-        };
-        if let Err(e) = self.device.activate(ctx) {
-            error!("{}: activation failed: {e}", self.name());
-            self.fail_activation();
-        }
-    }
-
-    fn fail_activation(&mut self) {
-        if let Err(e) = self.interrupt.set_needs_reset() {
-            error!("{}: failed to signal DEVICE_NEEDS_RESET: {e}", self.name());
-        }
-    }
-
     fn reset(&mut self) {
-        self.device.reset();
-        for queue in &mut self.queues {
-            queue.reset();
-        }
-        for kick in &self.kicks {
-            // A WouldBlock only means no stale kick was pending.
-            let _ = kick.read();
-        }
-        self.interrupt.reset();
+        self.state.reset();
         // The MSI-X table and capability are PCI state and survive a virtio reset; the queue
         // and config vector assignments and pending interrupts do not.
         self.msix.vectors().reset_signals();
-        self.status = 0;
-        self.device_features_sel = 0;
-        self.driver_features_sel = 0;
-        self.acked_features = 0;
         self.queue_sel = 0;
     }
 
     // ---- BAR0 regions ----
 
     fn notify(&mut self, offset: u64) {
-        let index = offset / u64::from(NOTIFY_OFF_MULTIPLIER);
-        match self.kicks.get(index as usize) {
-            Some(kick) => {
-                if let Err(e) = kick.write(1) {
-                    error!(
-                        "{}: failed to signal queue {index}'s kick eventfd: {e}",
-                        self.name()
-                    );
-                }
-            }
-            None => self.guest_warn(format_args!("notification for nonexistent queue {index}")),
-        }
+        self.state.notify(offset / u64::from(NOTIFY_OFF_MULTIPLIER));
     }
 
     fn bar_read(&mut self, offset: u64, data: &mut [u8]) {
@@ -664,7 +510,7 @@ impl VirtioPciTransport {
                 }
                 match self.read_common(o - COMMON_OFFSET, len) {
                     Some(v) => data.copy_from_slice(&v.to_le_bytes()[..len]),
-                    None => self.guest_warn(format_args!(
+                    None => self.state.guest_warn(format_args!(
                         "{len}-byte read at unknown or misaligned common configuration offset {o:#x}"
                     )),
                 }
@@ -673,13 +519,13 @@ impl VirtioPciTransport {
                 data.fill(0);
                 if o == ISR_OFFSET && len > 0 {
                     // Read to clear: the bits returned are the bits acknowledged.
-                    let isr = self.interrupt.status();
-                    self.interrupt.ack(isr);
+                    let isr = self.state.interrupt.status();
+                    self.state.interrupt.ack(isr);
                     data[0] = isr as u8;
                 }
             }
             o if (DEVICE_OFFSET..DEVICE_OFFSET + DEVICE_LEN).contains(&o) => {
-                self.device.read_config(o - DEVICE_OFFSET, data)
+                self.state.device.read_config(o - DEVICE_OFFSET, data)
             }
             o if (MSIX_TABLE_OFFSET..MSIX_TABLE_OFFSET + self.msix.table_size()).contains(&o) => {
                 self.msix.read_table(o - MSIX_TABLE_OFFSET, data)
@@ -694,30 +540,32 @@ impl VirtioPciTransport {
 
     fn bar_write(&mut self, offset: u64, data: &[u8]) {
         let len = data.len();
-        let notify_len = self.kicks.len() as u64 * u64::from(NOTIFY_OFF_MULTIPLIER);
+        let notify_len = self.state.kicks.len() as u64 * u64::from(NOTIFY_OFF_MULTIPLIER);
         match offset {
             o if o < COMMON_OFFSET + COMMON_LEN => {
                 if len > 8 {
-                    return self.guest_warn(format_args!("{len}-byte common configuration write"));
+                    return self
+                        .state
+                        .guest_warn(format_args!("{len}-byte common configuration write"));
                 }
                 let mut bytes = [0u8; 8];
                 bytes[..len].copy_from_slice(data);
                 self.write_common(o - COMMON_OFFSET, len, u64::from_le_bytes(bytes));
             }
             o if (DEVICE_OFFSET..DEVICE_OFFSET + DEVICE_LEN).contains(&o) => {
-                self.device.write_config(o - DEVICE_OFFSET, data)
+                self.state.device.write_config(o - DEVICE_OFFSET, data)
             }
             o if (NOTIFY_OFFSET..NOTIFY_OFFSET + notify_len).contains(&o) => {
                 self.notify(o - NOTIFY_OFFSET)
             }
             o if (MSIX_TABLE_OFFSET..MSIX_TABLE_OFFSET + self.msix.table_size()).contains(&o) => {
                 if !self.msix.write_table(o - MSIX_TABLE_OFFSET, data) {
-                    self.guest_warn(format_args!(
+                    self.state.guest_warn(format_args!(
                         "{len}-byte MSI-X table write at {o:#x} ignored (aligned dwords or qwords)"
                     ));
                 }
             }
-            o => self.guest_warn(format_args!(
+            o => self.state.guest_warn(format_args!(
                 "{len}-byte write to read-only or unused BAR0 offset {o:#x}"
             )),
         }
@@ -739,7 +587,7 @@ impl BusDevice for VirtioPciTransport {
     fn write(&mut self, offset: u64, data: &[u8]) {
         if !self.config.memory_enabled() {
             let len = data.len();
-            self.guest_warn(format_args!(
+            self.state.guest_warn(format_args!(
                 "{len}-byte BAR0 write at {offset:#x} with memory space disabled"
             ));
             return;
@@ -804,6 +652,6 @@ impl PciDevice for VirtioPciTransport {
 
 impl Drop for VirtioPciTransport {
     fn drop(&mut self) {
-        self.device.reset();
+        self.state.device.reset();
     }
 }
