@@ -11,7 +11,7 @@ use virtio_bindings::virtio_config::{
 };
 use virtio_bindings::virtio_ring::VIRTIO_RING_F_EVENT_IDX;
 use virtio_queue::{Queue, QueueT};
-use vm_memory::GuestMemoryMmap;
+use vm_memory::{GuestAddress, GuestMemoryMmap};
 use vmm_sys_util::eventfd::EventFd;
 
 use std::fmt;
@@ -174,6 +174,14 @@ pub(crate) fn activation_queues(
     Ok((out_queues, out_kicks))
 }
 
+/// Which ring address a driver write sets (virtio 1.x: descriptor, driver and device areas).
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum RingPart {
+    Desc,
+    Avail,
+    Used,
+}
+
 /// Warnings about guest misbehaviour logged per transport before going quiet.
 const MAX_GUEST_WARNINGS: u32 = 32;
 
@@ -301,6 +309,36 @@ impl VirtioState {
             return None;
         }
         self.queues.get_mut(sel)
+    }
+
+    /// Sets `part` of queue `sel`'s ring addresses to `update(old)` (a transport writes one
+    /// half of the 64-bit address at a time); a misaligned address is refused with a warning.
+    pub(crate) fn write_ring_addr(
+        &mut self,
+        sel: usize,
+        part: RingPart,
+        update: impl FnOnce(u64) -> u64,
+    ) {
+        let Some(queue) = self.configurable_queue(sel, "a queue address register") else {
+            return;
+        };
+        let old = match part {
+            RingPart::Desc => queue.desc_table(),
+            RingPart::Avail => queue.avail_ring(),
+            RingPart::Used => queue.used_ring(),
+        };
+        let addr = GuestAddress(update(old));
+        let result = match part {
+            RingPart::Desc => queue.try_set_desc_table_address(addr),
+            RingPart::Avail => queue.try_set_avail_ring_address(addr),
+            RingPart::Used => queue.try_set_used_ring_address(addr),
+        };
+        if result.is_err() {
+            self.guest_warn(format_args!(
+                "{part:?} ring address {:#x} refused (misaligned)",
+                addr.0
+            ));
+        }
     }
 
     /// A notification for queue `index` that did not go through an ioeventfd.

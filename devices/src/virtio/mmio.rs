@@ -12,10 +12,10 @@ use std::sync::Arc;
 
 use virtio_bindings::virtio_mmio::*;
 use virtio_queue::{Queue, QueueT};
-use vm_memory::{GuestAddress, GuestMemoryMmap};
+use vm_memory::GuestMemoryMmap;
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
-use super::common::VirtioState;
+use super::common::{RingPart, VirtioState};
 use super::{VirtioDevice, VirtioInterrupt};
 use crate::BusDevice;
 
@@ -46,14 +46,6 @@ pub enum MmioError {
     /// Creating an eventfd failed.
     #[error("failed to create an eventfd")]
     EventFd(#[source] std::io::Error),
-}
-
-/// Which ring address register pair a write targets.
-#[derive(Clone, Copy, Debug)]
-enum RingPart {
-    Desc,
-    Avail,
-    Used,
 }
 
 /// Which half of a 64-bit register a write targets.
@@ -232,32 +224,11 @@ impl MmioTransport {
     }
 
     fn write_ring_addr(&mut self, part: RingPart, half: Half, value: u32) {
-        let Some(queue) = self
-            .state
-            .configurable_queue(self.queue_sel as usize, "a queue address register")
-        else {
-            return;
-        };
-        let old = match part {
-            RingPart::Desc => queue.desc_table(),
-            RingPart::Avail => queue.avail_ring(),
-            RingPart::Used => queue.used_ring(),
-        };
-        let addr = GuestAddress(match half {
-            Half::Low => (old & !0xffff_ffff) | u64::from(value),
-            Half::High => (old & 0xffff_ffff) | (u64::from(value) << 32),
-        });
-        let result = match part {
-            RingPart::Desc => queue.try_set_desc_table_address(addr),
-            RingPart::Avail => queue.try_set_avail_ring_address(addr),
-            RingPart::Used => queue.try_set_used_ring_address(addr),
-        };
-        if result.is_err() {
-            self.state.guest_warn(format_args!(
-                "{part:?} ring address {:#x} refused (misaligned)",
-                addr.0
-            ));
-        }
+        self.state
+            .write_ring_addr(self.queue_sel as usize, part, |old| match half {
+                Half::Low => (old & !0xffff_ffff) | u64::from(value),
+                Half::High => (old & 0xffff_ffff) | (u64::from(value) << 32),
+            });
     }
 
     fn reset(&mut self) {

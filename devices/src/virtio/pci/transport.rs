@@ -6,13 +6,13 @@ use std::sync::Arc;
 
 use virtio_bindings::virtio_config::VIRTIO_F_RING_RESET;
 use virtio_queue::{Queue, QueueT};
-use vm_memory::{GuestAddress, GuestMemoryMmap};
+use vm_memory::GuestMemoryMmap;
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
 use super::config::{PciConfigSpace, PciIds, PCI_CAP_ID_MSIX, PCI_CAP_ID_VNDR};
 use super::msix::{MsiMessage, MsixTable, MsixVectors, MSIX_CTRL_ENABLE, MSIX_CTRL_FUNCTION_MASK};
 use super::*;
-use crate::virtio::common::VirtioState;
+use crate::virtio::common::{RingPart, VirtioState};
 use crate::virtio::{VirtioDevice, VirtioInterrupt};
 use crate::BusDevice;
 
@@ -63,13 +63,6 @@ pub enum PciTransportError {
     /// Creating an eventfd failed.
     #[error("failed to create an eventfd")]
     EventFd(#[source] std::io::Error),
-}
-
-#[derive(Clone, Copy, Debug)]
-enum RingPart {
-    Desc,
-    Driver,
-    Device,
 }
 
 /// One virtio device behind a modern virtio-pci function.
@@ -458,32 +451,11 @@ impl VirtioPciTransport {
     fn write_ring_addr(&mut self, offset: u64, new: impl FnOnce(u64) -> u64) {
         let part = match offset {
             QUEUE_DESC => RingPart::Desc,
-            QUEUE_DRIVER => RingPart::Driver,
-            _ => RingPart::Device,
+            QUEUE_DRIVER => RingPart::Avail,
+            _ => RingPart::Used,
         };
-        let Some(queue) = self
-            .state
-            .configurable_queue(usize::from(self.queue_sel), "a queue address")
-        else {
-            return;
-        };
-        let old = match part {
-            RingPart::Desc => queue.desc_table(),
-            RingPart::Driver => queue.avail_ring(),
-            RingPart::Device => queue.used_ring(),
-        };
-        let addr = GuestAddress(new(old));
-        let result = match part {
-            RingPart::Desc => queue.try_set_desc_table_address(addr),
-            RingPart::Driver => queue.try_set_avail_ring_address(addr),
-            RingPart::Device => queue.try_set_used_ring_address(addr),
-        };
-        if result.is_err() {
-            self.state.guest_warn(format_args!(
-                "{part:?} ring address {:#x} refused (misaligned)",
-                addr.0
-            ));
-        }
+        self.state
+            .write_ring_addr(usize::from(self.queue_sel), part, new);
     }
 
     fn reset(&mut self) {
