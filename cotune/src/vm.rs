@@ -477,19 +477,13 @@ pub fn run_point(env: &VmEnv, point: &Point, pin: Option<(usize, usize)>) -> io:
             "driver guest reported no elapsed_ns: {report}"
         )));
     }
-    let mut note = String::new();
-    // The co-simulation's bidirectional workload counts frames both ways: so does this row.
-    let packets = if point.workload == Workload::Bidirectional {
-        note += "vm: echo workload (host peer keeps 64 frames in flight), pps counts rx+tx (2 per echo)";
-        done * 2
+    // Receiving points reach here as the echo workload (`run_preset` maps them, and runs the
+    // same workload in co-simulation), so a packet is one echo on both sides.
+    let mut note = String::from(if echo {
+        "vm: echo workload (host peer keeps 64 frames in flight)"
     } else {
-        if echo {
-            note += "vm: echo workload (host peer keeps 64 frames in flight)";
-        } else {
-            note += "vm: tx= copy batches";
-        }
-        done
-    };
+        "vm: tx= copy batches"
+    });
     if let Some(e) = echoed {
         if e < done {
             note += &format!("; peer counted {e} of {done} echoes");
@@ -498,7 +492,7 @@ pub fn run_point(env: &VmEnv, point: &Point, pin: Option<(usize, usize)>) -> io:
     note += note_cpu;
     let m = Measured {
         secs: elapsed_ns as f64 / 1e9,
-        packets,
+        packets: done,
         kicks: num(&report, &["kicks"]) + num(&report, &["rx_kicks"]),
         irqs: num(&report, &["irqs_taken"]),
         tx_irqs: num(&dev, &["tx", "interrupts_raised"]),
