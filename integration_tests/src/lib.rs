@@ -317,6 +317,20 @@ pub fn namespace_with_tap(tag: &str, tap: &str) -> devices::test_utils::netns::N
     ns
 }
 
+/// The tap's kernel counter `name` (`/sys/class/net/TAP/statistics/NAME`, e.g. `rx_packets`)
+/// read inside `ns`; `u64::MAX` when it cannot be read (so that an equality check fails).
+pub fn tap_counter(ns: &devices::test_utils::netns::NetNs, tap: &str, name: &str) -> u64 {
+    let out = ns
+        .command("cat")
+        .arg(format!("/sys/class/net/{tap}/statistics/{name}"))
+        .output()
+        .expect("read tap statistics");
+    String::from_utf8_lossy(&out.stdout)
+        .trim()
+        .parse()
+        .unwrap_or(u64::MAX)
+}
+
 /// Starts the bare-metal driver guest through `vmm` in `ns`, with `--net NET`, the guest
 /// command line `cmdline` and, if given, `--api-sock`.
 pub fn spawn_driver_guest(

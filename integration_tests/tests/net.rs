@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use devices::test_utils::netns::NetNs;
 use integration_tests::{
-    artifacts, final_metrics, guest_lock, test_cmdline, vmm_binary, VmmProcess,
+    artifacts, final_metrics, guest_lock, tap_counter, test_cmdline, vmm_binary, VmmProcess,
 };
 
 const TAP: &str = "vmmtap0";
@@ -67,18 +67,6 @@ fn udp_echo(count: usize) -> Result<(usize, usize), String> {
         bytes += n;
     }
     Ok((received, bytes))
-}
-
-fn tap_counter(ns: &NetNs, name: &str) -> u64 {
-    let out = ns
-        .command("cat")
-        .arg(format!("/sys/class/net/{TAP}/statistics/{name}"))
-        .output()
-        .expect("read tap statistics");
-    String::from_utf8_lossy(&out.stdout)
-        .trim()
-        .parse()
-        .unwrap_or(u64::MAX)
 }
 
 /// A namespace with the tap configured as the host end (HOST_IP, `mtu`), and the VMM started
@@ -183,10 +171,10 @@ fn guest_pings_host_and_echoes_udp_with_every_byte_checked() {
     let tx_frames = dev["tx"]["frames"].as_u64().unwrap();
     assert_eq!(
         rx_frames + rx_dropped,
-        tap_counter(&ns, "tx_packets"),
+        tap_counter(&ns, TAP, "tx_packets"),
         "{m}"
     );
-    assert_eq!(tx_frames, tap_counter(&ns, "rx_packets"), "{m}");
+    assert_eq!(tx_frames, tap_counter(&ns, TAP, "rx_packets"), "{m}");
     assert!(
         rx_frames >= count as u64 && tx_frames >= count as u64,
         "{m}"

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use devices::test_utils::netns::NetNs;
 use integration_tests::{
-    artifacts, final_metrics, guest_lock, test_cmdline, vmm_binary, VmmProcess,
+    artifacts, final_metrics, guest_lock, tap_counter, test_cmdline, vmm_binary, VmmProcess,
 };
 
 const TAP: &str = "vmmmqtap0";
@@ -61,18 +61,6 @@ fn udp_echo_flows() -> Result<usize, String> {
         }
     }
     Ok(echoed)
-}
-
-fn tap_counter(ns: &NetNs, name: &str) -> u64 {
-    let out = ns
-        .command("cat")
-        .arg(format!("/sys/class/net/{TAP}/statistics/{name}"))
-        .output()
-        .expect("read tap statistics");
-    String::from_utf8_lossy(&out.stdout)
-        .trim()
-        .parse()
-        .unwrap_or(u64::MAX)
 }
 
 #[test]
@@ -146,12 +134,12 @@ fn a_linux_guest_uses_two_queue_pairs_on_a_multi_queue_tap() {
     let rx_dropped = dev["rx"]["dropped_no_buffer"].as_u64().unwrap();
     assert_eq!(
         rx_frames + rx_dropped,
-        tap_counter(&ns, "tx_packets"),
+        tap_counter(&ns, TAP, "tx_packets"),
         "{m}"
     );
     assert_eq!(
         dev["tx"]["frames"].as_u64().unwrap(),
-        tap_counter(&ns, "rx_packets"),
+        tap_counter(&ns, TAP, "rx_packets"),
         "{m}"
     );
     assert!(rx_frames >= count as u64, "{m}");
