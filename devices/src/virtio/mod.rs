@@ -71,6 +71,10 @@ pub enum ActivateError {
     /// Spawning the worker thread failed.
     #[error("failed to spawn the worker thread")]
     Spawn(#[source] io::Error),
+    /// A queue cannot be enabled again after its reset (not reset, not a datapath queue, the
+    /// device does not reset queues, or its datapath did not answer in time).
+    #[error("the queue cannot be enabled after a reset")]
+    QueueReset,
 }
 
 /// A driver-acknowledged feature set the device refuses (FEATURES_OK then does not stick).
@@ -81,6 +85,18 @@ pub struct FeatureDependencyError {
     pub feature: &'static str,
     /// The missing prerequisite.
     pub requires: &'static str,
+}
+
+/// Where a per-queue reset (VIRTIO_F_RING_RESET) stands, as the device reports it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum QueueResetState {
+    /// The device does not reset this queue (the transport leaves it running and warns).
+    Refused,
+    /// The datapath has not yet confirmed that it stopped using the queue; ask again with
+    /// [`VirtioDevice::poll_queue_reset`] (the driver reads `queue_reset` as 1 meanwhile).
+    Ongoing,
+    /// The queue is stopped: nothing of it is used or signalled until it is enabled again.
+    Done,
 }
 
 /// A virtio device as the transport sees it (slow path only: registers and lifecycle).
@@ -134,4 +150,35 @@ pub trait VirtioDevice: Send {
 
     /// True while the datapath runs (between a successful activation and the next reset).
     fn is_active(&self) -> bool;
+
+    /// Whether [`Self::reset_queue`] and [`Self::enable_queue`] work for this device's
+    /// datapath queues. The transport offers VIRTIO_F_RING_RESET only then.
+    fn supports_queue_reset(&self) -> bool {
+        false
+    }
+
+    /// Per-queue reset (virtio 1.2 §2.6.1) of queue `index` while the device runs: the datapath
+    /// publishes what it completed, then stops using the queue (no buffer of it is used or
+    /// signalled afterwards, its ring addresses are forgotten) while every other queue keeps
+    /// running. Must not block for long (it runs on a vCPU thread): a device that cannot
+    /// confirm quickly answers [`QueueResetState::Ongoing`].
+    fn reset_queue(&mut self, index: usize) -> QueueResetState {
+        let _ = index;
+        QueueResetState::Refused
+    }
+
+    /// Whether the reset of queue `index` that [`Self::reset_queue`] answered `Ongoing` is done.
+    fn poll_queue_reset(&mut self, index: usize) -> QueueResetState {
+        let _ = index;
+        QueueResetState::Done
+    }
+
+    /// Restarts queue `index` after its reset, on `queue` as the driver programmed it again
+    /// (ready, inside guest memory, EVENT_IDX set from the negotiated features; prepared like
+    /// the queues of [`ActivationContext`]). The rings get the same checks as at activation; an
+    /// error leaves the queue stopped, and the transport sets DEVICE_NEEDS_RESET.
+    fn enable_queue(&mut self, index: usize, queue: Queue) -> Result<(), ActivateError> {
+        let _ = (index, queue);
+        Err(ActivateError::QueueReset)
+    }
 }

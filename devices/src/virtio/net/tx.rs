@@ -66,7 +66,8 @@ pub struct TxOutcome {
 /// every call (the datapath allocates nothing per frame or per call).
 #[derive(Debug)]
 pub struct TxQueue {
-    vq: Virtqueue,
+    /// The ring; `None` while the queue is reset (VIRTIO_F_RING_RESET).
+    vq: Option<Virtqueue>,
     scratch: Vec<libc::iovec>,
     /// Backend write failures, logged once per burst.
     errors: BurstLog,
@@ -82,7 +83,7 @@ impl TxQueue {
     /// A transmit queue over `vq`.
     pub fn new(vq: Virtqueue) -> TxQueue {
         TxQueue {
-            vq,
+            vq: Some(vq),
             scratch: Vec::with_capacity(64),
             errors: BurstLog::default(),
             label: Arc::from("virtio-net"),
@@ -107,12 +108,36 @@ impl TxQueue {
         self
     }
 
-    /// The ring.
-    pub fn virtqueue(&self) -> &Virtqueue {
-        &self.vq
+    /// The ring (`None` while detached).
+    pub fn virtqueue(&self) -> Option<&Virtqueue> {
+        self.vq.as_ref()
     }
 
-    /// Sends the frames the driver queued to `backend`.
+    /// Whether the driver has queued frames not taken yet (false while detached).
+    pub fn avail_pending(&self) -> bool {
+        self.vq.as_ref().is_some_and(Virtqueue::avail_pending)
+    }
+
+    /// Per-queue reset: stops using the ring and forgets its host pointers. Every call
+    /// publishes its used entries before it returns, so what was sent is already the driver's;
+    /// a chain left queued (backend full) was not sent and goes back to the driver with the
+    /// ring. Until [`TxQueue::attach`], [`TxQueue::process`] does nothing. The budget and the
+    /// rate limiter (and its bucket levels) stay.
+    pub fn detach(&mut self) {
+        self.vq = None;
+    }
+
+    /// Uses `vq` (the queue enabled again after its reset).
+    pub fn attach(&mut self, vq: Virtqueue) {
+        self.vq = Some(vq);
+    }
+
+    /// False between [`TxQueue::detach`] and [`TxQueue::attach`].
+    pub fn is_attached(&self) -> bool {
+        self.vq.is_some()
+    }
+
+    /// Sends the frames the driver queued to `backend` (nothing while detached: `Drained`).
     ///
     /// Malformed chains are returned with length 0 and counted; the driver's notifications are
     /// disabled while the queue is drained. Used entries are published every
@@ -144,6 +169,13 @@ impl TxQueue {
         counters: &mut TxCounters,
         park: bool,
     ) -> Result<TxOutcome, RingError> {
+        let Some(vq) = self.vq.as_mut() else {
+            return Ok(TxOutcome {
+                needs_interrupt: false,
+                suppressed_by_event_idx: false,
+                stop: TxStop::Drained,
+            });
+        };
         let mut out = Sink {
             backend,
             counters,
@@ -151,7 +183,7 @@ impl TxQueue {
             label: &self.label,
             limit: self.limiter.for_call(),
         };
-        let (guest, mut ring) = self.vq.split();
+        let (guest, mut ring) = vq.split();
         let mut iovs = IovecList::reuse(std::mem::take(&mut self.scratch));
         let result = drain(&guest, &mut ring, &mut iovs, &mut out, self.budget, park);
         let counters = out.counters;
@@ -285,7 +317,9 @@ pub fn process_tx<B: NetBackend>(
 ) -> Result<TxOutcome, RingError> {
     let mut txq = TxQueue::new(Virtqueue::new(queue, mem)?);
     let result = txq.process(backend, counters);
-    txq.vq.sync_to(queue);
+    if let Some(vq) = &txq.vq {
+        vq.sync_to(queue);
+    }
     result
 }
 

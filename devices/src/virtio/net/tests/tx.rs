@@ -162,9 +162,9 @@ fn tuned_budget_and_parking() {
     assert_eq!(counters.frames, 10);
     assert_eq!(driver.used_idx(), 10, "used entries published");
     assert_eq!(driver.used_flags() & 1, 1, "notifications still off");
-    assert!(!txq.virtqueue().avail_pending());
+    assert!(!txq.avail_pending());
     driver.push_tx(&bytes, &[]);
-    assert!(txq.virtqueue().avail_pending());
+    assert!(txq.avail_pending());
     let outcome = txq.process(&mut backend, &mut counters).expect("ring ok");
     assert_eq!(outcome.stop, TxStop::Drained);
     assert_eq!(driver.used_flags() & 1, 0, "notifications back on");
