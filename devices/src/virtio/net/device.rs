@@ -562,7 +562,7 @@ impl<B: NetBackend> VirtioDevice for NetDevice<B> {
 
 /// Queue `index`'s pair and direction in `run`, if it is a datapath queue.
 fn datapath_queue(run: &RunLayout, index: usize) -> Option<(usize, PairQueue)> {
-    let queue = if index % 2 == 0 {
+    let queue = if index.is_multiple_of(2) {
         PairQueue::Rx
     } else {
         PairQueue::Tx
