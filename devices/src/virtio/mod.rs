@@ -4,6 +4,56 @@
 //! and the eventfds; when the driver sets DRIVER_OK it hands a [`VirtioDevice`] an
 //! [`ActivationContext`] with everything the datapath needs, and the device moves it all into
 //! a worker thread that owns it (no lock shared with the vCPU thread).
+//!
+//! # Per-queue reset (VIRTIO_F_RING_RESET, virtio 1.2 §2.6.1)
+//!
+//! Both transports carry it (virtio-pci `queue_reset` at common configuration offset 0x3a,
+//! virtio-mmio `QueueReset` at 0x0c0; one implementation in `common::VirtioState`), and offer
+//! the feature exactly when the device says [`VirtioDevice::supports_queue_reset`] (virtio-net
+//! does; the trait's default refuses). The driver's side, once the feature is negotiated and
+//! DRIVER_OK is set:
+//!
+//! 1. select the queue, write 1 to `queue_reset`;
+//! 2. read `queue_reset` until it reads 0 (and `queue_enable` reads 0): the device no longer
+//!    touches the queue, and its size, ring addresses and indexes are back to the defaults;
+//!    every buffer the device had not marked used belongs to the driver again;
+//! 3. program `queue_size`, the three ring addresses (new memory or the same rings
+//!    re-initialised with indexes from 0) and, on PCI, `queue_msix_vector`;
+//! 4. write 1 to `queue_enable` (mmio: `QueueReady`); then post buffers and notify.
+//!
+//! Refused with a warning and no effect: a reset before DRIVER_OK, without the feature
+//! negotiated, of a queue not in use, not enabled or already reset, a value other than 1, and
+//! (virtio-net) a reset of the control queue; queue configuration writes and `queue_enable` of a
+//! queue whose reset is still ongoing. Rings given at re-enable get the activation's checks
+//! (transport: ready, aligned, inside guest memory, avail ring not at 0; device: the same
+//! [`vring::Virtqueue::new`] checks as at activation, so the used ring may not overlap what the
+//! device reads); unusable ones set DEVICE_NEEDS_RESET.
+//!
+//! **Ack model.** The write runs on the vCPU thread and must not wait for the datapath for
+//! long. virtio-net sends the reset to the pair's worker over its command channel (an eventfd
+//! wakes its epoll loop, which handles it between two bounded datapath calls: normally within
+//! microseconds) and waits for the worker's answer at most
+//! [`net::device::QUEUE_RESET_WAIT`] (20 ms). Past that, the write returns and `queue_reset`
+//! reads 1 until the answer comes (each read polls it), as the spec allows; Linux's
+//! `vp_modern_set_queue_reset` polls exactly so. What the worker does on the reset: every
+//! datapath call has already published its used entries, so what was sent or received is the
+//! driver's; it then drops the rx pool (chains popped ahead of frames are never filled: they go
+//! back to the driver with the ring), clears its tx wait/park state, and forgets the ring's
+//! host pointers ([`net::rx::RxQueue::detach`], [`net::tx::TxQueue::detach`]). A tx chain the
+//! backend refused (EAGAIN) was not sent and is not used. Kicks for the queue are drained and
+//! ignored; frames for a reset rx queue wait in the tap. Every other queue, including the other
+//! direction of the same pair on the same worker, keeps running. Re-enable checks the rings on
+//! the vCPU thread and hands the resolved ring to the worker without waiting; the worker
+//! attaches it (rate limiter and its bucket levels kept, so resets do not refill them) and runs
+//! the queue at once. Counted in `queue_resets` and `queue_reenables`.
+//!
+//! # VIRTIO_F_ACCESS_PLATFORM
+//!
+//! Offered by the PCI transport for every device ([`pci::TRANSPORT_FEATURES`]), not by
+//! virtio-mmio. There is no vIOMMU, so the addresses a driver gives are guest-physical with or
+//! without it; negotiating it only makes a Linux guest use its DMA API for the rings and
+//! buffers, which AF_XDP zero-copy in virtio_net requires (`virtqueue_dma_dev`). A driver may
+//! decline it; both ways work identically on the device side.
 
 #![warn(missing_docs)]
 
