@@ -13,7 +13,7 @@ use vm_memory::{GuestAddress, GuestMemoryMmap};
 
 use super::support::{frame, guest_mem, wire, GuestQueue, NEXT, WRITE};
 use super::worker::{kick, TIMEOUT, VERSION_1};
-use crate::backend::{PairBackend, PairPeer};
+use crate::backend::{NetBackend, PairBackend, PairPeer};
 use crate::test_utils::mmio::{wait_until, Registers};
 use crate::virtio::mmio::QUEUE_RESET_OFFSET;
 use crate::virtio::net::ctrl::{ACK_OK, CTRL_QUEUE_SIZE};
@@ -408,4 +408,94 @@ fn reset_storms_and_bad_rings_are_bounded() {
     tx.push_tx(&f, &[]);
     kick(&t, 1);
     assert!(peer.recv_frame().expect("frame") == f);
+}
+
+/// A [`PairBackend`] whose writes take `delay` (a worker busy in a long system call).
+struct SlowBackend {
+    inner: PairBackend,
+    delay: std::sync::Arc<std::sync::Mutex<Duration>>,
+}
+
+impl std::os::fd::AsRawFd for SlowBackend {
+    fn as_raw_fd(&self) -> std::os::fd::RawFd {
+        self.inner.as_raw_fd()
+    }
+}
+
+impl NetBackend for SlowBackend {
+    fn read_frame(&mut self, iovs: crate::iovec::Iovecs<'_>) -> std::io::Result<usize> {
+        self.inner.read_frame(iovs)
+    }
+    fn write_frame(&mut self, iovs: crate::iovec::Iovecs<'_>) -> std::io::Result<usize> {
+        let delay = *self.delay.lock().expect("delay");
+        thread::sleep(delay);
+        self.inner.write_frame(iovs)
+    }
+    fn supported_offloads(&self) -> crate::backend::Offloads {
+        self.inner.supported_offloads()
+    }
+    fn set_offloads(&mut self, offloads: crate::backend::Offloads) -> std::io::Result<()> {
+        self.inner.set_offloads(offloads)
+    }
+    fn set_vnet_hdr_size(&mut self, size: u32) -> std::io::Result<()> {
+        self.inner.set_vnet_hdr_size(size)
+    }
+}
+
+#[test]
+fn a_busy_worker_makes_queue_reset_read_1_until_it_answers() {
+    const BUSY: Duration = Duration::from_secs(1);
+    let mem = guest_mem();
+    let (inner, peer) = PairBackend::new().expect("socketpair");
+    peer.set_timeout(TIMEOUT).expect("timeout");
+    let delay = std::sync::Arc::new(std::sync::Mutex::new(Duration::ZERO));
+    let backend = SlowBackend {
+        inner,
+        delay: delay.clone(),
+    };
+    let device = NetDevice::with_backend(backend, MacAddr::new([2, 0, 0, 0, 0, 1]), QSIZE);
+    let metrics = device.metrics();
+    let mut t = MmioTransport::new(mem.clone(), Box::new(device)).expect("transport");
+    let mut tx = ring(&mem, 1, QSIZE);
+    assert!(t.negotiate(VERSION_1 | RING_RESET));
+    t.setup_queue(0, QSIZE, ring(&mem, 0, QSIZE).ring_addrs());
+    t.setup_queue(1, QSIZE, tx.ring_addrs());
+    t.driver_ok();
+
+    // The worker sits in a one-second write; the rx reset cannot be confirmed meanwhile.
+    *delay.lock().expect("delay") = BUSY;
+    let slow = wire(&frame(70, 1));
+    tx.push_tx(&slow, &[]);
+    kick(&t, 1);
+    thread::sleep(Duration::from_millis(50));
+    t.w32(VIRTIO_MMIO_QUEUE_SEL, 0);
+    let start = Instant::now();
+    t.w32(QUEUE_RESET_OFFSET, 1);
+    let took = start.elapsed();
+    assert!(took < BUSY / 4, "the write waited {took:?}");
+    assert_eq!(t.r32(QUEUE_RESET_OFFSET), 1, "ongoing");
+    // Nothing configurable or enabled while it is ongoing.
+    let rx = ring(&mem, 5, QSIZE);
+    t.setup_queue(0, QSIZE, rx.ring_addrs());
+    assert_eq!(t.r32(VIRTIO_MMIO_QUEUE_READY), 0);
+    assert_eq!(t.r32(QUEUE_RESET_OFFSET), 1, "still ongoing");
+    // Once the worker is back, the reset completes; then the queue can be enabled.
+    *delay.lock().expect("delay") = Duration::ZERO;
+    assert!(wait_until(TIMEOUT, || t.r32(QUEUE_RESET_OFFSET) == 0));
+    assert!(
+        start.elapsed() >= BUSY / 2,
+        "done only once the worker answered"
+    );
+    assert!(peer.recv_frame().expect("the slow frame") == slow);
+    assert_eq!(metrics.queue_resets.get(), 1);
+    assert_eq!(metrics.queue_reenables.get(), 0);
+    let mut rx = ring(&mem, 5, QSIZE);
+    let (_, bufs) = rx.push_rx(&[2048]);
+    t.setup_queue(0, QSIZE, rx.ring_addrs());
+    assert_eq!(t.r32(VIRTIO_MMIO_QUEUE_READY), 1);
+    let inbound = wire(&frame(90, 2));
+    peer.send_frame(&inbound).expect("send");
+    assert!(wait_until(TIMEOUT, || rx.used_idx() == 1));
+    assert_eq!(rx.read(bufs[0] + 12, 90), inbound[12..]);
+    assert!(!needs_reset(&mut t));
 }
