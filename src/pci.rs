@@ -18,6 +18,8 @@
 //! A BAR the guest moves is followed (MMIO range and ioeventfds) when the new range lies in
 //! the window and is free; otherwise the BAR stops decoding (no MMIO range, no ioeventfds)
 //! until it is moved somewhere acceptable, with a warning: guest input never panics the VMM.
+//! Once BAR0 decodes at its new place every queue is kicked once (a notification written to
+//! the old place in between was lost).
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -264,6 +266,12 @@ impl BarMoves {
         for (evt, addr, _) in t.ioeventfds(moved.new) {
             if let Err(e) = self.ioevents.register(evt, addr) {
                 log::warn!("00:{slot:02x}.0: {}", crate::error_chain(&e));
+            }
+            // A notification the driver wrote while BAR0 was elsewhere was lost (and with
+            // EVENT_IDX it would not notify again): one spurious kick per queue makes the
+            // workers look at their rings; with nothing there it costs one empty pass.
+            if let Err(e) = evt.write(1) {
+                log::warn!("00:{slot:02x}.0: queue kick after the move: {e}");
             }
         }
         bar.at = Some(moved.new);

@@ -339,3 +339,40 @@ fn two_queue_pairs_over_virtio_pci_get_a_vector_each() {
     assert_eq!(pairs[1]["rx"]["frames"], 0, "{m}");
     assert_eq!(pairs[1]["tx"]["frames"], 0, "{m}");
 }
+
+/// The guest moves BAR0 (through `/proc/bus/pci/00/01.0`, the driver bound): to 0xe0008000
+/// in the window (followed: MMIO range and notify ioeventfds move, on the vCPU thread under
+/// its seccomp filter), to 0xc0000000 outside the window (refused with a warning, the VMM
+/// runs on; RAM and the other ranges are refused by the same check, unit-tested in
+/// `vmm::pci`), and back to 0xe0000000 (followed), after which the device works again: a
+/// second ping.
+#[test]
+fn guest_bar_moves_are_followed_or_refused() {
+    let _guest = guest_lock();
+    let g = start("pcibar", 4, &[], "", "vmm.barmove=1");
+    let out = g.vmm.finish(Duration::from_secs(180));
+    assert!(out.success(), "{out}");
+    assert_eq!(
+        out.stdout.matches("vmm-guest: BAR0 written").count(),
+        3,
+        "{out}"
+    );
+    let moved_away = out
+        .stderr
+        .find("00:01.0: BAR0 moved to 0xe0008000")
+        .unwrap_or_else(|| panic!("{}", out.stderr));
+    let refused = out
+        .stderr
+        .find("00:01.0: the guest moved BAR0 to 0xc0000000, outside the PCI window")
+        .unwrap_or_else(|| panic!("{}", out.stderr));
+    let back = out
+        .stderr
+        .find("00:01.0: BAR0 moved to 0xe0000000")
+        .unwrap_or_else(|| panic!("{}", out.stderr));
+    assert!(moved_away < refused && refused < back, "{}", out.stderr);
+    assert_eq!(
+        out.stdout.matches("3 packets received").count(),
+        2,
+        "the device works before and after the moves: {out}"
+    );
+}
