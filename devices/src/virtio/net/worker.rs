@@ -1217,11 +1217,17 @@ impl<'p, B: NetBackend> EventLoop<'p, B> {
         result?;
         if decision == Some(InterruptDecision::Raise) {
             self.interrupt
-                .signal_used_queue()
+                .signal_queue(self.ctrl_queue_index())
                 .map_err(WorkerError::Interrupt)?;
             self.metrics.irqfd_signals.add(1);
         }
         Ok(())
+    }
+
+    /// The control queue's index: after every pair with MQ, else after the one pair.
+    fn ctrl_queue_index(&self) -> usize {
+        let mq = self.acked_features & 1 << virtio_bindings::virtio_net::VIRTIO_NET_F_MQ != 0;
+        2 * if mq { usize::from(self.pairs) } else { 1 }
     }
 
     fn ctrl_chains(&mut self, ctrl: &mut CtrlQueue) -> Result<(), WorkerError> {
@@ -1437,9 +1443,14 @@ impl<'p, B: NetBackend> EventLoop<'p, B> {
         };
         timer.map_err(|e| WorkerError::Timer(io_err(e)))?;
         if moderation.signal {
-            self.interrupt
-                .signal_used_queue()
-                .map_err(WorkerError::Interrupt)?;
+            // This pair's queues that wanted it (their MSI-X vectors; the one line on mmio).
+            let (rx, tx) = (2 * self.pair, 2 * self.pair + 1);
+            match self.moderator.take_wanted() {
+                [true, false] => self.interrupt.signal_queue(rx),
+                [false, true] => self.interrupt.signal_queue(tx),
+                _ => self.interrupt.signal_queue_pair(rx, tx),
+            }
+            .map_err(WorkerError::Interrupt)?;
             self.metrics.irqfd_signals.add(1);
         }
         Ok(())

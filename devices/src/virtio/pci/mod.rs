@@ -31,9 +31,11 @@
 //!   (`KVM_SET_GSI_ROUTING`) when called. The handler runs on the vCPU thread inside the
 //!   config/BAR write, before a pending interrupt of that vector is fired.
 //! * The device worker signals through the [`super::VirtioInterrupt`] it is handed at
-//!   activation: `signal_queue(index)` fires that queue's vector lock-free;
-//!   `signal_used_queue()` fires every queue vector once (what today's net worker calls, so it
-//!   works unchanged, with spurious interrupts on the other queue's vector).
+//!   activation: `signal_queue(index)` fires that queue's vector lock-free (the net workers
+//!   signal their own queues this way); `signal_used_queue()` fires every queue vector once.
+//!
+//! The `vmm` crate does all of this in `src/pci.rs`, with bus 0 and the host bridge of
+//! [`crate::pci_bus`] on ports 0xCF8–0xCFF.
 
 pub mod config;
 pub mod msix;
