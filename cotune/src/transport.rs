@@ -6,7 +6,7 @@
 use devices::virtio::MmioTransport as DeviceTransport;
 use devices::BusDevice;
 use vmm_sys_util::eventfd::EventFd;
-use vnet_driver::Transport;
+use vnet_driver::MmioRegisters;
 
 use crate::cost::spin_for_ns;
 
@@ -53,7 +53,7 @@ impl CosimTransport {
     }
 }
 
-impl Transport for CosimTransport {
+impl MmioRegisters for CosimTransport {
     fn read32(&mut self, offset: u32) -> u32 {
         let mut data = [0u8; 4];
         self.device.read(u64::from(offset), &mut data);
