@@ -416,6 +416,11 @@ impl<H: Hal, T: Transport> VirtioNet<H, T> {
         self.sq.ring.free_descriptors()
     }
 
+    /// The transport (e.g. for its MSI-X vector assignment).
+    pub fn transport(&self) -> &T {
+        &self.transport
+    }
+
     /// The transport (e.g. for a co-simulation to reach its device model).
     pub fn transport_mut(&mut self) -> &mut T {
         &mut self.transport

@@ -567,6 +567,11 @@ impl<F: PciConfig + PciBar> PciTransport<F> {
         self.num_queues
     }
 
+    /// The function.
+    pub fn function(&self) -> &F {
+        &self.func
+    }
+
     /// The function (e.g. for a co-simulation to reach its device model).
     pub fn function_mut(&mut self) -> &mut F {
         &mut self.func
