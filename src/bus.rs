@@ -1,10 +1,16 @@
 //! Slow-path dispatch of vCPU port-I/O and MMIO exits to devices by address range.
 //!
 //! Virtio queue notifications never come here (they are ioeventfds); what does come is register
-//! traffic: the UART, the RTC, the i8042 and virtio-mmio configuration.
+//! traffic: the UART, the RTC, the i8042, virtio-mmio configuration, PCI configuration
+//! (0xCF8) and virtio-pci BAR0 registers.
+//!
+//! Clones of a [`Bus`] share one map: a device moved with [`Bus::relocate`] (a PCI BAR the
+//! guest reprogrammed) moves for every vCPU. The map is behind a read-write lock, held for
+//! reading only while an access is resolved (not while the device runs) and for writing only
+//! when a BAR moves.
 
 use std::collections::BTreeMap;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, RwLock};
 
 use devices::BusDevice;
 
@@ -18,6 +24,8 @@ pub enum BusError {
     Overlap { base: u64, len: u64 },
     #[error("range {base:#x}+{len:#x} is empty or wraps around")]
     BadRange { base: u64, len: u64 },
+    #[error("no device is mapped at {0:#x}")]
+    NotMapped(u64),
 }
 
 #[derive(Clone)]
@@ -26,10 +34,10 @@ struct Entry {
     device: SharedDevice,
 }
 
-/// Address ranges mapped to devices.
+/// Address ranges mapped to devices (clones share the map).
 #[derive(Clone, Default)]
 pub struct Bus {
-    devices: BTreeMap<u64, Entry>,
+    devices: Arc<RwLock<BTreeMap<u64, Entry>>>,
 }
 
 impl Bus {
@@ -39,36 +47,58 @@ impl Bus {
     }
 
     /// Maps `[base, base + len)` to `device`.
-    pub fn insert(&mut self, device: SharedDevice, base: u64, len: u64) -> Result<(), BusError> {
-        let end = base
-            .checked_add(len)
-            .filter(|_| len > 0)
-            .ok_or(BusError::BadRange { base, len })?;
-        let overlaps_prev = self
-            .devices
-            .range(..end)
-            .next_back()
-            .is_some_and(|(&b, e)| b + e.len > base);
-        if overlaps_prev {
-            return Err(BusError::Overlap { base, len });
-        }
-        self.devices.insert(base, Entry { len, device });
-        Ok(())
+    pub fn insert(&self, device: SharedDevice, base: u64, len: u64) -> Result<(), BusError> {
+        insert(&mut self.map_mut(), device, base, len)
+    }
+
+    /// Whether `[base, base + len)` is free (and a valid range).
+    pub fn is_free(&self, base: u64, len: u64) -> bool {
+        check_free(&self.map(), base, len).is_ok()
+    }
+
+    /// Moves the device mapped at `old` to `[new, new + len)`; on failure (overlap, bad
+    /// range) nothing changes. One write-lock section: no vCPU sees the device unmapped.
+    pub fn relocate(&self, old: u64, new: u64, len: u64) -> Result<(), BusError> {
+        let mut map = self.map_mut();
+        let entry = map.remove(&old).ok_or(BusError::NotMapped(old))?;
+        let device = entry.device.clone();
+        insert(&mut map, device, new, len).inspect_err(|_| {
+            map.insert(old, entry);
+        })
+    }
+
+    /// Unmaps the device at `base`.
+    pub fn remove(&self, base: u64) -> Result<SharedDevice, BusError> {
+        self.map_mut()
+            .remove(&base)
+            .map(|e| e.device)
+            .ok_or(BusError::NotMapped(base))
+    }
+
+    fn map(&self) -> std::sync::RwLockReadGuard<'_, BTreeMap<u64, Entry>> {
+        // The map is never left half-updated by a panic.
+        self.devices.read().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn map_mut(&self) -> std::sync::RwLockWriteGuard<'_, BTreeMap<u64, Entry>> {
+        self.devices.write().unwrap_or_else(|p| p.into_inner())
     }
 
     /// The device covering the whole access `[addr, addr + size)` and the offset into it.
-    fn resolve(&self, addr: u64, size: usize) -> Option<(&Entry, u64)> {
-        let (&base, entry) = self.devices.range(..=addr).next_back()?;
+    /// The map's lock is released before the caller locks the device.
+    fn resolve(&self, addr: u64, size: usize) -> Option<(SharedDevice, u64)> {
+        let map = self.map();
+        let (&base, entry) = map.range(..=addr).next_back()?;
         let offset = addr - base;
-        (offset.checked_add(size as u64)? <= entry.len).then_some((entry, offset))
+        (offset.checked_add(size as u64)? <= entry.len).then(|| (entry.device.clone(), offset))
     }
 
     /// Reads from the device at `addr`. Returns false when nothing is mapped there (the caller
     /// answers with all-ones, as an unclaimed bus does).
     pub fn read(&self, addr: u64, data: &mut [u8]) -> bool {
         match self.resolve(addr, data.len()) {
-            Some((entry, offset)) => {
-                lock(&entry.device).read(offset, data);
+            Some((device, offset)) => {
+                lock(&device).read(offset, data);
                 true
             }
             None => false,
@@ -78,13 +108,39 @@ impl Bus {
     /// Writes to the device at `addr`. Returns false when nothing is mapped there.
     pub fn write(&self, addr: u64, data: &[u8]) -> bool {
         match self.resolve(addr, data.len()) {
-            Some((entry, offset)) => {
-                lock(&entry.device).write(offset, data);
+            Some((device, offset)) => {
+                lock(&device).write(offset, data);
                 true
             }
             None => false,
         }
     }
+}
+
+fn check_free(map: &BTreeMap<u64, Entry>, base: u64, len: u64) -> Result<u64, BusError> {
+    let end = base
+        .checked_add(len)
+        .filter(|_| len > 0)
+        .ok_or(BusError::BadRange { base, len })?;
+    let overlaps_prev = map
+        .range(..end)
+        .next_back()
+        .is_some_and(|(&b, e)| b + e.len > base);
+    if overlaps_prev {
+        return Err(BusError::Overlap { base, len });
+    }
+    Ok(end)
+}
+
+fn insert(
+    map: &mut BTreeMap<u64, Entry>,
+    device: SharedDevice,
+    base: u64,
+    len: u64,
+) -> Result<(), BusError> {
+    check_free(map, base, len)?;
+    map.insert(base, Entry { len, device });
+    Ok(())
 }
 
 /// Locks a device, tolerating a poisoned mutex: a panic on another thread already ended the
@@ -113,7 +169,7 @@ mod tests {
 
     #[test]
     fn dispatches_by_range_with_offsets() {
-        let mut bus = Bus::new();
+        let bus = Bus::new();
         let a = Arc::new(Mutex::new(Recorder::default()));
         bus.insert(a.clone(), 0x3f8, 8).unwrap();
         let mut d = [0u8; 1];
@@ -130,7 +186,7 @@ mod tests {
 
     #[test]
     fn rejects_overlaps_and_empty_ranges() {
-        let mut bus = Bus::new();
+        let bus = Bus::new();
         let dev = || Arc::new(Mutex::new(Recorder::default()));
         bus.insert(dev(), 0x100, 0x10).unwrap();
         assert!(bus.insert(dev(), 0x10f, 1).is_err());
@@ -146,5 +202,42 @@ mod tests {
             })
         );
         assert!(bus.insert(dev(), u64::MAX, 2).is_err());
+    }
+
+    #[test]
+    fn relocate_moves_for_every_clone_and_refuses_overlaps() {
+        let bus = Bus::new();
+        let vcpu_view = bus.clone();
+        let a = Arc::new(Mutex::new(Recorder::default()));
+        bus.insert(a.clone(), 0xe000_0000, 0x8000).unwrap();
+        bus.insert(
+            Arc::new(Mutex::new(Recorder::default())),
+            0xe001_0000,
+            0x8000,
+        )
+        .unwrap();
+        assert!(vcpu_view.write(0xe000_0004, &[1]));
+        // Onto the other device: refused, nothing moves.
+        assert_eq!(
+            bus.relocate(0xe000_0000, 0xe000_c000, 0x8000),
+            Err(BusError::Overlap {
+                base: 0xe000_c000,
+                len: 0x8000
+            })
+        );
+        assert!(vcpu_view.write(0xe000_0008, &[2]));
+        assert_eq!(a.lock().unwrap().last_write, Some((8, vec![2])));
+        assert!(!bus.is_free(0xe000_4000, 0x8000));
+        assert!(bus.is_free(0xe002_0000, 0x8000));
+        bus.relocate(0xe000_0000, 0xe002_0000, 0x8000).unwrap();
+        assert!(!vcpu_view.write(0xe000_0004, &[3]), "old range unmapped");
+        assert!(vcpu_view.write(0xe002_0010, &[4]));
+        assert_eq!(a.lock().unwrap().last_write, Some((0x10, vec![4])));
+        assert_eq!(
+            bus.relocate(0xe000_0000, 0xe003_0000, 0x8000),
+            Err(BusError::NotMapped(0xe000_0000))
+        );
+        assert!(bus.remove(0xe002_0000).is_ok());
+        assert!(!vcpu_view.read(0xe002_0010, &mut [0u8; 4]));
     }
 }

@@ -13,6 +13,7 @@ pub mod host;
 pub mod kvm;
 pub mod memory;
 pub mod metrics;
+pub mod pci;
 pub mod seccomp;
 pub mod signals;
 pub mod vm;
@@ -77,6 +78,18 @@ pub enum VmmError {
         iface_id: String,
         #[source]
         source: devices::virtio::mmio::MmioError,
+    },
+    #[error("cannot create the virtio-pci transport of {iface_id:?}")]
+    PciTransport {
+        iface_id: String,
+        #[source]
+        source: devices::virtio::pci::PciTransportError,
+    },
+    #[error("cannot put {iface_id:?} on the PCI bus")]
+    Pci {
+        iface_id: String,
+        #[source]
+        source: pci::PciError,
     },
     #[error(transparent)]
     Seccomp(#[from] SeccompError),

@@ -6,7 +6,9 @@ use std::time::Duration;
 
 use clap::{Parser, ValueEnum};
 use devices::virtio::net::NetConfig;
-use vmm::config::{BootSource, MachineConfig, NetworkInterface, VmConfig, DEFAULT_MEM_MIB};
+use vmm::config::{
+    BootSource, MachineConfig, NetworkInterface, Transport, VmConfig, DEFAULT_MEM_MIB,
+};
 use vmm::seccomp::SeccompMode;
 use vmm::{error_chain, Launch};
 
@@ -34,11 +36,13 @@ struct Cli {
     /// Number of vCPUs (1..=32).
     #[arg(long, value_name = "N", default_value_t = 1, requires = "kernel")]
     vcpus: u8,
-    /// A virtio-net device on a host tap: `TAP` or `tap=TAP[,mac=MAC][,queue_size=N][,queues=N]`
-    /// (`queues`: queue pairs, 1..=16, a multi-queue tap when more than one). The tap is
-    /// opened, or created when it does not exist. Repeat for more devices.
+    /// A virtio-net device on a host tap: `TAP` or
+    /// `tap=TAP[,mac=MAC][,queue_size=N][,queues=N][,transport=mmio|pci]` (`queues`: queue
+    /// pairs, 1..=16, a multi-queue tap when more than one; `transport`: virtio-mmio, the
+    /// default, or virtio-pci with MSI-X). The tap is opened, or created when it does not
+    /// exist. Repeat for more devices.
     #[arg(long, value_name = "SPEC", requires = "kernel", value_parser = parse_net)]
-    net: Vec<NetConfig>,
+    net: Vec<NetSpec>,
     /// Boot the VM described by this JSON file (Firecracker's shape: `boot-source`,
     /// `machine-config`, `network-interfaces`).
     #[arg(long, value_name = "FILE")]
@@ -58,15 +62,25 @@ struct Cli {
     metrics_interval: Option<u64>,
 }
 
+/// A parsed `--net`: the device and its transport.
+#[derive(Clone, Debug)]
+struct NetSpec {
+    config: NetConfig,
+    transport: Option<Transport>,
+}
+
 /// `--net`: the device description, with the MAC checked as strictly as in the API.
-fn parse_net(spec: &str) -> Result<NetConfig, String> {
+fn parse_net(spec: &str) -> Result<NetSpec, String> {
+    let (spec, transport) = vmm::config::split_transport(spec).map_err(|e| e.to_string())?;
     for item in spec.split(',') {
         if let Some(mac) = item.strip_prefix("mac=") {
             vmm::config::parse_guest_mac(mac).map_err(|e| e.to_string())?;
         }
     }
-    spec.parse()
-        .map_err(|e: devices::virtio::net::NetConfigError| e.to_string())
+    let config = spec
+        .parse()
+        .map_err(|e: devices::virtio::net::NetConfigError| e.to_string())?;
+    Ok(NetSpec { config, transport })
 }
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
@@ -92,7 +106,10 @@ impl Cli {
                 network_interfaces: self
                     .net
                     .into_iter()
-                    .map(NetworkInterface::from_net_config)
+                    .map(|spec| NetworkInterface {
+                        transport: spec.transport,
+                        ..NetworkInterface::from_net_config(spec.config)
+                    })
                     .collect(),
                 drives: Vec::new(),
             }),

@@ -20,7 +20,9 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use kvm_bindings::{kvm_mp_state, kvm_regs, kvm_sregs, kvm_vcpu_events, KVMIO};
+use kvm_bindings::{
+    kvm_ioeventfd, kvm_irq_routing, kvm_mp_state, kvm_regs, kvm_sregs, kvm_vcpu_events, KVMIO,
+};
 use seccompiler::{
     BpfProgram, SeccompAction, SeccompCmpArgLen, SeccompCmpOp, SeccompCondition, SeccompFilter,
     SeccompRule, TargetArch,
@@ -92,6 +94,8 @@ ioctl_ior_nr!(KVM_GET_SREGS, KVMIO, 0x83, kvm_sregs);
 ioctl_ior_nr!(KVM_GET_MP_STATE, KVMIO, 0x98, kvm_mp_state);
 ioctl_ior_nr!(KVM_GET_VCPU_EVENTS, KVMIO, 0x9f, kvm_vcpu_events);
 ioctl_iow_nr!(KVM_SET_VCPU_EVENTS, KVMIO, 0xa0, kvm_vcpu_events);
+ioctl_iow_nr!(KVM_SET_GSI_ROUTING, KVMIO, 0x6a, kvm_irq_routing);
+ioctl_iow_nr!(KVM_IOEVENTFD, KVMIO, 0x79, kvm_ioeventfd);
 
 /// A system call a filter allows: unconditionally, or only with one of several argument
 /// values.
@@ -235,21 +239,31 @@ fn thread_kind_rules(kind: ThreadKind) -> Vec<Allow> {
             ),
             allow(SYS_unlink, "removing the API socket at exit"),
         ]),
-        ThreadKind::Vcpu => rules.extend([allow_args(
-            SYS_ioctl,
-            1,
-            &[
-                KVM_RUN(),
-                KVM_GET_REGS(),
-                KVM_SET_REGS(),
-                KVM_GET_SREGS(),
-                KVM_GET_MP_STATE(),
-                KVM_GET_VCPU_EVENTS(),
-                KVM_SET_VCPU_EVENTS(),
-            ]
-            .map(u64::from),
-            "running the vCPU; the watchdog probe; completing int3/fwait on PVM hosts",
-        )]),
+        ThreadKind::Vcpu => rules.extend([
+            allow_args(
+                SYS_ioctl,
+                1,
+                &[
+                    KVM_RUN(),
+                    KVM_GET_REGS(),
+                    KVM_SET_REGS(),
+                    KVM_GET_SREGS(),
+                    KVM_GET_MP_STATE(),
+                    KVM_GET_VCPU_EVENTS(),
+                    KVM_SET_VCPU_EVENTS(),
+                ]
+                .map(u64::from),
+                "running the vCPU; the watchdog probe; completing int3/fwait on PVM hosts",
+            ),
+            allow_args(
+                SYS_ioctl,
+                1,
+                &[KVM_SET_GSI_ROUTING(), KVM_IOEVENTFD()].map(u64::from),
+                "virtio-pci: the guest's MSI-X table write installs the vector's MSI route \
+             (the whole GSI table), and its BAR0 move re-registers the notify ioeventfds; \
+             irqfds are bound to GSIs, which never change, so KVM_IRQFD is not needed",
+            ),
+        ]),
         ThreadKind::NetWorker => rules.extend([
             allow(SYS_epoll_wait, "the worker's event loop"),
             allow(

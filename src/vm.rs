@@ -15,6 +15,7 @@ use devices::virtio::net::{
     CoalescingInForce, NetDevice, NetMetrics, NetTuning, NetTuningUpdate, RateLimiterConfig,
     TuningControl,
 };
+use devices::virtio::pci::VirtioPciTransport;
 use devices::virtio::MmioTransport;
 use serde_json::{Map, Value};
 use vmm_sys_util::eventfd::EventFd;
@@ -23,11 +24,12 @@ use vmm_sys_util::terminal::Terminal;
 
 use crate::boot;
 use crate::bus::Bus;
-use crate::config::{self, VmConfig};
+use crate::config::{self, Transport, VmConfig};
 use crate::host::HostQuirks;
 use crate::kvm::vcpu::{Vcpu, VcpuExit};
 use crate::kvm::Vm;
 use crate::memory;
+use crate::pci::PciSetup;
 use crate::seccomp::{Filters, ThreadKind};
 use crate::{error_chain, VmmError};
 
@@ -43,11 +45,26 @@ const KEYBOARD_GSI: u32 = 1;
 /// How long [`RunningVm::stop`] waits for the vCPU threads.
 const VCPU_STOP_DEADLINE: Duration = Duration::from_secs(2);
 
+/// A device's transport, as the VMM keeps it.
+enum AttachedTransport {
+    Mmio(Arc<Mutex<MmioTransport>>),
+    Pci(Arc<Mutex<VirtioPciTransport>>),
+}
+
+impl AttachedTransport {
+    fn shutdown(&self) {
+        match self {
+            AttachedTransport::Mmio(t) => lock(t).shutdown(),
+            AttachedTransport::Pci(t) => lock(t).shutdown(),
+        }
+    }
+}
+
 /// A virtio-net device as the VMM keeps it.
 struct AttachedNet {
     iface_id: String,
     tap: String,
-    transport: Arc<Mutex<MmioTransport>>,
+    transport: AttachedTransport,
     metrics: Arc<NetMetrics>,
     tuning: TuningControl,
 }
@@ -94,10 +111,20 @@ impl RunningVm {
             None => None,
         };
         let legacy = LegacyDevices::attach(&vm)?;
-        let mut mmio = Bus::new();
+        let mmio = Bus::new();
         // (MMIO base, GSI) of each virtio device, for the kernel command line.
         let mut cmdline_devices: Vec<(u64, u32)> = Vec::new();
-        let nets = attach_net_devices(config, &vm, &mem, &mut mmio, &mut cmdline_devices, filters)?;
+        let nets = attach_net_devices(
+            config,
+            &vm,
+            &mem,
+            &Buses {
+                pio: &legacy.pio,
+                mmio: &mmio,
+            },
+            &mut cmdline_devices,
+            filters,
+        )?;
         let quirks = HostQuirks::detect();
         let vcpus = (0..config.machine_config.vcpu_count)
             .map(|id| {
@@ -315,7 +342,7 @@ impl RunningVm {
             }
         }
         for net in &self.nets {
-            lock(&net.transport).shutdown();
+            net.transport.shutdown();
         }
     }
 }
@@ -331,7 +358,7 @@ struct LegacyDevices {
 
 impl LegacyDevices {
     fn attach(vm: &Vm) -> Result<LegacyDevices, VmmError> {
-        let mut pio = Bus::new();
+        let pio = Bus::new();
         let serial_irq = EventFd::new(libc::EFD_NONBLOCK).map_err(VmmError::EventFd)?;
         vm.register_irqfd(&serial_irq, COM1_GSI)?;
         let serial = Arc::new(Mutex::new(Serial::new(serial_irq, io::stdout())));
@@ -381,19 +408,27 @@ fn guest_cmdline(
     )?)
 }
 
-/// Creates each virtio-net device, places it in MMIO space with its GSI, and registers its
-/// queue notifications as ioeventfds and its interrupt as an irqfd.
+/// The buses devices are placed on.
+struct Buses<'a> {
+    pio: &'a Bus,
+    mmio: &'a Bus,
+}
+
+/// Creates each virtio-net device and attaches it with its transport: virtio-mmio (a
+/// register page and an IOAPIC pin, declared on the command line) or virtio-pci (a function
+/// on bus 0, BAR0 in the PCI window, a GSI per MSI-X vector; see [`crate::pci`]). Queue
+/// notifications become ioeventfds and interrupts irqfds either way.
 fn attach_net_devices(
     config: &VmConfig,
     vm: &Vm,
     mem: &memory::GuestMemory,
-    mmio: &mut Bus,
+    buses: &Buses,
     cmdline_devices: &mut Vec<(u64, u32)>,
     filters: Option<&Filters>,
 ) -> Result<Vec<AttachedNet>, VmmError> {
     let mut attached = Vec::new();
+    let mut pci = PciSetup::default();
     for (i, iface) in config.network_interfaces.iter().enumerate() {
-        let (base, gsi) = boot::virtio_slot(i);
         let net_config = iface.net_config()?;
         let net_err = |source| VmmError::Net {
             tap: net_config.tap.clone(),
@@ -413,25 +448,60 @@ fn attach_net_devices(
             })
         })?;
         let metrics = device.metrics();
-        let transport = MmioTransport::new(mem.clone(), Box::new(device)).map_err(|source| {
-            VmmError::Transport {
-                iface_id: iface.iface_id.clone(),
-                source,
-            }
-        })?;
-        vm.register_irqfd(transport.irqfd(), gsi)?;
-        for (evt, addr, datamatch) in transport.ioeventfds(base) {
-            vm.register_mmio_ioevent(evt, addr, datamatch)?;
-        }
-        let transport = Arc::new(Mutex::new(transport));
-        mmio.insert(transport.clone(), base, boot::MMIO_DEVICE_SIZE)?;
-        cmdline_devices.push((base, gsi));
-        log::info!(
-            "virtio-net {:?} on tap {:?} (MAC {}) at {base:#x}, GSI {gsi}",
-            iface.iface_id,
-            net_config.tap,
-            net_config.mac
-        );
+        let transport =
+            match iface.transport() {
+                Transport::Mmio => {
+                    let (base, gsi) = boot::virtio_slot(i);
+                    let transport =
+                        MmioTransport::new(mem.clone(), Box::new(device)).map_err(|source| {
+                            VmmError::Transport {
+                                iface_id: iface.iface_id.clone(),
+                                source,
+                            }
+                        })?;
+                    vm.register_irqfd(transport.irqfd(), gsi)?;
+                    for (evt, addr, datamatch) in transport.ioeventfds(base) {
+                        vm.register_mmio_ioevent(evt, addr, datamatch)?;
+                    }
+                    let transport = Arc::new(Mutex::new(transport));
+                    buses
+                        .mmio
+                        .insert(transport.clone(), base, boot::MMIO_DEVICE_SIZE)?;
+                    cmdline_devices.push((base, gsi));
+                    log::info!(
+                        "virtio-net {:?} on tap {:?} (MAC {}): virtio-mmio at {base:#x}, GSI {gsi}",
+                        iface.iface_id,
+                        net_config.tap,
+                        net_config.mac
+                    );
+                    AttachedTransport::Mmio(transport)
+                }
+                Transport::Pci => {
+                    let transport = VirtioPciTransport::new(mem.clone(), Box::new(device))
+                        .map_err(|source| VmmError::PciTransport {
+                            iface_id: iface.iface_id.clone(),
+                            source,
+                        })?;
+                    let (transport, at) =
+                        pci.attach(vm, buses.mmio, transport)
+                            .map_err(|source| VmmError::Pci {
+                                iface_id: iface.iface_id.clone(),
+                                source,
+                            })?;
+                    log::info!(
+                        "virtio-net {:?} on tap {:?} (MAC {}): virtio-pci 00:{:02x}.0, BAR0 at \
+                     {:#x}, MSI-X vectors on GSI {}..={}",
+                        iface.iface_id,
+                        net_config.tap,
+                        net_config.mac,
+                        at.slot,
+                        at.bar0,
+                        at.first_gsi,
+                        at.first_gsi + u32::from(at.vectors) - 1
+                    );
+                    AttachedTransport::Pci(transport)
+                }
+            };
         attached.push(AttachedNet {
             iface_id: iface.iface_id.clone(),
             tap: net_config.tap.clone(),
@@ -440,6 +510,7 @@ fn attach_net_devices(
             tuning,
         });
     }
+    pci.finish(vm, buses.pio, buses.mmio)?;
     Ok(attached)
 }
 

@@ -229,6 +229,7 @@ fn openapi_document_matches_the_server() {
             }),
         }),
         tuning,
+        transport: Some(crate::config::Transport::Pci),
     };
     let boot = crate::config::BootSource {
         kernel_image_path: "/k".into(),
@@ -372,6 +373,7 @@ fn get_network_interface_names_the_interface() {
             rx_rate_limiter: None,
             tx_rate_limiter: None,
             tuning: NetTuning::default(),
+            transport: None,
         },
         coalescing_in_force: devices::virtio::net::CoalescingInForce {
             rx: devices::virtio::net::DirectionCoalescing {

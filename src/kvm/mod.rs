@@ -5,10 +5,16 @@ mod cpuid;
 mod pagewalk;
 pub mod vcpu;
 
+use std::collections::BTreeMap;
 use std::io;
+use std::sync::{Arc, Mutex};
 
-use kvm_bindings::{kvm_pit_config, kvm_userspace_memory_region, KVM_PIT_SPEAKER_DUMMY};
-use kvm_ioctls::{IoEventAddress, Kvm, VmFd};
+use kvm_bindings::{
+    kvm_irq_routing_entry, kvm_pit_config, kvm_userspace_memory_region, KvmIrqRouting,
+    KVM_IRQCHIP_IOAPIC, KVM_IRQCHIP_PIC_MASTER, KVM_IRQCHIP_PIC_SLAVE, KVM_IRQ_ROUTING_IRQCHIP,
+    KVM_IRQ_ROUTING_MSI, KVM_MAX_IRQ_ROUTES, KVM_PIT_SPEAKER_DUMMY,
+};
+use kvm_ioctls::{IoEventAddress, Kvm, NoDatamatch, VmFd};
 use vm_memory::{Address, GuestMemoryBackend as _, GuestMemoryRegion};
 use vmm_sys_util::eventfd::EventFd;
 
@@ -54,6 +60,20 @@ pub enum KvmError {
         #[source]
         source: io::Error,
     },
+    #[error("KVM_IOEVENTFD (deassign) failed at {addr:#x}")]
+    IoeventfdRemove {
+        addr: u64,
+        #[source]
+        source: io::Error,
+    },
+    #[error("KVM_SET_GSI_ROUTING failed for GSI {gsi}")]
+    GsiRouting {
+        gsi: u32,
+        #[source]
+        source: io::Error,
+    },
+    #[error("GSI {0} is past KVM's {KVM_MAX_IRQ_ROUTES} routes")]
+    GsiRange(u32),
     #[error("KVM_GET_SUPPORTED_CPUID failed")]
     SupportedCpuid(#[source] io::Error),
     #[error("vCPU {id}: {what} failed")]
@@ -72,7 +92,8 @@ fn io_err(e: kvm_ioctls::Error) -> io::Error {
 /// A KVM VM with its memory registered and an in-kernel irqchip (PIC, IOAPIC, LAPICs) and PIT.
 pub struct Vm {
     kvm: Kvm,
-    fd: VmFd,
+    fd: Arc<VmFd>,
+    routing: Arc<GsiRouting>,
     /// Keeps the memory that KVM's slots point at mapped for as long as the VM exists.
     _mem: GuestMemory,
 }
@@ -120,8 +141,10 @@ impl Vm {
         };
         fd.create_pit2(pit)
             .map_err(|e| KvmError::CreatePit(io_err(e)))?;
+        let fd = Arc::new(fd);
         Ok(Vm {
             kvm,
+            routing: Arc::new(GsiRouting::new(fd.clone())),
             fd,
             _mem: mem.clone(),
         })
@@ -153,11 +176,169 @@ impl Vm {
             })
     }
 
+    /// The VM's GSI routing table (shared with the MSI-X route handlers).
+    pub fn gsi_routing(&self) -> &Arc<GsiRouting> {
+        &self.routing
+    }
+
+    /// A handle that adds and removes MMIO ioeventfds (for BAR moves, on a vCPU thread).
+    pub fn ioevents(&self) -> IoEvents {
+        IoEvents(self.fd.clone())
+    }
+
     pub(crate) fn kvm(&self) -> &Kvm {
         &self.kvm
     }
 
     pub(crate) fn fd(&self) -> &VmFd {
         &self.fd
+    }
+}
+
+/// Registers and removes "any access, any value" MMIO ioeventfds (virtio-pci notify slots).
+#[derive(Clone)]
+pub struct IoEvents(Arc<VmFd>);
+
+impl IoEvents {
+    /// Signals `evt` on every write to MMIO `addr` (any length, any value: no datamatch);
+    /// the write completes in the kernel.
+    pub fn register(&self, evt: &EventFd, addr: u64) -> Result<(), KvmError> {
+        self.0
+            .register_ioevent(evt, &IoEventAddress::Mmio(addr), NoDatamatch)
+            .map_err(|e| KvmError::Ioeventfd {
+                addr,
+                source: io_err(e),
+            })
+    }
+
+    /// Removes what [`IoEvents::register`] added.
+    pub fn unregister(&self, evt: &EventFd, addr: u64) -> Result<(), KvmError> {
+        self.0
+            .unregister_ioevent(evt, &IoEventAddress::Mmio(addr), NoDatamatch)
+            .map_err(|e| KvmError::IoeventfdRemove {
+                addr,
+                source: io_err(e),
+            })
+    }
+}
+
+/// The VM's GSI routing table. `KVM_SET_GSI_ROUTING` replaces the whole table, so the VMM
+/// keeps it: KVM's default irqchip routes (GSI 0–15 to the PICs and the IOAPIC, 16–23 to the
+/// IOAPIC) plus one MSI route per MSI-X vector, set as the guest programs the vectors. Used on
+/// the control path only (a vCPU thread rewriting an MSI-X entry); interrupts themselves go
+/// through irqfds and never touch it.
+pub struct GsiRouting {
+    fd: Arc<VmFd>,
+    msi: Mutex<BTreeMap<u32, (u64, u32)>>,
+}
+
+impl GsiRouting {
+    fn new(fd: Arc<VmFd>) -> GsiRouting {
+        GsiRouting {
+            fd,
+            msi: Mutex::new(BTreeMap::new()),
+        }
+    }
+
+    /// Routes `gsi` to the MSI message (`address`, `data`) and installs the whole table.
+    pub fn set_msi(&self, gsi: u32, address: u64, data: u32) -> Result<(), KvmError> {
+        if gsi >= KVM_MAX_IRQ_ROUTES as u32 {
+            return Err(KvmError::GsiRange(gsi));
+        }
+        let mut msi = self.msi.lock().unwrap_or_else(|p| p.into_inner());
+        let previous = msi.insert(gsi, (address, data));
+        let entries = routing_entries(&msi);
+        let installed = KvmIrqRouting::from_entries(&entries)
+            .map_err(|_| KvmError::GsiRange(gsi))
+            .and_then(|table| {
+                self.fd
+                    .set_gsi_routing(&table)
+                    .map_err(|e| KvmError::GsiRouting {
+                        gsi,
+                        source: io_err(e),
+                    })
+            });
+        if installed.is_err() {
+            // Keep the table what KVM has.
+            match previous {
+                Some(p) => msi.insert(gsi, p),
+                None => msi.remove(&gsi),
+            };
+        }
+        installed
+    }
+}
+
+/// KVM's default irqchip routes (`kvm_setup_default_irq_routing`) followed by `msi`.
+pub fn routing_entries(msi: &BTreeMap<u32, (u64, u32)>) -> Vec<kvm_irq_routing_entry> {
+    let irqchip = |gsi: u32, chip: u32, pin: u32| {
+        let mut e = kvm_irq_routing_entry {
+            gsi,
+            type_: KVM_IRQ_ROUTING_IRQCHIP,
+            ..Default::default()
+        };
+        e.u.irqchip.irqchip = chip;
+        e.u.irqchip.pin = pin;
+        e
+    };
+    let mut entries = Vec::new();
+    for gsi in 0..24 {
+        entries.push(irqchip(gsi, KVM_IRQCHIP_IOAPIC, gsi));
+        if gsi < 16 {
+            let pic = if gsi < 8 {
+                KVM_IRQCHIP_PIC_MASTER
+            } else {
+                KVM_IRQCHIP_PIC_SLAVE
+            };
+            entries.push(irqchip(gsi, pic, gsi % 8));
+        }
+    }
+    for (&gsi, &(address, data)) in msi {
+        let mut e = kvm_irq_routing_entry {
+            gsi,
+            type_: KVM_IRQ_ROUTING_MSI,
+            ..Default::default()
+        };
+        e.u.msi.address_lo = address as u32;
+        e.u.msi.address_hi = (address >> 32) as u32;
+        e.u.msi.data = data;
+        entries.push(e);
+    }
+    entries
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn routing_keeps_the_irqchip_defaults_and_adds_msi() {
+        let mut msi = BTreeMap::new();
+        msi.insert(24, (0xfee0_1000u64, 0x4031u32));
+        msi.insert(30, (0x1_fee0_0000u64, 0x22u32));
+        let e = routing_entries(&msi);
+        assert_eq!(e.len(), 16 * 2 + 8 + 2);
+        let chips: Vec<(u32, u32, u32)> = e
+            .iter()
+            .filter(|e| e.type_ == KVM_IRQ_ROUTING_IRQCHIP)
+            // SAFETY: irqchip entries carry the irqchip member of the union.
+            .map(|e| unsafe { (e.gsi, e.u.irqchip.irqchip, e.u.irqchip.pin) })
+            .collect();
+        assert!(chips.contains(&(0, KVM_IRQCHIP_PIC_MASTER, 0)));
+        assert!(chips.contains(&(0, KVM_IRQCHIP_IOAPIC, 0)));
+        assert!(chips.contains(&(12, KVM_IRQCHIP_PIC_SLAVE, 4)));
+        assert!(chips.contains(&(12, KVM_IRQCHIP_IOAPIC, 12)));
+        assert!(chips.contains(&(23, KVM_IRQCHIP_IOAPIC, 23)));
+        assert!(!chips.iter().any(|c| c.0 >= 16 && c.1 != KVM_IRQCHIP_IOAPIC));
+        let msis: Vec<(u32, u32, u32, u32)> = e
+            .iter()
+            .filter(|e| e.type_ == KVM_IRQ_ROUTING_MSI)
+            // SAFETY: MSI entries carry the msi member of the union.
+            .map(|e| unsafe { (e.gsi, e.u.msi.address_lo, e.u.msi.address_hi, e.u.msi.data) })
+            .collect();
+        assert_eq!(
+            msis,
+            vec![(24, 0xfee0_1000, 0, 0x4031), (30, 0xfee0_0000, 1, 0x22)]
+        );
     }
 }

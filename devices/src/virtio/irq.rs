@@ -62,6 +62,24 @@ impl VirtioInterrupt {
         }
     }
 
+    /// Signals "used buffers available" on a worker's two queues (its rx and tx queue): each
+    /// queue's MSI-X vector, once if they share one; on the one line, one signal.
+    pub fn signal_queue_pair(&self, rx: usize, tx: usize) -> io::Result<()> {
+        self.status
+            .fetch_or(VIRTIO_MMIO_INT_VRING, Ordering::AcqRel);
+        match &self.msix {
+            Some(vectors) => {
+                let (a, b) = (vectors.queue_vector(rx), vectors.queue_vector(tx));
+                vectors.trigger(a)?;
+                if b != a {
+                    vectors.trigger(b)?;
+                }
+                Ok(())
+            }
+            None => self.irqfd.write(1),
+        }
+    }
+
     /// The eventfd the VMM registers as an irqfd on the device's GSI.
     pub fn irqfd(&self) -> &EventFd {
         &self.irqfd
@@ -136,5 +154,37 @@ mod tests {
         assert_eq!(irq.status(), 0);
         assert!(!irq.needs_reset());
         assert!(irq.irqfd().read().is_err(), "irqfd drained by reset");
+    }
+
+    #[test]
+    fn queue_pair_signals_its_own_vectors_once_each() {
+        use crate::virtio::pci::msix::{MsixTable, MSIX_CTRL_ENABLE};
+        // Queues 0..4 (two pairs); vectors 0..3, all unmasked.
+        let vectors = Arc::new(MsixVectors::new(4, 4).expect("eventfds"));
+        let mut table = MsixTable::new(vectors.clone());
+        table.write_message_control(MSIX_CTRL_ENABLE);
+        for v in 0..4u64 {
+            assert!(
+                table.write_table(v * 16 + 12, &0u32.to_le_bytes()),
+                "unmask {v}"
+            );
+        }
+        let irq = VirtioInterrupt::with_msix(vectors.clone()).expect("eventfd");
+        let fired = |v: u16| vectors.irqfd(v).expect("vector").read().unwrap_or(0);
+        // Pair 1 (queues 2, 3) on vectors 2 and 3: only those fire.
+        for (q, v) in [(0, 0), (1, 1), (2, 2), (3, 3)] {
+            vectors.set_queue_vector(q, v);
+        }
+        irq.signal_queue_pair(2, 3).expect("signal");
+        assert_eq!([fired(0), fired(1), fired(2), fired(3)], [0, 0, 1, 1]);
+        // Both queues on one vector: one signal.
+        vectors.set_queue_vector(3, 2);
+        irq.signal_queue_pair(2, 3).expect("signal");
+        assert_eq!([fired(0), fired(1), fired(2), fired(3)], [0, 0, 1, 0]);
+        assert_eq!(irq.status(), VIRTIO_MMIO_INT_VRING);
+        // One line: one signal for the pair.
+        let line = VirtioInterrupt::new().expect("eventfd");
+        line.signal_queue_pair(0, 1).expect("signal");
+        assert_eq!(line.irqfd().read().expect("written"), 1);
     }
 }

@@ -1051,11 +1051,17 @@ impl<'p, B: NetBackend> EventLoop<'p, B> {
         result?;
         if decision == Some(InterruptDecision::Raise) {
             self.interrupt
-                .signal_used_queue()
+                .signal_queue(self.ctrl_queue_index())
                 .map_err(WorkerError::Interrupt)?;
             self.metrics.irqfd_signals.add(1);
         }
         Ok(())
+    }
+
+    /// The control queue's index: after every pair with MQ, else after the one pair.
+    fn ctrl_queue_index(&self) -> usize {
+        let mq = self.acked_features & 1 << virtio_bindings::virtio_net::VIRTIO_NET_F_MQ != 0;
+        2 * if mq { usize::from(self.pairs) } else { 1 }
     }
 
     fn ctrl_chains(&mut self, ctrl: &mut CtrlQueue) -> Result<(), WorkerError> {
@@ -1271,8 +1277,9 @@ impl<'p, B: NetBackend> EventLoop<'p, B> {
         };
         timer.map_err(|e| WorkerError::Timer(io_err(e)))?;
         if moderation.signal {
+            // This pair's rx and tx queues (their MSI-X vectors; the one line on mmio).
             self.interrupt
-                .signal_used_queue()
+                .signal_queue_pair(2 * self.pair, 2 * self.pair + 1)
                 .map_err(WorkerError::Interrupt)?;
             self.metrics.irqfd_signals.add(1);
         }
