@@ -24,20 +24,27 @@ pub fn consistency(rig: &mut Rig) -> Result<(), String> {
             rig.irq_signals_taken
         ));
     }
-    // virtio-pci: a device signal (which queue unknown) fires every queue's vector once, so
-    // every queue vector took as many as the device signalled; the configuration vector none.
-    let config_vector = rig.net.transport().config_vector();
-    for (vector, taken) in rig.lines().into_iter().zip(rig.line_signals.clone()) {
-        let expected = if vector.is_some() && vector == config_vector {
-            0
-        } else {
-            signals
-        };
-        if taken != expected {
-            return Err(format!(
-                "interrupts disagree on vector {vector:?}: expected {expected}, driver took {taken}"
-            ));
-        }
+    // virtio-pci: a queue pair's signal fires its rx and tx vectors once each, so both took
+    // as many; the configuration vector took none.
+    let t = rig.net.transport();
+    let taken = |v: Option<u16>| {
+        rig.lines()
+            .iter()
+            .position(|&l| l.is_some() && l == v)
+            .map(|i| rig.line_signals[i])
+    };
+    let (rx, tx, config) = (
+        taken(t.queue_vector(0)),
+        taken(t.queue_vector(1)),
+        taken(t.config_vector()),
+    );
+    if rx != tx {
+        return Err(format!(
+            "MSI-X: the rx vector took {rx:?} signals, the tx vector {tx:?}"
+        ));
+    }
+    if config.is_some_and(|n| n != 0) {
+        return Err(format!("MSI-X: {config:?} configuration interrupts"));
     }
     if m.tx.malformed_chains.get() + m.rx.malformed_chains.get() != 0 {
         return Err("the device saw malformed chains from the driver".into());

@@ -78,12 +78,14 @@ pub struct Rig {
     /// The interrupt lines: the one virtio-mmio line, or every MSI-X vector.
     irqs: Vec<IrqLine>,
     irq_cost_ns: u64,
-    /// Sum of the values read from the first line: every device interrupt signal consumed
-    /// (virtio-mmio: the one irqfd; virtio-pci: the rx queue's vector, which every device
-    /// signal fires once).
+    /// Every device interrupt signal consumed: the values read from the one irqfd
+    /// (virtio-mmio), or from the rx and control queues' vectors (virtio-pci: a queue pair's
+    /// signal fires its rx and tx vectors, the control queue's its own).
     pub irq_signals_taken: u64,
     /// Values read per line ([`Rig::lines`] order).
     pub line_signals: Vec<u64>,
+    /// Per line: whether its reads count in `irq_signals_taken`.
+    counts: Vec<bool>,
 }
 
 impl Rig {
@@ -136,7 +138,19 @@ impl Rig {
             irqs = ordered;
         }
         let lines = irqs.len();
+        // What the device counts as one interrupt signal: the one line; on MSI-X a queue
+        // pair's signal fires the rx and the tx vector (counted once, on rx) and the control
+        // queue's its own vector.
+        let t = net.transport();
+        let counts = irqs
+            .iter()
+            .map(|l| match l.vector {
+                None => true,
+                v => v == t.queue_vector(0) || v == t.queue_vector(2),
+            })
+            .collect();
         Ok(Rig {
+            counts,
             net,
             metrics,
             umem_hal,
@@ -167,7 +181,7 @@ impl Rig {
                 continue;
             };
             self.line_signals[i] += n;
-            if i == 0 {
+            if self.counts[i] {
                 self.irq_signals_taken += n;
             }
             spin_for_ns(self.irq_cost_ns);
@@ -225,7 +239,7 @@ impl Rig {
         for (i, line) in self.irqs.iter().enumerate() {
             if let Ok(n) = line.fd.read() {
                 self.line_signals[i] += n;
-                if i == 0 {
+                if self.counts[i] {
                     self.irq_signals_taken += n;
                 }
             }
