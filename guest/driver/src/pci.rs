@@ -516,7 +516,7 @@ impl<F: PciConfig + PciBar> PciTransport<F> {
     pub fn new(mut func: F) -> Result<Self, PciError> {
         let vendor = func.config_read16(cfg::VENDOR_ID);
         let device = func.config_read16(cfg::DEVICE_ID);
-        if vendor != VIRTIO_VENDOR_ID || device < VIRTIO_DEVICE_ID_BASE || device > 0x107f {
+        if vendor != VIRTIO_VENDOR_ID || !(VIRTIO_DEVICE_ID_BASE..=0x107f).contains(&device) {
             return Err(PciError::NotVirtio { vendor, device });
         }
         let layout = find_capabilities(&mut func)?;

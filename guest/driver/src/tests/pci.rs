@@ -268,14 +268,12 @@ impl PciBar for FakePci {
     }
 }
 
+type PciNet = VirtioNet<TestHal, PciTransport<FakePci>>;
+
 fn bring_up(
     table_size: u16,
     edit: impl FnOnce(&mut FakePci),
-) -> (
-    Result<VirtioNet<TestHal, PciTransport<FakePci>>, InitError>,
-    TestHal,
-    TestTransport,
-) {
+) -> (Result<PciNet, InitError>, TestHal, TestTransport) {
     let hal = TestHal::new(ARENA);
     let regs = TestTransport::new(Regs::default());
     let mut fake = FakePci::new(regs.clone(), table_size);
