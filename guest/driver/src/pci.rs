@@ -310,17 +310,19 @@ pub fn find_capabilities<C: PciConfig + ?Sized>(cfg: &mut C) -> Result<PciLayout
         }
         let id = cfg.config_read8(ptr);
         let next = cfg.config_read8(ptr.wrapping_add(1)) & !3;
-        // A capability must fit in the 256 bytes; the largest read is 20 bytes from its start.
-        if ptr > 0xff - 20 {
-            break;
-        }
+        // A capability must fit in the 256 bytes; one that does not is skipped.
+        let fits = |len: u16| u16::from(ptr) + len <= 256;
         match id {
-            cfg::CAP_ID_VNDR => {
+            cfg::CAP_ID_VNDR if fits(16) => {
                 let cfg_type = cfg.config_read8(ptr + 3);
                 let b = cfg.config_read8(ptr + 4);
-                if (CAP_COMMON..=CAP_DEVICE).contains(&cfg_type)
+                // Reserved BAR values are ignored (virtio 1.2 §4.1.4), as are types this
+                // driver does not use and any but the first of each type.
+                let wanted = (CAP_COMMON..=CAP_DEVICE).contains(&cfg_type)
                     && found[usize::from(cfg_type)].is_none()
-                {
+                    && b <= 5
+                    && (cfg_type != CAP_NOTIFY || fits(20));
+                if wanted {
                     check_bar(b)?;
                     let region = Region {
                         offset: cfg.config_read32(ptr + 8),
@@ -334,7 +336,7 @@ pub fn find_capabilities<C: PciConfig + ?Sized>(cfg: &mut C) -> Result<PciLayout
                     found[usize::from(cfg_type)] = Some((b, region, extra));
                 }
             }
-            cfg::CAP_ID_MSIX if msix.is_none() => {
+            cfg::CAP_ID_MSIX if msix.is_none() && fits(12) => {
                 let control = cfg.config_read16(ptr + 2);
                 let table = cfg.config_read32(ptr + 4);
                 let pba = cfg.config_read32(ptr + 8);

@@ -339,6 +339,13 @@ fn capability_walk_rejects_broken_lists() {
             found: 2
         })
     );
+    // A reserved BAR value: the capability is ignored (then the notify one is missing).
+    let mut fake = FakePci::new(regs.clone(), 4);
+    fake.config[notify_cap + 4] = 7;
+    assert_eq!(
+        find_capabilities(&mut fake),
+        Err(PciError::MissingCapability(2))
+    );
     // A loop in the list ends the walk; the common capability is then missing.
     let mut fake = FakePci::new(regs.clone(), 4);
     fake.config[0x41] = 0x40;
@@ -401,6 +408,11 @@ fn bring_up_programs_queues_vectors_and_notify_addresses() {
     });
     assert_eq!(got, vec![frame(99, 100)]);
     assert!(!net.handle_msix(7).any(), "not this device's vector");
+    assert_eq!(net.transport_mut().msix_pending(1), Ok(false));
+    assert_eq!(
+        net.transport_mut().msix_pending(4),
+        Err(PciError::NoSuchEntry(4))
+    );
     assert_eq!(net.counters().interrupts, 1);
     // The shared-line path still works: ISR read (which acknowledges).
     regs.raise(INT_USED_BUFFER);
@@ -428,4 +440,30 @@ fn small_table_shares_vector_zero_and_refusal_fails_init() {
     let (net, _, regs) = bring_up(4, |f| f.refuse_vectors = true);
     assert_eq!(net.err(), Some(InitError::VectorRefused(None)));
     assert_ne!(regs.regs().status & crate::transport::status::FAILED, 0);
+}
+
+#[test]
+fn mapped_bar_accesses_the_mapping() {
+    use crate::pci::MappedBar;
+    use core::ptr::NonNull;
+    let mut bar = vec![0u64; 8];
+    let base = NonNull::new(bar.as_mut_ptr().cast::<u8>()).expect("non-null");
+    // SAFETY: `bar` is 64 bytes, 8-aligned, outlives `m`, and is only accessed through `m`
+    // until the reads at the end (after the last use of `m`).
+    let mut m = unsafe { MappedBar::new(base, 64) };
+    m.write32(0, 0x1122_3344);
+    m.write16(8, 0xabcd);
+    m.write8(12, 0x7f);
+    PciBar::notify(&mut m, 16, 3);
+    assert_eq!(m.read32(0), 0x1122_3344);
+    assert_eq!((m.read16(2), m.read8(1)), (0x1122, 0x33));
+    // Misaligned or out of range: ignored, reads 0.
+    m.write32(62, 0xdead);
+    m.write32(64, 0xdead);
+    m.write16(9, 0xdead);
+    assert_eq!((m.read32(62), m.read16(63), m.read8(64)), (0, 0, 0));
+    assert_eq!(bar[0], 0x1122_3344);
+    assert_eq!(bar[1], 0x7f_0000_abcd);
+    assert_eq!(bar[2], 3, "notify is the 16-bit queue index");
+    assert!(bar[3..].iter().all(|&w| w == 0));
 }
