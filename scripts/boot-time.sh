@@ -13,7 +13,11 @@
 # Environment: CARGO_TARGET_DIR (default: target/ in the repository), BOOT_TIME_MEM (MiB, default:
 #   the VMM's default), BOOT_TIME_CMDLINE (extra kernel command-line words, e.g. initcall_debug),
 #   BOOT_TIME_KEEP=DIR (keep each run's console and log there), BOOT_TIME_NO_BUILD=1 (use the
-#   existing release binary and the cached guest; fails when they are missing).
+#   existing release binary and the cached guest; fails when they are missing),
+#   BOOT_TIME_KERNEL=PATH (boot this kernel instead of the cached one, e.g. an older config's),
+#   BOOT_TIME_NET=SPEC (add `--net SPEC`, e.g. `tap=bt0,transport=pci`: the guest probes the
+#   device at boot; run the script inside a network namespace, `ip netns exec NS ...`, so that
+#   the tap the VMM creates is not in the host's namespace).
 #
 # Boot times on this host depend on the other load on its two cores: on a shared machine run it
 # under the machine-wide build lock (`cbuild scripts/boot-time.sh 5`) so that no build runs beside
@@ -40,7 +44,7 @@ while IFS='=' read -r k v; do art[$k]=$v; done < <(
 	"$ROOT/resources/build-guest.sh" --kernel-only "${guest_flags[@]}"
 	"$ROOT/resources/build-guest.sh" --initrd-only "${guest_flags[@]}"
 )
-KERNEL=${art[kernel]:?no kernel from build-guest.sh}
+KERNEL=${BOOT_TIME_KERNEL:-${art[kernel]:?no kernel from build-guest.sh}}
 INITRD=${art[initrd]:?no initrd from build-guest.sh}
 [[ -x $VMM ]] || {
 	echo "boot-time: $VMM not found" >&2
@@ -50,6 +54,7 @@ INITRD=${art[initrd]:?no initrd from build-guest.sh}
 CMDLINE="console=ttyS0 reboot=k panic=-1 quiet vmm.run=poweroff${BOOT_TIME_CMDLINE:+ $BOOT_TIME_CMDLINE}"
 args=(--kernel "$KERNEL" --initrd "$INITRD" --cmdline "$CMDLINE")
 [[ -n ${BOOT_TIME_MEM:-} ]] && args+=(--mem-size "$BOOT_TIME_MEM")
+[[ -n ${BOOT_TIME_NET:-} ]] && args+=(--net "$BOOT_TIME_NET")
 
 tmp=$(mktemp -d)
 trap 'rm -rf -- "$tmp"' EXIT
@@ -59,7 +64,7 @@ keep=${BOOT_TIME_KEEP:-}
 echo "kernel: $KERNEL ($(stat -c %s "$KERNEL") bytes)"
 echo "initrd: $INITRD ($(stat -c %s "$INITRD") bytes)"
 echo "vmm:    $VMM"
-echo "cmdline: $CMDLINE${BOOT_TIME_MEM:+, ${BOOT_TIME_MEM} MiB}"
+echo "cmdline: $CMDLINE${BOOT_TIME_MEM:+, ${BOOT_TIME_MEM} MiB}${BOOT_TIME_NET:+, --net $BOOT_TIME_NET}"
 printf '%-4s %8s %8s %9s %9s  %s\n' run init/s exit/s vmm/ms main/ms loadavg
 
 # seconds (decimal) -> microseconds (integer), without floating point in bash

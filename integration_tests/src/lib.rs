@@ -364,3 +364,30 @@ pub fn ready_driver_guest(
     );
     vmm
 }
+
+/// The TCP stream pattern of resources/init/src/nettest.c (`vmm.tcp=BYTES`).
+pub fn tcp_byte(i: usize) -> u8 {
+    (i.wrapping_mul(7).wrapping_add(i / 251)) as u8
+}
+
+/// Sends `bytes` of the stream pattern to the guest's nettest at `guest_ip:port`, then reads
+/// and checks `bytes` back.
+pub fn tcp_exchange(guest_ip: &str, port: u16, bytes: usize) -> Result<(), String> {
+    use std::io::{Read, Write};
+    let mut s =
+        std::net::TcpStream::connect((guest_ip, port)).map_err(|e| format!("connect: {e}"))?;
+    s.set_read_timeout(Some(Duration::from_secs(60)))
+        .map_err(|e| e.to_string())?;
+    let data: Vec<u8> = (0..bytes).map(tcp_byte).collect();
+    s.write_all(&data).map_err(|e| format!("send: {e}"))?;
+    let mut back = Vec::with_capacity(bytes);
+    s.read_to_end(&mut back)
+        .map_err(|e| format!("receive after {} bytes: {e}", back.len()))?;
+    if back.len() != bytes {
+        return Err(format!("received {} of {bytes} bytes back", back.len()));
+    }
+    match back.iter().enumerate().find(|(i, b)| **b != tcp_byte(*i)) {
+        Some((i, b)) => Err(format!("byte {i} is {b:#x}, expected {:#x}", tcp_byte(i))),
+        None => Ok(()),
+    }
+}

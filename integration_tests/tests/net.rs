@@ -3,13 +3,13 @@
 //! with the tap's own counters. The tap, its address and the VMM live in a network namespace
 //! the test creates.
 
-use std::io::{Read, Write};
-use std::net::{TcpStream, UdpSocket};
+use std::net::UdpSocket;
 use std::time::{Duration, Instant};
 
 use devices::test_utils::netns::NetNs;
 use integration_tests::{
-    artifacts, final_metrics, guest_lock, tap_counter, test_cmdline, vmm_binary, VmmProcess,
+    artifacts, final_metrics, guest_lock, tap_counter, tcp_exchange, test_cmdline, vmm_binary,
+    VmmProcess,
 };
 
 const TAP: &str = "vmmtap0";
@@ -94,30 +94,6 @@ fn start_guest(tag: &str, mtu: u32, extra: &str) -> (NetNs, VmmProcess) {
     cmd.args(["--cmdline", &cmdline, "--net", &format!("tap={TAP}")]);
     let vmm = VmmProcess::spawn(&mut cmd);
     (ns, vmm)
-}
-
-/// TCP stream pattern, as in resources/init/src/nettest.c.
-fn tcp_byte(i: usize) -> u8 {
-    (i.wrapping_mul(7).wrapping_add(i / 251)) as u8
-}
-
-/// Sends `bytes` of the stream pattern to the guest, then reads and checks `bytes` back.
-fn tcp_exchange(bytes: usize) -> Result<(), String> {
-    let mut s = TcpStream::connect((GUEST_IP, PORT)).map_err(|e| format!("connect: {e}"))?;
-    s.set_read_timeout(Some(Duration::from_secs(60)))
-        .map_err(|e| e.to_string())?;
-    let data: Vec<u8> = (0..bytes).map(tcp_byte).collect();
-    s.write_all(&data).map_err(|e| format!("send: {e}"))?;
-    let mut back = Vec::with_capacity(bytes);
-    s.read_to_end(&mut back)
-        .map_err(|e| format!("receive after {} bytes: {e}", back.len()))?;
-    if back.len() != bytes {
-        return Err(format!("received {} of {bytes} bytes back", back.len()));
-    }
-    match back.iter().enumerate().find(|(i, b)| **b != tcp_byte(*i)) {
-        Some((i, b)) => Err(format!("byte {i} is {b:#x}, expected {:#x}", tcp_byte(i))),
-        None => Ok(()),
-    }
 }
 
 #[test]
@@ -215,7 +191,7 @@ fn tcp_stream_both_ways_uses_segmentation_offload() {
     let ready = vmm.wait_for_console("nettest: tcp listening", Duration::from_secs(180));
     let t = Instant::now();
     let result = if ready {
-        ns.run(move || tcp_exchange(BYTES))
+        ns.run(move || tcp_exchange(GUEST_IP, PORT, BYTES))
             .expect("run in namespace")
     } else {
         Err("the guest never started its TCP server".into())

@@ -4,8 +4,10 @@
 #   vmm.ip=ADDR/PREFIX [10.200.0.2/24]  vmm.peer=ADDR [10.200.0.1]  vmm.mtu=N [1500]
 #   vmm.echo=COUNT [0: no echo]         vmm.port=PORT [7777]
 #   vmm.tcp=BYTES [0: no TCP]: accept one TCP connection on PORT, check BYTES, send BYTES back
+#   vmm.irqs=1 [0]: at the end, print /proc/interrupts and /proc/bus/pci/devices (the
+#     per-queue MSI-X vectors of a virtio-pci device; the guest has no sysfs)
 # Sourced by /init: do not `exit`.
-vmm_ip=10.200.0.2/24 vmm_peer=10.200.0.1 vmm_mtu=1500 vmm_echo=0 vmm_port=7777 vmm_tcp=0
+vmm_ip=10.200.0.2/24 vmm_peer=10.200.0.1 vmm_mtu=1500 vmm_echo=0 vmm_port=7777 vmm_tcp=0 vmm_irqs=0
 set -f
 for vmm_arg in $vmm_cmdline; do
 	case $vmm_arg in
@@ -15,6 +17,7 @@ for vmm_arg in $vmm_cmdline; do
 	vmm.echo=*) vmm_echo=${vmm_arg#vmm.echo=} ;;
 	vmm.port=*) vmm_port=${vmm_arg#vmm.port=} ;;
 	vmm.tcp=*) vmm_tcp=${vmm_arg#vmm.tcp=} ;;
+	vmm.irqs=*) vmm_irqs=${vmm_arg#vmm.irqs=} ;;
 	esac
 done
 set +f
@@ -28,5 +31,12 @@ if [ "$vmm_echo" != 0 ]; then
 fi
 if [ "$vmm_tcp" != 0 ]; then
 	/bin/nettest tcp "$vmm_port" "$vmm_tcp"
+fi
+if [ "$vmm_irqs" = 1 ]; then
+	echo "vmm-guest: /proc/interrupts"
+	/bin/busybox cat /proc/interrupts
+	echo "vmm-guest: /proc/bus/pci/devices"
+	/bin/busybox cat /proc/bus/pci/devices
+	echo "vmm-guest: end of lists"
 fi
 echo "vmm-guest: net test finished"

@@ -89,6 +89,9 @@ pub(crate) struct Moderator {
     held: [Option<u64>; 2],
     /// In `Split`: when the armed timer fires (the earliest hold's deadline).
     deadline: Option<Instant>,
+    /// The directions that wanted an interrupt since the last one went out (`[rx, tx]`):
+    /// the queues whose MSI-X vectors it goes to ([`Moderator::take_wanted`]).
+    unsignalled: [bool; 2],
     pub(crate) counters: ModerationCounters,
 }
 
@@ -101,6 +104,7 @@ impl Moderator {
             pending: [false; 2],
             held: [None; 2],
             deadline: None,
+            unsignalled: [false; 2],
             counters: ModerationCounters::default(),
         }
     }
@@ -116,10 +120,19 @@ impl Moderator {
     ) {
         if needs_interrupt {
             self.pending[dir & 1] = true;
+            self.unsignalled[dir & 1] = true;
         } else if suppressed_by_event_idx && !self.event_idx {
             self.pending[dir & 1] = true;
+            self.unsignalled[dir & 1] = true;
             self.counters.event_idx_overrides += 1;
         }
+    }
+
+    /// The interrupt goes out: which directions (`[rx, tx]`) wanted it since the last one.
+    /// With per-queue vectors (MSI-X) only those queues' vectors fire; the one line of
+    /// virtio-mmio fires once whatever this says.
+    pub(crate) fn take_wanted(&mut self) -> [bool; 2] {
+        std::mem::take(&mut self.unsignalled)
     }
 
     fn release_all(&mut self) {
@@ -265,6 +278,28 @@ mod tests {
     }
 
     const SIGNAL: Moderation = Moderation::RELEASE;
+
+    #[test]
+    fn the_interrupt_goes_to_the_directions_that_wanted_it() {
+        let mut m = Moderator::new(tuning(4, 1000, true));
+        m.batch(RX, true, false);
+        assert!(!m.end_round([1, 0], Instant::now).signal, "held");
+        m.batch(RX, false, true); // suppressed with EVENT_IDX honoured: not wanted
+        assert!(!m.end_round([1, 0], Instant::now).signal);
+        m.batch(RX, true, false);
+        assert_eq!(m.end_round([2, 0], Instant::now), SIGNAL);
+        assert_eq!(m.take_wanted(), [true, false], "rx only");
+        assert_eq!(m.take_wanted(), [false, false], "taken");
+        m.batch(TX, true, false);
+        m.batch(RX, true, false);
+        assert_eq!(m.end_round([0, 4], Instant::now), SIGNAL);
+        assert_eq!(m.take_wanted(), [true, true]);
+        // The EVENT_IDX override makes a suppressed direction wanted.
+        let mut m = Moderator::new(tuning(0, 0, false));
+        m.batch(TX, false, true);
+        assert!(m.end_round([0, 1], Instant::now).signal);
+        assert_eq!(m.take_wanted(), [false, true]);
+    }
 
     #[test]
     fn without_coalescing_every_wanted_round_signals_once() {

@@ -1277,10 +1277,14 @@ impl<'p, B: NetBackend> EventLoop<'p, B> {
         };
         timer.map_err(|e| WorkerError::Timer(io_err(e)))?;
         if moderation.signal {
-            // This pair's rx and tx queues (their MSI-X vectors; the one line on mmio).
-            self.interrupt
-                .signal_queue_pair(2 * self.pair, 2 * self.pair + 1)
-                .map_err(WorkerError::Interrupt)?;
+            // This pair's queues that wanted it (their MSI-X vectors; the one line on mmio).
+            let (rx, tx) = (2 * self.pair, 2 * self.pair + 1);
+            match self.moderator.take_wanted() {
+                [true, false] => self.interrupt.signal_queue(rx),
+                [false, true] => self.interrupt.signal_queue(tx),
+                _ => self.interrupt.signal_queue_pair(rx, tx),
+            }
+            .map_err(WorkerError::Interrupt)?;
             self.metrics.irqfd_signals.add(1);
         }
         Ok(())
