@@ -79,8 +79,8 @@ pub struct Rig {
     irqs: Vec<IrqLine>,
     irq_cost_ns: u64,
     /// Every device interrupt signal consumed: the values read from the one irqfd
-    /// (virtio-mmio), or from the rx and control queues' vectors (virtio-pci: a queue pair's
-    /// signal fires its rx and tx vectors, the control queue's its own).
+    /// (virtio-mmio), or from every queue's vector (virtio-pci: a queue pair's signal fires the
+    /// vector of each of its queues that wanted it, the control queue's its own).
     pub irq_signals_taken: u64,
     /// Values read per line ([`Rig::lines`] order).
     pub line_signals: Vec<u64>,
@@ -138,16 +138,11 @@ impl Rig {
             irqs = ordered;
         }
         let lines = irqs.len();
-        // What the device counts as one interrupt signal: the one line; on MSI-X a queue
-        // pair's signal fires the rx and the tx vector (counted once, on rx) and the control
-        // queue's its own vector.
-        let t = net.transport();
+        // Interrupt signals: the one line, or every queue vector (not the configuration one).
+        let config_vector = net.transport().config_vector();
         let counts = irqs
             .iter()
-            .map(|l| match l.vector {
-                None => true,
-                v => v == t.queue_vector(0) || v == t.queue_vector(2),
-            })
+            .map(|l| l.vector.is_none() || l.vector != config_vector)
             .collect();
         Ok(Rig {
             counts,

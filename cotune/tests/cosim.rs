@@ -197,10 +197,10 @@ fn xdp_tx_bounces_every_frame_with_bulk_1_and_16() {
 }
 
 /// virtio-pci with MSI-X: the driver's PciTransport against the device's VirtioPciTransport.
-/// Frames cross both ways intact with each knob setting, each queue has its own vector, the rx
-/// and tx vectors took every queue-pair signal and the configuration vector none (checked by
-/// `consistency`), the driver never read the ISR (the device's ISR bit stays set), and the
-/// counters agree.
+/// Frames cross both ways intact with each knob setting, each queue has its own vector, every
+/// device signal arrived on the vector of a queue that wanted it and none on the configuration
+/// vector (checked by `consistency`), the driver never read the ISR (the device's ISR bit stays
+/// set), and the counters agree.
 #[test]
 fn frames_flow_both_ways_over_virtio_pci_with_msix() {
     for config in each_knob_setting() {
