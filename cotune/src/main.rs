@@ -11,6 +11,7 @@ use cotune::cost::{DEFAULT_IRQ_COST_NS, DEFAULT_KICK_COST_NS};
 use cotune::noise::{loadavg1, BUSY_LOADAVG};
 use cotune::report::{plot, to_csv, to_table};
 use cotune::sweep::{run_preset, BackendKind, Options, Preset, Target};
+use cotune::transport::TransportKind;
 use cotune::vm::{self, VmEnv};
 
 /// An exit cost: nanoseconds, or `auto` (measured by the driver guest in a VM on this host).
@@ -69,6 +70,10 @@ struct Cli {
     /// Co-simulation device backend.
     #[arg(long, value_enum, default_value_t = BackendKind::Pair)]
     backend: BackendKind,
+    /// Device transport, in co-simulation and in VMs: virtio-mmio (one interrupt line, the
+    /// ISR read per interrupt) or virtio-pci with an MSI-X vector per queue (no ISR read).
+    #[arg(long, value_enum, default_value_t = TransportKind::Mmio)]
+    transport: TransportKind,
     /// vCPU time charged per driver kick in co-simulation, ns (0 = raw co-simulation), or
     /// `auto`: measured once by the driver guest (calibrate=2000 ring=3) in a VM.
     #[arg(long, value_parser = parse_cost, default_value_t = Cost::Ns(DEFAULT_KICK_COST_NS))]
@@ -162,6 +167,7 @@ fn main() -> ExitCode {
                 frames: cli
                     .vm_frames
                     .unwrap_or(if cli.quick { 30_000 } else { 300_000 }),
+                transport: cli.transport,
             })
         });
         match env {
@@ -215,6 +221,7 @@ fn main() -> ExitCode {
         } else {
             None
         },
+        transport: cli.transport,
     };
     let presets = if cli.presets.is_empty() {
         Preset::ALL.to_vec()
@@ -253,7 +260,11 @@ fn main() -> ExitCode {
         ),
     };
     let sim = if cli.target.sim() {
-        format!(" sim_backend={} {costs}", cli.backend.name())
+        format!(
+            " sim_backend={} transport={} {costs}",
+            cli.backend.name(),
+            cli.transport.name()
+        )
     } else {
         String::new()
     };

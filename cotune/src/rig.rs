@@ -8,15 +8,15 @@ use std::sync::Arc;
 
 use devices::backend::NetBackend;
 use devices::virtio::net::{MacAddr, NetDevice, NetMetrics, NetTuning, TuningError};
+use devices::virtio::pci::VirtioPciTransport;
 use devices::virtio::MmioTransport as DeviceTransport;
 use vm_memory::{GuestAddress, GuestMemoryMmap};
-use vmm_sys_util::eventfd::EventFd;
-use vnet_driver::{Config, QueueId, Rearm, VirtioNet, XdpAction};
+use vnet_driver::{Config, QueueId, Rearm, Transport, VirtioNet, XdpAction};
 
 use crate::cost::{spin_for_ns, thread_cpu_ns};
 use crate::env::wait_readable;
 use crate::hal::GuestMemHal;
-use crate::transport::CosimTransport;
+use crate::transport::{CosimTransport, IrqLine, TransportKind};
 
 /// Guest memory of a rig.
 pub const MEM_SIZE: u64 = 64 << 20;
@@ -37,6 +37,8 @@ pub struct RigConfig {
     pub kick_cost_ns: u64,
     /// ns charged to the driver thread per interrupt taken.
     pub irq_cost_ns: u64,
+    /// The device transport (virtio-mmio, or virtio-pci with MSI-X).
+    pub transport: TransportKind,
 }
 
 /// Why a rig could not be built.
@@ -46,6 +48,10 @@ pub enum RigError {
     Memory(#[source] vm_memory::mmap::FromRangesError),
     #[error("cannot create the virtio-mmio transport")]
     Transport(#[source] devices::virtio::mmio::MmioError),
+    #[error("cannot create the virtio-pci transport")]
+    PciTransport(#[source] devices::virtio::pci::PciTransportError),
+    #[error("cannot drive the virtio-pci function: {0}")]
+    PciFunction(String),
     #[error("guest memory [{start:#x}, {end:#x}) cannot hold a DMA area")]
     Layout {
         /// Start of the area.
@@ -69,10 +75,17 @@ pub struct Rig {
     pub metrics: Arc<NetMetrics>,
     /// DMA memory for caller-owned frame areas (umem).
     pub umem_hal: GuestMemHal,
-    irq: EventFd,
+    /// The interrupt lines: the one virtio-mmio line, or every MSI-X vector.
+    irqs: Vec<IrqLine>,
     irq_cost_ns: u64,
-    /// Sum of the values read from the irqfd: every device interrupt signal consumed.
+    /// Every device interrupt signal consumed: the values read from the one irqfd
+    /// (virtio-mmio), or from every queue's vector (virtio-pci: a queue pair's signal fires the
+    /// vector of each of its queues that wanted it, the control queue's its own).
     pub irq_signals_taken: u64,
+    /// Values read per line ([`Rig::lines`] order).
+    pub line_signals: Vec<u64>,
+    /// Per line: whether its reads count in `irq_signals_taken`.
+    counts: Vec<bool>,
 }
 
 impl Rig {
@@ -87,40 +100,106 @@ impl Rig {
             .tuning_control()
             .set(config.device)
             .map_err(RigError::Tuning)?;
-        let transport =
-            DeviceTransport::new(mem.clone(), Box::new(device)).map_err(RigError::Transport)?;
-        let transport =
-            CosimTransport::new(transport, config.kick_cost_ns).map_err(RigError::EventFd)?;
-        let irq = transport.irqfd().map_err(RigError::EventFd)?;
+        let transport = match config.transport {
+            TransportKind::Mmio => {
+                let device = DeviceTransport::new(mem.clone(), Box::new(device))
+                    .map_err(RigError::Transport)?;
+                CosimTransport::mmio(device, config.kick_cost_ns).map_err(RigError::EventFd)?
+            }
+            TransportKind::Pci => {
+                let device = VirtioPciTransport::new(mem.clone(), Box::new(device))
+                    .map_err(RigError::PciTransport)?;
+                CosimTransport::pci(device, config.kick_cost_ns).map_err(RigError::PciFunction)?
+            }
+        };
+        let mut irqs = transport.interrupt_lines().map_err(RigError::EventFd)?;
         let layout = |start, end| RigError::Layout { start, end };
         let hal = GuestMemHal::new(mem.clone(), DRIVER_DMA_START, UMEM_START)
             .ok_or_else(|| layout(DRIVER_DMA_START, UMEM_START))?;
         let umem_hal = GuestMemHal::new(mem, UMEM_START, MEM_SIZE)
             .ok_or_else(|| layout(UMEM_START, MEM_SIZE))?;
         let net = VirtioNet::new(hal, transport, config.driver).map_err(RigError::Driver)?;
+        // MSI-X: the vectors the driver assigned to its queues first (rx's first), then the
+        // configuration vector; unused vectors are not waited on.
+        if config.transport == TransportKind::Pci {
+            let t = net.transport();
+            let mut wanted: Vec<u16> = [0, 1, 2]
+                .iter()
+                .filter_map(|&q| t.queue_vector(q))
+                .collect();
+            wanted.extend(t.config_vector());
+            wanted.dedup();
+            let mut ordered = Vec::new();
+            for v in wanted {
+                if let Some(i) = irqs.iter().position(|l| l.vector == Some(v)) {
+                    ordered.push(irqs.swap_remove(i));
+                }
+            }
+            irqs = ordered;
+        }
+        let lines = irqs.len();
+        // Interrupt signals: the one line, or every queue vector (not the configuration one).
+        let config_vector = net.transport().config_vector();
+        let counts = irqs
+            .iter()
+            .map(|l| l.vector.is_none() || l.vector != config_vector)
+            .collect();
         Ok(Rig {
+            counts,
             net,
             metrics,
             umem_hal,
-            irq,
+            irqs,
             irq_cost_ns: config.irq_cost_ns,
             irq_signals_taken: 0,
+            line_signals: vec![0; lines],
         })
     }
 
     /// Takes the device's interrupt if it is pending, waiting up to `timeout_ms` for it: reads
     /// the irqfd, charges the interrupt cost and runs the driver's interrupt handler. Returns
     /// true if an interrupt was taken.
+    ///
+    /// On virtio-pci every pending MSI-X vector is taken (each charged the interrupt cost, as
+    /// each is its own interrupt in a VM) and handled as that vector's interrupt: no ISR read.
     pub fn take_interrupt(&mut self, timeout_ms: i32) -> bool {
-        if !wait_readable(self.irq.as_raw_fd(), timeout_ms) {
+        if let [line] = self.irqs.as_slice() {
+            if !wait_readable(line.fd.as_raw_fd(), timeout_ms) {
+                return false;
+            }
+        } else if !wait_any_readable(&self.irqs, timeout_ms) {
             return false;
         }
-        match self.irq.read() {
-            Ok(n) => self.irq_signals_taken += n,
-            Err(_) => return false,
+        let mut taken = false;
+        for (i, line) in self.irqs.iter().enumerate() {
+            let Ok(n) = line.fd.read() else {
+                continue;
+            };
+            self.line_signals[i] += n;
+            if self.counts[i] {
+                self.irq_signals_taken += n;
+            }
+            spin_for_ns(self.irq_cost_ns);
+            taken |= match line.vector {
+                None => self.net.handle_interrupt().any(),
+                Some(v) => self.net.handle_msix(v).any(),
+            };
         }
-        spin_for_ns(self.irq_cost_ns);
-        self.net.handle_interrupt().any()
+        taken
+    }
+
+    /// The transport in use.
+    pub fn transport_kind(&self) -> TransportKind {
+        match self.net.transport() {
+            CosimTransport::Mmio(_) => TransportKind::Mmio,
+            CosimTransport::Pci(_) => TransportKind::Pci,
+        }
+    }
+
+    /// The interrupt lines' MSI-X vectors (None: the one virtio-mmio line), in
+    /// [`Rig::line_signals`] order.
+    pub fn lines(&self) -> Vec<Option<u16>> {
+        self.irqs.iter().map(|l| l.vector).collect()
     }
 
     /// The tx poll (Linux's napi_tx): reclaims used tx buffers, re-arms tx interrupts, and
@@ -152,8 +231,13 @@ impl Rig {
     /// so signals are taken before it.) Call after traffic sources have stopped.
     pub fn quiesce(&mut self) {
         std::thread::sleep(std::time::Duration::from_millis(20));
-        if let Ok(n) = self.irq.read() {
-            self.irq_signals_taken += n;
+        for (i, line) in self.irqs.iter().enumerate() {
+            if let Ok(n) = line.fd.read() {
+                self.line_signals[i] += n;
+                if self.counts[i] {
+                    self.irq_signals_taken += n;
+                }
+            }
         }
         self.net.transport_mut().shutdown();
     }
@@ -164,4 +248,19 @@ impl Rig {
     pub fn net_transport_kicks(&mut self) -> u64 {
         self.net.transport_mut().kicks_written()
     }
+}
+
+/// Waits up to `ms` for any of `lines` to become readable.
+fn wait_any_readable(lines: &[IrqLine], ms: i32) -> bool {
+    let mut fds: Vec<libc::pollfd> = lines
+        .iter()
+        .map(|l| libc::pollfd {
+            fd: l.fd.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        })
+        .collect();
+    // SAFETY: poll reads and writes only the pollfds of `fds`, which live for the call and
+    // whose count is passed with them.
+    unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, ms) > 0 }
 }

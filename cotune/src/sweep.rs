@@ -20,6 +20,7 @@ use crate::env::Sink;
 use crate::noise::{cpu_pct, loadavg1};
 use crate::report::Row;
 use crate::rig::{Rig, RigConfig};
+use crate::transport::TransportKind;
 use crate::vm::VmEnv;
 use crate::workloads::{self, peer_loop, Pace, Sample, Workload};
 
@@ -147,6 +148,8 @@ pub struct Options {
     pub pin: Option<(usize, usize)>,
     /// The VMM, the guest and the frame count, when `target` boots VMs.
     pub vm: Option<VmEnv>,
+    /// The co-simulation's device transport.
+    pub transport: TransportKind,
 }
 
 /// The device-side knobs of a point.
@@ -702,6 +705,7 @@ fn sim_trial(point: &Point, opts: &Options) -> io::Result<Sample> {
         device: point.dev.tuning(),
         kick_cost_ns: opts.kick_cost_ns,
         irq_cost_ns: opts.irq_cost_ns,
+        transport: opts.transport,
     };
     let mut rig = match backend {
         Trial::Pair(b) => Rig::new(b, &rig_config),
@@ -1042,6 +1046,7 @@ mod tests {
             target: Target::Sim,
             pin: None,
             vm: None,
+            transport: TransportKind::Mmio,
         }
     }
 

@@ -41,6 +41,8 @@ pub struct VmEnv {
     pub guest: PathBuf,
     /// Frames per VM trial (`tx=N` / `echo=N`).
     pub frames: u64,
+    /// The device transport (`--net …,transport=pci` and the guest's `transport=pci`).
+    pub transport: crate::transport::TransportKind,
 }
 
 /// The workspace root (cotune's manifest directory's parent).
@@ -363,8 +365,12 @@ pub enum VmRun {
 /// Boots the driver guest for one trial of `point`.
 pub fn run_point(env: &VmEnv, point: &Point, pin: Option<(usize, usize)>) -> io::Result<VmRun> {
     let ns = vm_netns()?;
-    let net = format!("tap={TAP}{}", point.dev.net_spec_keys());
-    let cmdline = cmdline(point, env.frames);
+    let mut net = format!("tap={TAP}{}", point.dev.net_spec_keys());
+    let mut cmdline = cmdline(point, env.frames);
+    if env.transport == crate::transport::TransportKind::Pci {
+        net.push_str(",transport=pci");
+        cmdline.push_str(" transport=pci");
+    }
     let vmm = Vmm::spawn(&env.vmm, &env.guest, &ns, &net, &cmdline)?;
     let ready_by = Instant::now() + READY_TIMEOUT;
     let mut console = String::new();

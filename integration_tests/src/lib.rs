@@ -4,6 +4,7 @@
 //! machines these tests run on may have only two.
 
 pub mod api;
+pub mod packet;
 
 use std::collections::HashMap;
 use std::io::Read;

@@ -1,5 +1,6 @@
 //! The guest program's command line: the virtio-mmio device the VMM placed
-//! (`virtio_mmio.device=4K@0xd0000000:5`), the driver knobs and the workload.
+//! (`virtio_mmio.device=4K@0xd0000000:5`) or `transport=pci`, the driver knobs and the
+//! workload.
 //!
 //! Words the program does not know (`console=`, the VMM's host quirks such as `noxsave` or
 //! `clearcpuid=…`) are ignored; a known key with a bad value is an error, so that a typo in a
@@ -33,6 +34,18 @@ pub enum Ring {
     /// In user mode (CPL3) with the device window, rings and buffers mapped for it; only
     /// interrupt entry and set-up run in kernel mode.
     User,
+}
+
+/// Which transport the driver drives the device over (`transport=`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum TransportChoice {
+    /// virtio-mmio: the window of `virtio_mmio.device=`, its IOAPIC pin, one interrupt
+    /// vector and the InterruptStatus read per interrupt (the default, as the VMM's).
+    #[default]
+    Mmio,
+    /// Modern virtio-pci: the function found on PCI bus 0 (vendor 0x1af4, device 0x1041),
+    /// an MSI-X vector per queue and for configuration changes, no ISR read.
+    Pci,
 }
 
 /// How the driver waits when it has nothing to do.
@@ -128,6 +141,8 @@ pub struct Options {
     pub pause: Option<Pause>,
     /// Coalescing to set over the control queue before the workload (`coalesce=`).
     pub coalesce: Option<Coalesce>,
+    /// `transport=mmio|pci` (default mmio).
+    pub transport: TransportChoice,
 }
 
 impl Default for Options {
@@ -146,6 +161,7 @@ impl Default for Options {
             hostile: None,
             pause: None,
             coalesce: None,
+            transport: TransportChoice::Mmio,
         }
     }
 }
@@ -224,6 +240,13 @@ pub fn parse(cmdline: &str) -> Result<Options, BadValue<'_>> {
                 o.ring = match value {
                     "0" => Ring::Kernel,
                     "3" => Ring::User,
+                    _ => return Err(bad),
+                }
+            }
+            "transport" => {
+                o.transport = match value {
+                    "mmio" => TransportChoice::Mmio,
+                    "pci" => TransportChoice::Pci,
                     _ => return Err(bad),
                 }
             }
@@ -556,6 +579,27 @@ mod tests {
         }
         let e = parse("tx=1 coalesce=1/2/3").unwrap_err();
         assert_eq!((e.key, e.value), ("coalesce", "1/2/3"));
+    }
+
+    #[test]
+    fn transport_word() {
+        assert_eq!(
+            parse("").unwrap().transport,
+            TransportChoice::Mmio,
+            "default"
+        );
+        assert_eq!(
+            parse("transport=pci").unwrap().transport,
+            TransportChoice::Pci
+        );
+        assert_eq!(
+            parse("transport=pci transport=mmio").unwrap().transport,
+            TransportChoice::Mmio,
+            "the last word wins"
+        );
+        for bad in ["transport=PCI", "transport=", "transport=virtio-pci"] {
+            assert_eq!(parse(bad).unwrap_err().key, "transport", "{bad}");
+        }
     }
 
     #[test]

@@ -12,7 +12,7 @@ use core::fmt::Write;
 use core::ptr;
 
 use vnet_baremetal::cmdline::Hostile;
-use vnet_driver::transport::{regs, status, Transport};
+use vnet_driver::transport::{regs, status, MmioRegisters};
 use vnet_driver::{Hal, MmioTransport};
 
 use crate::memory::DmaHal;

@@ -4,7 +4,8 @@
 //! The VMM boots it like a vmlinux (`vmm --kernel driver-guest --net TAP --cmdline "…"`): an
 //! ELF linked at 1 MiB, entered in 64-bit mode. It sets up its own page tables, GDT/TSS, IDT,
 //! the local APIC and the IOAPIC pin of the device's GSI (from `virtio_mmio.device=` on its
-//! command line), brings the device up with the knobs on its command line, runs one workload
+//! command line) — or, with `transport=pci`, finds the virtio-net function on PCI bus 0 and
+//! aims its MSI-X vectors at the local APIC (`pci.rs`) — brings the device up with the knobs on its command line, runs one workload
 //! (`tx=N` or `echo=N`), prints one JSON result line starting with `{"driver":` on COM1 and
 //! resets through the i8042, which ends the VM with status 0.
 //!
@@ -32,6 +33,8 @@ mod arch;
 mod hostile;
 #[cfg(target_os = "none")]
 mod memory;
+#[cfg(target_os = "none")]
+mod pci;
 #[cfg(target_os = "none")]
 mod probe;
 #[cfg(target_os = "none")]

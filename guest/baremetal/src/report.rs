@@ -5,7 +5,7 @@ use core::fmt::{self, Write};
 
 use vnet_driver::{Config, Counters, TxCompletion};
 
-use crate::cmdline::{Coalesce, Pause, Ring, Wait, Workload};
+use crate::cmdline::{Coalesce, Pause, Ring, TransportChoice, Wait, Workload};
 
 /// How the run ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -41,8 +41,14 @@ pub struct Report<'a> {
     pub queue_sizes: (u16, u16),
     /// The driver's counters.
     pub counters: Counters,
-    /// Device interrupts taken (entries into the device's interrupt vector).
+    /// Device interrupts taken (entries into the device's interrupt vector, or any of its
+    /// MSI-X vectors).
     pub irqs_taken: u64,
+    /// The transport.
+    pub transport: TransportChoice,
+    /// MSI-X interrupts taken per source: rx queue, tx queue, control queue, configuration
+    /// (all 0 on virtio-mmio).
+    pub msix_irqs: [u64; 4],
     /// Timer ticks taken.
     pub ticks: u64,
     /// Times the loop waited for an interrupt.
@@ -134,9 +140,13 @@ impl Report<'_> {
             Wait::Halt => "halt",
             Wait::Poll => "poll",
         };
+        let transport = match self.transport {
+            TransportChoice::Mmio => "mmio",
+            TransportChoice::Pci => "pci",
+        };
         write!(
             w,
-            ",\"ring\":{ring},\"wait\":\"{wait}\",\"workload\":\"{workload}\",\"requested\":{requested},\
+            ",\"ring\":{ring},\"wait\":\"{wait}\",\"transport\":\"{transport}\",\"workload\":\"{workload}\",\"requested\":{requested},\
              \"done\":{},\"size\":{}",
             self.done, self.frame_size
         )?;
@@ -193,6 +203,10 @@ impl Report<'_> {
             ("ctrl_failed", k.ctrl_failed),
             ("ctrl_timeouts", k.ctrl_timeouts),
             ("irqs_taken", self.irqs_taken),
+            ("irqs_rx", self.msix_irqs[0]),
+            ("irqs_tx", self.msix_irqs[1]),
+            ("irqs_ctrl", self.msix_irqs[2]),
+            ("irqs_config", self.msix_irqs[3]),
             ("ticks", self.ticks),
             ("waits", self.waits),
             ("foreign_frames", self.foreign_frames),
@@ -236,6 +250,8 @@ mod tests {
                 ..Counters::default()
             },
             irqs_taken: 5,
+            transport: TransportChoice::Pci,
+            msix_irqs: [3, 2, 0, 0],
             ticks: 1,
             waits: 2,
             foreign_frames: 0,
@@ -260,7 +276,8 @@ mod tests {
             "\"kicks\":13,",
             "\"kicks_suppressed\":0,",
             "\"interrupts\":4,",
-            "\"irqs_taken\":5,",
+            "\"irqs_taken\":5,\"irqs_rx\":3,\"irqs_tx\":2,\"irqs_ctrl\":0,\"irqs_config\":0,",
+            "\"wait\":\"halt\",\"transport\":\"pci\",",
             "\"rx_frames\":0,",
             "\"event_idx\":1,",
             "\"tx_completion\":\"tx-interrupt\"",

@@ -3,8 +3,9 @@
 //! Runs in whichever ring `ring=` chose; everything privileged goes through [`crate::sys`].
 //! Interrupts are taken the way a guest kernel takes them: the device's vector only counts
 //! (in [`DEVICE_IRQS`]) and EOIs; the loop sees the count move and runs the driver's interrupt
-//! service routine ([`VirtioNet::handle_interrupt`]: InterruptStatus read and acknowledge),
-//! then the NAPI-style polls. The loop waits (`hlt`) only where an interrupt is due; where the
+//! service routine ([`VirtioNet::handle_interrupt`]: InterruptStatus read and acknowledge; with
+//! `transport=pci`, [`VirtioNet::handle_msix`] per MSI-X vector that fired: no register
+//! access), then the NAPI-style polls. The loop waits (`hlt`) only where an interrupt is due; where the
 //! mode has none (tx completion without tx interrupts) it polls.
 
 use alloc::string::String;
@@ -14,15 +15,16 @@ use core::ptr::NonNull;
 use core::sync::atomic::Ordering;
 
 use vnet_baremetal::calibrate::ns_to_cycles;
-use vnet_baremetal::cmdline::{Coalesce, Options, Ring, Wait, Workload};
+use vnet_baremetal::cmdline::{Coalesce, Options, Ring, TransportChoice, Wait, Workload};
 use vnet_baremetal::frames::{self, Ramp};
 use vnet_baremetal::report::{self, Outcome, Report};
 use vnet_driver::transport::WINDOW_SIZE;
 use vnet_driver::{
-    xdp, CtrlWait, MmioTransport, QueueId, Rearm, TxCompletion, TxError, VirtioNet, XdpAction,
+    xdp, CtrlWait, MmioTransport, QueueId, Rearm, Transport, TxCompletion, TxError, VirtioNet,
+    XdpAction,
 };
 
-use crate::arch::{cpu, DEVICE_IRQS, TICKS};
+use crate::arch::{cpu, DEVICE_IRQS, MSIX_IRQS, MSIX_VECTORS, TICKS};
 use crate::memory::DmaHal;
 use crate::sys;
 
@@ -62,6 +64,24 @@ fn cpuid_tsc_khz() -> Option<u64> {
 
 /// Runs the whole program after the machine set-up; never returns.
 pub fn main(o: &Options) -> ! {
+    let tsc_khz = o.tsc_khz.or_else(cpuid_tsc_khz);
+    if o.transport == TransportChoice::Pci {
+        if o.hostile.is_some() {
+            fail_early("hostile= needs transport=mmio");
+        }
+        if let Workload::Calibrate(_) = o.workload {
+            fail_early("calibrate= needs transport=mmio");
+        }
+        let Some(transport) = crate::pci::take_transport() else {
+            fail_early("transport=pci: the device was not set up");
+        };
+        let net = match VirtioNet::new(DmaHal, transport, o.driver) {
+            Ok(net) => net,
+            Err(e) => fail_early(&alloc::format!("driver initialisation failed: {e}")),
+        };
+        let (net, coalesce_error) = start(net, o, tsc_khz);
+        finish(net, o, coalesce_error, tsc_khz)
+    }
     let Some(dev) = o.device else {
         fail_early("no virtio_mmio.device= on the command line (start the VMM with --net)");
     };
@@ -71,7 +91,6 @@ pub fn main(o: &Options) -> ! {
     let Some(base) = NonNull::new(dev.base as *mut u8) else {
         fail_early("virtio_mmio.device= at address 0");
     };
-    let tsc_khz = o.tsc_khz.or_else(cpuid_tsc_khz);
     // SAFETY: the VMM placed a virtio-mmio window of `dev.size` (≥ WINDOW_SIZE) bytes at
     // `dev.base`, page aligned (checked by the parser), which the page tables map uncached and
     // user-accessible; nothing else in this program touches it.
@@ -79,16 +98,39 @@ pub fn main(o: &Options) -> ! {
     if let Some(which) = o.hostile {
         crate::hostile::run(transport, which);
     }
-    let mut net = match VirtioNet::new(DmaHal, transport, o.driver) {
+    let net = match VirtioNet::new(DmaHal, transport, o.driver) {
         Ok(net) => net,
         Err(e) => fail_early(&alloc::format!("driver initialisation failed: {e}")),
     };
+    let (net, coalesce_error) = start(net, o, tsc_khz);
+    if let (Workload::Calibrate(samples), None) = (o.workload, &coalesce_error) {
+        let deadline = deadline(o, tsc_khz);
+        calibrate(net, o, samples, tsc_khz, deadline);
+    }
+    finish(net, o, coalesce_error, tsc_khz)
+}
+
+/// The TSC value at which the workload gives up (`timeout_ms=`).
+fn deadline(o: &Options, tsc_khz: Option<u64>) -> u64 {
+    let timeout = o
+        .timeout_ms
+        .saturating_mul(tsc_khz.unwrap_or(FALLBACK_TSC_KHZ));
+    cpu::rdtsc().saturating_add(timeout)
+}
+
+/// After bring-up: the ready line, the control-command clock, and `coalesce=` (its error, if
+/// the device refused it).
+fn start<T: Transport>(
+    mut net: VirtioNet<DmaHal, T>,
+    o: &Options,
+    tsc_khz: Option<u64>,
+) -> (VirtioNet<DmaHal, T>, Option<String>) {
     let mut line = String::new();
     let mac = net.mac().unwrap_or(FALLBACK_MAC);
     let _ = writeln!(
         line,
         "driver-guest: ready ring={} mac={:02x}:{:02x}:{:02x}:{:02x}:{:02x}:{:02x} features={:#x} \
-         queues={}/{} heap_left={}",
+         queues={}/{} heap_left={} transport={}",
         match o.ring {
             Ring::Kernel => 0,
             Ring::User => 3,
@@ -103,8 +145,25 @@ pub fn main(o: &Options) -> ! {
         net.queue_sizes().0,
         net.queue_sizes().1,
         crate::memory::remaining(),
+        match o.transport {
+            TransportChoice::Mmio => "mmio",
+            TransportChoice::Pci => "pci",
+        },
     );
     sys::write(line.as_bytes());
+    if o.transport == TransportChoice::Pci {
+        let t = net.transport();
+        let mut line = String::new();
+        let _ = writeln!(
+            line,
+            "driver-guest: msix vectors config={:?} rx={:?} tx={:?} ctrl={:?}",
+            t.config_vector(),
+            t.queue_vector(0),
+            t.queue_vector(1),
+            t.queue_vector(2),
+        );
+        sys::write(line.as_bytes());
+    }
 
     if let Some(khz) = tsc_khz.filter(|&k| k > 0) {
         net.set_ctrl_wait(CtrlWait::Clock {
@@ -122,14 +181,17 @@ pub fn main(o: &Options) -> ! {
             sys::write(line.as_bytes());
         }
     }
+    (net, coalesce_error)
+}
 
-    let timeout = o
-        .timeout_ms
-        .saturating_mul(tsc_khz.unwrap_or(FALLBACK_TSC_KHZ));
-    let deadline = cpu::rdtsc().saturating_add(timeout);
-    if let (Workload::Calibrate(samples), None) = (o.workload, &coalesce_error) {
-        calibrate(net, o, samples, tsc_khz, deadline);
-    }
+/// Runs the workload, prints the result line and powers off.
+fn finish<T: Transport>(
+    net: VirtioNet<DmaHal, T>,
+    o: &Options,
+    coalesce_error: Option<String>,
+    tsc_khz: Option<u64>,
+) -> ! {
+    let deadline = deadline(o, tsc_khz);
     let pause_cycles = match (o.pause, tsc_khz) {
         (Some(p), Some(khz)) => ns_to_cycles(u64::from(p.pause_us) * 1000, khz),
         (Some(p), None) if p.pause_us > 0 => fail_early(
@@ -140,6 +202,8 @@ pub fn main(o: &Options) -> ! {
     let mut d = Driver {
         net,
         o,
+        msix: o.transport == TransportChoice::Pci,
+        msix_seen: [0; MSIX_VECTORS],
         irqs_seen: 0,
         halts: 0,
         foreign: 0,
@@ -173,6 +237,9 @@ pub fn main(o: &Options) -> ! {
         queue_sizes: d.net.queue_sizes(),
         counters: d.net.counters(),
         irqs_taken: DEVICE_IRQS.load(Ordering::Relaxed),
+        transport: o.transport,
+        // Table entry 0 is configuration changes, entry q + 1 queue q.
+        msix_irqs: [1, 2, 3, 0].map(|e| MSIX_IRQS[e].load(Ordering::Relaxed)),
         ticks: TICKS.load(Ordering::Relaxed),
         waits: d.halts,
         foreign_frames: d.foreign,
@@ -192,7 +259,7 @@ pub fn main(o: &Options) -> ! {
 
 /// `coalesce=`: NOTF_COAL TX_SET then RX_SET over the control queue. The error says which
 /// step failed and why (no control queue, no NOTF_COAL, refused, unanswered).
-fn set_coalescing(net: &mut Net, c: Coalesce) -> Result<(), String> {
+fn set_coalescing<T: Transport>(net: &mut VirtioNet<DmaHal, T>, c: Coalesce) -> Result<(), String> {
     if !net.has_ctrl_vq() {
         return Err(String::from(
             "coalesce=: the device offers no control queue (VIRTIO_NET_F_CTRL_VQ)",
@@ -243,9 +310,13 @@ enum Phase {
     Draining,
 }
 
-struct Driver<'o> {
-    net: Net,
+struct Driver<'o, T: Transport> {
+    net: VirtioNet<DmaHal, T>,
     o: &'o Options,
+    /// MSI-X (`transport=pci`): per-vector interrupts, no ISR read.
+    msix: bool,
+    /// [`MSIX_IRQS`] when the loop last handled each vector.
+    msix_seen: [u64; MSIX_VECTORS],
     /// [`DEVICE_IRQS`] when the loop last ran the interrupt service routine.
     irqs_seen: u64,
     /// Waits for an interrupt (`hlt`).
@@ -263,7 +334,7 @@ struct Driver<'o> {
     pauses: u64,
 }
 
-impl Driver<'_> {
+impl<T: Transport> Driver<'_, T> {
     fn mode(&self) -> TxCompletion {
         self.net.config().tx_completion
     }
@@ -275,7 +346,18 @@ impl Driver<'_> {
             return false;
         }
         self.irqs_seen = n;
-        self.net.handle_interrupt();
+        if self.msix {
+            // Each vector that fired is its own source: no ISR read, no acknowledgement.
+            for (entry, seen) in self.msix_seen.iter_mut().enumerate() {
+                let count = MSIX_IRQS[entry].load(Ordering::Relaxed);
+                if count != *seen {
+                    *seen = count;
+                    self.net.handle_msix(entry as u16);
+                }
+            }
+        } else {
+            self.net.handle_interrupt();
+        }
         true
     }
 

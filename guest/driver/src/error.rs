@@ -63,6 +63,11 @@ pub enum InitError {
     DmaAlloc,
     /// The device set DEVICE_NEEDS_RESET when the driver set DRIVER_OK.
     DeviceNeedsReset,
+    /// The device refused every MSI-X vector offered for a queue (`Some(queue)`) or for
+    /// configuration changes (`None`): it read back NO_VECTOR.
+    VectorRefused(Option<u16>),
+    /// A queue's notification address lies outside the notification structure (virtio-pci).
+    NotifyOutOfRange(u16),
 }
 
 impl fmt::Display for InitError {
@@ -82,6 +87,21 @@ impl fmt::Display for InitError {
             ),
             InitError::DmaAlloc => write!(f, "DMA allocation failed"),
             InitError::DeviceNeedsReset => write!(f, "device needs a reset after DRIVER_OK"),
+            InitError::VectorRefused(Some(q)) => {
+                write!(f, "device refused every MSI-X vector for queue {q}")
+            }
+            InitError::VectorRefused(None) => {
+                write!(
+                    f,
+                    "device refused every MSI-X vector for configuration changes"
+                )
+            }
+            InitError::NotifyOutOfRange(q) => {
+                write!(
+                    f,
+                    "queue {q}'s notification address is outside the notify structure"
+                )
+            }
         }
     }
 }

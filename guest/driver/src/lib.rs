@@ -1,5 +1,6 @@
 //! The guest half of the virtio-net datapath: a `no_std` + `alloc` virtio-net driver for the
-//! virtio-mmio transport (virtio 1.x, register layout version 2) and the split virtqueue.
+//! virtio-mmio (virtio 1.x, register layout version 2) and modern virtio-pci transports and the
+//! split virtqueue.
 //!
 //! The same code runs in two places:
 //! - on a host thread against the VMM's device model (co-simulation): guest memory is a shared
@@ -9,8 +10,10 @@
 //! - inside a bare-metal guest, over [`MmioTransport`] and the guest's own page allocator.
 //!
 //! It touches the world only through two seams, both instance-based (no global state):
-//! - [`Transport`]: virtio-mmio register reads and writes, configuration-space bytes, and the
-//!   queue notification ([`transport`]);
+//! - [`Transport`]: the virtio operations (features, status, queue setup, configuration
+//!   space, interrupt status, MSI-X vectors) and the queue notification ([`transport`]), over
+//!   virtio-mmio ([`MmioTransport`], or any [`MmioRegisters`]) or modern virtio-pci with MSI-X
+//!   ([`PciTransport`], [`pci`]);
 //! - [`Hal`]: DMA memory and address translation ([`hal`]).
 //!
 //! What it adds over a plain driver are the knobs this project co-tunes with the device
@@ -61,6 +64,7 @@ pub mod features;
 pub mod hal;
 pub mod header;
 mod net;
+pub mod pci;
 mod queue;
 mod ring;
 mod rx;
@@ -82,8 +86,9 @@ pub use error::{CtrlError, InitError, TxError, XskError};
 pub use hal::{Hal, PhysAddr, PAGE_SIZE};
 pub use header::{VirtioNetHdr, VNET_HDR_LEN};
 pub use net::{IrqStatus, QueueId, Rearm, VirtioNet};
+pub use pci::{PciError, PciTransport};
 pub use ring::vring_need_event;
-pub use transport::{MmioTransport, Transport};
+pub use transport::{MmioRegisters, MmioTransport, QueueSetup, Transport};
 pub use tx::TxBatch;
 pub use xdp::XdpAction;
 pub use xsk::{Umem, XdpDesc, XskConfig, XskMode, XskPort, XskSocket};

@@ -1,4 +1,4 @@
-//! [`VirtioNet`]: device bring-up (virtio 1.2 §3.1.1 over virtio-mmio), interrupts, and the
+//! [`VirtioNet`]: device bring-up (virtio 1.2 §3.1.1 over any [`Transport`]), interrupts, and the
 //! per-queue interrupt controls. The per-queue state is in `queue` ([`SendQueue`],
 //! [`ReceiveQueue`]); the datapaths are in `rx`, `tx`, `xdp` and `xsk`.
 
@@ -13,8 +13,7 @@ use crate::hal::{DmaRegion, Hal};
 use crate::queue::{ReceiveQueue, ReceiveStats, SendQueue, SendStats};
 use crate::ring::{RingLayout, SplitRing};
 use crate::rx::RxPool;
-use crate::transport::{regs, status, Transport, INT_CONFIG_CHANGE, INT_USED_BUFFER};
-use crate::transport::{MAGIC, VERSION_MODERN};
+use crate::transport::{status, QueueSetup, Transport, INT_CONFIG_CHANGE, INT_USED_BUFFER};
 use crate::tx::TxPool;
 
 /// Virtio device ID of a network card.
@@ -99,9 +98,13 @@ impl<H: Hal, T: Transport> VirtioNet<H, T> {
     /// negotiated), sets DRIVER_OK and posts the rx buffers.
     pub fn new(hal: H, mut transport: T, config: Config) -> Result<Self, InitError> {
         config.validate()?;
-        check_identity(&mut transport)?;
+        let id = transport.device_type()?;
+        if id != DEVICE_ID_NET {
+            return Err(InitError::NotNet(id));
+        }
         reset(&mut transport)?;
         let result = negotiate(&mut transport, &config).and_then(|features| {
+            transport.setup_config_vector()?;
             let sizes = [
                 queue_size(&mut transport, RX_QUEUE, config.rx_queue_size)?,
                 queue_size(&mut transport, TX_QUEUE, config.tx_queue_size)?,
@@ -184,10 +187,10 @@ impl<H: Hal, T: Transport> VirtioNet<H, T> {
             ctrl_wait: CtrlWait::default(),
         };
         // From here on, dropping `net` resets the device and frees the memory.
-        net.program_queue(RX_QUEUE);
-        net.program_queue(TX_QUEUE);
+        net.program_queue(RX_QUEUE)?;
+        net.program_queue(TX_QUEUE)?;
         if net.cq.is_some() {
-            net.program_queue(CTRL_QUEUE);
+            net.program_queue(CTRL_QUEUE)?;
         }
         net.read_config();
         // Interrupt suppression lives in ring memory: set it before the device starts.
@@ -199,44 +202,43 @@ impl<H: Hal, T: Transport> VirtioNet<H, T> {
             TxCompletion::CleanFromRx | TxCompletion::Lazy => net.sq.ring.disable_interrupts(),
         }
         set_status(&mut net.transport, status::DRIVER_OK);
-        if net.transport.read32(regs::STATUS) & status::DEVICE_NEEDS_RESET != 0 {
+        if net.transport.status() & status::DEVICE_NEEDS_RESET != 0 {
             return Err(InitError::DeviceNeedsReset);
         }
         net.refill_rx();
         Ok(net)
     }
 
-    fn program_queue(&mut self, queue: u16) {
+    /// Hands queue `queue`'s rings to the device and enables it. On error the device is
+    /// marked FAILED (and reset when `self` drops).
+    fn program_queue(&mut self, queue: u16) -> Result<(), InitError> {
         let (size, (desc, avail, used)) = match (queue, &self.cq) {
             (RX_QUEUE, _) => (self.rq.ring.size(), self.rq.ring.addresses()),
             (CTRL_QUEUE, Some(cq)) => (cq.ring.size(), cq.ring.addresses()),
             _ => (self.sq.ring.size(), self.sq.ring.addresses()),
         };
-        let t = &mut self.transport;
-        t.write32(regs::QUEUE_SEL, u32::from(queue));
-        t.write32(regs::QUEUE_NUM, u32::from(size));
-        for (low, addr) in [
-            (regs::QUEUE_DESC_LOW, desc),
-            (regs::QUEUE_AVAIL_LOW, avail),
-            (regs::QUEUE_USED_LOW, used),
-        ] {
-            t.write32(low, addr as u32);
-            t.write32(low + 4, (addr >> 32) as u32);
-        }
-        t.write32(regs::QUEUE_READY, 1);
+        let setup = QueueSetup {
+            size,
+            desc,
+            avail,
+            used,
+        };
+        self.transport
+            .setup_queue(queue, &setup)
+            .inspect_err(|_| set_status(&mut self.transport, status::FAILED))
     }
 
     /// Reads MAC and link status, retrying while the configuration generation changes.
     fn read_config(&mut self) {
         let t = &mut self.transport;
         for _ in 0..4 {
-            let generation = t.read32(regs::CONFIG_GENERATION);
+            let generation = t.config_generation();
             let mut mac = [0u8; 6];
             for (offset, byte) in (0u32..).zip(mac.iter_mut()) {
                 *byte = t.read_config_u8(offset);
             }
             let net_status = t.read_config_u16(6);
-            if t.read32(regs::CONFIG_GENERATION) != generation {
+            if t.config_generation() != generation {
                 continue;
             }
             if self.features & NET_F_MAC != 0 {
@@ -253,25 +255,29 @@ impl<H: Hal, T: Transport> VirtioNet<H, T> {
     /// found. Counts in `interrupts` when bits were set. On a configuration change, re-reads the
     /// link status and checks for DEVICE_NEEDS_RESET.
     pub fn handle_interrupt(&mut self) -> IrqStatus {
-        let isr =
-            self.transport.read32(regs::INTERRUPT_STATUS) & (INT_USED_BUFFER | INT_CONFIG_CHANGE);
+        let isr = self.transport.interrupt_status() & (INT_USED_BUFFER | INT_CONFIG_CHANGE);
         if isr == 0 {
             return IrqStatus::default();
         }
-        self.transport.write32(regs::INTERRUPT_ACK, isr);
+        self.transport.ack_interrupt(isr);
         self.interrupts += 1;
         let config_changed = isr & INT_CONFIG_CHANGE != 0;
         if config_changed {
-            if self.transport.read32(regs::STATUS) & status::DEVICE_NEEDS_RESET != 0 {
-                self.needs_reset = true;
-            }
-            self.read_config();
+            self.config_changed();
         }
         IrqStatus {
             used_buffers: isr & INT_USED_BUFFER != 0,
             config_changed,
             needs_reset: self.needs_reset,
         }
+    }
+
+    /// A configuration change: checks for DEVICE_NEEDS_RESET and re-reads the configuration.
+    pub(crate) fn config_changed(&mut self) {
+        if self.transport.status() & status::DEVICE_NEEDS_RESET != 0 {
+            self.needs_reset = true;
+        }
+        self.read_config();
     }
 
     /// Re-enables `queue`'s interrupts (EVENT_IDX: `used_event` = next used index; otherwise
@@ -410,6 +416,11 @@ impl<H: Hal, T: Transport> VirtioNet<H, T> {
         self.sq.ring.free_descriptors()
     }
 
+    /// The transport (e.g. for its MSI-X vector assignment).
+    pub fn transport(&self) -> &T {
+        &self.transport
+    }
+
     /// The transport (e.g. for a co-simulation to reach its device model).
     pub fn transport_mut(&mut self) -> &mut T {
         &mut self.transport
@@ -419,9 +430,10 @@ impl<H: Hal, T: Transport> VirtioNet<H, T> {
 impl<H: Hal, T: Transport> Drop for VirtioNet<H, T> {
     fn drop(&mut self) {
         // Stop the device first: after a reset it no longer touches rings or buffers.
-        self.transport.write32(regs::STATUS, 0);
+        self.transport.set_status(0);
         // SAFETY: every region came from `self.hal`, the device was just reset (a virtio-mmio
-        // reset completes when the Status write returns), and nothing uses them after drop.
+        // or virtio-pci reset of a device model completes when the status write returns), and
+        // nothing uses them after drop.
         unsafe {
             self.rq.dealloc(&self.hal);
             self.sq.dealloc(&self.hal);
@@ -432,26 +444,10 @@ impl<H: Hal, T: Transport> Drop for VirtioNet<H, T> {
     }
 }
 
-fn check_identity<T: Transport>(t: &mut T) -> Result<(), InitError> {
-    let magic = t.read32(regs::MAGIC_VALUE);
-    if magic != MAGIC {
-        return Err(InitError::BadMagic(magic));
-    }
-    let version = t.read32(regs::VERSION);
-    if version != VERSION_MODERN {
-        return Err(InitError::UnsupportedVersion(version));
-    }
-    let id = t.read32(regs::DEVICE_ID);
-    if id != DEVICE_ID_NET {
-        return Err(InitError::NotNet(id));
-    }
-    Ok(())
-}
-
 fn reset<T: Transport>(t: &mut T) -> Result<(), InitError> {
-    t.write32(regs::STATUS, 0);
+    t.set_status(0);
     for _ in 0..RESET_POLLS {
-        if t.read32(regs::STATUS) == 0 {
+        if t.status() == 0 {
             return Ok(());
         }
     }
@@ -460,29 +456,22 @@ fn reset<T: Transport>(t: &mut T) -> Result<(), InitError> {
 
 /// ORs `bits` into the Status register (virtio status bits are only ever added).
 fn set_status<T: Transport>(t: &mut T, bits: u32) {
-    let current = t.read32(regs::STATUS) & !status::DEVICE_NEEDS_RESET;
-    t.write32(regs::STATUS, current | bits);
+    let current = t.status() & !status::DEVICE_NEEDS_RESET;
+    t.set_status(current | bits);
 }
 
 /// ACKNOWLEDGE, DRIVER, features, FEATURES_OK. Returns the negotiated features.
 fn negotiate<T: Transport>(t: &mut T, config: &Config) -> Result<u64, InitError> {
     set_status(t, status::ACKNOWLEDGE);
     set_status(t, status::DRIVER);
-    let mut offered = 0u64;
-    for sel in 0..2u32 {
-        t.write32(regs::DEVICE_FEATURES_SEL, sel);
-        offered |= u64::from(t.read32(regs::DEVICE_FEATURES)) << (32 * sel);
-    }
+    let offered = t.device_features();
     if offered & features::F_VERSION_1 == 0 {
         return Err(InitError::NoVersion1);
     }
     let acked = features::acknowledged(offered, config);
-    for sel in 0..2u32 {
-        t.write32(regs::DRIVER_FEATURES_SEL, sel);
-        t.write32(regs::DRIVER_FEATURES, (acked >> (32 * sel)) as u32);
-    }
+    t.set_driver_features(acked);
     set_status(t, status::FEATURES_OK);
-    if t.read32(regs::STATUS) & status::FEATURES_OK == 0 {
+    if t.status() & status::FEATURES_OK == 0 {
         return Err(InitError::FeaturesRejected);
     }
     Ok(acked)
@@ -490,11 +479,10 @@ fn negotiate<T: Transport>(t: &mut T, config: &Config) -> Result<u64, InitError>
 
 /// The size to use for `queue`: `wanted`, lowered to the largest power of two the device allows.
 fn queue_size<T: Transport>(t: &mut T, queue: u16, wanted: u16) -> Result<u16, InitError> {
-    t.write32(regs::QUEUE_SEL, u32::from(queue));
-    if t.read32(regs::QUEUE_READY) != 0 {
+    if t.queue_enabled(queue) {
         return Err(InitError::QueueUnavailable(queue));
     }
-    let max = t.read32(regs::QUEUE_NUM_MAX).min(u32::from(wanted));
+    let max = t.queue_max_size(queue).min(u32::from(wanted));
     if max < 2 {
         return Err(InitError::QueueUnavailable(queue));
     }

@@ -1,7 +1,11 @@
-//! The register seam: virtio-mmio (virtio 1.x, Version 2) register access ([`Transport`]) and
-//! its bare-metal implementation over a mapped MMIO window ([`MmioTransport`]).
+//! The transport seam: the virtio operations the driver needs ([`Transport`]), virtio-mmio
+//! (virtio 1.x, Version 2) register access ([`MmioRegisters`], a [`Transport`] through a blanket
+//! implementation) and its bare-metal implementation over a mapped MMIO window
+//! ([`MmioTransport`]). The virtio-pci transport is in [`crate::pci`].
 
 use core::ptr::NonNull;
+
+use crate::error::InitError;
 
 /// Register offsets of the virtio-mmio window (virtio 1.2 §4.2.2).
 pub mod regs {
@@ -85,14 +89,97 @@ pub const INT_USED_BUFFER: u32 = 1;
 /// InterruptStatus: the configuration changed.
 pub const INT_CONFIG_CHANGE: u32 = 2;
 
-/// Register access to one virtio-mmio device.
+/// What a transport must offer the driver: the virtio operations of virtio 1.2 §2 and
+/// §3.1, in the spirit of Linux's `virtio_config_ops`, independent of the register layout.
+///
+/// virtio-mmio devices get it from [`MmioRegisters`] (a blanket implementation maps every
+/// operation onto the register window, exactly as the driver always did); virtio-pci devices
+/// from [`crate::pci::PciTransport`].
 ///
 /// # Contract
 ///
 /// This is a safe trait: the driver's memory safety does not depend on it. Every value the
 /// driver reads through it (features, queue sizes, configuration bytes, interrupt status) is
-/// validated or only steers protocol decisions. What an implementation must do for the driver to
-/// *work*:
+/// validated or only steers protocol decisions. [`Transport::notify`] must not let the device
+/// observe the notification before the ring writes that precede the call: the driver issues a
+/// full fence (`SeqCst`) just before, and an eventfd `write(2)` (co-simulation) or an uncached
+/// MMIO store (x86) keeps that order.
+///
+/// Methods take `&mut self`: the driver owns its transport, so a co-simulation transport can own
+/// the device model's register state without a lock. The driver is generic over the transport
+/// (no `dyn`): `notify`, the only operation on the datapath, inlines into the kick.
+pub trait Transport {
+    /// The virtio device type (1 for net), after checking that the transport found a device
+    /// it can drive (virtio-mmio: magic value and register layout version).
+    fn device_type(&mut self) -> Result<u32, InitError>;
+    /// The 64 feature bits the device offers.
+    fn device_features(&mut self) -> u64;
+    /// Writes the 64 feature bits the driver acknowledges.
+    fn set_driver_features(&mut self, features: u64);
+    /// Reads the device status.
+    fn status(&mut self) -> u32;
+    /// Writes the device status (0 resets the device; completion is polled with
+    /// [`Transport::status`]).
+    fn set_status(&mut self, status: u32);
+    /// The largest size queue `queue` allows (0: no such queue).
+    fn queue_max_size(&mut self, queue: u16) -> u32;
+    /// True if queue `queue` is already enabled (in use: the driver must not set it up).
+    fn queue_enabled(&mut self, queue: u16) -> bool;
+    /// Assigns the configuration-change interrupt vector where the transport has per-source
+    /// vectors (virtio-pci with MSI-X); called after feature negotiation, before the queues are
+    /// set up. Nothing to do elsewhere.
+    fn setup_config_vector(&mut self) -> Result<(), InitError> {
+        Ok(())
+    }
+    /// Sets queue `queue` up with `setup` (size, ring addresses, and the transport's interrupt
+    /// vector for it where it has per-queue vectors) and enables it.
+    fn setup_queue(&mut self, queue: u16, setup: &QueueSetup) -> Result<(), InitError>;
+    /// Notifies the device that queue `queue` has new available buffers.
+    fn notify(&mut self, queue: u16);
+    /// The configuration generation (0 where the transport has none).
+    fn config_generation(&mut self) -> u32;
+    /// Reads byte `offset` of the device configuration space.
+    fn read_config_u8(&mut self, offset: u32) -> u8;
+    /// Reads the little-endian 16-bit field at `offset` (2-aligned) of the configuration space.
+    fn read_config_u16(&mut self, offset: u32) -> u16 {
+        u16::from_le_bytes([self.read_config_u8(offset), self.read_config_u8(offset + 1)])
+    }
+    /// Reads the pending interrupt causes of a shared interrupt line ([`INT_USED_BUFFER`],
+    /// [`INT_CONFIG_CHANGE`]); the caller acknowledges them with
+    /// [`Transport::ack_interrupt`]. (On virtio-pci the read itself acknowledges.)
+    fn interrupt_status(&mut self) -> u32;
+    /// Acknowledges interrupt causes `bits` read with [`Transport::interrupt_status`].
+    fn ack_interrupt(&mut self, bits: u32);
+    /// The MSI-X vector queue `queue` signals on, if the transport assigned one (virtio-pci with
+    /// MSI-X); None means the shared line ([`Transport::interrupt_status`]).
+    fn queue_vector(&self, queue: u16) -> Option<u16> {
+        let _ = queue;
+        None
+    }
+    /// The MSI-X vector configuration changes are signalled on, if any.
+    fn config_vector(&self) -> Option<u16> {
+        None
+    }
+}
+
+/// A queue's size and ring addresses (guest-physical), for [`Transport::setup_queue`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct QueueSetup {
+    /// Number of descriptors (a power of two ≤ the queue's maximum).
+    pub size: u16,
+    /// Descriptor table.
+    pub desc: u64,
+    /// Available ring ("driver area").
+    pub avail: u64,
+    /// Used ring ("device area").
+    pub used: u64,
+}
+
+/// Register access to one virtio-mmio device; every such type is a [`Transport`].
+///
+/// # Contract
+///
+/// A safe trait, like [`Transport`]. What an implementation must do for the driver to *work*:
 ///
 /// - `read32`/`write32` act as 32-bit accesses to the register at `offset` of a virtio-mmio
 ///   Version 2 window (offsets from [`regs`], all below [`regs::CONFIG`], 4-byte aligned);
@@ -100,14 +187,9 @@ pub const INT_CONFIG_CHANGE: u32 = 2;
 ///   offset `0x100 + offset`); `read_config_u16` reads the 16-bit field there (the spec wants
 ///   16-bit fields read with one aligned 16-bit access; the default composes two byte reads,
 ///   which is enough for a device model that accepts any width);
-/// - `notify(queue)` is the QueueNotify write of `queue`. It must not let the device observe the
-///   notification before the ring writes that precede the call: the driver issues a full fence
-///   (`SeqCst`) just before, and an eventfd `write(2)` (co-simulation) or an uncached MMIO store
-///   (x86) keeps that order.
-///
-/// Methods take `&mut self`: the driver owns its transport, so a co-simulation transport can own
-/// the device model's register state without a lock.
-pub trait Transport {
+/// - `notify(queue)` is the QueueNotify write of `queue`, with the ordering of
+///   [`Transport::notify`].
+pub trait MmioRegisters {
     /// Reads the 32-bit register at `offset`.
     fn read32(&mut self, offset: u32) -> u32;
     /// Writes the 32-bit register at `offset`.
@@ -122,7 +204,96 @@ pub trait Transport {
     fn notify(&mut self, queue: u16);
 }
 
-/// [`Transport`] over a mapped virtio-mmio window, with volatile accesses (bare metal).
+/// The virtio operations over a virtio-mmio register window (virtio 1.2 §4.2.3).
+impl<R: MmioRegisters> Transport for R {
+    fn device_type(&mut self) -> Result<u32, InitError> {
+        let magic = self.read32(regs::MAGIC_VALUE);
+        if magic != MAGIC {
+            return Err(InitError::BadMagic(magic));
+        }
+        let version = self.read32(regs::VERSION);
+        if version != VERSION_MODERN {
+            return Err(InitError::UnsupportedVersion(version));
+        }
+        Ok(self.read32(regs::DEVICE_ID))
+    }
+
+    fn device_features(&mut self) -> u64 {
+        let mut offered = 0u64;
+        for sel in 0..2u32 {
+            self.write32(regs::DEVICE_FEATURES_SEL, sel);
+            offered |= u64::from(self.read32(regs::DEVICE_FEATURES)) << (32 * sel);
+        }
+        offered
+    }
+
+    fn set_driver_features(&mut self, features: u64) {
+        for sel in 0..2u32 {
+            self.write32(regs::DRIVER_FEATURES_SEL, sel);
+            self.write32(regs::DRIVER_FEATURES, (features >> (32 * sel)) as u32);
+        }
+    }
+
+    fn status(&mut self) -> u32 {
+        self.read32(regs::STATUS)
+    }
+
+    fn set_status(&mut self, status: u32) {
+        self.write32(regs::STATUS, status);
+    }
+
+    fn queue_max_size(&mut self, queue: u16) -> u32 {
+        self.write32(regs::QUEUE_SEL, u32::from(queue));
+        self.read32(regs::QUEUE_NUM_MAX)
+    }
+
+    fn queue_enabled(&mut self, queue: u16) -> bool {
+        self.write32(regs::QUEUE_SEL, u32::from(queue));
+        self.read32(regs::QUEUE_READY) != 0
+    }
+
+    fn setup_queue(&mut self, queue: u16, setup: &QueueSetup) -> Result<(), InitError> {
+        self.write32(regs::QUEUE_SEL, u32::from(queue));
+        self.write32(regs::QUEUE_NUM, u32::from(setup.size));
+        for (low, addr) in [
+            (regs::QUEUE_DESC_LOW, setup.desc),
+            (regs::QUEUE_AVAIL_LOW, setup.avail),
+            (regs::QUEUE_USED_LOW, setup.used),
+        ] {
+            self.write32(low, addr as u32);
+            self.write32(low + 4, (addr >> 32) as u32);
+        }
+        self.write32(regs::QUEUE_READY, 1);
+        Ok(())
+    }
+
+    #[inline]
+    fn notify(&mut self, queue: u16) {
+        MmioRegisters::notify(self, queue);
+    }
+
+    fn config_generation(&mut self) -> u32 {
+        self.read32(regs::CONFIG_GENERATION)
+    }
+
+    fn read_config_u8(&mut self, offset: u32) -> u8 {
+        MmioRegisters::read_config_u8(self, offset)
+    }
+
+    fn read_config_u16(&mut self, offset: u32) -> u16 {
+        MmioRegisters::read_config_u16(self, offset)
+    }
+
+    fn interrupt_status(&mut self) -> u32 {
+        self.read32(regs::INTERRUPT_STATUS)
+    }
+
+    fn ack_interrupt(&mut self, bits: u32) {
+        self.write32(regs::INTERRUPT_ACK, bits);
+    }
+}
+
+/// [`MmioRegisters`] (hence [`Transport`]) over a mapped virtio-mmio window, with volatile accesses (bare metal).
 #[derive(Debug)]
 pub struct MmioTransport {
     base: NonNull<u8>,
@@ -154,7 +325,7 @@ impl MmioTransport {
     }
 }
 
-impl Transport for MmioTransport {
+impl MmioRegisters for MmioTransport {
     fn read32(&mut self, offset: u32) -> u32 {
         match self.register(offset) {
             // SAFETY: an aligned register inside the window this object owns (constructor).
@@ -222,15 +393,23 @@ mod tests {
         let mut t = unsafe { MmioTransport::new(base) };
         assert_eq!(t.read32(regs::MAGIC_VALUE), MAGIC);
         t.write32(regs::STATUS, status::ACKNOWLEDGE);
-        t.notify(1);
-        assert_eq!(t.read_config_u8(1), 0xaa);
-        assert_eq!(t.read_config_u16(6), 1);
+        MmioRegisters::notify(&mut t, 1);
+        assert_eq!(MmioRegisters::read_config_u8(&mut t, 1), 0xaa);
+        assert_eq!(MmioRegisters::read_config_u16(&mut t, 6), 1);
         // Out of range or misaligned: ignored, reads 0.
         t.write32(regs::CONFIG, 0xdead);
         t.write32(regs::STATUS + 1, 0xdead);
         assert_eq!(t.read32(regs::CONFIG + 4), 0);
-        assert_eq!(t.read_config_u8(CONFIG_SPACE_SIZE), 0);
-        assert_eq!(t.read_config_u16(7), 0);
+        assert_eq!(MmioRegisters::read_config_u8(&mut t, CONFIG_SPACE_SIZE), 0);
+        assert_eq!(MmioRegisters::read_config_u16(&mut t, 7), 0);
+        // The virtio operations go through the same registers.
+        assert_eq!(Transport::status(&mut t), status::ACKNOWLEDGE);
+        Transport::ack_interrupt(&mut t, INT_USED_BUFFER);
+        assert_eq!(window[(regs::INTERRUPT_ACK / 4) as usize], INT_USED_BUFFER);
+        assert_eq!(
+            Transport::device_type(&mut t),
+            Err(InitError::UnsupportedVersion(0))
+        );
         assert_eq!(window[(regs::STATUS / 4) as usize], status::ACKNOWLEDGE);
         assert_eq!(window[(regs::QUEUE_NOTIFY / 4) as usize], 1);
         assert_eq!(

@@ -63,6 +63,11 @@ pub fn restart_tick(count: Option<u32>) {
     lapic_write(LAPIC_TIMER_INITIAL, count.unwrap_or(TIMER_COUNT));
 }
 
+/// This CPU's local APIC ID (the destination of its MSI messages).
+pub fn apic_id() -> u32 {
+    lapic_read(LAPIC_ID) >> 24
+}
+
 /// Masks the PICs, enables the local APIC with the tick, and routes `gsi` to `vector` on this
 /// CPU (edge, active high). Kernel mode, interrupts off.
 pub fn init(gsi: Option<u32>, vector: u8) {

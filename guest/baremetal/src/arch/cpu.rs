@@ -7,13 +7,14 @@
 //! - GDT in Linux's x86-64 layout (kernel code 0x10, data 0x18, user data 0x2b, user code 0x33,
 //!   TSS 0x40), so the host sees the selectors a Linux guest would use.
 //! - TSS: only RSP0, the stack interrupts from user mode switch to.
-//! - IDT: the 32 exceptions, the device vector, the timer vector and the spurious vector.
+//! - IDT: the 32 exceptions, the device vector, the MSI-X vectors, the timer vector and the
+//!   spurious vector.
 
 use core::arch::asm;
 use core::ptr::addr_of_mut;
 
 use super::entry;
-use super::{TrapFrame, DEVICE_VECTOR, SPURIOUS_VECTOR, TIMER_VECTOR};
+use super::{TrapFrame, DEVICE_VECTOR, MSIX_VECTOR_BASE, SPURIOUS_VECTOR, TIMER_VECTOR};
 
 /// 64-bit kernel code selector.
 pub const KERNEL_CS: u64 = 0x10;
@@ -133,6 +134,11 @@ pub fn init() {
         t.idt[vector] = gate(stub);
     }
     t.idt[usize::from(DEVICE_VECTOR)] = gate(entry::irq_device as *const () as u64);
+    // SAFETY: `msix_stubs` is an immutable table of MSIX_VECTORS code addresses in the image.
+    let msix = unsafe { &entry::msix_stubs };
+    for (i, &stub) in msix.iter().enumerate() {
+        t.idt[usize::from(MSIX_VECTOR_BASE) + i] = gate(stub);
+    }
     t.idt[usize::from(TIMER_VECTOR)] = gate(entry::irq_timer as *const () as u64);
     t.idt[usize::from(SPURIOUS_VECTOR)] = gate(entry::irq_spurious as *const () as u64);
 

@@ -7,7 +7,7 @@
 use core::arch::global_asm;
 
 use super::cpu::{KERNEL_CS, KERNEL_DS};
-use super::{DEVICE_IRQS, TICKS};
+use super::{DEVICE_IRQS, MSIX_IRQS, TICKS};
 
 extern "C" {
     /// The 32 exception stubs, in vector order (each pushes its vector and a zero error code
@@ -15,6 +15,9 @@ extern "C" {
     pub static exception_stubs: [u64; 32];
     /// Device interrupt: counts in [`DEVICE_IRQS`], EOI, return.
     pub fn irq_device();
+    /// MSI-X vectors (`transport=pci`), by table entry: each counts in its [`MSIX_IRQS`] slot
+    /// and in [`DEVICE_IRQS`], EOI, return.
+    pub static msix_stubs: [u64; super::MSIX_VECTORS];
     /// Timer interrupt: counts in [`TICKS`], EOI, return.
     pub fn irq_timer();
     /// Spurious interrupt: return without EOI.
@@ -144,6 +147,21 @@ irq_device:
     pop rax
     iretq
 
+    .macro IRQ_MSIX n
+irq_msix_\n:
+    push rax
+    inc qword ptr [rip + {msix_irqs} + 8 * \n]
+    inc qword ptr [rip + {device_irqs}]
+    mov eax, 0xfee000b0
+    mov dword ptr [rax], 0
+    pop rax
+    iretq
+    .endm
+    IRQ_MSIX 0
+    IRQ_MSIX 1
+    IRQ_MSIX 2
+    IRQ_MSIX 3
+
     .global irq_timer
 irq_timer:
     push rax
@@ -189,12 +207,18 @@ exception_stubs:
     .quad exc_8, exc_9, exc_10, exc_11, exc_12, exc_13, exc_14, exc_15
     .quad exc_16, exc_17, exc_18, exc_19, exc_20, exc_21, exc_22, exc_23
     .quad exc_24, exc_25, exc_26, exc_27, exc_28, exc_29, exc_30, exc_31
+
+    .balign 8
+    .global msix_stubs
+msix_stubs:
+    .quad irq_msix_0, irq_msix_1, irq_msix_2, irq_msix_3
 "#,
     kmain = sym super::kmain,
     trap = sym super::cpu::trap,
     boot_stack = sym super::BOOT_STACK,
     boot_stack_size = const super::BOOT_STACK_SIZE,
     device_irqs = sym DEVICE_IRQS,
+    msix_irqs = sym MSIX_IRQS,
     ticks = sym TICKS,
     user_ds = const super::cpu::USER_DS | 3,
     user_cs = const super::cpu::USER_CS | 3,

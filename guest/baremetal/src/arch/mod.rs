@@ -16,6 +16,16 @@ use vnet_baremetal::cmdline::{self, Ring};
 
 /// The device's interrupt vector.
 pub const DEVICE_VECTOR: u8 = 0x30;
+/// The LAPIC vector of MSI-X table entry 0 (`transport=pci`); entry `e` uses
+/// `MSIX_VECTOR_BASE + e`. The transport assigns entry 0 to configuration changes and entry
+/// `q + 1` to queue `q` (rx, tx, control).
+pub const MSIX_VECTOR_BASE: u8 = 0x31;
+/// MSI-X entries with a handler (configuration + rx, tx and control queue).
+pub const MSIX_VECTORS: usize = 4;
+/// Entries into each MSI-X vector, by table entry (each handler also counts in
+/// [`DEVICE_IRQS`], so waiting works as with the one virtio-mmio vector).
+pub static MSIX_IRQS: [AtomicU64; MSIX_VECTORS] = [const { AtomicU64::new(0) }; MSIX_VECTORS];
+
 /// The local APIC timer's vector.
 pub const TIMER_VECTOR: u8 = 0x40;
 /// The local APIC's spurious vector.
@@ -132,7 +142,18 @@ pub extern "C" fn kmain(zero_page: u64) -> ! {
         Ok(o) => o,
         Err(e) => crate::run::fail_early(&alloc::format!("{e}")),
     };
-    apic::init(options.device.map(|d| d.gsi), DEVICE_VECTOR);
+    // virtio-pci signals through MSI-X, not an IOAPIC pin.
+    let gsi = match options.transport {
+        cmdline::TransportChoice::Mmio => options.device.map(|d| d.gsi),
+        cmdline::TransportChoice::Pci => None,
+    };
+    apic::init(gsi, DEVICE_VECTOR);
+    if options.transport == cmdline::TransportChoice::Pci && options.hostile.is_none() {
+        // Port I/O (configuration space) is kernel-only: find and set the function up here.
+        if let Err(e) = crate::pci::init(apic::apic_id()) {
+            crate::run::fail_early(&alloc::format!("transport=pci: {e}"));
+        }
+    }
     let options: &'static cmdline::Options =
         alloc::boxed::Box::leak(alloc::boxed::Box::new(options));
     match options.ring {

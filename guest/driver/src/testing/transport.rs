@@ -9,7 +9,7 @@ use std::vec::Vec;
 use crate::features::{
     F_VERSION_1, NET_F_CSUM, NET_F_MAC, NET_F_MRG_RXBUF, NET_F_STATUS, RING_F_EVENT_IDX,
 };
-use crate::transport::{regs, status, Transport, MAGIC, VERSION_MODERN};
+use crate::transport::{regs, status, MmioRegisters, MAGIC, VERSION_MODERN};
 
 /// Registers of one queue.
 #[derive(Clone, Copy, Debug, Default)]
@@ -206,7 +206,7 @@ impl TestTransport {
     }
 }
 
-impl Transport for TestTransport {
+impl MmioRegisters for TestTransport {
     fn read32(&mut self, offset: u32) -> u32 {
         let mut r = self.regs();
         match offset {

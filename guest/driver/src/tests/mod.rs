@@ -3,6 +3,7 @@
 mod concurrent;
 mod ctrl;
 mod init;
+mod pci;
 mod queue;
 mod rx;
 mod tx;
