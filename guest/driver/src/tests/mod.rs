@@ -3,6 +3,7 @@
 mod concurrent;
 mod ctrl;
 mod init;
+mod mq;
 mod queue;
 mod rx;
 mod tx;
