@@ -134,7 +134,7 @@ impl Pairs {
     /// Ring size and addresses of queue `queue`, if it belongs to a parked pair.
     pub(crate) fn ring_of(&self, queue: u16) -> Option<(u16, (u64, u64, u64))> {
         let pair = self.slots.get(usize::from(queue / 2))?.as_ref()?;
-        Some(if queue % 2 == 0 {
+        Some(if queue.is_multiple_of(2) {
             (pair.rq.ring.size(), pair.rq.ring.addresses())
         } else {
             (pair.sq.ring.size(), pair.sq.ring.addresses())
