@@ -277,3 +277,40 @@ fn two_pairs_echo_frames_back_intact() {
         d["pps"]
     );
 }
+
+/// Pair counts the device cannot give end the run with an error line that says why: more
+/// pairs than `max_virtqueue_pairs`, a device without multiqueue, `queues=` without the
+/// control queue, and an out-of-range `queues=`.
+#[test]
+fn unusable_pair_counts_are_clear_error_lines() {
+    let _guest = guest_lock();
+    let cases = [
+        // (guest words, device queues, what the error says)
+        (
+            "queues=3",
+            PAIRS,
+            "3 queue pairs asked for, but the device has at most 2",
+        ),
+        ("queues=2", 1, "the device offers no multiqueue"),
+        ("queues=2 ctrl_vq=0", PAIRS, "queues"),
+        ("queues=17", PAIRS, "queues"),
+    ];
+    for (i, (words, device_queues, error)) in cases.into_iter().enumerate() {
+        // A one-pair device needs a tap without multi_queue.
+        let tag = format!("dmqbad{i}");
+        let ns = if device_queues > 1 {
+            integration_tests::namespace_with_multi_queue_tap(&tag, TAP)
+        } else {
+            integration_tests::namespace_with_tap(&tag, TAP)
+        };
+        let cmdline = format!("console=ttyS0 tx=10 ring=3 {words}");
+        let net = format!("tap={TAP},queues={device_queues}");
+        let vmm = integration_tests::spawn_driver_guest(&ns, &cmdline, &net, None);
+        let out = vmm.finish(Duration::from_secs(60));
+        assert!(out.success(), "{words}: {out}");
+        let d = driver_result(&out);
+        assert_eq!(d["status"], "error", "{words}: {d}");
+        let text = d["error"].as_str().unwrap_or("");
+        assert!(text.contains(error), "{words}: {text:?} lacks {error:?}");
+    }
+}
