@@ -18,7 +18,9 @@
 //! size, EVENT_IDX and mergeable rx buffers on or off, plus an AF_XDP-style zero-copy transmit
 //! path over a caller-owned umem ([`xsk`]) and plain counters ([`Counters`]). Devices that
 //! offer a control queue get synchronous control commands, notification coalescing set from
-//! the guest among them ([`ctrl`]).
+//! the guest among them ([`ctrl`]); devices that offer multiqueue get several queue pairs
+//! ([`Config::queue_pairs`], [`mq`]), the datapath acting on the pair selected with
+//! [`VirtioNet::select_pair`] or [`VirtioNet::on_pair`].
 //!
 //! Bringing a device up, sending, receiving and taking interrupts:
 //!

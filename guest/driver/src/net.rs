@@ -51,7 +51,8 @@ pub enum Rearm {
 /// What [`VirtioNet::handle_interrupt`] found in InterruptStatus.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct IrqStatus {
-    /// Some queue has used buffers (the device does not say which: poll both).
+    /// Some queue has used buffers (the device does not say which: poll both queues of every
+    /// pair).
     pub used_buffers: bool,
     /// The configuration changed (link status re-read; see [`VirtioNet::link_up`]).
     pub config_changed: bool,
@@ -396,7 +397,8 @@ impl<H: Hal, T: Transport> VirtioNet<H, T> {
         &self.config
     }
 
-    /// The (rx, tx) queue sizes in use (the configured ones, lowered to the device's maximum).
+    /// The (rx, tx) queue sizes in use (the configured ones, lowered to the device's maximum)
+    /// of the current pair (see [`Self::pair_queue_sizes`]).
     pub fn queue_sizes(&self) -> (u16, u16) {
         (self.rq.ring.size(), self.sq.ring.size())
     }
@@ -426,7 +428,7 @@ impl<H: Hal, T: Transport> VirtioNet<H, T> {
             || self.mq.any_broken()
     }
 
-    /// Free descriptors on the tx ring.
+    /// Free descriptors on the tx ring (of the current pair).
     pub fn tx_free_descriptors(&self) -> usize {
         self.sq.ring.free_descriptors()
     }
