@@ -91,10 +91,20 @@ pub struct Rig {
 impl Rig {
     /// Builds memory, device (with `backend`), transport and driver, and brings the device up.
     pub fn new<B: NetBackend>(backend: B, config: &RigConfig) -> Result<Rig, RigError> {
+        Rig::with_backends(vec![backend], config)
+    }
+
+    /// [`Rig::new`] with one queue pair per backend (the device offers VIRTIO_NET_F_MQ with
+    /// several; the driver uses `config.driver.queue_pairs` of them).
+    pub fn with_backends<B: NetBackend>(
+        backends: Vec<B>,
+        config: &RigConfig,
+    ) -> Result<Rig, RigError> {
         let mem = GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), MEM_SIZE as usize)])
             .map_err(RigError::Memory)?;
         let queue_size = config.driver.rx_queue_size.max(config.driver.tx_queue_size);
-        let device = NetDevice::with_backend(backend, MacAddr::derived_from("cotune"), queue_size);
+        let device =
+            NetDevice::with_backends(backends, MacAddr::derived_from("cotune"), queue_size);
         let metrics = device.metrics();
         device
             .tuning_control()

@@ -301,6 +301,15 @@ pub fn final_metrics(stderr: &str) -> Option<serde_json::Value> {
 /// A network namespace with tap `tap` in it, up, and IPv6 off (so that the host sends nothing
 /// of its own on the tap).
 pub fn namespace_with_tap(tag: &str, tap: &str) -> devices::test_utils::netns::NetNs {
+    namespace_with(tag, tap, &[])
+}
+
+/// [`namespace_with_tap`] with a multi-queue tap (for `--net tap=TAP,queues=N`, N > 1).
+pub fn namespace_with_multi_queue_tap(tag: &str, tap: &str) -> devices::test_utils::netns::NetNs {
+    namespace_with(tag, tap, &["multi_queue"])
+}
+
+fn namespace_with(tag: &str, tap: &str, flags: &[&str]) -> devices::test_utils::netns::NetNs {
     let ns = devices::test_utils::netns::NetNs::new(tag).expect("create network namespace");
     let sysctl = ns
         .command("sysctl")
@@ -312,8 +321,9 @@ pub fn namespace_with_tap(tag: &str, tap: &str) -> devices::test_utils::netns::N
         .status()
         .expect("run sysctl");
     assert!(sysctl.success(), "sysctl in the namespace");
-    ns.ip(&["tuntap", "add", tap, "mode", "tap", "vnet_hdr"])
-        .expect("create the tap");
+    let mut add = vec!["tuntap", "add", tap, "mode", "tap", "vnet_hdr"];
+    add.extend_from_slice(flags);
+    ns.ip(&add).expect("create the tap");
     ns.ip(&["link", "set", tap, "up"]).expect("tap up");
     ns
 }

@@ -1,17 +1,17 @@
-//! The driver guest's test frames and an AF_PACKET socket on a tap, shared by the tests that
-//! boot `driver-guest` (`driver_guest.rs`, `driver_pci.rs`).
+//! The driver guest's test frames on the host side: an AF_PACKET socket on a tap for the test
+//! EtherType, the frame format (see `guest/baremetal/src/frames.rs`) and MAC helpers.
 //!
-//! Frame format (see guest/baremetal/src/frames.rs): dst, src, EtherType 0x88b5, sequence
-//! number (u32 LE), frame length (u16 LE), then byte i = (seq + i) as u8.
+//! Frame format: dst, src, EtherType 0x88b5, sequence number (u32 LE), frame length (u16 LE),
+//! then byte i = (seq + i) as u8.
 
 use std::io;
 use std::mem::{size_of, zeroed};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::time::{Duration, Instant};
 
-/// The test frames' EtherType.
+/// The test frames' EtherType (IEEE local experimental 1).
 pub const ETHERTYPE: u16 = 0x88b5;
-/// Bytes before the payload ramp.
+/// Bytes before the pattern.
 pub const HEADER_LEN: usize = 20;
 
 /// Test frame `seq` of `len` bytes from `src` to `dst`.
@@ -26,7 +26,15 @@ pub fn frame(dst: [u8; 6], src: [u8; 6], seq: u32, len: usize) -> Vec<u8> {
     f
 }
 
-/// `mac` as `aa:bb:…`.
+/// The sequence number of a test frame (`None` if it is too short or not one).
+pub fn seq_of(frame: &[u8]) -> Option<u32> {
+    if frame.len() < HEADER_LEN || frame[12..14] != ETHERTYPE.to_be_bytes() {
+        return None;
+    }
+    Some(u32::from_le_bytes(frame[14..18].try_into().ok()?))
+}
+
+/// `aa:bb:cc:dd:ee:ff`.
 pub fn mac_string(mac: [u8; 6]) -> String {
     mac.iter()
         .map(|b| format!("{b:02x}"))
@@ -34,7 +42,7 @@ pub fn mac_string(mac: [u8; 6]) -> String {
         .join(":")
 }
 
-/// `aa:bb:…` as a MAC.
+/// Parses `aa:bb:cc:dd:ee:ff`.
 pub fn parse_mac(s: &str) -> Option<[u8; 6]> {
     let bytes: Vec<u8> = s
         .trim()
@@ -44,15 +52,36 @@ pub fn parse_mac(s: &str) -> Option<[u8; 6]> {
     bytes.try_into().ok()
 }
 
+/// The MAC of `tap` in `ns`.
+pub fn tap_mac(ns: &devices::test_utils::netns::NetNs, tap: &str) -> [u8; 6] {
+    let out = ns
+        .command("cat")
+        .arg(format!("/sys/class/net/{tap}/address"))
+        .output()
+        .expect("read the tap's MAC");
+    parse_mac(&String::from_utf8_lossy(&out.stdout)).expect("tap MAC")
+}
+
+/// The guest's MAC from its `driver-guest: ready … mac=…` line.
+pub fn guest_mac(stdout: &str) -> Option<[u8; 6]> {
+    let line = stdout
+        .lines()
+        .find(|l| l.starts_with("driver-guest: ready"))?;
+    let mac = line
+        .split_whitespace()
+        .find_map(|w| w.strip_prefix("mac="))?;
+    parse_mac(mac)
+}
+
 /// An AF_PACKET socket on the tap for the test EtherType (created inside the namespace).
 pub struct PacketSocket {
     fd: OwnedFd,
+    ifindex: i32,
 }
 
 impl PacketSocket {
-    /// Opens and binds the socket on `ifname` (call inside the tap's namespace).
     pub fn open(ifname: &str) -> io::Result<PacketSocket> {
-        let proto = ETHERTYPE.to_be() as i32;
+        let proto = i32::from(ETHERTYPE.to_be());
         // SAFETY: plain socket(2); the result is checked and owned below.
         let raw = unsafe { libc::socket(libc::AF_PACKET, libc::SOCK_RAW, proto) };
         if raw < 0 {
@@ -94,7 +123,10 @@ impl PacketSocket {
                 size_of::<libc::c_int>() as u32,
             )
         };
-        Ok(PacketSocket { fd })
+        Ok(PacketSocket {
+            fd,
+            ifindex: ifindex as i32,
+        })
     }
 
     /// The next frame the tap received from the guest (frames the host sent are skipped),
@@ -147,12 +179,35 @@ impl PacketSocket {
         }
     }
 
-    /// Sends `frame` on the tap (retrying while its queue is full).
+    /// Sends `frame` on the tap (retrying while the tap's queue is full).
     pub fn send(&self, frame: &[u8]) -> io::Result<()> {
+        self.send_as(frame, ETHERTYPE)
+    }
+
+    /// Sends `frame` (its bytes unchanged) with `protocol` as the skb's protocol: what the
+    /// host kernel hashes to pick a queue of a multi-queue tap for a frame it cannot dissect
+    /// further (tun's automatic steering), so different values may reach different queues.
+    pub fn send_as(&self, frame: &[u8], protocol: u16) -> io::Result<()> {
+        // SAFETY: sockaddr_ll is plain data; all-zero is a valid starting value.
+        let mut addr: libc::sockaddr_ll = unsafe { zeroed() };
+        addr.sll_family = libc::AF_PACKET as u16;
+        addr.sll_protocol = protocol.to_be();
+        addr.sll_ifindex = self.ifindex;
+        addr.sll_halen = 6;
+        addr.sll_addr[..6].copy_from_slice(&frame[..6.min(frame.len())]);
         loop {
-            // SAFETY: send reads frame.len() bytes from frame, which lives for the call.
-            let n =
-                unsafe { libc::send(self.fd.as_raw_fd(), frame.as_ptr().cast(), frame.len(), 0) };
+            // SAFETY: sendto reads frame.len() bytes from frame and a sockaddr_ll from
+            // `addr`; both live for the call.
+            let n = unsafe {
+                libc::sendto(
+                    self.fd.as_raw_fd(),
+                    frame.as_ptr().cast(),
+                    frame.len(),
+                    0,
+                    (&addr as *const libc::sockaddr_ll).cast(),
+                    size_of::<libc::sockaddr_ll>() as u32,
+                )
+            };
             if n == frame.len() as isize {
                 return Ok(());
             }

@@ -11,7 +11,7 @@
 use std::time::{Duration, Instant};
 
 use devices::test_utils::netns::NetNs;
-use integration_tests::packet::{frame, mac_string, parse_mac, PacketSocket};
+use integration_tests::packet::{self, frame, guest_mac, mac_string, PacketSocket};
 use integration_tests::{final_metrics, guest_lock, RunOutput, VmmProcess};
 use serde_json::Value;
 
@@ -25,12 +25,7 @@ const WINDOW: u64 = 32;
 /// socket on it, and the tap's MAC.
 fn namespace(tag: &str) -> (NetNs, PacketSocket, [u8; 6]) {
     let ns = integration_tests::namespace_with_tap(tag, TAP);
-    let out = ns
-        .command("cat")
-        .arg(format!("/sys/class/net/{TAP}/address"))
-        .output()
-        .expect("read the tap's MAC");
-    let tap_mac = parse_mac(&String::from_utf8_lossy(&out.stdout)).expect("tap MAC");
+    let tap_mac = packet::tap_mac(&ns, TAP);
     let sock = ns
         .run(|| PacketSocket::open(TAP))
         .expect("run in namespace")
@@ -40,17 +35,6 @@ fn namespace(tag: &str) -> (NetNs, PacketSocket, [u8; 6]) {
 
 fn start_guest(ns: &NetNs, cmdline: &str, device_knobs: &str) -> VmmProcess {
     integration_tests::spawn_driver_guest(ns, cmdline, &format!("tap={TAP}{device_knobs}"), None)
-}
-
-/// The guest's MAC from its `driver-guest: ready … mac=…` line.
-fn guest_mac(stdout: &str) -> Option<[u8; 6]> {
-    let line = stdout
-        .lines()
-        .find(|l| l.starts_with("driver-guest: ready"))?;
-    let mac = line
-        .split_whitespace()
-        .find_map(|w| w.strip_prefix("mac="))?;
-    parse_mac(mac)
 }
 
 /// The guest's result line.

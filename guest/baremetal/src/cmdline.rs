@@ -73,6 +73,8 @@ pub enum Workload {
 
 /// Most samples `calibrate=` takes (the samples are kept in memory to take percentiles).
 pub const MAX_CALIBRATE_SAMPLES: u32 = 100_000;
+/// Most queue pairs `queues=` takes (as the VMM's `--net …,queues=N`).
+pub const MAX_QUEUES: u16 = 16;
 /// Longest `pause_us=` (one second).
 pub const MAX_PAUSE_US: u32 = 1_000_000;
 
@@ -209,6 +211,11 @@ pub fn parse(cmdline: &str) -> Result<Options, BadValue<'_>> {
             "event_idx" => o.driver.event_idx = flag(value).ok_or(bad)?,
             "mrg_rxbuf" => o.driver.mrg_rxbuf = flag(value).ok_or(bad)?,
             "ctrl_vq" => o.driver.ctrl_vq = flag(value).ok_or(bad)?,
+            "queues" => {
+                o.driver.queue_pairs = number(value)
+                    .filter(|n| (1..=MAX_QUEUES).contains(n))
+                    .ok_or(bad)?
+            }
             "coalesce" => o.coalesce = Some(parse_coalesce(value).ok_or(bad)?),
             "tx_completion" => {
                 o.driver.tx_completion = match value {
@@ -297,6 +304,12 @@ pub fn parse(cmdline: &str) -> Result<Options, BadValue<'_>> {
         return Err(BadValue {
             key: "burst",
             value: "only with tx=",
+        });
+    }
+    if o.driver.queue_pairs > 1 && !o.driver.ctrl_vq {
+        return Err(BadValue {
+            key: "queues",
+            value: "more than 1 needs ctrl_vq=1",
         });
     }
     if o.coalesce.is_some() && !o.driver.ctrl_vq {
@@ -600,6 +613,27 @@ mod tests {
         for bad in ["transport=PCI", "transport=", "transport=virtio-pci"] {
             assert_eq!(parse(bad).unwrap_err().key, "transport", "{bad}");
         }
+    }
+
+    #[test]
+    fn queues_word() {
+        assert_eq!(parse("tx=10").unwrap().driver.queue_pairs, 1);
+        assert_eq!(parse("tx=10 queues=2").unwrap().driver.queue_pairs, 2);
+        assert_eq!(parse("echo=1 queues=16").unwrap().driver.queue_pairs, 16);
+        assert_eq!(parse("queues=1 ctrl_vq=0").unwrap().driver.queue_pairs, 1);
+        for (line, key) in [
+            ("queues=0", "queues"),
+            ("queues=17", "queues"),
+            ("queues=-1", "queues"),
+            ("queues=", "queues"),
+            ("queues=two", "queues"),
+            ("queues=2 ctrl_vq=0", "queues"),
+        ] {
+            let e = parse(line).unwrap_err();
+            assert_eq!(e.key, key, "{line}: {e}");
+        }
+        let e = parse("tx=1 queues=17").unwrap_err();
+        assert_eq!(alloc::format!("{e}"), "bad value for queues: \"17\"");
     }
 
     #[test]

@@ -3,7 +3,7 @@
 
 use core::fmt::{self, Write};
 
-use vnet_driver::{Config, Counters, TxCompletion};
+use vnet_driver::{Config, Counters, PairCounters, TxCompletion};
 
 use crate::cmdline::{Coalesce, Pause, Ring, TransportChoice, Wait, Workload};
 
@@ -65,6 +65,8 @@ pub struct Report<'a> {
     pub pauses: u64,
     /// `coalesce=` as asked (reported whether or not the device took it: see the status).
     pub coalesce: Option<Coalesce>,
+    /// Each queue pair's counters (`queues=`; one entry per pair).
+    pub queues: &'a [PairCounters],
 }
 
 /// `s` as a JSON string.
@@ -214,6 +216,29 @@ impl Report<'_> {
         ] {
             write!(w, ",\"{name}\":{value}")?;
         }
+        write!(w, ",\"queue_pairs\":{},\"queues\":[", self.queues.len())?;
+        for (i, q) in self.queues.iter().enumerate() {
+            if i > 0 {
+                w.write_char(',')?;
+            }
+            // `tx` counts what the device's per-pair `tx.frames` counts: copy transmits and
+            // XDP_TX bounces.
+            write!(
+                w,
+                "{{\"tx\":{},\"rx\":{},\"kicks\":{},\"rx_kicks\":{},\"irqs\":{},\
+                 \"tx_reclaimed\":{},\"xdp_tx\":{},\"ring_full\":{},\"kicks_suppressed\":{}}}",
+                q.tx_frames + q.xdp_tx,
+                q.rx_frames,
+                q.kicks,
+                q.rx_kicks,
+                q.interrupts,
+                q.tx_reclaimed,
+                q.xdp_tx,
+                q.ring_full,
+                q.kicks_suppressed + q.kicks_suppressed_no_notify,
+            )?;
+        }
+        w.write_char(']')?;
         if let Some(khz) = self.tsc_khz {
             write!(w, ",\"tsc_khz\":{khz}")?;
         }
@@ -260,6 +285,7 @@ mod tests {
             pause: None,
             pauses: 0,
             coalesce: None,
+            queues: &[],
         }
     }
 
@@ -290,6 +316,46 @@ mod tests {
         ] {
             assert!(s.contains(field), "{field} missing in {s}");
         }
+    }
+
+    #[test]
+    fn per_queue_counters_are_reported() {
+        let queues = [
+            PairCounters {
+                tx_frames: 60,
+                rx_frames: 3,
+                kicks: 8,
+                rx_kicks: 2,
+                interrupts: 5,
+                tx_reclaimed: 60,
+                ..PairCounters::default()
+            },
+            PairCounters {
+                tx_frames: 40,
+                xdp_tx: 2,
+                kicks: 5,
+                kicks_suppressed: 1,
+                kicks_suppressed_no_notify: 2,
+                ..PairCounters::default()
+            },
+        ];
+        let mut r = report();
+        r.queues = &queues;
+        let mut s = String::new();
+        r.write_json(&mut s).unwrap();
+        assert!(
+            s.contains(
+                ",\"queue_pairs\":2,\"queues\":[{\"tx\":60,\"rx\":3,\"kicks\":8,\"rx_kicks\":2,\
+                 \"irqs\":5,\"tx_reclaimed\":60,\"xdp_tx\":0,\"ring_full\":0,\"kicks_suppressed\":0},\
+                 {\"tx\":42,\"rx\":0,\"kicks\":5,\"rx_kicks\":0,\"irqs\":0,\"tx_reclaimed\":0,\
+                 \"xdp_tx\":2,\"ring_full\":0,\"kicks_suppressed\":3}],"
+            ),
+            "{s}"
+        );
+        r.queues = &[];
+        let mut s = String::new();
+        r.write_json(&mut s).unwrap();
+        assert!(s.contains(",\"queue_pairs\":0,\"queues\":[],"), "{s}");
     }
 
     #[test]

@@ -7,6 +7,14 @@
 //! `transport=pci`, [`VirtioNet::handle_msix`] per MSI-X vector that fired: no register
 //! access), then the NAPI-style polls. The loop waits (`hlt`) only where an interrupt is due; where the
 //! mode has none (tx completion without tx interrupts) it polls.
+//!
+//! With `queues=N` (N > 1) the driver sets up N queue pairs. The virtio-mmio device has one
+//! interrupt line for all of them, so every interrupt schedules every pair's rx poll and tx
+//! poll, and each pair re-arms its own interrupts when its poll comes up short. The tx
+//! workload spreads frames round robin per batch: the i-th batch (up to `batch=` frames, cut
+//! short when that pair's ring is full) goes to pair `i mod N`; frame ids (sequence numbers)
+//! stay global, so the host can check that every frame arrived intact whatever the pair. The
+//! echo workload bounces each frame on the pair it arrived on (XDP_TX).
 
 use alloc::string::String;
 use alloc::vec;
@@ -130,7 +138,7 @@ fn start<T: Transport>(
     let _ = writeln!(
         line,
         "driver-guest: ready ring={} mac={:02x}:{:02x}:{:02x}:{:02x}:{:02x}:{:02x} features={:#x} \
-         queues={}/{} heap_left={} transport={}",
+         queues={}/{} pairs={} heap_left={} transport={}",
         match o.ring {
             Ring::Kernel => 0,
             Ring::User => 3,
@@ -144,6 +152,7 @@ fn start<T: Transport>(
         net.features(),
         net.queue_sizes().0,
         net.queue_sizes().1,
+        net.queue_pairs(),
         crate::memory::remaining(),
         match o.transport {
             TransportChoice::Mmio => "mmio",
@@ -199,6 +208,7 @@ fn finish<T: Transport>(
         ),
         _ => 0,
     };
+    let pairs = net.queue_pairs();
     let mut d = Driver {
         net,
         o,
@@ -207,7 +217,7 @@ fn finish<T: Transport>(
         irqs_seen: 0,
         halts: 0,
         foreign: 0,
-        rx_scheduled: false,
+        rx_scheduled: vec![false; usize::from(pairs)],
         deadline,
         timed_out: false,
         pause_cycles,
@@ -225,6 +235,9 @@ fn finish<T: Transport>(
         (Ok(run), None) => (Outcome::Done, run),
         (Err((e, run)), None) => (Outcome::Error(e), run),
     };
+    let queues: alloc::vec::Vec<_> = (0..d.net.queue_pairs())
+        .filter_map(|p| d.net.pair_counters(p).ok())
+        .collect();
     let report = Report {
         outcome,
         ring: o.ring,
@@ -248,6 +261,7 @@ fn finish<T: Transport>(
         pause: o.pause,
         pauses: d.pauses,
         coalesce: o.coalesce,
+        queues: &queues,
     };
     let mut line = String::with_capacity(2048);
     let _ = report.write_json(&mut line);
@@ -323,8 +337,8 @@ struct Driver<'o, T: Transport> {
     halts: u64,
     /// Received frames that were not test frames.
     foreign: u64,
-    /// The rx poll is scheduled (rx interrupts off).
-    rx_scheduled: bool,
+    /// Per queue pair: its rx poll is scheduled (its rx interrupts off).
+    rx_scheduled: alloc::vec::Vec<bool>,
     /// TSC value at which the workload gives up.
     deadline: u64,
     timed_out: bool,
@@ -379,59 +393,117 @@ impl<T: Transport> Driver<'_, T> {
         }
     }
 
-    /// Schedules the rx poll (NAPI): rx interrupts off until a poll finds the ring drained.
-    fn schedule_rx(&mut self) {
-        if !self.rx_scheduled {
+    /// The queue pairs (1 without `queues=`).
+    fn pairs(&self) -> u16 {
+        self.net.queue_pairs()
+    }
+
+    /// Makes `pair` the one the driver's datapath calls act on (`pair` < [`Self::pairs`]).
+    fn select(&mut self, pair: u16) -> bool {
+        self.net.select_pair(pair).is_ok()
+    }
+
+    fn any_rx_scheduled(&self) -> bool {
+        self.rx_scheduled.iter().any(|&s| s)
+    }
+
+    /// Schedules `pair`'s rx poll (NAPI): its rx interrupts off until a poll finds its ring
+    /// drained.
+    fn schedule_rx_pair(&mut self, pair: u16) {
+        let i = usize::from(pair);
+        if !self.rx_scheduled[i] && self.select(pair) {
             self.net.disable_interrupts(QueueId::Rx);
-            self.rx_scheduled = true;
+            self.rx_scheduled[i] = true;
         }
     }
 
-    /// One rx poll of at most [`RX_BUDGET`] frames, if scheduled. A short poll re-arms rx
-    /// interrupts and re-checks (the `virtqueue_enable_cb` race); a full one stays scheduled,
-    /// so the caller services tx between polls as a NAPI loop does.
-    fn poll_rx<F: FnMut(&mut [u8]) -> XdpAction>(&mut self, program: &mut F) {
-        if !self.rx_scheduled {
+    /// Schedules every pair's rx poll (the interrupt line is shared: it does not say which).
+    fn schedule_rx(&mut self) {
+        for pair in 0..self.pairs() {
+            self.schedule_rx_pair(pair);
+        }
+    }
+
+    /// One rx poll of at most [`RX_BUDGET`] frames on `pair`, if scheduled. A short poll
+    /// re-arms its rx interrupts and re-checks (the `virtqueue_enable_cb` race); a full one
+    /// stays scheduled, so the caller services tx between polls as a NAPI loop does.
+    fn poll_rx_pair<F: FnMut(&mut [u8]) -> XdpAction>(&mut self, pair: u16, program: &mut F) {
+        let i = usize::from(pair);
+        if !self.rx_scheduled[i] || !self.select(pair) {
             return;
         }
         if self.net.poll_rx_mut(RX_BUDGET, program) == RX_BUDGET {
             return;
         }
         if self.net.enable_interrupts(QueueId::Rx) == Rearm::Armed {
-            self.rx_scheduled = false;
+            self.rx_scheduled[i] = false;
         } else {
             self.net.disable_interrupts(QueueId::Rx);
         }
     }
 
-    /// Drops whatever arrives (the tx workload's receive side).
+    /// One rx poll of every scheduled pair.
+    fn poll_rx<F: FnMut(&mut [u8]) -> XdpAction>(&mut self, program: &mut F) {
+        for pair in 0..self.pairs() {
+            self.poll_rx_pair(pair, program);
+        }
+    }
+
+    /// Drops whatever arrives (the tx workload's receive side), on every pair.
     fn drop_rx(&mut self) {
         let mut foreign = 0;
         let mut program = |_: &mut [u8]| {
             foreign += 1;
             XdpAction::Drop
         };
-        if self.rx_scheduled || self.mode() != TxCompletion::CleanFromRx {
-            self.poll_rx(&mut program);
-        } else {
-            // Tx is cleaned from the rx poll, which runs whether or not frames arrived.
-            self.net.poll_rx_mut(RX_BUDGET, &mut program);
+        for pair in 0..self.pairs() {
+            if self.rx_scheduled[usize::from(pair)] || self.mode() != TxCompletion::CleanFromRx {
+                self.poll_rx_pair(pair, &mut program);
+            } else if self.select(pair) {
+                // Tx is cleaned from the rx poll, which runs whether or not frames arrived.
+                self.net.poll_rx_mut(RX_BUDGET, &mut program);
+            }
         }
         self.foreign += foreign;
     }
 
-    /// The tx poll after a tx interrupt (napi_tx): reclaim, re-arm, reclaim what raced in.
+    /// The tx poll after a tx interrupt (napi_tx), on every pair: reclaim, re-arm, reclaim
+    /// what raced in.
     fn tx_poll(&mut self) {
-        self.net.reclaim_tx();
-        while self.net.enable_interrupts(QueueId::Tx) == Rearm::UsedPending {
+        for pair in 0..self.pairs() {
+            if !self.select(pair) {
+                continue;
+            }
             self.net.reclaim_tx();
+            while self.net.enable_interrupts(QueueId::Tx) == Rearm::UsedPending {
+                self.net.reclaim_tx();
+            }
         }
+    }
+
+    /// Free tx descriptors over every pair.
+    fn tx_free(&mut self) -> usize {
+        let mut free = 0;
+        for pair in 0..self.pairs() {
+            if self.select(pair) {
+                free += self.net.tx_free_descriptors();
+            }
+        }
+        free
+    }
+
+    /// Tx descriptors over every pair.
+    fn tx_size(&self) -> usize {
+        (0..self.pairs())
+            .filter_map(|pair| self.net.pair_queue_sizes(pair).ok())
+            .map(|(_, tx)| usize::from(tx))
+            .sum()
     }
 
     /// Takes a pending interrupt and reclaims tx buffers the way the completion mode does.
     /// Returns true if tx descriptors were freed.
     fn service_tx(&mut self, phase: Phase) -> bool {
-        let free = self.net.tx_free_descriptors();
+        let free = self.tx_free();
         let irq = self.take_interrupt();
         if irq {
             self.schedule_rx();
@@ -448,11 +520,15 @@ impl<T: Transport> Driver<'_, T> {
             TxCompletion::Lazy => {
                 // While sending, the transmit path reclaims by itself when the ring runs low.
                 if phase == Phase::Draining {
-                    self.net.reclaim_tx();
+                    for pair in 0..self.pairs() {
+                        if self.select(pair) {
+                            self.net.reclaim_tx();
+                        }
+                    }
                 }
             }
         }
-        self.net.tx_free_descriptors() > free
+        self.tx_free() > free
     }
 
     /// `burst=`/`pause_us=`: spins `pause_cycles` on the TSC (interrupts are taken and counted
@@ -465,11 +541,11 @@ impl<T: Transport> Driver<'_, T> {
         }
     }
 
-    /// Waits until the device has returned every tx buffer.
+    /// Waits until the device has returned every tx buffer of every pair.
     fn drain_tx(&mut self) {
-        let tx_size = usize::from(self.net.queue_sizes().1);
+        let tx_size = self.tx_size();
         let interrupt_due = self.mode() == TxCompletion::TxInterrupt;
-        while self.net.tx_free_descriptors() < tx_size {
+        while self.tx_free() < tx_size {
             if !self.service_tx(Phase::Draining) {
                 if self.expired() {
                     return;
@@ -495,7 +571,16 @@ impl<T: Transport> Driver<'_, T> {
         let mut in_burst = 0u32;
         let start = cpu::rdtsc();
         let mut sent = 0u64;
+        // Batches started: batch i goes to pair i mod N.
+        let mut batches = 0u64;
+        let pairs = u64::from(self.pairs());
         while sent < n {
+            // The remainder is < N ≤ 16: fits.
+            let pair = (batches % pairs) as u16;
+            batches += 1;
+            if !self.select(pair) {
+                return Err(("no such queue pair", Run::default()));
+            }
             let mut queued = 0;
             let mut full = false;
             while queued < self.o.batch && sent < n && Some(in_burst) != burst {
@@ -544,11 +629,17 @@ impl<T: Transport> Driver<'_, T> {
         while echoed < n {
             let irq = self.take_interrupt();
             let before = echoed;
-            // wait=poll: the loop polls the used ring itself; wait=halt: the interrupt says.
-            if irq || (self.o.wait == Wait::Poll && self.net.rx_has_used()) {
+            // wait=poll: the loop polls the used rings itself; wait=halt: the interrupt says.
+            if irq {
                 self.schedule_rx();
+            } else if self.o.wait == Wait::Poll {
+                for pair in 0..self.pairs() {
+                    if self.select(pair) && self.net.rx_has_used() {
+                        self.schedule_rx_pair(pair);
+                    }
+                }
             }
-            if self.rx_scheduled {
+            if self.any_rx_scheduled() {
                 self.poll_rx(&mut |frame: &mut [u8]| {
                     if echoed < n && frames::is_test_frame(frame) {
                         if start.is_none() {
@@ -566,7 +657,7 @@ impl<T: Transport> Driver<'_, T> {
             if irq && self.mode() == TxCompletion::TxInterrupt {
                 self.tx_poll();
             }
-            if echoed == before && !irq && !self.rx_scheduled {
+            if echoed == before && !irq && !self.any_rx_scheduled() {
                 if self.expired() {
                     break;
                 }

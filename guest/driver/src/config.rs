@@ -7,6 +7,8 @@ use crate::header::VNET_HDR_LEN;
 pub const MAX_QUEUE_SIZE: u16 = 32768;
 /// Largest Ethernet frame the driver sends or accepts (a 64 KiB GSO payload plus headers).
 pub const MAX_FRAME_LEN: usize = 65536 + 18;
+/// Most queue pairs a virtio-net device may have (VIRTIO_NET_CTRL_MQ_VQ_PAIRS_MAX).
+pub const MAX_QUEUE_PAIRS: u16 = 0x8000;
 /// Smallest rx buffer when MRG_RXBUF is not negotiated: header + a 1518-byte Ethernet frame
 /// (1500 MTU, Ethernet header, one VLAN tag). No receive offloads are negotiated, so the device
 /// never hands over anything larger.
@@ -68,6 +70,13 @@ pub struct Config {
     /// [`crate::VirtioNet::set_promisc`]. Off by default: with CTRL_RX negotiated the receive
     /// filter becomes the driver's to program, which this driver does only when asked.
     pub ctrl_rx: bool,
+    /// Queue pairs to drive (1..=[`MAX_QUEUE_PAIRS`]). With more than one the driver
+    /// negotiates VIRTIO_NET_F_MQ (which needs `ctrl_vq`), sets up that many rx/tx pairs (rx
+    /// `2i`, tx `2i + 1`; the control queue at `2 * max_virtqueue_pairs`) and enables them
+    /// with VQ_PAIRS_SET; the
+    /// device must offer MQ and at least that many `max_virtqueue_pairs` (see [`crate::mq`]).
+    /// 1 (the default) drives one pair exactly as without multiqueue, MQ not negotiated.
+    pub queue_pairs: u16,
 }
 
 impl Default for Config {
@@ -85,6 +94,7 @@ impl Default for Config {
             csum: false,
             ctrl_vq: true,
             ctrl_rx: false,
+            queue_pairs: 1,
         }
     }
 }
@@ -109,6 +119,12 @@ impl Config {
         }
         if self.xdp_bulk == 0 {
             return Err(ConfigError::XdpBulk(self.xdp_bulk));
+        }
+        if !(1..=MAX_QUEUE_PAIRS).contains(&self.queue_pairs) {
+            return Err(ConfigError::QueuePairs(self.queue_pairs));
+        }
+        if self.queue_pairs > 1 && !self.ctrl_vq {
+            return Err(ConfigError::MqNeedsCtrlVq);
         }
         Ok(())
     }
@@ -149,6 +165,28 @@ mod tests {
                     ..Config::default()
                 },
                 ConfigError::XdpBulk(0),
+            ),
+            (
+                Config {
+                    queue_pairs: 0,
+                    ..Config::default()
+                },
+                ConfigError::QueuePairs(0),
+            ),
+            (
+                Config {
+                    queue_pairs: MAX_QUEUE_PAIRS + 1,
+                    ..Config::default()
+                },
+                ConfigError::QueuePairs(MAX_QUEUE_PAIRS + 1),
+            ),
+            (
+                Config {
+                    queue_pairs: 2,
+                    ctrl_vq: false,
+                    ..Config::default()
+                },
+                ConfigError::MqNeedsCtrlVq,
             ),
             (
                 Config {

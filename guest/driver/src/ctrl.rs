@@ -10,7 +10,8 @@
 //! (always: notification suppression is not trusted for this rare path) and busy-waits on the
 //! used ring, bounded by [`CtrlWait`]; the queue's interrupts are off (as in Linux, whose
 //! control queue has no callback), so commands never add to the interrupt count. None of this
-//! touches the rx or tx queues.
+//! touches the rx or tx queues. The control queue is queue 2, or `2N` with N queue pairs
+//! ([`crate::mq`]).
 //!
 //! A command the device has not answered when the wait ends stays queued (its buffers belong
 //! to the device until it returns them): later commands fail with [`CtrlError::Busy`] until the
@@ -37,6 +38,11 @@ pub const RX_PROMISC: u8 = 0;
 /// RX: all-multicast mode on or off.
 pub const RX_ALLMULTI: u8 = 1;
 
+/// Class MQ: multiqueue (needs VIRTIO_NET_F_MQ).
+pub const CLASS_MQ: u8 = 4;
+/// MQ: `le16 virtqueue_pairs`, the queue pairs the device uses from now on.
+pub const MQ_VQ_PAIRS_SET: u8 = 0;
+
 /// Class NOTF_COAL: notification coalescing.
 pub const CLASS_NOTF_COAL: u8 = 6;
 /// NOTF_COAL (needs VIRTIO_NET_F_NOTF_COAL): `le32 tx_max_packets; le32 tx_usecs`.
@@ -50,8 +56,6 @@ pub const NOTF_COAL_VQ_SET: u8 = 2;
 /// `le32 max_packets; le32 max_usecs`.
 pub const NOTF_COAL_VQ_GET: u8 = 3;
 
-/// Index of the control queue (there is no multiqueue: rx 0, tx 1, control 2).
-pub(crate) const CTRL_QUEUE: u16 = 2;
 /// Control queue size asked for (lowered to the device's maximum).
 pub(crate) const CTRL_QUEUE_SIZE: u16 = 8;
 /// Descriptors of the longest command chain (header, data, reply, ack).
@@ -323,7 +327,7 @@ impl<H: Hal, T: Transport> VirtioNet<H, T> {
         // not ask for costs one exit, and one it needed but did not get would stall the
         // command for the whole wait.
         let _: Kick = cq.ring.kick_decision();
-        self.transport.notify(CTRL_QUEUE);
+        self.transport.notify(cq.ring.index());
         let result = wait_for_answer(cq, wait, reply);
         if !matches!(result, Ok(Ack::Ok)) {
             cq.stats.failed += 1;
@@ -336,7 +340,7 @@ impl<H: Hal, T: Transport> VirtioNet<H, T> {
 
     /// Sends a command whose only answer is the ack: `Ok(())` on VIRTIO_NET_OK,
     /// [`CtrlError::Rejected`] on VIRTIO_NET_ERR.
-    fn command(&mut self, class: u8, cmd: u8, data: &[u8]) -> Result<(), CtrlError> {
+    pub(crate) fn command(&mut self, class: u8, cmd: u8, data: &[u8]) -> Result<(), CtrlError> {
         match self.control(class, cmd, data, &mut [])? {
             Ack::Ok => Ok(()),
             Ack::Err => Err(CtrlError::Rejected),

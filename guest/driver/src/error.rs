@@ -15,6 +15,10 @@ pub enum ConfigError {
     KickThreshold(u16),
     /// An XDP bulk size of 0.
     XdpBulk(u16),
+    /// A queue pair count outside 1..=0x8000.
+    QueuePairs(u16),
+    /// More than one queue pair without the control queue (MQ needs CTRL_VQ).
+    MqNeedsCtrlVq,
 }
 
 impl fmt::Display for ConfigError {
@@ -27,6 +31,13 @@ impl fmt::Display for ConfigError {
             ConfigError::TxBufSize(s) => write!(f, "tx buffer size {s} out of range"),
             ConfigError::KickThreshold(n) => write!(f, "kick threshold {n} (must be at least 1)"),
             ConfigError::XdpBulk(n) => write!(f, "XDP bulk size {n} (must be at least 1)"),
+            ConfigError::QueuePairs(n) => write!(f, "{n} queue pairs (must be 1..=32768)"),
+            ConfigError::MqNeedsCtrlVq => {
+                write!(
+                    f,
+                    "more than one queue pair needs the control queue (ctrl_vq)"
+                )
+            }
         }
     }
 }
@@ -68,6 +79,26 @@ pub enum InitError {
     VectorRefused(Option<u16>),
     /// A queue's notification address lies outside the notification structure (virtio-pci).
     NotifyOutOfRange(u16),
+    /// More than one queue pair was asked for, but VIRTIO_NET_F_MQ could not be negotiated:
+    /// the device offers no MQ, or no control queue (MQ needs CTRL_VQ).
+    MqUnavailable {
+        /// Pairs asked for.
+        wanted: u16,
+    },
+    /// More queue pairs were asked for than the device's `max_virtqueue_pairs`.
+    TooManyQueuePairs {
+        /// Pairs asked for.
+        wanted: u16,
+        /// The device's `max_virtqueue_pairs`.
+        max: u16,
+    },
+    /// The control command enabling the queue pairs (MQ VQ_PAIRS_SET) failed.
+    QueuePairsSet {
+        /// Pairs asked for.
+        wanted: u16,
+        /// Why.
+        error: CtrlError,
+    },
 }
 
 impl fmt::Display for InitError {
@@ -102,6 +133,22 @@ impl fmt::Display for InitError {
                     "queue {q}'s notification address is outside the notify structure"
                 )
             }
+            InitError::MqUnavailable { wanted } => write!(
+                f,
+                "{wanted} queue pairs asked for, but the device offers no multiqueue \
+                 (VIRTIO_NET_F_MQ with VIRTIO_NET_F_CTRL_VQ)"
+            ),
+            InitError::TooManyQueuePairs { wanted, max } => write!(
+                f,
+                "{wanted} queue pairs asked for, but the device has at most {max} \
+                 (max_virtqueue_pairs)"
+            ),
+            InitError::QueuePairsSet { wanted, error } => {
+                write!(
+                    f,
+                    "enabling {wanted} queue pairs (VQ_PAIRS_SET) failed: {error}"
+                )
+            }
         }
     }
 }
@@ -110,6 +157,7 @@ impl core::error::Error for InitError {
     fn source(&self) -> Option<&(dyn core::error::Error + 'static)> {
         match self {
             InitError::Config(e) => Some(e),
+            InitError::QueuePairsSet { error, .. } => Some(error),
             _ => None,
         }
     }
@@ -215,6 +263,13 @@ pub enum CtrlError {
     /// The device broke the control queue (a used entry that is not the command in flight, or
     /// a used index past the ring); counted in `device_errors`.
     Device,
+    /// VQ_PAIRS_SET with a pair count outside 1..=the pairs the driver set up.
+    QueuePairs {
+        /// Pairs asked for.
+        wanted: u16,
+        /// Pairs set up.
+        pairs: u16,
+    },
 }
 
 impl fmt::Display for CtrlError {
@@ -236,8 +291,33 @@ impl fmt::Display for CtrlError {
                 "control reply of {len} bytes written (expected {expected} with the ack)"
             ),
             CtrlError::Device => write!(f, "the device broke the control queue"),
+            CtrlError::QueuePairs { wanted, pairs } => write!(
+                f,
+                "{wanted} queue pairs asked for (the driver set up {pairs})"
+            ),
         }
     }
 }
 
 impl core::error::Error for CtrlError {}
+
+/// A queue pair index the driver did not set up ([`crate::VirtioNet::select_pair`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PairError {
+    /// The index asked for.
+    pub pair: u16,
+    /// Pairs set up (valid indexes are below this).
+    pub pairs: u16,
+}
+
+impl fmt::Display for PairError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "queue pair {} does not exist (the driver set up {})",
+            self.pair, self.pairs
+        )
+    }
+}
+
+impl core::error::Error for PairError {}

@@ -16,6 +16,9 @@ pub const RING_F_EVENT_IDX: u64 = 1 << 29;
 pub const F_VERSION_1: u64 = 1 << 32;
 /// The device has a control virtqueue (queue 2 without multiqueue).
 pub const NET_F_CTRL_VQ: u64 = 1 << 17;
+/// Several queue pairs (`max_virtqueue_pairs` in the configuration space, enabled with the
+/// control queue's MQ VQ_PAIRS_SET; requires CTRL_VQ).
+pub const NET_F_MQ: u64 = 1 << 22;
 /// Control class RX: promiscuous and all-multicast modes (requires CTRL_VQ).
 pub const NET_F_CTRL_RX: u64 = 1 << 18;
 /// Control class NOTF_COAL: TX_SET and RX_SET, device-wide notification coalescing (requires
@@ -28,7 +31,8 @@ pub const NET_F_VQ_NOTF_COAL: u64 = 1 << 52;
 /// The features the driver acknowledges out of `offered` under `config`: VERSION_1, MAC,
 /// STATUS, and EVENT_IDX, MRG_RXBUF, CSUM as `config` says; with `config.ctrl_vq` the control
 /// queue (CTRL_VQ) with NOTF_COAL and VQ_NOTF_COAL, and CTRL_RX if `config.ctrl_rx` too (each
-/// only if CTRL_VQ is offered: the spec makes them depend on it). Nothing else (no indirect
+/// only if CTRL_VQ is offered: the spec makes them depend on it); with `config.queue_pairs` > 1
+/// also MQ (likewise only with CTRL_VQ). Nothing else (no indirect
 /// descriptors, no receive offloads: received frames never carry partial checksums).
 pub fn acknowledged(offered: u64, config: &Config) -> u64 {
     let mut wanted = F_VERSION_1 | NET_F_MAC | NET_F_STATUS;
@@ -45,6 +49,9 @@ pub fn acknowledged(offered: u64, config: &Config) -> u64 {
         wanted |= NET_F_CTRL_VQ | NET_F_NOTF_COAL | NET_F_VQ_NOTF_COAL;
         if config.ctrl_rx {
             wanted |= NET_F_CTRL_RX;
+        }
+        if config.queue_pairs > 1 {
+            wanted |= NET_F_MQ;
         }
     }
     offered & wanted

@@ -21,7 +21,9 @@
 //! size, EVENT_IDX and mergeable rx buffers on or off, plus an AF_XDP-style zero-copy transmit
 //! path over a caller-owned umem ([`xsk`]) and plain counters ([`Counters`]). Devices that
 //! offer a control queue get synchronous control commands, notification coalescing set from
-//! the guest among them ([`ctrl`]).
+//! the guest among them ([`ctrl`]); devices that offer multiqueue get several queue pairs
+//! ([`Config::queue_pairs`], [`mq`]), the datapath acting on the pair selected with
+//! [`VirtioNet::select_pair`] or [`VirtioNet::on_pair`].
 //!
 //! Bringing a device up, sending, receiving and taking interrupts:
 //!
@@ -63,6 +65,7 @@ pub mod error;
 pub mod features;
 pub mod hal;
 pub mod header;
+pub mod mq;
 mod net;
 pub mod pci;
 mod queue;
@@ -82,9 +85,10 @@ mod tests;
 pub use config::{Config, TxCompletion};
 pub use counters::Counters;
 pub use ctrl::{Ack, Coalescing, CtrlWait};
-pub use error::{CtrlError, InitError, TxError, XskError};
+pub use error::{CtrlError, InitError, PairError, TxError, XskError};
 pub use hal::{Hal, PhysAddr, PAGE_SIZE};
 pub use header::{VirtioNetHdr, VNET_HDR_LEN};
+pub use mq::PairCounters;
 pub use net::{IrqStatus, QueueId, Rearm, VirtioNet};
 pub use pci::{PciError, PciTransport};
 pub use ring::vring_need_event;

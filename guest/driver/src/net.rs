@@ -5,11 +5,12 @@
 use crate::config::{Config, TxCompletion, MIN_RX_BUF_WITHOUT_MRG};
 use crate::counters::Counters;
 use crate::ctrl::CTRL_QUEUE_SIZE;
-use crate::ctrl::{ControlQueue, CtrlStats, CtrlWait, CTRL_BUF_BYTES, CTRL_MAX_CHAIN, CTRL_QUEUE};
+use crate::ctrl::{ControlQueue, CtrlStats, CtrlWait, CTRL_BUF_BYTES, CTRL_MAX_CHAIN};
 use crate::error::InitError;
 use crate::features::RING_F_EVENT_IDX;
 use crate::features::{self, NET_F_CTRL_VQ, NET_F_MAC, NET_F_MRG_RXBUF, NET_F_STATUS};
 use crate::hal::{DmaRegion, Hal};
+use crate::mq::{self, Pairs};
 use crate::queue::{ReceiveQueue, ReceiveStats, SendQueue, SendStats};
 use crate::ring::{RingLayout, SplitRing};
 use crate::rx::RxPool;
@@ -49,7 +50,8 @@ pub enum Rearm {
 /// What [`VirtioNet::handle_interrupt`] found in InterruptStatus.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct IrqStatus {
-    /// Some queue has used buffers (the device does not say which: poll both).
+    /// Some queue has used buffers (the device does not say which: poll both queues of every
+    /// pair).
     pub used_buffers: bool,
     /// The configuration changed (link status re-read; see [`VirtioNet::link_up`]).
     pub config_changed: bool,
@@ -90,6 +92,8 @@ pub struct VirtioNet<H: Hal, T: Transport> {
     pub(crate) cq: Option<ControlQueue>,
     /// How long a control command waits for its answer.
     pub(crate) ctrl_wait: CtrlWait,
+    /// The other queue pairs (multiqueue, [`crate::mq`]); `rq`/`sq` are the current pair.
+    pub(crate) mq: Pairs,
 }
 
 impl<H: Hal, T: Transport> VirtioNet<H, T> {
@@ -105,6 +109,7 @@ impl<H: Hal, T: Transport> VirtioNet<H, T> {
         reset(&mut transport)?;
         let result = negotiate(&mut transport, &config).and_then(|features| {
             transport.setup_config_vector()?;
+            let layout = mq::layout(&mut transport, features, &config)?;
             let sizes = [
                 queue_size(&mut transport, RX_QUEUE, config.rx_queue_size)?,
                 queue_size(&mut transport, TX_QUEUE, config.tx_queue_size)?,
@@ -115,18 +120,19 @@ impl<H: Hal, T: Transport> VirtioNet<H, T> {
                     min: MIN_RX_BUF_WITHOUT_MRG,
                 });
             }
+            let ctrl_queue = layout.ctrl_queue;
             let ctrl_size = if features & NET_F_CTRL_VQ != 0 {
-                let size = queue_size(&mut transport, CTRL_QUEUE, CTRL_QUEUE_SIZE)?;
+                let size = queue_size(&mut transport, ctrl_queue, CTRL_QUEUE_SIZE)?;
                 if size < CTRL_MAX_CHAIN {
-                    return Err(InitError::QueueUnavailable(CTRL_QUEUE));
+                    return Err(InitError::QueueUnavailable(ctrl_queue));
                 }
                 Some(size)
             } else {
                 None
             };
-            Ok((features, sizes, ctrl_size))
+            Ok((features, layout, sizes, ctrl_size))
         });
-        let (features, [rx_size, tx_size], ctrl_size) = match result {
+        let (features, layout, [rx_size, tx_size], ctrl_size) = match result {
             Ok(v) => v,
             Err(e) => {
                 set_status(&mut transport, status::FAILED);
@@ -160,7 +166,7 @@ impl<H: Hal, T: Transport> VirtioNet<H, T> {
                     return Err(InitError::DmaAlloc);
                 };
                 Some(ControlQueue::new(
-                    SplitRing::new(CTRL_QUEUE, size, ring, event_idx),
+                    SplitRing::new(layout.ctrl_queue, size, ring, event_idx),
                     buf,
                 ))
             }
@@ -185,12 +191,13 @@ impl<H: Hal, T: Transport> VirtioNet<H, T> {
             interrupts: 0,
             cq,
             ctrl_wait: CtrlWait::default(),
+            mq: Pairs::single(),
         };
         // From here on, dropping `net` resets the device and frees the memory.
         net.program_queue(RX_QUEUE)?;
         net.program_queue(TX_QUEUE)?;
         if net.cq.is_some() {
-            net.program_queue(CTRL_QUEUE)?;
+            net.program_queue(layout.ctrl_queue)?;
         }
         net.read_config();
         // Interrupt suppression lives in ring memory: set it before the device starts.
@@ -201,21 +208,30 @@ impl<H: Hal, T: Transport> VirtioNet<H, T> {
             }
             TxCompletion::CleanFromRx | TxCompletion::Lazy => net.sq.ring.disable_interrupts(),
         }
+        if let Err(e) = net.add_pairs(layout.pairs) {
+            set_status(&mut net.transport, status::FAILED);
+            return Err(e);
+        }
         set_status(&mut net.transport, status::DRIVER_OK);
         if net.transport.status() & status::DEVICE_NEEDS_RESET != 0 {
             return Err(InitError::DeviceNeedsReset);
         }
         net.refill_rx();
+        net.start_pairs()?;
         Ok(net)
     }
 
     /// Hands queue `queue`'s rings to the device and enables it. On error the device is
     /// marked FAILED (and reset when `self` drops).
-    fn program_queue(&mut self, queue: u16) -> Result<(), InitError> {
+    pub(crate) fn program_queue(&mut self, queue: u16) -> Result<(), InitError> {
         let (size, (desc, avail, used)) = match (queue, &self.cq) {
             (RX_QUEUE, _) => (self.rq.ring.size(), self.rq.ring.addresses()),
-            (CTRL_QUEUE, Some(cq)) => (cq.ring.size(), cq.ring.addresses()),
-            _ => (self.sq.ring.size(), self.sq.ring.addresses()),
+            (TX_QUEUE, _) => (self.sq.ring.size(), self.sq.ring.addresses()),
+            (q, Some(cq)) if q == cq.ring.index() => (cq.ring.size(), cq.ring.addresses()),
+            (q, _) => match self.mq.ring_of(q) {
+                Some(ring) => ring,
+                None => return Ok(()),
+            },
         };
         let setup = QueueSetup {
             size,
@@ -261,6 +277,9 @@ impl<H: Hal, T: Transport> VirtioNet<H, T> {
         }
         self.transport.ack_interrupt(isr);
         self.interrupts += 1;
+        if isr & INT_USED_BUFFER != 0 {
+            self.note_pair_interrupts();
+        }
         let config_changed = isr & INT_CONFIG_CHANGE != 0;
         if config_changed {
             self.config_changed();
@@ -317,7 +336,8 @@ impl<H: Hal, T: Transport> VirtioNet<H, T> {
     /// interrupts.
     pub fn counters(&self) -> Counters {
         // Every field on both sides is named, so a counter added to a queue or to `Counters`
-        // does not compile until it is reported here.
+        // does not compile until it is reported here. Summed over the queue pairs.
+        let (sq, rq) = self.summed_stats();
         let SendStats {
             frames: tx_frames,
             bytes: tx_bytes,
@@ -333,7 +353,7 @@ impl<H: Hal, T: Transport> VirtioNet<H, T> {
             xdp_flushes,
             xsk_invalid_descs,
             device_errors: tx_device_errors,
-        } = self.sq.stats;
+        } = sq;
         let ReceiveStats {
             frames: rx_frames,
             bytes: rx_bytes,
@@ -342,7 +362,7 @@ impl<H: Hal, T: Transport> VirtioNet<H, T> {
             xdp_pass,
             xdp_drop,
             device_errors: rx_device_errors,
-        } = self.rq.stats;
+        } = rq;
         let CtrlStats {
             commands: ctrl_commands,
             failed: ctrl_failed,
@@ -382,7 +402,8 @@ impl<H: Hal, T: Transport> VirtioNet<H, T> {
         &self.config
     }
 
-    /// The (rx, tx) queue sizes in use (the configured ones, lowered to the device's maximum).
+    /// The (rx, tx) queue sizes in use (the configured ones, lowered to the device's maximum)
+    /// of the current pair (see [`Self::pair_queue_sizes`]).
     pub fn queue_sizes(&self) -> (u16, u16) {
         (self.rq.ring.size(), self.sq.ring.size())
     }
@@ -409,9 +430,10 @@ impl<H: Hal, T: Transport> VirtioNet<H, T> {
             || self.rq.ring.is_broken()
             || self.sq.ring.is_broken()
             || self.cq.as_ref().is_some_and(|cq| cq.ring.is_broken())
+            || self.mq.any_broken()
     }
 
-    /// Free descriptors on the tx ring.
+    /// Free descriptors on the tx ring (of the current pair).
     pub fn tx_free_descriptors(&self) -> usize {
         self.sq.ring.free_descriptors()
     }
@@ -440,6 +462,7 @@ impl<H: Hal, T: Transport> Drop for VirtioNet<H, T> {
             if let Some(cq) = &self.cq {
                 cq.dealloc(&self.hal);
             }
+            self.mq.dealloc(&self.hal);
         }
     }
 }
@@ -478,7 +501,7 @@ fn negotiate<T: Transport>(t: &mut T, config: &Config) -> Result<u64, InitError>
 }
 
 /// The size to use for `queue`: `wanted`, lowered to the largest power of two the device allows.
-fn queue_size<T: Transport>(t: &mut T, queue: u16, wanted: u16) -> Result<u16, InitError> {
+pub(crate) fn queue_size<T: Transport>(t: &mut T, queue: u16, wanted: u16) -> Result<u16, InitError> {
     if t.queue_enabled(queue) {
         return Err(InitError::QueueUnavailable(queue));
     }

@@ -824,18 +824,18 @@ impl<H: crate::Hal, T: Transport> crate::VirtioNet<H, T> {
     /// queue vector reports used buffers (poll the queue(s) on it: [`Transport::queue_vector`]).
     pub fn handle_msix(&mut self, vector: u16) -> crate::IrqStatus {
         let config_changed = self.transport.config_vector() == Some(vector);
-        let queues = [
-            crate::net::RX_QUEUE,
-            crate::net::TX_QUEUE,
-            crate::ctrl::CTRL_QUEUE,
-        ];
-        let used_buffers = queues
-            .iter()
-            .any(|&q| self.transport.queue_vector(q) == Some(vector));
+        // Every pair's rx and tx queue, and the control queue.
+        let ctrl = self.cq.as_ref().map(|cq| cq.ring.index());
+        let used_buffers = (0..2 * self.queue_pairs())
+            .chain(ctrl)
+            .any(|q| self.transport.queue_vector(q) == Some(vector));
         if !config_changed && !used_buffers {
             return crate::IrqStatus::default();
         }
         self.interrupts += 1;
+        if used_buffers {
+            self.note_pair_interrupts();
+        }
         if config_changed {
             self.config_changed();
         }

@@ -10,7 +10,7 @@ fn ring(size: u16, event_idx: bool) -> (SplitRing<u32>, DevQueue, TestHal) {
     let hal = TestHal::new(4 << 20);
     let region = DmaRegion::alloc(&hal, RingLayout::new(size).bytes).expect("dma");
     let ring = SplitRing::new(0, size, region, event_idx);
-    let dev = DevQueue::new(hal.clone(), size, ring.addresses(), event_idx);
+    let dev = DevQueue::new(hal.clone(), ring.index(), size, ring.addresses(), event_idx);
     (ring, dev, hal)
 }
 

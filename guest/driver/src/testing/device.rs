@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::vec::Vec;
 
 use super::hal::TestHal;
-use super::transport::TestTransport;
+use super::transport::{Regs, TestTransport};
 use crate::features::{NET_F_MRG_RXBUF, RING_F_EVENT_IDX};
 use crate::hal::PhysAddr;
 use crate::transport::{status, INT_USED_BUFFER};
@@ -39,6 +39,8 @@ pub(crate) struct Chain {
 /// The device's view of one queue.
 pub(crate) struct DevQueue {
     hal: TestHal,
+    /// The queue's index.
+    pub(crate) index: u16,
     pub(crate) size: u16,
     desc: PhysAddr,
     avail: PhysAddr,
@@ -53,12 +55,14 @@ pub(crate) struct DevQueue {
 impl DevQueue {
     pub(crate) fn new(
         hal: TestHal,
+        index: u16,
         size: u16,
         (desc, avail, used): (PhysAddr, PhysAddr, PhysAddr),
         event_idx: bool,
     ) -> DevQueue {
         DevQueue {
             hal,
+            index,
             size,
             desc,
             avail,
@@ -237,6 +241,10 @@ pub(crate) struct CtrlDevice {
     pub(crate) promisc: bool,
     /// Leave notifications as they are after serving (a device that never re-enables them).
     pub(crate) suppress: bool,
+    /// The device's `max_virtqueue_pairs`.
+    pub(crate) max_pairs: u16,
+    /// Pairs enabled by the last VQ_PAIRS_SET (1 before any).
+    pub(crate) pairs_set: u16,
 }
 
 /// The NOTF_COAL/RX constants, spelled out from the spec (not from `ctrl.rs`).
@@ -272,6 +280,16 @@ impl CtrlDevice {
                 let mut reply = packets.to_le_bytes().to_vec();
                 reply.extend_from_slice(&usecs.to_le_bytes());
                 (OK, reply)
+            }
+            // MQ VQ_PAIRS_SET: le16 pairs in 1..=max_virtqueue_pairs.
+            (4, 0, 2) => {
+                let pairs = u16::from_le_bytes([data[0], data[1]]);
+                if (1..=self.max_pairs).contains(&pairs) {
+                    self.pairs_set = pairs;
+                    (OK, Vec::new())
+                } else {
+                    (ERR, Vec::new())
+                }
             }
             // RX PROMISC: one byte, 0 or 1.
             (0, 0, 1) if data[0] <= 1 => {
@@ -380,59 +398,137 @@ impl CtrlDevice {
 }
 
 /// A device consuming the driver's rx (0) and tx (1) queues, and its control queue (2) if the
-/// driver set one up.
+/// driver set one up; with MQ negotiated, also the other pairs' queues (control queue `2N`).
 pub(crate) struct TestDevice {
     pub(crate) hal: TestHal,
     pub(crate) transport: TestTransport,
     pub(crate) rx: DevQueue,
     pub(crate) tx: DevQueue,
+    /// Pairs 1.. (rx, tx) with MQ (empty without).
+    pub(crate) more: Vec<(DevQueue, DevQueue)>,
     pub(crate) mrg: bool,
     /// The control queue, served synchronously from the driver's kick (a notification hook
     /// on the transport).
     pub(crate) ctrl: Option<Arc<Mutex<CtrlDevice>>>,
 }
 
+/// The control queue's device side once the driver set it up, shared by the notification hook
+/// [`serve_ctrl_from_bring_up`] installs and the [`TestDevice`] attached afterwards.
+pub(crate) type CtrlSlot = Arc<Mutex<Option<Arc<Mutex<CtrlDevice>>>>>;
+
+/// The queue index of the control queue under the negotiated features (2, or 2 ×
+/// `max_virtqueue_pairs` with MQ) and the pairs the driver set up (ready rx/tx queues).
+fn layout(regs: &Regs) -> (usize, usize) {
+    if regs.driver_features & crate::features::NET_F_MQ == 0 {
+        return (2, 1);
+    }
+    let max = usize::from(u16::from_le_bytes([regs.config[8], regs.config[9]]));
+    let pairs = (0..max)
+        .take_while(|&p| regs.queues[2 * p].ready == 1 && regs.queues[2 * p + 1].ready == 1)
+        .count();
+    (2 * max, pairs)
+}
+
+fn dev_queue(hal: &TestHal, regs: &Regs, i: usize) -> DevQueue {
+    let q = regs.queues[i];
+    assert_eq!(q.ready, 1);
+    DevQueue::new(
+        hal.clone(),
+        u16::try_from(i).expect("queue index"),
+        u16::try_from(q.num).expect("size"),
+        (q.desc, q.avail, q.used),
+        regs.driver_features & RING_F_EVENT_IDX != 0,
+    )
+}
+
+/// The control queue's device side as the driver programmed it, if it did.
+fn ctrl_from_regs(hal: &TestHal, regs: &Regs, behaviour: CtrlBehaviour) -> Option<CtrlDevice> {
+    let (ctrl_index, _) = layout(regs);
+    (regs.queues[ctrl_index].ready == 1).then(|| CtrlDevice {
+        hal: hal.clone(),
+        q: dev_queue(hal, regs, ctrl_index),
+        behaviour,
+        log: Vec::new(),
+        held: Vec::new(),
+        coal: [(0, 0); 2],
+        promisc: false,
+        suppress: false,
+        max_pairs: u16::from_le_bytes([regs.config[8], regs.config[9]]),
+        pairs_set: 1,
+    })
+}
+
+/// Answers control commands from the driver's first control kick on, so that commands sent
+/// during bring-up (VQ_PAIRS_SET) are served (install before `VirtioNet::new`; hand the slot
+/// to [`TestDevice::attach_with`]).
+pub(crate) fn serve_ctrl_from_bring_up(
+    hal: &TestHal,
+    transport: &TestTransport,
+    behaviour: CtrlBehaviour,
+) -> CtrlSlot {
+    let slot: CtrlSlot = Arc::new(Mutex::new(None));
+    let (hal, regs_of, shared) = (hal.clone(), transport.clone(), Arc::clone(&slot));
+    transport.set_notify_hook(Some(Box::new(move |queue| {
+        let mut slot = shared.lock().expect("slot lock");
+        if slot.is_none() {
+            let regs = regs_of.regs();
+            if layout(&regs).0 != usize::from(queue) {
+                return;
+            }
+            *slot = ctrl_from_regs(&hal, &regs, behaviour).map(|c| Arc::new(Mutex::new(c)));
+        }
+        if let Some(ctrl) = slot.as_ref() {
+            let mut ctrl = ctrl.lock().expect("ctrl lock");
+            if usize::from(queue) == usize::from(ctrl.q.index) {
+                ctrl.serve();
+            }
+        }
+    })));
+    slot
+}
+
 impl TestDevice {
     /// The device as the driver configured it (call after DRIVER_OK).
     pub(crate) fn attach(hal: &TestHal, transport: &TestTransport) -> TestDevice {
+        TestDevice::attach_with(hal, transport, None)
+    }
+
+    /// [`Self::attach`], keeping the control queue served since bring-up by `early`'s hook.
+    pub(crate) fn attach_with(
+        hal: &TestHal,
+        transport: &TestTransport,
+        early: Option<CtrlSlot>,
+    ) -> TestDevice {
         let regs = transport.regs();
         assert_ne!(regs.status & status::DRIVER_OK, 0, "driver not ready");
-        let event_idx = regs.driver_features & RING_F_EVENT_IDX != 0;
-        let queue = |i: usize| {
-            let q = regs.queues[i];
-            assert_eq!(q.ready, 1);
-            DevQueue::new(
-                hal.clone(),
-                u16::try_from(q.num).expect("size"),
-                (q.desc, q.avail, q.used),
-                event_idx,
-            )
-        };
-        let ctrl = (regs.queues[2].ready == 1).then(|| {
-            Arc::new(Mutex::new(CtrlDevice {
-                hal: hal.clone(),
-                q: queue(2),
-                behaviour: CtrlBehaviour::Model,
-                log: Vec::new(),
-                held: Vec::new(),
-                coal: [(0, 0); 2],
-                promisc: false,
-                suppress: false,
-            }))
+        let (ctrl_index, pairs) = layout(&regs);
+        let served = early.and_then(|slot| slot.lock().expect("slot lock").clone());
+        let hooked = served.is_some();
+        let ctrl = served.or_else(|| {
+            ctrl_from_regs(hal, &regs, CtrlBehaviour::Model).map(|c| Arc::new(Mutex::new(c)))
         });
         let device = TestDevice {
             hal: hal.clone(),
             transport: transport.clone(),
-            rx: queue(0),
-            tx: queue(1),
+            rx: dev_queue(hal, &regs, 0),
+            tx: dev_queue(hal, &regs, 1),
+            more: (1..pairs)
+                .map(|p| {
+                    (
+                        dev_queue(hal, &regs, 2 * p),
+                        dev_queue(hal, &regs, 2 * p + 1),
+                    )
+                })
+                .collect(),
             mrg: regs.driver_features & NET_F_MRG_RXBUF != 0,
             ctrl,
         };
         drop(regs);
-        if let Some(ctrl) = &device.ctrl {
+        if let (Some(ctrl), false) = (&device.ctrl, hooked) {
             let ctrl = Arc::clone(ctrl);
+            let ctrl_index = u16::try_from(ctrl_index).expect("queue index");
             transport.set_notify_hook(Some(Box::new(move |queue| {
-                if queue == 2 {
+                if queue == ctrl_index {
                     ctrl.lock().expect("ctrl lock").serve();
                 }
             })));
@@ -537,6 +633,23 @@ impl TestDevice {
             }
             None => false,
         }
+    }
+
+    /// Runs `f` with pair `pair`'s queues in `self.rx`/`self.tx` (so that the single-pair
+    /// helpers serve any pair).
+    pub(crate) fn on_pair<R>(&mut self, pair: usize, f: impl FnOnce(&mut Self) -> R) -> R {
+        if pair == 0 {
+            return f(self);
+        }
+        let swap = |d: &mut Self| {
+            let (rx, tx) = &mut d.more[pair - 1];
+            std::mem::swap(&mut d.rx, rx);
+            std::mem::swap(&mut d.tx, tx);
+        };
+        swap(self);
+        let result = f(self);
+        swap(self);
+        result
     }
 
     /// Raises the used-buffer interrupt.

@@ -6,6 +6,8 @@ pub(crate) mod device;
 pub(crate) mod hal;
 pub(crate) mod transport;
 
-pub(crate) use device::{CtrlBehaviour, CtrlRecord, DevQueue, TestDevice};
+pub(crate) use device::{
+    serve_ctrl_from_bring_up, CtrlBehaviour, CtrlRecord, DevQueue, TestDevice,
+};
 pub(crate) use hal::TestHal;
 pub(crate) use transport::{Regs, TestTransport};

@@ -38,9 +38,11 @@ pub(crate) struct Regs {
     /// Set DEVICE_NEEDS_RESET on DRIVER_OK.
     pub(crate) fail_activation: bool,
     pub(crate) queue_sel: u32,
-    /// Rx, tx and control queue (the control queue has `num_max` 0, "absent", by default).
-    pub(crate) queues: [QueueRegs; 3],
-    pub(crate) config: [u8; 8],
+    /// Rx, tx and control queue (the control queue has `num_max` 0, "absent", by default);
+    /// [`Regs::multiqueue`] makes it rx0 tx0 rx1 tx1 … ctrl.
+    pub(crate) queues: Vec<QueueRegs>,
+    /// MAC (0..6), status (6..8), `max_virtqueue_pairs` (8..10).
+    pub(crate) config: [u8; 10],
     pub(crate) config_generation: u32,
     pub(crate) interrupt_status: u32,
     /// Every QueueNotify, in order.
@@ -51,9 +53,10 @@ pub(crate) struct Regs {
 
 impl Default for Regs {
     fn default() -> Regs {
-        let mut config = [0u8; 8];
+        let mut config = [0u8; 10];
         config[..6].copy_from_slice(&[0x02, 0, 0, 0, 0, 0x01]);
         config[6] = 1; // link up
+        config[8] = 1; // one queue pair
         Regs {
             magic: MAGIC,
             version: VERSION_MODERN,
@@ -71,7 +74,7 @@ impl Default for Regs {
             refuse_features: false,
             fail_activation: false,
             queue_sel: 0,
-            queues: [
+            queues: std::vec![
                 QueueRegs {
                     num_max: 256,
                     ..QueueRegs::default()
@@ -92,6 +95,24 @@ impl Default for Regs {
 }
 
 impl Regs {
+    /// A device with `pairs` queue pairs of `num_max` 256 (`max_virtqueue_pairs` = `pairs`),
+    /// offering MQ, the control queue (`num_max` 8 at `2 * pairs`) and NOTF_COAL.
+    pub(crate) fn multiqueue(&mut self, pairs: u16) {
+        use crate::features::{NET_F_CTRL_VQ, NET_F_MQ, NET_F_NOTF_COAL};
+        self.device_features |= NET_F_MQ | NET_F_CTRL_VQ | NET_F_NOTF_COAL;
+        self.config[8..10].copy_from_slice(&pairs.to_le_bytes());
+        self.queues = (0..2 * pairs)
+            .map(|_| QueueRegs {
+                num_max: 256,
+                ..QueueRegs::default()
+            })
+            .collect();
+        self.queues.push(QueueRegs {
+            num_max: 8,
+            ..QueueRegs::default()
+        });
+    }
+
     /// Notifications of queue `q` so far.
     pub(crate) fn kicks(&self, q: u16) -> usize {
         self.notifies.iter().filter(|&&n| n == q).count()

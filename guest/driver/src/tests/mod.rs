@@ -4,6 +4,7 @@ mod concurrent;
 mod ctrl;
 mod init;
 mod pci;
+mod mq;
 mod queue;
 mod rx;
 mod tx;

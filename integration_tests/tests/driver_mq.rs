@@ -1,0 +1,323 @@
+//! The bare-metal driver guest with two queue pairs: `--net tap=TAP,queues=2` on a multi-queue
+//! tap, the guest at `ring=3` with `queues=2`. Over virtio-mmio the pairs share one interrupt;
+//! the guest negotiates VIRTIO_NET_F_MQ, sets up rx0 tx0 rx1 tx1 and the control queue (4),
+//! and enables both pairs with VQ_PAIRS_SET 2.
+//!
+//! - tx: the guest spreads its frames round robin per batch over the pairs; a host AF_PACKET
+//!   socket on the tap checks that every frame arrives once and intact (the sequence number is
+//!   the frame's id), and the device's per-pair counters (`queues[i]` in the metrics the VMM
+//!   prints at exit) show both tap queues carried them.
+//! - echo: the host sends frames, the guest bounces each on the pair it arrived on (XDP_TX)
+//!   and the host checks every echo. Which tap queue (hence which pair) a host frame reaches
+//!   is the host kernel's choice: tun hashes the skb's flow, and a frame of the test
+//!   EtherType dissects no further than its protocol, so every frame would hash alike and
+//!   take one queue. The host therefore sends each frame (its bytes unchanged) with one of
+//!   [`STEER_PROTOCOLS`] protocol values in turn as the skb's protocol: different hashes,
+//!   spread over both queues (the hash key is random per host boot; with 16 values the chance
+//!   that all land on one queue is 2^-15).
+//!
+//! In both, the guest's per-queue counters (`queues[i]` in its result line) equal the
+//! device's per-pair counters: frames and kicks per queue.
+
+use std::collections::BTreeSet;
+use std::time::{Duration, Instant};
+
+use devices::test_utils::netns::NetNs;
+use integration_tests::packet::{self, frame, guest_mac, mac_string, PacketSocket};
+use integration_tests::{final_metrics, guest_lock, tap_counter, RunOutput, VmmProcess};
+use serde_json::Value;
+
+const TAP: &str = "vmmdmqtap0";
+/// The destination MAC of the frames the host sends (the guest swaps it into the source).
+const GUEST_DST: [u8; 6] = [0x02, 0, 0, 0, 0, 0x0b];
+/// Frames in flight when the host sends for the echo workload.
+const WINDOW: u64 = 32;
+const PAIRS: usize = 2;
+/// skb protocols the echo test's frames are sent with (the frames keep EtherType 0x88b5).
+const STEER_PROTOCOLS: u16 = 16;
+
+fn namespace(tag: &str) -> (NetNs, PacketSocket, [u8; 6]) {
+    let ns = integration_tests::namespace_with_multi_queue_tap(tag, TAP);
+    let tap_mac = packet::tap_mac(&ns, TAP);
+    let sock = ns
+        .run(|| PacketSocket::open(TAP))
+        .expect("run in namespace")
+        .expect("AF_PACKET socket on the tap");
+    (ns, sock, tap_mac)
+}
+
+fn start_guest(ns: &NetNs, cmdline: &str) -> VmmProcess {
+    integration_tests::spawn_driver_guest(ns, cmdline, &format!("tap={TAP},queues={PAIRS}"), None)
+}
+
+/// The guest's result line.
+fn driver_result(out: &RunOutput) -> Value {
+    let line = out
+        .stdout
+        .lines()
+        .find(|l| l.starts_with("{\"driver\":"))
+        .unwrap_or_else(|| panic!("no {{\"driver\":…}} line\n{out}"));
+    let v: Value =
+        serde_json::from_str(line).unwrap_or_else(|e| panic!("bad result line: {e}\n{out}"));
+    v["driver"].clone()
+}
+
+fn n(v: &Value, key: &str) -> u64 {
+    v[key]
+        .as_u64()
+        .unwrap_or_else(|| panic!("no number {key:?} in {v}"))
+}
+
+/// The guest's per-queue counters against the device's per-pair ones; returns the guest's
+/// queues.
+fn check_pairs(d: &Value, m: &Value, out: &RunOutput) -> Vec<Value> {
+    let dev = &m["net"][TAP];
+    let ctx = || format!("driver {d}\ndevice {dev}\n{out}");
+    assert_eq!(d["status"], "done", "{}", ctx());
+    assert_eq!(n(d, "queue_pairs"), PAIRS as u64, "{}", ctx());
+    // MQ negotiated (bit 22) and both pairs enabled with one VQ_PAIRS_SET.
+    assert_ne!(n(d, "features") & (1 << 22), 0, "{}", ctx());
+    assert_eq!(n(&dev["ctrl"], "mq_pairs_sets"), 1, "{}", ctx());
+    assert_eq!(n(&dev["ctrl"], "errors"), 0, "{}", ctx());
+    assert!(
+        out.stderr.contains("the driver set 2 queue pair(s)"),
+        "{}",
+        ctx()
+    );
+    let guest = d["queues"].as_array().expect("guest queues").clone();
+    let device = dev["queues"].as_array().expect("device queues");
+    assert_eq!((guest.len(), device.len()), (PAIRS, PAIRS), "{}", ctx());
+    for (i, (g, p)) in guest.iter().zip(device).enumerate() {
+        assert_eq!(n(g, "tx"), n(&p["tx"], "frames"), "pair {i} tx: {}", ctx());
+        assert_eq!(n(g, "rx"), n(&p["rx"], "frames"), "pair {i} rx: {}", ctx());
+        assert_eq!(
+            n(g, "kicks"),
+            n(&p["tx"], "kicks"),
+            "pair {i} kicks: {}",
+            ctx()
+        );
+        assert_eq!(
+            n(g, "rx_kicks"),
+            n(&p["rx"], "kicks"),
+            "pair {i} rx kicks: {}",
+            ctx()
+        );
+        assert_eq!(n(&p["tx"], "malformed_chains"), 0, "{}", ctx());
+        // A pair is counted for an interrupt only if the driver serviced one.
+        assert!(n(g, "irqs") <= n(d, "interrupts"), "pair {i}: {}", ctx());
+    }
+    // The device-wide counters are the sums, on both sides.
+    for (key, dir, field) in [("tx", "tx", "frames"), ("rx", "rx", "frames")] {
+        let sum: u64 = guest.iter().map(|g| n(g, key)).sum();
+        assert_eq!(sum, n(&dev[dir], field), "{key}: {}", ctx());
+    }
+    assert_eq!(n(d, "device_errors"), 0, "{}", ctx());
+    let (taken, signalled) = (n(d, "irqs_taken"), n(dev, "irqfd_signals"));
+    assert!(taken <= signalled, "{}", ctx());
+    assert!(n(d, "interrupts") <= taken, "{}", ctx());
+    guest
+}
+
+fn per_pair(queues: &[Value], key: &str) -> Vec<u64> {
+    queues.iter().map(|q| n(q, key)).collect()
+}
+
+/// Tx: `count` frames spread over both pairs, every one intact at the host.
+#[test]
+fn two_pairs_transmit_frames_the_host_receives_intact() {
+    const COUNT: u64 = 20_000;
+    const SIZE: usize = 128;
+    let _guest = guest_lock();
+    let (ns, sock, tap_mac) = namespace("dmqtx");
+    let cmdline = format!(
+        "console=ttyS0 tx={COUNT} size={SIZE} dst={} queues={PAIRS} ring=3 timeout_ms=120000",
+        mac_string(tap_mac)
+    );
+    let reader = std::thread::spawn(move || {
+        let deadline = Instant::now() + Duration::from_secs(180);
+        let mut buf = vec![0u8; 65536];
+        let mut frames = Vec::new();
+        while (frames.len() as u64) < COUNT {
+            match sock.recv(&mut buf, deadline) {
+                Ok(Some(len)) => frames.push(buf[..len].to_vec()),
+                Ok(None) => break,
+                Err(e) => panic!("AF_PACKET recv: {e}"),
+            }
+        }
+        frames
+    });
+    let vmm = start_guest(&ns, &cmdline);
+    let out = vmm.finish(Duration::from_secs(180));
+    let frames = reader.join().expect("reader thread");
+    assert!(out.success(), "{out}");
+    let d = driver_result(&out);
+    let src = guest_mac(&out.stdout).unwrap_or_else(|| panic!("no ready line\n{out}"));
+    assert!(out.stdout.contains(" pairs=2 "), "{out}");
+
+    // Every frame once, intact (the pairs' tap queues interleave them on the tap).
+    assert_eq!(
+        frames.len() as u64,
+        COUNT,
+        "frames the host received\n{out}"
+    );
+    let mut seen = BTreeSet::new();
+    for f in &frames {
+        let seq = packet::seq_of(f).unwrap_or_else(|| panic!("not a test frame: {f:02x?}"));
+        assert!(
+            *f == frame(tap_mac, src, seq, SIZE),
+            "frame #{seq} differs ({} bytes): {:02x?}",
+            f.len(),
+            &f[..f.len().min(32)]
+        );
+        assert!(seen.insert(seq), "frame #{seq} twice");
+    }
+    assert_eq!(seen.last().copied(), Some(COUNT as u32 - 1));
+
+    let m = final_metrics(&out.stderr).unwrap_or_else(|| panic!("no metrics line\n{out}"));
+    let queues = check_pairs(&d, &m, &out);
+    assert_eq!(n(&d, "tx_frames"), COUNT, "{d}");
+    // Round robin per batch: both pairs carried a large share.
+    let tx = per_pair(&queues, "tx");
+    assert!(
+        tx.iter().all(|&t| t >= COUNT / 4),
+        "frames per pair {tx:?}: {d}"
+    );
+    // Both pairs kicked and (tx-interrupt mode) had completions serviced by interrupt.
+    assert!(per_pair(&queues, "kicks").iter().all(|&k| k > 0), "{d}");
+    assert!(per_pair(&queues, "irqs").iter().all(|&i| i > 0), "{d}");
+    assert!(
+        per_pair(&queues, "tx_reclaimed") == tx,
+        "every frame reclaimed on its own pair: {d}"
+    );
+    // The host kernel counted every frame the device wrote to either tap queue.
+    assert_eq!(
+        tap_counter(&ns, TAP, "rx_packets"),
+        n(&m["net"][TAP]["tx"], "frames"),
+        "{m}"
+    );
+    eprintln!(
+        "queues=2 tx x{COUNT} size={SIZE}: frames per pair {tx:?}, kicks per pair {:?}, irqs per \
+         pair {:?}, {} pps (in guest)",
+        per_pair(&queues, "kicks"),
+        per_pair(&queues, "irqs"),
+        d["pps"]
+    );
+}
+
+/// Echo: the host's frames, spread over both tap queues, come back intact on the pair each
+/// arrived on.
+#[test]
+fn two_pairs_echo_frames_back_intact() {
+    // Interrupt-driven (tx interrupts too), and a polling loop that cleans tx from rx.
+    run_echo("dmqecho", "");
+    run_echo("dmqechopoll", "wait=poll tx_completion=clean-from-rx");
+}
+
+fn run_echo(tag: &str, knobs: &str) {
+    const COUNT: u64 = 5_000;
+    const SIZE: usize = 256;
+    let _guest = guest_lock();
+    let (ns, sock, tap_mac) = namespace(tag);
+    let cmdline = format!(
+        "console=ttyS0 echo={COUNT} size={SIZE} queues={PAIRS} ring=3 timeout_ms=120000 {knobs}"
+    );
+    let mut vmm = start_guest(&ns, &cmdline);
+    assert!(
+        vmm.wait_for_console("driver-guest: ready", Duration::from_secs(60)),
+        "the guest never came up"
+    );
+    let exchange = std::thread::spawn(move || -> Result<u64, String> {
+        let deadline = Instant::now() + Duration::from_secs(180);
+        let mut buf = vec![0u8; 65536];
+        let (mut sent, mut received) = (0u64, 0u64);
+        let mut seen = BTreeSet::new();
+        while received < COUNT {
+            while sent < COUNT && sent - received < WINDOW {
+                let protocol = packet::ETHERTYPE + (sent % u64::from(STEER_PROTOCOLS)) as u16;
+                sock.send_as(&frame(GUEST_DST, tap_mac, sent as u32, SIZE), protocol)
+                    .map_err(|e| format!("send #{sent}: {e}"))?;
+                sent += 1;
+            }
+            let len = match sock.recv(&mut buf, deadline).map_err(|e| e.to_string())? {
+                Some(len) => len,
+                None => return Err(format!("no echo after {received} of {COUNT} (sent {sent})")),
+            };
+            // Pairs may interleave their echoes: check each by its own id.
+            let echo = &buf[..len];
+            let seq = packet::seq_of(echo).ok_or_else(|| format!("not a test frame: {len}"))?;
+            // The guest swaps the MACs.
+            if echo != frame(tap_mac, GUEST_DST, seq, SIZE) || u64::from(seq) >= sent {
+                return Err(format!(
+                    "echo #{seq} differs ({len} bytes): {:02x?}",
+                    &echo[..len.min(32)]
+                ));
+            }
+            if !seen.insert(seq) {
+                return Err(format!("echo #{seq} twice"));
+            }
+            received += 1;
+        }
+        Ok(received)
+    });
+    let result = exchange.join().expect("exchange thread");
+    let out = vmm.finish(Duration::from_secs(120));
+    let echoed = result.unwrap_or_else(|e| panic!("{e}\n{out}"));
+    assert_eq!(echoed, COUNT);
+    assert!(out.success(), "{out}");
+    let d = driver_result(&out);
+    let m = final_metrics(&out.stderr).unwrap_or_else(|| panic!("no metrics line\n{out}"));
+    let queues = check_pairs(&d, &m, &out);
+    assert_eq!((n(&d, "xdp_tx"), n(&d, "rx_frames")), (COUNT, COUNT), "{d}");
+    assert_eq!(n(&d, "xdp_tx_errors"), 0, "{d}");
+    // Each pair bounced exactly what it received.
+    let (rx, tx) = (per_pair(&queues, "rx"), per_pair(&queues, "tx"));
+    assert_eq!(rx, tx, "{d}");
+    assert_eq!(rx.iter().sum::<u64>(), COUNT, "{d}");
+    assert!(
+        rx.iter().all(|&r| r > 0),
+        "both pairs received: {rx:?}: {d}"
+    );
+    eprintln!(
+        "queues=2 echo x{COUNT} size={SIZE} {knobs}: frames per pair {rx:?}, irqs per pair {:?}, \
+         {} pps (in guest)",
+        per_pair(&queues, "irqs"),
+        d["pps"]
+    );
+}
+
+/// Pair counts the device cannot give end the run with an error line that says why: more
+/// pairs than `max_virtqueue_pairs`, a device without multiqueue, `queues=` without the
+/// control queue, and an out-of-range `queues=`.
+#[test]
+fn unusable_pair_counts_are_clear_error_lines() {
+    let _guest = guest_lock();
+    let cases = [
+        // (guest words, device queues, what the error says)
+        (
+            "queues=3",
+            PAIRS,
+            "3 queue pairs asked for, but the device has at most 2",
+        ),
+        ("queues=2", 1, "the device offers no multiqueue"),
+        ("queues=2 ctrl_vq=0", PAIRS, "queues"),
+        ("queues=17", PAIRS, "queues"),
+    ];
+    for (i, (words, device_queues, error)) in cases.into_iter().enumerate() {
+        // A one-pair device needs a tap without multi_queue.
+        let tag = format!("dmqbad{i}");
+        let ns = if device_queues > 1 {
+            integration_tests::namespace_with_multi_queue_tap(&tag, TAP)
+        } else {
+            integration_tests::namespace_with_tap(&tag, TAP)
+        };
+        let cmdline = format!("console=ttyS0 tx=10 ring=3 {words}");
+        let net = format!("tap={TAP},queues={device_queues}");
+        let vmm = integration_tests::spawn_driver_guest(&ns, &cmdline, &net, None);
+        let out = vmm.finish(Duration::from_secs(60));
+        assert!(out.success(), "{words}: {out}");
+        let d = driver_result(&out);
+        assert_eq!(d["status"], "error", "{words}: {d}");
+        let text = d["error"].as_str().unwrap_or("");
+        assert!(text.contains(error), "{words}: {text:?} lacks {error:?}");
+    }
+}
