@@ -222,13 +222,13 @@ fn tcp_stream_both_ways_uses_segmentation_offload() {
         dev["tx"]["bytes"].as_u64().unwrap() as usize >= BYTES,
         "{m}"
     );
-    // Without offloads each direction needs at least BYTES / MSS data frames (plus the ACKs
-    // for the other direction, plus ARP and ping).
+    // Frames longer than the MTU exist only through segmentation offload: the guest's TSO on
+    // tx, the host's GSO on rx. (Frame counts alone are a weak sign: the emulated guest ACKs
+    // slowly, so the host often sends single segments.)
+    let large = |dir: &str| dev[dir]["large_frames"].as_u64().unwrap();
+    assert!(large("tx") > 0, "guest TSO not in use: {m}");
+    assert!(large("rx") > 0, "host GSO to the guest not in use: {m}");
     assert!(tx_frames < BYTES / MSS, "guest TSO not in use: {m}");
-    assert!(
-        rx_frames < BYTES / MSS,
-        "host GSO to the guest not in use: {m}"
-    );
     assert_eq!(dev["tx"]["malformed_chains"], 0, "{m}");
     assert_eq!(dev["tx"]["backend_errors"], 0, "{m}");
 }

@@ -501,7 +501,11 @@ fn negotiate<T: Transport>(t: &mut T, config: &Config) -> Result<u64, InitError>
 }
 
 /// The size to use for `queue`: `wanted`, lowered to the largest power of two the device allows.
-pub(crate) fn queue_size<T: Transport>(t: &mut T, queue: u16, wanted: u16) -> Result<u16, InitError> {
+pub(crate) fn queue_size<T: Transport>(
+    t: &mut T,
+    queue: u16,
+    wanted: u16,
+) -> Result<u16, InitError> {
     if t.queue_enabled(queue) {
         return Err(InitError::QueueUnavailable(queue));
     }

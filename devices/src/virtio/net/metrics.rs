@@ -71,6 +71,9 @@ queue_metrics! {
         frames,
         /// Bytes delivered to the guest, Ethernet frames only (virtio-net headers excluded).
         bytes,
+        /// Frames longer than 1514 bytes (Ethernet header + 1500): only segmentation offload
+        /// (GSO/GRO from the host) makes them.
+        large_frames,
         /// Batches after which the guest needed an interrupt for this queue.
         interrupts_raised,
         /// Batches whose interrupt was suppressed by the driver's `used_event` (EVENT_IDX).
@@ -107,6 +110,9 @@ queue_metrics! {
         frames,
         /// Bytes written to the backend, Ethernet frames only (virtio-net headers excluded).
         bytes,
+        /// Frames longer than 1514 bytes (Ethernet header + 1500): only segmentation offload
+        /// (the guest's TSO/UFO) makes them.
+        large_frames,
         /// Batches after which the guest needed an interrupt for this queue.
         interrupts_raised,
         /// Batches whose interrupt was suppressed by the driver's `used_event` (EVENT_IDX).

@@ -76,6 +76,10 @@ use crate::virtio::vring::InterruptDecision;
 pub const VNET_HDR_LEN: usize = 12;
 /// Largest Ethernet frame (including GSO frames) a tx chain may carry after its header.
 pub const MAX_FRAME_LEN: u32 = 65536;
+
+/// The longest frame without segmentation offload: Ethernet header + a 1500-byte MTU. Longer
+/// frames are counted in `large_frames`.
+pub const MTU_FRAME_LEN: u64 = 1514;
 /// Index of the receive queue.
 pub const RX_QUEUE: usize = 0;
 /// Index of the transmit queue.

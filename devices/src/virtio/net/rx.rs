@@ -293,6 +293,7 @@ fn receive<'g, B: NetBackend>(
                 let bytes = (n - VNET_HDR_LEN) as u64;
                 counters.frames += 1;
                 counters.bytes += bytes;
+                counters.large_frames += u64::from(bytes > super::MTU_FRAME_LEN);
                 if limit.charge(bytes) {
                     counters.rate_limiter_bytes += bytes;
                     counters.rate_limiter_frames += 1;

@@ -292,6 +292,7 @@ fn drain<'g, B: NetBackend>(
                         let bytes = u64::from(len) - VNET_HDR_LEN as u64;
                         counters.frames += 1;
                         counters.bytes += bytes;
+                        counters.large_frames += u64::from(bytes > super::MTU_FRAME_LEN);
                         if limit.charge(bytes) {
                             counters.rate_limiter_bytes += bytes;
                             counters.rate_limiter_frames += 1;
@@ -504,6 +505,7 @@ fn flush<B: NetBackend>(
                 let bytes = pending.bytes[i];
                 out.counters.frames += 1;
                 out.counters.bytes += bytes;
+                out.counters.large_frames += u64::from(bytes > super::MTU_FRAME_LEN);
             }
             Err(e) => {
                 if let Some(more) = out.errors.failure(Instant::now()) {

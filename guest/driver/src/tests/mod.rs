@@ -3,8 +3,8 @@
 mod concurrent;
 mod ctrl;
 mod init;
-mod pci;
 mod mq;
+mod pci;
 mod queue;
 mod rx;
 mod tx;

@@ -397,3 +397,20 @@ fn a_malformed_chain_in_a_batch_is_judged_alone_and_the_rest_still_go_in_order()
 fn vnet_hdr_only() -> Vec<u8> {
     crate::virtio::net::tests::support::vnet_hdr().to_vec()
 }
+
+#[test]
+fn frames_longer_than_an_mtu_frame_are_counted_as_large() {
+    let mem = guest_mem();
+    let mut driver = GuestQueue::new(&mem, 16);
+    let mut queue = driver.queue();
+    for len in [1514, 1515, 9000] {
+        driver.push_tx(&wire(&frame(len, 3)), &[]);
+    }
+    let (mut backend, peer) = PairBackend::new().expect("socketpair");
+    let mut counters = TxCounters::default();
+    process_tx(&mut queue, &mem, &mut backend, &mut counters).expect("ring ok");
+    for _ in 0..3 {
+        peer.recv_frame().expect("frame");
+    }
+    assert_eq!((counters.frames, counters.large_frames), (3, 2));
+}
