@@ -113,7 +113,7 @@ pub struct Tap {
     /// One queue of a multi-queue tap: `Some(attached)` (see [`NetBackend::set_queue_enabled`]).
     queue: Option<bool>,
     /// Batched transmit ([`TxRing`]), where io_uring is available and not turned off.
-    tx_ring: Option<TxRing>,
+    tx_ring: Option<Box<TxRing>>,
 }
 
 /// Room to append the guard byte to the caller's iovecs without allocating per frame.
@@ -136,7 +136,7 @@ impl Tap {
             self.tx_ring = None;
         } else if self.tx_ring.is_none() {
             match TxRing::new(self.file.as_raw_fd()) {
-                Ok(ring) => self.tx_ring = Some(ring),
+                Ok(ring) => self.tx_ring = Some(Box::new(ring)),
                 Err(e) => info!(
                     "tap {}: io_uring unavailable ({e}); one writev per transmitted frame",
                     self.name
