@@ -5,7 +5,7 @@
 # before it. Prints one line per pair and the medians; records /proc/loadavg.
 #
 # Usage (as root, from anywhere): scripts/vm-tx-ratio.sh [--repeats R] [--frames N] [--mode MODE]
-#                                  [--workload tx|echo] [--vmm PATH]
+#                                  [--workload tx|echo] [--vmm PATH] [--transport mmio|pci]
 #   --repeats  pairs to run (default 5)    --frames  frames per VM run (default 300000)
 #   --mode     tx_completion (default lazy) --vmm    the vmm binary (default: build this tree's)
 #   --workload tx (default) or echo (the host sends, at most 64 frames in flight; the ratio is
@@ -13,7 +13,7 @@
 # Measure on an idle machine: a build beside it changes the figures by several times.
 set -euo pipefail
 ROOT=$(cd "$(dirname -- "${BASH_SOURCE[0]}")/.." && pwd)
-repeats=5 frames=300000 mode=lazy workload=tx vmm=""
+repeats=5 frames=300000 mode=lazy workload=tx vmm="" transport=mmio
 while (($#)); do
 	case $1 in
 	--repeats) repeats=$2 ;;
@@ -21,6 +21,7 @@ while (($#)); do
 	--mode) mode=$2 ;;
 	--workload) workload=$2 ;;
 	--vmm) vmm=$2 ;;
+	--transport) transport=$2 ;;
 	*) sed -n '2,/^set -euo/{/^set -euo/d;s/^# \{0,1\}//;p}' "$0" >&2; exit 2 ;;
 	esac
 	shift 2
@@ -41,7 +42,7 @@ for i in $(seq "$repeats"); do
 	# The pps column, found by its header name.
 	base=$(awk -F, 'NR == 1 { for (i = 1; i <= NF; i++) if ($i == "pps") c = i } NR == 2 { print $c }' "$csv")
 	vm=$(guest/baremetal/sweep.sh --workload "$workload" --ring 3 --frames "$frames" --size 64 \
-		--kick-thresholds 8 --modes "$mode" --event-idx 1 --vmm "$vmm" | awk -F, 'NR == 2 { print $11 }')
+		--kick-thresholds 8 --modes "$mode" --event-idx 1 --transport "$transport" --vmm "$vmm" | awk -F, 'NR == 2 { print $11 }')
 	ratio=$(python3 -c "print(round($vm / $base, 3))")
 	echo "$i,$base,$vm,$ratio"
 	ratios+=("$ratio") bases+=("$base") vms+=("$vm")

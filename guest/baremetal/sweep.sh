@@ -7,8 +7,11 @@
 # Usage (as root, from the repository root):
 #   guest/baremetal/sweep.sh [--workload tx|echo] [--ring 0|3] [--frames N] [--size BYTES]
 #                            [--kick-thresholds "1 8 64"] [--modes "tx-interrupt lazy"]
-#                            [--event-idx "0 1"] [--extra "xdp_bulk=16 wait=poll"] > sweep.csv
+#                            [--event-idx "0 1"] [--extra "xdp_bulk=16 wait=poll"]
+#                            [--transport mmio|pci] > sweep.csv
 #
+# `--transport pci` puts the device on virtio-pci with MSI-X (`--net tap=…,transport=pci`, and
+# `transport=pci` on the guest's command line; default mmio).
 # Defaults: tx, ring 3, 200000 frames of 64 bytes, kick thresholds 1 2 4 8 16 32 64, all three
 # tx completion modes, EVENT_IDX on and off. The echo workload needs a host peer: a small
 # python3 AF_PACKET sender/receiver runs in the namespace (at most 64 frames in flight).
@@ -20,7 +23,7 @@ set -euo pipefail
 
 ROOT=$(cd "$(dirname -- "${BASH_SOURCE[0]}")/../.." && pwd)
 workload=tx ring=3 frames=200000 size=64
-kts="1 2 4 8 16 32 64" modes="tx-interrupt clean-from-rx lazy" evs="1 0" extra=""
+kts="1 2 4 8 16 32 64" modes="tx-interrupt clean-from-rx lazy" evs="1 0" extra="" transport=mmio
 vmm=$ROOT/target/release/vmm guest=""
 while (($#)); do
 	case $1 in
@@ -32,6 +35,7 @@ while (($#)); do
 	--modes) modes=$2 ;;
 	--event-idx) evs=$2 ;;
 	--extra) extra=$2 ;;
+	--transport) transport=$2 ;;
 	--vmm) vmm=$2 ;;
 	--guest) guest=$2 ;;
 	*)
@@ -86,9 +90,9 @@ for ev in $evs; do
 			ip -n "$ns" link set lo up
 			ip -n "$ns" tuntap add "$tap" mode tap vnet_hdr
 			ip -n "$ns" link set "$tap" up
-			cmdline="console=ttyS0 $workload=$frames size=$size ring=$ring kick_threshold=$kt tx_completion=$mode event_idx=$ev timeout_ms=300000 $extra"
+			cmdline="console=ttyS0 $workload=$frames size=$size ring=$ring kick_threshold=$kt tx_completion=$mode event_idx=$ev timeout_ms=300000 transport=$transport $extra"
 			out=$(mktemp) err=$(mktemp)
-			ip netns exec "$ns" "$vmm" --kernel "$guest" --net "tap=$tap" --cmdline "$cmdline" >"$out" 2>"$err" &
+			ip netns exec "$ns" "$vmm" --kernel "$guest" --net "tap=$tap,transport=$transport" --cmdline "$cmdline" >"$out" 2>"$err" &
 			pid=$!
 			if [[ $workload == echo ]]; then
 				for _ in $(seq 100); do grep -q 'driver-guest: ready' "$out" && break; sleep 0.1; done
