@@ -245,6 +245,10 @@ pub struct NetworkInterface {
     /// Extension: `mmio` (default) or `pci`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub transport: Option<Transport>,
+    /// Extension: transmit batched through io_uring where the kernel allows it (default
+    /// true); false: one `writev` per frame.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub io_uring: Option<bool>,
 }
 
 impl NetworkInterface {
@@ -260,6 +264,7 @@ impl NetworkInterface {
             tx_rate_limiter: limited(config.tx_rate_limiter),
             tuning: config.tuning,
             transport: None,
+            io_uring: (!config.io_uring).then_some(false),
         }
     }
 
@@ -272,6 +277,7 @@ impl NetworkInterface {
     pub fn net_config(&self) -> Result<NetConfig, ConfigError> {
         NetConfig::new(self.host_dev_name.clone(), self.guest_mac, self.queue_size)
             .and_then(|c| c.with_queues(self.queues.unwrap_or(1)))
+            .map(|c| c.with_io_uring(self.io_uring.unwrap_or(true)))
             .and_then(|c| {
                 c.with_rate_limiters(
                     self.rx_rate_limiter.unwrap_or_default(),
@@ -642,6 +648,7 @@ mod tests {
             tx_rate_limiter: None,
             tuning: NetTuning::default(),
             transport: None,
+            io_uring: None,
         }
     }
 

@@ -230,6 +230,7 @@ fn openapi_document_matches_the_server() {
         }),
         tuning,
         transport: Some(crate::config::Transport::Pci),
+        io_uring: Some(false),
     };
     let boot = crate::config::BootSource {
         kernel_image_path: "/k".into(),
@@ -374,6 +375,7 @@ fn get_network_interface_names_the_interface() {
             tx_rate_limiter: None,
             tuning: NetTuning::default(),
             transport: None,
+            io_uring: None,
         },
         coalescing_in_force: devices::virtio::net::CoalescingInForce {
             rx: devices::virtio::net::DirectionCoalescing {

@@ -35,7 +35,7 @@ pub enum NetConfigError {
     /// A key other than tap, mac, queue_size, the rate limiter and the tuning keys.
     #[error(
         "unknown key {0:?} (expected tap, mac, queue_size, rx_bw, rx_ops, tx_bw, tx_ops, \
-         coalesce_packets, coalesce_usecs, event_idx, tx_budget, busy_poll_us, queues)"
+         coalesce_packets, coalesce_usecs, event_idx, tx_budget, busy_poll_us, queues, io_uring)"
     )]
     UnknownKey(String),
     /// A tuning key whose value is not a number (or `on`/`off` for `event_idx`).
@@ -174,6 +174,14 @@ pub struct NetConfig {
     /// budget 256, no busy-poll).
     #[serde(default, skip_serializing_if = "is_default_tuning")]
     pub tuning: NetTuning,
+    /// Transmit through io_uring batches where the kernel allows it (default on; off: one
+    /// `writev` per frame, and the worker never enters io_uring).
+    #[serde(skip_serializing_if = "is_true")]
+    pub io_uring: bool,
+}
+
+fn is_true(on: &bool) -> bool {
+    *on
 }
 
 fn is_one(queues: &u16) -> bool {
@@ -202,6 +210,7 @@ struct RawNetConfig {
     tx_rate_limiter: RateLimiterConfig,
     #[serde(default)]
     tuning: NetTuning,
+    io_uring: Option<bool>,
 }
 
 impl TryFrom<RawNetConfig> for NetConfig {
@@ -212,6 +221,7 @@ impl TryFrom<RawNetConfig> for NetConfig {
             .with_queues(raw.queues.unwrap_or(1))?
             .with_rate_limiters(raw.rx_rate_limiter, raw.tx_rate_limiter)?
             .with_tuning(raw.tuning)
+            .map(|c| c.with_io_uring(raw.io_uring.unwrap_or(true)))
     }
 }
 
@@ -245,7 +255,14 @@ impl NetConfig {
             rx_rate_limiter: RateLimiterConfig::default(),
             tx_rate_limiter: RateLimiterConfig::default(),
             tuning: NetTuning::default(),
+            io_uring: true,
         })
+    }
+
+    /// This config with batched transmit through io_uring on or off.
+    pub fn with_io_uring(mut self, on: bool) -> NetConfig {
+        self.io_uring = on;
+        self
     }
 
     /// This config with `queues` queue pairs (1..=[`MAX_QUEUE_PAIRS`]).
@@ -309,6 +326,7 @@ impl FromStr for NetConfig {
         let (mut tap, mut mac, mut queue_size, mut queues) = (None, None, None, None);
         let (mut rx, mut tx) = (RateLimiterConfig::default(), RateLimiterConfig::default());
         let mut tuning = NetTuning::default();
+        let mut io_uring = None;
         let mut seen: Vec<&str> = Vec::new();
         for item in s.split(',') {
             let (key, value) = item
@@ -329,6 +347,7 @@ impl FromStr for NetConfig {
                         .map_err(|_| NetConfigError::InvalidQueues(value.to_owned()))?;
                     queues.replace(n).is_some()
                 }
+                "io_uring" => io_uring.replace(on_off(key, value)?).is_some(),
                 "rx_bw" => rx.bandwidth.replace(parse_bucket(value)?).is_some(),
                 "rx_ops" => rx.ops.replace(parse_bucket(value)?).is_some(),
                 "tx_bw" => tx.bandwidth.replace(parse_bucket(value)?).is_some(),
@@ -362,12 +381,44 @@ impl FromStr for NetConfig {
             .with_queues(queues.unwrap_or(1))?
             .with_rate_limiters(rx, tx)?
             .with_tuning(tuning)
+            .map(|c| c.with_io_uring(io_uring.unwrap_or(true)))
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn io_uring_key_and_field() {
+        assert!("tap0".parse::<NetConfig>().expect("valid").io_uring);
+        assert!(
+            "tap=t0,io_uring=on"
+                .parse::<NetConfig>()
+                .expect("valid")
+                .io_uring
+        );
+        let off: NetConfig = "tap=t0,io_uring=off".parse().expect("valid");
+        assert!(!off.io_uring);
+        assert!(matches!(
+            "tap=t0,io_uring=maybe".parse::<NetConfig>(),
+            Err(NetConfigError::InvalidValue { .. })
+        ));
+        assert_eq!(
+            "tap=t0,io_uring=on,io_uring=off".parse::<NetConfig>(),
+            Err(NetConfigError::DuplicateKey("io_uring".into()))
+        );
+        // serde: on is the default and not written back; off round-trips.
+        let json = serde_json::to_string(&off).expect("json");
+        assert!(json.contains("\"io_uring\":false"), "{json}");
+        let back: NetConfig = serde_json::from_str(&json).expect("valid");
+        assert!(!back.io_uring);
+        let on: NetConfig = serde_json::from_str(r#"{"tap":"t0"}"#).expect("valid");
+        assert!(on.io_uring);
+        assert!(!serde_json::to_string(&on)
+            .expect("json")
+            .contains("io_uring"));
+    }
 
     #[test]
     fn queues_key_and_field() {

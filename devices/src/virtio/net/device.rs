@@ -223,7 +223,12 @@ impl NetDevice<Tap> {
     /// Opens (or creates) the tap of `config` and builds the device, its worker thread
     /// started.
     pub fn new(config: &NetConfig) -> Result<Self, NetError> {
-        let taps = Tap::open_queues(&config.tap, usize::from(config.queues))?;
+        let mut taps = Tap::open_queues(&config.tap, usize::from(config.queues))?;
+        if !config.io_uring {
+            for tap in &mut taps {
+                tap.set_tx_batching(false);
+            }
+        }
         let tuning = TuningControl::with_workers(NetTuning::default(), taps.len())
             .map_err(NetError::Tuning)?;
         // Validated with the config.

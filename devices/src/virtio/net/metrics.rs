@@ -127,6 +127,9 @@ queue_metrics! {
         /// Times the backend could not take more frames and transmission paused until it
         /// became writable again.
         backend_full,
+        /// Batches of several frames handed to the backend in one call (io_uring on a tap:
+        /// one `io_uring_enter` each); `frames / batched_writes` is at most the batch size.
+        batched_writes,
         /// Times the rate limiter stopped this queue (it resumes on a timer).
         rate_limiter_throttled,
         /// Microseconds this queue spent stopped by the rate limiter.

@@ -482,6 +482,7 @@ fn flush<B: NetBackend>(
     } else {
         out.backend
             .write_frames(iovs, &pending.ends[..n], &mut results[..n]);
+        out.counters.batched_writes += 1;
     }
     let would_block = |r: &io::Result<usize>| {
         r.as_ref()

@@ -291,6 +291,7 @@ fn a_batching_backend_gets_whole_batches_in_ring_order() {
     assert_eq!(backend.taken, sent);
     assert_eq!(backend.batches, vec![32, 32, 6]);
     assert_eq!(backend.singles, 0);
+    assert_eq!(counters.batched_writes, 3);
     assert_eq!(driver.used_idx(), 70);
     assert_eq!(counters.frames, 70);
     assert_eq!(
