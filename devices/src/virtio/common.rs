@@ -152,18 +152,28 @@ pub(crate) enum ActivationProblem {
 }
 
 /// The first `in_use` queues, copied for the worker (each valid in `mem`, EVENT_IDX set from
-/// `acked`), and clones of their kick eventfds.
+/// `acked`), and clones of their kick eventfds. A queue the driver left disabled where
+/// `optional(index)` allows it is handed over as a fresh, not-ready queue, for the device
+/// to leave alone.
 pub(crate) fn activation_queues(
     mem: &GuestMemoryMmap,
     queues: &[Queue],
     kicks: &[EventFd],
     in_use: usize,
     acked: u64,
+    optional: impl Fn(usize) -> bool,
 ) -> Result<(Vec<Queue>, Vec<EventFd>), ActivationProblem> {
     let mut out_queues = Vec::with_capacity(in_use);
     let mut out_kicks = Vec::with_capacity(in_use);
     for (index, (queue, kick)) in queues.iter().zip(kicks).enumerate().take(in_use) {
-        out_queues.push(worker_queue(mem, queue, index, acked, "DRIVER_OK")?);
+        if !queue.ready() && optional(index) {
+            let unused = Queue::new(queue.max_size()).map_err(|e| {
+                ActivationProblem::Host(format!("cannot make unused queue {index}: {e}"))
+            })?;
+            out_queues.push(unused);
+        } else {
+            out_queues.push(worker_queue(mem, queue, index, acked, "DRIVER_OK")?);
+        }
         out_kicks.push(kick.try_clone().map_err(|e| {
             ActivationProblem::Host(format!("cannot clone kick eventfd {index}: {e}"))
         })?);
@@ -548,12 +558,15 @@ impl VirtioState {
 
     fn activate(&mut self) {
         let in_use = self.device.queues_in_use(self.acked_features);
+        let acked = self.acked_features;
+        let device = &self.device;
         let prepared = activation_queues(
             &self.mem,
             &self.queues,
             &self.kicks,
             in_use,
-            self.acked_features,
+            acked,
+            |index| device.queue_optional(index, acked),
         );
         let (queues, kicks) = match prepared {
             Ok(q) => q,

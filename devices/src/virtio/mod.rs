@@ -174,6 +174,14 @@ pub trait VirtioDevice: Send {
         self.queue_max_sizes().len()
     }
 
+    /// Whether the driver may leave queue `index` (below [`Self::queues_in_use`]) disabled at
+    /// DRIVER_OK with the features `acked` (virtio-net: the queue pairs past the first under
+    /// VIRTIO_NET_F_MQ). Such a queue reaches [`Self::activate`] not ready. None by default.
+    fn queue_optional(&self, index: usize, acked: u64) -> bool {
+        let _ = (index, acked);
+        false
+    }
+
     /// Device-specific checks of the acknowledged features (e.g. dependencies between them),
     /// run when the driver sets FEATURES_OK. `acked` is already a subset of [`Self::features`].
     fn validate_features(&self, acked: u64) -> Result<(), FeatureDependencyError> {

@@ -7,13 +7,13 @@ use std::sync::mpsc::{Receiver, RecvTimeoutError, TryRecvError};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use log::{debug, error};
+use log::{debug, error, warn};
 use seccompiler::BpfProgram;
 use virtio_bindings::virtio_config::VIRTIO_F_VERSION_1;
 use virtio_bindings::virtio_ids::VIRTIO_ID_NET;
 use virtio_bindings::virtio_net::*;
 use virtio_bindings::virtio_ring::{VIRTIO_RING_F_EVENT_IDX, VIRTIO_RING_F_INDIRECT_DESC};
-use virtio_queue::Queue;
+use virtio_queue::{Queue, QueueT};
 use vm_memory::GuestMemoryMmap;
 
 use super::config::{MacAddr, NetConfig};
@@ -438,6 +438,12 @@ impl<B: NetBackend> VirtioDevice for NetDevice<B> {
         self.features
     }
 
+    fn queue_optional(&self, index: usize, acked: u64) -> bool {
+        // Under MQ only pair 0 and the control queue must run: the driver may set up fewer
+        // pairs than max_virtqueue_pairs (and then never enables the others).
+        acked & bit(VIRTIO_NET_F_MQ) != 0 && (2..2 * self.workers.len()).contains(&index)
+    }
+
     fn queues_in_use(&self, acked: u64) -> usize {
         if acked & bit(VIRTIO_NET_F_MQ) != 0 {
             self.queue_sizes.len()
@@ -616,12 +622,23 @@ impl<B: NetBackend> NetDevice<B> {
         let mut activations = Vec::with_capacity(pairs);
         let mut queues = queues.into_iter();
         let mut kicks = kicks.into_iter();
-        for _ in 0..pairs {
+        for pair in 0..pairs {
             let (Some(rx), Some(tx), Some(rx_kick), Some(tx_kick)) =
                 (queues.next(), queues.next(), kicks.next(), kicks.next())
             else {
                 return Err(ActivateError::QueueCount { expected, got: 0 });
             };
+            if !(rx.ready() && tx.ready()) {
+                // The driver set up the pairs before this one only (`queue_optional`): they
+                // are all VQ_PAIRS_SET may enable.
+                if rx.ready() || tx.ready() {
+                    warn!(
+                        "{}: queue pair {pair} is half set up; the driver can use pairs 0..{pair}",
+                        self.label
+                    );
+                }
+                break;
+            }
             activations.push(Activation {
                 mem: ctx.mem.clone(),
                 rx,
@@ -633,7 +650,13 @@ impl<B: NetBackend> NetDevice<B> {
                 rx_mode: RxMode::from_features(ctx.acked_features),
                 offloads: guest_offloads(ctx.acked_features),
                 interrupt: ctx.interrupt.clone(),
+                usable_pairs: 1,
             });
+        }
+        let usable = activations.len();
+        for activation in &mut activations {
+            // `usable` ≤ pairs ≤ MAX_QUEUE_PAIRS.
+            activation.usable_pairs = usable as u16;
         }
         // Only pair 0 until the driver sends VQ_PAIRS_SET (virtio 1.2 §5.1.6.5.5).
         self.tuning.shared().set_active_pairs(1);
@@ -655,7 +678,7 @@ impl<B: NetBackend> NetDevice<B> {
         }
         self.metrics.activations.add(1);
         self.run = Some(RunLayout {
-            pairs,
+            pairs: usable,
             mem: ctx.mem,
         });
         self.link.attach(Some(ctx.interrupt));

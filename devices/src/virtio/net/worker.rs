@@ -162,6 +162,9 @@ pub(crate) struct Activation {
     /// The offloads to set on the backend for the negotiated features.
     pub(crate) offloads: Offloads,
     pub(crate) interrupt: Arc<VirtioInterrupt>,
+    /// The queue pairs the driver set up (pairs `0..usable_pairs`): what VQ_PAIRS_SET may
+    /// enable.
+    pub(crate) usable_pairs: u16,
 }
 
 /// What the device shares with its worker for the device's whole life.
@@ -568,8 +571,10 @@ struct EventLoop<'p, B> {
     ctrl_errors: BurstLog,
     /// This worker's queue pair.
     pair: usize,
-    /// The device's queue pairs (what VQ_PAIRS_SET may ask for).
+    /// The device's queue pairs (`max_virtqueue_pairs`).
     pairs: u16,
+    /// The pairs the driver set up (what VQ_PAIRS_SET may ask for).
+    usable_pairs: u16,
     /// The pair is in use (pair 0 always; pair i once the driver enabled more than i pairs
     /// with VQ_PAIRS_SET): a disabled pair's kicks and backend are not polled.
     enabled: bool,
@@ -665,6 +670,7 @@ impl<'p, B: NetBackend> EventLoop<'p, B> {
             ctrl_errors: BurstLog::default(),
             pair: shared.pair,
             pairs: shared.pairs,
+            usable_pairs: a.usable_pairs,
             enabled,
         };
         if shared.pair == 0 {
@@ -1277,7 +1283,7 @@ impl<'p, B: NetBackend> EventLoop<'p, B> {
                         &readable.as_iovecs(),
                         writable_len,
                         self.acked_features,
-                        self.pairs,
+                        self.usable_pairs,
                     ) {
                         Ok(command) => self.execute(command)?,
                         Err(e) => Err(e),

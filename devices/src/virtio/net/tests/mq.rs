@@ -515,3 +515,64 @@ fn the_guests_coalescing_applies_to_every_pair() {
         == 1));
     assert_eq!(metrics.queues[1].tx.frames.get(), 4);
 }
+
+/// The driver may set up fewer pairs than `max_virtqueue_pairs` (virtio leaves unused queues
+/// disabled): DRIVER_OK succeeds with pairs 0 and 1 of 3 set up, VQ_PAIRS_SET may enable
+/// those two and no more, and pair 2's worker never runs.
+#[test]
+fn a_driver_may_set_up_fewer_pairs_than_the_device_has() {
+    let mem = guest_mem();
+    let (three, peers) = device(3);
+    let metrics: std::sync::Arc<NetMetrics> = three.metrics();
+    let mut t = MmioTransport::new(mem.clone(), Box::new(three)).expect("transport");
+    let mut r = rings(&mem);
+    assert!(t.negotiate(MQ), "FEATURES_OK accepted");
+    for (index, q) in [&r.rx[0], &r.tx[0], &r.rx[1], &r.tx[1]]
+        .into_iter()
+        .enumerate()
+    {
+        t.setup_queue(index as u32, 256, q.ring_addrs());
+    }
+    // The control queue is at 2 × max_virtqueue_pairs = 6; queues 4 and 5 stay disabled.
+    t.setup_queue(6, CTRL_QUEUE_SIZE, r.ctrl.ring_addrs());
+    t.driver_ok();
+    assert_eq!(t.status() & 0xff, 0xf, "running, not NEEDS_RESET");
+    let set = |t: &MmioTransport, r: &mut Rings, pairs: u16| {
+        send(
+            t,
+            &mut r.ctrl,
+            6,
+            [MQ_CLASS, VQ_PAIRS_SET],
+            &pairs.to_le_bytes(),
+        )
+    };
+    assert_eq!(set(&t, &mut r, 3), ACK_ERR, "pair 2 was not set up");
+    assert_eq!(set(&t, &mut r, 2), ACK_OK);
+    for pair in 0..2 {
+        let sent = transmit(&t, &mut r, pair, pair as u8 + 1);
+        assert_eq!(
+            peers[pair].recv_frame().expect("frame"),
+            sent,
+            "pair {pair}"
+        );
+    }
+    assert_eq!(metrics.ctrl.mq_pairs_sets.get(), 1);
+    assert_eq!(metrics.needs_reset_events.get(), 0);
+    // A half-set-up pair counts as not set up: one pair only.
+    let (three, _peers) = device(3);
+    let mut t = MmioTransport::new(mem.clone(), Box::new(three)).expect("transport");
+    let mut r = rings(&mem);
+    assert!(t.negotiate(MQ));
+    for (index, q) in [&r.rx[0], &r.tx[0], &r.rx[1]].into_iter().enumerate() {
+        t.setup_queue(index as u32, 256, q.ring_addrs());
+    }
+    t.setup_queue(6, CTRL_QUEUE_SIZE, r.ctrl.ring_addrs());
+    t.driver_ok();
+    assert_eq!(t.status() & 0xff, 0xf, "running");
+    assert_eq!(
+        set(&t, &mut r, 2),
+        ACK_ERR,
+        "pair 1 is missing its tx queue"
+    );
+    assert_eq!(set(&t, &mut r, 1), ACK_OK);
+}
