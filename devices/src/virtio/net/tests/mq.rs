@@ -548,13 +548,9 @@ fn a_driver_may_set_up_fewer_pairs_than_the_device_has() {
     };
     assert_eq!(set(&t, &mut r, 3), ACK_ERR, "pair 2 was not set up");
     assert_eq!(set(&t, &mut r, 2), ACK_OK);
-    for pair in 0..2 {
+    for (pair, peer) in peers.iter().enumerate().take(2) {
         let sent = transmit(&t, &mut r, pair, pair as u8 + 1);
-        assert_eq!(
-            peers[pair].recv_frame().expect("frame"),
-            sent,
-            "pair {pair}"
-        );
+        assert_eq!(peer.recv_frame().expect("frame"), sent, "pair {pair}");
     }
     assert_eq!(metrics.ctrl.mq_pairs_sets.get(), 1);
     assert_eq!(metrics.needs_reset_events.get(), 0);
