@@ -10,7 +10,9 @@
 //!
 //! With `queues=N` (N > 1) the driver sets up N queue pairs. The virtio-mmio device has one
 //! interrupt line for all of them, so every interrupt schedules every pair's rx poll and tx
-//! poll, and each pair re-arms its own interrupts when its poll comes up short. The tx
+//! poll, and each pair re-arms its own interrupts when its poll comes up short. Over
+//! virtio-pci every queue has its own MSI-X vector (counted per vector, reported per pair);
+//! the loop runs `handle_msix` for each vector that fired and then polls as on mmio. The tx
 //! workload spreads frames round robin per batch: the i-th batch (up to `batch=` frames, cut
 //! short when that pair's ring is full) goes to pair `i mod N`; frame ids (sequence numbers)
 //! stay global, so the host can check that every frame arrived intact whatever the pair. The
