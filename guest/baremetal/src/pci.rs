@@ -10,7 +10,8 @@
 //!    says so on the console. The BAR must lie in the MMIO hole below the IOAPIC, which the
 //!    page tables map uncached and user-accessible (2 MiB pages), so no mapping is added;
 //! 4. builds the [`PciTransport`] (memory space and bus mastering on, INTx off), programs
-//!    MSI-X entry `e` (< [`MSIX_VECTORS`]) to LAPIC vector `MSIX_VECTOR_BASE + e` on this CPU
+//!    every MSI-X entry `e` of the table (up to [`MSIX_VECTORS`], enough for 16 queue pairs
+//!    and the control queue) to LAPIC vector `MSIX_VECTOR_BASE + e` on this CPU
 //!    (address 0xFEE00000 | apic_id << 12, data = vector: fixed delivery, edge), unmasked, and
 //!    enables MSI-X.
 //!

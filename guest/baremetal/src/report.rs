@@ -46,9 +46,12 @@ pub struct Report<'a> {
     pub irqs_taken: u64,
     /// The transport.
     pub transport: TransportChoice,
-    /// MSI-X interrupts taken per source: rx queue, tx queue, control queue, configuration
-    /// (all 0 on virtio-mmio).
+    /// MSI-X interrupts taken per source: rx queues and tx queues (each the sum over the
+    /// pairs), control queue, configuration (all 0 on virtio-mmio).
     pub msix_irqs: [u64; 4],
+    /// Per queue pair, the MSI-X interrupts taken on its rx and tx queue's vectors (empty on
+    /// virtio-mmio: reported as 0).
+    pub queue_irqs: &'a [[u64; 2]],
     /// Timer ticks taken.
     pub ticks: u64,
     /// Times the loop waited for an interrupt.
@@ -218,6 +221,7 @@ impl Report<'_> {
         }
         write!(w, ",\"queue_pairs\":{},\"queues\":[", self.queues.len())?;
         for (i, q) in self.queues.iter().enumerate() {
+            let msix = self.queue_irqs.get(i).copied().unwrap_or_default();
             if i > 0 {
                 w.write_char(',')?;
             }
@@ -226,7 +230,8 @@ impl Report<'_> {
             write!(
                 w,
                 "{{\"tx\":{},\"rx\":{},\"kicks\":{},\"rx_kicks\":{},\"irqs\":{},\
-                 \"tx_reclaimed\":{},\"xdp_tx\":{},\"ring_full\":{},\"kicks_suppressed\":{}}}",
+                 \"tx_reclaimed\":{},\"xdp_tx\":{},\"ring_full\":{},\"kicks_suppressed\":{},\
+                 \"irqs_rx\":{},\"irqs_tx\":{}}}",
                 q.tx_frames + q.xdp_tx,
                 q.rx_frames,
                 q.kicks,
@@ -236,6 +241,8 @@ impl Report<'_> {
                 q.xdp_tx,
                 q.ring_full,
                 q.kicks_suppressed + q.kicks_suppressed_no_notify,
+                msix[0],
+                msix[1],
             )?;
         }
         w.write_char(']')?;
@@ -277,6 +284,7 @@ mod tests {
             irqs_taken: 5,
             transport: TransportChoice::Pci,
             msix_irqs: [3, 2, 0, 0],
+            queue_irqs: &[],
             ticks: 1,
             waits: 2,
             foreign_frames: 0,
@@ -341,15 +349,25 @@ mod tests {
         ];
         let mut r = report();
         r.queues = &queues;
+        r.queue_irqs = &[[3, 2], [0, 7]];
         let mut s = String::new();
         r.write_json(&mut s).unwrap();
         assert!(
             s.contains(
                 ",\"queue_pairs\":2,\"queues\":[{\"tx\":60,\"rx\":3,\"kicks\":8,\"rx_kicks\":2,\
-                 \"irqs\":5,\"tx_reclaimed\":60,\"xdp_tx\":0,\"ring_full\":0,\"kicks_suppressed\":0},\
+                 \"irqs\":5,\"tx_reclaimed\":60,\"xdp_tx\":0,\"ring_full\":0,\"kicks_suppressed\":0,\
+                 \"irqs_rx\":3,\"irqs_tx\":2},\
                  {\"tx\":42,\"rx\":0,\"kicks\":5,\"rx_kicks\":0,\"irqs\":0,\"tx_reclaimed\":0,\
-                 \"xdp_tx\":2,\"ring_full\":0,\"kicks_suppressed\":3}],"
+                 \"xdp_tx\":2,\"ring_full\":0,\"kicks_suppressed\":3,\"irqs_rx\":0,\"irqs_tx\":7}],"
             ),
+            "{s}"
+        );
+        // Without MSI-X (virtio-mmio) the per-queue vector counts are 0.
+        r.queue_irqs = &[];
+        let mut s = String::new();
+        r.write_json(&mut s).unwrap();
+        assert!(
+            s.contains("\"kicks_suppressed\":3,\"irqs_rx\":0,\"irqs_tx\":0}],"),
             "{s}"
         );
         r.queues = &[];

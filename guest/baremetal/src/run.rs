@@ -10,7 +10,9 @@
 //!
 //! With `queues=N` (N > 1) the driver sets up N queue pairs. The virtio-mmio device has one
 //! interrupt line for all of them, so every interrupt schedules every pair's rx poll and tx
-//! poll, and each pair re-arms its own interrupts when its poll comes up short. The tx
+//! poll, and each pair re-arms its own interrupts when its poll comes up short. Over
+//! virtio-pci every queue has its own MSI-X vector (counted per vector, reported per pair);
+//! the loop runs `handle_msix` for each vector that fired and then polls as on mmio. The tx
 //! workload spreads frames round robin per batch: the i-th batch (up to `batch=` frames, cut
 //! short when that pair's ring is full) goes to pair `i mod N`; frame ids (sequence numbers)
 //! stay global, so the host can check that every frame arrived intact whatever the pair. The
@@ -87,6 +89,9 @@ pub fn main(o: &Options) -> ! {
             Ok(net) => net,
             Err(e) => fail_early(&alloc::format!("driver initialisation failed: {e}")),
         };
+        if let Err(e) = check_msix_vectors(&net) {
+            fail_early(&e);
+        }
         let (net, coalesce_error) = start(net, o, tsc_khz);
         finish(net, o, coalesce_error, tsc_khz)
     }
@@ -116,6 +121,40 @@ pub fn main(o: &Options) -> ! {
         calibrate(net, o, samples, tsc_khz, deadline);
     }
     finish(net, o, coalesce_error, tsc_khz)
+}
+
+/// The queues the driver uses: every pair's rx and tx, then the control queue.
+fn used_queues<T: Transport>(net: &VirtioNet<DmaHal, T>) -> impl Iterator<Item = u16> {
+    (0..2 * net.queue_pairs()).chain(net.ctrl_queue_index())
+}
+
+/// Every vector the driver assigned (configuration and each used queue) has a handler here
+/// (< [`MSIX_VECTORS`]; `pci::init` programmed and unmasked those entries): a queue on an
+/// entry without one would never interrupt.
+fn check_msix_vectors<T: Transport>(net: &VirtioNet<DmaHal, T>) -> Result<(), String> {
+    let t = net.transport();
+    let config = core::iter::once((None, t.config_vector()));
+    let queues = used_queues(net).map(|q| (Some(q), t.queue_vector(q)));
+    for (queue, vector) in config.chain(queues) {
+        if let Some(v) = vector.filter(|&v| usize::from(v) >= MSIX_VECTORS) {
+            let what = match queue {
+                Some(q) => alloc::format!("queue {q}"),
+                None => String::from("configuration changes"),
+            };
+            return Err(alloc::format!(
+                "transport=pci: {what} got MSI-X entry {v}, but this guest handles entries \
+                 0..{MSIX_VECTORS}"
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// MSI-X interrupts taken on `vector` (0 without one).
+fn vector_irqs(vector: Option<u16>) -> u64 {
+    vector
+        .and_then(|v| MSIX_IRQS.get(usize::from(v)))
+        .map_or(0, |c| c.load(Ordering::Relaxed))
 }
 
 /// The TSC value at which the workload gives up (`timeout_ms=`).
@@ -163,14 +202,24 @@ fn start<T: Transport>(
     if o.transport == TransportChoice::Pci {
         let t = net.transport();
         let mut line = String::new();
-        let _ = writeln!(
+        // Pair 0 and the control queue, then the other pairs' queues.
+        let _ = write!(
             line,
             "driver-guest: msix vectors config={:?} rx={:?} tx={:?} ctrl={:?}",
             t.config_vector(),
             t.queue_vector(0),
             t.queue_vector(1),
-            t.queue_vector(2),
+            net.ctrl_queue_index().and_then(|q| t.queue_vector(q)),
         );
+        for pair in 1..net.queue_pairs() {
+            let _ = write!(
+                line,
+                " rx{pair}={:?} tx{pair}={:?}",
+                t.queue_vector(2 * pair),
+                t.queue_vector(2 * pair + 1),
+            );
+        }
+        line.push('\n');
         sys::write(line.as_bytes());
     }
 
@@ -238,6 +287,29 @@ fn finish<T: Transport>(
     let queues: alloc::vec::Vec<_> = (0..d.net.queue_pairs())
         .filter_map(|p| d.net.pair_counters(p).ok())
         .collect();
+    // MSI-X: per pair, its rx and tx queue's vector (entry q + 1 for queue q, read back).
+    let t = d.net.transport();
+    let queue_irqs: alloc::vec::Vec<[u64; 2]> = if d.msix {
+        (0..d.net.queue_pairs())
+            .map(|p| [2 * p, 2 * p + 1].map(|q| vector_irqs(t.queue_vector(q))))
+            .collect()
+    } else {
+        alloc::vec::Vec::new()
+    };
+    let msix_irqs = [
+        queue_irqs.iter().map(|q| q[0]).sum(),
+        queue_irqs.iter().map(|q| q[1]).sum(),
+        if d.msix {
+            vector_irqs(d.net.ctrl_queue_index().and_then(|q| t.queue_vector(q)))
+        } else {
+            0
+        },
+        if d.msix {
+            vector_irqs(t.config_vector())
+        } else {
+            0
+        },
+    ];
     let report = Report {
         outcome,
         ring: o.ring,
@@ -251,8 +323,8 @@ fn finish<T: Transport>(
         counters: d.net.counters(),
         irqs_taken: DEVICE_IRQS.load(Ordering::Relaxed),
         transport: o.transport,
-        // Table entry 0 is configuration changes, entry q + 1 queue q.
-        msix_irqs: [1, 2, 3, 0].map(|e| MSIX_IRQS[e].load(Ordering::Relaxed)),
+        msix_irqs,
+        queue_irqs: &queue_irqs,
         ticks: TICKS.load(Ordering::Relaxed),
         waits: d.halts,
         foreign_frames: d.foreign,

@@ -285,6 +285,12 @@ impl<H: Hal, T: Transport> VirtioNet<H, T> {
         self.cq.is_some()
     }
 
+    /// The control queue's index (`2 · max_virtqueue_pairs` with VIRTIO_NET_F_MQ, else 2),
+    /// if it is set up: what [`Transport::queue_vector`] takes to find its MSI-X vector.
+    pub fn ctrl_queue_index(&self) -> Option<u16> {
+        self.cq.as_ref().map(|cq| cq.ring.index())
+    }
+
     /// Sets how long each control command busy-waits for the device's answer (default:
     /// [`CtrlWait::Polls`] of [`DEFAULT_CTRL_POLLS`]).
     pub fn set_ctrl_wait(&mut self, wait: CtrlWait) {

@@ -147,6 +147,18 @@ irq_device:
     pop rax
     iretq
 
+    /* One stub per MSI-X table entry, generated: EACH_MSIX m, lo, hi invokes macro m for
+       the entries lo..hi-1, halving the range (the assembler nests macros at most 20 deep);
+       `%(expr)` evaluates an entry number (.altmacro). */
+    .altmacro
+    .macro EACH_MSIX m, lo, hi
+    .if \hi - \lo == 1
+    \m \lo
+    .elseif \hi - \lo > 1
+    EACH_MSIX \m, \lo, %((\lo + \hi) / 2)
+    EACH_MSIX \m, %((\lo + \hi) / 2), \hi
+    .endif
+    .endm
     .macro IRQ_MSIX n
 irq_msix_\n:
     push rax
@@ -157,10 +169,11 @@ irq_msix_\n:
     pop rax
     iretq
     .endm
-    IRQ_MSIX 0
-    IRQ_MSIX 1
-    IRQ_MSIX 2
-    IRQ_MSIX 3
+    .macro MSIX_STUB_ADDRESS n
+    .quad irq_msix_\n
+    .endm
+    EACH_MSIX IRQ_MSIX, 0, {msix_vectors}
+    .noaltmacro
 
     .global irq_timer
 irq_timer:
@@ -211,7 +224,9 @@ exception_stubs:
     .balign 8
     .global msix_stubs
 msix_stubs:
-    .quad irq_msix_0, irq_msix_1, irq_msix_2, irq_msix_3
+    .altmacro
+    EACH_MSIX MSIX_STUB_ADDRESS, 0, {msix_vectors}
+    .noaltmacro
 "#,
     kmain = sym super::kmain,
     trap = sym super::cpu::trap,
@@ -219,6 +234,7 @@ msix_stubs:
     boot_stack_size = const super::BOOT_STACK_SIZE,
     device_irqs = sym DEVICE_IRQS,
     msix_irqs = sym MSIX_IRQS,
+    msix_vectors = const super::MSIX_VECTORS,
     ticks = sym TICKS,
     user_ds = const super::cpu::USER_DS | 3,
     user_cs = const super::cpu::USER_CS | 3,

@@ -17,14 +17,25 @@ use vnet_baremetal::cmdline::{self, Ring};
 /// The device's interrupt vector.
 pub const DEVICE_VECTOR: u8 = 0x30;
 /// The LAPIC vector of MSI-X table entry 0 (`transport=pci`); entry `e` uses
-/// `MSIX_VECTOR_BASE + e`. The transport assigns entry 0 to configuration changes and entry
-/// `q + 1` to queue `q` (rx, tx, control).
-pub const MSIX_VECTOR_BASE: u8 = 0x31;
-/// MSI-X entries with a handler (configuration + rx, tx and control queue).
-pub const MSIX_VECTORS: usize = 4;
+/// `MSIX_VECTOR_BASE + e`, up to [`MSIX_VECTORS`] entries (0x50..=0x71: clear of the device,
+/// timer and spurious vectors). The transport assigns entry 0 to configuration changes and
+/// entry `q + 1` to queue `q` (rx `2i`, tx `2i + 1` of pair `i`, then the control queue).
+pub const MSIX_VECTOR_BASE: u8 = 0x50;
+/// MSI-X entries with a handler: configuration, rx and tx of up to
+/// [`MAX_QUEUES`](vnet_baremetal::cmdline::MAX_QUEUES) pairs, and the control
+/// queue (which sits at `2 · max_virtqueue_pairs`, so a device with up to that many pairs
+/// fits whatever `queues=` asks for).
+pub const MSIX_VECTORS: usize = 1 + 2 * vnet_baremetal::cmdline::MAX_QUEUES as usize + 1;
 /// Entries into each MSI-X vector, by table entry (each handler also counts in
 /// [`DEVICE_IRQS`], so waiting works as with the one virtio-mmio vector).
 pub static MSIX_IRQS: [AtomicU64; MSIX_VECTORS] = [const { AtomicU64::new(0) }; MSIX_VECTORS];
+
+const _: () = assert!(
+    (MSIX_VECTOR_BASE as usize) > DEVICE_VECTOR as usize
+        && (MSIX_VECTOR_BASE as usize) > TIMER_VECTOR as usize
+        && (MSIX_VECTOR_BASE as usize) + MSIX_VECTORS <= SPURIOUS_VECTOR as usize,
+    "the MSI-X vectors overlap another vector"
+);
 
 /// The local APIC timer's vector.
 pub const TIMER_VECTOR: u8 = 0x40;

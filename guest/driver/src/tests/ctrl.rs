@@ -98,6 +98,7 @@ fn devices_without_ctrl_vq_or_with_it_turned_off_are_driven_as_before() {
         F_VERSION_1 | NET_F_MAC | NET_F_STATUS | RING_F_EVENT_IDX | NET_F_MRG_RXBUF
     );
     assert_eq!(h.transport.regs().queues[2].ready, 0);
+    assert_eq!(h.net.ctrl_queue_index(), None);
     assert_eq!(h.hal.live_allocations(), 4);
     assert_eq!(
         h.net.get_vq_coalescing(0),

@@ -81,6 +81,7 @@ fn two_pairs_are_negotiated_laid_out_and_enabled() {
         unique.dedup();
         assert_eq!(unique.len(), 5, "{descs:x?}");
     }
+    assert_eq!(h.net.ctrl_queue_index(), Some(8));
     let ctrl = h.dev.ctrl();
     assert_eq!(ctrl.q.index, 8);
     assert_eq!(ctrl.pairs_set, 2);
@@ -102,6 +103,7 @@ fn one_pair_does_not_negotiate_multiqueue() {
     let net = VirtioNet::new(hal.clone(), transport.clone(), Config::default()).expect("init");
     assert_eq!(net.features() & NET_F_MQ, 0);
     assert_eq!(net.queue_pairs(), 1);
+    assert_eq!(net.ctrl_queue_index(), Some(2));
     let regs = transport.regs();
     // Without MQ the control queue is queue 2 (the device's "rx1" slot here).
     assert_eq!(regs.queues[2].ready, 1);
