@@ -274,6 +274,10 @@ fn thread_kind_rules(kind: ThreadKind) -> Vec<Allow> {
             allow(SYS_epoll_create1, "a fresh epoll set per activation"),
             allow(SYS_readv, "tap: one frame straight into guest buffers"),
             allow(SYS_writev, "tap: one frame straight from guest buffers"),
+            allow(
+                libc::SYS_io_uring_enter,
+                "tap: a batch of frames' writevs in one call (the ring allows only writev)",
+            ),
             allow(SYS_recvmsg, "socket-pair backend: receive a frame"),
             allow(SYS_sendmsg, "socket-pair backend: send a frame"),
             allow(SYS_timerfd_settime, "arming the interrupt-coalescing timer"),

@@ -8,7 +8,9 @@
 //! a benchmarking backend) isolates the virtio work.
 //!
 //! - tx: a pre-filled ring of 1- or 2-descriptor chains (header + 64 B frame; the header in its
-//!   own descriptor for 2), drained 1 or 256 frames per call.
+//!   own descriptor for 2), drained 1 or 256 frames per call, on the tap with one `writev` per
+//!   frame and batched through io_uring (32 frames per `io_uring_enter`); plus a bare loop of
+//!   io_uring batches of 1, 2, 4, 8 and 32 frames, the batched path's floor.
 //! - rx: the ring kept **full** of posted 2 KiB buffers (as a Linux guest keeps it), 1 or 32
 //!   frames per call, MRG_RXBUF off, on (no GSO: 9 KiB gathered) and on with GSO (64 KiB).
 //!
@@ -21,7 +23,7 @@
 use std::io;
 use std::time::{Duration, Instant};
 
-use devices::backend::{NetBackend, NullBackend, Tap};
+use devices::backend::{NetBackend, NullBackend, Tap, TxRing, MAX_TX_BATCH};
 use devices::iovec::IovecList;
 use devices::test_utils::link::{link_up, PacketSocket};
 use devices::test_utils::queue::{GuestQueue, NEXT, WRITE};
@@ -31,6 +33,7 @@ use devices::virtio::net::{
     BucketConfig, RateLimiterConfig, RxMode, RxQueue, TxQueue, VNET_HDR_LEN,
 };
 use devices::virtio::vring::Virtqueue;
+use std::os::fd::AsRawFd;
 use virtio_queue::{Queue, QueueT};
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
@@ -206,6 +209,45 @@ fn run_writev(backend: &mut Tap, frame: &[u8], descs: u16, frames: usize) -> f64
             .expect("writev");
     }
     start.elapsed().as_nanos() as f64 / frames as f64
+}
+
+/// ns per frame of a bare loop of io_uring batches: `batch` `writev`s of the same frame, split
+/// as the chains are, per `io_uring_enter` ([`TxRing`] on the tap's fd), from 256 rotating
+/// buffers.
+fn run_uring(backend: &Tap, frame: &[u8], descs: u16, batch: usize, frames: usize) -> f64 {
+    let mut ring = TxRing::new(backend.as_raw_fd()).expect("io_uring");
+    let mut bufs: Vec<Vec<u8>> = (0..256).map(|_| frame.to_vec()).collect();
+    let mut lists: Vec<(IovecList<'_>, Vec<usize>)> = Vec::new();
+    for chunk in bufs.chunks_mut(batch) {
+        let mut list = IovecList::new();
+        let mut ends = Vec::new();
+        for buf in chunk {
+            if descs == 1 {
+                list.push_slice(buf).expect("room");
+            } else {
+                let (hdr, rest) = buf.split_at_mut(VNET_HDR_LEN);
+                list.push_slice(hdr).expect("room");
+                list.push_slice(rest).expect("room");
+            }
+            ends.push(list.len());
+        }
+        lists.push((list, ends));
+    }
+    let mut results: Vec<io::Result<usize>> = (0..batch).map(|_| Ok(0)).collect();
+    let calls = frames.div_ceil(batch);
+    let start = Instant::now();
+    let mut sent = 0;
+    for i in 0..calls {
+        let (list, ends) = &lists[i % lists.len()];
+        // SAFETY: the iovecs point into `bufs`, alive and unmoved for the whole loop.
+        unsafe { ring.write(list.as_iovecs().as_raw(), ends, &mut results) }.expect("ring");
+        assert!(
+            results[..ends.len()].iter().all(|r| r.is_ok()),
+            "batched write"
+        );
+        sent += ends.len();
+    }
+    start.elapsed().as_nanos() as f64 / sent as f64
 }
 
 /// The tap in this process's own network namespace, and a packet socket to inject frames.
@@ -432,23 +474,57 @@ fn main() {
             return;
         }
     };
+    // tx on the tap: one writev per frame (batching off), and batched through io_uring (the
+    // default where the kernel has it), each against a bare writev loop; and a bare loop of
+    // io_uring batches of 32 writevs, the floor of the batched path.
+    let uring = rig.tap.set_tx_batching(true);
+    if !uring {
+        println!("# io_uring unavailable: the batched rows are skipped");
+    }
     for descs in [1u16, 2] {
-        for batch in [1usize, 256] {
+        for ring_batch in [1usize, 2, 4, 8, MAX_TX_BATCH] {
             let mut pairs = Vec::new();
             for _ in 0..repeats {
+                if !uring {
+                    break;
+                }
+                rig.tap.set_tx_batching(false);
                 let base = run_writev(&mut rig.tap, &wire, descs, frames);
-                let mut d = Driver::tx(512, descs, &wire);
-                let mut txq = TxQueue::new(Virtqueue::new(&d.queue(), d.mem()).expect("ring"));
-                let case = run_tx(&mut d, &mut txq, &mut rig.tap, batch, frames);
-                pairs.push((base, case));
+                pairs.push((base, run_uring(&rig.tap, &wire, descs, ring_batch, frames)));
             }
-            report(
-                &format!("tx tap {descs}-desc batch {batch}"),
-                &format!("writev {descs} iov"),
-                &pairs,
-            );
+            if !pairs.is_empty() {
+                report(
+                    &format!("bare io_uring {ring_batch} x writev {descs} iov"),
+                    &format!("writev {descs} iov"),
+                    &pairs,
+                );
+            }
+        }
+        for batch in [1usize, 256] {
+            for batching in [false, true] {
+                if batching && !uring {
+                    continue;
+                }
+                let mut pairs = Vec::new();
+                for _ in 0..repeats {
+                    rig.tap.set_tx_batching(false);
+                    let base = run_writev(&mut rig.tap, &wire, descs, frames);
+                    rig.tap.set_tx_batching(batching);
+                    let mut d = Driver::tx(512, descs, &wire);
+                    let mut txq = TxQueue::new(Virtqueue::new(&d.queue(), d.mem()).expect("ring"));
+                    let case = run_tx(&mut d, &mut txq, &mut rig.tap, batch, frames);
+                    pairs.push((base, case));
+                }
+                let how = if batching { "io_uring" } else { "writev" };
+                report(
+                    &format!("tx tap ({how}) {descs}-desc batch {batch}"),
+                    &format!("writev {descs} iov"),
+                    &pairs,
+                );
+            }
         }
     }
+    rig.tap.set_tx_batching(true);
     let rx_frames = frames / 4;
     let mut pairs = Vec::new();
     for _ in 0..repeats {

@@ -11,6 +11,7 @@ mod link;
 mod null;
 mod pair;
 pub(crate) mod tap;
+mod uring;
 
 use std::io;
 use std::ops::BitOr;
@@ -20,8 +21,9 @@ pub use link::LinkWatch;
 pub use null::NullBackend;
 pub use pair::{PairBackend, PairPeer, DEFAULT_PEER_TIMEOUT};
 pub use tap::{validate_ifname, Tap, TapError, MAX_IFNAME_LEN};
+pub use uring::{TxRing, MAX_TX_BATCH, MIN_RING_BATCH};
 
-use crate::iovec::Iovecs;
+use crate::iovec::{IovecList, Iovecs};
 
 /// A frame transport that the device worker polls with epoll.
 ///
@@ -38,6 +40,36 @@ pub trait NetBackend: AsRawFd + Send + 'static {
 
     /// Writes one frame (virtio-net header + Ethernet frame) gathered from `iovs`.
     fn write_frame(&mut self, iovs: Iovecs<'_>) -> io::Result<usize>;
+
+    /// Most frames one [`NetBackend::write_frames`] call takes. 1 (the default) means the
+    /// backend gains nothing from batches and the datapath calls
+    /// [`NetBackend::write_frame`] per frame.
+    fn tx_batch(&self) -> usize {
+        1
+    }
+
+    /// Writes several frames, in order: frame `i` is `frames.range(ends[i - 1], ends[i])`
+    /// (from 0 for the first), and its result, as [`NetBackend::write_frame`] would return
+    /// it, goes to `results[i]`. Unlike a loop of `write_frame` calls, a failed frame does not
+    /// stop the frames after it. `ends.len()` is at most [`NetBackend::tx_batch`] and at most
+    /// `results.len()`.
+    fn write_frames(
+        &mut self,
+        frames: &IovecList<'_>,
+        ends: &[usize],
+        results: &mut [io::Result<usize>],
+    ) {
+        let mut start = 0;
+        for (&end, result) in ends.iter().zip(results.iter_mut()) {
+            *result = loop {
+                match self.write_frame(frames.range(start, end)) {
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                    r => break r,
+                }
+            };
+            start = end;
+        }
+    }
 
     /// The receive offloads the backend can apply (probed when it was opened).
     fn supported_offloads(&self) -> Offloads;

@@ -7,7 +7,7 @@
 use virtio_bindings::virtio_config::{
     VIRTIO_CONFIG_S_ACKNOWLEDGE, VIRTIO_CONFIG_S_DRIVER, VIRTIO_CONFIG_S_DRIVER_OK,
     VIRTIO_CONFIG_S_FAILED, VIRTIO_CONFIG_S_FEATURES_OK, VIRTIO_CONFIG_S_NEEDS_RESET,
-    VIRTIO_F_VERSION_1,
+    VIRTIO_F_RING_RESET, VIRTIO_F_VERSION_1,
 };
 use virtio_bindings::virtio_ring::VIRTIO_RING_F_EVENT_IDX;
 use virtio_queue::{Queue, QueueT};
@@ -19,7 +19,7 @@ use std::sync::Arc;
 
 use log::{error, warn};
 
-use super::{ActivationContext, VirtioDevice, VirtioInterrupt};
+use super::{ActivationContext, QueueResetState, VirtioDevice, VirtioInterrupt};
 
 /// The status bits the driver sets, in the order it must set them.
 pub(crate) const STATUS_STEPS: [u32; 4] = [
@@ -130,6 +130,18 @@ pub(crate) fn check_features(
     device.validate_features(acked).map_err(|e| e.to_string())
 }
 
+/// An error and its causes, joined for one log line.
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
+}
+
 /// Why the queues cannot be handed to the device.
 #[derive(Debug)]
 pub(crate) enum ActivationProblem {
@@ -148,30 +160,55 @@ pub(crate) fn activation_queues(
     in_use: usize,
     acked: u64,
 ) -> Result<(Vec<Queue>, Vec<EventFd>), ActivationProblem> {
-    let event_idx = acked & (1 << VIRTIO_RING_F_EVENT_IDX) != 0;
     let mut out_queues = Vec::with_capacity(in_use);
     let mut out_kicks = Vec::with_capacity(in_use);
     for (index, (queue, kick)) in queues.iter().zip(kicks).enumerate().take(in_use) {
-        if !queue.is_valid(mem) {
-            return Err(ActivationProblem::Guest(format!(
-                "DRIVER_OK with queue {index} not ready or outside guest memory"
-            )));
-        }
-        if queue.avail_ring() == 0 {
-            // virtio-queue treats an avail ring at guest address 0 as "not configured".
-            return Err(ActivationProblem::Guest(format!(
-                "DRIVER_OK with queue {index}'s avail ring at guest address 0 (unsupported)"
-            )));
-        }
-        let mut worker_queue = Queue::try_from(queue.state())
-            .map_err(|e| ActivationProblem::Host(format!("cannot copy queue {index}: {e}")))?;
-        worker_queue.set_event_idx(event_idx);
-        out_queues.push(worker_queue);
+        out_queues.push(worker_queue(mem, queue, index, acked, "DRIVER_OK")?);
         out_kicks.push(kick.try_clone().map_err(|e| {
             ActivationProblem::Host(format!("cannot clone kick eventfd {index}: {e}"))
         })?);
     }
     Ok((out_queues, out_kicks))
+}
+
+/// Queue `index`, copied for the worker: ready and inside `mem`, EVENT_IDX set from `acked`
+/// (`when`: what the driver did, for the messages). Used at activation and when a queue is
+/// enabled again after its reset, so both get exactly the same checks.
+fn worker_queue(
+    mem: &GuestMemoryMmap,
+    queue: &Queue,
+    index: usize,
+    acked: u64,
+    when: &str,
+) -> Result<Queue, ActivationProblem> {
+    if !queue.is_valid(mem) {
+        return Err(ActivationProblem::Guest(format!(
+            "{when} with queue {index} not ready or outside guest memory"
+        )));
+    }
+    if queue.avail_ring() == 0 {
+        // virtio-queue treats an avail ring at guest address 0 as "not configured".
+        return Err(ActivationProblem::Guest(format!(
+            "{when} with queue {index}'s avail ring at guest address 0 (unsupported)"
+        )));
+    }
+    let mut worker_queue = Queue::try_from(queue.state())
+        .map_err(|e| ActivationProblem::Host(format!("cannot copy queue {index}: {e}")))?;
+    worker_queue.set_event_idx(acked & (1 << VIRTIO_RING_F_EVENT_IDX) != 0);
+    Ok(worker_queue)
+}
+
+/// Where a queue stands with respect to a per-queue reset (VIRTIO_F_RING_RESET).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) enum QueuePhase {
+    /// Not being reset: configurable before DRIVER_OK, running after.
+    #[default]
+    Normal,
+    /// The driver asked for a reset; the datapath has not confirmed yet (`queue_reset` reads 1).
+    Resetting,
+    /// Reset: back to its default configuration, which the driver may program again (after
+    /// DRIVER_OK) before enabling it.
+    Reset,
 }
 
 /// Which ring address a driver write sets (virtio 1.x: descriptor, driver and device areas).
@@ -199,18 +236,30 @@ pub(crate) struct VirtioState {
     pub(crate) device_features_sel: u32,
     pub(crate) driver_features_sel: u32,
     pub(crate) acked_features: u64,
+    /// Per queue: where it stands with respect to a per-queue reset.
+    queue_phases: Vec<QueuePhase>,
     guest_warnings: u32,
     /// "virtio-mmio" or "virtio-pci", for log lines.
     transport: &'static str,
-    /// Device features the transport cannot offer.
-    unsupported: u64,
+    /// What the transport offers beside the device's features, and the features it cannot
+    /// offer whatever the device says.
+    features: TransportFeatures,
+}
+
+/// The transport's share of the offered features.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct TransportFeatures {
+    /// Offered in addition to the device's features (e.g. VIRTIO_F_ACCESS_PLATFORM on PCI).
+    pub(crate) added: u64,
+    /// Never offered.
+    pub(crate) unsupported: u64,
 }
 
 impl VirtioState {
     /// The state of a freshly reset device.
     pub(crate) fn new(
         transport: &'static str,
-        unsupported: u64,
+        features: TransportFeatures,
         mem: GuestMemoryMmap,
         device: Box<dyn VirtioDevice>,
         interrupt: Arc<VirtioInterrupt>,
@@ -221,6 +270,7 @@ impl VirtioState {
             device,
             mem,
             interrupt,
+            queue_phases: vec![QueuePhase::Normal; queues.len()],
             queues,
             kicks,
             status: 0,
@@ -229,7 +279,7 @@ impl VirtioState {
             acked_features: 0,
             guest_warnings: 0,
             transport,
-            unsupported,
+            features,
         }
     }
 
@@ -259,9 +309,16 @@ impl VirtioState {
         self.status & bits == bits
     }
 
-    /// The features offered: the device's, without those the transport cannot offer.
+    /// The features offered: the device's and the transport's, without those the transport
+    /// cannot offer; VIRTIO_F_RING_RESET exactly when the device can reset a queue.
     pub(crate) fn offered_features(&self) -> u64 {
-        self.device.features() & !self.unsupported
+        let mut features = self.device.features() | self.features.added;
+        if self.device.supports_queue_reset() {
+            features |= 1 << VIRTIO_F_RING_RESET;
+        } else {
+            features &= !(1 << VIRTIO_F_RING_RESET);
+        }
+        features & !self.features.unsupported
     }
 
     /// The status register as the driver reads it (with the device's NEEDS_RESET).
@@ -295,12 +352,15 @@ impl VirtioState {
     }
 
     /// Queue `sel`, if its configuration may be written now (after FEATURES_OK, before
-    /// DRIVER_OK); warns otherwise.
+    /// DRIVER_OK; or after DRIVER_OK while the queue is reset); warns otherwise.
     pub(crate) fn configurable_queue(&mut self, sel: usize, what: &str) -> Option<&mut Queue> {
-        if !self.has(VIRTIO_CONFIG_S_FEATURES_OK) || self.has(VIRTIO_CONFIG_S_DRIVER_OK) {
+        let reset = self.queue_phases.get(sel) == Some(&QueuePhase::Reset);
+        if !reset && (!self.has(VIRTIO_CONFIG_S_FEATURES_OK) || self.has(VIRTIO_CONFIG_S_DRIVER_OK))
+        {
             let status = self.status;
             self.guest_warn(format_args!(
-                "{what} written in status {status:#x} (allowed after FEATURES_OK, before DRIVER_OK)"
+                "{what} written in status {status:#x} (allowed after FEATURES_OK, before \
+                 DRIVER_OK, or while the queue is reset)"
             ));
             return None;
         }
@@ -384,6 +444,108 @@ impl VirtioState {
         }
     }
 
+    /// The driver's write of `value` to queue `sel`'s reset register (`register`: its name in
+    /// this transport): 1 starts a per-queue reset of a running queue when VIRTIO_F_RING_RESET
+    /// was negotiated. Anything else is refused with a warning and has no effect.
+    pub(crate) fn write_queue_reset(&mut self, sel: usize, value: u64, register: &str) {
+        let refuse = |state: &mut Self, why: &str| {
+            state.guest_warn(format_args!(
+                "{register} {value} for queue {sel} refused: {why}"
+            ));
+        };
+        if value != 1 {
+            return refuse(self, "only 1 may be written");
+        }
+        if self.acked_features & (1 << VIRTIO_F_RING_RESET) == 0 {
+            return refuse(self, "VIRTIO_F_RING_RESET not negotiated");
+        }
+        if !self.has(VIRTIO_CONFIG_S_DRIVER_OK) {
+            return refuse(self, "before DRIVER_OK");
+        }
+        if sel >= self.device.queues_in_use(self.acked_features) || sel >= self.queues.len() {
+            return refuse(self, "no such queue in use");
+        }
+        match self.queue_phases[sel] {
+            QueuePhase::Normal => {}
+            QueuePhase::Resetting | QueuePhase::Reset => {
+                return refuse(self, "the queue is already reset (enable it first)")
+            }
+        }
+        if !self.queues[sel].ready() {
+            return refuse(self, "the queue is not enabled");
+        }
+        let phase = match self.device.reset_queue(sel) {
+            QueueResetState::Refused => return refuse(self, "the device cannot reset it"),
+            QueueResetState::Ongoing => QueuePhase::Resetting,
+            QueueResetState::Done => QueuePhase::Reset,
+        };
+        // Back to the defaults: the driver programs the queue again before enabling it.
+        self.queues[sel].reset();
+        self.queue_phases[sel] = phase;
+    }
+
+    /// Queue `sel`'s reset register as the driver reads it: 1 while its reset is ongoing.
+    pub(crate) fn queue_reset_register(&mut self, sel: usize) -> u64 {
+        match self.queue_phases.get(sel) {
+            Some(QueuePhase::Resetting) => match self.device.poll_queue_reset(sel) {
+                QueueResetState::Ongoing => 1,
+                QueueResetState::Done | QueueResetState::Refused => {
+                    self.queue_phases[sel] = QueuePhase::Reset;
+                    0
+                }
+            },
+            _ => 0,
+        }
+    }
+
+    /// The driver's write of queue `sel`'s enable register (`what`: its name): before
+    /// DRIVER_OK it sets the queue's readiness; after DRIVER_OK, 1 on a reset queue restarts it
+    /// on the rings as programmed since (with the activation's checks; unusable rings set
+    /// DEVICE_NEEDS_RESET).
+    pub(crate) fn write_queue_enable(&mut self, sel: usize, ready: bool, what: &str) {
+        let reset = self.queue_phases.get(sel) == Some(&QueuePhase::Reset);
+        if !reset || !self.has(VIRTIO_CONFIG_S_DRIVER_OK) {
+            if let Some(queue) = self.configurable_queue(sel, what) {
+                queue.set_ready(ready);
+            }
+            return;
+        }
+        if !ready {
+            return self.guest_warn(format_args!(
+                "{what} 0 for reset queue {sel} ignored (it is not enabled)"
+            ));
+        }
+        let mut queue = match Queue::try_from(self.queues[sel].state()) {
+            Ok(queue) => queue,
+            Err(e) => {
+                error!("{}: cannot copy queue {sel}: {e}", self.name());
+                return self.fail_activation();
+            }
+        };
+        queue.set_ready(true);
+        let prepared = worker_queue(&self.mem, &queue, sel, self.acked_features, what);
+        let queue = match prepared {
+            Ok(queue) => queue,
+            Err(ActivationProblem::Guest(why)) => {
+                self.guest_warn(format_args!("{why} (after its reset)"));
+                return self.fail_activation();
+            }
+            Err(ActivationProblem::Host(why)) => {
+                error!("{}: {why}", self.name());
+                return self.fail_activation();
+            }
+        };
+        if let Err(e) = self.device.enable_queue(sel, queue) {
+            self.guest_warn(format_args!(
+                "queue {sel} cannot run after its reset: {}",
+                error_chain(&e)
+            ));
+            return self.fail_activation();
+        }
+        self.queues[sel].set_ready(true);
+        self.queue_phases[sel] = QueuePhase::Normal;
+    }
+
     fn activate(&mut self) {
         let in_use = self.device.queues_in_use(self.acked_features);
         let prepared = activation_queues(
@@ -430,6 +592,7 @@ impl VirtioState {
         for queue in &mut self.queues {
             queue.reset();
         }
+        self.queue_phases.fill(QueuePhase::Normal);
         for kick in &self.kicks {
             // A WouldBlock only means no stale kick was pending.
             let _ = kick.read();

@@ -15,7 +15,7 @@ use virtio_queue::{Queue, QueueT};
 use vm_memory::GuestMemoryMmap;
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
-use super::common::{RingPart, VirtioState};
+use super::common::{RingPart, TransportFeatures, VirtioState};
 use super::{VirtioDevice, VirtioInterrupt};
 use crate::BusDevice;
 
@@ -31,6 +31,9 @@ pub const MMIO_VENDOR_ID: u32 = 0;
 pub const QUEUE_NOTIFY_OFFSET: u64 = VIRTIO_MMIO_QUEUE_NOTIFY as u64;
 /// Offset of the device configuration space inside the window.
 pub const CONFIG_SPACE_OFFSET: u64 = VIRTIO_MMIO_CONFIG as u64;
+/// QueueReset (virtio 1.2 §4.2.2, with VIRTIO_F_RING_RESET): write 1 to reset the selected
+/// queue; reads 1 while the reset is ongoing.
+pub const QUEUE_RESET_OFFSET: u32 = 0x0c0;
 
 /// Errors building a transport.
 #[derive(Debug, thiserror::Error)]
@@ -82,7 +85,18 @@ impl MmioTransport {
         }
         let interrupt = Arc::new(VirtioInterrupt::new().map_err(MmioError::EventFd)?);
         Ok(MmioTransport {
-            state: VirtioState::new("virtio-mmio", 0, mem, device, interrupt, queues, kicks),
+            state: VirtioState::new(
+                "virtio-mmio",
+                TransportFeatures {
+                    added: 0,
+                    unsupported: 0,
+                },
+                mem,
+                device,
+                interrupt,
+                queues,
+                kicks,
+            ),
             queue_sel: 0,
         })
     }
@@ -132,8 +146,8 @@ impl MmioTransport {
             VIRTIO_MMIO_DEVICE_ID => self.state.device.device_type(),
             VIRTIO_MMIO_VENDOR_ID => MMIO_VENDOR_ID,
             VIRTIO_MMIO_DEVICE_FEATURES => match self.state.device_features_sel {
-                0 => self.state.device.features() as u32,
-                1 => (self.state.device.features() >> 32) as u32,
+                0 => self.state.offered_features() as u32,
+                1 => (self.state.offered_features() >> 32) as u32,
                 _ => 0,
             },
             VIRTIO_MMIO_QUEUE_NUM_MAX => self.selected_queue().map_or(0, |q| q.max_size().into()),
@@ -146,6 +160,7 @@ impl MmioTransport {
             | VIRTIO_MMIO_SHM_BASE_LOW
             | VIRTIO_MMIO_SHM_BASE_HIGH => u32::MAX,
             VIRTIO_MMIO_CONFIG_GENERATION => self.state.device.config_generation(),
+            QUEUE_RESET_OFFSET => self.state.queue_reset_register(self.queue_sel as usize) as u32,
             _ => {
                 self.state
                     .guest_warn(format_args!("read of unknown register {offset:#x}"));
@@ -180,6 +195,10 @@ impl MmioTransport {
             VIRTIO_MMIO_QUEUE_USED_LOW => self.write_ring_addr(RingPart::Used, Half::Low, value),
             VIRTIO_MMIO_QUEUE_USED_HIGH => self.write_ring_addr(RingPart::Used, Half::High, value),
             VIRTIO_MMIO_SHM_SEL => {}
+            QUEUE_RESET_OFFSET => {
+                self.state
+                    .write_queue_reset(self.queue_sel as usize, value.into(), "QueueReset")
+            }
             _ => self.state.guest_warn(format_args!(
                 "write of {value:#x} to unknown or read-only register {offset:#x}"
             )),
@@ -208,15 +227,11 @@ impl MmioTransport {
     }
 
     fn write_queue_ready(&mut self, value: u32) {
-        let Some(queue) = self
-            .state
-            .configurable_queue(self.queue_sel as usize, "QueueReady")
-        else {
-            return;
-        };
         match value {
-            0 => queue.set_ready(false),
-            1 => queue.set_ready(true),
+            0 | 1 => {
+                self.state
+                    .write_queue_enable(self.queue_sel as usize, value == 1, "QueueReady")
+            }
             _ => self
                 .state
                 .guest_warn(format_args!("QueueReady {value} refused")),

@@ -4,6 +4,56 @@
 //! and the eventfds; when the driver sets DRIVER_OK it hands a [`VirtioDevice`] an
 //! [`ActivationContext`] with everything the datapath needs, and the device moves it all into
 //! a worker thread that owns it (no lock shared with the vCPU thread).
+//!
+//! # Per-queue reset (VIRTIO_F_RING_RESET, virtio 1.2 §2.6.1)
+//!
+//! Both transports carry it (virtio-pci `queue_reset` at common configuration offset 0x3a,
+//! virtio-mmio `QueueReset` at 0x0c0; one implementation in `common::VirtioState`), and offer
+//! the feature exactly when the device says [`VirtioDevice::supports_queue_reset`] (virtio-net
+//! does; the trait's default refuses). The driver's side, once the feature is negotiated and
+//! DRIVER_OK is set:
+//!
+//! 1. select the queue, write 1 to `queue_reset`;
+//! 2. read `queue_reset` until it reads 0 (and `queue_enable` reads 0): the device no longer
+//!    touches the queue, and its size, ring addresses and indexes are back to the defaults;
+//!    every buffer the device had not marked used belongs to the driver again;
+//! 3. program `queue_size`, the three ring addresses (new memory or the same rings
+//!    re-initialised with indexes from 0) and, on PCI, `queue_msix_vector`;
+//! 4. write 1 to `queue_enable` (mmio: `QueueReady`); then post buffers and notify.
+//!
+//! Refused with a warning and no effect: a reset before DRIVER_OK, without the feature
+//! negotiated, of a queue not in use, not enabled or already reset, a value other than 1, and
+//! (virtio-net) a reset of the control queue; queue configuration writes and `queue_enable` of a
+//! queue whose reset is still ongoing. Rings given at re-enable get the activation's checks
+//! (transport: ready, aligned, inside guest memory, avail ring not at 0; device: the same
+//! [`vring::Virtqueue::new`] checks as at activation, so the used ring may not overlap what the
+//! device reads); unusable ones set DEVICE_NEEDS_RESET.
+//!
+//! **Ack model.** The write runs on the vCPU thread and must not wait for the datapath for
+//! long. virtio-net sends the reset to the pair's worker over its command channel (an eventfd
+//! wakes its epoll loop, which handles it between two bounded datapath calls: normally within
+//! microseconds) and waits for the worker's answer at most
+//! [`net::device::QUEUE_RESET_WAIT`] (20 ms). Past that, the write returns and `queue_reset`
+//! reads 1 until the answer comes (each read polls it), as the spec allows; Linux's
+//! `vp_modern_set_queue_reset` polls exactly so. What the worker does on the reset: every
+//! datapath call has already published its used entries, so what was sent or received is the
+//! driver's; it then drops the rx pool (chains popped ahead of frames are never filled: they go
+//! back to the driver with the ring), clears its tx wait/park state, and forgets the ring's
+//! host pointers ([`net::rx::RxQueue::detach`], [`net::tx::TxQueue::detach`]). A tx chain the
+//! backend refused (EAGAIN) was not sent and is not used. Kicks for the queue are drained and
+//! ignored; frames for a reset rx queue wait in the tap. Every other queue, including the other
+//! direction of the same pair on the same worker, keeps running. Re-enable checks the rings on
+//! the vCPU thread and hands the resolved ring to the worker without waiting; the worker
+//! attaches it (rate limiter and its bucket levels kept, so resets do not refill them) and runs
+//! the queue at once. Counted in `queue_resets` and `queue_reenables`.
+//!
+//! # VIRTIO_F_ACCESS_PLATFORM
+//!
+//! Offered by the PCI transport for every device ([`pci::TRANSPORT_FEATURES`]), not by
+//! virtio-mmio. There is no vIOMMU, so the addresses a driver gives are guest-physical with or
+//! without it; negotiating it only makes a Linux guest use its DMA API for the rings and
+//! buffers, which AF_XDP zero-copy in virtio_net requires (`virtqueue_dma_dev`). A driver may
+//! decline it; both ways work identically on the device side.
 
 #![warn(missing_docs)]
 
@@ -71,6 +121,10 @@ pub enum ActivateError {
     /// Spawning the worker thread failed.
     #[error("failed to spawn the worker thread")]
     Spawn(#[source] io::Error),
+    /// A queue cannot be enabled again after its reset (not reset, not a datapath queue, the
+    /// device does not reset queues, or its datapath did not answer in time).
+    #[error("the queue cannot be enabled after a reset")]
+    QueueReset,
 }
 
 /// A driver-acknowledged feature set the device refuses (FEATURES_OK then does not stick).
@@ -81,6 +135,18 @@ pub struct FeatureDependencyError {
     pub feature: &'static str,
     /// The missing prerequisite.
     pub requires: &'static str,
+}
+
+/// Where a per-queue reset (VIRTIO_F_RING_RESET) stands, as the device reports it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum QueueResetState {
+    /// The device does not reset this queue (the transport leaves it running and warns).
+    Refused,
+    /// The datapath has not yet confirmed that it stopped using the queue; ask again with
+    /// [`VirtioDevice::poll_queue_reset`] (the driver reads `queue_reset` as 1 meanwhile).
+    Ongoing,
+    /// The queue is stopped: nothing of it is used or signalled until it is enabled again.
+    Done,
 }
 
 /// A virtio device as the transport sees it (slow path only: registers and lifecycle).
@@ -134,4 +200,35 @@ pub trait VirtioDevice: Send {
 
     /// True while the datapath runs (between a successful activation and the next reset).
     fn is_active(&self) -> bool;
+
+    /// Whether [`Self::reset_queue`] and [`Self::enable_queue`] work for this device's
+    /// datapath queues. The transport offers VIRTIO_F_RING_RESET only then.
+    fn supports_queue_reset(&self) -> bool {
+        false
+    }
+
+    /// Per-queue reset (virtio 1.2 §2.6.1) of queue `index` while the device runs: the datapath
+    /// publishes what it completed, then stops using the queue (no buffer of it is used or
+    /// signalled afterwards, its ring addresses are forgotten) while every other queue keeps
+    /// running. Must not block for long (it runs on a vCPU thread): a device that cannot
+    /// confirm quickly answers [`QueueResetState::Ongoing`].
+    fn reset_queue(&mut self, index: usize) -> QueueResetState {
+        let _ = index;
+        QueueResetState::Refused
+    }
+
+    /// Whether the reset of queue `index` that [`Self::reset_queue`] answered `Ongoing` is done.
+    fn poll_queue_reset(&mut self, index: usize) -> QueueResetState {
+        let _ = index;
+        QueueResetState::Done
+    }
+
+    /// Restarts queue `index` after its reset, on `queue` as the driver programmed it again
+    /// (ready, inside guest memory, EVENT_IDX set from the negotiated features; prepared like
+    /// the queues of [`ActivationContext`]). The rings get the same checks as at activation; an
+    /// error leaves the queue stopped, and the transport sets DEVICE_NEEDS_RESET.
+    fn enable_queue(&mut self, index: usize, queue: Queue) -> Result<(), ActivateError> {
+        let _ = (index, queue);
+        Err(ActivateError::QueueReset)
+    }
 }

@@ -400,3 +400,45 @@ fn a_single_queue_tap_cannot_be_opened_with_several_queues() {
         assert_eq!(Tap::open_queues("vmmmq2", 1).expect("single").len(), 1);
     });
 }
+
+#[test]
+fn batched_writes_through_io_uring_arrive_whole_and_in_order() {
+    in_netns(|| {
+        let mut tap = Tap::open("vmmtest7").expect("create tap");
+        assert!(
+            tap.set_tx_batching(true),
+            "io_uring is available on this project's hosts"
+        );
+        assert_eq!(tap.tx_batch(), crate::backend::MAX_TX_BATCH);
+        link_up("vmmtest7").expect("link up");
+        let sock = PacketSocket::open("vmmtest7", ETHERTYPE).expect("packet socket");
+
+        let frames: Vec<Vec<u8>> = (0..20)
+            .map(|i| ethernet_frame(60 + 7 * i, i as u8))
+            .collect();
+        let mut hdrs = vec![[0u8; 12]; frames.len()];
+        let mut bodies = frames.clone();
+        let mut list = IovecList::new();
+        let mut ends = Vec::new();
+        for (hdr, body) in hdrs.iter_mut().zip(bodies.iter_mut()) {
+            list.push_slice(hdr).expect("room");
+            list.push_slice(body).expect("room");
+            ends.push(list.len());
+        }
+        let mut results: Vec<io::Result<usize>> = (0..frames.len()).map(|_| Ok(0)).collect();
+        tap.write_frames(&list, &ends, &mut results);
+        for (result, frame) in results.iter().zip(&frames) {
+            assert_eq!(*result.as_ref().expect("written"), 12 + frame.len());
+        }
+        for frame in &frames {
+            assert_eq!(&recv_test_frame(&sock), frame);
+        }
+
+        // Off, the same call writes frame by frame.
+        assert!(!tap.set_tx_batching(false));
+        assert_eq!(tap.tx_batch(), 1);
+        tap.write_frames(&list, &ends[..2], &mut results[..2]);
+        assert_eq!(recv_test_frame(&sock), frames[0]);
+        assert_eq!(recv_test_frame(&sock), frames[1]);
+    });
+}

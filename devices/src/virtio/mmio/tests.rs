@@ -51,7 +51,13 @@ fn identity_registers() {
         t.w32(VIRTIO_MMIO_QUEUE_SEL, sel);
         assert_eq!(t.r32(VIRTIO_MMIO_QUEUE_NUM_MAX), max, "queue {sel}");
     }
-    let features = t.device().features();
+    // The device's features, and RING_RESET (the net device resets queues; QueueReset).
+    let features = t.device().features() | 1 << VIRTIO_F_RING_RESET;
+    assert_eq!(
+        features & 1 << VIRTIO_F_ACCESS_PLATFORM,
+        0,
+        "ACCESS_PLATFORM is PCI's"
+    );
     t.w32(VIRTIO_MMIO_DEVICE_FEATURES_SEL, 0);
     assert_eq!(t.r32(VIRTIO_MMIO_DEVICE_FEATURES), features as u32);
     t.w32(VIRTIO_MMIO_DEVICE_FEATURES_SEL, 1);

@@ -3,7 +3,9 @@
 use std::fmt;
 use std::io;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::mpsc::{Receiver, RecvTimeoutError, TryRecvError};
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
 
 use log::{debug, error};
 use seccompiler::BpfProgram;
@@ -11,13 +13,15 @@ use virtio_bindings::virtio_config::VIRTIO_F_VERSION_1;
 use virtio_bindings::virtio_ids::VIRTIO_ID_NET;
 use virtio_bindings::virtio_net::*;
 use virtio_bindings::virtio_ring::{VIRTIO_RING_F_EVENT_IDX, VIRTIO_RING_F_INDIRECT_DESC};
+use virtio_queue::Queue;
+use vm_memory::GuestMemoryMmap;
 
 use super::config::{MacAddr, NetConfig};
 use super::ctrl::CTRL_QUEUE_SIZE;
 use super::metrics::NetMetrics;
 use super::rx::RxMode;
 use super::tuning::{NetTuning, TuningControl};
-use super::worker::{Activation, Shared, WorkerThread, WorkerThreadError};
+use super::worker::{Activation, PairQueue, Shared, WorkerThread, WorkerThreadError};
 use super::{CTRL_QUEUE, NUM_QUEUES, RX_QUEUE, TX_QUEUE};
 
 // The worker takes the queues as [rx, tx, ctrl] (one pair), or rx0 tx0 rx1 tx1 … ctrl (MQ).
@@ -25,9 +29,16 @@ const _: () = assert!(RX_QUEUE == 0 && TX_QUEUE == 1 && CTRL_QUEUE == 2);
 /// All queues of one pair, the control queue included.
 const ALL_QUEUES: usize = CTRL_QUEUE + 1;
 use crate::backend::{NetBackend, Offloads, Tap, TapError};
+use crate::virtio::vring::Virtqueue;
 use crate::virtio::{
-    ActivateError, ActivationContext, FeatureDependencyError, VirtioDevice, VirtioInterrupt,
+    ActivateError, ActivationContext, FeatureDependencyError, QueueResetState, VirtioDevice,
+    VirtioInterrupt,
 };
+
+/// How long a per-queue reset waits on the vCPU thread for the worker to confirm it stopped
+/// using the queue. The worker looks at its commands between two bounded datapath calls, so
+/// it normally answers within microseconds; past this, `queue_reset` reads 1 until it does.
+pub const QUEUE_RESET_WAIT: Duration = Duration::from_millis(20);
 
 /// Errors creating a virtio-net device.
 #[derive(Debug, thiserror::Error)]
@@ -183,6 +194,18 @@ pub struct NetDevice<B: NetBackend = Tap> {
     metrics: Arc<NetMetrics>,
     link: LinkControl,
     tuning: TuningControl,
+    /// The current run's queue layout (between activation and reset).
+    run: Option<RunLayout>,
+    /// Per queue: the worker's answer to a reset still awaited (see [`QUEUE_RESET_WAIT`]).
+    pending_resets: Vec<Option<Receiver<()>>>,
+}
+
+/// What a per-queue reset or re-enable needs to know of the current run.
+struct RunLayout {
+    /// Queue pairs the driver set up: queues `0..2 * pairs` are rx, tx of each pair.
+    pairs: usize,
+    /// Guest memory, for checking the rings of a queue enabled again.
+    mem: GuestMemoryMmap,
 }
 
 impl<B: NetBackend> fmt::Debug for NetDevice<B> {
@@ -267,6 +290,8 @@ impl<B: NetBackend> NetDevice<B> {
         let mut queue_sizes = vec![queue_size; 2 * pairs];
         queue_sizes.push(CTRL_QUEUE_SIZE);
         NetDevice {
+            run: None,
+            pending_resets: queue_sizes.iter().map(|_| None).collect(),
             label: label.to_owned(),
             mac,
             guest_mac: Arc::new(GuestMac::default()),
@@ -377,6 +402,8 @@ impl<B: NetBackend> NetDevice<B> {
 
     fn stop_worker(&mut self) {
         self.link.attach(None);
+        self.run = None;
+        self.pending_resets.fill_with(|| None);
         for worker in &mut self.workers {
             if let WorkerSlot::Started(thread) = worker {
                 thread.stop();
@@ -466,9 +493,99 @@ impl<B: NetBackend> VirtioDevice for NetDevice<B> {
     fn is_active(&self) -> bool {
         matches!(self.workers.first(), Some(WorkerSlot::Started(thread)) if thread.is_running())
     }
+
+    fn supports_queue_reset(&self) -> bool {
+        true
+    }
+
+    /// Resets an rx or tx queue (the control queue is refused: its commands are carried out
+    /// as they come, and no driver resets it). The pair's worker is told over its command
+    /// channel and answers once it stopped using the queue; the other queues never stop.
+    fn reset_queue(&mut self, index: usize) -> QueueResetState {
+        let Some(run) = &self.run else {
+            // No run (a failed activation): nothing uses the queue.
+            return QueueResetState::Done;
+        };
+        let Some((pair, queue)) = datapath_queue(run, index) else {
+            return QueueResetState::Refused;
+        };
+        let thread = match self.workers.get(pair) {
+            Some(WorkerSlot::Started(thread)) => thread,
+            _ => return QueueResetState::Done,
+        };
+        let reply = match thread.reset_queue(queue) {
+            Ok(reply) => reply,
+            // The run ended (the device needs a reset): nothing uses the queue.
+            Err(WorkerThreadError::NotRunning | WorkerThreadError::Gone) => {
+                return QueueResetState::Done
+            }
+            Err(e) => {
+                error!("virtio-net {}: cannot reset queue {index}: {e}", self.label);
+                return QueueResetState::Refused;
+            }
+        };
+        match reply.recv_timeout(QUEUE_RESET_WAIT) {
+            Ok(()) | Err(RecvTimeoutError::Disconnected) => QueueResetState::Done,
+            Err(RecvTimeoutError::Timeout) => {
+                if let Some(slot) = self.pending_resets.get_mut(index) {
+                    *slot = Some(reply);
+                }
+                QueueResetState::Ongoing
+            }
+        }
+    }
+
+    fn poll_queue_reset(&mut self, index: usize) -> QueueResetState {
+        let Some(slot) = self.pending_resets.get_mut(index) else {
+            return QueueResetState::Done;
+        };
+        match slot.as_ref().map(Receiver::try_recv) {
+            Some(Err(TryRecvError::Empty)) => QueueResetState::Ongoing,
+            _ => {
+                *slot = None;
+                QueueResetState::Done
+            }
+        }
+    }
+
+    /// Checks the rings exactly as at activation ([`Virtqueue::new`]: alignment, inside one
+    /// memory region, the used ring overlapping nothing the device reads), then hands the ring
+    /// to the worker without waiting for it.
+    fn enable_queue(&mut self, index: usize, queue: Queue) -> Result<(), ActivateError> {
+        let result = self.enable_datapath_queue(index, &queue);
+        if result.is_err() {
+            self.metrics.needs_reset_events.add(1);
+        }
+        result
+    }
+}
+
+/// Queue `index`'s pair and direction in `run`, if it is a datapath queue.
+fn datapath_queue(run: &RunLayout, index: usize) -> Option<(usize, PairQueue)> {
+    let queue = if index.is_multiple_of(2) {
+        PairQueue::Rx
+    } else {
+        PairQueue::Tx
+    };
+    (index < 2 * run.pairs).then_some((index / 2, queue))
 }
 
 impl<B: NetBackend> NetDevice<B> {
+    fn enable_datapath_queue(&mut self, index: usize, queue: &Queue) -> Result<(), ActivateError> {
+        let run = self.run.as_ref().ok_or(ActivateError::BackendUnavailable)?;
+        let (pair, which) = datapath_queue(run, index).ok_or(ActivateError::QueueReset)?;
+        if self.pending_resets.get(index).is_some_and(Option::is_some) {
+            return Err(ActivateError::QueueReset);
+        }
+        let vq = Virtqueue::new(queue, &run.mem).map_err(ActivateError::Ring)?;
+        match self.workers.get(pair) {
+            Some(WorkerSlot::Started(thread)) => thread
+                .enable_queue(which, vq)
+                .map_err(|_| ActivateError::BackendUnavailable),
+            _ => Err(ActivateError::BackendUnavailable),
+        }
+    }
+
     fn start_worker(&mut self, ctx: ActivationContext) -> Result<(), ActivateError> {
         let expected = self.queues_in_use(ctx.acked_features);
         if ctx.queues.len() != expected || ctx.kicks.len() != expected {
@@ -532,6 +649,10 @@ impl<B: NetBackend> NetDevice<B> {
             }
         }
         self.metrics.activations.add(1);
+        self.run = Some(RunLayout {
+            pairs,
+            mem: ctx.mem,
+        });
         self.link.attach(Some(ctx.interrupt));
         Ok(())
     }

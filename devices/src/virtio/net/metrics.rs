@@ -228,6 +228,10 @@ pub struct NetMetrics {
     pub needs_reset_events: Counter,
     /// Worker runs started (one per DRIVER_OK).
     pub activations: Counter,
+    /// Per-queue resets carried out (VIRTIO_F_RING_RESET), rx and tx queues of every pair.
+    pub queue_resets: Counter,
+    /// Queues enabled again after their reset.
+    pub queue_reenables: Counter,
     /// Device busy-poll.
     pub busy_poll: BusyPollMetrics,
     /// The control queue.

@@ -284,6 +284,12 @@ pub(crate) struct Limit<'a> {
 }
 
 impl Limit<'_> {
+    /// Whether a limiter is configured (frames must then be paid one by one).
+    #[inline]
+    pub(crate) fn is_active(&self) -> bool {
+        self.limiter.is_enabled()
+    }
+
     /// How long until the next frame may go, if it may not now.
     #[inline]
     pub(crate) fn blocked_for(&mut self) -> Option<Duration> {

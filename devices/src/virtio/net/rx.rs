@@ -101,7 +101,8 @@ pub struct RxOutcome {
 /// frames, kept across calls.
 #[derive(Debug)]
 pub struct RxQueue {
-    vq: Virtqueue,
+    /// The ring; `None` while the queue is reset (VIRTIO_F_RING_RESET).
+    vq: Option<Virtqueue>,
     mode: RxMode,
     /// Buffer bytes gathered before a read in mergeable mode: what one frame can need.
     gather: u64,
@@ -118,7 +119,7 @@ impl RxQueue {
     /// frame the backend can hand over for the negotiated offloads.
     pub fn new(vq: Virtqueue, mode: RxMode, max_frame: u64) -> RxQueue {
         RxQueue {
-            vq,
+            vq: Some(vq),
             mode,
             gather: max_frame,
             pool: PoolState::default(),
@@ -138,9 +139,38 @@ impl RxQueue {
         self
     }
 
-    /// The ring.
-    pub fn virtqueue(&self) -> &Virtqueue {
-        &self.vq
+    /// The ring (`None` while detached).
+    pub fn virtqueue(&self) -> Option<&Virtqueue> {
+        self.vq.as_ref()
+    }
+
+    /// Whether the driver has posted buffers not taken yet (false while detached).
+    pub fn avail_pending(&self) -> bool {
+        self.vq.as_ref().is_some_and(Virtqueue::avail_pending)
+    }
+
+    /// Per-queue reset: stops using the ring, drops the pool and forgets the ring's host
+    /// pointers. Every call publishes its used entries before it returns, so each frame
+    /// delivered is already the driver's; the pooled chains are dropped without a used entry
+    /// (the reset hands every buffer of the ring back to the driver), so none is ever filled
+    /// once the queue is reset. Until [`RxQueue::attach`], [`RxQueue::process`] does nothing.
+    /// The rate limiter (and its bucket levels) stays. Returns how many chains were pooled.
+    pub fn detach(&mut self) -> usize {
+        let pooled = self.pooled_chains();
+        self.pool = PoolState::default();
+        self.vq = None;
+        pooled
+    }
+
+    /// Uses `vq` (the queue enabled again after its reset), with an empty pool.
+    pub fn attach(&mut self, vq: Virtqueue) {
+        self.pool = PoolState::default();
+        self.vq = Some(vq);
+    }
+
+    /// False between [`RxQueue::detach`] and [`RxQueue::attach`].
+    pub fn is_attached(&self) -> bool {
+        self.vq.is_some()
     }
 
     /// Chains popped and waiting for frames.
@@ -148,7 +178,8 @@ impl RxQueue {
         self.pool.chains.len() - self.pool.first
     }
 
-    /// Moves frames from `backend` into the rx buffers the driver posted.
+    /// Moves frames from `backend` into the rx buffers the driver posted (nothing while
+    /// detached: `NoBuffers`).
     ///
     /// Chains are popped ahead of the frames and kept in a pool across calls, so a call that
     /// delivers one frame pops about one chain. Used entries are published every
@@ -169,11 +200,19 @@ impl RxQueue {
         counters: &mut RxCounters,
         give_back: bool,
     ) -> Result<RxOutcome, RingError> {
+        let Some(vq) = self.vq.as_mut() else {
+            return Ok(RxOutcome {
+                needs_interrupt: false,
+                suppressed_by_event_idx: false,
+                stop: RxStop::NoBuffers,
+            });
+        };
         let mut limit = self.limiter.for_call();
-        let (guest, mut ring) = self.vq.split();
+        let (guest, mut ring) = vq.split();
         // SAFETY: every entry in the pool's storage was appended by `RingOps::walk_chain`
-        // through this queue's own guest view, i.e. points into `self.vq`'s memory, which the
-        // split borrow keeps mapped for as long as `pool` lives.
+        // through this queue's own guest view, i.e. points into `self.vq`'s memory (`attach`
+        // empties the pool when the ring changes), which the split borrow keeps mapped for as
+        // long as `pool` lives.
         let mut pool = unsafe { RxPool::resume(&mut self.pool, self.mode, self.gather, give_back) };
         let result = receive(
             &guest,
@@ -281,7 +320,9 @@ pub fn process_rx<B: NetBackend>(
 ) -> Result<RxOutcome, RingError> {
     let mut rxq = RxQueue::new(Virtqueue::new(queue, mem)?, mode, RX_GATHER_BYTES);
     let result = rxq.run(backend, counters, true);
-    rxq.vq.sync_to(queue);
+    if let Some(vq) = &rxq.vq {
+        vq.sync_to(queue);
+    }
     result
 }
 

@@ -17,7 +17,7 @@ use vm_memory::GuestMemoryMmap;
 use super::metrics::TxCounters;
 use super::rate_limiter::{Limit, QueueLimiter, RateLimiterConfig};
 use super::{BurstLog, CountInterrupts, MAX_FRAME_LEN, USED_PUBLISH_BATCH, VNET_HDR_LEN};
-use crate::backend::NetBackend;
+use crate::backend::{NetBackend, MAX_TX_BATCH};
 use crate::iovec::{IovecList, Iovecs};
 use crate::virtio::chain::Direction;
 use crate::virtio::ring::RingError;
@@ -66,7 +66,8 @@ pub struct TxOutcome {
 /// every call (the datapath allocates nothing per frame or per call).
 #[derive(Debug)]
 pub struct TxQueue {
-    vq: Virtqueue,
+    /// The ring; `None` while the queue is reset (VIRTIO_F_RING_RESET).
+    vq: Option<Virtqueue>,
     scratch: Vec<libc::iovec>,
     /// Backend write failures, logged once per burst.
     errors: BurstLog,
@@ -76,18 +77,22 @@ pub struct TxQueue {
     limiter: QueueLimiter,
     /// Frames per call.
     budget: usize,
+    /// The batch being built for a batching backend (kept across calls: nothing to
+    /// initialise per call).
+    batch: Box<Pending>,
 }
 
 impl TxQueue {
     /// A transmit queue over `vq`.
     pub fn new(vq: Virtqueue) -> TxQueue {
         TxQueue {
-            vq,
+            vq: Some(vq),
             scratch: Vec::with_capacity(64),
             errors: BurstLog::default(),
             label: Arc::from("virtio-net"),
             limiter: QueueLimiter::default(),
             budget: TX_BUDGET,
+            batch: Box::new(Pending::new()),
         }
     }
 
@@ -107,12 +112,36 @@ impl TxQueue {
         self
     }
 
-    /// The ring.
-    pub fn virtqueue(&self) -> &Virtqueue {
-        &self.vq
+    /// The ring (`None` while detached).
+    pub fn virtqueue(&self) -> Option<&Virtqueue> {
+        self.vq.as_ref()
     }
 
-    /// Sends the frames the driver queued to `backend`.
+    /// Whether the driver has queued frames not taken yet (false while detached).
+    pub fn avail_pending(&self) -> bool {
+        self.vq.as_ref().is_some_and(Virtqueue::avail_pending)
+    }
+
+    /// Per-queue reset: stops using the ring and forgets its host pointers. Every call
+    /// publishes its used entries before it returns, so what was sent is already the driver's;
+    /// a chain left queued (backend full) was not sent and goes back to the driver with the
+    /// ring. Until [`TxQueue::attach`], [`TxQueue::process`] does nothing. The budget and the
+    /// rate limiter (and its bucket levels) stay.
+    pub fn detach(&mut self) {
+        self.vq = None;
+    }
+
+    /// Uses `vq` (the queue enabled again after its reset).
+    pub fn attach(&mut self, vq: Virtqueue) {
+        self.vq = Some(vq);
+    }
+
+    /// False between [`TxQueue::detach`] and [`TxQueue::attach`].
+    pub fn is_attached(&self) -> bool {
+        self.vq.is_some()
+    }
+
+    /// Sends the frames the driver queued to `backend` (nothing while detached: `Drained`).
     ///
     /// Malformed chains are returned with length 0 and counted; the driver's notifications are
     /// disabled while the queue is drained. Used entries are published every
@@ -144,6 +173,13 @@ impl TxQueue {
         counters: &mut TxCounters,
         park: bool,
     ) -> Result<TxOutcome, RingError> {
+        let Some(vq) = self.vq.as_mut() else {
+            return Ok(TxOutcome {
+                needs_interrupt: false,
+                suppressed_by_event_idx: false,
+                stop: TxStop::Drained,
+            });
+        };
         let mut out = Sink {
             backend,
             counters,
@@ -151,9 +187,29 @@ impl TxQueue {
             label: &self.label,
             limit: self.limiter.for_call(),
         };
-        let (guest, mut ring) = self.vq.split();
+        let (guest, mut ring) = vq.split();
         let mut iovs = IovecList::reuse(std::mem::take(&mut self.scratch));
-        let result = drain(&guest, &mut ring, &mut iovs, &mut out, self.budget, park);
+        // Batches need the whole batch paid at once; a rate limiter charges frame by frame.
+        let batch = if out.limit.is_active() {
+            1
+        } else {
+            out.backend.tx_batch().min(MAX_TX_BATCH)
+        };
+        let result = if batch > 1 {
+            let pending = &mut *self.batch;
+            pending.cap = batch;
+            drain_batched(
+                &guest,
+                &mut ring,
+                &mut iovs,
+                &mut out,
+                pending,
+                self.budget,
+                park,
+            )
+        } else {
+            drain(&guest, &mut ring, &mut iovs, &mut out, self.budget, park)
+        };
         let counters = out.counters;
         ring.publish_used();
         self.scratch = iovs.into_storage();
@@ -274,6 +330,206 @@ fn drain<'g, B: NetBackend>(
     }
 }
 
+/// The frames walked but not yet handed to the backend: chain heads and where each frame's
+/// iovecs end in the call's list.
+#[derive(Debug)]
+struct Pending {
+    heads: [u16; MAX_TX_BATCH],
+    ends: [usize; MAX_TX_BATCH],
+    bytes: [u64; MAX_TX_BATCH],
+    /// The backend's answer per frame.
+    results: [io::Result<usize>; MAX_TX_BATCH],
+    len: usize,
+    /// Frames per batch (2..=MAX_TX_BATCH).
+    cap: usize,
+}
+
+impl Pending {
+    fn new() -> Pending {
+        Pending {
+            heads: [0; MAX_TX_BATCH],
+            ends: [0; MAX_TX_BATCH],
+            bytes: [0; MAX_TX_BATCH],
+            results: std::array::from_fn(|_| Ok(0)),
+            len: 0,
+            cap: MAX_TX_BATCH,
+        }
+    }
+}
+
+/// [`drain`] for a backend that writes several frames per call ([`NetBackend::tx_batch`]):
+/// chains are walked into one list and handed over `pending.cap` frames at a time (and
+/// whenever the ring runs dry, the budget ends or a malformed chain comes). Same results as
+/// [`drain`]: every frame sent or counted in order, and a backend that would block gets the unsent frames
+/// back in the ring, in order. Used entries are published after each batch.
+fn drain_batched<'g, B: NetBackend>(
+    guest: &GuestView<'g>,
+    ring: &mut RingOps<'_>,
+    iovs: &mut IovecList<'g>,
+    out: &mut Sink<'_, B>,
+    pending: &mut Pending,
+    frames: usize,
+    park: bool,
+) -> Result<TxStop, RingError> {
+    let mut budget = WalkBudget::per_call();
+    pending.len = 0;
+    let mut sent = 0usize;
+    iovs.clear();
+    ring.disable_notification();
+    loop {
+        if sent + pending.len == frames || budget.exhausted() {
+            if let Some(stop) = flush(ring, iovs, pending, out, &mut sent) {
+                return Ok(stop);
+            }
+            return Ok(TxStop::Budget);
+        }
+        let Some(head) = ring.pop_head()? else {
+            if pending.len > 0 {
+                if let Some(stop) = flush(ring, iovs, pending, out, &mut sent) {
+                    return Ok(stop);
+                }
+                // More may have come while the batch was written.
+                continue;
+            }
+            if park {
+                ring.publish_used();
+                return Ok(TxStop::Idle);
+            }
+            // As in `drain`: publish, re-enable, re-check the race.
+            budget.charge(1);
+            ring.publish_used();
+            if ring.enable_notification() {
+                ring.disable_notification();
+                continue;
+            }
+            return Ok(TxStop::Drained);
+        };
+        let walked = ring.walk_chain(
+            guest,
+            head,
+            Direction::DeviceReads,
+            MAX_TX_CHAIN_LEN,
+            iovs,
+            &mut budget,
+        );
+        match walked {
+            Ok(len) if len as usize > VNET_HDR_LEN => {
+                ring.prefetch_ahead(guest);
+                let i = pending.len;
+                pending.heads[i] = head;
+                pending.ends[i] = iovs.len();
+                pending.bytes[i] = u64::from(len) - VNET_HDR_LEN as u64;
+                pending.len += 1;
+                // Keep the list well inside MAX_IOVECS so that a long chain never fails for
+                // the frames before it.
+                if pending.len == pending.cap || iovs.len() > crate::iovec::MAX_IOVECS / 2 {
+                    if let Some(stop) = flush(ring, iovs, pending, out, &mut sent) {
+                        return Ok(stop);
+                    }
+                }
+            }
+            _ if pending.len > 0 => {
+                // Judge this chain alone, as `drain` would, once the frames before it are out
+                // (it may only have failed for their iovecs); it stays the last popped head,
+                // so a backend that blocks can put every unsent frame back in order.
+                iovs.truncate(pending.ends[pending.len - 1]);
+                ring.unpop(1);
+                if let Some(stop) = flush(ring, iovs, pending, out, &mut sent) {
+                    return Ok(stop);
+                }
+            }
+            Ok(len) => {
+                debug!(
+                    "virtio-net {} tx: chain {head} of {len} bytes holds no frame",
+                    out.label
+                );
+                out.counters.malformed_chains += 1;
+                iovs.clear();
+                ring.add_used(head, 0);
+                sent += 1;
+            }
+            Err(e) => {
+                debug!("virtio-net {} tx: chain {head} refused: {e}", out.label);
+                out.counters.malformed_chains += 1;
+                ring.add_used(head, 0);
+                sent += 1;
+            }
+        }
+    }
+}
+
+/// Hands the pending frames to the backend, returns their chains (publishing them), and
+/// counts. `Some(BackendFull)` when the backend would block: the frames from the first one
+/// that would block on are put back in the ring, unless a later one was taken (the backend
+/// had room again), in which case each blocked frame is tried once more on its own and
+/// dropped (counted as a backend error) if it still would block.
+fn flush<B: NetBackend>(
+    ring: &mut RingOps<'_>,
+    iovs: &mut IovecList<'_>,
+    pending: &mut Pending,
+    out: &mut Sink<'_, B>,
+    sent: &mut usize,
+) -> Option<TxStop> {
+    let n = std::mem::take(&mut pending.len);
+    if n == 0 {
+        return None;
+    }
+    let results = &mut pending.results;
+    if n == 1 {
+        // A lone frame (the ring ran dry after it): no batch to build.
+        results[0] = write_frame(out.backend, iovs.as_iovecs());
+    } else {
+        out.backend
+            .write_frames(iovs, &pending.ends[..n], &mut results[..n]);
+    }
+    let would_block = |r: &io::Result<usize>| {
+        r.as_ref()
+            .is_err_and(|e| e.kind() == io::ErrorKind::WouldBlock)
+    };
+    // Frames `..keep` are done (sent or dropped); `keep..n` go back to the ring.
+    let keep = match results[..n].iter().position(would_block) {
+        Some(j) if results[j..n].iter().all(would_block) => j,
+        _ => n,
+    };
+    let mut start = 0;
+    for (i, slot) in results[..keep].iter_mut().enumerate() {
+        let mut result = std::mem::replace(slot, Ok(0));
+        if would_block(&result) {
+            out.counters.backend_full += 1;
+            result = write_frame(out.backend, iovs.range(start, pending.ends[i]));
+        }
+        start = pending.ends[i];
+        match result {
+            Ok(_) => {
+                let bytes = pending.bytes[i];
+                out.counters.frames += 1;
+                out.counters.bytes += bytes;
+            }
+            Err(e) => {
+                if let Some(more) = out.errors.failure(Instant::now()) {
+                    warn!(
+                        "virtio-net {} tx: the backend refused a frame: {e} ({more} more since \
+                         the last report; frames are dropped until it recovers)",
+                        out.label
+                    );
+                }
+                out.counters.backend_errors += 1;
+            }
+        }
+        ring.add_used(pending.heads[i], 0);
+    }
+    *sent += keep;
+    ring.publish_used();
+    iovs.clear();
+    if keep < n {
+        // `keep..n` are the last heads popped (nothing is popped after a batch is pending).
+        ring.unpop((n - keep) as u16);
+        out.counters.backend_full += 1;
+        return Some(TxStop::BackendFull);
+    }
+    None
+}
+
 /// Sends the frames the driver queued on `queue` to `backend`: one [`TxQueue::process`] call
 /// on a queue built for it, with the ring positions written back to `queue`. For tests,
 /// fuzzers and one-off callers; the worker keeps a [`TxQueue`] for the whole activation.
@@ -285,7 +541,9 @@ pub fn process_tx<B: NetBackend>(
 ) -> Result<TxOutcome, RingError> {
     let mut txq = TxQueue::new(Virtqueue::new(queue, mem)?);
     let result = txq.process(backend, counters);
-    txq.vq.sync_to(queue);
+    if let Some(vq) = &txq.vq {
+        vq.sync_to(queue);
+    }
     result
 }
 

@@ -79,10 +79,12 @@ enum Token {
     RxThrottle,
     /// The driver kicked the control queue.
     CtrlKick,
+    /// The device sent a command during the run (a per-queue reset or re-enable).
+    Command,
 }
 
 impl Token {
-    const ALL: [Token; 10] = [
+    const ALL: [Token; 11] = [
         Token::TxKick,
         Token::RxKick,
         Token::Backend,
@@ -93,6 +95,7 @@ impl Token {
         Token::TxThrottle,
         Token::RxThrottle,
         Token::CtrlKick,
+        Token::Command,
     ];
 
     fn data(self) -> u64 {
@@ -135,9 +138,13 @@ pub enum WorkerThreadError {
     /// Installing the seccomp filter failed.
     #[error("cannot install the worker's seccomp filter")]
     Seccomp(#[source] seccompiler::Error),
-    /// A filter can only be installed while the worker is idle (before activation).
-    #[error("the worker is running; install its filter before the device is activated")]
+    /// A filter can only be installed while the worker is idle (before activation); or the
+    /// worker has not read the commands already sent to it.
+    #[error("the worker is busy (running, or commands unread)")]
     Busy,
+    /// A queue command needs a running worker.
+    #[error("the worker is not running")]
+    NotRunning,
 }
 
 /// Everything a worker run owns, handed over at activation.
@@ -173,15 +180,32 @@ pub(crate) struct Shared {
     pub(crate) pairs: u16,
 }
 
+/// One of a pair's two datapath queues.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum PairQueue {
+    Rx,
+    Tx,
+}
+
 enum Command {
     Seccomp(Arc<BpfProgram>, SyncSender<Result<(), seccompiler::Error>>),
     Start(Box<Activation>, SyncSender<Result<(), ActivateError>>),
+    /// Per-queue reset during a run: stop using the queue, then answer.
+    ResetQueue(PairQueue, SyncSender<()>),
+    /// Use the reset queue again on this ring (validated by the device).
+    EnableQueue(PairQueue, Box<Virtqueue>),
 }
+
+/// Commands that may wait in the channel: a reset of each of the pair's queues, or a reset and
+/// an enable (the transport sends an enable only after the reset was answered).
+const COMMAND_CAPACITY: usize = 4;
 
 /// The device's grip on its worker thread.
 pub(crate) struct WorkerThread {
     /// `None` once the thread has been told to exit.
     commands: Option<SyncSender<Command>>,
+    /// Wakes a running worker to read `commands`.
+    command_ready: EventFd,
     /// One message at the end of every run (stopped, or failed on its own).
     stopped: Receiver<()>,
     stop: EventFd,
@@ -191,8 +215,11 @@ pub(crate) struct WorkerThread {
     name: String,
 }
 
-/// The thread's long-lived file descriptors.
+/// The thread's long-lived file descriptors, and its command channel.
 struct ThreadParts {
+    commands: Receiver<Command>,
+    /// Written after a command is sent: read during a run (epoll), drained between runs.
+    command_ready: EventFd,
     stop: EventFd,
     timer: TimerFd,
     tx_throttle: Throttle,
@@ -262,8 +289,14 @@ fn nonblocking_timerfd() -> io::Result<TimerFd> {
 }
 
 impl ThreadParts {
-    fn new(tuning: &TuningShared, pair: usize) -> io::Result<ThreadParts> {
+    fn new(
+        tuning: &TuningShared,
+        pair: usize,
+        commands: Receiver<Command>,
+    ) -> io::Result<ThreadParts> {
         Ok(ThreadParts {
+            commands,
+            command_ready: EventFd::new(EFD_NONBLOCK)?,
             stop: EventFd::new(EFD_NONBLOCK)?,
             timer: nonblocking_timerfd()?,
             tx_throttle: Throttle::new()?,
@@ -285,21 +318,22 @@ impl WorkerThread {
         backend: B,
         shared: Shared,
     ) -> Result<WorkerThread, (io::Error, B)> {
-        let parts = match ThreadParts::new(&shared.tuning, shared.pair) {
+        let (command_tx, command_rx) = mpsc::sync_channel(COMMAND_CAPACITY);
+        let parts = match ThreadParts::new(&shared.tuning, shared.pair, command_rx) {
             Ok(parts) => parts,
             Err(e) => return Err((e, backend)),
         };
-        let stop = match parts.stop.try_clone() {
-            Ok(stop) => stop,
-            Err(e) => return Err((e, backend)),
+        let (stop, command_ready) = match (parts.stop.try_clone(), parts.command_ready.try_clone())
+        {
+            (Ok(stop), Ok(ready)) => (stop, ready),
+            (Err(e), _) | (_, Err(e)) => return Err((e, backend)),
         };
-        let (command_tx, command_rx) = mpsc::sync_channel(1);
         let (stopped_tx, stopped_rx) = mpsc::sync_channel(1);
         // The backend is sent after the thread exists, so a failed spawn keeps it here.
         let (backend_tx, backend_rx) = mpsc::sync_channel::<B>(1);
         let spawned = thread::Builder::new()
             .name(name.to_owned())
-            .spawn(move || thread_main(backend_rx, command_rx, stopped_tx, parts, shared));
+            .spawn(move || thread_main(backend_rx, stopped_tx, parts, shared));
         let thread = match spawned {
             Ok(thread) => thread,
             Err(e) => return Err((e, backend)),
@@ -309,6 +343,7 @@ impl WorkerThread {
         }
         Ok(WorkerThread {
             commands: Some(command_tx),
+            command_ready,
             stopped: stopped_rx,
             stop,
             running: false,
@@ -363,6 +398,41 @@ impl WorkerThread {
         self.running
     }
 
+    /// Asks the running worker to stop using `queue` (per-queue reset). Returns at once; the
+    /// receiver gets a message once the queue is stopped, or is disconnected if the run ended
+    /// first (then nothing uses the queue either).
+    pub(crate) fn reset_queue(&self, queue: PairQueue) -> Result<Receiver<()>, WorkerThreadError> {
+        let (reply_tx, reply_rx) = mpsc::sync_channel(1);
+        self.send_now(Command::ResetQueue(queue, reply_tx))?;
+        Ok(reply_rx)
+    }
+
+    /// Hands the running worker the ring of a queue it reset. Returns at once.
+    pub(crate) fn enable_queue(
+        &self,
+        queue: PairQueue,
+        vq: Virtqueue,
+    ) -> Result<(), WorkerThreadError> {
+        self.send_now(Command::EnableQueue(queue, Box::new(vq)))
+    }
+
+    /// Sends a command to a running worker without blocking, and wakes it.
+    fn send_now(&self, command: Command) -> Result<(), WorkerThreadError> {
+        if !self.running {
+            return Err(WorkerThreadError::NotRunning);
+        }
+        match self.commands.as_ref().map(|c| c.try_send(command)) {
+            Some(Ok(())) => {}
+            Some(Err(mpsc::TrySendError::Full(_))) => return Err(WorkerThreadError::Busy),
+            None | Some(Err(mpsc::TrySendError::Disconnected(_))) => {
+                return Err(WorkerThreadError::Gone)
+            }
+        }
+        self.command_ready
+            .write(1)
+            .map_err(|_| WorkerThreadError::Gone)
+    }
+
     fn send(&self, command: Command) -> Result<(), WorkerThreadError> {
         self.commands
             .as_ref()
@@ -388,7 +458,6 @@ impl Drop for WorkerThread {
 /// The thread body: waits for commands until the device goes away.
 fn thread_main<B: NetBackend>(
     backend: Receiver<B>,
-    commands: Receiver<Command>,
     stopped: SyncSender<()>,
     mut parts: ThreadParts,
     shared: Shared,
@@ -396,8 +465,11 @@ fn thread_main<B: NetBackend>(
     let Ok(mut backend) = backend.recv() else {
         return;
     };
-    while let Ok(command) = commands.recv() {
+    while let Ok(command) = parts.commands.recv() {
         match command {
+            // Sent to a run that ended on its own: dropping the reply says "not running" (and
+            // nothing uses the queue); a ring for no run is dropped.
+            Command::ResetQueue(..) | Command::EnableQueue(..) => {}
             Command::Seccomp(filter, reply) => {
                 // The device waits for the reply; it cannot have gone away meanwhile.
                 let _ = reply.send(seccompiler::apply_filter(&filter));
@@ -518,8 +590,10 @@ impl<'p, B: NetBackend> EventLoop<'p, B> {
         if let Err(e) = configured {
             return Err((ActivateError::Backend(e), backend));
         }
-        // A stop written after the previous run ended on its own is stale.
+        // A stop written after the previous run ended on its own is stale, and so is a wake-up
+        // for commands that run never read (they were answered between runs).
         let _ = parts.stop.read();
+        let _ = parts.command_ready.read();
         if let Err(e) = parts.timer.clear() {
             return Err((ActivateError::EventLoop(io_err(e)), backend));
         }
@@ -634,6 +708,7 @@ impl<'p, B: NetBackend> EventLoop<'p, B> {
         }
         for (fd, token) in [
             (parts.stop.as_raw_fd(), Token::Stop),
+            (parts.command_ready.as_raw_fd(), Token::Command),
             (parts.tuning_changed.as_raw_fd(), Token::Tuning),
             (parts.timer.as_raw_fd(), Token::CoalesceTimer),
             (parts.tx_throttle.timer.as_raw_fd(), Token::TxThrottle),
@@ -812,6 +887,7 @@ impl<'p, B: NetBackend> EventLoop<'p, B> {
                         }
                         self.run_ctrl()?;
                     }
+                    Some(Token::Command) => self.commands()?,
                     None => warn!(
                         "virtio-net {}: unknown epoll token {}",
                         self.label,
@@ -829,6 +905,87 @@ impl<'p, B: NetBackend> EventLoop<'p, B> {
         }
     }
 
+    /// Carries out the commands the device sent during the run (per-queue reset and enable).
+    fn commands(&mut self) -> Result<(), WorkerError> {
+        drain(&self.parts.command_ready)?;
+        while let Ok(command) = self.parts.commands.try_recv() {
+            match command {
+                Command::ResetQueue(queue, reply) => {
+                    self.reset_queue(queue)?;
+                    // The device may have stopped waiting (it polls later, or was reset).
+                    let _ = reply.send(());
+                }
+                Command::EnableQueue(queue, vq) => self.enable_queue(queue, *vq)?,
+                // The device sends these only between runs (it stops a run first); dropping
+                // the reply refuses them.
+                Command::Seccomp(..) | Command::Start(..) => {
+                    error!("virtio-net {}: lifecycle command during a run", self.label)
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Per-queue reset: the queue is no longer used, polled or completed; every other queue
+    /// keeps running. What was completed is already published (every datapath call publishes
+    /// before it returns); rx chains popped ahead of frames are dropped unused.
+    fn reset_queue(&mut self, queue: PairQueue) -> Result<(), WorkerError> {
+        match queue {
+            PairQueue::Rx => {
+                let pooled = self.rx.detach();
+                // Not polling the backend until the queue is back (frames wait in the tap).
+                self.rx_paused = true;
+                debug!(
+                    "virtio-net {}: pair {} rx queue reset ({pooled} pooled chains dropped)",
+                    self.label, self.pair
+                );
+            }
+            PairQueue::Tx => {
+                self.tx.detach();
+                self.tx_parked = false;
+                self.tx_more = false;
+                self.tx_waiting = false;
+                debug!(
+                    "virtio-net {}: pair {} tx queue reset",
+                    self.label, self.pair
+                );
+            }
+        }
+        self.metrics.queue_resets.add(1);
+        self.update_backend_interest().map_err(WorkerError::Epoll)
+    }
+
+    /// The reset queue runs again on `vq` (its rings checked by the device, like at
+    /// activation); kicks that came while it was reset are dropped, and whatever the driver
+    /// queued is taken at once.
+    fn enable_queue(&mut self, queue: PairQueue, vq: Virtqueue) -> Result<(), WorkerError> {
+        let attached = match queue {
+            PairQueue::Rx => self.rx.is_attached(),
+            PairQueue::Tx => self.tx.is_attached(),
+        };
+        if attached {
+            // The transport enables only a reset queue; keep the ring in use.
+            error!(
+                "virtio-net {}: pair {}: {queue:?} queue enabled while running",
+                self.label, self.pair
+            );
+            return Ok(());
+        }
+        self.metrics.queue_reenables.add(1);
+        match queue {
+            PairQueue::Rx => {
+                self.rx.attach(vq);
+                drain(&self.rx_kick)?;
+                self.resume_rx()
+            }
+            PairQueue::Tx => {
+                self.tx.attach(vq);
+                drain(&self.tx_kick)?;
+                self.run_tx()
+            }
+        }
+    }
+
     /// Sends what the driver queued; with busy-poll on, a drained queue stays parked
     /// (notifications off) for [`EventLoop::busy_poll`].
     fn run_tx(&mut self) -> Result<(), WorkerError> {
@@ -837,7 +994,11 @@ impl<'p, B: NetBackend> EventLoop<'p, B> {
 
     fn run_tx_parking(&mut self, park: bool) -> Result<(), WorkerError> {
         self.tx_more = false;
-        if !self.enabled || self.tx_waiting || self.parts.tx_throttle.is_on() {
+        if !self.enabled
+            || !self.tx.is_attached()
+            || self.tx_waiting
+            || self.parts.tx_throttle.is_on()
+        {
             return Ok(());
         }
         let (backend, counters) = (&mut self.backend, &mut self.tx_counters);
@@ -867,7 +1028,12 @@ impl<'p, B: NetBackend> EventLoop<'p, B> {
     }
 
     fn run_rx(&mut self) -> Result<(), WorkerError> {
-        if !self.enabled || self.rx_paused || self.backend_gone || self.parts.rx_throttle.is_on() {
+        if !self.enabled
+            || !self.rx.is_attached()
+            || self.rx_paused
+            || self.backend_gone
+            || self.parts.rx_throttle.is_on()
+        {
             return Ok(());
         }
         let outcome = self
@@ -944,7 +1110,7 @@ impl<'p, B: NetBackend> EventLoop<'p, B> {
     fn update_backend_interest(&mut self) -> io::Result<()> {
         let mut want = EventSet::empty();
         if self.enabled && !self.backend_gone {
-            if !self.rx_paused && !self.parts.rx_throttle.is_on() {
+            if self.rx.is_attached() && !self.rx_paused && !self.parts.rx_throttle.is_on() {
                 want |= EventSet::IN;
             }
             if self.tx_waiting {
@@ -1309,10 +1475,10 @@ impl<'p, B: NetBackend> EventLoop<'p, B> {
             self.poll_counters.polls += 1;
             let mut spins = 0u32;
             let found = loop {
-                if self.tx.virtqueue().avail_pending() {
+                if self.tx.avail_pending() {
                     break Found::Tx;
                 }
-                if self.rx_paused && !self.backend_gone && self.rx.virtqueue().avail_pending() {
+                if self.rx_paused && !self.backend_gone && self.rx.avail_pending() {
                     break Found::Rx;
                 }
                 spins += 1;

@@ -42,7 +42,9 @@ mod transport;
 #[cfg(test)]
 mod tests;
 
-pub use transport::{PciTransportError, VirtioPciTransport, UNSUPPORTED_TRANSPORT_FEATURES};
+pub use transport::{
+    PciTransportError, VirtioPciTransport, TRANSPORT_FEATURES, UNSUPPORTED_TRANSPORT_FEATURES,
+};
 
 /// The virtio PCI vendor ID.
 pub const VIRTIO_PCI_VENDOR_ID: u16 = 0x1af4;
@@ -66,8 +68,8 @@ pub const VIRTIO_PCI_CAP_PCI_CFG: u8 = 5;
 pub const BAR0_SIZE: u64 = 0x8000;
 /// Common configuration in BAR0.
 pub const COMMON_OFFSET: u64 = 0x0000;
-/// Length of the common configuration structure (through `queue_reset` and the admin queue
-/// fields, which read 0).
+/// Length of the common configuration structure (through `queue_reset` at 0x3a and the admin
+/// queue fields, which read 0).
 pub const COMMON_LEN: u64 = 0x40;
 /// ISR status in BAR0.
 pub const ISR_OFFSET: u64 = 0x1000;

@@ -6,14 +6,18 @@ use std::sync::{Arc, Mutex};
 
 use virtio_bindings::virtio_config::*;
 use virtio_bindings::virtio_ring::VIRTIO_RING_F_EVENT_IDX;
-use virtio_queue::QueueT;
+use virtio_queue::{Queue, QueueT};
 use vm_memory::{GuestAddress, GuestMemoryMmap};
 
 use super::config::*;
 use super::msix::{MsiMessage, VIRTIO_MSI_NO_VECTOR};
 use super::*;
-use crate::virtio::{ActivateError, ActivationContext, FeatureDependencyError, VirtioDevice};
+use crate::virtio::{
+    ActivateError, ActivationContext, FeatureDependencyError, QueueResetState, VirtioDevice,
+};
 use crate::BusDevice;
+
+mod reset;
 
 const VERSION_1: u64 = 1 << VIRTIO_F_VERSION_1;
 /// A feature the fake device offers only with its prerequisite `F_DEP`.
@@ -48,12 +52,22 @@ struct FakeState {
     activations: usize,
     resets: usize,
     config_writes: Vec<(u64, Vec<u8>)>,
+    /// Queues `reset_queue` was called for.
+    queue_resets: Vec<usize>,
+    /// What `reset_queue` answers (None: Done).
+    reset_answer: Option<QueueResetState>,
+    /// What `poll_queue_reset` answers (None: Done).
+    poll_answer: Option<QueueResetState>,
+    /// Queues handed back by `enable_queue`.
+    queue_enables: Vec<(usize, Queue)>,
 }
 
 struct FakeDevice {
     state: Arc<Mutex<FakeState>>,
     sizes: Vec<u16>,
     features: u64,
+    /// Implements per-queue reset.
+    resettable: bool,
 }
 
 impl VirtioDevice for FakeDevice {
@@ -102,6 +116,23 @@ impl VirtioDevice for FakeDevice {
     fn is_active(&self) -> bool {
         lock(&self.state).ctx.is_some()
     }
+    fn supports_queue_reset(&self) -> bool {
+        self.resettable
+    }
+    fn reset_queue(&mut self, index: usize) -> QueueResetState {
+        let mut s = lock(&self.state);
+        s.queue_resets.push(index);
+        s.reset_answer.unwrap_or(QueueResetState::Done)
+    }
+    fn poll_queue_reset(&mut self, _index: usize) -> QueueResetState {
+        lock(&self.state)
+            .poll_answer
+            .unwrap_or(QueueResetState::Done)
+    }
+    fn enable_queue(&mut self, index: usize, queue: Queue) -> Result<(), ActivateError> {
+        lock(&self.state).queue_enables.push((index, queue));
+        Ok(())
+    }
 }
 
 /// The fake's state, even after a failed assertion poisoned it (the transport's drop resets).
@@ -121,13 +152,20 @@ const OFFERED: u64 = VERSION_1
     | (1 << 39)
     | (1 << VIRTIO_F_ACCESS_PLATFORM);
 
-/// A transport over a fake device with queues of 64, 64 and 16 entries; BAR0 at 0xe000_0000.
+/// A transport over a fake device with queues of 64, 64 and 16 entries that can reset them;
+/// BAR0 at 0xe000_0000.
 fn transport() -> (VirtioPciTransport, Arc<Mutex<FakeState>>) {
+    transport_with(OFFERED, true)
+}
+
+/// [`transport`] with a device offering `features`, resetting queues if `resettable`.
+fn transport_with(features: u64, resettable: bool) -> (VirtioPciTransport, Arc<Mutex<FakeState>>) {
     let state = Arc::new(Mutex::new(FakeState::default()));
     let device = FakeDevice {
         state: state.clone(),
         sizes: vec![64, 64, 16],
-        features: OFFERED,
+        features,
+        resettable,
     };
     let mut t = VirtioPciTransport::new(mem(), Box::new(device)).expect("transport");
     t.set_bar0_address(0xe000_0000);
@@ -474,18 +512,21 @@ fn capability_chain() {
     assert!(regions.last().unwrap().1 <= BAR0_SIZE);
 }
 
+/// The 64 feature bits the device offers, as the driver reads them.
+fn offered(t: &mut VirtioPciTransport) -> u64 {
+    bar_w(t, DFSEL, 4, 0);
+    let lo = bar_r(t, DF, 4);
+    bar_w(t, DFSEL, 4, 1);
+    let hi = bar_r(t, DF, 4);
+    hi << 32 | lo
+}
+
 #[test]
 fn feature_negotiation() {
     let (mut t, _) = transport();
-    // RING_RESET is not offered (queue_reset is not implemented), the rest is the device's.
-    bar_w(&mut t, DFSEL, 4, 0);
-    let lo = bar_r(&mut t, DF, 4);
-    bar_w(&mut t, DFSEL, 4, 1);
-    let hi = bar_r(&mut t, DF, 4);
-    assert_eq!(
-        hi << 32 | lo,
-        OFFERED & !(1 << VIRTIO_F_RING_RESET | 1 << 39)
-    );
+    // NOTIF_CONFIG_DATA (39) is not offered, the rest is the device's.
+    let hi = offered(&mut t) >> 32;
+    assert_eq!(offered(&mut t), OFFERED & !(1 << 39));
     assert_ne!(
         hi & 1 << (VIRTIO_F_ACCESS_PLATFORM - 32),
         0,
@@ -499,10 +540,7 @@ fn feature_negotiation() {
     assert_eq!(t.acked_features(), 0);
 
     assert!(!negotiate(&mut t, VERSION_1 | 1 << 41), "not offered");
-    assert!(
-        !negotiate(&mut t, VERSION_1 | 1 << VIRTIO_F_RING_RESET),
-        "not offered"
-    );
+    assert!(!negotiate(&mut t, VERSION_1 | 1 << 39), "not offered");
     assert!(!negotiate(&mut t, F_DEP), "legacy driver (no VERSION_1)");
     assert!(
         !negotiate(&mut t, VERSION_1 | F_NEEDS),

@@ -4,7 +4,7 @@
 use std::fmt;
 use std::sync::Arc;
 
-use virtio_bindings::virtio_config::VIRTIO_F_RING_RESET;
+use virtio_bindings::virtio_config::VIRTIO_F_ACCESS_PLATFORM;
 use virtio_queue::{Queue, QueueT};
 use vm_memory::GuestMemoryMmap;
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
@@ -12,14 +12,20 @@ use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 use super::config::{PciConfigSpace, PciIds, PCI_CAP_ID_MSIX, PCI_CAP_ID_VNDR};
 use super::msix::{MsiMessage, MsixTable, MsixVectors, MSIX_CTRL_ENABLE, MSIX_CTRL_FUNCTION_MASK};
 use super::*;
-use crate::virtio::common::{RingPart, VirtioState};
+use crate::virtio::common::{RingPart, TransportFeatures, VirtioState};
 use crate::virtio::{VirtioDevice, VirtioInterrupt};
 use crate::BusDevice;
 
 /// Transport features not implemented here, never offered whatever the device says:
-/// VIRTIO_F_RING_RESET (`queue_reset`: it needs a per-queue stop in the device interface),
 /// VIRTIO_F_NOTIF_CONFIG_DATA (39, `queue_notif_config_data`) and VIRTIO_F_ADMIN_VQ (41).
-pub const UNSUPPORTED_TRANSPORT_FEATURES: u64 = 1 << VIRTIO_F_RING_RESET | 1 << 39 | 1 << 41;
+/// (VIRTIO_F_RING_RESET is offered when the device can reset a queue.)
+pub const UNSUPPORTED_TRANSPORT_FEATURES: u64 = 1 << 39 | 1 << 41;
+
+/// Transport features offered whatever the device: VIRTIO_F_ACCESS_PLATFORM. There is no
+/// vIOMMU, so the addresses the driver gives (its DMA addresses) are guest-physical, as without
+/// the feature; negotiating it makes Linux use its DMA API for the rings and buffers, which
+/// AF_XDP zero-copy in virtio_net requires. A driver may decline it.
+pub const TRANSPORT_FEATURES: u64 = 1 << VIRTIO_F_ACCESS_PLATFORM;
 
 // Common configuration registers (struct virtio_pci_common_cfg).
 const DEVICE_FEATURE_SELECT: u64 = 0x00;
@@ -38,6 +44,7 @@ const QUEUE_NOTIFY_OFF: u64 = 0x1e;
 const QUEUE_DESC: u64 = 0x20;
 const QUEUE_DRIVER: u64 = 0x28;
 const QUEUE_DEVICE: u64 = 0x30;
+const QUEUE_RESET: u64 = 0x3a;
 
 /// Offsets inside a `virtio_pci_cap` (from the capability ID byte).
 const CAP_BAR: usize = 4;
@@ -188,7 +195,10 @@ impl VirtioPciTransport {
         Ok(VirtioPciTransport {
             state: VirtioState::new(
                 "virtio-pci",
-                UNSUPPORTED_TRANSPORT_FEATURES,
+                TransportFeatures {
+                    added: TRANSPORT_FEATURES,
+                    unsupported: UNSUPPORTED_TRANSPORT_FEATURES,
+                },
                 mem,
                 device,
                 interrupt,
@@ -312,6 +322,9 @@ impl VirtioPciTransport {
     }
 
     fn read_common(&mut self, offset: u64, len: usize) -> Option<u64> {
+        if (offset, len) == (QUEUE_RESET, 2) {
+            return Some(self.state.queue_reset_register(usize::from(self.queue_sel)));
+        }
         let q = self.selected_queue();
         let value = match (offset, len) {
             (DEVICE_FEATURE_SELECT, 4) => u64::from(self.state.device_features_sel),
@@ -352,8 +365,8 @@ impl VirtioPciTransport {
                     _ => q.used_ring(),
                 }) >> 32
             }),
-            // queue_notif_config_data, queue_reset, admin_queue_index, admin_queue_num.
-            (0x38 | 0x3a | 0x3c | 0x3e, 2) => 0,
+            // queue_notif_config_data, admin_queue_index, admin_queue_num.
+            (0x38 | 0x3c | 0x3e, 2) => 0,
             _ => return None,
         };
         let value = if len == 4 && matches!(offset, QUEUE_DESC | QUEUE_DRIVER | QUEUE_DEVICE) {
@@ -387,6 +400,10 @@ impl VirtioPciTransport {
             (QUEUE_SIZE, 2) => self.write_queue_size(value as u16),
             (QUEUE_MSIX_VECTOR, 2) => self.write_queue_vector(value as u16),
             (QUEUE_ENABLE, 2) => self.write_queue_enable(value as u16),
+            (QUEUE_RESET, 2) => {
+                self.state
+                    .write_queue_reset(usize::from(self.queue_sel), value, "queue_reset")
+            }
             (QUEUE_DESC | QUEUE_DRIVER | QUEUE_DEVICE, 8) => {
                 self.write_ring_addr(offset, |_| value)
             }
@@ -433,16 +450,12 @@ impl VirtioPciTransport {
     }
 
     fn write_queue_enable(&mut self, value: u16) {
-        let Some(queue) = self
-            .state
-            .configurable_queue(usize::from(self.queue_sel), "queue_enable")
-        else {
-            return;
-        };
         if value == 1 {
-            queue.set_ready(true);
+            // Before DRIVER_OK: the queue is ready; after, a reset queue starts again.
+            self.state
+                .write_queue_enable(usize::from(self.queue_sel), true, "queue_enable");
         } else {
-            // The driver must not write 0 (a queue is disabled by a reset).
+            // The driver must not write 0 (a queue is disabled by a (queue) reset).
             self.state
                 .guest_warn(format_args!("queue_enable {value} refused"));
         }

@@ -7,6 +7,7 @@ mod hostile;
 mod limits;
 mod mq;
 mod notify;
+mod reset;
 mod rx;
 pub(crate) mod support;
 mod tuning;

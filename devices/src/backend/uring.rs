@@ -1,0 +1,260 @@
+//! Batched transmit through io_uring: several frames' `writev`s in one system call.
+//!
+//! On this project's host a tap `writev` of a 64-byte frame costs ~1.1 µs of CPU, of which
+//! ~0.3 µs is the system call's entry and exit; 32 `IORING_OP_WRITEV`s submitted with one
+//! `io_uring_enter` cost ~0.77 µs each (`docs/benchmarks.md`). A [`TxRing`] does exactly that
+//! for one tap queue:
+//!
+//! * **Synchronous.** Every call submits its frames and waits for all their completions before
+//!   it returns, so the iovecs and guest buffers the requests point to are only borrowed for the
+//!   call, as with `writev`. A tap write never sleeps (the tap is `O_NONBLOCK`, so io_uring
+//!   completes a write that would block with `-EAGAIN` instead of polling), so the wait is the
+//!   submission itself.
+//! * **Unlinked.** The requests are independent (linking them made the kernel punt them to its
+//!   worker threads: 3x slower here). Results come back per frame; the caller decides what a
+//!   failure in the middle of a batch means (see `tx.rs`).
+//! * **Never waits for room.** Each write carries `RWF_NOWAIT`: a tap (or pipe) that supports
+//!   non-blocking I/O would otherwise have io_uring park the request until the file is
+//!   writable, and the call would block. With it, a full backend completes the request with
+//!   `-EAGAIN` at once. A file without that support refuses the flag (`-EOPNOTSUPP`): the tap
+//!   then drops its ring and writes that batch, and every later one, with `writev`.
+//! * **Confined.** The ring is created with `IORING_SETUP_R_DISABLED`, and
+//!   `IORING_REGISTER_RESTRICTIONS` then allows one operation, `IORING_OP_WRITEV` with no SQE
+//!   flags, and no registration at all. io_uring operations are not seen by seccomp; with this
+//!   the ring can do nothing the worker's filter does not already allow (`writev`), and that
+//!   filter adds only `io_uring_enter`. The tap is not a registered ("fixed") file: the ring
+//!   would then hold the tap open after the device closes it (a ring's files are released
+//!   asynchronously), and a tap the VMM created would outlive the VMM's close.
+//! * **Optional.** Where io_uring is missing or disabled (`kernel.io_uring_disabled`, a
+//!   container's seccomp profile, an old kernel), [`TxRing::new`] fails and the tap keeps one
+//!   `writev` per frame.
+
+use std::io;
+use std::os::fd::RawFd;
+
+use io_uring::{opcode, register::Restriction, types, IoUring};
+
+/// Most frames one [`TxRing::write`] call submits.
+pub const MAX_TX_BATCH: usize = 32;
+
+/// Fewest frames worth a ring submission: below it one `writev` per frame is cheaper. Measured
+/// here per 64-byte frame against 1 096 ns for `writev`: 1 641 ns alone, 1 170 ns for 2 per
+/// call, 1 048 for 3, 981 for 4, 868 for 8, ~770 for 32.
+pub const MIN_RING_BATCH: usize = 4;
+
+/// Submission queue entries: one batch (the completion queue gets twice as many).
+const RING_ENTRIES: u32 = MAX_TX_BATCH as u32;
+
+/// An io_uring that can only `writev` to one file (see the module documentation).
+pub struct TxRing {
+    ring: IoUring,
+    fd: RawFd,
+    /// A call failed with entries left in the submission queue: they point to memory that
+    /// was only borrowed for that call, so the ring is never entered again.
+    broken: bool,
+}
+
+impl std::fmt::Debug for TxRing {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TxRing").finish_non_exhaustive()
+    }
+}
+
+impl TxRing {
+    /// A ring that writes to `fd`, which must stay open as long as the ring.
+    pub fn new(fd: RawFd) -> io::Result<TxRing> {
+        let ring = IoUring::builder()
+            .setup_r_disabled()
+            .setup_cqsize(2 * RING_ENTRIES)
+            .setup_submit_all()
+            .build(RING_ENTRIES)?;
+        let submitter = ring.submitter();
+        submitter.register_restrictions(&mut [
+            Restriction::sqe_op(opcode::Writev::CODE),
+            Restriction::sqe_flags_allowed(0),
+        ])?;
+        submitter.register_enable_rings()?;
+        Ok(TxRing {
+            ring,
+            fd,
+            broken: false,
+        })
+    }
+
+    /// Writes each frame of `frames` to the file with one `IORING_OP_WRITEV` per frame, all
+    /// submitted with one system call, and stores frame `i`'s result (bytes written, or the
+    /// error) in `results[i]`. Frame `i` is the iovecs `iovs[ends[i-1]..ends[i]]` (`ends` is
+    /// increasing, at most [`MAX_TX_BATCH`] long, and its last value is at most `iovs.len()`).
+    /// The frames are issued in order, but a failure does not stop the ones after it.
+    ///
+    /// An error means the ring itself failed: no frame of this call was written, and every
+    /// later call fails at once (drop the ring and write frames another way).
+    ///
+    /// # Safety
+    ///
+    /// Every iovec in `iovs` must point to memory valid for reads of its length for the whole
+    /// call.
+    pub unsafe fn write(
+        &mut self,
+        iovs: &[libc::iovec],
+        ends: &[usize],
+        results: &mut [io::Result<usize>],
+    ) -> io::Result<()> {
+        assert!(ends.len() <= MAX_TX_BATCH && results.len() >= ends.len());
+        if self.broken {
+            return Err(io::Error::other("the io_uring failed earlier"));
+        }
+        // Set until every entry pushed below has been submitted.
+        self.broken = true;
+        let mut start = 0;
+        {
+            let mut sq = self.ring.submission();
+            for (i, &end) in ends.iter().enumerate() {
+                let frame = &iovs[start..end];
+                start = end;
+                let entry = opcode::Writev::new(
+                    types::Fd(self.fd),
+                    frame.as_ptr(),
+                    u32::try_from(frame.len()).unwrap_or(u32::MAX),
+                )
+                .rw_flags(libc::RWF_NOWAIT)
+                .build()
+                .user_data(i as u64);
+                // SAFETY: the entry points to `frame` (an iovec array borrowed for the whole
+                // call) and, through it, to buffers the caller guarantees valid for the whole
+                // call; this function waits for every completion below before it returns, so
+                // nothing the kernel reads outlives the borrows. The queue has room: it holds
+                // RING_ENTRIES = MAX_TX_BATCH entries and is empty between calls.
+                if unsafe { sq.push(&entry) }.is_err() {
+                    return Err(io::Error::other("io_uring submission queue full"));
+                }
+            }
+        }
+        let want = ends.len();
+        // With IORING_SETUP_SUBMIT_ALL one enter either consumes every entry or fails before
+        // consuming any (an entry that fails gets its own completion).
+        if let Err(e) = self.ring.submit_and_wait(want) {
+            if !self.ring.submission().is_empty() {
+                // Nothing was submitted. The entries point into borrows that end with this
+                // call, so they must never be submitted: `broken` stays set.
+                return Err(e);
+            }
+        }
+        self.broken = false;
+        let mut done = 0;
+        loop {
+            for cqe in self.ring.completion() {
+                let i = cqe.user_data() as usize;
+                if let Some(slot) = results.get_mut(i) {
+                    *slot = usize::try_from(cqe.result())
+                        .map_err(|_| io::Error::from_raw_os_error(-cqe.result()));
+                    done += 1;
+                }
+            }
+            if done >= want {
+                return Ok(());
+            }
+            // Submitted: the kernel may still read the iovecs, so this call cannot return
+            // before their completions. A tap write completes inline, so this is reached only
+            // after an interrupted wait; any error is retried (a waiting enter has no other
+            // failure that the arguments here can cause).
+            let _ = self.ring.submitter().submit_and_wait(want - done);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use io_uring::squeue;
+
+    fn pipe() -> (RawFd, RawFd) {
+        let mut fds = [0; 2];
+        // SAFETY: `fds` has room for the two descriptors pipe2 writes.
+        let ret = unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_NONBLOCK) };
+        assert_eq!(ret, 0);
+        (fds[0], fds[1])
+    }
+
+    fn iov(b: &[u8]) -> libc::iovec {
+        libc::iovec {
+            iov_base: b.as_ptr() as *mut _,
+            iov_len: b.len(),
+        }
+    }
+
+    #[test]
+    fn writes_each_frame_in_order_with_one_result_each() {
+        let (r, w) = pipe();
+        let Ok(mut ring) = TxRing::new(w) else {
+            panic!("io_uring is available on this project's hosts");
+        };
+        let a = [1u8, 2, 3];
+        let b = [4u8];
+        let c = [5u8, 6];
+        let iovs = [iov(&a), iov(&b), iov(&c)];
+        let mut results: Vec<io::Result<usize>> = (0..3).map(|_| Ok(0)).collect();
+        // SAFETY: the buffers live for the call.
+        unsafe { ring.write(&iovs, &[2, 3], &mut results) }.unwrap();
+        assert_eq!(results[0].as_ref().unwrap(), &4);
+        assert_eq!(results[1].as_ref().unwrap(), &2);
+        let mut out = [0u8; 16];
+        // SAFETY: `out` is valid for writes of its length.
+        let n = unsafe { libc::read(r, out.as_mut_ptr().cast(), out.len()) };
+        assert_eq!(&out[..n as usize], &[1, 2, 3, 4, 5, 6]);
+        // SAFETY: both fds are ours.
+        unsafe {
+            libc::close(r);
+            libc::close(w);
+        }
+    }
+
+    #[test]
+    fn a_full_pipe_gives_eagain_per_frame_without_blocking() {
+        let (r, w) = pipe();
+        let mut ring = TxRing::new(w).unwrap();
+        let big = vec![7u8; 1 << 16];
+        let iovs = [iov(&big), iov(&big), iov(&big)];
+        let mut results: Vec<io::Result<usize>> = (0..3).map(|_| Ok(0)).collect();
+        // SAFETY: the buffers live for the call.
+        unsafe { ring.write(&iovs, &[1, 2, 3], &mut results) }.unwrap();
+        // A pipe holds 64 KiB: the first write fills it, the others would block.
+        assert_eq!(results[0].as_ref().unwrap(), &(1 << 16));
+        for r in &results[1..] {
+            assert_eq!(r.as_ref().unwrap_err().kind(), io::ErrorKind::WouldBlock);
+        }
+        // SAFETY: both fds are ours.
+        unsafe {
+            libc::close(r);
+            libc::close(w);
+        }
+    }
+
+    #[test]
+    fn the_ring_refuses_every_other_operation() {
+        let (r, w) = pipe();
+        let mut ring = TxRing::new(w).unwrap();
+        let mut buf = [0u8; 8];
+        let read = opcode::Read::new(types::Fd(r), buf.as_mut_ptr(), 8).build();
+        let nop = opcode::Nop::new().build();
+        let write = opcode::Write::new(types::Fd(w), buf.as_ptr(), 8).build();
+        let iov = [iov(&buf)];
+        let linked_writev = opcode::Writev::new(types::Fd(w), iov.as_ptr(), 1)
+            .build()
+            .flags(squeue::Flags::IO_LINK);
+        for entry in [read, nop, write, linked_writev] {
+            // SAFETY: `buf` outlives the wait below.
+            unsafe { ring.ring.submission().push(&entry) }.unwrap();
+            ring.ring.submit_and_wait(1).unwrap();
+            let cqe = ring.ring.completion().next().unwrap();
+            assert_eq!(cqe.result(), -libc::EACCES, "{entry:?}");
+        }
+        // And no registration.
+        assert!(ring.ring.submitter().register_files(&[r]).is_err());
+        // SAFETY: both fds are ours.
+        unsafe {
+            libc::close(r);
+            libc::close(w);
+        }
+    }
+}
