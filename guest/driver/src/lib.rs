@@ -21,7 +21,8 @@
 //! size, EVENT_IDX and mergeable rx buffers on or off, plus an AF_XDP-style zero-copy transmit
 //! path over a caller-owned umem ([`xsk`]) and plain counters ([`Counters`]). Devices that
 //! offer a control queue get synchronous control commands, notification coalescing set from
-//! the guest among them ([`ctrl`]).
+//! the guest among them ([`ctrl`]); devices that offer VIRTIO_F_RING_RESET get per-queue reset
+//! ([`reset`]).
 //!
 //! Bringing a device up, sending, receiving and taking interrupts:
 //!
@@ -66,6 +67,7 @@ pub mod header;
 mod net;
 pub mod pci;
 mod queue;
+pub mod reset;
 mod ring;
 mod rx;
 pub mod spsc;
@@ -87,6 +89,7 @@ pub use hal::{Hal, PhysAddr, PAGE_SIZE};
 pub use header::{VirtioNetHdr, VNET_HDR_LEN};
 pub use net::{IrqStatus, QueueId, Rearm, VirtioNet};
 pub use pci::{PciError, PciTransport};
+pub use reset::{QueueResetError, QueueResetReport, ResetCounters};
 pub use ring::vring_need_event;
 pub use transport::{MmioRegisters, MmioTransport, QueueSetup, Transport};
 pub use tx::TxBatch;

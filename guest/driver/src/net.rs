@@ -211,7 +211,7 @@ impl<H: Hal, T: Transport> VirtioNet<H, T> {
 
     /// Hands queue `queue`'s rings to the device and enables it. On error the device is
     /// marked FAILED (and reset when `self` drops).
-    fn program_queue(&mut self, queue: u16) -> Result<(), InitError> {
+    pub(crate) fn program_queue(&mut self, queue: u16) -> Result<(), InitError> {
         let (size, (desc, avail, used)) = match (queue, &self.cq) {
             (RX_QUEUE, _) => (self.rq.ring.size(), self.rq.ring.addresses()),
             (CTRL_QUEUE, Some(cq)) => (cq.ring.size(), cq.ring.addresses()),

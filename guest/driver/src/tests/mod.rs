@@ -5,6 +5,7 @@ mod ctrl;
 mod init;
 mod pci;
 mod queue;
+mod reset;
 mod rx;
 mod tx;
 mod xdp;
