@@ -143,6 +143,8 @@ pub struct Options {
     pub coalesce: Option<Coalesce>,
     /// `transport=mmio|pci` (default mmio).
     pub transport: TransportChoice,
+    /// `reset_queue=` and `reset_every=`: per-queue resets during the workload.
+    pub reset: Option<crate::reset::ResetPlan>,
 }
 
 impl Default for Options {
@@ -162,6 +164,7 @@ impl Default for Options {
             pause: None,
             coalesce: None,
             transport: TransportChoice::Mmio,
+            reset: None,
         }
     }
 }
@@ -189,6 +192,7 @@ pub fn parse(cmdline: &str) -> Result<Options, BadValue<'_>> {
     let mut calibrate = None;
     let mut burst = None;
     let mut pause_us = None;
+    let mut reset = crate::reset::ResetWords::default();
     for word in cmdline.split_ascii_whitespace() {
         let Some((key, value)) = word.split_once('=') else {
             continue;
@@ -265,7 +269,11 @@ pub fn parse(cmdline: &str) -> Result<Options, BadValue<'_>> {
                     _ => return Err(bad),
                 }
             }
-            _ => {}
+            _ => {
+                if reset.take(key, value) == Some(false) {
+                    return Err(bad);
+                }
+            }
         }
     }
     o.workload = match (tx, echo, calibrate) {
@@ -299,6 +307,7 @@ pub fn parse(cmdline: &str) -> Result<Options, BadValue<'_>> {
             value: "only with tx=",
         });
     }
+    o.reset = reset.finish(o.workload)?;
     if o.coalesce.is_some() && !o.driver.ctrl_vq {
         return Err(BadValue {
             key: "coalesce",

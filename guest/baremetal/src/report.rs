@@ -65,6 +65,9 @@ pub struct Report<'a> {
     pub pauses: u64,
     /// `coalesce=` as asked (reported whether or not the device took it: see the status).
     pub coalesce: Option<Coalesce>,
+    /// `reset_queue=`/`reset_every=` and the driver's reset counters (`"resets":null` when
+    /// off).
+    pub resets: Option<(crate::reset::ResetPlan, vnet_driver::ResetCounters)>,
 }
 
 /// `s` as a JSON string.
@@ -177,6 +180,11 @@ impl Report<'_> {
             ",\"burst\":{burst},\"pause_us\":{pause_us},\"pauses\":{}",
             self.pauses
         )?;
+        write!(
+            w,
+            ",\"resets\":{}",
+            crate::reset::ResetJson(self.resets.as_ref())
+        )?;
         let k = &self.counters;
         for (name, value) in [
             ("tx_frames", k.tx_frames),
@@ -260,6 +268,7 @@ mod tests {
             pause: None,
             pauses: 0,
             coalesce: None,
+            resets: None,
         }
     }
 
@@ -286,6 +295,7 @@ mod tests {
             "\"burst\":0,\"pause_us\":0,\"pauses\":0,",
             "\"ctrl_vq\":0,\"notf_coal\":0,",
             "\"coalesce\":null,",
+            "\"resets\":null,",
             "\"ctrl_commands\":0,\"ctrl_failed\":0,\"ctrl_timeouts\":0,",
         ] {
             assert!(s.contains(field), "{field} missing in {s}");
