@@ -192,3 +192,86 @@ fn mmio_tx_resets_between_bursts_keep_frames_flowing() {
     let (d, _) = tx_with_resets("drstmmiotx", Via::Mmio, "tx", 2000, 200, 9);
     assert_eq!(n(&d["resets"], "tx_not_sent"), 0, "{d}");
 }
+
+/// `echo=` with the tx queue reset between bursts every 100 echoes (9 times): the host sends
+/// with a window of 32 frames in flight and gets every echo back, intact and in order; frames
+/// that arrive while the guest drains and resets its tx queue wait on the rx ring.
+#[test]
+fn pci_echo_with_tx_resets_returns_every_frame() {
+    let _guest = guest_lock();
+    let (count, size, window) = (1000u64, 100usize, 32u64);
+    let guest_dst = [0x02, 0, 0, 0, 0, 0x0b];
+    let ns = integration_tests::namespace_with_tap("drstpciecho", TAP);
+    let out = ns
+        .command("cat")
+        .arg(format!("/sys/class/net/{TAP}/address"))
+        .output()
+        .expect("read the tap's MAC");
+    let tap_mac = parse_mac(&String::from_utf8_lossy(&out.stdout)).expect("tap MAC");
+    let sock = ns
+        .run(|| PacketSocket::open(TAP))
+        .expect("run in namespace")
+        .expect("AF_PACKET socket on the tap");
+    let mut vmm = integration_tests::spawn_driver_guest(
+        &ns,
+        &format!(
+            "console=ttyS0 ring=3 transport=pci echo={count} size={size} timeout_ms=60000 \
+             reset_queue=tx reset_every=100"
+        ),
+        &format!("tap={TAP},transport=pci"),
+        None,
+    );
+    assert!(
+        vmm.wait_for_console("driver-guest: ready", Duration::from_secs(60)),
+        "the guest never came up"
+    );
+    let exchange = std::thread::spawn(move || -> Result<u64, String> {
+        let deadline = Instant::now() + Duration::from_secs(120);
+        let mut buf = vec![0u8; 65536];
+        let (mut sent, mut received) = (0u64, 0u64);
+        while received < count {
+            while sent < count && sent - received < window {
+                sock.send(&frame(guest_dst, tap_mac, sent as u32, size))
+                    .map_err(|e| format!("send #{sent}: {e}"))?;
+                sent += 1;
+            }
+            let Some(len) = sock.recv(&mut buf, deadline).map_err(|e| e.to_string())? else {
+                return Err(format!("no echo after {received} of {count} (sent {sent})"));
+            };
+            if buf[..len] != frame(tap_mac, guest_dst, received as u32, size)[..] {
+                return Err(format!(
+                    "echo #{received} differs: {:02x?}",
+                    &buf[..len.min(32)]
+                ));
+            }
+            received += 1;
+        }
+        Ok(received)
+    });
+    let result = exchange.join().expect("exchange thread");
+    let out = vmm.finish(Duration::from_secs(120));
+    assert_eq!(result.unwrap_or_else(|e| panic!("{e}\n{out}")), count);
+    assert!(out.success(), "{out}");
+    let d = driver_result(&out);
+    let m = final_metrics(&out.stderr).unwrap_or_else(|| panic!("no metrics line\n{out}"));
+    let dev = m["net"][TAP].clone();
+    let ctx = || format!("driver {d}\ndevice {dev}\n{out}");
+    assert_eq!(d["status"], "done", "{}", ctx());
+    assert_eq!(
+        (n(&d, "xdp_tx"), n(&d, "rx_frames")),
+        (count, count),
+        "{}",
+        ctx()
+    );
+    let r = &d["resets"];
+    assert_eq!(
+        (n(r, "tx"), n(r, "rx"), n(r, "failed"), n(r, "tx_not_sent")),
+        (9, 0, 0, 0),
+        "{}",
+        ctx()
+    );
+    assert_eq!(n(&dev, "queue_resets"), 9, "{}", ctx());
+    assert_eq!(n(&dev, "queue_reenables"), 9, "{}", ctx());
+    assert_eq!(n(&dev["tx"], "frames"), count, "{}", ctx());
+    assert_eq!(n(&dev["rx"], "frames"), count, "{}", ctx());
+}
