@@ -49,7 +49,8 @@ pub enum QueueResetError {
     /// The transport has no such queue.
     NoSuchQueue(u16),
     /// The reset register did not read 0 (or the queue did not read disabled) within the poll
-    /// bound: the queue is left reset or resetting; drop the driver and start over.
+    /// bound: the queue is left reset or resetting; the driver reports itself broken
+    /// ([`VirtioNet::is_broken`]): drop it and start over.
     Timeout,
     /// Re-enabling the queue failed (the device is marked FAILED).
     Setup(InitError),
@@ -148,7 +149,13 @@ impl<H: Hal, T: Transport> VirtioNet<H, T> {
             QueueId::Rx => RX_QUEUE,
             QueueId::Tx => TX_QUEUE,
         };
-        self.transport.reset_queue(index, QUEUE_RESET_POLLS)?;
+        if let Err(e) = self.transport.reset_queue(index, QUEUE_RESET_POLLS) {
+            // The queue may be half reset: neither side can trust its state any more.
+            if e == QueueResetError::Timeout {
+                self.needs_reset = true;
+            }
+            return Err(e);
+        }
         let report = match queue {
             QueueId::Rx => self.take_back_rx(),
             QueueId::Tx => self.take_back_tx(),

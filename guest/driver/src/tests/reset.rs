@@ -32,6 +32,7 @@ fn without_the_feature_nothing_is_written() {
         h.net.reset_queue(QueueId::Tx),
         Err(QueueResetError::NotNegotiated)
     );
+    assert!(!h.net.is_broken());
     let regs = h.transport.regs();
     assert!(regs.queue_resets.is_empty());
     assert!(regs.bad_writes.is_empty());
@@ -180,6 +181,7 @@ fn a_reset_that_never_completes_times_out_and_is_counted() {
     assert_eq!(h.net.reset_counters().failed, 1);
     assert_eq!(h.net.reset_counters().tx_resets, 0);
     assert_eq!(h.transport.regs().queues[1].ready, 0, "left reset");
+    assert!(h.net.is_broken());
 }
 
 #[test]
