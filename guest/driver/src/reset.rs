@@ -13,8 +13,7 @@
 //! 3. take the chains still in flight off the ring: rx buffers go back to the pool and are
 //!    posted again (`rx_buffers_reclaimed`); tx frames were **not sent** and are never
 //!    completed later (`tx_frames_not_sent`: copy buffers freed, XDP_TX buffers given back to
-//!    the rx pool, AF_XDP frames completed to the port so the umem frame is not lost, as Linux's
-//!    `virtnet_sq_free_unused_buf` does);
+//!    the rx pool, AF_XDP frames completed to the port so the umem frame is not lost);
 //! 4. zero the ring memory and the ring's indexes (the device starts the queue again at index
 //!    0), program size and addresses (and on PCI the MSI-X vector) with
 //!    [`Transport::setup_queue`], which enables the queue; check DEVICE_NEEDS_RESET; post rx
