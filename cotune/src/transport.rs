@@ -16,7 +16,7 @@ use devices::BusDevice;
 use vmm_sys_util::eventfd::EventFd;
 use vnet_driver::pci::{PciBar, PciConfig};
 use vnet_driver::transport::QueueSetup;
-use vnet_driver::{InitError, MmioRegisters, PciTransport, Transport};
+use vnet_driver::{InitError, MmioRegisters, PciTransport, QueueResetError, Transport};
 
 use crate::cost::spin_for_ns;
 
@@ -313,6 +313,9 @@ impl Transport for CosimTransport {
     #[inline]
     fn notify(&mut self, queue: u16) {
         delegate!(self, t => Transport::notify(t, queue))
+    }
+    fn reset_queue(&mut self, queue: u16, polls: u32) -> Result<(), QueueResetError> {
+        delegate!(self, t => t.reset_queue(queue, polls))
     }
     fn config_generation(&mut self) -> u32 {
         delegate!(self, t => t.config_generation())

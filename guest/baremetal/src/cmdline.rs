@@ -145,6 +145,8 @@ pub struct Options {
     pub coalesce: Option<Coalesce>,
     /// `transport=mmio|pci` (default mmio).
     pub transport: TransportChoice,
+    /// `reset_queue=` and `reset_every=`: per-queue resets during the workload.
+    pub reset: Option<crate::reset::ResetPlan>,
 }
 
 impl Default for Options {
@@ -164,6 +166,7 @@ impl Default for Options {
             pause: None,
             coalesce: None,
             transport: TransportChoice::Mmio,
+            reset: None,
         }
     }
 }
@@ -191,6 +194,7 @@ pub fn parse(cmdline: &str) -> Result<Options, BadValue<'_>> {
     let mut calibrate = None;
     let mut burst = None;
     let mut pause_us = None;
+    let mut reset = crate::reset::ResetWords::default();
     for word in cmdline.split_ascii_whitespace() {
         let Some((key, value)) = word.split_once('=') else {
             continue;
@@ -272,7 +276,11 @@ pub fn parse(cmdline: &str) -> Result<Options, BadValue<'_>> {
                     _ => return Err(bad),
                 }
             }
-            _ => {}
+            _ => {
+                if reset.take(key, value) == Some(false) {
+                    return Err(bad);
+                }
+            }
         }
     }
     o.workload = match (tx, echo, calibrate) {
@@ -312,6 +320,7 @@ pub fn parse(cmdline: &str) -> Result<Options, BadValue<'_>> {
             value: "more than 1 needs ctrl_vq=1",
         });
     }
+    o.reset = reset.finish(o.workload)?;
     if o.coalesce.is_some() && !o.driver.ctrl_vq {
         return Err(BadValue {
             key: "coalesce",

@@ -13,3 +13,4 @@ pub mod calibrate;
 pub mod cmdline;
 pub mod frames;
 pub mod report;
+pub mod reset;

@@ -70,6 +70,9 @@ pub struct Report<'a> {
     pub coalesce: Option<Coalesce>,
     /// Each queue pair's counters (`queues=`; one entry per pair).
     pub queues: &'a [PairCounters],
+    /// `reset_queue=`/`reset_every=` and the driver's reset counters (`"resets":null` when
+    /// off).
+    pub resets: Option<(crate::reset::ResetPlan, vnet_driver::ResetCounters)>,
 }
 
 /// `s` as a JSON string.
@@ -181,6 +184,11 @@ impl Report<'_> {
             w,
             ",\"burst\":{burst},\"pause_us\":{pause_us},\"pauses\":{}",
             self.pauses
+        )?;
+        write!(
+            w,
+            ",\"resets\":{}",
+            crate::reset::ResetJson(self.resets.as_ref())
         )?;
         let k = &self.counters;
         for (name, value) in [
@@ -294,6 +302,7 @@ mod tests {
             pauses: 0,
             coalesce: None,
             queues: &[],
+            resets: None,
         }
     }
 
@@ -320,6 +329,7 @@ mod tests {
             "\"burst\":0,\"pause_us\":0,\"pauses\":0,",
             "\"ctrl_vq\":0,\"notf_coal\":0,",
             "\"coalesce\":null,",
+            "\"resets\":null,",
             "\"ctrl_commands\":0,\"ctrl_failed\":0,\"ctrl_timeouts\":0,",
         ] {
             assert!(s.contains(field), "{field} missing in {s}");

@@ -38,6 +38,8 @@ use crate::arch::{cpu, DEVICE_IRQS, MSIX_IRQS, MSIX_VECTORS, TICKS};
 use crate::memory::DmaHal;
 use crate::sys;
 
+mod queue_reset;
+
 type Net = VirtioNet<DmaHal, MmioTransport>;
 
 /// Frames per rx poll (NAPI budget).
@@ -271,6 +273,7 @@ fn finish<T: Transport>(
         timed_out: false,
         pause_cycles,
         pauses: 0,
+        next_reset: o.reset.map_or(u64::MAX, |p| p.every),
     };
     let run = match (o.workload, &coalesce_error) {
         (_, Some(_)) => Ok(Run::default()),
@@ -334,6 +337,7 @@ fn finish<T: Transport>(
         pauses: d.pauses,
         coalesce: o.coalesce,
         queues: &queues,
+        resets: o.reset.map(|p| (p, d.net.reset_counters())),
     };
     let mut line = String::with_capacity(2048);
     let _ = report.write_json(&mut line);
@@ -418,6 +422,8 @@ struct Driver<'o, T: Transport> {
     pause_cycles: u64,
     /// Pauses made.
     pauses: u64,
+    /// Frames done at which the next `reset_queue=` reset is due (`u64::MAX`: none planned).
+    next_reset: u64,
 }
 
 impl<T: Transport> Driver<'_, T> {
@@ -655,7 +661,8 @@ impl<T: Transport> Driver<'_, T> {
             }
             let mut queued = 0;
             let mut full = false;
-            while queued < self.o.batch && sent < n && Some(in_burst) != burst {
+            let reset_at = self.reset_due_at();
+            while queued < self.o.batch && sent < n && sent < reset_at && Some(in_burst) != burst {
                 if !ramp.fill(&mut frame, self.o.dst, src, sent as u32) {
                     return Err(("cannot build a frame of size=", Run::default()));
                 }
@@ -673,6 +680,9 @@ impl<T: Transport> Driver<'_, T> {
                 }
             }
             self.net.flush_tx();
+            if let Err(e) = self.reset_if_due(sent, n) {
+                return Err((e, Run { done: sent, cycles: 0 }));
+            }
             let reclaimed = self.service_tx(Phase::Sending);
             if Some(in_burst) == burst && sent < n {
                 // A whole burst is queued, published and kick-decided: pause before the next.
@@ -728,6 +738,9 @@ impl<T: Transport> Driver<'_, T> {
             }
             if irq && self.mode() == TxCompletion::TxInterrupt {
                 self.tx_poll();
+            }
+            if let Err(e) = self.reset_if_due(echoed, n) {
+                return Err((e, Run { done: echoed, cycles: 0 }));
             }
             if echoed == before && !irq && !self.any_rx_scheduled() {
                 if self.expired() {

@@ -24,18 +24,21 @@ pub const NET_F_CTRL_RX: u64 = 1 << 18;
 /// Control class NOTF_COAL: TX_SET and RX_SET, device-wide notification coalescing (requires
 /// CTRL_VQ).
 pub const NET_F_NOTF_COAL: u64 = 1 << 53;
+/// Per-queue reset (virtio 1.2 §2.6.1): one queue can be reset and re-enabled while the others
+/// run ([`crate::VirtioNet::reset_queue`]).
+pub const F_RING_RESET: u64 = 1 << 40;
 /// Control class NOTF_COAL: VQ_SET and VQ_GET, per-virtqueue notification coalescing (requires
 /// CTRL_VQ).
 pub const NET_F_VQ_NOTF_COAL: u64 = 1 << 52;
 
 /// The features the driver acknowledges out of `offered` under `config`: VERSION_1, MAC,
-/// STATUS, and EVENT_IDX, MRG_RXBUF, CSUM as `config` says; with `config.ctrl_vq` the control
+/// STATUS, RING_RESET (harmless if never used: it only adds a register), and EVENT_IDX, MRG_RXBUF, CSUM as `config` says; with `config.ctrl_vq` the control
 /// queue (CTRL_VQ) with NOTF_COAL and VQ_NOTF_COAL, and CTRL_RX if `config.ctrl_rx` too (each
 /// only if CTRL_VQ is offered: the spec makes them depend on it); with `config.queue_pairs` > 1
 /// also MQ (likewise only with CTRL_VQ). Nothing else (no indirect
 /// descriptors, no receive offloads: received frames never carry partial checksums).
 pub fn acknowledged(offered: u64, config: &Config) -> u64 {
-    let mut wanted = F_VERSION_1 | NET_F_MAC | NET_F_STATUS;
+    let mut wanted = F_VERSION_1 | NET_F_MAC | NET_F_STATUS | F_RING_RESET;
     if config.event_idx {
         wanted |= RING_F_EVENT_IDX;
     }

@@ -24,6 +24,7 @@
 //! the guest among them ([`ctrl`]); devices that offer multiqueue get several queue pairs
 //! ([`Config::queue_pairs`], [`mq`]), the datapath acting on the pair selected with
 //! [`VirtioNet::select_pair`] or [`VirtioNet::on_pair`].
+//! Devices that offer VIRTIO_F_RING_RESET get per-queue reset ([`reset`]).
 //!
 //! Bringing a device up, sending, receiving and taking interrupts:
 //!
@@ -69,6 +70,7 @@ pub mod mq;
 mod net;
 pub mod pci;
 mod queue;
+pub mod reset;
 mod ring;
 mod rx;
 pub mod spsc;
@@ -91,6 +93,7 @@ pub use header::{VirtioNetHdr, VNET_HDR_LEN};
 pub use mq::PairCounters;
 pub use net::{IrqStatus, QueueId, Rearm, VirtioNet};
 pub use pci::{PciError, PciTransport};
+pub use reset::{QueueResetError, QueueResetReport, ResetCounters};
 pub use ring::vring_need_event;
 pub use transport::{MmioRegisters, MmioTransport, QueueSetup, Transport};
 pub use tx::TxBatch;

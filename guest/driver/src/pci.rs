@@ -19,6 +19,7 @@ use core::fmt;
 use core::ptr::NonNull;
 
 use crate::error::InitError;
+use crate::reset::QueueResetError;
 use crate::transport::{QueueSetup, Transport};
 
 /// PCI configuration space registers and bits this transport uses.
@@ -94,6 +95,8 @@ mod common {
     pub const QUEUE_DESC: u32 = 0x20;
     pub const QUEUE_DRIVER: u32 = 0x28;
     pub const QUEUE_DEVICE: u32 = 0x30;
+    /// Per-queue reset (VIRTIO_F_RING_RESET): write 1, reads 1 while ongoing.
+    pub const QUEUE_RESET: u32 = 0x3a;
 }
 
 /// Access to one PCI function's configuration space. Offsets are below 256 and aligned to
@@ -766,6 +769,28 @@ impl<F: PciConfig + PciBar> Transport for PciTransport<F> {
         self.notify_at[index] = self.layout.notify.offset + rel as u32;
         self.common_write16(common::QUEUE_ENABLE, 1);
         Ok(())
+    }
+
+    /// Needs a common configuration structure that reaches `queue_reset` (0x3a..0x3c).
+    fn reset_queue(&mut self, queue: u16, polls: u32) -> Result<(), QueueResetError> {
+        if self.layout.common.length < common::QUEUE_RESET + 2 {
+            return Err(QueueResetError::Unsupported);
+        }
+        if queue >= self.num_queues {
+            return Err(QueueResetError::NoSuchQueue(queue));
+        }
+        self.common_write16(common::QUEUE_SELECT, queue);
+        self.common_write16(common::QUEUE_RESET, 1);
+        for _ in 0..polls {
+            if self.common_read16(common::QUEUE_RESET) == 0
+                && self.common_read16(common::QUEUE_ENABLE) == 0
+            {
+                // The reset dropped the queue's vector; `setup_queue` assigns it again.
+                self.queue_vectors[usize::from(queue)] = NO_VECTOR;
+                return Ok(());
+            }
+        }
+        Err(QueueResetError::Timeout)
     }
 
     #[inline]

@@ -28,6 +28,7 @@
 use alloc::vec::Vec;
 
 use crate::hal::Hal;
+use crate::reset::ResetStats;
 use crate::ring::{Buffer, Kick, SplitRing};
 use crate::rx::{RxAssembly, RxPool};
 use crate::transport::Transport;
@@ -103,6 +104,8 @@ pub(crate) struct SendQueue {
     /// The attached AF_XDP-style port, if any.
     pub(crate) xsk: Option<XskPort>,
     pub(crate) stats: SendStats,
+    /// Per-queue reset counters ([`crate::reset`]).
+    pub(crate) resets: ResetStats,
 }
 
 /// One receive virtqueue and everything the driver keeps for it (Linux: `receive_queue`).
@@ -116,6 +119,8 @@ pub(crate) struct ReceiveQueue {
     /// Contiguous copy of a multi-buffer frame for the rx program.
     pub(crate) scratch: Vec<u8>,
     pub(crate) stats: ReceiveStats,
+    /// Per-queue reset counters ([`crate::reset`]).
+    pub(crate) resets: ResetStats,
 }
 
 impl SendQueue {
@@ -129,6 +134,7 @@ impl SendQueue {
             chain: Vec::new(),
             xsk: None,
             stats: SendStats::default(),
+            resets: ResetStats::default(),
         }
     }
 
@@ -178,6 +184,7 @@ impl ReceiveQueue {
             assembly: None,
             scratch: Vec::new(),
             stats: ReceiveStats::default(),
+            resets: ResetStats::default(),
         }
     }
 

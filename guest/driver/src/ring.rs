@@ -457,6 +457,35 @@ impl<Tok: Copy> SplitRing<Tok> {
         }
     }
 
+    /// After a per-queue reset of this ring's queue (the device no longer accesses it): takes
+    /// the token of every chain still in flight (added, published or not, and not returned
+    /// used) into `out`, zeroes the ring memory and starts over as [`Self::new`] left it, with
+    /// the interrupt suppression mode kept (written again into the zeroed ring). The caller
+    /// pops what the device did return used *before* calling this.
+    pub(crate) fn reinit(&mut self, out: &mut Vec<Tok>) {
+        out.extend(self.tokens.iter_mut().filter_map(Option::take));
+        let p = self.at(0, self.layout.bytes);
+        // SAFETY: `p` is valid for the ring's `layout.bytes` bytes (checked by `at`); the queue
+        // was reset, so the device does not read or write the region until it is enabled again.
+        unsafe { p.write_bytes(0, self.layout.bytes) };
+        self.free = (0..self.size).rev().collect();
+        self.chain_len.fill(0);
+        self.next.fill(0);
+        self.avail_idx = 0;
+        self.published = 0;
+        self.kicked = 0;
+        self.last_used = 0;
+        self.used_seen = 0;
+        self.used_event = 0;
+        self.broken = false;
+        match self.interrupts {
+            Interrupts::Enabled => {
+                self.enable_interrupts();
+            }
+            Interrupts::Disabled => self.disable_interrupts(),
+        }
+    }
+
     /// Frees the region. Only for the driver's teardown, after the device is reset.
     ///
     /// # Safety

@@ -130,6 +130,13 @@ pub(crate) struct RxAssembly {
     bytes: usize,
 }
 
+impl RxAssembly {
+    /// The frame's first buffer.
+    pub(crate) fn first(&self) -> u32 {
+        self.first
+    }
+}
+
 /// Why a used rx buffer was refused.
 #[derive(Clone, Copy, Debug)]
 enum RxRefused {

@@ -6,6 +6,7 @@
 use core::ptr::NonNull;
 
 use crate::error::InitError;
+use crate::reset::QueueResetError;
 
 /// Register offsets of the virtio-mmio window (virtio 1.2 §4.2.2).
 pub mod regs {
@@ -53,6 +54,9 @@ pub mod regs {
     pub const QUEUE_USED_LOW: u32 = 0x0a0;
     /// Used ring address, high 32 bits.
     pub const QUEUE_USED_HIGH: u32 = 0x0a4;
+    /// Per-queue reset of the selected queue (with VIRTIO_F_RING_RESET): write 1 to reset,
+    /// reads 1 while the reset is ongoing.
+    pub const QUEUE_RESET: u32 = 0x0c0;
     /// Configuration generation.
     pub const CONFIG_GENERATION: u32 = 0x0fc;
     /// Start of the device configuration space.
@@ -136,6 +140,15 @@ pub trait Transport {
     fn setup_queue(&mut self, queue: u16, setup: &QueueSetup) -> Result<(), InitError>;
     /// Notifies the device that queue `queue` has new available buffers.
     fn notify(&mut self, queue: u16);
+    /// Resets queue `queue` alone (VIRTIO_F_RING_RESET negotiated, DRIVER_OK set; virtio 1.2
+    /// §2.6.1): selects it, writes 1 to its reset register, and polls (at most `polls` reads)
+    /// until the reset register reads 0 and the queue reads disabled. On `Ok` the device no
+    /// longer touches the queue's rings or buffers; the driver brings it back with
+    /// [`Transport::setup_queue`]. The default refuses (a transport without the register).
+    fn reset_queue(&mut self, queue: u16, polls: u32) -> Result<(), QueueResetError> {
+        let _ = (queue, polls);
+        Err(QueueResetError::Unsupported)
+    }
     /// The configuration generation (0 where the transport has none).
     fn config_generation(&mut self) -> u32;
     /// Reads byte `offset` of the device configuration space.
@@ -270,6 +283,17 @@ impl<R: MmioRegisters> Transport for R {
     #[inline]
     fn notify(&mut self, queue: u16) {
         MmioRegisters::notify(self, queue);
+    }
+
+    fn reset_queue(&mut self, queue: u16, polls: u32) -> Result<(), QueueResetError> {
+        self.write32(regs::QUEUE_SEL, u32::from(queue));
+        self.write32(regs::QUEUE_RESET, 1);
+        for _ in 0..polls {
+            if self.read32(regs::QUEUE_RESET) == 0 && self.read32(regs::QUEUE_READY) == 0 {
+                return Ok(());
+            }
+        }
+        Err(QueueResetError::Timeout)
     }
 
     fn config_generation(&mut self) -> u32 {

@@ -536,6 +536,27 @@ impl TestDevice {
         device
     }
 
+    /// Picks queue `q` (0 rx, 1 tx) up again as the driver re-enabled it after a per-queue
+    /// reset: new device state, indexes from 0.
+    pub(crate) fn reattach(&mut self, q: usize) {
+        let regs = self.transport.regs();
+        let r = regs.queues[q];
+        assert_eq!(r.ready, 1, "queue {q} not re-enabled");
+        let event_idx = regs.driver_features & RING_F_EVENT_IDX != 0;
+        let queue = DevQueue::new(
+            self.hal.clone(),
+            u16::try_from(q).expect("queue index"),
+            u16::try_from(r.num).expect("size"),
+            (r.desc, r.avail, r.used),
+            event_idx,
+        );
+        drop(regs);
+        match q {
+            0 => self.rx = queue,
+            _ => self.tx = queue,
+        }
+    }
+
     /// The control queue's device side (panics if the driver set none up).
     pub(crate) fn ctrl(&self) -> MutexGuard<'_, CtrlDevice> {
         self.ctrl

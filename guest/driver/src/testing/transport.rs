@@ -7,7 +7,8 @@ use std::time::Duration;
 use std::vec::Vec;
 
 use crate::features::{
-    F_VERSION_1, NET_F_CSUM, NET_F_MAC, NET_F_MRG_RXBUF, NET_F_STATUS, RING_F_EVENT_IDX,
+    F_RING_RESET, F_VERSION_1, NET_F_CSUM, NET_F_MAC, NET_F_MRG_RXBUF, NET_F_STATUS,
+    RING_F_EVENT_IDX,
 };
 use crate::transport::{regs, status, MmioRegisters, MAGIC, VERSION_MODERN};
 
@@ -47,6 +48,12 @@ pub(crate) struct Regs {
     pub(crate) interrupt_status: u32,
     /// Every QueueNotify, in order.
     pub(crate) notifies: Vec<u16>,
+    /// Every per-queue reset accepted (QueueReset), by queue index.
+    pub(crate) queue_resets: Vec<u16>,
+    /// Reads of QueueReset that still return 1 after each accepted reset (an ongoing reset).
+    pub(crate) reset_busy_reads: u32,
+    /// What is left of `reset_busy_reads` for the current reset.
+    pub(crate) reset_reads_left: u32,
     /// Register writes with an unknown offset (should stay empty).
     pub(crate) bad_writes: Vec<(u32, u32)>,
 }
@@ -89,6 +96,9 @@ impl Default for Regs {
             config_generation: 0,
             interrupt_status: 0,
             notifies: Vec::new(),
+            queue_resets: Vec::new(),
+            reset_busy_reads: 0,
+            reset_reads_left: 0,
             bad_writes: Vec::new(),
         }
     }
@@ -128,6 +138,29 @@ impl Regs {
         } else {
             (*addr & !0xffff_ffff) | u64::from(value)
         };
+    }
+
+    /// QueueReset: accepted (the selected queue's registers back to their defaults) for a
+    /// data queue in use, with RING_RESET negotiated and DRIVER_OK set; anything else is a
+    /// bad write.
+    fn write_queue_reset(&mut self, value: u32) {
+        let sel = self.queue_sel;
+        let allowed = value == 1
+            && self.status & status::DRIVER_OK != 0
+            && self.driver_features & F_RING_RESET != 0
+            && sel < 2
+            && self.queues[sel as usize].ready == 1;
+        if !allowed {
+            self.bad_writes.push((regs::QUEUE_RESET, value));
+            return;
+        }
+        let q = &mut self.queues[sel as usize];
+        *q = QueueRegs {
+            num_max: q.num_max,
+            ..QueueRegs::default()
+        };
+        self.queue_resets.push(sel as u16);
+        self.reset_reads_left = self.reset_busy_reads;
     }
 
     fn write_status(&mut self, value: u32) {
@@ -243,6 +276,10 @@ impl MmioRegisters for TestTransport {
             regs::QUEUE_NUM_MAX => r.selected().map_or(0, |q| q.num_max),
             regs::QUEUE_READY => r.selected().map_or(0, |q| q.ready),
             regs::INTERRUPT_STATUS => r.interrupt_status,
+            regs::QUEUE_RESET if r.reset_reads_left > 0 => {
+                r.reset_reads_left -= 1;
+                1
+            }
             regs::STATUS => r.status,
             regs::CONFIG_GENERATION => r.config_generation,
             _ => 0,
@@ -289,6 +326,7 @@ impl MmioRegisters for TestTransport {
             }
             regs::INTERRUPT_ACK => r.interrupt_status &= !value,
             regs::STATUS => r.write_status(value),
+            regs::QUEUE_RESET => r.write_queue_reset(value),
             _ => r.bad_writes.push((offset, value)),
         }
     }

@@ -6,6 +6,7 @@ mod init;
 mod mq;
 mod pci;
 mod queue;
+mod reset;
 mod rx;
 mod tx;
 mod xdp;

@@ -131,6 +131,7 @@ impl FakePci {
             0x1a => u32::from(self.queue_vectors[usize::from(self.queue_sel)]),
             0x1c => r.read32(regs::QUEUE_READY),
             0x1e => u32::from(self.queue_sel),
+            0x3a => r.read32(regs::QUEUE_RESET),
             _ => panic!("unexpected common read at {offset:#x}"),
         }
     }
@@ -162,6 +163,11 @@ impl FakePci {
             0x2c => r.write32(regs::QUEUE_AVAIL_HIGH, value),
             0x30 => r.write32(regs::QUEUE_USED_LOW, value),
             0x34 => r.write32(regs::QUEUE_USED_HIGH, value),
+            0x3a => {
+                // A reset drops the queue's vector.
+                self.queue_vectors[usize::from(self.queue_sel)] = NO_VECTOR;
+                r.write32(regs::QUEUE_RESET, value)
+            }
             _ => panic!("unexpected common write of {value:#x} at {offset:#x}"),
         }
     }
@@ -466,4 +472,38 @@ fn mapped_bar_accesses_the_mapping() {
     assert_eq!(bar[1], 0x7f_0000_abcd);
     assert_eq!(bar[2], 3, "notify is the 16-bit queue index");
     assert!(bar[3..].iter().all(|&w| w == 0));
+}
+
+#[test]
+fn queue_reset_over_pci_reassigns_the_vector_and_traffic_flows() {
+    let hal = TestHal::new(ARENA);
+    let mut r = Regs::default();
+    r.device_features |= crate::features::F_RING_RESET;
+    r.reset_busy_reads = 2;
+    let regs = TestTransport::new(r);
+    let mut t = PciTransport::new(FakePci::new(regs.clone(), 4)).expect("transport");
+    t.enable_msix().expect("msix");
+    let mut net = VirtioNet::new(hal.clone(), t, Config::default()).expect("driver");
+    let mut dev = TestDevice::attach(&hal, &regs);
+    assert_eq!(net.transport().queue_vector(TX_QUEUE), Some(2));
+    net.transmit(&frame(1, 60)).expect("queued");
+    let report = net.reset_queue(crate::QueueId::Tx).expect("reset");
+    assert_eq!(report.unused, 1, "frame 1 was never sent");
+    assert_eq!(regs.regs().queue_resets, [TX_QUEUE]);
+    assert!(regs.regs().bad_writes.is_empty());
+    assert_eq!(
+        net.transport().queue_vector(TX_QUEUE),
+        Some(2),
+        "reassigned"
+    );
+    assert_eq!(net.transport().queue_vector(RX_QUEUE), Some(1), "untouched");
+    dev.reattach(1);
+    net.transmit(&frame(2, 60)).expect("queued");
+    let frames = dev.tx_drain();
+    assert_eq!(frames, [frame(2, 60)]);
+    // The notification still reaches queue 1's notify address.
+    assert_eq!(
+        net.transport_mut().function_mut().notifies.last(),
+        Some(&(NOTIFY + MULTIPLIER, 1))
+    );
 }

@@ -316,3 +316,37 @@ fn lazy_reclaim_inside_xsk_transmit_completes_the_frames_it_reclaims() {
     assert_eq!(completions(&mut socket), [descs[4].addr]);
     assert_eq!(h.net.detach_xsk().map(|p| p.in_flight()), Ok(0));
 }
+
+/// A tx queue reset hands the unsent AF_XDP frames back to the socket (completed once, so no
+/// umem chunk is lost) and the port keeps transmitting on the re-enabled queue.
+#[test]
+fn tx_queue_reset_completes_unsent_umem_frames_once() {
+    let mut h = super::harness_with(
+        Config {
+            tx_completion: TxCompletion::Lazy,
+            ..Config::default()
+        },
+        |r| r.device_features |= crate::features::F_RING_RESET,
+    );
+    let mut socket = attach(&mut h, XskConfig::default());
+    let descs: Vec<XdpDesc> = (0..4).map(|i| put_frame(&socket, i, 60)).collect();
+    assert_eq!(socket.submit_tx(&descs), 4);
+    assert_eq!(h.net.xsk_transmit(64), 4);
+    let taken = h.dev.tx_take();
+    assert_eq!(taken.len(), 4);
+    h.dev.tx.push_used(taken[0].0.head, 0);
+    let report = h.net.reset_queue(crate::QueueId::Tx).expect("reset");
+    assert_eq!(report, crate::QueueResetReport { used: 1, unused: 3 });
+    let mut done = completions(&mut socket);
+    done.sort_unstable();
+    let mut want: Vec<u64> = descs.iter().map(|d| d.addr).collect();
+    want.sort_unstable();
+    assert_eq!(done, want, "every chunk back once");
+    assert_eq!(h.net.reclaim_tx(), 0);
+    assert!(completions(&mut socket).is_empty(), "never completed twice");
+    h.dev.reattach(TX_QUEUE as usize);
+    let again = put_frame(&socket, 10, 70);
+    assert_eq!(socket.submit_tx(&[again]), 1);
+    assert_eq!(h.net.xsk_transmit(64), 1);
+    assert_eq!(h.dev.tx_drain(), [frame(10, 70)]);
+}
