@@ -155,7 +155,11 @@ mod tests {
             ("tx=5 reset_queue=rx reset_every=x", "reset_every", "x"),
             ("tx=5 reset_queue=rx", "reset_queue", "needs reset_every="),
             ("tx=5 reset_every=3", "reset_every", "needs reset_queue="),
-            ("reset_queue=rx reset_every=3", "reset_queue", "only with tx= or echo="),
+            (
+                "reset_queue=rx reset_every=3",
+                "reset_queue",
+                "only with tx= or echo=",
+            ),
         ] {
             assert_eq!(parse(line), Err(BadValue { key, value }), "{line}");
         }

@@ -681,7 +681,13 @@ impl<T: Transport> Driver<'_, T> {
             }
             self.net.flush_tx();
             if let Err(e) = self.reset_if_due(sent, n) {
-                return Err((e, Run { done: sent, cycles: 0 }));
+                return Err((
+                    e,
+                    Run {
+                        done: sent,
+                        cycles: 0,
+                    },
+                ));
             }
             let reclaimed = self.service_tx(Phase::Sending);
             if Some(in_burst) == burst && sent < n {
@@ -740,7 +746,13 @@ impl<T: Transport> Driver<'_, T> {
                 self.tx_poll();
             }
             if let Err(e) = self.reset_if_due(echoed, n) {
-                return Err((e, Run { done: echoed, cycles: 0 }));
+                return Err((
+                    e,
+                    Run {
+                        done: echoed,
+                        cycles: 0,
+                    },
+                ));
             }
             if echoed == before && !irq && !self.any_rx_scheduled() {
                 if self.expired() {
