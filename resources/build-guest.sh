@@ -8,7 +8,10 @@
 # resources/README.md.
 #
 # Usage: resources/build-guest.sh [--kernel-only|--initrd-only|--driver-guest-only] [--print] [--force]
+#                                 [--kernel-variant=NAME]
 #   --kernel-only        only the kernel (prints kernel=, bzimage=, config=)
+#   --kernel-variant=NAME  the kernel with resources/kernel/variant-NAME.config merged on top of
+#                        minimal.config (cached apart; e.g. sysfs: the one test that reads /sys)
 #   --initrd-only        only the initramfs (prints initrd=)
 #   --driver-guest-only  only the bare-metal driver guest (prints driver_guest=)
 #   --print              do not build: print the paths if cached, else exit 1
@@ -92,7 +95,7 @@ hash_files() {
 
 # ---------------------------------------------------------------- arguments
 want_kernel=1 want_initrd=1 want_dguest=1 print_only=0 force=0
-only=0
+only=0 variant=
 for arg in "$@"; do
 	case $arg in
 	--kernel-only) want_initrd=0 want_dguest=0 only=$((only + 1)) ;;
@@ -100,6 +103,7 @@ for arg in "$@"; do
 	--driver-guest-only) want_kernel=0 want_initrd=0 only=$((only + 1)) ;;
 	--print) print_only=1 ;;
 	--force) force=1 ;;
+	--kernel-variant=*) variant=${arg#--kernel-variant=} ;;
 	-h | --help)
 		usage
 		exit 0
@@ -112,6 +116,10 @@ for arg in "$@"; do
 done
 ((only <= 1)) || die "--kernel-only, --initrd-only and --driver-guest-only exclude each other"
 ((print_only)) && force=0
+if [[ -n $variant ]]; then
+	[[ $variant =~ ^[a-z0-9-]+$ && -f $RES/kernel/variant-$variant.config ]] ||
+		die "no kernel variant '$variant' (resources/kernel/variant-NAME.config)"
+fi
 [[ $CACHE == /* ]] || CACHE=$PWD/$CACHE
 [[ $CACHE != *[[:space:]]* ]] || die "VMM_GUEST_CACHE must not contain whitespace (kbuild cannot handle it): $CACHE"
 
@@ -123,6 +131,10 @@ kernel_key() {
 		echo "$KSRC_PKG=$(pkg_version "$KSRC_PKG")"
 		gcc --version | sed -n 1p
 		hash_files kernel/minimal.config
+		if [[ -n $variant ]]; then
+			echo "variant $variant"
+			hash_files "kernel/variant-$variant.config"
+		fi
 		local p
 		for p in "$RES"/kernel/*.patch; do
 			if [[ -e $p ]]; then hash_files "kernel/${p##*/}"; fi
@@ -188,12 +200,17 @@ build_kernel() {
 	kmake() {
 		make -C "$src" ARCH=x86 KBUILD_BUILD_USER=vmm KBUILD_BUILD_HOST=vmm-guest "$@" >>"$klog" 2>&1
 	}
-	log "kernel: tinyconfig + minimal.config + olddefconfig"
+	local fragments=("$RES/kernel/minimal.config")
+	[[ -z $variant ]] || fragments+=("$RES/kernel/variant-$variant.config")
+	log "kernel: tinyconfig + ${fragments[*]##*/} + olddefconfig"
 	kmake tinyconfig || die "kernel: make tinyconfig failed, see $klog"
-	(cd "$src" && scripts/kconfig/merge_config.sh -m .config "$RES/kernel/minimal.config") >>"$klog" 2>&1 ||
+	(cd "$src" && scripts/kconfig/merge_config.sh -m .config "${fragments[@]}") >>"$klog" 2>&1 ||
 		die "kernel: merge_config.sh failed, see $klog"
 	kmake olddefconfig || die "kernel: make olddefconfig failed, see $klog"
-	check_fragment "$RES/kernel/minimal.config" "$src/.config" "$stage/fragment-check.txt"
+	local frag
+	for frag in "${fragments[@]}"; do
+		check_fragment "$frag" "$src/.config" "$stage/fragment-check-${frag##*/}.txt"
+	done
 
 	local jobs
 	jobs=$(nproc)

@@ -58,6 +58,36 @@ pub fn artifacts() -> &'static Artifacts {
     })
 }
 
+/// The guest kernel variant `name` (`resources/kernel/variant-NAME.config` merged on top of
+/// the test kernel's config; built the first time, then cached like the others).
+pub fn kernel_variant(name: &str) -> &'static Path {
+    static VARIANTS: std::sync::Mutex<Vec<(String, &'static Path)>> =
+        std::sync::Mutex::new(Vec::new());
+    let mut variants = VARIANTS.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some((_, path)) = variants.iter().find(|(n, _)| n == name) {
+        return path;
+    }
+    let script = workspace_root().join("resources/build-guest.sh");
+    let out = Command::new("bash")
+        .arg(&script)
+        .args(["--kernel-only", &format!("--kernel-variant={name}")])
+        .stderr(Stdio::inherit())
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {script:?}: {e}"));
+    assert!(
+        out.status.success(),
+        "{script:?} --kernel-variant={name} failed"
+    );
+    let kernel = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .find_map(|l| l.strip_prefix("kernel="))
+        .map(|p| PathBuf::from(p.trim()))
+        .unwrap_or_else(|| panic!("no kernel= line for variant {name}"));
+    let path: &'static Path = Box::leak(kernel.into_boxed_path());
+    variants.push((name.to_owned(), path));
+    path
+}
+
 /// The `vmm` binary, built from the current sources (in the same profile as the tests).
 pub fn vmm_binary() -> &'static Path {
     static BIN: OnceLock<PathBuf> = OnceLock::new();

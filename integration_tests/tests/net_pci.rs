@@ -4,18 +4,20 @@
 //! UDP echo and a TCP stream each way (offloads in use) go through it with every byte checked,
 //! under the VMM's seccomp filters (the vCPU thread installs the MSI routes).
 //!
-//! The guest kernel has no sysfs (it costs boot time), so `/sys/class/net/eth0/queues` does
-//! not exist: the queues Linux set up are read from `/proc/interrupts` instead (one
-//! `virtioN-input.I` / `virtioN-output.I` line per queue, on PCI-MSIX), which the guest's
-//! net test prints with `vmm.irqs=1`, with `/proc/bus/pci/devices`.
+//! The test kernel has no sysfs (it costs over a second of boot), so the queues Linux set up
+//! are read from `/proc/interrupts` (one `virtioN-input.I` / `virtioN-output.I` line per
+//! queue, on PCI-MSIX), which the guest's net test prints with `vmm.irqs=1`, with
+//! `/proc/bus/pci/devices`; one test boots the `sysfs` kernel variant to read
+//! `/sys/class/net/eth0/queues` too.
 
 use std::net::UdpSocket;
+use std::path::Path;
 use std::time::Duration;
 
 use devices::test_utils::netns::NetNs;
 use integration_tests::{
-    artifacts, final_metrics, guest_lock, tap_counter, tcp_exchange, test_cmdline, vmm_binary,
-    RunOutput, VmmProcess,
+    artifacts, final_metrics, guest_lock, kernel_variant, tap_counter, tcp_exchange, test_cmdline,
+    vmm_binary, RunOutput, VmmProcess,
 };
 
 const PORT: u16 = 7777;
@@ -32,8 +34,26 @@ struct PciGuest {
 /// Starts a guest whose device is `--net tap=TAP,transport=pci` plus `net_extra`, with the
 /// net test's `guest_args`.
 fn start(tag: &str, subnet: u8, tap_mode: &[&str], net_extra: &str, guest_args: &str) -> PciGuest {
-    let a = artifacts();
-    let (kernel, initrd) = (a.get("kernel").to_owned(), a.get("initrd").to_owned());
+    start_on(
+        artifacts().get("kernel"),
+        tag,
+        subnet,
+        tap_mode,
+        net_extra,
+        guest_args,
+    )
+}
+
+/// [`start`] with another kernel.
+fn start_on(
+    kernel: &Path,
+    tag: &str,
+    subnet: u8,
+    tap_mode: &[&str],
+    net_extra: &str,
+    guest_args: &str,
+) -> PciGuest {
+    let initrd = artifacts().get("initrd").to_owned();
     let tap = format!("vmmpci{subnet}");
     let host_ip = format!("10.202.{subnet}.1");
     let guest_ip = format!("10.202.{subnet}.2");
@@ -50,7 +70,7 @@ fn start(tag: &str, subnet: u8, tap_mode: &[&str], net_extra: &str, guest_args: 
     );
     let mut cmd = ns.command(&vmm_binary().to_string_lossy());
     cmd.arg("--kernel")
-        .arg(&kernel)
+        .arg(kernel)
         .arg("--initrd")
         .arg(&initrd)
         .args(["--cmdline", &cmdline])
@@ -378,4 +398,30 @@ fn guest_bar_moves_are_followed_or_refused() {
         2,
         "the device works before and after the moves: {out}"
     );
+}
+
+/// `/sys/class/net/eth0/queues` (on the `sysfs` kernel variant) lists the queues Linux gave
+/// eth0: one rx and one tx queue per active pair. With `queues=2` the uniprocessor guest
+/// enables one pair (VQ_PAIRS_SET 1), so `rx-0 tx-0`, while both pairs have their vectors.
+#[test]
+fn sysfs_lists_the_queues_linux_uses() {
+    let _guest = guest_lock();
+    let kernel = kernel_variant("sysfs");
+    let g = start_on(kernel, "pcisys", 5, &["multi_queue"], ",queues=2", "");
+    let out = g.vmm.finish(Duration::from_secs(180));
+    assert!(out.success(), "{out}");
+    assert_found_on_pci(&out);
+    let queues: Vec<&str> = out
+        .stdout
+        .lines()
+        .skip_while(|l| !l.contains("vmm-guest: /sys/class/net/eth0/queues"))
+        .skip(1)
+        .take_while(|l| !l.contains("vmm-guest: end of lists"))
+        .flat_map(str::split_whitespace)
+        .collect();
+    assert_eq!(queues, ["rx-0", "tx-0"], "{out}");
+    let irqs = guest_interrupts(&out);
+    for name in ["virtio0-input.1", "virtio0-output.1"] {
+        assert!(msix_count(&irqs, name).is_some(), "{name}: {out}");
+    }
 }

@@ -5,7 +5,8 @@
 #   vmm.echo=COUNT [0: no echo]         vmm.port=PORT [7777]
 #   vmm.tcp=BYTES [0: no TCP]: accept one TCP connection on PORT, check BYTES, send BYTES back
 #   vmm.irqs=1 [0]: at the end, print /proc/interrupts and /proc/bus/pci/devices (the
-#     per-queue MSI-X vectors of a virtio-pci device; the guest has no sysfs)
+#     per-queue MSI-X vectors of a virtio-pci device), and, on a kernel with sysfs (the
+#     `sysfs` variant; the usual test kernel has none), /sys/class/net/eth0/queues
 #   vmm.barmove=1 [0]: after the ping, move 00:01.0's BAR0 (a 64-bit BAR at 0xe0000000) to
 #     0xe0008000, to 0xc0000000 (outside the PCI window), and back, through /proc/bus/pci, then ping again
 # Sourced by /init: do not `exit`.
@@ -53,6 +54,10 @@ if [ "$vmm_irqs" = 1 ]; then
 	/bin/busybox cat /proc/interrupts
 	echo "vmm-guest: /proc/bus/pci/devices"
 	/bin/busybox cat /proc/bus/pci/devices
+	if /bin/busybox mount -t sysfs sysfs /sys 2>/dev/null; then
+		echo "vmm-guest: /sys/class/net/eth0/queues"
+		/bin/busybox ls /sys/class/net/eth0/queues
+	fi
 	echo "vmm-guest: end of lists"
 fi
 echo "vmm-guest: net test finished"
