@@ -265,6 +265,29 @@ impl VmmProcess {
         false
     }
 
+    /// Waits until the console holds a whole line (newline included) that starts with
+    /// `prefix`: a line being printed may be read half-way otherwise. Returns whether it did.
+    pub fn wait_for_console_line(&mut self, prefix: &str, timeout: Duration) -> bool {
+        let deadline = Instant::now() + timeout;
+        let whole = |out: &str| {
+            out.split_inclusive('\n')
+                .any(|l| l.starts_with(prefix) && l.ends_with('\n'))
+        };
+        loop {
+            if whole(&self.stdout.lock().unwrap()) {
+                return true;
+            }
+            if Instant::now() >= deadline {
+                return false;
+            }
+            if self.child.try_wait().ok().flatten().is_some() {
+                thread::sleep(Duration::from_millis(100));
+                return whole(&self.stdout.lock().unwrap());
+            }
+            thread::sleep(Duration::from_millis(20));
+        }
+    }
+
     /// What the guest console printed so far.
     pub fn console(&self) -> String {
         self.stdout.lock().unwrap().clone()
@@ -399,7 +422,7 @@ pub fn ready_driver_guest(
 ) -> VmmProcess {
     let mut vmm = spawn_driver_guest(ns, cmdline, net, api_sock);
     assert!(
-        vmm.wait_for_console("driver-guest: ready", Duration::from_secs(30)),
+        vmm.wait_for_console_line("driver-guest: ready", Duration::from_secs(30)),
         "the guest came up"
     );
     vmm

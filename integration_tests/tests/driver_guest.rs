@@ -194,7 +194,7 @@ fn run_echo(tag: &str, count: u64, size: usize, knobs: &str) -> Value {
     let cmdline = format!("console=ttyS0 echo={count} size={size} timeout_ms=120000 {knobs}");
     let mut vmm = start_guest(&ns, &cmdline, "");
     assert!(
-        vmm.wait_for_console("driver-guest: ready", Duration::from_secs(60)),
+        vmm.wait_for_console_line("driver-guest: ready", Duration::from_secs(60)),
         "the guest never came up"
     );
     let exchange = std::thread::spawn(move || -> Result<u64, String> {

@@ -323,7 +323,7 @@ fn run_echo(tag: &str, knobs: &str, transport: Transport) -> Vec<Value> {
     );
     let mut vmm = start_guest(&ns, &cmdline, transport);
     assert!(
-        vmm.wait_for_console("driver-guest: ready", Duration::from_secs(60)),
+        vmm.wait_for_console_line("driver-guest: ready", Duration::from_secs(60)),
         "the guest never came up"
     );
     let exchange = std::thread::spawn(move || -> Result<u64, String> {

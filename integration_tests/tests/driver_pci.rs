@@ -181,7 +181,7 @@ fn pci_guest_echoes_frames_intact_over_msix() {
         &format!("console=ttyS0 echo={count} size={size} timeout_ms=60000"),
     );
     assert!(
-        vmm.wait_for_console("driver-guest: ready", Duration::from_secs(60)),
+        vmm.wait_for_console_line("driver-guest: ready", Duration::from_secs(60)),
         "the guest never came up"
     );
     let exchange = std::thread::spawn(move || -> Result<u64, String> {

@@ -222,7 +222,7 @@ fn pci_echo_with_tx_resets_returns_every_frame() {
         None,
     );
     assert!(
-        vmm.wait_for_console("driver-guest: ready", Duration::from_secs(60)),
+        vmm.wait_for_console_line("driver-guest: ready", Duration::from_secs(60)),
         "the guest never came up"
     );
     let exchange = std::thread::spawn(move || -> Result<u64, String> {
