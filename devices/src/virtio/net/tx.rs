@@ -260,21 +260,10 @@ fn drain<'g, B: NetBackend>(
             return Ok(TxStop::Throttled(wait));
         }
         let Some(head) = ring.pop_head()? else {
-            if park {
-                // Notifications stay off while the caller polls; the decision fences itself.
-                ring.publish_used();
-                return Ok(TxStop::Idle);
+            match ran_dry(ring, &mut budget, park) {
+                Some(stop) => return Ok(stop),
+                None => continue,
             }
-            // The standard race: the driver may have queued more just before we re-enabled.
-            // Publishing first lets the enable's fence also order the used-index store before
-            // the interrupt decision reads `used_event`: one fence per call instead of two.
-            budget.charge(1);
-            ring.publish_used();
-            if ring.enable_notification() {
-                ring.disable_notification();
-                continue;
-            }
-            return Ok(TxStop::Drained);
         };
         iovs.clear();
         match ring.walk_chain(
@@ -290,9 +279,7 @@ fn drain<'g, B: NetBackend>(
                 match write_frame(*backend, iovs.as_iovecs()) {
                     Ok(_) => {
                         let bytes = u64::from(len) - VNET_HDR_LEN as u64;
-                        counters.frames += 1;
-                        counters.bytes += bytes;
-                        counters.large_frames += u64::from(bytes > super::MTU_FRAME_LEN);
+                        count_sent(counters, bytes);
                         if limit.charge(bytes) {
                             counters.rate_limiter_bytes += bytes;
                             counters.rate_limiter_frames += 1;
@@ -303,15 +290,7 @@ fn drain<'g, B: NetBackend>(
                         counters.backend_full += 1;
                         return Ok(TxStop::BackendFull);
                     }
-                    Err(e) => {
-                        if let Some(more) = errors.failure(Instant::now()) {
-                            warn!(
-                                "virtio-net {label} tx: the backend refused a frame: {e} ({more} more \
-                                 since the last report; frames are dropped until it recovers)"
-                            );
-                        }
-                        counters.backend_errors += 1;
-                    }
+                    Err(e) => count_refused(counters, errors, label, &e),
                 }
             }
             Ok(len) => {
@@ -392,18 +371,10 @@ fn drain_batched<'g, B: NetBackend>(
                 // More may have come while the batch was written.
                 continue;
             }
-            if park {
-                ring.publish_used();
-                return Ok(TxStop::Idle);
+            match ran_dry(ring, &mut budget, park) {
+                Some(stop) => return Ok(stop),
+                None => continue,
             }
-            // As in `drain`: publish, re-enable, re-check the race.
-            budget.charge(1);
-            ring.publish_used();
-            if ring.enable_notification() {
-                ring.disable_notification();
-                continue;
-            }
-            return Ok(TxStop::Drained);
         };
         let walked = ring.walk_chain(
             guest,
@@ -502,22 +473,8 @@ fn flush<B: NetBackend>(
         }
         start = pending.ends[i];
         match result {
-            Ok(_) => {
-                let bytes = pending.bytes[i];
-                out.counters.frames += 1;
-                out.counters.bytes += bytes;
-                out.counters.large_frames += u64::from(bytes > super::MTU_FRAME_LEN);
-            }
-            Err(e) => {
-                if let Some(more) = out.errors.failure(Instant::now()) {
-                    warn!(
-                        "virtio-net {} tx: the backend refused a frame: {e} ({more} more since \
-                         the last report; frames are dropped until it recovers)",
-                        out.label
-                    );
-                }
-                out.counters.backend_errors += 1;
-            }
+            Ok(_) => count_sent(out.counters, pending.bytes[i]),
+            Err(e) => count_refused(out.counters, out.errors, out.label, &e),
         }
         ring.add_used(pending.heads[i], 0);
     }
@@ -531,6 +488,44 @@ fn flush<B: NetBackend>(
         return Some(TxStop::BackendFull);
     }
     None
+}
+
+/// The ring had nothing more: with `park` the notifications stay off ([`TxStop::Idle`]);
+/// else publish, re-enable them and re-check the standard race (the driver may have queued
+/// more just before): `None` when it did (notifications off again, go on), else
+/// [`TxStop::Drained`]. Publishing first lets the enable's fence also order the used-index
+/// store before the interrupt decision reads `used_event`: one fence per call instead of two.
+fn ran_dry(ring: &mut RingOps<'_>, budget: &mut WalkBudget, park: bool) -> Option<TxStop> {
+    if park {
+        // The decision fences itself.
+        ring.publish_used();
+        return Some(TxStop::Idle);
+    }
+    budget.charge(1);
+    ring.publish_used();
+    if ring.enable_notification() {
+        ring.disable_notification();
+        return None;
+    }
+    Some(TxStop::Drained)
+}
+
+/// A frame of `bytes` (Ethernet, header excluded) went to the backend.
+fn count_sent(counters: &mut TxCounters, bytes: u64) {
+    counters.frames += 1;
+    counters.bytes += bytes;
+    counters.large_frames += u64::from(bytes > super::MTU_FRAME_LEN);
+}
+
+/// The backend refused a frame: it is dropped, counted, and logged once per burst.
+fn count_refused(counters: &mut TxCounters, errors: &mut BurstLog, label: &str, e: &io::Error) {
+    if let Some(more) = errors.failure(Instant::now()) {
+        warn!(
+            "virtio-net {label} tx: the backend refused a frame: {e} ({more} more since the last \
+             report; frames are dropped until it recovers)"
+        );
+    }
+    counters.backend_errors += 1;
 }
 
 /// Sends the frames the driver queued on `queue` to `backend`: one [`TxQueue::process`] call
