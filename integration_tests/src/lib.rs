@@ -58,6 +58,25 @@ pub fn artifacts() -> &'static Artifacts {
     })
 }
 
+/// The driver guest's result line (`{"driver":{…}}`), its inner object.
+pub fn driver_result(out: &RunOutput) -> serde_json::Value {
+    let line = out
+        .stdout
+        .lines()
+        .find(|l| l.starts_with("{\"driver\":"))
+        .unwrap_or_else(|| panic!("no {{\"driver\":…}} line\n{out}"));
+    let v: serde_json::Value =
+        serde_json::from_str(line).unwrap_or_else(|e| panic!("bad result line: {e}\n{out}"));
+    v["driver"].clone()
+}
+
+/// The number `key` of a JSON object (panics, showing the object, if it is missing).
+pub fn json_u64(v: &serde_json::Value, key: &str) -> u64 {
+    v[key]
+        .as_u64()
+        .unwrap_or_else(|| panic!("no number {key:?} in {v}"))
+}
+
 /// The guest kernel variant `name` (`resources/kernel/variant-NAME.config` merged on top of
 /// the test kernel's config; built the first time, then cached like the others).
 pub fn kernel_variant(name: &str) -> &'static Path {

@@ -225,3 +225,37 @@ impl PacketSocket {
         }
     }
 }
+
+/// The host side of the driver guest's `echo=` workload: sends `count` test frames of `size`
+/// bytes to `guest_dst` with at most `window` in flight, and checks that each comes back in
+/// order and intact, MACs swapped (from `guest_dst` to `tap_mac`). Returns the frames echoed,
+/// or what went wrong; gives up `timeout` after it starts.
+pub fn echo_in_order(
+    sock: &PacketSocket,
+    (guest_dst, tap_mac): ([u8; 6], [u8; 6]),
+    (count, size): (u64, usize),
+    window: u64,
+    timeout: Duration,
+) -> Result<u64, String> {
+    let deadline = Instant::now() + timeout;
+    let mut buf = vec![0u8; 65536];
+    let (mut sent, mut received) = (0u64, 0u64);
+    while received < count {
+        while sent < count && sent - received < window {
+            sock.send(&frame(guest_dst, tap_mac, sent as u32, size))
+                .map_err(|e| format!("send #{sent}: {e}"))?;
+            sent += 1;
+        }
+        let Some(len) = sock.recv(&mut buf, deadline).map_err(|e| e.to_string())? else {
+            return Err(format!("no echo after {received} of {count} (sent {sent})"));
+        };
+        if buf[..len] != frame(tap_mac, guest_dst, received as u32, size)[..] {
+            return Err(format!(
+                "echo #{received} differs ({len} bytes): {:02x?}",
+                &buf[..len.min(32)]
+            ));
+        }
+        received += 1;
+    }
+    Ok(received)
+}

@@ -12,7 +12,9 @@ use std::time::{Duration, Instant};
 
 use devices::test_utils::netns::NetNs;
 use integration_tests::packet::{self, frame, guest_mac, mac_string, PacketSocket};
-use integration_tests::{final_metrics, guest_lock, RunOutput, VmmProcess};
+use integration_tests::{
+    driver_result, final_metrics, guest_lock, json_u64 as n, RunOutput, VmmProcess,
+};
 use serde_json::Value;
 
 const TAP: &str = "vmmtap0";
@@ -35,24 +37,6 @@ fn namespace(tag: &str) -> (NetNs, PacketSocket, [u8; 6]) {
 
 fn start_guest(ns: &NetNs, cmdline: &str, device_knobs: &str) -> VmmProcess {
     integration_tests::spawn_driver_guest(ns, cmdline, &format!("tap={TAP}{device_knobs}"), None)
-}
-
-/// The guest's result line.
-fn driver_result(out: &RunOutput) -> Value {
-    let line = out
-        .stdout
-        .lines()
-        .find(|l| l.starts_with("{\"driver\":"))
-        .unwrap_or_else(|| panic!("no {{\"driver\":…}} line\n{out}"));
-    let v: Value =
-        serde_json::from_str(line).unwrap_or_else(|e| panic!("bad result line: {e}\n{out}"));
-    v["driver"].clone()
-}
-
-fn n(v: &Value, key: &str) -> u64 {
-    v[key]
-        .as_u64()
-        .unwrap_or_else(|| panic!("no number {key:?} in {v}"))
 }
 
 /// The guest's counters against the device's metrics (kicks exactly; interrupts: every one
@@ -197,31 +181,14 @@ fn run_echo(tag: &str, count: u64, size: usize, knobs: &str) -> Value {
         vmm.wait_for_console_line("driver-guest: ready", Duration::from_secs(60)),
         "the guest never came up"
     );
-    let exchange = std::thread::spawn(move || -> Result<u64, String> {
-        let deadline = Instant::now() + Duration::from_secs(180);
-        let mut buf = vec![0u8; 65536];
-        let (mut sent, mut received) = (0u64, 0u64);
-        while received < count {
-            while sent < count && sent - received < WINDOW {
-                sock.send(&frame(GUEST_DST, tap_mac, sent as u32, size))
-                    .map_err(|e| format!("send #{sent}: {e}"))?;
-                sent += 1;
-            }
-            let len = match sock.recv(&mut buf, deadline).map_err(|e| e.to_string())? {
-                Some(len) => len,
-                None => return Err(format!("no echo after {received} of {count} (sent {sent})")),
-            };
-            // The guest swaps the MACs.
-            let want = frame(tap_mac, GUEST_DST, received as u32, size);
-            if buf[..len] != want[..] {
-                return Err(format!(
-                    "echo #{received} differs ({len} bytes): {:02x?}",
-                    &buf[..len.min(32)]
-                ));
-            }
-            received += 1;
-        }
-        Ok(received)
+    let exchange = std::thread::spawn(move || {
+        packet::echo_in_order(
+            &sock,
+            (GUEST_DST, tap_mac),
+            (count, size),
+            WINDOW,
+            Duration::from_secs(180),
+        )
     });
     let result = exchange.join().expect("exchange thread");
     let out = vmm.finish(Duration::from_secs(120));

@@ -29,7 +29,9 @@ use std::time::{Duration, Instant};
 
 use devices::test_utils::netns::NetNs;
 use integration_tests::packet::{self, frame, guest_mac, mac_string, PacketSocket};
-use integration_tests::{final_metrics, guest_lock, tap_counter, RunOutput, VmmProcess};
+use integration_tests::{
+    driver_result, final_metrics, guest_lock, json_u64 as n, tap_counter, RunOutput, VmmProcess,
+};
 use serde_json::Value;
 
 const TAP: &str = "vmmdmqtap0";
@@ -69,24 +71,6 @@ fn start_guest(ns: &NetNs, cmdline: &str, transport: Transport) -> VmmProcess {
             None,
         ),
     }
-}
-
-/// The guest's result line.
-fn driver_result(out: &RunOutput) -> Value {
-    let line = out
-        .stdout
-        .lines()
-        .find(|l| l.starts_with("{\"driver\":"))
-        .unwrap_or_else(|| panic!("no {{\"driver\":…}} line\n{out}"));
-    let v: Value =
-        serde_json::from_str(line).unwrap_or_else(|e| panic!("bad result line: {e}\n{out}"));
-    v["driver"].clone()
-}
-
-fn n(v: &Value, key: &str) -> u64 {
-    v[key]
-        .as_u64()
-        .unwrap_or_else(|| panic!("no number {key:?} in {v}"))
 }
 
 /// The guest's per-queue counters against the device's per-pair ones; returns the guest's

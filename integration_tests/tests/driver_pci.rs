@@ -7,8 +7,10 @@
 
 use std::time::{Duration, Instant};
 
-use integration_tests::packet::{frame, mac_string, parse_mac, PacketSocket};
-use integration_tests::{final_metrics, guest_lock, RunOutput, VmmProcess};
+use integration_tests::packet::{echo_in_order, frame, mac_string, parse_mac, PacketSocket};
+use integration_tests::{
+    driver_result, final_metrics, guest_lock, json_u64 as n, RunOutput, VmmProcess,
+};
 use serde_json::Value;
 
 const TAP: &str = "vmmtap0";
@@ -39,23 +41,6 @@ fn start_pci_guest(ns: &devices::test_utils::netns::NetNs, cmdline: &str) -> Vmm
         &format!("tap={TAP},transport=pci"),
         None,
     )
-}
-
-fn driver_result(out: &RunOutput) -> Value {
-    let line = out
-        .stdout
-        .lines()
-        .find(|l| l.starts_with("{\"driver\":"))
-        .unwrap_or_else(|| panic!("no {{\"driver\":…}} line\n{out}"));
-    let v: Value =
-        serde_json::from_str(line).unwrap_or_else(|e| panic!("bad result line: {e}\n{out}"));
-    v["driver"].clone()
-}
-
-fn n(v: &Value, key: &str) -> u64 {
-    v[key]
-        .as_u64()
-        .unwrap_or_else(|| panic!("no number {key:?} in {v}"))
 }
 
 /// The guest's counters against the device's, and the MSI-X vectors: config on entry 0, rx
@@ -184,28 +169,14 @@ fn pci_guest_echoes_frames_intact_over_msix() {
         vmm.wait_for_console_line("driver-guest: ready", Duration::from_secs(60)),
         "the guest never came up"
     );
-    let exchange = std::thread::spawn(move || -> Result<u64, String> {
-        let deadline = Instant::now() + Duration::from_secs(120);
-        let mut buf = vec![0u8; 65536];
-        let (mut sent, mut received) = (0u64, 0u64);
-        while received < count {
-            while sent < count && sent - received < WINDOW {
-                sock.send(&frame(GUEST_DST, tap_mac, sent as u32, size))
-                    .map_err(|e| format!("send #{sent}: {e}"))?;
-                sent += 1;
-            }
-            let Some(len) = sock.recv(&mut buf, deadline).map_err(|e| e.to_string())? else {
-                return Err(format!("no echo after {received} of {count} (sent {sent})"));
-            };
-            if buf[..len] != frame(tap_mac, GUEST_DST, received as u32, size)[..] {
-                return Err(format!(
-                    "echo #{received} differs: {:02x?}",
-                    &buf[..len.min(32)]
-                ));
-            }
-            received += 1;
-        }
-        Ok(received)
+    let exchange = std::thread::spawn(move || {
+        echo_in_order(
+            &sock,
+            (GUEST_DST, tap_mac),
+            (count, size),
+            WINDOW,
+            Duration::from_secs(120),
+        )
     });
     let result = exchange.join().expect("exchange thread");
     let out = vmm.finish(Duration::from_secs(120));
