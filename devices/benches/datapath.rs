@@ -18,9 +18,11 @@
 //! root and /dev/net/tun, else only the null-backend rows run). Measure on an idle machine: the
 //! load average is printed with the table.
 //!
-//! Run: `cargo bench -p devices --bench datapath [-- --repeats N] [--quick]`
+//! Run: `cargo bench -p devices --bench datapath [-- --repeats N] [--quick] [--frames N] [--only TEXT]`
+//! (`--only` keeps the rows whose name, baseline included for the rx tap rows, contains TEXT).
 
 use std::io;
+use std::sync::atomic::{AtomicU16, Ordering};
 use std::time::{Duration, Instant};
 
 use devices::backend::{NetBackend, NullBackend, Tap, TxRing, MAX_TX_BATCH};
@@ -35,7 +37,10 @@ use devices::virtio::net::{
 use devices::virtio::vring::Virtqueue;
 use std::os::fd::AsRawFd;
 use virtio_queue::{Queue, QueueT};
-use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
+use vm_memory::{
+    Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion,
+    MemoryRegionAddress,
+};
 
 const FRAME_LEN: usize = 64;
 const ETHERTYPE: u16 = 0x88b5;
@@ -47,8 +52,17 @@ const USED_AT: u64 = 0x8000;
 const BUFS_AT: u64 = 0x10_0000;
 
 /// The driver side of one split queue in guest memory: fixed chains, made available in turn.
+///
+/// The avail ring is written as a guest driver writes it: a store per entry and a release
+/// store of the index, through a host pointer resolved once. (Through `GuestQueue`, i.e.
+/// vm-memory's generic per-access path, publishing cost ~30 ns per call at one frame per call,
+/// which the tx rows used to charge to the device.)
 struct Driver {
     q: GuestQueue,
+    /// Host address of the avail ring (`AVAIL_AT`), inside `q`'s memory.
+    avail: *mut u8,
+    size: u16,
+    avail_idx: u16,
     /// Chain heads, in the order they are made available.
     heads: Vec<u16>,
     next_head: usize,
@@ -61,8 +75,19 @@ impl Driver {
         // Fault the rings and buffers in, as a running guest's memory is.
         mem.write_slice(&vec![0u8; 0x80_0000], GuestAddress(0))
             .expect("prefault");
+        let q = GuestQueue::with_rings(&mem, size, (DESC_AT, AVAIL_AT, USED_AT), BUFS_AT);
+        // One region from guest address 0 (above).
+        let avail = mem
+            .iter()
+            .next()
+            .expect("a region")
+            .get_host_address(MemoryRegionAddress(AVAIL_AT))
+            .expect("avail ring in memory");
         Driver {
-            q: GuestQueue::with_rings(&mem, size, (DESC_AT, AVAIL_AT, USED_AT), BUFS_AT),
+            q,
+            avail,
+            size,
+            avail_idx: 0,
             heads: Vec::new(),
             next_head: 0,
             used_seen: 0,
@@ -120,19 +145,46 @@ impl Driver {
         q
     }
 
+    /// Writes the next avail entry (seen by the device once [`Driver::publish_idx`] runs).
+    fn push_avail(&mut self, head: u16) {
+        let slot = 4 + 2 * usize::from(self.avail_idx % self.size);
+        // SAFETY: `avail` is the host address of the 6 + 2·size-byte avail ring inside the
+        // mapped memory `q` holds (so it outlives `self`), 2-aligned (AVAIL_AT); `slot + 2 ≤
+        // 4 + 2·size`. The device reads the ring only inside `process` calls, on this thread.
+        unsafe { std::ptr::write_volatile(self.avail.add(slot).cast::<u16>(), head.to_le()) };
+        self.avail_idx = self.avail_idx.wrapping_add(1);
+    }
+
+    /// Publishes the entries pushed so far: a release store of the avail index.
+    fn publish_idx(&self) {
+        // SAFETY: as in `push_avail`; offset 2 is the 2-aligned u16 `idx`, and guest memory is
+        // plain shared memory, valid for atomic access.
+        let idx = unsafe { AtomicU16::from_ptr(self.avail.add(2).cast()) };
+        idx.store(self.avail_idx.to_le(), Ordering::Release);
+    }
+
+    /// Makes `heads` available.
+    fn publish_heads(&mut self, heads: &[u16]) {
+        for &head in heads {
+            self.push_avail(head);
+        }
+        self.publish_idx();
+    }
+
     /// Makes the next `n` chains available (tx).
     fn publish(&mut self, n: usize) {
-        let (heads, next) = (&self.heads, &mut self.next_head);
-        self.q.publish_all((0..n).map(|_| {
-            let head = heads[*next];
-            *next = (*next + 1) % heads.len();
-            head
-        }));
+        for _ in 0..n {
+            let head = self.heads[self.next_head];
+            self.next_head = (self.next_head + 1) % self.heads.len();
+            self.push_avail(head);
+        }
+        self.publish_idx();
     }
 
     /// Posts every buffer once (rx: a full ring).
     fn fill(&mut self) {
-        self.q.publish_all(self.heads.iter().copied());
+        let heads = self.heads.clone();
+        self.publish_heads(&heads);
     }
 
     /// Re-posts every buffer the device returned (rx: keeps the ring full).
@@ -143,7 +195,7 @@ impl Driver {
         let ids: Vec<u16> = (0..n)
             .map(|k| q.used(from.wrapping_add(k)).0 as u16)
             .collect();
-        q.publish_all(ids);
+        self.publish_heads(&ids);
         self.used_seen = from.wrapping_add(n);
         usize::from(n)
     }
@@ -351,6 +403,15 @@ fn timer_overhead(iters: usize) -> f64 {
     timed.as_nanos() as f64 / iters as f64
 }
 
+/// `--only TEXT`: run only the rows whose name contains TEXT (to profile one row).
+static ONLY: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
+
+fn wanted(name: &str) -> bool {
+    ONLY.get()
+        .and_then(Option::as_deref)
+        .is_none_or(|only| name.contains(only))
+}
+
 fn median(v: &mut [f64]) -> f64 {
     v.sort_by(f64::total_cmp);
     v[v.len() / 2]
@@ -378,7 +439,18 @@ fn main() {
         .and_then(|i| args.get(i + 1))
         .and_then(|v| v.parse().ok())
         .unwrap_or(if quick { 3 } else { 9 });
-    let frames = if quick { 4096 } else { 65536 };
+    let frames = args
+        .iter()
+        .position(|a| a == "--frames")
+        .and_then(|i| args.get(i + 1))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(if quick { 4096 } else { 65536 });
+    let only = args
+        .iter()
+        .position(|a| a == "--only")
+        .and_then(|i| args.get(i + 1))
+        .cloned();
+    ONLY.set(only).expect("set once");
     let loadavg = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
     println!(
         "# datapath bench: 64 B frames, {repeats} repeats, {frames} frames each; loadavg {}",
@@ -393,6 +465,10 @@ fn main() {
     // The null backend: the virtio work alone (baseline: nothing, 0 ns).
     for descs in [1u16, 2] {
         for batch in [1usize, 256] {
+            let name = format!("tx null {descs}-desc batch {batch}");
+            if !wanted(&name) {
+                continue;
+            }
             let mut pairs = Vec::new();
             for _ in 0..repeats {
                 let mut d = Driver::tx(512, descs, &wire);
@@ -400,7 +476,7 @@ fn main() {
                 let mut null = NullBackend::new(wire.len()).expect("null backend");
                 pairs.push((0.0, run_tx(&mut d, &mut txq, &mut null, batch, frames)));
             }
-            report(&format!("tx null {descs}-desc batch {batch}"), "-", &pairs);
+            report(&name, "-", &pairs);
         }
     }
     // Rate limiters configured but never hit (both buckets far above the rate): what their
@@ -418,6 +494,10 @@ fn main() {
         }),
     };
     for batch in [1usize, 256] {
+        let name = format!("tx null 1-desc batch {batch} + limiter");
+        if !wanted(&name) {
+            continue;
+        }
         let mut pairs = Vec::new();
         for _ in 0..repeats {
             let mut case = [0.0; 2];
@@ -432,17 +512,17 @@ fn main() {
             }
             pairs.push((case[0], case[1]));
         }
-        report(
-            &format!("tx null 1-desc batch {batch} + limiter"),
-            "no limiter",
-            &pairs,
-        );
+        report(&name, "no limiter", &pairs);
     }
     for (mode, gather, label) in [
         (RxMode::SingleChain, RX_GATHER_NO_GSO_BYTES, "mrg off"),
         (RxMode::Mergeable, RX_GATHER_NO_GSO_BYTES, "mrg on"),
     ] {
         for batch in [1usize, 32] {
+            let name = format!("rx null {label} batch {batch}");
+            if !wanted(&name) {
+                continue;
+            }
             let mut pairs = Vec::new();
             for _ in 0..repeats {
                 let (mut d, mut rxq) = Driver::rx_full(256, mode, gather);
@@ -458,7 +538,7 @@ fn main() {
                 );
                 pairs.push((timer, ns));
             }
-            report(&format!("rx null {label} batch {batch}"), "timer", &pairs);
+            report(&name, "timer", &pairs);
         }
     }
 
@@ -483,6 +563,10 @@ fn main() {
     }
     for descs in [1u16, 2] {
         for ring_batch in [1usize, 2, 4, 8, MAX_TX_BATCH] {
+            let name = format!("bare io_uring {ring_batch} x writev {descs} iov");
+            if !wanted(&name) {
+                continue;
+            }
             let mut pairs = Vec::new();
             for _ in 0..repeats {
                 if !uring {
@@ -493,16 +577,14 @@ fn main() {
                 pairs.push((base, run_uring(&rig.tap, &wire, descs, ring_batch, frames)));
             }
             if !pairs.is_empty() {
-                report(
-                    &format!("bare io_uring {ring_batch} x writev {descs} iov"),
-                    &format!("writev {descs} iov"),
-                    &pairs,
-                );
+                report(&name, &format!("writev {descs} iov"), &pairs);
             }
         }
         for batch in [1usize, 256] {
             for batching in [false, true] {
-                if batching && !uring {
+                let how = if batching { "io_uring" } else { "writev" };
+                let name = format!("tx tap ({how}) {descs}-desc batch {batch}");
+                if (batching && !uring) || !wanted(&name) {
                     continue;
                 }
                 let mut pairs = Vec::new();
@@ -515,24 +597,22 @@ fn main() {
                     let case = run_tx(&mut d, &mut txq, &mut rig.tap, batch, frames);
                     pairs.push((base, case));
                 }
-                let how = if batching { "io_uring" } else { "writev" };
-                report(
-                    &format!("tx tap ({how}) {descs}-desc batch {batch}"),
-                    &format!("writev {descs} iov"),
-                    &pairs,
-                );
+                report(&name, &format!("writev {descs} iov"), &pairs);
             }
         }
     }
     rig.tap.set_tx_batching(true);
     let rx_frames = frames / 4;
     let mut pairs = Vec::new();
-    for _ in 0..repeats {
+    let probe_row = "rx tap: the EAGAIN probe per call";
+    for _ in 0..if wanted(probe_row) { repeats } else { 0 } {
         let bare = run_readv(&mut rig, &wire, 1, rx_frames, false);
         let probed = run_readv(&mut rig, &wire, 1, rx_frames, true);
         pairs.push((bare, probed));
     }
-    report("rx tap: the EAGAIN probe per call", "readv", &pairs);
+    if !pairs.is_empty() {
+        report(probe_row, "readv", &pairs);
+    }
     for (mode, gather, label, probe) in [
         (
             RxMode::SingleChain,
@@ -550,6 +630,11 @@ fn main() {
         ),
     ] {
         for batch in [1usize, 32] {
+            let name = format!("rx tap {label} batch {batch}");
+            let base_name = if probe { "readv+EAGAIN" } else { "readv" };
+            if !wanted(&format!("{name} {base_name}")) {
+                continue;
+            }
             let mut pairs = Vec::new();
             for _ in 0..repeats {
                 let base = run_readv(&mut rig, &wire, batch, rx_frames, probe);
@@ -564,8 +649,7 @@ fn main() {
                 );
                 pairs.push((base, case));
             }
-            let base = if probe { "readv+EAGAIN" } else { "readv" };
-            report(&format!("rx tap {label} batch {batch}"), base, &pairs);
+            report(&name, base_name, &pairs);
         }
     }
 }

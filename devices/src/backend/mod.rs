@@ -48,6 +48,13 @@ pub trait NetBackend: AsRawFd + Send + 'static {
         1
     }
 
+    /// Fewest queued frames worth a [`NetBackend::write_frames`] call (when
+    /// [`NetBackend::tx_batch`] > 1): a call that finds fewer frames queued writes them one
+    /// by one, without building a batch.
+    fn tx_batch_min(&self) -> usize {
+        2
+    }
+
     /// Writes several frames, in order: frame `i` is `frames.range(ends[i - 1], ends[i])`
     /// (from 0 for the first), and its result, as [`NetBackend::write_frame`] would return
     /// it, goes to `results[i]`. Unlike a loop of `write_frame` calls, a failed frame does not

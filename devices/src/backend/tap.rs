@@ -331,6 +331,11 @@ impl NetBackend for Tap {
         }
     }
 
+    fn tx_batch_min(&self) -> usize {
+        // Below this a ring submission costs more than the writevs it replaces.
+        MIN_RING_BATCH
+    }
+
     fn write_frames(
         &mut self,
         frames: &IovecList<'_>,

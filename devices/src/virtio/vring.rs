@@ -389,6 +389,20 @@ impl RingOps<'_> {
         Ok(Some(head))
     }
 
+    /// How many heads the driver has published and the device not popped yet (at most the
+    /// ring size; a driver that claims more is caught by the next [`RingOps::pop_head`]).
+    #[inline]
+    pub(crate) fn published(&mut self) -> u16 {
+        let idx = self.load_avail_idx();
+        let n = (idx - self.ring.next_avail).0;
+        if n <= self.ring.size {
+            self.ring.avail_shadow = idx;
+            n
+        } else {
+            0
+        }
+    }
+
     /// Warms the caches for the chains after the current one while the current frame is in
     /// the backend's system call: the next chain's buffer (its descriptor was warmed one frame
     /// ago) and the descriptors of the one after. A device on another core than the driver
