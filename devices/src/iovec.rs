@@ -190,6 +190,35 @@ impl<'a> IovecList<'a> {
         self.iovecs.drain(..n);
     }
 
+    /// Entries `start..end` whose lengths the caller already knows to add up to `bytes`
+    /// (checked in debug builds): [`IovecList::range`] without the sum.
+    pub(crate) fn range_of(&self, start: usize, end: usize, bytes: usize) -> Iovecs<'_> {
+        let raw = &self.iovecs[start..end];
+        debug_assert_eq!(raw.iter().map(|iov| iov.iov_len).sum::<usize>(), bytes);
+        Iovecs { raw, bytes }
+    }
+
+    /// Writes `bytes` at `offset` of entry `index` when they lie inside that entry; false
+    /// (nothing written) otherwise.
+    pub(crate) fn write_in_entry(&self, index: usize, offset: usize, bytes: &[u8]) -> bool {
+        let Some(iov) = self.iovecs.get(index) else {
+            return false;
+        };
+        if offset
+            .checked_add(bytes.len())
+            .is_none_or(|end| end > iov.iov_len)
+        {
+            return false;
+        }
+        for (i, b) in bytes.iter().enumerate() {
+            // SAFETY: `offset + i < iov_len`, and the entry points to memory valid for writes
+            // during `'a` (IovecList invariant). Guest memory may be accessed concurrently by
+            // the guest, hence the volatile write.
+            unsafe { std::ptr::write_volatile(iov.iov_base.cast::<u8>().add(offset + i), *b) };
+        }
+        true
+    }
+
     /// A view of all entries.
     pub fn as_iovecs(&self) -> Iovecs<'_> {
         Iovecs {

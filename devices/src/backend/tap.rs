@@ -9,7 +9,8 @@ use std::os::unix::fs::OpenOptionsExt;
 use log::{debug, info, warn};
 
 use super::{
-    iov_count, syscall_len, LinkWatch, NetBackend, Offloads, TxRing, MAX_TX_BATCH, MIN_RING_BATCH,
+    iov_count, syscall_len, BatchRing, LinkWatch, NetBackend, Offloads, MAX_TX_BATCH,
+    MIN_RING_BATCH,
 };
 use crate::iovec::{IovecList, Iovecs};
 
@@ -112,8 +113,8 @@ pub struct Tap {
     link: Option<LinkWatch>,
     /// One queue of a multi-queue tap: `Some(attached)` (see [`NetBackend::set_queue_enabled`]).
     queue: Option<bool>,
-    /// Batched transmit ([`TxRing`]), where io_uring is available and not turned off.
-    tx_ring: Option<Box<TxRing>>,
+    /// Batched transmit ([`BatchRing`]), where io_uring is available and not turned off.
+    tx_ring: Option<Box<BatchRing>>,
 }
 
 /// Room to append the guard byte to the caller's iovecs without allocating per frame.
@@ -129,13 +130,13 @@ struct IovecScratch(Vec<libc::iovec>);
 unsafe impl Send for IovecScratch {}
 
 impl Tap {
-    /// Turns batched transmit through io_uring ([`TxRing`]) on or off; on by default where
+    /// Turns batched transmit through io_uring ([`BatchRing`]) on or off; on by default where
     /// the kernel allows it. Returns whether it is on. Off, every frame is one `writev`.
     pub fn set_tx_batching(&mut self, on: bool) -> bool {
         if !on {
             self.tx_ring = None;
         } else if self.tx_ring.is_none() {
-            match TxRing::new(self.file.as_raw_fd()) {
+            match BatchRing::new(self.file.as_raw_fd()) {
                 Ok(ring) => self.tx_ring = Some(Box::new(ring)),
                 Err(e) => info!(
                     "tap {}: io_uring unavailable ({e}); one writev per transmitted frame",

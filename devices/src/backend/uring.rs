@@ -1,41 +1,46 @@
-//! Batched transmit through io_uring: several frames' `writev`s in one system call.
+//! Batched tap I/O through io_uring: several frames' `writev`s (transmit) or `readv`s
+//! (receive) in one system call.
 //!
 //! On this project's host a tap `writev` of a 64-byte frame costs ~1.1 µs of CPU, of which
 //! ~0.3 µs is the system call's entry and exit; 32 `IORING_OP_WRITEV`s submitted with one
-//! `io_uring_enter` cost ~0.77 µs each (`docs/benchmarks.md`). A [`TxRing`] does exactly that
-//! for one tap queue:
+//! `io_uring_enter` cost ~0.77 µs each (`docs/benchmarks.md`); reads gain alike. A [`BatchRing`]
+//! does exactly that for one tap queue:
 //!
 //! * **Synchronous.** Every call submits its frames and waits for all their completions before
 //!   it returns, so the iovecs and guest buffers the requests point to are only borrowed for the
-//!   call, as with `writev`. A tap write never sleeps (the tap is `O_NONBLOCK`, so io_uring
-//!   completes a write that would block with `-EAGAIN` instead of polling), so the wait is the
-//!   submission itself.
+//!   call, as with `writev`/`readv`. A tap read or write never sleeps (`RWF_NOWAIT`, below), so
+//!   the wait is the submission itself.
 //! * **Unlinked.** The requests are independent (linking them made the kernel punt them to its
 //!   worker threads: 3x slower here). Results come back per frame; the caller decides what a
 //!   failure in the middle of a batch means (see `tx.rs`).
-//! * **Never waits for room.** Each write carries `RWF_NOWAIT`: a tap (or pipe) that supports
+//! * **Never waits.** Each request carries `RWF_NOWAIT`: a tap (or pipe) that supports
 //!   non-blocking I/O would otherwise have io_uring park the request until the file is
-//!   writable, and the call would block. With it, a full backend completes the request with
-//!   `-EAGAIN` at once. A file without that support refuses the flag (`-EOPNOTSUPP`): the tap
-//!   then drops its ring and writes that batch, and every later one, with `writev`.
+//!   writable (readable), and the call would block. With it, a full (empty) backend completes
+//!   the request with `-EAGAIN` at once: a batch of reads ends with the reads that found the
+//!   tap empty, which is the "is there more?" probe a reader needs anyway, at a fraction of a
+//!   system call each. A file without that support refuses the flag (`-EOPNOTSUPP`): the tap
+//!   then drops its ring and does that batch, and every later one, with `writev`/`readv`.
 //! * **Confined.** The ring is created with `IORING_SETUP_R_DISABLED`, and
-//!   `IORING_REGISTER_RESTRICTIONS` then allows one operation, `IORING_OP_WRITEV` with no SQE
-//!   flags, and no registration at all. io_uring operations are not seen by seccomp; with this
-//!   the ring can do nothing the worker's filter does not already allow (`writev`), and that
-//!   filter adds only `io_uring_enter`. The tap is not a registered ("fixed") file: the ring
+//!   `IORING_REGISTER_RESTRICTIONS` then allows two operations, `IORING_OP_WRITEV` and
+//!   `IORING_OP_READV`, with no SQE flags, and no registration at all. io_uring operations are
+//!   not seen by seccomp; with this the ring can do nothing the worker's filter does not
+//!   already allow (`writev`, `readv`), and that filter adds only `io_uring_enter`. The tap is not a registered ("fixed") file: the ring
 //!   would then hold the tap open after the device closes it (a ring's files are released
 //!   asynchronously), and a tap the VMM created would outlive the VMM's close.
 //! * **Optional.** Where io_uring is missing or disabled (`kernel.io_uring_disabled`, a
-//!   container's seccomp profile, an old kernel), [`TxRing::new`] fails and the tap keeps one
-//!   `writev` per frame.
+//!   container's seccomp profile, an old kernel), [`BatchRing::new`] fails and the tap keeps one
+//!   system call per frame.
 
 use std::io;
 use std::os::fd::RawFd;
 
 use io_uring::{opcode, register::Restriction, types, IoUring};
 
-/// Most frames one [`TxRing::write`] call submits.
+/// Most frames one [`BatchRing::write`] or [`BatchRing::read`] call submits.
 pub const MAX_TX_BATCH: usize = 32;
+
+/// Most frames one [`BatchRing::read`] call submits (the same ring).
+pub const MAX_RX_BATCH: usize = MAX_TX_BATCH;
 
 /// Fewest frames worth a ring submission: below it one `writev` per frame is cheaper. Measured
 /// here per 64-byte frame against 1 096 ns for `writev`: 1 641 ns alone, 1 170 ns for 2 per
@@ -45,8 +50,9 @@ pub const MIN_RING_BATCH: usize = 4;
 /// Submission queue entries: one batch (the completion queue gets twice as many).
 const RING_ENTRIES: u32 = MAX_TX_BATCH as u32;
 
-/// An io_uring that can only `writev` to one file (see the module documentation).
-pub struct TxRing {
+/// An io_uring that can only `writev` to and `readv` from one file (see the module
+/// documentation).
+pub struct BatchRing {
     ring: IoUring,
     fd: RawFd,
     /// A call failed with entries left in the submission queue: they point to memory that
@@ -54,15 +60,22 @@ pub struct TxRing {
     broken: bool,
 }
 
-impl std::fmt::Debug for TxRing {
+/// What a batch does.
+#[derive(Clone, Copy)]
+enum Op {
+    Write,
+    Read,
+}
+
+impl std::fmt::Debug for BatchRing {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("TxRing").finish_non_exhaustive()
+        f.debug_struct("BatchRing").finish_non_exhaustive()
     }
 }
 
-impl TxRing {
-    /// A ring that writes to `fd`, which must stay open as long as the ring.
-    pub fn new(fd: RawFd) -> io::Result<TxRing> {
+impl BatchRing {
+    /// A ring that writes to and reads from `fd`, which must stay open as long as the ring.
+    pub fn new(fd: RawFd) -> io::Result<BatchRing> {
         let ring = IoUring::builder()
             .setup_r_disabled()
             .setup_cqsize(2 * RING_ENTRIES)
@@ -71,10 +84,11 @@ impl TxRing {
         let submitter = ring.submitter();
         submitter.register_restrictions(&mut [
             Restriction::sqe_op(opcode::Writev::CODE),
+            Restriction::sqe_op(opcode::Readv::CODE),
             Restriction::sqe_flags_allowed(0),
         ])?;
         submitter.register_enable_rings()?;
-        Ok(TxRing {
+        Ok(BatchRing {
             ring,
             fd,
             broken: false,
@@ -100,6 +114,40 @@ impl TxRing {
         ends: &[usize],
         results: &mut [io::Result<usize>],
     ) -> io::Result<()> {
+        // SAFETY: the caller's contract (writes only read the buffers).
+        unsafe { self.submit(Op::Write, iovs, ends, results) }
+    }
+
+    /// Reads frame `i` into the iovecs `iovs[ends[i-1]..ends[i]]` with one `IORING_OP_READV`
+    /// per frame, all submitted with one system call; `results[i]` gets its length or error
+    /// (`WouldBlock` once the file is empty). The reads are issued in order, each after the
+    /// one before it completed, but a failure does not stop the ones after it: a frame that
+    /// arrives between two reads goes to the later one. Limits and errors as [`Self::write`].
+    ///
+    /// # Safety
+    ///
+    /// Every iovec in `iovs` must point to memory valid for writes of its length for the whole
+    /// call, which nothing else reads or writes meanwhile.
+    pub unsafe fn read(
+        &mut self,
+        iovs: &[libc::iovec],
+        ends: &[usize],
+        results: &mut [io::Result<usize>],
+    ) -> io::Result<()> {
+        // SAFETY: the caller's contract.
+        unsafe { self.submit(Op::Read, iovs, ends, results) }
+    }
+
+    /// # Safety
+    ///
+    /// As [`Self::read`] for [`Op::Read`], [`Self::write`] for [`Op::Write`].
+    unsafe fn submit(
+        &mut self,
+        op: Op,
+        iovs: &[libc::iovec],
+        ends: &[usize],
+        results: &mut [io::Result<usize>],
+    ) -> io::Result<()> {
         assert!(ends.len() <= MAX_TX_BATCH && results.len() >= ends.len());
         if self.broken {
             return Err(io::Error::other("the io_uring failed earlier"));
@@ -112,18 +160,21 @@ impl TxRing {
             for (i, &end) in ends.iter().enumerate() {
                 let frame = &iovs[start..end];
                 start = end;
-                let entry = opcode::Writev::new(
-                    types::Fd(self.fd),
-                    frame.as_ptr(),
-                    u32::try_from(frame.len()).unwrap_or(u32::MAX),
-                )
-                .rw_flags(libc::RWF_NOWAIT)
-                .build()
+                let count = u32::try_from(frame.len()).unwrap_or(u32::MAX);
+                let fd = types::Fd(self.fd);
+                let entry = match op {
+                    Op::Write => opcode::Writev::new(fd, frame.as_ptr(), count)
+                        .rw_flags(libc::RWF_NOWAIT)
+                        .build(),
+                    Op::Read => opcode::Readv::new(fd, frame.as_ptr(), count)
+                        .rw_flags(libc::RWF_NOWAIT)
+                        .build(),
+                }
                 .user_data(i as u64);
                 // SAFETY: the entry points to `frame` (an iovec array borrowed for the whole
                 // call) and, through it, to buffers the caller guarantees valid for the whole
                 // call; this function waits for every completion below before it returns, so
-                // nothing the kernel reads outlives the borrows. The queue has room: it holds
+                // nothing the kernel touches outlives the borrows. The queue has room: it holds
                 // RING_ENTRIES = MAX_TX_BATCH entries and is empty between calls.
                 if unsafe { sq.push(&entry) }.is_err() {
                     return Err(io::Error::other("io_uring submission queue full"));
@@ -154,8 +205,8 @@ impl TxRing {
             if done >= want {
                 return Ok(());
             }
-            // Submitted: the kernel may still read the iovecs, so this call cannot return
-            // before their completions. A tap write completes inline, so this is reached only
+            // Submitted: the kernel may still use the iovecs, so this call cannot return
+            // before their completions. A tap read or write completes inline, so this is reached only
             // after an interrupted wait; any error is retried (a waiting enter has no other
             // failure that the arguments here can cause).
             let _ = self.ring.submitter().submit_and_wait(want - done);
@@ -183,10 +234,17 @@ mod tests {
         }
     }
 
+    fn iov_mut(b: &mut [u8]) -> libc::iovec {
+        libc::iovec {
+            iov_base: b.as_mut_ptr().cast(),
+            iov_len: b.len(),
+        }
+    }
+
     #[test]
     fn writes_each_frame_in_order_with_one_result_each() {
         let (r, w) = pipe();
-        let Ok(mut ring) = TxRing::new(w) else {
+        let Ok(mut ring) = BatchRing::new(w) else {
             panic!("io_uring is available on this project's hosts");
         };
         let a = [1u8, 2, 3];
@@ -212,7 +270,7 @@ mod tests {
     #[test]
     fn a_full_pipe_gives_eagain_per_frame_without_blocking() {
         let (r, w) = pipe();
-        let mut ring = TxRing::new(w).unwrap();
+        let mut ring = BatchRing::new(w).unwrap();
         let big = vec![7u8; 1 << 16];
         let iovs = [iov(&big), iov(&big), iov(&big)];
         let mut results: Vec<io::Result<usize>> = (0..3).map(|_| Ok(0)).collect();
@@ -231,9 +289,35 @@ mod tests {
     }
 
     #[test]
+    fn reads_in_order_and_an_empty_file_gives_eagain_per_read() {
+        let (r, w) = pipe();
+        let mut ring = BatchRing::new(r).unwrap();
+        let data = [1u8, 2, 3, 4, 5];
+        // SAFETY: `data` is valid for reads of its length.
+        assert_eq!(unsafe { libc::write(w, data.as_ptr().cast(), 5) }, 5);
+        let (mut a, mut b, mut c) = ([0u8; 3], [0u8; 3], [0u8; 3]);
+        let iovs = [iov_mut(&mut a), iov_mut(&mut b), iov_mut(&mut c)];
+        let mut results: Vec<io::Result<usize>> = (0..3).map(|_| Ok(0)).collect();
+        // SAFETY: the buffers live, unused otherwise, for the call.
+        unsafe { ring.read(&iovs, &[1, 2, 3], &mut results) }.unwrap();
+        assert_eq!(results[0].as_ref().unwrap(), &3);
+        assert_eq!(results[1].as_ref().unwrap(), &2);
+        assert_eq!(
+            results[2].as_ref().unwrap_err().kind(),
+            io::ErrorKind::WouldBlock
+        );
+        assert_eq!((a, &b[..2], c), ([1, 2, 3], &[4u8, 5][..], [0; 3]));
+        // SAFETY: both fds are ours.
+        unsafe {
+            libc::close(r);
+            libc::close(w);
+        }
+    }
+
+    #[test]
     fn the_ring_refuses_every_other_operation() {
         let (r, w) = pipe();
-        let mut ring = TxRing::new(w).unwrap();
+        let mut ring = BatchRing::new(w).unwrap();
         let mut buf = [0u8; 8];
         let read = opcode::Read::new(types::Fd(r), buf.as_mut_ptr(), 8).build();
         let nop = opcode::Nop::new().build();

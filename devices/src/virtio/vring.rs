@@ -732,7 +732,8 @@ fn push_desc<'g>(
 
 /// Visits the descriptors of an indirect table (the rest of a chain): at most `count` links,
 /// no nested indirect table, every index inside the table.
-#[inline]
+// Out of line: keeps the direct-descriptor walk (every chain's path) short in the cache.
+#[inline(never)]
 fn traverse_indirect<F: FnMut(&RawDesc) -> Result<(), ChainError>>(
     guest: &GuestView<'_>,
     table: RawDesc,

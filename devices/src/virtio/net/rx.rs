@@ -191,14 +191,15 @@ impl RxQueue {
         backend: &mut B,
         counters: &mut RxCounters,
     ) -> Result<RxOutcome, RingError> {
-        self.run(backend, counters, false)
+        self.run::<B, false>(backend, counters)
     }
 
-    fn run<B: NetBackend>(
+    /// `GIVE_BACK`: hand the chains still pooled back to the avail ring at the end (the
+    /// one-shot [`process_rx`]); a constant, so the worker's path carries none of it.
+    fn run<B: NetBackend, const GIVE_BACK: bool>(
         &mut self,
         backend: &mut B,
         counters: &mut RxCounters,
-        give_back: bool,
     ) -> Result<RxOutcome, RingError> {
         let Some(vq) = self.vq.as_mut() else {
             return Ok(RxOutcome {
@@ -213,7 +214,7 @@ impl RxQueue {
         // through this queue's own guest view, i.e. points into `self.vq`'s memory (`attach`
         // empties the pool when the ring changes), which the split borrow keeps mapped for as
         // long as `pool` lives.
-        let mut pool = unsafe { RxPool::resume(&mut self.pool, self.mode, self.gather, give_back) };
+        let mut pool = unsafe { RxPool::resume(&mut self.pool, self.mode, self.gather, GIVE_BACK) };
         let result = receive(
             &guest,
             &mut ring,
@@ -223,7 +224,7 @@ impl RxQueue {
             &self.label,
             &mut limit,
         );
-        if give_back {
+        if GIVE_BACK {
             ring.unpop(u16::try_from(pool.unused()).unwrap_or(u16::MAX));
             pool.clear();
         }
@@ -281,7 +282,7 @@ fn receive<'g, B: NetBackend>(
         match read_frame(backend, window) {
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(RxStop::BackendEmpty),
             Err(e) => {
-                debug!("virtio-net {label} rx: backend read failed: {e}");
+                log_read_failed(label, &e);
                 counters.backend_errors += 1;
                 return Ok(RxStop::BackendFailed);
             }
@@ -320,7 +321,7 @@ pub fn process_rx<B: NetBackend>(
     counters: &mut RxCounters,
 ) -> Result<RxOutcome, RingError> {
     let mut rxq = RxQueue::new(Virtqueue::new(queue, mem)?, mode, RX_GATHER_BYTES);
-    let result = rxq.run(backend, counters, true);
+    let result = rxq.run::<B, true>(backend, counters);
     if let Some(vq) = &rxq.vq {
         vq.sync_to(queue);
     }
@@ -334,6 +335,24 @@ fn read_frame<B: NetBackend>(backend: &mut B, iovs: Iovecs<'_>) -> io::Result<us
             result => return result,
         }
     }
+}
+
+#[cold]
+#[inline(never)]
+fn log_short_chain(head: u16, len: u32) {
+    debug!("virtio-net rx: chain {head} of {len} bytes cannot hold a header");
+}
+
+#[cold]
+#[inline(never)]
+fn log_refused_chain(head: u16, e: &crate::virtio::chain::ChainError) {
+    debug!("virtio-net rx: chain {head} refused: {e}");
+}
+
+#[cold]
+#[inline(never)]
+fn log_read_failed(label: &str, e: &io::Error) {
+    debug!("virtio-net {label} rx: backend read failed: {e}");
 }
 
 /// A popped, validated rx chain waiting for a frame.
@@ -461,9 +480,9 @@ impl<'m> RxPool<'m> {
                 }
                 Ok(len) => {
                     self.iovecs.truncate(before);
-                    debug!("virtio-net rx: chain {head} of {len} bytes cannot hold a header (thread {:?})", std::thread::current().name());
+                    log_short_chain(head, len);
                 }
-                Err(e) => debug!("virtio-net rx: chain {head} refused: {e}"),
+                Err(e) => log_refused_chain(head, &e),
             }
             if self.keep_order && !self.is_empty() {
                 // Return it only once the chains popped before it are used, so that the
@@ -478,12 +497,27 @@ impl<'m> RxPool<'m> {
     }
 
     /// The buffers the next frame is read into.
+    #[inline]
     fn window(&self) -> Iovecs<'_> {
-        let end = match self.mode {
-            RxMode::SingleChain => self.first_iov + self.chains[self.first].iov_count,
-            RxMode::Mergeable => self.first_iov + MAX_IOVECS,
-        };
-        self.iovecs.range(self.first_iov, end)
+        let pooled = self.iovecs.len() - self.first_iov;
+        match self.mode {
+            RxMode::SingleChain => {
+                let chain = self.chains[self.first];
+                self.iovecs.range_of(
+                    self.first_iov,
+                    self.first_iov + chain.iov_count,
+                    chain.len as usize,
+                )
+            }
+            // The whole pool (the common case): its size is known.
+            RxMode::Mergeable if pooled <= MAX_IOVECS => {
+                self.iovecs
+                    .range_of(self.first_iov, self.iovecs.len(), self.free_bytes as usize)
+            }
+            RxMode::Mergeable => self
+                .iovecs
+                .range(self.first_iov, self.first_iov + MAX_IOVECS),
+        }
     }
 
     /// A frame of `n` bytes (≤ the window) was read: returns the chains holding it to the
@@ -498,14 +532,14 @@ impl<'m> RxPool<'m> {
                 break;
             }
         }
-        let head_chain = self.chains[self.first];
-        let num_buffers = u16::try_from(count).unwrap_or(u16::MAX);
-        let header = self
+        let num_buffers = u16::try_from(count).unwrap_or(u16::MAX).to_le_bytes();
+        // The header's first buffer almost always holds it whole.
+        if !self
             .iovecs
-            .range(self.first_iov, self.first_iov + head_chain.iov_count);
-        // Cannot fail: every pooled chain holds at least a full header.
-        let written = header.write_at(NUM_BUFFERS_OFFSET, &num_buffers.to_le_bytes());
-        debug_assert!(written, "pooled rx chain shorter than the header");
+            .write_in_entry(self.first_iov, NUM_BUFFERS_OFFSET, &num_buffers)
+        {
+            self.write_num_buffers_split(num_buffers);
+        }
 
         let mut remaining = n;
         for chain in &self.chains[self.first..self.first + count] {
@@ -520,11 +554,31 @@ impl<'m> RxPool<'m> {
         if self.is_empty() {
             self.clear();
         } else if self.first >= 64 {
-            self.chains.drain(..self.first);
-            self.iovecs.remove_prefix(self.first_iov);
-            self.first = 0;
-            self.first_iov = 0;
+            self.compact();
         }
         count
+    }
+
+    /// `num_buffers` for a header split across buffers.
+    #[cold]
+    #[inline(never)]
+    fn write_num_buffers_split(&self, num_buffers: [u8; 2]) {
+        let head_chain = self.chains[self.first];
+        let header = self
+            .iovecs
+            .range(self.first_iov, self.first_iov + head_chain.iov_count);
+        // Cannot fail: every pooled chain holds at least a full header.
+        let written = header.write_at(NUM_BUFFERS_OFFSET, &num_buffers);
+        debug_assert!(written, "pooled rx chain shorter than the header");
+    }
+
+    /// Drops the used chains from the front of the storage.
+    #[cold]
+    #[inline(never)]
+    fn compact(&mut self) {
+        self.chains.drain(..self.first);
+        self.iovecs.remove_prefix(self.first_iov);
+        self.first = 0;
+        self.first_iov = 0;
     }
 }
