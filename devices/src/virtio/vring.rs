@@ -403,6 +403,13 @@ impl RingOps<'_> {
         }
     }
 
+    /// How many heads are known to be published and not popped yet, without reading the
+    /// avail index (as of the last read).
+    #[inline]
+    pub(crate) fn known_pending(&self) -> u16 {
+        (self.ring.avail_shadow - self.ring.next_avail).0
+    }
+
     /// Warms the caches for the chains after the current one while the current frame is in
     /// the backend's system call: the next chain's buffer (its descriptor was warmed one frame
     /// ago) and the descriptors of the one after. A device on another core than the driver

@@ -190,29 +190,40 @@ impl TxQueue {
         let (guest, mut ring) = vq.split();
         let mut iovs = IovecList::reuse(std::mem::take(&mut self.scratch));
         // Batches need the whole batch paid at once; a rate limiter charges frame by frame.
-        // A call that finds fewer frames queued than a batch is worth writes them one by one
-        // (more that come during the call too): building a batch costs ~30 ns per call.
-        let batch = if out.limit.is_active()
-            || usize::from(ring.published()) < out.backend.tx_batch_min()
-        {
+        let batch = if out.limit.is_active() {
             1
         } else {
             out.backend.tx_batch().min(MAX_TX_BATCH)
         };
+        let mut budget = WalkBudget::per_call();
+        let mut sent = 0usize;
+        let mut call = Call {
+            budget: &mut budget,
+            sent: &mut sent,
+            frames: self.budget,
+            park,
+        };
         let result = if batch > 1 {
-            let pending = &mut *self.batch;
-            pending.cap = batch;
-            drain_batched(
-                &guest,
-                &mut ring,
-                &mut iovs,
-                &mut out,
-                pending,
-                self.budget,
-                park,
-            )
+            // While fewer frames are queued than a batch is worth, they go one by one
+            // (building a batch costs ~30 ns per call); once that many are queued, in batches.
+            let min = out.backend.tx_batch_min();
+            let handed_over = if usize::from(ring.published()) < min {
+                drain(&guest, &mut ring, &mut iovs, &mut out, &mut call, min)
+            } else {
+                Ok(None)
+            };
+            match handed_over {
+                Ok(None) => {
+                    let pending = &mut *self.batch;
+                    pending.cap = batch;
+                    drain_batched(&guest, &mut ring, &mut iovs, &mut out, pending, &mut call)
+                }
+                Ok(Some(stop)) => Ok(stop),
+                Err(e) => Err(e),
+            }
         } else {
-            drain(&guest, &mut ring, &mut iovs, &mut out, self.budget, park)
+            drain(&guest, &mut ring, &mut iovs, &mut out, &mut call, usize::MAX)
+                .map(|stop| stop.unwrap_or(TxStop::Budget))
         };
         let counters = out.counters;
         ring.publish_used();
@@ -237,14 +248,27 @@ struct Sink<'a, B> {
     limit: Limit<'a>,
 }
 
+/// One call's limits and progress, shared by [`drain`] and [`drain_batched`] when the first
+/// hands over to the second.
+struct Call<'a> {
+    budget: &'a mut WalkBudget,
+    /// Chains returned so far.
+    sent: &'a mut usize,
+    /// Most chains the call returns.
+    frames: usize,
+    park: bool,
+}
+
+/// Sends frame by frame. `Ok(None)`: `hand_over` frames are known to be queued (the caller
+/// goes on in batches); else why the call stops.
 fn drain<'g, B: NetBackend>(
     guest: &GuestView<'g>,
     ring: &mut RingOps<'_>,
     iovs: &mut IovecList<'g>,
     out: &mut Sink<'_, B>,
-    frames: usize,
-    park: bool,
-) -> Result<TxStop, RingError> {
+    call: &mut Call<'_>,
+    hand_over: usize,
+) -> Result<Option<TxStop>, RingError> {
     let Sink {
         backend,
         counters,
@@ -252,20 +276,28 @@ fn drain<'g, B: NetBackend>(
         label,
         limit,
     } = out;
-    let mut budget = WalkBudget::per_call();
-    let mut sent = 0usize;
+    let Call {
+        budget,
+        sent,
+        frames,
+        park,
+    } = call;
+    let (frames, park) = (*frames, *park);
     ring.disable_notification();
     loop {
-        if sent == frames || budget.exhausted() {
-            return Ok(TxStop::Budget);
+        if **sent == frames || budget.exhausted() {
+            return Ok(Some(TxStop::Budget));
+        }
+        if usize::from(ring.known_pending()) >= hand_over {
+            return Ok(None);
         }
         if let Some(wait) = limit.blocked_for() {
             counters.rate_limiter_throttled += 1;
-            return Ok(TxStop::Throttled(wait));
+            return Ok(Some(TxStop::Throttled(wait)));
         }
         let Some(head) = ring.pop_head()? else {
-            match ran_dry(ring, &mut budget, park) {
-                Some(stop) => return Ok(stop),
+            match ran_dry(ring, budget, park) {
+                Some(stop) => return Ok(Some(stop)),
                 None => continue,
             }
         };
@@ -276,7 +308,7 @@ fn drain<'g, B: NetBackend>(
             Direction::DeviceReads,
             MAX_TX_CHAIN_LEN,
             iovs,
-            &mut budget,
+            budget,
         ) {
             Ok(len) if len as usize > VNET_HDR_LEN => {
                 ring.prefetch_ahead(guest);
@@ -292,7 +324,7 @@ fn drain<'g, B: NetBackend>(
                     Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
                         ring.unpop(1);
                         counters.backend_full += 1;
-                        return Ok(TxStop::BackendFull);
+                        return Ok(Some(TxStop::BackendFull));
                     }
                     Err(e) => count_refused(counters, errors, label, &e),
                 }
@@ -307,7 +339,7 @@ fn drain<'g, B: NetBackend>(
             }
         }
         ring.add_used(head, 0);
-        sent += 1;
+        **sent += 1;
         if sent.is_multiple_of(USED_PUBLISH_BATCH) {
             ring.publish_used();
         }
@@ -352,30 +384,34 @@ fn drain_batched<'g, B: NetBackend>(
     iovs: &mut IovecList<'g>,
     out: &mut Sink<'_, B>,
     pending: &mut Pending,
-    frames: usize,
-    park: bool,
+    call: &mut Call<'_>,
 ) -> Result<TxStop, RingError> {
-    let mut budget = WalkBudget::per_call();
+    let Call {
+        budget,
+        sent,
+        frames,
+        park,
+    } = call;
+    let (frames, park, sent) = (*frames, *park, &mut **sent);
     pending.len = 0;
-    let mut sent = 0usize;
     iovs.clear();
     ring.disable_notification();
     loop {
-        if sent + pending.len == frames || budget.exhausted() {
-            if let Some(stop) = flush(ring, iovs, pending, out, &mut sent) {
+        if *sent + pending.len == frames || budget.exhausted() {
+            if let Some(stop) = flush(ring, iovs, pending, out, sent) {
                 return Ok(stop);
             }
             return Ok(TxStop::Budget);
         }
         let Some(head) = ring.pop_head()? else {
             if pending.len > 0 {
-                if let Some(stop) = flush(ring, iovs, pending, out, &mut sent) {
+                if let Some(stop) = flush(ring, iovs, pending, out, sent) {
                     return Ok(stop);
                 }
                 // More may have come while the batch was written.
                 continue;
             }
-            match ran_dry(ring, &mut budget, park) {
+            match ran_dry(ring, budget, park) {
                 Some(stop) => return Ok(stop),
                 None => continue,
             }
@@ -386,7 +422,7 @@ fn drain_batched<'g, B: NetBackend>(
             Direction::DeviceReads,
             MAX_TX_CHAIN_LEN,
             iovs,
-            &mut budget,
+            budget,
         );
         match walked {
             Ok(len) if len as usize > VNET_HDR_LEN => {
@@ -399,7 +435,7 @@ fn drain_batched<'g, B: NetBackend>(
                 // Keep the list well inside MAX_IOVECS so that a long chain never fails for
                 // the frames before it.
                 if pending.len == pending.cap || iovs.len() > crate::iovec::MAX_IOVECS / 2 {
-                    if let Some(stop) = flush(ring, iovs, pending, out, &mut sent) {
+                    if let Some(stop) = flush(ring, iovs, pending, out, sent) {
                         return Ok(stop);
                     }
                 }
@@ -410,7 +446,7 @@ fn drain_batched<'g, B: NetBackend>(
                 // so a backend that blocks can put every unsent frame back in order.
                 iovs.truncate(pending.ends[pending.len - 1]);
                 ring.unpop(1);
-                if let Some(stop) = flush(ring, iovs, pending, out, &mut sent) {
+                if let Some(stop) = flush(ring, iovs, pending, out, sent) {
                     return Ok(stop);
                 }
             }
@@ -422,13 +458,13 @@ fn drain_batched<'g, B: NetBackend>(
                 out.counters.malformed_chains += 1;
                 iovs.clear();
                 ring.add_used(head, 0);
-                sent += 1;
+                *sent += 1;
             }
             Err(e) => {
                 debug!("virtio-net {} tx: chain {head} refused: {e}", out.label);
                 out.counters.malformed_chains += 1;
                 ring.add_used(head, 0);
-                sent += 1;
+                *sent += 1;
             }
         }
     }
