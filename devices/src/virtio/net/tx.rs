@@ -222,8 +222,15 @@ impl TxQueue {
                 Err(e) => Err(e),
             }
         } else {
-            drain(&guest, &mut ring, &mut iovs, &mut out, &mut call, usize::MAX)
-                .map(|stop| stop.unwrap_or(TxStop::Budget))
+            drain(
+                &guest,
+                &mut ring,
+                &mut iovs,
+                &mut out,
+                &mut call,
+                usize::MAX,
+            )
+            .map(|stop| stop.unwrap_or(TxStop::Budget))
         };
         let counters = out.counters;
         ring.publish_used();
@@ -288,9 +295,6 @@ fn drain<'g, B: NetBackend>(
         if **sent == frames || budget.exhausted() {
             return Ok(Some(TxStop::Budget));
         }
-        if usize::from(ring.known_pending()) >= hand_over {
-            return Ok(None);
-        }
         if let Some(wait) = limit.blocked_for() {
             counters.rate_limiter_throttled += 1;
             return Ok(Some(TxStop::Throttled(wait)));
@@ -301,6 +305,11 @@ fn drain<'g, B: NetBackend>(
                 None => continue,
             }
         };
+        if usize::from(ring.known_pending()) + 1 >= hand_over {
+            // A batch's worth is queued (counting this one): batches from here on.
+            ring.unpop(1);
+            return Ok(None);
+        }
         iovs.clear();
         match ring.walk_chain(
             guest,

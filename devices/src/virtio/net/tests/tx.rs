@@ -204,6 +204,10 @@ struct Batching {
     /// `write_frames` calls and their sizes; `write_frame` calls.
     batches: Vec<usize>,
     singles: usize,
+    /// `tx_batch_min`.
+    min: usize,
+    /// Runs before the first `write_frame` (e.g. the driver queues more meanwhile).
+    on_first_single: Option<Box<dyn FnOnce() + Send>>,
 }
 
 impl Batching {
@@ -214,6 +218,8 @@ impl Batching {
             taken: Vec::new(),
             batches: Vec::new(),
             singles: 0,
+            min: 2,
+            on_first_single: None,
         }
     }
 
@@ -239,11 +245,17 @@ impl NetBackend for Batching {
         Err(std::io::ErrorKind::WouldBlock.into())
     }
     fn write_frame(&mut self, iovs: crate::iovec::Iovecs<'_>) -> std::io::Result<usize> {
+        if let Some(hook) = self.on_first_single.take() {
+            hook();
+        }
         self.singles += 1;
         self.take(iovs)
     }
     fn tx_batch(&self) -> usize {
         MAX_TX_BATCH
+    }
+    fn tx_batch_min(&self) -> usize {
+        self.min
     }
     fn write_frames(
         &mut self,
@@ -298,6 +310,62 @@ fn a_batching_backend_gets_whole_batches_in_ring_order() {
         counters.interrupts_raised, 1,
         "one interrupt decision per call"
     );
+}
+
+#[test]
+fn fewer_frames_than_a_batch_is_worth_go_one_by_one() {
+    let mem = guest_mem();
+    let mut driver = GuestQueue::new(&mem, 16);
+    let mut queue = driver.queue();
+    let sent: Vec<Vec<u8>> = (0..3).map(|i| wire(&frame(70, i))).collect();
+    for bytes in &sent {
+        driver.push_tx(bytes, &[]);
+    }
+    let mut backend = Batching::new(&[]);
+    backend.min = 4;
+    let mut counters = TxCounters::default();
+
+    let outcome = process_tx(&mut queue, &mem, &mut backend, &mut counters).expect("ring ok");
+
+    assert_eq!(outcome.stop, TxStop::Drained);
+    assert_eq!(backend.taken, sent);
+    assert_eq!((backend.singles, backend.batches.len()), (3, 0));
+    assert_eq!(counters.batched_writes, 0);
+    assert_eq!(driver.used_idx(), 3);
+}
+
+#[test]
+fn a_backlog_that_builds_during_a_call_goes_out_in_batches() {
+    let mem = guest_mem();
+    let driver = std::sync::Arc::new(std::sync::Mutex::new(GuestQueue::new(&mem, 64)));
+    let mut queue = driver.lock().unwrap().queue();
+    let sent: Vec<Vec<u8>> = (0..21).map(|i| wire(&frame(70, i))).collect();
+    driver.lock().unwrap().push_tx(&sent[0], &[]);
+    let mut backend = Batching::new(&[]);
+    backend.min = 4;
+    // While the first frame is written, the driver queues twenty more.
+    let later = sent[1..].to_vec();
+    let shared = std::sync::Arc::clone(&driver);
+    backend.on_first_single = Some(Box::new(move || {
+        let mut driver = shared.lock().unwrap();
+        for bytes in &later {
+            driver.push_tx(bytes, &[]);
+        }
+    }));
+    let mut counters = TxCounters::default();
+
+    let outcome = process_tx(&mut queue, &mem, &mut backend, &mut counters).expect("ring ok");
+
+    assert_eq!(outcome.stop, TxStop::Drained);
+    assert_eq!(backend.taken, sent, "every frame once, in order");
+    assert_eq!(
+        backend.singles, 1,
+        "only the frame queued alone went by itself"
+    );
+    assert_eq!(backend.batches, vec![20]);
+    assert_eq!(counters.batched_writes, 1);
+    assert_eq!(driver.lock().unwrap().used_idx(), 21);
+    assert_eq!(counters.frames, 21);
 }
 
 #[test]
