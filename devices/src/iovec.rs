@@ -181,6 +181,47 @@ impl<'a> IovecList<'a> {
         self.iovecs.truncate(n);
     }
 
+    /// Merges each entry from `from` on into the entry before it where it starts at that one's
+    /// end (host addresses), never into an entry before `floor`: fewer entries for the kernel
+    /// to import (a guest's rx buffers are usually carved one after the other).
+    pub(crate) fn merge_from(&mut self, from: usize, floor: usize) {
+        let start = from.max(floor + 1);
+        if start >= self.iovecs.len() {
+            return;
+        }
+        let mut kept = start;
+        for i in start..self.iovecs.len() {
+            let next = self.iovecs[i];
+            let last = &mut self.iovecs[kept - 1];
+            if last.iov_base.cast::<u8>().wrapping_add(last.iov_len) == next.iov_base.cast() {
+                last.iov_len += next.iov_len;
+            } else {
+                self.iovecs[kept] = next;
+                kept += 1;
+            }
+        }
+        self.iovecs.truncate(kept);
+    }
+
+    /// Consumes `bytes` from the front of the entries from `*first` on: `*first` moves past
+    /// each whole entry consumed (it stays in the list until [`Self::remove_prefix`]), and a
+    /// partly consumed one keeps only its rest.
+    pub(crate) fn consume_front(&mut self, first: &mut usize, mut bytes: usize) {
+        while bytes > 0 && *first < self.iovecs.len() {
+            let entry = &mut self.iovecs[*first];
+            if entry.iov_len <= bytes {
+                bytes -= entry.iov_len;
+                *first += 1;
+            } else {
+                // The rest of an entry is a sub-range of it: valid as long as it was.
+                entry.iov_base = entry.iov_base.cast::<u8>().wrapping_add(bytes).cast();
+                entry.iov_len -= bytes;
+                self.bytes -= bytes;
+                bytes = 0;
+            }
+        }
+    }
+
     /// Removes the first `n` entries (or all of them if there are fewer).
     pub fn remove_prefix(&mut self, n: usize) {
         let n = n.min(self.iovecs.len());

@@ -360,6 +360,8 @@ fn log_read_failed(label: &str, e: &io::Error) {
 struct PooledChain {
     head: u16,
     len: u32,
+    /// Its iovecs (single-chain mode; in mergeable mode the pool's iovecs are merged across
+    /// chains and this counts only the entries the chain added).
     iov_count: usize,
 }
 
@@ -470,6 +472,11 @@ impl<'m> RxPool<'m> {
             );
             match result {
                 Ok(len) if len as usize >= VNET_HDR_LEN => {
+                    if self.mode == RxMode::Mergeable {
+                        // Frames are read across the whole pool and consumed by bytes, so its
+                        // buffers may be merged where they follow each other in memory.
+                        self.iovecs.merge_from(before, self.first_iov);
+                    }
                     self.chains.push(PooledChain {
                         head,
                         len,
@@ -542,13 +549,19 @@ impl<'m> RxPool<'m> {
         }
 
         let mut remaining = n;
+        let mut consumed = 0usize;
         for chain in &self.chains[self.first..self.first + count] {
             let len = remaining.min(chain.len as usize);
             remaining -= len;
             // `len` ≤ chain.len, a u32.
             ring.add_used(chain.head, len as u32);
-            self.first_iov += chain.iov_count;
+            consumed += chain.len as usize;
             self.free_bytes -= u64::from(chain.len);
+        }
+        match self.mode {
+            RxMode::SingleChain => self.first_iov += self.chains[self.first].iov_count,
+            // Merged entries do not follow chain boundaries: consume the chains' bytes.
+            RxMode::Mergeable => self.iovecs.consume_front(&mut self.first_iov, consumed),
         }
         self.first += count;
         if self.is_empty() {
@@ -563,10 +576,8 @@ impl<'m> RxPool<'m> {
     #[cold]
     #[inline(never)]
     fn write_num_buffers_split(&self, num_buffers: [u8; 2]) {
-        let head_chain = self.chains[self.first];
-        let header = self
-            .iovecs
-            .range(self.first_iov, self.first_iov + head_chain.iov_count);
+        // The frame starts at the front of the pool.
+        let header = self.iovecs.range(self.first_iov, self.iovecs.len());
         // Cannot fail: every pooled chain holds at least a full header.
         let written = header.write_at(NUM_BUFFERS_OFFSET, &num_buffers);
         debug_assert!(written, "pooled rx chain shorter than the header");
