@@ -424,7 +424,7 @@ fn run_readv_into(
 /// then one [`BatchRing::read`] of `batch + 1` reads into 2 KiB host buffers (+ a guard byte
 /// each), the last finding the tap empty: the batched form of [`run_readv`] with `probe`.
 fn run_uring_read(rig: &mut TapRig, frame: &[u8], batch: usize, frames: usize) -> f64 {
-    let mut ring = BatchRing::new(rig.tap.as_raw_fd()).expect("io_uring");
+    let mut ring = BatchRing::with_reads(rig.tap.as_raw_fd()).expect("io_uring");
     let reads = batch + 1;
     let mut bufs: Vec<Vec<u8>> = (0..reads).map(|_| vec![0u8; RX_BUF_LEN as usize]).collect();
     let mut guard = [0u8; 1];

@@ -21,12 +21,20 @@
 //!   system call each. A file without that support refuses the flag (`-EOPNOTSUPP`): the tap
 //!   then drops its ring and does that batch, and every later one, with `writev`/`readv`.
 //! * **Confined.** The ring is created with `IORING_SETUP_R_DISABLED`, and
-//!   `IORING_REGISTER_RESTRICTIONS` then allows two operations, `IORING_OP_WRITEV` and
-//!   `IORING_OP_READV`, with no SQE flags, and no registration at all. io_uring operations are
-//!   not seen by seccomp; with this the ring can do nothing the worker's filter does not
-//!   already allow (`writev`, `readv`), and that filter adds only `io_uring_enter`. The tap is not a registered ("fixed") file: the ring
+//!   `IORING_REGISTER_RESTRICTIONS` then allows one operation, `IORING_OP_WRITEV` (and
+//!   `IORING_OP_READV` for [`BatchRing::with_reads`]), with no SQE flags, and no registration
+//!   at all. io_uring operations are not seen by seccomp; with this the ring can do nothing the
+//!   worker's filter does not already allow (`writev`, `readv`), and that filter adds only
+//!   `io_uring_enter`. The tap is not a registered ("fixed") file: the ring
 //!   would then hold the tap open after the device closes it (a ring's files are released
 //!   asynchronously), and a tap the VMM created would outlive the VMM's close.
+//! * **Transmit only, for now.** [`BatchRing::read`] exists and is measured (`bare io_uring N x
+//!   readv` in the datapath bench: at most ~137 ns per 64-byte frame saved at 31 frames per
+//!   submission, ~35 at 7, a loss below that), but the device still reads one frame per
+//!   `readv`: each read of a batch needs its own window of buffers big enough for any frame
+//!   (9 KiB with MRG_RXBUF, 64 KiB once the guest takes GSO frames, as Linux does), so small
+//!   frames would leave most of every window unused and out of order, and with GSO a 256-entry
+//!   ring holds only ~6 windows, too few for a batch to pay. See `docs/benchmarks.md`.
 //! * **Optional.** Where io_uring is missing or disabled (`kernel.io_uring_disabled`, a
 //!   container's seccomp profile, an old kernel), [`BatchRing::new`] fails and the tap keeps one
 //!   system call per frame.
@@ -74,19 +82,32 @@ impl std::fmt::Debug for BatchRing {
 }
 
 impl BatchRing {
-    /// A ring that writes to and reads from `fd`, which must stay open as long as the ring.
+    /// A ring that can only write to `fd`, which must stay open as long as the ring (what a
+    /// tap's transmit uses).
     pub fn new(fd: RawFd) -> io::Result<BatchRing> {
+        Self::build(fd, false)
+    }
+
+    /// A ring that can write to and read from `fd` ([`BatchRing::read`]).
+    pub fn with_reads(fd: RawFd) -> io::Result<BatchRing> {
+        Self::build(fd, true)
+    }
+
+    fn build(fd: RawFd, reads: bool) -> io::Result<BatchRing> {
         let ring = IoUring::builder()
             .setup_r_disabled()
             .setup_cqsize(2 * RING_ENTRIES)
             .setup_submit_all()
             .build(RING_ENTRIES)?;
         let submitter = ring.submitter();
-        submitter.register_restrictions(&mut [
+        let mut allowed = vec![
             Restriction::sqe_op(opcode::Writev::CODE),
-            Restriction::sqe_op(opcode::Readv::CODE),
             Restriction::sqe_flags_allowed(0),
-        ])?;
+        ];
+        if reads {
+            allowed.push(Restriction::sqe_op(opcode::Readv::CODE));
+        }
+        submitter.register_restrictions(&mut allowed)?;
         submitter.register_enable_rings()?;
         Ok(BatchRing {
             ring,
@@ -122,7 +143,8 @@ impl BatchRing {
     /// per frame, all submitted with one system call; `results[i]` gets its length or error
     /// (`WouldBlock` once the file is empty). The reads are issued in order, each after the
     /// one before it completed, but a failure does not stop the ones after it: a frame that
-    /// arrives between two reads goes to the later one. Limits and errors as [`Self::write`].
+    /// arrives between two reads goes to the later one. Limits and errors as [`Self::write`];
+    /// on a ring built by [`BatchRing::new`] every read fails with `EACCES`.
     ///
     /// # Safety
     ///
@@ -291,7 +313,7 @@ mod tests {
     #[test]
     fn reads_in_order_and_an_empty_file_gives_eagain_per_read() {
         let (r, w) = pipe();
-        let mut ring = BatchRing::new(r).unwrap();
+        let mut ring = BatchRing::with_reads(r).unwrap();
         let data = [1u8, 2, 3, 4, 5];
         // SAFETY: `data` is valid for reads of its length.
         assert_eq!(unsafe { libc::write(w, data.as_ptr().cast(), 5) }, 5);
@@ -326,7 +348,14 @@ mod tests {
         let linked_writev = opcode::Writev::new(types::Fd(w), iov.as_ptr(), 1)
             .build()
             .flags(squeue::Flags::IO_LINK);
-        for entry in [read, nop, write, linked_writev] {
+        // A transmit ring does not read either.
+        let mut out = [0u8; 8];
+        let out_iov = [libc::iovec {
+            iov_base: out.as_mut_ptr().cast(),
+            iov_len: out.len(),
+        }];
+        let readv = opcode::Readv::new(types::Fd(r), out_iov.as_ptr(), 1).build();
+        for entry in [read, nop, write, linked_writev, readv] {
             // SAFETY: `buf` outlives the wait below.
             unsafe { ring.ring.submission().push(&entry) }.unwrap();
             ring.ring.submit_and_wait(1).unwrap();
