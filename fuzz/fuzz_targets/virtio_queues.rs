@@ -4,7 +4,9 @@
 //! possibly indirect or of the wrong direction, then fuzzed memory patches on top), and
 //! arbitrary (ring addresses, sizes and positions from the input, overlaps allowed; memory from
 //! patches only). A sequence of operations then runs tx and rx calls, sends frames into the
-//! backend, publishes more entries and patches memory between calls.
+//! backend, publishes more entries and patches memory between calls. With `kept_rx`, rx runs
+//! through one `RxQueue` kept across calls, as the worker does (its pool of popped chains, with
+//! mergeable buffers merged, lives from call to call while memory changes under it).
 //!
 //! Invariants, per call:
 //! - it returns within [`CALL_BOUND`];
@@ -13,6 +15,7 @@
 //!   began (≤ the queue size) unless the device's own writes moved the avail index;
 //! - tx: every frame counted as sent reached the backend peer; the used index in memory is
 //!   the device's once it returned anything;
+//! - kept rx: the chains popped and not returned are exactly the pool's;
 //! - no panic (and no sanitizer report).
 
 #![no_main]
@@ -24,7 +27,9 @@ use std::time::{Duration, Instant};
 use arbitrary::Arbitrary;
 use devices::backend::{PairBackend, PairPeer};
 use devices::virtio::net::metrics::{RxCounters, TxCounters};
-use devices::virtio::net::{process_rx, process_tx, RxMode};
+use devices::virtio::net::rx::{RX_GATHER_BYTES, RX_GATHER_NO_GSO_BYTES};
+use devices::virtio::net::{process_rx, process_tx, RxMode, RxQueue};
+use devices::virtio::vring::Virtqueue;
 use libfuzzer_sys::fuzz_target;
 use virtio_queue::{Queue, QueueT};
 use vm_memory::GuestMemoryMmap;
@@ -82,6 +87,8 @@ enum Op {
 struct Input {
     layout: Layout,
     event_idx: bool,
+    /// rx through one kept `RxQueue` (mode and gather from the first rx op).
+    kept_rx: bool,
     mode: Mode,
     patches: Vec<Patch>,
     ops: Vec<Op>,
@@ -158,6 +165,7 @@ fuzz_target!(|input: Input| {
     let mut peer = Some(peer);
     let mut tx_counters = TxCounters::default();
     let mut rx_counters = RxCounters::default();
+    let mut kept = Kept::NotYet;
     for op in input.ops.iter().take(64) {
         match op {
             Op::Tx => run_tx(&mem, &mut tx, &mut backend, peer.as_ref(), &mut tx_counters),
@@ -167,7 +175,11 @@ fuzz_target!(|input: Input| {
                 } else {
                     RxMode::SingleChain
                 };
-                run_rx(&mem, &mut rx, &mut backend, mode, &mut rx_counters);
+                if input.kept_rx {
+                    run_rx_kept(&mem, &rx, &mut kept, &mut backend, mode, &mut rx_counters);
+                } else {
+                    run_rx(&mem, &mut rx, &mut backend, mode, &mut rx_counters);
+                }
             }
             Op::Send(lens) => {
                 if let Some(peer) = &peer {
@@ -281,4 +293,70 @@ fn run_rx(
         return;
     }
     check_positions(mem, q, before, result.is_ok(), "rx");
+}
+
+/// The kept receive queue of a `kept_rx` input.
+enum Kept {
+    NotYet,
+    /// The ring was refused (or broke): rx stops, as the worker's does.
+    Refused,
+    Queue {
+        rxq: Box<RxQueue>,
+        /// Chains popped and chains used since it was built.
+        popped: u64,
+        used: u64,
+    },
+}
+
+fn run_rx_kept(
+    mem: &GuestMemoryMmap,
+    q: &Queue,
+    kept: &mut Kept,
+    backend: &mut PairBackend,
+    mode: RxMode,
+    counters: &mut RxCounters,
+) {
+    if let Kept::NotYet = kept {
+        *kept = match Virtqueue::new(q, mem) {
+            Ok(vq) => {
+                // Mergeable with the GSO gather too (64 KiB per read).
+                let gather = if mode == RxMode::Mergeable && q.size() % 2 == 0 {
+                    RX_GATHER_BYTES
+                } else {
+                    RX_GATHER_NO_GSO_BYTES
+                };
+                Kept::Queue {
+                    rxq: Box::new(RxQueue::new(vq, mode, gather)),
+                    popped: 0,
+                    used: 0,
+                }
+            }
+            Err(_) => Kept::Refused,
+        };
+    }
+    let Kept::Queue { rxq, popped, used } = kept else {
+        return;
+    };
+    let vq = rxq.virtqueue().expect("attached");
+    let (avail_pos, used_pos) = (vq.next_avail(), vq.next_used());
+    let start = Instant::now();
+    let result = rxq.process(backend, counters);
+    let elapsed = start.elapsed();
+    assert!(elapsed < CALL_BOUND, "kept rx took {elapsed:?}");
+    let vq = rxq.virtqueue().expect("attached");
+    let popped_now = vq.next_avail().wrapping_sub(avail_pos);
+    let used_now = vq.next_used().wrapping_sub(used_pos);
+    *popped += u64::from(popped_now);
+    *used += u64::from(used_now);
+    if result.is_err() {
+        // NEEDS_RESET in the worker: the queue is not used again.
+        *kept = Kept::Refused;
+        return;
+    }
+    assert!(*used <= *popped, "kept rx: used {used} > popped {popped}");
+    assert_eq!(
+        *popped - *used,
+        rxq.pooled_chains() as u64,
+        "kept rx: the chains held are the pool's"
+    );
 }
