@@ -13,6 +13,15 @@
 //!   io_uring batches of 1, 2, 4, 8 and 32 frames, the batched path's floor.
 //! - rx: the ring kept **full** of posted 2 KiB buffers (as a Linux guest keeps it), 1 or 32
 //!   frames per call, MRG_RXBUF off, on (no GSO: 9 KiB gathered) and on with GSO (64 KiB).
+//!   Rows that split a one-frame call's cost: the read that finds the tap empty (the EAGAIN
+//!   probe), the bare loop reading into guest memory instead of heap buffers, and the device
+//!   over a benchmarking backend that reads each frame from the tap into host buffers (the
+//!   device's work with the tap's system calls around it); and bare io_uring batches of reads,
+//!   the last finding the tap empty, against `readv`s plus the probe.
+//!
+//! The bench's driver side writes the avail ring as a guest driver does (stores and a release
+//! store of the index through a pointer resolved once): the tx rows time whole iterations,
+//! driver included, so its part must stay small next to the device's.
 //!
 //! The tap lives in a network namespace private to this process (`unshare(CLONE_NEWNET)`; needs
 //! root and /dev/net/tun, else only the null-backend rows run). Measure on an idle machine: the
