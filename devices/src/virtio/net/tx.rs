@@ -283,16 +283,10 @@ fn drain<'g, B: NetBackend>(
         label,
         limit,
     } = out;
-    let Call {
-        budget,
-        sent,
-        frames,
-        park,
-    } = call;
-    let (frames, park) = (*frames, *park);
+    let budget = &mut *call.budget;
     ring.disable_notification();
     loop {
-        if **sent == frames || budget.exhausted() {
+        if *call.sent == call.frames || budget.exhausted() {
             return Ok(Some(TxStop::Budget));
         }
         if let Some(wait) = limit.blocked_for() {
@@ -300,7 +294,7 @@ fn drain<'g, B: NetBackend>(
             return Ok(Some(TxStop::Throttled(wait)));
         }
         let Some(head) = ring.pop_head()? else {
-            match ran_dry(ring, budget, park) {
+            match ran_dry(ring, budget, call.park) {
                 Some(stop) => return Ok(Some(stop)),
                 None => continue,
             }
@@ -348,8 +342,8 @@ fn drain<'g, B: NetBackend>(
             }
         }
         ring.add_used(head, 0);
-        **sent += 1;
-        if sent.is_multiple_of(USED_PUBLISH_BATCH) {
+        *call.sent += 1;
+        if call.sent.is_multiple_of(USED_PUBLISH_BATCH) {
             ring.publish_used();
         }
     }
@@ -395,18 +389,12 @@ fn drain_batched<'g, B: NetBackend>(
     pending: &mut Pending,
     call: &mut Call<'_>,
 ) -> Result<TxStop, RingError> {
-    let Call {
-        budget,
-        sent,
-        frames,
-        park,
-    } = call;
-    let (frames, park, sent) = (*frames, *park, &mut **sent);
+    let (budget, sent) = (&mut *call.budget, &mut *call.sent);
     pending.len = 0;
     iovs.clear();
     ring.disable_notification();
     loop {
-        if *sent + pending.len == frames || budget.exhausted() {
+        if *sent + pending.len == call.frames || budget.exhausted() {
             if let Some(stop) = flush(ring, iovs, pending, out, sent) {
                 return Ok(stop);
             }
@@ -420,7 +408,7 @@ fn drain_batched<'g, B: NetBackend>(
                 // More may have come while the batch was written.
                 continue;
             }
-            match ran_dry(ring, budget, park) {
+            match ran_dry(ring, budget, call.park) {
                 Some(stop) => return Ok(stop),
                 None => continue,
             }
