@@ -213,7 +213,9 @@ impl RxQueue {
         // SAFETY: every entry in the pool's storage was appended by `RingOps::walk_chain`
         // through this queue's own guest view, i.e. points into `self.vq`'s memory (`attach`
         // empties the pool when the ring changes), which the split borrow keeps mapped for as
-        // long as `pool` lives.
+        // long as `pool` lives; or it is the rest of such an entry (`consume_front`) or two of
+        // them joined where one ends at the other's start (`merge_from`), which covers the
+        // same mapped bytes.
         let mut pool = unsafe { RxPool::resume(&mut self.pool, self.mode, self.gather, GIVE_BACK) };
         let result = receive(
             &guest,
