@@ -398,6 +398,9 @@ pub fn run_point(env: &VmEnv, point: &Point, pin: Option<(usize, usize)>) -> io:
     let stop = Arc::new(AtomicBool::new(false));
     let peer = if echo {
         let sock = ns.run(|| PacketSocket::open(TAP, ETHERTYPE))??;
+        // Only the echoes are wanted back: half the receives (the peer filters them anyway
+        // where the kernel cannot).
+        let _ = sock.ignore_outgoing();
         let (n, size, s) = (env.frames, point.frame_size, stop.clone());
         Some(
             thread::Builder::new()

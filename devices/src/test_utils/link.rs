@@ -104,6 +104,27 @@ impl PacketSocket {
         Ok(PacketSocket { fd, addr })
     }
 
+    /// Stops delivering the frames this host sends out of the interface back to the socket
+    /// (`PACKET_IGNORE_OUTGOING`, Linux 4.20): a peer that only wants what comes back does
+    /// half the receives.
+    pub fn ignore_outgoing(&self) -> io::Result<()> {
+        let on: libc::c_int = 1;
+        // SAFETY: `on` is a c_int living across the call and its size is passed.
+        let ret = unsafe {
+            libc::setsockopt(
+                self.fd.as_raw_fd(),
+                libc::SOL_PACKET,
+                libc::PACKET_IGNORE_OUTGOING,
+                (&on as *const libc::c_int).cast(),
+                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+            )
+        };
+        if ret != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(())
+    }
+
     /// Sends `frame` (Ethernet header included) out of the interface; returns the bytes sent.
     pub fn send(&self, frame: &[u8]) -> io::Result<usize> {
         // SAFETY: `frame` and `addr` are valid for the call and their sizes are passed;
