@@ -9,16 +9,16 @@
 //! instead of a region lookup and a slice iterator per field as in vm-memory's `Bytes`.
 //!
 //! What this adds to virtio-queue, and why it is here:
-//! - **Bounded work** ([`WalkBudget`]): every loop over guest-controlled indices is bounded, per
+//! - **Bounded work** (`WalkBudget`): every loop over guest-controlled indices is bounded, per
 //!   chain ([`MAX_CHAIN_DESCRIPTORS`]) and per call, by descriptors *visited* (empty ones
 //!   included), not by frames delivered. A ring of chains made of thousands of empty
 //!   descriptors or huge indirect tables costs a bounded amount per call.
 //! - **Batched used-ring publication**: used elements are written as chains complete, the used
-//!   index is stored once per burst ([`Virtqueue::publish_used`]) and the interrupt decision is
+//!   index is stored once per burst (`RingOps::publish_used`) and the interrupt decision is
 //!   taken once over everything published since the previous decision
-//!   ([`Virtqueue::interrupt_decision`]), as Linux's vhost does (`signalled_used`).
+//!   (`RingOps::interrupt_decision`), as Linux's vhost does (`signalled_used`).
 //! - **Chain errors that say why**: virtio-queue's descriptor iterator ends early on every kind
-//!   of malformed chain; [`Virtqueue::walk_chain`] reports each.
+//!   of malformed chain; `RingOps::walk_chain` reports each.
 //!
 //! Soundness: the raw pointers stay valid because a [`Virtqueue`] owns a clone of the
 //! `GuestMemoryMmap` they were resolved from (the clone shares the mappings, which are unmapped

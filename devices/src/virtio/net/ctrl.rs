@@ -26,7 +26,7 @@
 //! - **NOTF_COAL** TX_SET / RX_SET (NOTF_COAL; `le32 max_packets; le32 max_usecs`) and VQ_SET /
 //!   VQ_GET on queue 0 (rx) or 1 (tx) (VQ_NOTF_COAL; `le16 vqn; le16 reserved;` then the two
 //!   `le32`): the interrupt coalescing of that direction, validated like the operator's knob
-//!   ([`InterruptCoalescing::from_guest`]). See [`super::moderation::Coalescing::Split`] for
+//!   ([`InterruptCoalescing::from_guest`]). See `moderation::Coalescing::Split` for
 //!   how two directions share the one interrupt line.
 
 use virtio_bindings::virtio_net::*;
