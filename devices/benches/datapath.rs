@@ -580,23 +580,19 @@ fn report(name: &str, base: &str, pairs: &[(f64, f64)]) {
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     let quick = args.iter().any(|a| a == "--quick");
-    let repeats = args
-        .iter()
-        .position(|a| a == "--repeats")
-        .and_then(|i| args.get(i + 1))
+    // The value after `--name`, if given.
+    let value = |name: &str| {
+        args.iter()
+            .position(|a| a == name)
+            .and_then(|i| args.get(i + 1))
+    };
+    let repeats = value("--repeats")
         .and_then(|v| v.parse().ok())
         .unwrap_or(if quick { 3 } else { 9 });
-    let frames = args
-        .iter()
-        .position(|a| a == "--frames")
-        .and_then(|i| args.get(i + 1))
+    let frames = value("--frames")
         .and_then(|v| v.parse().ok())
         .unwrap_or(if quick { 4096 } else { 65536 });
-    let only = args
-        .iter()
-        .position(|a| a == "--only")
-        .and_then(|i| args.get(i + 1))
-        .cloned();
+    let only = value("--only").cloned();
     ONLY.set(only).expect("set once");
     let loadavg = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
     println!(

@@ -195,11 +195,9 @@ impl TxQueue {
         } else {
             out.backend.tx_batch().min(MAX_TX_BATCH)
         };
-        let mut budget = WalkBudget::per_call();
-        let mut sent = 0usize;
         let mut call = Call {
-            budget: &mut budget,
-            sent: &mut sent,
+            budget: WalkBudget::per_call(),
+            sent: 0,
             frames: self.budget,
             park,
         };
@@ -257,10 +255,10 @@ struct Sink<'a, B> {
 
 /// One call's limits and progress, shared by [`drain`] and [`drain_batched`] when the first
 /// hands over to the second.
-struct Call<'a> {
-    budget: &'a mut WalkBudget,
+struct Call {
+    budget: WalkBudget,
     /// Chains returned so far.
-    sent: &'a mut usize,
+    sent: usize,
     /// Most chains the call returns.
     frames: usize,
     park: bool,
@@ -273,7 +271,7 @@ fn drain<'g, B: NetBackend>(
     ring: &mut RingOps<'_>,
     iovs: &mut IovecList<'g>,
     out: &mut Sink<'_, B>,
-    call: &mut Call<'_>,
+    call: &mut Call,
     hand_over: usize,
 ) -> Result<Option<TxStop>, RingError> {
     let Sink {
@@ -283,10 +281,10 @@ fn drain<'g, B: NetBackend>(
         label,
         limit,
     } = out;
-    let budget = &mut *call.budget;
+    let budget = &mut call.budget;
     ring.disable_notification();
     loop {
-        if *call.sent == call.frames || budget.exhausted() {
+        if call.sent == call.frames || budget.exhausted() {
             return Ok(Some(TxStop::Budget));
         }
         if let Some(wait) = limit.blocked_for() {
@@ -342,7 +340,7 @@ fn drain<'g, B: NetBackend>(
             }
         }
         ring.add_used(head, 0);
-        *call.sent += 1;
+        call.sent += 1;
         if call.sent.is_multiple_of(USED_PUBLISH_BATCH) {
             ring.publish_used();
         }
@@ -387,9 +385,9 @@ fn drain_batched<'g, B: NetBackend>(
     iovs: &mut IovecList<'g>,
     out: &mut Sink<'_, B>,
     pending: &mut Pending,
-    call: &mut Call<'_>,
+    call: &mut Call,
 ) -> Result<TxStop, RingError> {
-    let (budget, sent) = (&mut *call.budget, &mut *call.sent);
+    let (budget, sent) = (&mut call.budget, &mut call.sent);
     pending.len = 0;
     iovs.clear();
     ring.disable_notification();
