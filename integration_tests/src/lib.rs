@@ -5,6 +5,7 @@
 
 pub mod api;
 pub mod packet;
+pub mod udp;
 
 use std::collections::HashMap;
 use std::io::Read;

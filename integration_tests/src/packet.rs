@@ -62,6 +62,16 @@ pub fn tap_mac(ns: &devices::test_utils::netns::NetNs, tap: &str) -> [u8; 6] {
     parse_mac(&String::from_utf8_lossy(&out.stdout)).expect("tap MAC")
 }
 
+/// An AF_PACKET socket on `tap` in `ns`, and the tap's MAC.
+pub fn tap_socket(ns: &devices::test_utils::netns::NetNs, tap: &str) -> (PacketSocket, [u8; 6]) {
+    let name = tap.to_owned();
+    let sock = ns
+        .run(move || PacketSocket::open(&name))
+        .expect("run in namespace")
+        .expect("AF_PACKET socket on the tap");
+    (sock, tap_mac(ns, tap))
+}
+
 /// The guest's MAC from its `driver-guest: ready … mac=…` line.
 pub fn guest_mac(stdout: &str) -> Option<[u8; 6]> {
     let line = stdout
@@ -224,6 +234,37 @@ impl PacketSocket {
             });
         }
     }
+}
+
+/// Collects what the guest sends on a thread of its own: frames until `count` arrived or
+/// `within` passed, then (with a nonzero `linger`) more until none came for `linger`, to catch
+/// extras such as duplicates.
+pub fn collect_frames(
+    sock: PacketSocket,
+    count: u64,
+    within: Duration,
+    linger: Duration,
+) -> std::thread::JoinHandle<Vec<Vec<u8>>> {
+    std::thread::spawn(move || {
+        let deadline = Instant::now() + within;
+        let mut buf = vec![0u8; 65536];
+        let mut frames = Vec::new();
+        loop {
+            let until = if (frames.len() as u64) < count {
+                deadline
+            } else if linger.is_zero() {
+                break;
+            } else {
+                Instant::now() + linger
+            };
+            match sock.recv(&mut buf, until) {
+                Ok(Some(len)) => frames.push(buf[..len].to_vec()),
+                Ok(None) => break,
+                Err(e) => panic!("AF_PACKET recv: {e}"),
+            }
+        }
+        frames
+    })
 }
 
 /// The host side of the driver guest's `echo=` workload: sends `count` test frames of `size`

@@ -19,6 +19,7 @@ use std::time::Duration;
 
 use devices::test_utils::netns::NetNs;
 use integration_tests::api::Client;
+use integration_tests::udp;
 use integration_tests::{
     artifacts, final_metrics, guest_lock, run_vmm, test_cmdline, vmm_binary, VmmProcess,
 };
@@ -57,16 +58,6 @@ impl Drop for TempDir {
     }
 }
 
-fn pattern(seq: u32, size: usize) -> Vec<u8> {
-    let mut v = vec![0u8; size];
-    v[0..4].copy_from_slice(&seq.to_le_bytes());
-    v[4..8].copy_from_slice(&(size as u32).to_le_bytes());
-    for (i, b) in v.iter_mut().enumerate().skip(8) {
-        *b = (seq.wrapping_mul(31).wrapping_add(i as u32)) as u8;
-    }
-    v
-}
-
 /// Echoes `count` datagrams through the guest in bursts of BURST (all echoes of a burst back
 /// before the next: bursts make the device complete buffers while the guest driver is still
 /// busy with earlier ones, which is when EVENT_IDX suppresses interrupts), checking each.
@@ -80,14 +71,14 @@ fn udp_echo(count: usize) -> Result<(), String> {
     let mut buf = vec![0u8; 65536];
     while received < count {
         while next < count && next - received < BURST && received % BURST == 0 {
-            sock.send(&pattern(next as u32, SIZES[next % SIZES.len()]))
+            sock.send(&udp::pattern(next as u32, SIZES[next % SIZES.len()]))
                 .map_err(|e| format!("send #{next}: {e}"))?;
             next += 1;
         }
         let n = sock
             .recv(&mut buf)
             .map_err(|e| format!("no echo after {received} of {count} datagrams: {e}"))?;
-        if buf[..n] != pattern(received as u32, SIZES[received % SIZES.len()])[..] {
+        if buf[..n] != udp::pattern(received as u32, SIZES[received % SIZES.len()])[..] {
             return Err(format!("echo #{received} differs from what was sent"));
         }
         received += 1;

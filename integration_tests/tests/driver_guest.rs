@@ -11,7 +11,7 @@
 use std::time::{Duration, Instant};
 
 use devices::test_utils::netns::NetNs;
-use integration_tests::packet::{self, frame, guest_mac, mac_string, PacketSocket};
+use integration_tests::packet::{self, collect_frames, frame, guest_mac, mac_string, PacketSocket};
 use integration_tests::{
     driver_result, final_metrics, guest_lock, json_u64 as n, RunOutput, VmmProcess,
 };
@@ -27,11 +27,7 @@ const WINDOW: u64 = 32;
 /// socket on it, and the tap's MAC.
 fn namespace(tag: &str) -> (NetNs, PacketSocket, [u8; 6]) {
     let ns = integration_tests::namespace_with_tap(tag, TAP);
-    let tap_mac = packet::tap_mac(&ns, TAP);
-    let sock = ns
-        .run(|| PacketSocket::open(TAP))
-        .expect("run in namespace")
-        .expect("AF_PACKET socket on the tap");
+    let (sock, tap_mac) = packet::tap_socket(&ns, TAP);
     (ns, sock, tap_mac)
 }
 
@@ -129,19 +125,7 @@ fn run_tx_on(
         "console=ttyS0 tx={count} size={size} dst={} timeout_ms=120000 {knobs}",
         mac_string(tap_mac)
     );
-    let reader = std::thread::spawn(move || {
-        let deadline = Instant::now() + Duration::from_secs(180);
-        let mut buf = vec![0u8; 65536];
-        let mut frames = Vec::new();
-        while (frames.len() as u64) < count {
-            match sock.recv(&mut buf, deadline) {
-                Ok(Some(len)) => frames.push(buf[..len].to_vec()),
-                Ok(None) => break,
-                Err(e) => panic!("AF_PACKET recv: {e}"),
-            }
-        }
-        frames
-    });
+    let reader = collect_frames(sock, count, Duration::from_secs(180), Duration::ZERO);
     let vmm = start_guest(&ns, &cmdline, device_knobs);
     let out = vmm.finish(Duration::from_secs(180));
     let frames = reader.join().expect("reader thread");
@@ -181,16 +165,13 @@ fn run_echo(tag: &str, count: u64, size: usize, knobs: &str) -> Value {
         vmm.wait_for_console_line("driver-guest: ready", Duration::from_secs(60)),
         "the guest never came up"
     );
-    let exchange = std::thread::spawn(move || {
-        packet::echo_in_order(
-            &sock,
-            (GUEST_DST, tap_mac),
-            (count, size),
-            WINDOW,
-            Duration::from_secs(180),
-        )
-    });
-    let result = exchange.join().expect("exchange thread");
+    let result = packet::echo_in_order(
+        &sock,
+        (GUEST_DST, tap_mac),
+        (count, size),
+        WINDOW,
+        Duration::from_secs(180),
+    );
     let out = vmm.finish(Duration::from_secs(120));
     let echoed = result.unwrap_or_else(|e| panic!("{e}\n{out}"));
     assert_eq!(echoed, count);

@@ -28,7 +28,7 @@ use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
 use devices::test_utils::netns::NetNs;
-use integration_tests::packet::{self, frame, guest_mac, mac_string, PacketSocket};
+use integration_tests::packet::{self, collect_frames, frame, guest_mac, mac_string, PacketSocket};
 use integration_tests::{
     driver_result, final_metrics, guest_lock, json_u64 as n, tap_counter, RunOutput, VmmProcess,
 };
@@ -45,11 +45,7 @@ const STEER_PROTOCOLS: u16 = 16;
 
 fn namespace(tag: &str) -> (NetNs, PacketSocket, [u8; 6]) {
     let ns = integration_tests::namespace_with_multi_queue_tap(tag, TAP);
-    let tap_mac = packet::tap_mac(&ns, TAP);
-    let sock = ns
-        .run(|| PacketSocket::open(TAP))
-        .expect("run in namespace")
-        .expect("AF_PACKET socket on the tap");
+    let (sock, tap_mac) = packet::tap_socket(&ns, TAP);
     (ns, sock, tap_mac)
 }
 
@@ -194,19 +190,7 @@ fn run_tx(tag: &str, transport: Transport) -> Vec<Value> {
         "console=ttyS0 tx={COUNT} size={SIZE} dst={} queues={PAIRS} ring=3 timeout_ms=120000",
         mac_string(tap_mac)
     );
-    let reader = std::thread::spawn(move || {
-        let deadline = Instant::now() + Duration::from_secs(180);
-        let mut buf = vec![0u8; 65536];
-        let mut frames = Vec::new();
-        while (frames.len() as u64) < COUNT {
-            match sock.recv(&mut buf, deadline) {
-                Ok(Some(len)) => frames.push(buf[..len].to_vec()),
-                Ok(None) => break,
-                Err(e) => panic!("AF_PACKET recv: {e}"),
-            }
-        }
-        frames
-    });
+    let reader = collect_frames(sock, COUNT, Duration::from_secs(180), Duration::ZERO);
     let vmm = start_guest(&ns, &cmdline, transport);
     let out = vmm.finish(Duration::from_secs(180));
     let frames = reader.join().expect("reader thread");
@@ -310,7 +294,7 @@ fn run_echo(tag: &str, knobs: &str, transport: Transport) -> Vec<Value> {
         vmm.wait_for_console_line("driver-guest: ready", Duration::from_secs(60)),
         "the guest never came up"
     );
-    let exchange = std::thread::spawn(move || -> Result<u64, String> {
+    let exchange = || -> Result<u64, String> {
         let deadline = Instant::now() + Duration::from_secs(180);
         let mut buf = vec![0u8; 65536];
         let (mut sent, mut received) = (0u64, 0u64);
@@ -342,8 +326,8 @@ fn run_echo(tag: &str, knobs: &str, transport: Transport) -> Vec<Value> {
             received += 1;
         }
         Ok(received)
-    });
-    let result = exchange.join().expect("exchange thread");
+    };
+    let result = exchange();
     let out = vmm.finish(Duration::from_secs(120));
     let echoed = result.unwrap_or_else(|e| panic!("{e}\n{out}"));
     assert_eq!(echoed, COUNT);

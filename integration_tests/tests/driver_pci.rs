@@ -5,9 +5,11 @@
 //! A host-side AF_PACKET socket on the tap checks every frame; the guest's counters are
 //! checked against the device's metrics.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use integration_tests::packet::{echo_in_order, frame, mac_string, parse_mac, PacketSocket};
+use integration_tests::packet::{
+    collect_frames, echo_in_order, frame, mac_string, parse_mac, tap_socket, PacketSocket,
+};
 use integration_tests::{
     driver_result, final_metrics, guest_lock, json_u64 as n, RunOutput, VmmProcess,
 };
@@ -21,16 +23,7 @@ const WINDOW: u64 = 32;
 
 fn namespace(tag: &str) -> (devices::test_utils::netns::NetNs, PacketSocket, [u8; 6]) {
     let ns = integration_tests::namespace_with_tap(tag, TAP);
-    let out = ns
-        .command("cat")
-        .arg(format!("/sys/class/net/{TAP}/address"))
-        .output()
-        .expect("read the tap's MAC");
-    let tap_mac = parse_mac(&String::from_utf8_lossy(&out.stdout)).expect("tap MAC");
-    let sock = ns
-        .run(|| PacketSocket::open(TAP))
-        .expect("run in namespace")
-        .expect("AF_PACKET socket on the tap");
+    let (sock, tap_mac) = tap_socket(&ns, TAP);
     (ns, sock, tap_mac)
 }
 
@@ -96,19 +89,7 @@ fn pci_guest_transmits_frames_intact_over_msix() {
     let _guest = guest_lock();
     let (ns, sock, tap_mac) = namespace("dpcitx");
     let (count, size) = (3000u64, 128usize);
-    let reader = std::thread::spawn(move || {
-        let deadline = Instant::now() + Duration::from_secs(120);
-        let mut buf = vec![0u8; 65536];
-        let mut frames = Vec::new();
-        while (frames.len() as u64) < count {
-            match sock.recv(&mut buf, deadline) {
-                Ok(Some(len)) => frames.push(buf[..len].to_vec()),
-                Ok(None) => break,
-                Err(e) => panic!("AF_PACKET recv: {e}"),
-            }
-        }
-        frames
-    });
+    let reader = collect_frames(sock, count, Duration::from_secs(120), Duration::ZERO);
     let vmm = start_pci_guest(
         &ns,
         &format!(
@@ -169,16 +150,13 @@ fn pci_guest_echoes_frames_intact_over_msix() {
         vmm.wait_for_console_line("driver-guest: ready", Duration::from_secs(60)),
         "the guest never came up"
     );
-    let exchange = std::thread::spawn(move || {
-        echo_in_order(
-            &sock,
-            (GUEST_DST, tap_mac),
-            (count, size),
-            WINDOW,
-            Duration::from_secs(120),
-        )
-    });
-    let result = exchange.join().expect("exchange thread");
+    let result = echo_in_order(
+        &sock,
+        (GUEST_DST, tap_mac),
+        (count, size),
+        WINDOW,
+        Duration::from_secs(120),
+    );
     let out = vmm.finish(Duration::from_secs(120));
     assert_eq!(result.unwrap_or_else(|e| panic!("{e}\n{out}")), count);
     assert!(out.success(), "{out}");

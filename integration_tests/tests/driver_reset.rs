@@ -4,9 +4,11 @@
 //! socket on the tap checks that every frame arrives intact and in order, and the guest's reset
 //! count is checked against the device's `queue_resets` / `queue_reenables` metrics.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use integration_tests::packet::{echo_in_order, frame, mac_string, parse_mac, PacketSocket};
+use integration_tests::packet::{
+    collect_frames, echo_in_order, frame, mac_string, parse_mac, tap_socket,
+};
 use integration_tests::{driver_result, final_metrics, guest_lock, json_u64 as n};
 use serde_json::Value;
 
@@ -33,35 +35,14 @@ fn tx_with_resets(
     let _guest = guest_lock();
     let size = 128usize;
     let ns = integration_tests::namespace_with_tap(tag, TAP);
-    let out = ns
-        .command("cat")
-        .arg(format!("/sys/class/net/{TAP}/address"))
-        .output()
-        .expect("read the tap's MAC");
-    let tap_mac = parse_mac(&String::from_utf8_lossy(&out.stdout)).expect("tap MAC");
-    let sock = ns
-        .run(|| PacketSocket::open(TAP))
-        .expect("run in namespace")
-        .expect("AF_PACKET socket on the tap");
-    let reader = std::thread::spawn(move || {
-        // Until `count` frames, then a little longer to catch duplicates.
-        let deadline = Instant::now() + Duration::from_secs(120);
-        let mut buf = vec![0u8; 65536];
-        let mut frames = Vec::new();
-        loop {
-            let until = if (frames.len() as u64) < count {
-                deadline
-            } else {
-                Instant::now() + Duration::from_millis(300)
-            };
-            match sock.recv(&mut buf, until) {
-                Ok(Some(len)) => frames.push(buf[..len].to_vec()),
-                Ok(None) => break,
-                Err(e) => panic!("AF_PACKET recv: {e}"),
-            }
-        }
-        frames
-    });
+    let (sock, tap_mac) = tap_socket(&ns, TAP);
+    // Until `count` frames, then a little longer to catch duplicates.
+    let reader = collect_frames(
+        sock,
+        count,
+        Duration::from_secs(120),
+        Duration::from_millis(300),
+    );
     let (transport, net) = match via {
         Via::Pci => ("pci", format!("tap={TAP},transport=pci")),
         Via::Mmio => ("mmio", format!("tap={TAP}")),
@@ -185,16 +166,7 @@ fn pci_echo_with_tx_resets_returns_every_frame() {
     let (count, size, window) = (1000u64, 100usize, 32u64);
     let guest_dst = [0x02, 0, 0, 0, 0, 0x0b];
     let ns = integration_tests::namespace_with_tap("drstpciecho", TAP);
-    let out = ns
-        .command("cat")
-        .arg(format!("/sys/class/net/{TAP}/address"))
-        .output()
-        .expect("read the tap's MAC");
-    let tap_mac = parse_mac(&String::from_utf8_lossy(&out.stdout)).expect("tap MAC");
-    let sock = ns
-        .run(|| PacketSocket::open(TAP))
-        .expect("run in namespace")
-        .expect("AF_PACKET socket on the tap");
+    let (sock, tap_mac) = tap_socket(&ns, TAP);
     let mut vmm = integration_tests::spawn_driver_guest(
         &ns,
         &format!(
@@ -208,16 +180,13 @@ fn pci_echo_with_tx_resets_returns_every_frame() {
         vmm.wait_for_console_line("driver-guest: ready", Duration::from_secs(60)),
         "the guest never came up"
     );
-    let exchange = std::thread::spawn(move || {
-        echo_in_order(
-            &sock,
-            (guest_dst, tap_mac),
-            (count, size),
-            window,
-            Duration::from_secs(120),
-        )
-    });
-    let result = exchange.join().expect("exchange thread");
+    let result = echo_in_order(
+        &sock,
+        (guest_dst, tap_mac),
+        (count, size),
+        window,
+        Duration::from_secs(120),
+    );
     let out = vmm.finish(Duration::from_secs(120));
     assert_eq!(result.unwrap_or_else(|e| panic!("{e}\n{out}")), count);
     assert!(out.success(), "{out}");

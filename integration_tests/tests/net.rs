@@ -3,10 +3,10 @@
 //! with the tap's own counters. The tap, its address and the VMM live in a network namespace
 //! the test creates.
 
-use std::net::UdpSocket;
 use std::time::{Duration, Instant};
 
 use devices::test_utils::netns::NetNs;
+use integration_tests::udp;
 use integration_tests::{
     artifacts, final_metrics, guest_lock, tap_counter, tcp_exchange, test_cmdline, vmm_binary,
     VmmProcess,
@@ -20,54 +20,6 @@ const SIZES: [usize; 3] = [64, 1400, 9000];
 /// Datagrams of each size, each echoed back.
 const PER_SIZE: usize = 1000;
 const WINDOW: usize = 8;
-
-fn pattern(seq: u32, size: usize) -> Vec<u8> {
-    let mut v = vec![0u8; size];
-    v[0..4].copy_from_slice(&seq.to_le_bytes());
-    v[4..8].copy_from_slice(&(size as u32).to_le_bytes());
-    for (i, b) in v.iter_mut().enumerate().skip(8) {
-        *b = (seq.wrapping_mul(31).wrapping_add(i as u32)) as u8;
-    }
-    v
-}
-
-/// Sends `count` datagrams (sizes cycling) with at most WINDOW in flight and checks each echo.
-/// Returns (datagrams echoed, payload bytes each way).
-fn udp_echo(count: usize) -> Result<(usize, usize), String> {
-    let sock = UdpSocket::bind((HOST_IP, 0)).map_err(|e| format!("bind: {e}"))?;
-    sock.connect((GUEST_IP, PORT))
-        .map_err(|e| format!("connect: {e}"))?;
-    sock.set_read_timeout(Some(Duration::from_secs(15)))
-        .map_err(|e| e.to_string())?;
-    let (mut next, mut received, mut bytes) = (0usize, 0usize, 0usize);
-    let mut buf = vec![0u8; 65536];
-    while received < count {
-        while next < count && next - received < WINDOW {
-            let size = SIZES[next % SIZES.len()];
-            sock.send(&pattern(next as u32, size))
-                .map_err(|e| format!("send #{next}: {e}"))?;
-            next += 1;
-        }
-        let n = sock
-            .recv(&mut buf)
-            .map_err(|e| format!("no echo after {received} of {count} datagrams: {e}"))?;
-        let seq = u32::from_le_bytes(buf[0..4].try_into().unwrap_or_default());
-        if seq as usize != received {
-            return Err(format!(
-                "echo #{received} came back as #{seq} (lost or reordered)"
-            ));
-        }
-        let expected = pattern(seq, SIZES[received % SIZES.len()]);
-        if buf[..n] != expected[..] {
-            return Err(format!(
-                "echo #{seq} ({n} bytes) differs from what was sent"
-            ));
-        }
-        received += 1;
-        bytes += n;
-    }
-    Ok((received, bytes))
-}
 
 /// A namespace with the tap configured as the host end (HOST_IP, `mtu`), and the VMM started
 /// in it with the guest's net test and `extra` kernel parameters.
@@ -106,7 +58,8 @@ fn guest_pings_host_and_echoes_udp_with_every_byte_checked() {
     let (echo, echo_time) = if ready {
         let t = Instant::now();
         (
-            ns.run(move || udp_echo(count)).expect("run in namespace"),
+            ns.run(move || udp::echo((HOST_IP, GUEST_IP, PORT), count, WINDOW, &SIZES))
+                .expect("run in namespace"),
             t.elapsed(),
         )
     } else {

@@ -10,6 +10,7 @@ use std::net::UdpSocket;
 use std::time::Duration;
 
 use devices::test_utils::netns::NetNs;
+use integration_tests::udp;
 use integration_tests::{
     artifacts, final_metrics, guest_lock, tap_counter, test_cmdline, vmm_binary, VmmProcess,
 };
@@ -20,16 +21,6 @@ const GUEST_IP: &str = "10.201.0.2";
 const PORT: u16 = 7777;
 const FLOWS: usize = 16;
 const PER_FLOW: usize = 50;
-
-fn pattern(seq: u32, size: usize) -> Vec<u8> {
-    let mut v = vec![0u8; size];
-    v[0..4].copy_from_slice(&seq.to_le_bytes());
-    v[4..8].copy_from_slice(&(size as u32).to_le_bytes());
-    for (i, b) in v.iter_mut().enumerate().skip(8) {
-        *b = (seq.wrapping_mul(31).wrapping_add(i as u32)) as u8;
-    }
-    v
-}
 
 /// PER_FLOW datagrams on each of FLOWS sockets (one at a time, each echo checked).
 fn udp_echo_flows() -> Result<usize, String> {
@@ -49,7 +40,7 @@ fn udp_echo_flows() -> Result<usize, String> {
         for (flow, sock) in socks.iter().enumerate() {
             let seq = (round * FLOWS + flow) as u32;
             let size = 64 + (seq as usize * 37) % 1300;
-            let out = pattern(seq, size);
+            let out = udp::pattern(seq, size);
             sock.send(&out).map_err(|e| format!("send #{seq}: {e}"))?;
             let n = sock
                 .recv(&mut buf)

@@ -10,11 +10,11 @@
 //! `/proc/bus/pci/devices`; one test boots the `sysfs` kernel variant to read
 //! `/sys/class/net/eth0/queues` too.
 
-use std::net::UdpSocket;
 use std::path::Path;
 use std::time::Duration;
 
 use devices::test_utils::netns::NetNs;
+use integration_tests::udp;
 use integration_tests::{
     artifacts, final_metrics, guest_lock, kernel_variant, tap_counter, tcp_exchange, test_cmdline,
     vmm_binary, RunOutput, VmmProcess,
@@ -85,39 +85,6 @@ fn start_on(
     }
 }
 
-/// Datagram `seq` of `size` bytes in nettest's pattern (it drops others as bad): seq and size
-/// (LE), then `(seq * 31 + i) & 0xff`.
-fn pattern(seq: u32, size: usize) -> Vec<u8> {
-    let mut v = vec![0u8; size];
-    v[0..4].copy_from_slice(&seq.to_le_bytes());
-    v[4..8].copy_from_slice(&(size as u32).to_le_bytes());
-    for (i, b) in v.iter_mut().enumerate().skip(8) {
-        *b = (seq.wrapping_mul(31).wrapping_add(i as u32)) as u8;
-    }
-    v
-}
-
-/// `count` datagrams of 64, 512 and 1400 bytes, one at a time, each echo checked.
-fn udp_echo(host_ip: &str, guest_ip: &str, count: usize) -> Result<usize, String> {
-    let sock = UdpSocket::bind((host_ip, 0)).map_err(|e| format!("bind: {e}"))?;
-    sock.connect((guest_ip, PORT))
-        .map_err(|e| format!("connect: {e}"))?;
-    sock.set_read_timeout(Some(Duration::from_secs(15)))
-        .map_err(|e| e.to_string())?;
-    let mut buf = vec![0u8; 4096];
-    for seq in 0..count {
-        let out = pattern(seq as u32, [64, 512, 1400][seq % 3]);
-        sock.send(&out).map_err(|e| format!("send #{seq}: {e}"))?;
-        let n = sock
-            .recv(&mut buf)
-            .map_err(|e| format!("no echo for #{seq}: {e}"))?;
-        if buf[..n] != out[..] {
-            return Err(format!("echo #{seq} differs from what was sent"));
-        }
-    }
-    Ok(count)
-}
-
 /// The guest's `/proc/interrupts` lines (between the markers net.sh prints).
 fn guest_interrupts(out: &RunOutput) -> Vec<String> {
     out.stdout
@@ -169,8 +136,11 @@ fn a_linux_guest_on_virtio_pci_pings_echoes_udp_with_a_vector_per_queue() {
         .wait_for_console("nettest: listening", Duration::from_secs(180));
     let echo = if ready {
         let (h, gu) = (g.host_ip.clone(), g.guest_ip.clone());
-        g.ns.run(move || udp_echo(&h, &gu, COUNT))
-            .expect("run in namespace")
+        g.ns.run(move || {
+            // One at a time.
+            udp::echo((&h, &gu, PORT), COUNT, 1, &[64, 512, 1400]).map(|(n, _)| n)
+        })
+        .expect("run in namespace")
     } else {
         Err("the guest never started its echo server".into())
     };
@@ -312,8 +282,11 @@ fn two_queue_pairs_over_virtio_pci_get_a_vector_each() {
         .wait_for_console("nettest: listening", Duration::from_secs(180));
     let echo = if ready {
         let (h, gu) = (g.host_ip.clone(), g.guest_ip.clone());
-        g.ns.run(move || udp_echo(&h, &gu, COUNT))
-            .expect("run in namespace")
+        g.ns.run(move || {
+            // One at a time.
+            udp::echo((&h, &gu, PORT), COUNT, 1, &[64, 512, 1400]).map(|(n, _)| n)
+        })
+        .expect("run in namespace")
     } else {
         Err("the guest never started its echo server".into())
     };
