@@ -48,6 +48,14 @@ fn drain_tx(rig: &mut Rig) {
     }
 }
 
+/// Queues test frame `seq`, making room (interrupts, reclaim) while the tx ring is full.
+fn send(rig: &mut Rig, seq: u32) {
+    while rig.net.transmit(&test_frame(SIZE, seq)).is_err() {
+        rig.take_interrupt(1);
+        rig.tx_poll();
+    }
+}
+
 /// The sequence numbers of the tx frames the peer has received so far.
 fn collect_tx(peer: &PairPeer, out: &mut Vec<u32>) {
     while let Some(frame) = peer.try_recv_frame().unwrap() {
@@ -134,10 +142,7 @@ fn tx_resets_mid_flight(transport: TransportKind) {
     for round in 0..20u32 {
         for k in 0..100 {
             let seq = round * 100 + k;
-            while rig.net.transmit(&test_frame(SIZE, seq)).is_err() {
-                rig.take_interrupt(1);
-                rig.tx_poll();
-            }
+            send(&mut rig, seq);
         }
         rig.tx_poll();
         rig.net.reset_queue(QueueId::Tx).expect("tx reset");
@@ -147,10 +152,7 @@ fn tx_resets_mid_flight(transport: TransportKind) {
     // The last round's frames after the last reset: none (each round ends in a reset), so send
     // one more round and wait for all of it.
     for seq in 2000..2100 {
-        while rig.net.transmit(&test_frame(SIZE, seq)).is_err() {
-            rig.take_interrupt(1);
-            rig.tx_poll();
-        }
+        send(&mut rig, seq);
     }
     let deadline = Instant::now() + Duration::from_secs(10);
     while arrived.last() != Some(&2099) {
