@@ -97,6 +97,56 @@ pub(crate) struct Pair {
     pub(crate) sq: SendQueue,
 }
 
+impl Pair {
+    /// Rx buffers of a pair with rings of these sizes: a full rx ring, plus what the tx ring
+    /// and the XDP bulk queue can hold lent out for zero-copy XDP_TX.
+    fn rx_buffers(config: &Config, (rx_size, tx_size): (u16, u16)) -> u32 {
+        u32::from(rx_size) + u32::from(tx_size) + u32::from(config.xdp_bulk)
+    }
+
+    /// A pair's memory for rings of `sizes` (rx, tx): the two rings, then the rx and tx
+    /// buffer pools. `None` when `hal` has no room.
+    pub(crate) fn alloc<H: Hal>(
+        hal: &H,
+        config: &Config,
+        sizes: (u16, u16),
+    ) -> Option<[DmaRegion; 4]> {
+        let rx_count = Self::rx_buffers(config, sizes);
+        DmaRegion::alloc_all(
+            hal,
+            [
+                RingLayout::new(sizes.0).bytes,
+                RingLayout::new(sizes.1).bytes,
+                rx_count as usize * config.rx_buf_size as usize,
+                usize::from(sizes.1) * config.tx_buf_size as usize,
+            ],
+        )
+    }
+
+    /// The pair of virtqueues `queues` (rx, tx) with rings of `sizes` over `memory` from
+    /// [`Pair::alloc`] with the same sizes and configuration.
+    pub(crate) fn new(
+        memory: [DmaRegion; 4],
+        config: &Config,
+        (rx, tx): (u16, u16),
+        sizes: (u16, u16),
+        event_idx: bool,
+    ) -> Pair {
+        let [rx_ring, tx_ring, rx_bufs, tx_bufs] = memory;
+        Pair {
+            rq: ReceiveQueue::new(
+                SplitRing::new(rx, sizes.0, rx_ring, event_idx),
+                RxPool::new(rx_bufs, config.rx_buf_size, Self::rx_buffers(config, sizes)),
+            ),
+            sq: SendQueue::new(
+                SplitRing::new(tx, sizes.1, tx_ring, event_idx),
+                TxPool::new(tx_bufs, config.tx_buf_size, sizes.1),
+                config.xdp_bulk,
+            ),
+        }
+    }
+}
+
 /// The queue pairs besides the current one, and the per-pair state that is not a queue's.
 pub(crate) struct Pairs {
     /// Slot `i` holds pair `i`, except the current pair's slot, which is empty (that pair is
@@ -292,28 +342,9 @@ impl<H: Hal, T: Transport> VirtioNet<H, T> {
             let (rx, tx) = (rx_queue(pair), tx_queue(pair));
             let rx_size = queue_size(&mut self.transport, rx, config.rx_queue_size)?;
             let tx_size = queue_size(&mut self.transport, tx, config.tx_queue_size)?;
-            // As pair 0's in `VirtioNet::new`: a full rx ring, plus what the tx ring and the
-            // XDP bulk queue can hold lent out for XDP_TX.
-            let rx_count = u32::from(rx_size) + u32::from(tx_size) + u32::from(config.xdp_bulk);
-            let sizes = [
-                RingLayout::new(rx_size).bytes,
-                RingLayout::new(tx_size).bytes,
-                rx_count as usize * config.rx_buf_size as usize,
-                usize::from(tx_size) * config.tx_buf_size as usize,
-            ];
-            let [rx_ring, tx_ring, rx_bufs, tx_bufs] =
-                DmaRegion::alloc_all(&self.hal, sizes).ok_or(InitError::DmaAlloc)?;
-            let mut p = Pair {
-                rq: ReceiveQueue::new(
-                    SplitRing::new(rx, rx_size, rx_ring, event_idx),
-                    RxPool::new(rx_bufs, config.rx_buf_size, rx_count),
-                ),
-                sq: SendQueue::new(
-                    SplitRing::new(tx, tx_size, tx_ring, event_idx),
-                    TxPool::new(tx_bufs, config.tx_buf_size, tx_size),
-                    config.xdp_bulk,
-                ),
-            };
+            let sizes = (rx_size, tx_size);
+            let memory = Pair::alloc(&self.hal, &config, sizes).ok_or(InitError::DmaAlloc)?;
+            let mut p = Pair::new(memory, &config, (rx, tx), sizes, event_idx);
             p.rq.ring.enable_interrupts();
             match config.tx_completion {
                 TxCompletion::TxInterrupt => {

@@ -10,12 +10,10 @@ use crate::error::InitError;
 use crate::features::RING_F_EVENT_IDX;
 use crate::features::{self, NET_F_CTRL_VQ, NET_F_MAC, NET_F_MRG_RXBUF, NET_F_STATUS};
 use crate::hal::{DmaRegion, Hal};
-use crate::mq::{self, Pairs};
+use crate::mq::{self, Pair, Pairs};
 use crate::queue::{ReceiveQueue, ReceiveStats, SendQueue, SendStats};
 use crate::ring::{RingLayout, SplitRing};
-use crate::rx::RxPool;
 use crate::transport::{status, QueueSetup, Transport, INT_CONFIG_CHANGE, INT_USED_BUFFER};
-use crate::tx::TxPool;
 
 /// Virtio device ID of a network card.
 const DEVICE_ID_NET: u32 = 1;
@@ -140,16 +138,7 @@ impl<H: Hal, T: Transport> VirtioNet<H, T> {
             }
         };
         let event_idx = features & RING_F_EVENT_IDX != 0;
-        // Rx buffers: a full rx ring, plus what the tx ring and the XDP bulk queue can hold
-        // lent out for zero-copy XDP_TX.
-        let rx_count = u32::from(rx_size) + u32::from(tx_size) + u32::from(config.xdp_bulk);
-        let sizes = [
-            RingLayout::new(rx_size).bytes,
-            RingLayout::new(tx_size).bytes,
-            rx_count as usize * config.rx_buf_size as usize,
-            usize::from(tx_size) * config.tx_buf_size as usize,
-        ];
-        let Some([rx_ring, tx_ring, rx_bufs, tx_bufs]) = DmaRegion::alloc_all(&hal, sizes) else {
+        let Some(pair_memory) = Pair::alloc(&hal, &config, (rx_size, tx_size)) else {
             set_status(&mut transport, status::FAILED);
             return Err(InitError::DmaAlloc);
         };
@@ -158,7 +147,7 @@ impl<H: Hal, T: Transport> VirtioNet<H, T> {
             Some(size) => {
                 let sizes = [RingLayout::new(size).bytes, CTRL_BUF_BYTES];
                 let Some([ring, buf]) = DmaRegion::alloc_all(&hal, sizes) else {
-                    for region in [&rx_ring, &tx_ring, &rx_bufs, &tx_bufs] {
+                    for region in &pair_memory {
                         // SAFETY: allocated just above from `hal`, never shown to the device.
                         unsafe { region.dealloc(&hal) };
                     }
@@ -171,16 +160,16 @@ impl<H: Hal, T: Transport> VirtioNet<H, T> {
                 ))
             }
         };
+        let Pair { rq, sq } = Pair::new(
+            pair_memory,
+            &config,
+            (RX_QUEUE, TX_QUEUE),
+            (rx_size, tx_size),
+            event_idx,
+        );
         let mut net = VirtioNet {
-            rq: ReceiveQueue::new(
-                SplitRing::new(RX_QUEUE, rx_size, rx_ring, event_idx),
-                RxPool::new(rx_bufs, config.rx_buf_size, rx_count),
-            ),
-            sq: SendQueue::new(
-                SplitRing::new(TX_QUEUE, tx_size, tx_ring, event_idx),
-                TxPool::new(tx_bufs, config.tx_buf_size, tx_size),
-                config.xdp_bulk,
-            ),
+            rq,
+            sq,
             hal,
             transport,
             config,
