@@ -59,6 +59,29 @@ pub fn artifacts() -> &'static Artifacts {
     })
 }
 
+/// The host side of the driver guest's `echo=` workload: waits for the guest's ready line,
+/// exchanges `count` frames of `size` bytes ([`packet::echo_in_order`], giving up after
+/// `timeout`), lets the VMM finish, and asserts that every frame came back and the VMM exited
+/// cleanly. Returns the VMM's output.
+pub fn echo_through_guest(
+    mut vmm: VmmProcess,
+    sock: &packet::PacketSocket,
+    macs: ([u8; 6], [u8; 6]),
+    (count, size): (u64, usize),
+    window: u64,
+    timeout: Duration,
+) -> RunOutput {
+    assert!(
+        vmm.wait_for_console_line("driver-guest: ready", Duration::from_secs(60)),
+        "the guest never came up"
+    );
+    let result = packet::echo_in_order(sock, macs, (count, size), window, timeout);
+    let out = vmm.finish(Duration::from_secs(120));
+    assert_eq!(result.unwrap_or_else(|e| panic!("{e}\n{out}")), count);
+    assert!(out.success(), "{out}");
+    out
+}
+
 /// The driver guest's result line (`{"driver":{…}}`), its inner object.
 pub fn driver_result(out: &RunOutput) -> serde_json::Value {
     let line = out

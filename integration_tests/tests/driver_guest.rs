@@ -160,22 +160,15 @@ fn run_echo(tag: &str, count: u64, size: usize, knobs: &str) -> Value {
     let _guest = guest_lock();
     let (ns, sock, tap_mac) = namespace(tag);
     let cmdline = format!("console=ttyS0 echo={count} size={size} timeout_ms=120000 {knobs}");
-    let mut vmm = start_guest(&ns, &cmdline, "");
-    assert!(
-        vmm.wait_for_console_line("driver-guest: ready", Duration::from_secs(60)),
-        "the guest never came up"
-    );
-    let result = packet::echo_in_order(
+    let vmm = start_guest(&ns, &cmdline, "");
+    let out = integration_tests::echo_through_guest(
+        vmm,
         &sock,
         (GUEST_DST, tap_mac),
         (count, size),
         WINDOW,
         Duration::from_secs(180),
     );
-    let out = vmm.finish(Duration::from_secs(120));
-    let echoed = result.unwrap_or_else(|e| panic!("{e}\n{out}"));
-    assert_eq!(echoed, count);
-    assert!(out.success(), "{out}");
     let d = driver_result(&out);
     let m = final_metrics(&out.stderr).unwrap_or_else(|| panic!("no metrics line\n{out}"));
     let (_, signalled) = check_counters(&d, &m, &out);

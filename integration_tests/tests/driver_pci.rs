@@ -8,7 +8,7 @@
 use std::time::Duration;
 
 use integration_tests::packet::{
-    collect_frames, echo_in_order, frame, mac_string, parse_mac, tap_socket, PacketSocket,
+    collect_frames, frame, mac_string, parse_mac, tap_socket, PacketSocket,
 };
 use integration_tests::{
     driver_result, final_metrics, guest_lock, json_u64 as n, RunOutput, VmmProcess,
@@ -142,24 +142,18 @@ fn pci_guest_echoes_frames_intact_over_msix() {
     let _guest = guest_lock();
     let (ns, sock, tap_mac) = namespace("dpciecho");
     let (count, size) = (1000u64, 100usize);
-    let mut vmm = start_pci_guest(
+    let vmm = start_pci_guest(
         &ns,
         &format!("console=ttyS0 echo={count} size={size} timeout_ms=60000"),
     );
-    assert!(
-        vmm.wait_for_console_line("driver-guest: ready", Duration::from_secs(60)),
-        "the guest never came up"
-    );
-    let result = echo_in_order(
+    let out = integration_tests::echo_through_guest(
+        vmm,
         &sock,
         (GUEST_DST, tap_mac),
         (count, size),
         WINDOW,
         Duration::from_secs(120),
     );
-    let out = vmm.finish(Duration::from_secs(120));
-    assert_eq!(result.unwrap_or_else(|e| panic!("{e}\n{out}")), count);
-    assert!(out.success(), "{out}");
     let d = driver_result(&out);
     let dev = check(&d, &out);
     assert_eq!((n(&d, "xdp_tx"), n(&d, "rx_frames")), (count, count), "{d}");

@@ -6,9 +6,7 @@
 
 use std::time::Duration;
 
-use integration_tests::packet::{
-    collect_frames, echo_in_order, frame, mac_string, parse_mac, tap_socket,
-};
+use integration_tests::packet::{collect_frames, frame, mac_string, parse_mac, tap_socket};
 use integration_tests::{driver_result, final_metrics, guest_lock, json_u64 as n};
 use serde_json::Value;
 
@@ -167,7 +165,7 @@ fn pci_echo_with_tx_resets_returns_every_frame() {
     let guest_dst = [0x02, 0, 0, 0, 0, 0x0b];
     let ns = integration_tests::namespace_with_tap("drstpciecho", TAP);
     let (sock, tap_mac) = tap_socket(&ns, TAP);
-    let mut vmm = integration_tests::spawn_driver_guest(
+    let vmm = integration_tests::spawn_driver_guest(
         &ns,
         &format!(
             "console=ttyS0 ring=3 transport=pci echo={count} size={size} timeout_ms=60000 \
@@ -176,20 +174,14 @@ fn pci_echo_with_tx_resets_returns_every_frame() {
         &format!("tap={TAP},transport=pci"),
         None,
     );
-    assert!(
-        vmm.wait_for_console_line("driver-guest: ready", Duration::from_secs(60)),
-        "the guest never came up"
-    );
-    let result = echo_in_order(
+    let out = integration_tests::echo_through_guest(
+        vmm,
         &sock,
         (guest_dst, tap_mac),
         (count, size),
         window,
         Duration::from_secs(120),
     );
-    let out = vmm.finish(Duration::from_secs(120));
-    assert_eq!(result.unwrap_or_else(|e| panic!("{e}\n{out}")), count);
-    assert!(out.success(), "{out}");
     let d = driver_result(&out);
     let m = final_metrics(&out.stderr).unwrap_or_else(|| panic!("no metrics line\n{out}"));
     let dev = m["net"][TAP].clone();
