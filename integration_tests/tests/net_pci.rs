@@ -33,6 +33,28 @@ struct PciGuest {
 
 /// Starts a guest whose device is `--net tap=TAP,transport=pci` plus `net_extra`, with the
 /// net test's `guest_args`.
+/// Once the guest's echo server listens: `count` UDP datagrams of 64, 512 and 1400 bytes, one
+/// at a time, each echo checked; then the VMM's exit. Asserts both went well.
+fn udp_echo_then_finish(
+    mut vmm: VmmProcess,
+    ns: &NetNs,
+    (host_ip, guest_ip): (&str, &str),
+    count: usize,
+) -> RunOutput {
+    let ready = vmm.wait_for_console("nettest: listening", Duration::from_secs(180));
+    let echo = if ready {
+        let (h, gu) = (host_ip.to_owned(), guest_ip.to_owned());
+        ns.run(move || udp::echo((&h, &gu, PORT), count, 1, &[64, 512, 1400]).map(|(n, _)| n))
+            .expect("run in namespace")
+    } else {
+        Err("the guest never started its echo server".into())
+    };
+    let out = vmm.finish(Duration::from_secs(120));
+    assert_eq!(echo.unwrap_or_else(|e| panic!("{e}\n{out}")), count);
+    assert!(out.success(), "{out}");
+    out
+}
+
 fn start(tag: &str, subnet: u8, tap_mode: &[&str], net_extra: &str, guest_args: &str) -> PciGuest {
     start_on(
         artifacts().get("kernel"),
@@ -130,23 +152,8 @@ fn assert_found_on_pci(out: &RunOutput) {
 fn a_linux_guest_on_virtio_pci_pings_echoes_udp_with_a_vector_per_queue() {
     const COUNT: usize = 300;
     let _guest = guest_lock();
-    let mut g = start("pci", 1, &[], "", &format!("vmm.echo={COUNT}"));
-    let ready = g
-        .vmm
-        .wait_for_console("nettest: listening", Duration::from_secs(180));
-    let echo = if ready {
-        let (h, gu) = (g.host_ip.clone(), g.guest_ip.clone());
-        g.ns.run(move || {
-            // One at a time.
-            udp::echo((&h, &gu, PORT), COUNT, 1, &[64, 512, 1400]).map(|(n, _)| n)
-        })
-        .expect("run in namespace")
-    } else {
-        Err("the guest never started its echo server".into())
-    };
-    let out = g.vmm.finish(Duration::from_secs(120));
-    assert_eq!(echo.unwrap_or_else(|e| panic!("{e}\n{out}")), COUNT);
-    assert!(out.success(), "{out}");
+    let g = start("pci", 1, &[], "", &format!("vmm.echo={COUNT}"));
+    let out = udp_echo_then_finish(g.vmm, &g.ns, (&g.host_ip, &g.guest_ip), COUNT);
     assert!(out.stdout.contains("3 packets received"), "ping: {out}");
     assert!(
         out.stdout.contains(&format!(
@@ -270,29 +277,14 @@ fn tcp_stream_both_ways_over_virtio_pci() {
 fn two_queue_pairs_over_virtio_pci_get_a_vector_each() {
     const COUNT: usize = 200;
     let _guest = guest_lock();
-    let mut g = start(
+    let g = start(
         "pcimq",
         3,
         &["multi_queue"],
         ",queues=2",
         &format!("vmm.echo={COUNT}"),
     );
-    let ready = g
-        .vmm
-        .wait_for_console("nettest: listening", Duration::from_secs(180));
-    let echo = if ready {
-        let (h, gu) = (g.host_ip.clone(), g.guest_ip.clone());
-        g.ns.run(move || {
-            // One at a time.
-            udp::echo((&h, &gu, PORT), COUNT, 1, &[64, 512, 1400]).map(|(n, _)| n)
-        })
-        .expect("run in namespace")
-    } else {
-        Err("the guest never started its echo server".into())
-    };
-    let out = g.vmm.finish(Duration::from_secs(120));
-    assert_eq!(echo.unwrap_or_else(|e| panic!("{e}\n{out}")), COUNT);
-    assert!(out.success(), "{out}");
+    let out = udp_echo_then_finish(g.vmm, &g.ns, (&g.host_ip, &g.guest_ip), COUNT);
     assert_found_on_pci(&out);
     assert!(
         out.stderr.contains("MSI-X vectors on GSI 24..=29"),
