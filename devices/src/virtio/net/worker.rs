@@ -702,7 +702,9 @@ impl<'p, B: NetBackend> EventLoop<'p, B> {
         } else {
             RX_GATHER_NO_GSO_BYTES
         };
-        let rx = RxQueue::new(Virtqueue::new(&a.rx, &a.mem)?, a.rx_mode, gather);
+        let mut rx = RxQueue::new(Virtqueue::new(&a.rx, &a.mem)?, a.rx_mode, gather);
+        // The backend fd is polled level-triggered: a frame left queued is reported again.
+        rx.set_sparse_reads(true);
         let tx = TxQueue::new(Virtqueue::new(&a.tx, &a.mem)?);
         Ok((rx, tx))
     }
@@ -1053,7 +1055,7 @@ impl<'p, B: NetBackend> EventLoop<'p, B> {
             .batch(RX, outcome.needs_interrupt, outcome.suppressed_by_event_idx);
         match outcome.stop {
             // Level-triggered epoll reports the backend again if frames remain.
-            RxStop::BackendEmpty | RxStop::Budget => {}
+            RxStop::BackendEmpty | RxStop::Budget | RxStop::Yielded => {}
             RxStop::NoBuffers => self.rx_paused = true,
             RxStop::BackendFailed => {
                 if let Some(more) = self.rx_errors.failure(std::time::Instant::now()) {

@@ -291,3 +291,94 @@ fn a_kept_pool_delivers_frames_across_merged_and_separate_buffers() {
     assert_eq!(counters.frames, (0..60).map(|c| 1 + c % 5).sum::<u64>());
     assert_eq!(counters.dropped_no_buffer + counters.backend_errors, 0);
 }
+
+/// Sparse reads (the worker's setting): after a call that found one frame, calls read one
+/// frame and stop without the read that finds the backend empty; every SPARSE_PROBE_EVERY-th
+/// call reads until empty, and one that finds a burst ends the mode. No frame is lost or
+/// reordered whichever way a call ends, and without the setting every call drains.
+#[test]
+fn sparse_reads_skip_the_empty_read_until_a_burst_comes() {
+    use crate::virtio::net::rx::{RX_GATHER_NO_GSO_BYTES, SPARSE_PROBE_EVERY};
+    use crate::virtio::net::RxQueue;
+    use crate::virtio::vring::Virtqueue;
+
+    let mem = guest_mem();
+    let mut driver = GuestQueue::new(&mem, 256);
+    let queue = driver.queue();
+    let bufs: Vec<u64> = (0..255).map(|_| driver.push_rx(&[1536]).1[0]).collect();
+    let mut rxq = RxQueue::new(
+        Virtqueue::new(&queue, &mem).expect("ring"),
+        RxMode::SingleChain,
+        RX_GATHER_NO_GSO_BYTES,
+    );
+    let (mut backend, peer) = PairBackend::new().expect("socketpair");
+    let mut counters = RxCounters::default();
+    let mut sent = 0u8;
+    let mut delivered = 0u16;
+    let mut send = |n: usize| {
+        for _ in 0..n {
+            peer.send_frame(&wire(&frame(60, sent))).expect("send");
+            sent += 1;
+        }
+    };
+    // Runs one call; checks the frames it delivered are the next ones, in order.
+    let mut call = |rxq: &mut RxQueue, counters: &mut RxCounters| {
+        let before = counters.frames;
+        let stop = rxq.process(&mut backend, counters).expect("ring ok").stop;
+        for _ in before..counters.frames {
+            let (id, len) = driver.used(delivered);
+            assert_eq!(len as usize, VNET_HDR_LEN + 60);
+            let got = driver.read(bufs[id as usize] + VNET_HDR_LEN as u64, 60);
+            assert_eq!(
+                got,
+                frame(60, delivered as u8),
+                "frame {delivered} in order"
+            );
+            delivered += 1;
+        }
+        (stop, counters.frames - before)
+    };
+
+    // Off (the default): a call drains whatever is queued.
+    send(1);
+    assert_eq!(call(&mut rxq, &mut counters), (RxStop::BackendEmpty, 1));
+    send(3);
+    assert_eq!(call(&mut rxq, &mut counters), (RxStop::BackendEmpty, 3));
+
+    rxq.set_sparse_reads(true);
+    // One frame then an empty read: the traffic looks sparse.
+    send(1);
+    assert_eq!(call(&mut rxq, &mut counters), (RxStop::BackendEmpty, 1));
+    // Now a call reads one frame and stops, whatever else is queued.
+    send(3);
+    for _ in 0..3 {
+        assert_eq!(call(&mut rxq, &mut counters), (RxStop::Yielded, 1));
+    }
+    // A call that finds nothing ends as before (and keeps the mode).
+    assert_eq!(call(&mut rxq, &mut counters), (RxStop::BackendEmpty, 0));
+    // A burst: the mode's SPARSE_PROBE_EVERY-th call drains it and ends the mode.
+    let probe_every = usize::from(SPARSE_PROBE_EVERY);
+    send(40);
+    let mut yielded = 0;
+    loop {
+        match call(&mut rxq, &mut counters) {
+            (RxStop::Yielded, 1) => yielded += 1,
+            (RxStop::BackendEmpty, n) => {
+                assert_eq!(yielded + n as usize, 40, "the draining call takes the rest");
+                break;
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    // Calls so far in the mode: 3 yielded + 1 empty, then the burst's.
+    assert_eq!(
+        4 + yielded + 1,
+        probe_every,
+        "drained at the mode's probing call"
+    );
+    // Out of the mode: calls drain again.
+    send(2);
+    assert_eq!(call(&mut rxq, &mut counters), (RxStop::BackendEmpty, 2));
+    assert_eq!(counters.frames, u64::from(sent));
+    assert_eq!(driver.used_idx(), delivered);
+}

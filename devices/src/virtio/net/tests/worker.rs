@@ -148,6 +148,51 @@ fn frames_flow_both_ways_through_the_worker() {
     assert_eq!(metrics.activations.get(), 2);
 }
 
+/// Frames one at a time put the worker's rx in sparse-read mode (a call reads one frame and
+/// stops without the empty read); a burst that follows is still delivered whole and in order:
+/// the backend fd is polled level-triggered, so the frames a call leaves queued bring the
+/// worker back.
+#[test]
+fn a_burst_after_sparse_frames_is_delivered_whole() {
+    let mem = guest_mem();
+    let Rig {
+        mut transport,
+        peer,
+        metrics,
+        ..
+    } = rig(&mem);
+    let (mut rx, tx) = queues(&mem);
+    let bufs: Vec<u64> = (0..200).map(|_| rx.push_rx(&[2048]).1[0]).collect();
+    start(&mut transport, VERSION_1, &rx, &tx);
+    let mut sent = 0u16;
+    for _ in 0..5 {
+        peer.send_frame(&wire(&frame(60, sent as u8)))
+            .expect("send");
+        sent += 1;
+        assert!(wait_until(TIMEOUT, || rx.used_idx() == sent));
+    }
+    for _ in 0..150 {
+        peer.send_frame(&wire(&frame(60, sent as u8)))
+            .expect("send");
+        sent += 1;
+    }
+    assert!(
+        wait_until(TIMEOUT, || rx.used_idx() == sent),
+        "{} of {sent} frames delivered",
+        rx.used_idx()
+    );
+    for i in 0..sent {
+        let (id, len) = rx.used(i);
+        assert_eq!(len, 12 + 60);
+        assert_eq!(
+            rx.read(bufs[id as usize] + 12, 60),
+            frame(60, i as u8),
+            "frame {i}"
+        );
+    }
+    assert_eq!(metrics.rx.frames.get(), u64::from(sent));
+}
+
 #[test]
 fn event_idx_suppresses_interrupts_end_to_end() {
     let mem = guest_mem();
