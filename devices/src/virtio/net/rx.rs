@@ -184,10 +184,13 @@ impl RxQueue {
         }
     }
 
-    /// Lets calls stop after one frame when traffic comes one frame at a time (see
-    /// [`SparseReads`]: the `EAGAIN` read is skipped). Only for a caller that polls the
-    /// backend fd level-triggered (as the worker does), so a frame left queued is reported;
-    /// without it (the default) every call reads until the backend is empty.
+    /// Lets calls stop after one frame when traffic comes one frame at a time, skipping the
+    /// read that would find the backend empty: after a call that read until empty and found
+    /// exactly one frame, calls read one frame and return [`RxStop::Yielded`]; every
+    /// [`SPARSE_PROBE_EVERY`]th call still reads until empty, and one that finds more than one
+    /// frame ends the mode. Only for a caller that polls the backend fd level-triggered (as the
+    /// worker does), so that a frame left queued is reported; without it (the default) every
+    /// call reads until the backend is empty.
     pub fn set_sparse_reads(&mut self, enabled: bool) {
         self.sparse = SparseReads {
             enabled,
