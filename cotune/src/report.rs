@@ -52,6 +52,8 @@ pub struct Row {
     pub tx_budget: u16,
     /// Device: busy-poll µs.
     pub busy_poll_us: u32,
+    /// Device: sparse rx reads.
+    pub rx_sparse_reads: bool,
     /// Packets per second (the workload's main direction; both directions for bidirectional).
     pub pps: f64,
     /// Driver kicks (notifications written) per packet.
@@ -93,7 +95,7 @@ pub struct Row {
 /// The CSV header (one column per field of [`Row`], in order).
 pub const CSV_HEADER: &str = "preset,target,knob,value,knob2,value2,workload,frame_size,\
 kick_threshold,tx_completion,event_idx,xdp_bulk,xsk_mode,burst,pause_us,\
-coalesce_packets,coalesce_usecs,dev_event_idx,tx_budget,busy_poll_us,\
+coalesce_packets,coalesce_usecs,dev_event_idx,tx_budget,busy_poll_us,rx_sparse_reads,\
 pps,kicks_per_pkt,irqs_per_pkt,tx_irqs_per_pkt,kicks_suppressed_per_pkt,driver_ns_per_pkt,device_ns_per_pkt,\
 driver_cpu_pct,device_cpu_pct,busy_poll_found_per_pkt,busy_poll_pct,ratio_to_baseline,vm_sim_ratio,loadavg1,backend,kick_cost_ns,irq_cost_ns,note";
 
@@ -138,6 +140,7 @@ pub fn to_csv(rows: &[Row]) -> String {
             u8::from(r.dev_event_idx).to_string(),
             r.tx_budget.to_string(),
             r.busy_poll_us.to_string(),
+            u8::from(r.rx_sparse_reads).to_string(),
             num(r.pps, 0),
             num(r.kicks_per_pkt, 4),
             num(r.irqs_per_pkt, 4),
@@ -553,6 +556,7 @@ mod tests {
             dev_event_idx: true,
             tx_budget: 256,
             busy_poll_us: 0,
+            rx_sparse_reads: true,
             pps,
             kicks_per_pkt: 0.125,
             irqs_per_pkt: 0.01,

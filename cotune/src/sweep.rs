@@ -83,6 +83,9 @@ pub enum Preset {
     KickBusyPoll,
     /// The device's tx budget per call 1, 16, 256 on zero-copy transmit.
     TxBudget,
+    /// The device's sparse rx reads off/on, bidirectional (the VM: echo, one frame per wake-up
+    /// or a few).
+    RxSparseReads,
     /// Tx completion mode × interrupt coalescing max_packets (max_usecs 100), bidirectional.
     CompletionCoalesce,
     /// XDP_TX bulk × interrupt coalescing max_packets (max_usecs 100), rx → XDP_TX bounce.
@@ -93,7 +96,7 @@ pub enum Preset {
 
 impl Preset {
     /// All presets, in report order.
-    pub const ALL: [Preset; 10] = [
+    pub const ALL: [Preset; 11] = [
         Preset::Baseline,
         Preset::KickThreshold,
         Preset::TxCompletion,
@@ -102,6 +105,7 @@ impl Preset {
         Preset::BusyPoll,
         Preset::KickBusyPoll,
         Preset::TxBudget,
+        Preset::RxSparseReads,
         Preset::CompletionCoalesce,
         Preset::BulkCoalesce,
     ];
@@ -116,6 +120,7 @@ impl Preset {
             Preset::BusyPoll => "busy-poll",
             Preset::KickBusyPoll => "kick-busy-poll",
             Preset::TxBudget => "tx-budget",
+            Preset::RxSparseReads => "rx-sparse-reads",
             Preset::CompletionCoalesce => "completion-coalesce",
             Preset::BulkCoalesce => "bulk-coalesce",
             Preset::Baseline => "baseline",
@@ -165,6 +170,8 @@ pub struct DevKnobs {
     pub tx_budget: u16,
     /// Device busy-poll, µs (0: off).
     pub busy_poll_us: u32,
+    /// Sparse rx reads (skip the read that finds the backend empty when frames come singly).
+    pub rx_sparse_reads: bool,
 }
 
 impl Default for DevKnobs {
@@ -176,6 +183,7 @@ impl Default for DevKnobs {
             event_idx: t.event_idx,
             tx_budget: t.tx_budget,
             busy_poll_us: t.busy_poll_us,
+            rx_sparse_reads: t.rx_sparse_reads,
         }
     }
 }
@@ -191,6 +199,7 @@ impl DevKnobs {
             event_idx: self.event_idx,
             tx_budget: self.tx_budget,
             busy_poll_us: self.busy_poll_us,
+            rx_sparse_reads: self.rx_sparse_reads,
         }
     }
 
@@ -217,6 +226,13 @@ impl DevKnobs {
         }
         if self.busy_poll_us != d.busy_poll_us {
             s += &format!(",busy_poll_us={}", self.busy_poll_us);
+        }
+        if self.rx_sparse_reads != d.rx_sparse_reads {
+            s += if self.rx_sparse_reads {
+                ",rx_sparse_reads=on"
+            } else {
+                ",rx_sparse_reads=off"
+            };
         }
         s
     }
@@ -261,6 +277,7 @@ pub fn points(preset: Preset, opts: &Options) -> Vec<Point> {
         Preset::BusyPoll => busy_poll_points(opts),
         Preset::KickBusyPoll => kick_busy_poll_points(opts),
         Preset::TxBudget => tx_budget_points(opts),
+        Preset::RxSparseReads => rx_sparse_reads_points(opts),
         Preset::CompletionCoalesce => completion_coalesce_points(opts),
         Preset::BulkCoalesce => bulk_coalesce_points(opts),
     }
@@ -348,6 +365,37 @@ fn tx_budget_points(opts: &Options) -> Vec<Point> {
             zc_tx_point(opts, vec![("tx_budget", b.to_string())], 8, dev, None)
         })
         .collect()
+}
+
+/// Sparse rx reads off and on, bidirectional with lazy completion (in the VM: the echo
+/// workload): whether skipping the read that finds the backend empty pays when frames come one
+/// per wake-up or a few, against an extra poll round per frame when they come in bursts.
+fn rx_sparse_reads_points(opts: &Options) -> Vec<Point> {
+    [false, true]
+        .into_iter()
+        .map(|on| Point {
+            axes: vec![("rx_sparse_reads", on_off(on).into())],
+            config: Config {
+                tx_completion: TxCompletion::Lazy,
+                ..Config::default()
+            },
+            dev: DevKnobs {
+                rx_sparse_reads: on,
+                ..DevKnobs::default()
+            },
+            workload: Workload::Bidirectional,
+            pace: None,
+            frame_size: opts.frame_size.unwrap_or(64),
+        })
+        .collect()
+}
+
+fn on_off(on: bool) -> &'static str {
+    if on {
+        "on"
+    } else {
+        "off"
+    }
 }
 
 /// Kick threshold × busy-poll on paced zero-copy transmit.
@@ -827,6 +875,7 @@ fn point_row(
         dev_event_idx: point.dev.event_idx,
         tx_budget: point.dev.tx_budget,
         busy_poll_us: point.dev.busy_poll_us,
+        rx_sparse_reads: point.dev.rx_sparse_reads,
         pps,
         kicks_per_pkt: per(m.map_or(0, |m| m.kicks)),
         irqs_per_pkt: per(m.map_or(0, |m| m.irqs)),
@@ -1108,10 +1157,17 @@ mod tests {
             event_idx: false,
             tx_budget: 64,
             busy_poll_us: 50,
+            rx_sparse_reads: false,
         };
         assert_eq!(
             k.net_spec_keys(),
-            ",coalesce_packets=32,coalesce_usecs=100,event_idx=off,tx_budget=64,busy_poll_us=50"
+            ",coalesce_packets=32,coalesce_usecs=100,event_idx=off,tx_budget=64,busy_poll_us=50,\
+             rx_sparse_reads=off"
         );
+        // Every key it writes is one the device's --net parser takes, with the same meaning.
+        let spec: devices::virtio::net::NetConfig = format!("tap=t0{}", k.net_spec_keys())
+            .parse()
+            .expect("the device parses what cotune writes");
+        assert_eq!(spec.tuning, k.tuning());
     }
 }

@@ -62,9 +62,9 @@ fn quick_run_of_every_preset_writes_csv_and_plot() {
     }
     let rows: Vec<Vec<&str>> = lines.map(|l| l.split(',').collect()).collect();
     // baseline 1 + kick-threshold 3 + tx-completion 3 + xdp-bulk 2 + xsk-zc 2 + busy-poll 2
-    // + tx-budget 2
+    // + tx-budget 2 + rx-sparse-reads 2
     // + three 2-D presets of 2x2.
-    assert_eq!(rows.len(), 27, "{csv_text}");
+    assert_eq!(rows.len(), 29, "{csv_text}");
     assert_eq!(
         table,
         rows.len() + 1,
@@ -78,6 +78,7 @@ fn quick_run_of_every_preset_writes_csv_and_plot() {
         "xsk-zc",
         "busy-poll",
         "kick-busy-poll",
+        "rx-sparse-reads",
         "completion-coalesce",
         "bulk-coalesce",
     ] {

@@ -205,6 +205,7 @@ fn openapi_document_matches_the_server() {
         event_idx: true,
         tx_budget: 64,
         busy_poll_us: 5,
+        rx_sparse_reads: false,
     };
     let iface = crate::config::NetworkInterface {
         iface_id: "eth0".into(),
@@ -257,6 +258,7 @@ fn openapi_document_matches_the_server() {
             event_idx: Some(true),
             tx_budget: Some(tuning.tx_budget),
             busy_poll_us: Some(tuning.busy_poll_us),
+            rx_sparse_reads: Some(tuning.rx_sparse_reads),
         }),
     };
     let info = InstanceInfo {

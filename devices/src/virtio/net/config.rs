@@ -3,7 +3,7 @@
 //! CLI form: `tap0`, or `tap=tap0,mac=02:00:00:00:00:01,queue_size=256` (keys in any order,
 //! `tap` required), plus rate limiters (`rx_bw`, `rx_ops`, `tx_bw`, `tx_ops`) and the device's
 //! runtime knobs (`coalesce_packets`, `coalesce_usecs`, `event_idx=on|off`, `tx_budget`,
-//! `busy_poll_us`; see [`NetTuning`]). The serde form is `{"tap": "tap0", "mac": "...", "queue_size": 256}` with
+//! `busy_poll_us`, `rx_sparse_reads=on|off`; see [`NetTuning`]). The serde form is `{"tap": "tap0", "mac": "...", "queue_size": 256}` with
 //! `mac` and `queue_size` optional; both forms are validated the same way.
 
 use std::fmt;
@@ -35,10 +35,12 @@ pub enum NetConfigError {
     /// A key other than tap, mac, queue_size, the rate limiter and the tuning keys.
     #[error(
         "unknown key {0:?} (expected tap, mac, queue_size, rx_bw, rx_ops, tx_bw, tx_ops, \
-         coalesce_packets, coalesce_usecs, event_idx, tx_budget, busy_poll_us, queues, io_uring)"
+         coalesce_packets, coalesce_usecs, event_idx, tx_budget, busy_poll_us, rx_sparse_reads, \
+         queues, io_uring)"
     )]
     UnknownKey(String),
-    /// A tuning key whose value is not a number (or `on`/`off` for `event_idx`).
+    /// A tuning key whose value is not a number (or `on`/`off` for `event_idx` and
+    /// `rx_sparse_reads`).
     #[error("invalid {key} {value:?} ({expected})")]
     InvalidValue {
         /// The key.
@@ -353,7 +355,7 @@ impl FromStr for NetConfig {
                 "tx_bw" => tx.bandwidth.replace(parse_bucket(value)?).is_some(),
                 "tx_ops" => tx.ops.replace(parse_bucket(value)?).is_some(),
                 "coalesce_packets" | "coalesce_usecs" | "event_idx" | "tx_budget"
-                | "busy_poll_us" => {
+                | "busy_poll_us" | "rx_sparse_reads" => {
                     match key {
                         "coalesce_packets" => {
                             tuning.interrupt_coalescing.max_packets =
@@ -365,6 +367,7 @@ impl FromStr for NetConfig {
                         }
                         "event_idx" => tuning.event_idx = on_off(key, value)?,
                         "tx_budget" => tuning.tx_budget = knob(key, value, "frames per call")?,
+                        "rx_sparse_reads" => tuning.rx_sparse_reads = on_off(key, value)?,
                         _ => tuning.busy_poll_us = knob(key, value, "microseconds")?,
                     }
                     let again = seen.contains(&key);
@@ -547,9 +550,10 @@ mod tests {
     #[test]
     fn tuning_in_the_short_form() {
         let cfg: NetConfig =
-            "tap=t0,coalesce_packets=16,coalesce_usecs=100,event_idx=off,tx_budget=64,busy_poll_us=50"
+            "tap=t0,coalesce_packets=16,coalesce_usecs=100,event_idx=off,tx_budget=64,busy_poll_us=50,rx_sparse_reads=off"
                 .parse()
                 .expect("valid");
+        assert!(!cfg.tuning.rx_sparse_reads);
         assert_eq!(cfg.tuning.interrupt_coalescing.max_packets, 16);
         assert_eq!(cfg.tuning.interrupt_coalescing.max_usecs, 100);
         assert!(!cfg.tuning.event_idx);
@@ -559,7 +563,7 @@ mod tests {
             "tap0".parse::<NetConfig>().expect("valid").tuning,
             NetTuning::default()
         );
-        let cases: [(&str, NetConfigError); 6] = [
+        let cases: [(&str, NetConfigError); 7] = [
             (
                 "tap=t0,busy_poll_us=10001",
                 NetConfigError::Tuning(TuningError::BusyPoll(10001)),
@@ -581,6 +585,14 @@ mod tests {
                 NetConfigError::InvalidValue {
                     key: "event_idx".into(),
                     value: "maybe".into(),
+                    expected: "on or off",
+                },
+            ),
+            (
+                "tap=t0,rx_sparse_reads=sometimes",
+                NetConfigError::InvalidValue {
+                    key: "rx_sparse_reads".into(),
+                    value: "sometimes".into(),
                     expected: "on or off",
                 },
             ),

@@ -191,7 +191,11 @@ impl RxQueue {
     /// frame ends the mode. Only for a caller that polls the backend fd level-triggered (as the
     /// worker does), so that a frame left queued is reported; without it (the default) every
     /// call reads until the backend is empty.
+    /// Setting the value in force changes nothing.
     pub fn set_sparse_reads(&mut self, enabled: bool) {
+        if self.sparse.enabled == enabled {
+            return;
+        }
         self.sparse = SparseReads {
             enabled,
             ..SparseReads::default()

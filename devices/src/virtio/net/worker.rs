@@ -631,6 +631,9 @@ impl<'p, B: NetBackend> EventLoop<'p, B> {
         let tuning = shared.tuning.load();
         let mut tx = tx.with_label(shared.label.clone());
         tx.set_budget(tuning.tx_budget.into());
+        let mut rx = rx;
+        // The backend fd is polled level-triggered: a frame left queued is reported again.
+        rx.set_sparse_reads(tuning.rx_sparse_reads);
         let mut event_loop = EventLoop {
             label: shared.label.clone(),
             rx: rx.with_label(shared.label.clone()),
@@ -702,9 +705,7 @@ impl<'p, B: NetBackend> EventLoop<'p, B> {
         } else {
             RX_GATHER_NO_GSO_BYTES
         };
-        let mut rx = RxQueue::new(Virtqueue::new(&a.rx, &a.mem)?, a.rx_mode, gather);
-        // The backend fd is polled level-triggered: a frame left queued is reported again.
-        rx.set_sparse_reads(true);
+        let rx = RxQueue::new(Virtqueue::new(&a.rx, &a.mem)?, a.rx_mode, gather);
         let tx = TxQueue::new(Virtqueue::new(&a.tx, &a.mem)?);
         Ok((rx, tx))
     }
@@ -1167,6 +1168,7 @@ impl<'p, B: NetBackend> EventLoop<'p, B> {
     fn retune(&mut self) -> Result<(), WorkerError> {
         let tuning = self.tuning_shared.load();
         self.tx.set_budget(tuning.tx_budget.into());
+        self.rx.set_sparse_reads(tuning.rx_sparse_reads);
         // A parked queue under a window now zero is unparked by the next busy_poll.
         self.busy_poll = Duration::from_micros(tuning.busy_poll_us.into());
         let generation = self.tuning_shared.operator_coalescing();
