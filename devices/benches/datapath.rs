@@ -376,6 +376,35 @@ fn run_rx<B: NetBackend>(
     timed.as_nanos() as f64 / (iters * batch) as f64
 }
 
+/// ns per frame of one-frame `process_rx` calls that each read until EAGAIN (sparse reads off,
+/// as the `readv+EAGAIN` baseline does), on the tap or, with `host`, on [`HostBufTap`].
+fn run_rx_draining(rig: &mut TapRig, wire: &[u8], host: bool, frames: usize) -> f64 {
+    let (mut d, mut rxq) = Driver::rx_full(256, RxMode::SingleChain, RX_GATHER_NO_GSO_BYTES);
+    rxq.set_sparse_reads(false);
+    let sock = &rig.inject;
+    let frame = &wire[VNET_HDR_LEN..];
+    if host {
+        let mut host = HostBufTap::new(&rig.tap);
+        run_rx(
+            &mut d,
+            &mut rxq,
+            &mut host,
+            |_, n| inject(sock, frame, n),
+            1,
+            frames,
+        )
+    } else {
+        run_rx(
+            &mut d,
+            &mut rxq,
+            &mut rig.tap,
+            |_, n| inject(sock, frame, n),
+            1,
+            frames,
+        )
+    }
+}
+
 /// ns per frame of bare `readv` calls into one 2 KiB host buffer (+ the tap's guard byte),
 /// `batch` frames per timed group, injected the same way. With `probe`, each group ends with
 /// the `readv` that finds the tap empty (EAGAIN), as any device draining a tap must.
@@ -773,45 +802,21 @@ fn main() {
         }
         report(&name, "readv+EAGAIN", &pairs);
     }
-    let host_row = "rx tap mrg off batch 1, frames into host buffers";
-    let mut pairs = Vec::new();
-    for _ in 0..if wanted(host_row) { repeats } else { 0 } {
-        let base = run_readv(&mut rig, &wire, 1, rx_frames, true);
-        let mut host = HostBufTap::new(&rig.tap);
-        let (mut d, mut rxq) = Driver::rx_full(256, RxMode::SingleChain, RX_GATHER_NO_GSO_BYTES);
-        // Every call probes, as the baseline does.
-        rxq.set_sparse_reads(false);
-        let case = run_rx(
-            &mut d,
-            &mut rxq,
-            &mut host,
-            |_, n| inject(&rig.inject, &wire[VNET_HDR_LEN..], n),
-            1,
-            rx_frames,
-        );
-        pairs.push((base, case));
-    }
-    if !pairs.is_empty() {
-        report(host_row, "readv+EAGAIN", &pairs);
-    }
-    let drain_row = "rx tap mrg off batch 1, sparse reads off (every call reads until EAGAIN)";
-    let mut pairs = Vec::new();
-    for _ in 0..if wanted(drain_row) { repeats } else { 0 } {
-        let base = run_readv(&mut rig, &wire, 1, rx_frames, true);
-        let (mut d, mut rxq) = Driver::rx_full(256, RxMode::SingleChain, RX_GATHER_NO_GSO_BYTES);
-        rxq.set_sparse_reads(false);
-        let case = run_rx(
-            &mut d,
-            &mut rxq,
-            &mut rig.tap,
-            |_, n| inject(&rig.inject, &wire[VNET_HDR_LEN..], n),
-            1,
-            rx_frames,
-        );
-        pairs.push((base, case));
-    }
-    if !pairs.is_empty() {
-        report(drain_row, "readv+EAGAIN", &pairs);
+    for (row, host) in [
+        ("rx tap mrg off batch 1, frames into host buffers", true),
+        (
+            "rx tap mrg off batch 1, sparse reads off (every call reads until EAGAIN)",
+            false,
+        ),
+    ] {
+        let mut pairs = Vec::new();
+        for _ in 0..if wanted(row) { repeats } else { 0 } {
+            let base = run_readv(&mut rig, &wire, 1, rx_frames, true);
+            pairs.push((base, run_rx_draining(&mut rig, &wire, host, rx_frames)));
+        }
+        if !pairs.is_empty() {
+            report(row, "readv+EAGAIN", &pairs);
+        }
     }
     let guest_row = "rx tap: bare readv+EAGAIN into guest memory";
     let mut pairs = Vec::new();
