@@ -5,8 +5,9 @@
 //! arbitrary (ring addresses, sizes and positions from the input, overlaps allowed; memory from
 //! patches only). A sequence of operations then runs tx and rx calls, sends frames into the
 //! backend, publishes more entries and patches memory between calls. With `kept_rx`, rx runs
-//! through one `RxQueue` kept across calls, as the worker does (its pool of popped chains, with
-//! mergeable buffers merged, lives from call to call while memory changes under it).
+//! through one `RxQueue` kept across calls, set up as the worker sets it (its pool of popped
+//! chains, with mergeable buffers merged, lives from call to call while memory changes under
+//! it; sparse reads on, so calls also stop after one frame).
 //!
 //! Invariants, per call:
 //! - it returns within [`CALL_BOUND`];
@@ -325,8 +326,11 @@ fn run_rx_kept(
                 } else {
                     RX_GATHER_NO_GSO_BYTES
                 };
+                let mut rxq = Box::new(RxQueue::new(vq, mode, gather));
+                // The worker's default (`NetTuning::rx_sparse_reads`).
+                rxq.set_sparse_reads(true);
                 Kept::Queue {
-                    rxq: Box::new(RxQueue::new(vq, mode, gather)),
+                    rxq,
                     popped: 0,
                     used: 0,
                 }
