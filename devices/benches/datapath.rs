@@ -254,8 +254,48 @@ fn run_tx<B: NetBackend>(
     ns / (iters * batch) as f64
 }
 
+/// ns per frame of a bare `writev` loop of the frames the tx chains of `d` hold (header and
+/// frame split as the chains split them), in ring order, straight from their buffers in guest
+/// memory: 2 KiB apart, as a guest's buffers are, where [`run_writev`]'s heap copies sit
+/// next to each other.
+fn run_writev_guest(backend: &mut Tap, d: &Driver, frame: &[u8], descs: u16, frames: usize) -> f64 {
+    let host = d.avail.wrapping_sub(AVAIL_AT as usize);
+    let lists: Vec<IovecList<'_>> = (0..d.heads.len())
+        .map(|c| {
+            let at = BUFS_AT as usize + c * 2048;
+            // SAFETY: `host` is the host address of guest address 0 of `d`'s one region
+            // (32 MiB), mapped while `d` lives (it outlives the lists); chain `c`'s buffer is
+            // the frame's bytes at BUFS_AT + c·2 KiB, inside it, which only the kernel reads
+            // meanwhile.
+            let buf = unsafe { std::slice::from_raw_parts_mut(host.wrapping_add(at), frame.len()) };
+            let mut list = IovecList::new();
+            if descs == 1 {
+                list.push_slice(buf).expect("room");
+            } else {
+                let (hdr, rest) = buf.split_at_mut(VNET_HDR_LEN);
+                list.push_slice(hdr).expect("room");
+                list.push_slice(rest).expect("room");
+            }
+            list
+        })
+        .collect();
+    writev_loop(backend, &lists, frames)
+}
+
+/// ns per frame of `frames` `writev`s, from `lists` in turn.
+fn writev_loop(backend: &mut Tap, lists: &[IovecList<'_>], frames: usize) -> f64 {
+    let start = Instant::now();
+    for i in 0..frames {
+        backend
+            .write_frame(lists[i % lists.len()].as_iovecs())
+            .expect("writev");
+    }
+    start.elapsed().as_nanos() as f64 / frames as f64
+}
+
 /// ns per frame of a bare `writev` loop: the same frame, split as the chains are, from 256
-/// rotating buffers (the footprint of the ring's buffers).
+/// rotating heap copies (next to each other: a smaller footprint than the ring's buffers, see
+/// [`run_writev_guest`]).
 fn run_writev(backend: &mut Tap, frame: &[u8], descs: u16, frames: usize) -> f64 {
     let mut bufs: Vec<Vec<u8>> = (0..256).map(|_| frame.to_vec()).collect();
     let mut lists: Vec<IovecList<'_>> = Vec::new();
@@ -270,13 +310,7 @@ fn run_writev(backend: &mut Tap, frame: &[u8], descs: u16, frames: usize) -> f64
         }
         lists.push(list);
     }
-    let start = Instant::now();
-    for i in 0..frames {
-        backend
-            .write_frame(lists[i % lists.len()].as_iovecs())
-            .expect("writev");
-    }
-    start.elapsed().as_nanos() as f64 / frames as f64
+    writev_loop(backend, &lists, frames)
 }
 
 /// ns per frame of a bare loop of io_uring batches: `batch` `writev`s of the same frame, split
@@ -505,14 +539,17 @@ fn run_uring_read(rig: &mut TapRig, frame: &[u8], batch: usize, frames: usize) -
 
 /// A benchmarking backend: reads each frame from the tap (its own descriptor of the same
 /// queue) into one of 256 rotating host buffers, as the bare loop does, and ignores the guest's
-/// buffers. The device then does all of its work with the tap's two system calls around it,
-/// without the kernel writing into guest memory: device rows minus bare rows, the device's own
-/// cost as the tap's calls leave the caches.
+/// buffers; built with [`HostBufTap::sending`], it writes each frame from such buffers
+/// instead of the guest's. The device then does all of its work with the tap's system calls
+/// around it, without the kernel touching guest memory: device rows minus bare rows, the
+/// device's own cost as the tap's calls leave the caches.
 struct HostBufTap {
     file: std::fs::File,
     bufs: Vec<u8>,
     next: usize,
     guard: [u8; 1],
+    /// Bytes of the frame each buffer holds ([`HostBufTap::sending`]).
+    frame_len: usize,
 }
 
 impl HostBufTap {
@@ -526,7 +563,18 @@ impl HostBufTap {
             bufs: vec![0u8; 256 * RX_BUF_LEN as usize],
             next: 0,
             guard: [0],
+            frame_len: 0,
         }
+    }
+
+    /// One that writes `frame` (header included) from its buffers on every `write_frame`.
+    fn sending(tap: &Tap, frame: &[u8]) -> HostBufTap {
+        let mut b = HostBufTap::new(tap);
+        for buf in b.bufs.chunks_mut(RX_BUF_LEN as usize) {
+            buf[..frame.len()].copy_from_slice(frame);
+        }
+        b.frame_len = frame.len();
+        b
     }
 }
 
@@ -557,7 +605,17 @@ impl NetBackend for HostBufTap {
     }
 
     fn write_frame(&mut self, _iovs: devices::iovec::Iovecs<'_>) -> io::Result<usize> {
-        Err(io::Error::other("receive only"))
+        let at = self.next * RX_BUF_LEN as usize;
+        self.next = (self.next + 1) % 256;
+        let frame = &self.bufs[at..at + self.frame_len];
+        let iov = libc::iovec {
+            iov_base: frame.as_ptr().cast_mut().cast(),
+            iov_len: frame.len(),
+        };
+        // SAFETY: the iovec points into a buffer of `self` valid for reads of its length;
+        // writev only reads it and keeps no pointer after returning.
+        let ret = unsafe { libc::writev(self.file.as_raw_fd(), &iov, 1) };
+        usize::try_from(ret).map_err(|_| io::Error::last_os_error())
     }
 
     fn supported_offloads(&self) -> Offloads {
@@ -777,6 +835,44 @@ fn main() {
                 report(&name, &format!("writev {descs} iov"), &pairs);
             }
         }
+    }
+    // The bare loop from the ring's own buffers, against the heap one; and the one-frame device
+    // rows against it.
+    for descs in [1u16, 2] {
+        let layout_row = format!("tx tap: bare writev {descs} iov from the ring's guest buffers");
+        let dev_row = format!("tx tap (writev) {descs}-desc batch 1 over the same");
+        let base_name = format!("writev {descs} iov, ring's buffers");
+        let (mut layout, mut dev) = (Vec::new(), Vec::new());
+        for _ in 0..if wanted(&layout_row) || wanted(&dev_row) {
+            repeats
+        } else {
+            0
+        } {
+            rig.tap.set_tx_batching(false);
+            let heap = run_writev(&mut rig.tap, &wire, descs, frames);
+            let mut d = Driver::tx(512, descs, &wire);
+            let guest = run_writev_guest(&mut rig.tap, &d, &wire, descs, frames);
+            let mut txq = TxQueue::new(Virtqueue::new(&d.queue(), d.mem()).expect("ring"));
+            layout.push((heap, guest));
+            dev.push((guest, run_tx(&mut d, &mut txq, &mut rig.tap, 1, frames)));
+        }
+        if !layout.is_empty() {
+            report(&layout_row, &format!("writev {descs} iov"), &layout);
+            report(&dev_row, &base_name, &dev);
+        }
+    }
+    let host_tx_row = "tx tap (writev) 1-desc batch 1, frames from host buffers";
+    let mut pairs = Vec::new();
+    for _ in 0..if wanted(host_tx_row) { repeats } else { 0 } {
+        rig.tap.set_tx_batching(false);
+        let base = run_writev(&mut rig.tap, &wire, 1, frames);
+        let mut host = HostBufTap::sending(&rig.tap, &wire);
+        let mut d = Driver::tx(512, 1, &wire);
+        let mut txq = TxQueue::new(Virtqueue::new(&d.queue(), d.mem()).expect("ring"));
+        pairs.push((base, run_tx(&mut d, &mut txq, &mut host, 1, frames)));
+    }
+    if !pairs.is_empty() {
+        report(host_tx_row, "writev 1 iov", &pairs);
     }
     rig.tap.set_tx_batching(true);
     let rx_frames = frames / 4;
