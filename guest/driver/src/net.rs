@@ -211,13 +211,14 @@ impl<H: Hal, T: Transport> VirtioNet<H, T> {
     }
 
     /// Hands queue `queue`'s rings to the device and enables it. On error the device is
-    /// marked FAILED (and reset when `self` drops).
+    /// marked FAILED (and reset when `self` drops). The current pair's queues are `self.rq`/`self.sq` whichever pair that is; the others
+    /// are parked in `self.mq`.
     pub(crate) fn program_queue(&mut self, queue: u16) -> Result<(), InitError> {
-        let (size, (desc, avail, used)) = match (queue, &self.cq) {
-            (RX_QUEUE, _) => (self.rq.ring.size(), self.rq.ring.addresses()),
-            (TX_QUEUE, _) => (self.sq.ring.size(), self.sq.ring.addresses()),
-            (q, Some(cq)) if q == cq.ring.index() => (cq.ring.size(), cq.ring.addresses()),
-            (q, _) => match self.mq.ring_of(q) {
+        let (size, (desc, avail, used)) = match &self.cq {
+            _ if queue == self.rq.ring.index() => (self.rq.ring.size(), self.rq.ring.addresses()),
+            _ if queue == self.sq.ring.index() => (self.sq.ring.size(), self.sq.ring.addresses()),
+            Some(cq) if queue == cq.ring.index() => (cq.ring.size(), cq.ring.addresses()),
+            _ => match self.mq.ring_of(queue) {
                 Some(ring) => ring,
                 None => return Ok(()),
             },

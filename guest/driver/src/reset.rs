@@ -28,7 +28,7 @@ use core::fmt;
 use crate::error::InitError;
 use crate::features::F_RING_RESET;
 use crate::hal::Hal;
-use crate::net::{QueueId, VirtioNet, RX_QUEUE, TX_QUEUE};
+use crate::net::{QueueId, VirtioNet};
 use crate::transport::{status, Transport};
 use crate::tx::TxToken;
 
@@ -120,8 +120,8 @@ pub struct ResetCounters {
 }
 
 impl<H: Hal, T: Transport> VirtioNet<H, T> {
-    /// Resets data queue `queue` alone and brings it back (see the [module](self) doc); the
-    /// other queue keeps running. Needs VIRTIO_F_RING_RESET ([`Self::features`]); without it
+    /// Resets data queue `queue` of the current pair ([`Self::select_pair`]) alone and brings
+    /// it back (see the [module](self) doc); every other queue keeps running. Needs VIRTIO_F_RING_RESET ([`Self::features`]); without it
     /// nothing is written to the device.
     pub fn reset_queue(&mut self, queue: QueueId) -> Result<QueueResetReport, QueueResetError> {
         if self.features & F_RING_RESET == 0 {
@@ -144,9 +144,10 @@ impl<H: Hal, T: Transport> VirtioNet<H, T> {
     }
 
     fn reset_and_reenable(&mut self, queue: QueueId) -> Result<QueueResetReport, QueueResetError> {
+        // The current pair's queue (`self.rq`/`self.sq`, whose buffers are taken back below).
         let index = match queue {
-            QueueId::Rx => RX_QUEUE,
-            QueueId::Tx => TX_QUEUE,
+            QueueId::Rx => self.rq.ring.index(),
+            QueueId::Tx => self.sq.ring.index(),
         };
         if let Err(e) = self.transport.reset_queue(index, QUEUE_RESET_POLLS) {
             // The queue may be half reset: neither side can trust its state any more.

@@ -536,8 +536,9 @@ impl TestDevice {
         device
     }
 
-    /// Picks queue `q` (0 rx, 1 tx) up again as the driver re-enabled it after a per-queue
-    /// reset: new device state, indexes from 0.
+    /// Picks queue `q` (even rx, odd tx; a pair other than 0's inside [`Self::on_pair`]) up
+    /// again as the driver re-enabled it after a per-queue reset: new device state, indexes
+    /// from 0.
     pub(crate) fn reattach(&mut self, q: usize) {
         let regs = self.transport.regs();
         let r = regs.queues[q];
@@ -551,9 +552,10 @@ impl TestDevice {
             event_idx,
         );
         drop(regs);
-        match q {
-            0 => self.rx = queue,
-            _ => self.tx = queue,
+        if q.is_multiple_of(2) {
+            self.rx = queue;
+        } else {
+            self.tx = queue;
         }
     }
 

@@ -148,7 +148,8 @@ impl Regs {
         let allowed = value == 1
             && self.status & status::DRIVER_OK != 0
             && self.driver_features & F_RING_RESET != 0
-            && sel < 2
+            // Data queues only (2 per pair of `max_virtqueue_pairs`), as virtio-net.
+            && sel < 2 * u32::from(u16::from_le_bytes([self.config[8], self.config[9]]))
             && self.queues[sel as usize].ready == 1;
         if !allowed {
             self.bad_writes.push((regs::QUEUE_RESET, value));

@@ -280,3 +280,89 @@ fn bring_up_refusals_are_clear_errors() {
     let text = std::format!("{}", InitError::TooManyQueuePairs { wanted: 3, max: 2 });
     assert!(text.contains("at most 2"), "{text}");
 }
+
+/// A per-queue reset acts on the current pair's queue: pair 1's rx reset resets virtqueue 2
+/// and programs it again with pair 1's own ring, pair 1's tx reset virtqueue 3; pair 0's queues
+/// are not touched and both pairs keep working.
+#[test]
+fn a_queue_reset_acts_on_the_current_pairs_queues() {
+    use crate::features::F_RING_RESET;
+    use crate::{QueueId, QueueResetReport};
+
+    let hal = TestHal::new(ARENA);
+    let mut regs = Regs::default();
+    regs.multiqueue(2);
+    regs.device_features |= F_RING_RESET;
+    let transport = TestTransport::new(regs);
+    let slot = serve_ctrl_from_bring_up(&hal, &transport, CtrlBehaviour::Model);
+    let net = VirtioNet::new(hal.clone(), transport.clone(), mq_config(2)).expect("init");
+    let dev = TestDevice::attach_with(&hal, &transport, Some(slot));
+    let mut h = Harness {
+        net,
+        dev,
+        hal,
+        transport,
+    };
+    let before: Vec<_> = h.transport.regs().queues.clone();
+    // A frame for pair 1, not polled: the reset finds it used and drops it.
+    assert!(h.dev.on_pair(1, |d| d.rx_deliver(&frame(7, 64))));
+    let (rx_size, _) = h.net.pair_queue_sizes(1).unwrap();
+    let report = h
+        .net
+        .on_pair(1)
+        .unwrap()
+        .reset_queue(QueueId::Rx)
+        .expect("rx reset");
+    assert_eq!(
+        report,
+        QueueResetReport {
+            used: 1,
+            unused: usize::from(rx_size) - 1
+        }
+    );
+    h.net.on_pair(1).unwrap().transmit(&frame(50, 60)).unwrap();
+    h.dev.on_pair(1, |d| d.tx_drain());
+    h.net
+        .on_pair(1)
+        .unwrap()
+        .reset_queue(QueueId::Tx)
+        .expect("tx reset");
+    {
+        let regs = h.transport.regs();
+        assert_eq!(regs.queue_resets, [2, 3], "pair 1's queues, by index");
+        for (q, (was, now)) in before.iter().zip(&regs.queues).take(4).enumerate() {
+            assert_eq!(now.ready, 1, "queue {q} enabled");
+            assert_eq!(
+                (now.num, now.desc, now.avail, now.used),
+                (was.num, was.desc, was.avail, was.used),
+                "queue {q} keeps its own rings"
+            );
+        }
+        assert!(regs.bad_writes.is_empty());
+    }
+    h.dev.on_pair(1, |d| {
+        d.reattach(2);
+        d.reattach(3);
+    });
+    // Both pairs still send and receive on their own queues.
+    assert!(h.dev.on_pair(1, |d| d.rx_deliver(&frame(8, 64))));
+    assert!(h.dev.rx_deliver(&frame(9, 64)));
+    for (pair, seq) in [(1u16, 8u32), (0, 9)] {
+        let mut got = Vec::new();
+        h.net.on_pair(pair).unwrap().poll_rx(64, &mut |f: &[u8]| {
+            got.push(seq_of(f));
+            XdpAction::Pass
+        });
+        assert_eq!(got, [seq], "pair {pair}");
+    }
+    h.net.on_pair(1).unwrap().transmit(&frame(60, 60)).unwrap();
+    h.net.on_pair(0).unwrap().transmit(&frame(61, 60)).unwrap();
+    let on1: Vec<u32> = h
+        .dev
+        .on_pair(1, |d| d.tx_drain())
+        .iter()
+        .map(|f| seq_of(f))
+        .collect();
+    let on0: Vec<u32> = h.dev.tx_drain().iter().map(|f| seq_of(f)).collect();
+    assert_eq!((on0, on1), (std::vec![61], std::vec![60]));
+}
