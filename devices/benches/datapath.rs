@@ -1,11 +1,15 @@
 //! The device's own cost per frame, next to the backend's system call, **in the same run**.
 //!
-//! For each case the bench measures, in alternation and `--repeats` times, a bare loop of the
-//! backend's system call on the same tap with the same frame (`writev` for tx, `readv` for rx)
-//! and the datapath call ([`TxQueue::process`] / [`RxQueue::process`]) doing the same work
-//! through a virtqueue in guest memory; it prints the medians and the median of the per-repeat
-//! differences: the device's cost on top of the system call. The null backend (no system call,
-//! a benchmarking backend) isolates the virtio work.
+//! For each case the bench measures a bare loop of the backend's system call on the same tap
+//! with the same frame (`writev` for tx, `readv` for rx) and the datapath call
+//! ([`TxQueue::process`] / [`RxQueue::process`]) doing the same work through a virtqueue in
+//! guest memory, in alternation: `--rounds` pairs of chunks of `--frames` frames a side (a few
+//! milliseconds each; the order swapped every round, after a discarded warm-up pair), so that
+//! the machine's changes of speed, which on a shared host come and go over seconds, land on
+//! both sides of a pair. Each row prints the median baseline, the median case, the median of
+//! the per-pair differences (the device's cost on top of the system call) and that
+//! difference's quartiles. The null backend (no system call, a benchmarking backend) isolates
+//! the virtio work.
 //!
 //! - tx: a pre-filled ring of 1- or 2-descriptor chains (header + 64 B frame; the header in its
 //!   own descriptor for 2), drained 1 or 256 frames per call, on the tap with one `writev` per
@@ -29,8 +33,9 @@
 //! root and /dev/net/tun, else only the null-backend rows run). Measure on an idle machine: the
 //! load average is printed with the table.
 //!
-//! Run: `cargo bench -p devices --bench datapath [-- --repeats N] [--quick] [--frames N] [--only TEXT]`
-//! (`--only` keeps the rows whose name, baseline included for the rx tap rows, contains TEXT).
+//! Run: `cargo bench -p devices --bench datapath [-- --rounds N] [--quick] [--frames N] [--only TEXT]`
+//! (`--only` keeps the rows whose name, baseline included for the rx tap rows, contains TEXT;
+//! `--only =NAME` the row of that name).
 
 use std::io;
 use std::sync::atomic::{AtomicU16, Ordering};
@@ -226,6 +231,43 @@ fn frame() -> Vec<u8> {
     f
 }
 
+/// Lists of a frame split as the chains split it (1: one iovec; 2: the header, then the
+/// frame), one per buffer of `bufs`, each holding the frame's `len` bytes at its start.
+fn frame_lists<'a>(
+    bufs: impl Iterator<Item = &'a mut [u8]>,
+    len: usize,
+    descs: u16,
+) -> Vec<IovecList<'a>> {
+    bufs.map(|buf| {
+        let buf = &mut buf[..len];
+        let mut list = IovecList::new();
+        if descs == 1 {
+            list.push_slice(buf).expect("room");
+        } else {
+            let (hdr, rest) = buf.split_at_mut(VNET_HDR_LEN);
+            list.push_slice(hdr).expect("room");
+            list.push_slice(rest).expect("room");
+        }
+        list
+    })
+    .collect()
+}
+
+/// `n` buffers of `stride` bytes from guest address `BUFS_AT` of `d`'s memory: where the tx
+/// chains' frames and the rx chains' buffers are.
+fn guest_bufs(d: &Driver, n: usize, stride: usize) -> impl Iterator<Item = &mut [u8]> {
+    let host = d.avail.wrapping_sub(AVAIL_AT as usize);
+    (0..n).map(move |i| {
+        let at = BUFS_AT as usize + i * stride;
+        // SAFETY: `host` is the host address of guest address 0 of `d`'s one region (32 MiB,
+        // mapped while `d` lives, which the slice's lifetime is tied to); buffer `i` lies at
+        // BUFS_AT + i·stride, inside it (n·stride ≤ 1 MiB here). The bench's bare loops hand
+        // these bytes only to the kernel (writev reads them, readv writes them), on this thread,
+        // never while a device call on the same buffers runs.
+        unsafe { std::slice::from_raw_parts_mut(host.wrapping_add(at), stride) }
+    })
+}
+
 /// ns per frame of `iters` batches of `batch` frames sent through `txq`.
 fn run_tx<B: NetBackend>(
     d: &mut Driver,
@@ -254,32 +296,102 @@ fn run_tx<B: NetBackend>(
     ns / (iters * batch) as f64
 }
 
-/// ns per frame of a bare `writev` loop of the frames the tx chains of `d` hold (header and
-/// frame split as the chains split them), in ring order, straight from their buffers in guest
-/// memory: 2 KiB apart, as a guest's buffers are, where [`run_writev`]'s heap copies sit
-/// next to each other.
-fn run_writev_guest(backend: &mut Tap, d: &Driver, frame: &[u8], descs: u16, frames: usize) -> f64 {
-    let host = d.avail.wrapping_sub(AVAIL_AT as usize);
-    let lists: Vec<IovecList<'_>> = (0..d.heads.len())
-        .map(|c| {
-            let at = BUFS_AT as usize + c * 2048;
-            // SAFETY: `host` is the host address of guest address 0 of `d`'s one region
-            // (32 MiB), mapped while `d` lives (it outlives the lists); chain `c`'s buffer is
-            // the frame's bytes at BUFS_AT + c·2 KiB, inside it, which only the kernel reads
-            // meanwhile.
-            let buf = unsafe { std::slice::from_raw_parts_mut(host.wrapping_add(at), frame.len()) };
-            let mut list = IovecList::new();
-            if descs == 1 {
-                list.push_slice(buf).expect("room");
-            } else {
-                let (hdr, rest) = buf.split_at_mut(VNET_HDR_LEN);
-                list.push_slice(hdr).expect("room");
-                list.push_slice(rest).expect("room");
+/// The least a split-ring device does for a one-frame tx call with EVENT_IDX, written out by
+/// hand over [`Driver`]'s 1-descriptor chains with no checks at all (not a device: a floor to
+/// read the device rows against): its state lives in memory and each call is out of line, as a
+/// device's must be between two wake-ups.
+struct Floor {
+    desc: *mut u8,
+    avail: *mut u8,
+    used: *mut u8,
+    /// Host address of guest address 0.
+    host: *mut u8,
+    size: u16,
+    next_avail: u16,
+    next_used: u16,
+    fd: libc::c_int,
+}
+
+impl Floor {
+    /// Over `d`'s rings, from where the driver is (nothing pending, every used entry returned).
+    fn new(d: &Driver, tap: &Tap) -> Floor {
+        let host = d.avail.wrapping_sub(AVAIL_AT as usize);
+        Floor {
+            desc: host.wrapping_add(DESC_AT as usize),
+            avail: d.avail,
+            used: host.wrapping_add(USED_AT as usize),
+            host,
+            size: d.size,
+            next_avail: d.avail_idx,
+            next_used: d.q.used_idx(),
+            fd: tap.as_raw_fd(),
+        }
+    }
+
+    /// One call: load the avail index, the entry and the descriptor, `writev` the frame,
+    /// write the used element and store the used index, store `avail_event`, fence, re-load
+    /// the avail index and load `used_event` (the interrupt decision). Returns whether it sent.
+    #[inline(never)]
+    fn call(&mut self) -> bool {
+        let size = usize::from(self.size);
+        let mask = self.size - 1;
+        // SAFETY: the pointers are the host addresses of a live [`Driver`]'s rings (inside its
+        // one 32 MiB region, which outlives `self` in the bench): a table of `size` 16-byte
+        // descriptors, an avail ring of 6 + 2·size bytes and a used ring of 6 + 8·size bytes,
+        // each suitably aligned; every offset below stays inside them (slots are masked, heads
+        // are the bench's own, < size), and each descriptor's buffer lies inside the region
+        // (the bench wrote it). The driver side runs on this thread between calls.
+        unsafe {
+            let avail = self.avail;
+            let idx = AtomicU16::from_ptr(avail.add(2).cast()).load(Ordering::Acquire);
+            if idx == self.next_avail {
+                return false;
             }
-            list
-        })
-        .collect();
-    writev_loop(backend, &lists, frames)
+            let slot = usize::from(self.next_avail & mask);
+            let head = usize::from(std::ptr::read_volatile(
+                avail.add(4 + 2 * slot).cast::<u16>(),
+            ));
+            self.next_avail = self.next_avail.wrapping_add(1);
+            let dp = self.desc.add(16 * head);
+            let addr = std::ptr::read_volatile(dp.cast::<u64>());
+            let len = std::ptr::read_volatile(dp.add(8).cast::<u32>());
+            let iov = libc::iovec {
+                iov_base: self.host.add(addr as usize).cast(),
+                iov_len: len as usize,
+            };
+            let n = libc::writev(self.fd, &iov, 1);
+            assert_eq!(n, len as isize, "writev");
+            let used = self.used;
+            let elem = used
+                .add(4 + 8 * usize::from(self.next_used & mask))
+                .cast::<u32>();
+            std::ptr::write_volatile(elem, head as u32);
+            std::ptr::write_volatile(elem.add(1), 0);
+            let old = self.next_used;
+            self.next_used = old.wrapping_add(1);
+            AtomicU16::from_ptr(used.add(2).cast()).store(self.next_used, Ordering::Release);
+            AtomicU16::from_ptr(used.add(4 + 8 * size).cast())
+                .store(self.next_avail, Ordering::Relaxed);
+            std::sync::atomic::fence(Ordering::SeqCst);
+            let again = AtomicU16::from_ptr(avail.add(2).cast()).load(Ordering::Acquire);
+            let event = AtomicU16::from_ptr(avail.add(4 + 2 * size).cast()).load(Ordering::Relaxed);
+            // vring_need_event(event, new, old)
+            let raise = self.next_used.wrapping_sub(event).wrapping_sub(1)
+                < self.next_used.wrapping_sub(old);
+            std::hint::black_box((again, raise));
+            true
+        }
+    }
+}
+
+/// ns per frame of one-frame [`Floor`] calls, the driver publishing each frame first.
+fn run_floor(d: &mut Driver, floor: &mut Floor, frames: usize) -> f64 {
+    let start = Instant::now();
+    for _ in 0..frames {
+        d.publish(1);
+        assert!(floor.call(), "a frame was queued");
+    }
+    start.elapsed().as_nanos() as f64 / frames as f64
 }
 
 /// ns per frame of `frames` `writev`s, from `lists` in turn.
@@ -293,63 +405,57 @@ fn writev_loop(backend: &mut Tap, lists: &[IovecList<'_>], frames: usize) -> f64
     start.elapsed().as_nanos() as f64 / frames as f64
 }
 
-/// ns per frame of a bare `writev` loop: the same frame, split as the chains are, from 256
-/// rotating heap copies (next to each other: a smaller footprint than the ring's buffers, see
-/// [`run_writev_guest`]).
-fn run_writev(backend: &mut Tap, frame: &[u8], descs: u16, frames: usize) -> f64 {
-    let mut bufs: Vec<Vec<u8>> = (0..256).map(|_| frame.to_vec()).collect();
-    let mut lists: Vec<IovecList<'_>> = Vec::new();
-    for buf in &mut bufs {
-        let mut list = IovecList::new();
-        if descs == 1 {
-            list.push_slice(buf).expect("room");
-        } else {
-            let (hdr, rest) = buf.split_at_mut(VNET_HDR_LEN);
-            list.push_slice(hdr).expect("room");
-            list.push_slice(rest).expect("room");
-        }
-        lists.push(list);
-    }
-    writev_loop(backend, &lists, frames)
+/// A bare loop of io_uring batches: `batch` `writev`s per `io_uring_enter` ([`BatchRing`] on
+/// the tap's fd), from 256 rotating heap copies of the frame split as the chains are.
+struct UringWrites {
+    ring: BatchRing,
+    /// Owns the bytes `lists` points to (heap buffers: they stay put when this moves).
+    _bufs: Vec<Vec<u8>>,
+    lists: Vec<(Vec<libc::iovec>, Vec<usize>)>,
+    results: Vec<io::Result<usize>>,
 }
 
-/// ns per frame of a bare loop of io_uring batches: `batch` `writev`s of the same frame, split
-/// as the chains are, per `io_uring_enter` ([`BatchRing`] on the tap's fd), from 256 rotating
-/// buffers.
-fn run_uring(backend: &Tap, frame: &[u8], descs: u16, batch: usize, frames: usize) -> f64 {
-    let mut ring = BatchRing::new(backend.as_raw_fd()).expect("io_uring");
-    let mut bufs: Vec<Vec<u8>> = (0..256).map(|_| frame.to_vec()).collect();
-    let mut lists: Vec<(IovecList<'_>, Vec<usize>)> = Vec::new();
-    for chunk in bufs.chunks_mut(batch) {
-        let mut list = IovecList::new();
-        let mut ends = Vec::new();
-        for buf in chunk {
-            if descs == 1 {
-                list.push_slice(buf).expect("room");
-            } else {
-                let (hdr, rest) = buf.split_at_mut(VNET_HDR_LEN);
-                list.push_slice(hdr).expect("room");
-                list.push_slice(rest).expect("room");
+impl UringWrites {
+    fn new(tap: &Tap, frame: &[u8], descs: u16, batch: usize) -> UringWrites {
+        let mut bufs: Vec<Vec<u8>> = (0..256).map(|_| frame.to_vec()).collect();
+        let mut lists = Vec::new();
+        for chunk in bufs.chunks_mut(batch) {
+            let framed = frame_lists(chunk.iter_mut().map(Vec::as_mut_slice), frame.len(), descs);
+            let mut iovs = Vec::new();
+            let mut ends = Vec::new();
+            for list in &framed {
+                iovs.extend_from_slice(list.as_iovecs().as_raw());
+                ends.push(iovs.len());
             }
-            ends.push(list.len());
+            lists.push((iovs, ends));
         }
-        lists.push((list, ends));
+        UringWrites {
+            ring: BatchRing::new(tap.as_raw_fd()).expect("io_uring"),
+            _bufs: bufs,
+            lists,
+            results: (0..batch).map(|_| Ok(0)).collect(),
+        }
     }
-    let mut results: Vec<io::Result<usize>> = (0..batch).map(|_| Ok(0)).collect();
-    let calls = frames.div_ceil(batch);
-    let start = Instant::now();
-    let mut sent = 0;
-    for i in 0..calls {
-        let (list, ends) = &lists[i % lists.len()];
-        // SAFETY: the iovecs point into `bufs`, alive and unmoved for the whole loop.
-        unsafe { ring.write(list.as_iovecs().as_raw(), ends, &mut results) }.expect("ring");
-        assert!(
-            results[..ends.len()].iter().all(|r| r.is_ok()),
-            "batched write"
-        );
-        sent += ends.len();
+
+    /// ns per frame of batches covering at least `frames` frames.
+    fn run(&mut self, frames: usize) -> f64 {
+        let start = Instant::now();
+        let mut sent = 0;
+        let mut i = 0;
+        while sent < frames {
+            let (iovs, ends) = &self.lists[i % self.lists.len()];
+            i += 1;
+            // SAFETY: the iovecs point into `self._bufs`, alive and unmoved while `self` lives
+            // and only read meanwhile.
+            unsafe { self.ring.write(iovs, ends, &mut self.results) }.expect("ring");
+            assert!(
+                self.results[..ends.len()].iter().all(|r| r.is_ok()),
+                "batched write"
+            );
+            sent += ends.len();
+        }
+        start.elapsed().as_nanos() as f64 / sent as f64
     }
-    start.elapsed().as_nanos() as f64 / sent as f64
 }
 
 /// The tap in this process's own network namespace, and a packet socket to inject frames.
@@ -410,72 +516,17 @@ fn run_rx<B: NetBackend>(
     timed.as_nanos() as f64 / (iters * batch) as f64
 }
 
-/// ns per frame of one-frame `process_rx` calls that each read until EAGAIN (sparse reads off,
-/// as the `readv+EAGAIN` baseline does), on the tap or, with `host`, on [`HostBufTap`].
-fn run_rx_draining(rig: &mut TapRig, wire: &[u8], host: bool, frames: usize) -> f64 {
-    let (mut d, mut rxq) = Driver::rx_full(256, RxMode::SingleChain, RX_GATHER_NO_GSO_BYTES);
-    rxq.set_sparse_reads(false);
-    let sock = &rig.inject;
-    let frame = &wire[VNET_HDR_LEN..];
-    if host {
-        let mut host = HostBufTap::new(&rig.tap);
-        run_rx(
-            &mut d,
-            &mut rxq,
-            &mut host,
-            |_, n| inject(sock, frame, n),
-            1,
-            frames,
-        )
-    } else {
-        run_rx(
-            &mut d,
-            &mut rxq,
-            &mut rig.tap,
-            |_, n| inject(sock, frame, n),
-            1,
-            frames,
-        )
-    }
-}
-
-/// ns per frame of bare `readv` calls into one 2 KiB host buffer (+ the tap's guard byte),
-/// `batch` frames per timed group, injected the same way. With `probe`, each group ends with
-/// the `readv` that finds the tap empty (EAGAIN), as any device draining a tap must.
-fn run_readv(rig: &mut TapRig, frame: &[u8], batch: usize, frames: usize, probe: bool) -> f64 {
-    run_readv_into(rig, frame, batch, frames, probe, false)
-}
-
-/// [`run_readv`], into the rx buffers of a guest memory laid out as the device rows' (with
-/// `guest`) instead of host heap buffers.
-fn run_readv_into(
+/// ns per frame of bare `readv` calls, each into one buffer of `lists` in turn, `batch` frames
+/// per timed group, injected as the device rows' are. With `probe`, each group ends with the
+/// `readv` that finds the tap empty (EAGAIN), as any device draining a tap must.
+fn readv_loop(
     rig: &mut TapRig,
+    lists: &[IovecList<'_>],
     frame: &[u8],
     batch: usize,
     frames: usize,
     probe: bool,
-    guest: bool,
 ) -> f64 {
-    let mut bufs: Vec<Vec<u8>> = (0..256).map(|_| vec![0u8; RX_BUF_LEN as usize]).collect();
-    let d = Driver::rx(256);
-    let host = d.avail.wrapping_sub(AVAIL_AT as usize);
-    let mut lists: Vec<IovecList<'_>> = Vec::new();
-    for (i, buf) in bufs.iter_mut().enumerate() {
-        let mut list = IovecList::new();
-        if guest {
-            let at = BUFS_AT as usize + i * RX_BUF_LEN as usize;
-            // SAFETY: `host` is the host address of guest address 0 of `d`'s one region
-            // (32 MiB), which `d` keeps mapped until this function returns; buffer `i` is the
-            // 2 KiB at BUFS_AT + i·2 KiB, inside it, and nothing else uses it meanwhile.
-            let slice = unsafe {
-                std::slice::from_raw_parts_mut(host.wrapping_add(at), RX_BUF_LEN as usize)
-            };
-            list.push_slice(slice).expect("room");
-        } else {
-            list.push_slice(buf).expect("room");
-        }
-        lists.push(list);
-    }
     let mut timed = Duration::ZERO;
     let iters = frames.div_ceil(batch);
     let mut next = 0;
@@ -497,46 +548,84 @@ fn run_readv_into(
     timed.as_nanos() as f64 / (iters * batch) as f64
 }
 
-/// ns per frame of a bare loop of io_uring read batches on the tap: `batch` frames injected,
-/// then one [`BatchRing::read`] of `batch + 1` reads into 2 KiB host buffers (+ a guard byte
-/// each), the last finding the tap empty: the batched form of [`run_readv`] with `probe`.
-fn run_uring_read(rig: &mut TapRig, frame: &[u8], batch: usize, frames: usize) -> f64 {
-    let mut ring = BatchRing::with_reads(rig.tap.as_raw_fd()).expect("io_uring");
-    let reads = batch + 1;
-    let mut bufs: Vec<Vec<u8>> = (0..reads).map(|_| vec![0u8; RX_BUF_LEN as usize]).collect();
-    let mut guard = [0u8; 1];
-    let mut iovs = Vec::new();
-    let mut ends = Vec::new();
-    for buf in &mut bufs {
-        iovs.push(libc::iovec {
-            iov_base: buf.as_mut_ptr().cast(),
-            iov_len: buf.len(),
-        });
-        iovs.push(libc::iovec {
-            iov_base: guard.as_mut_ptr().cast(),
-            iov_len: 1,
-        });
-        ends.push(iovs.len());
-    }
-    let mut results: Vec<io::Result<usize>> = (0..reads).map(|_| Ok(0)).collect();
-    let mut timed = Duration::ZERO;
-    let iters = frames.div_ceil(batch);
-    for _ in 0..iters {
-        inject(&rig.inject, &frame[VNET_HDR_LEN..], batch);
-        let start = Instant::now();
-        // SAFETY: the iovecs point into `bufs` and `guard`, alive, unmoved and otherwise
-        // unused for the whole loop.
-        unsafe { ring.read(&iovs, &ends, &mut results) }.expect("ring");
-        timed += start.elapsed();
-        assert!(results[..batch].iter().all(|r| r.is_ok()), "batched read");
-        assert!(
-            matches!(results[batch], Err(ref e) if e.kind() == io::ErrorKind::WouldBlock),
-            "the last read finds the tap empty"
-        );
-    }
-    timed.as_nanos() as f64 / (iters * batch) as f64
+/// One 2 KiB list per buffer of `bufs`.
+fn rx_lists<'a>(bufs: impl Iterator<Item = &'a mut [u8]>) -> Vec<IovecList<'a>> {
+    bufs.map(|buf| {
+        let mut list = IovecList::new();
+        list.push_slice(&mut buf[..RX_BUF_LEN as usize])
+            .expect("room");
+        list
+    })
+    .collect()
 }
 
+/// A bare loop of io_uring read batches on the tap: `batch` frames injected, then one
+/// [`BatchRing::read`] of `batch + 1` reads into 2 KiB host buffers (+ a guard byte each), the
+/// last finding the tap empty: the batched form of [`readv_loop`] with `probe`.
+struct UringReads {
+    ring: BatchRing,
+    /// Own the bytes `iovs` points to (heap buffers: they stay put when this moves).
+    _bufs: Vec<Vec<u8>>,
+    _guard: Box<[u8; 1]>,
+    iovs: Vec<libc::iovec>,
+    ends: Vec<usize>,
+    results: Vec<io::Result<usize>>,
+    batch: usize,
+}
+
+impl UringReads {
+    fn new(tap: &Tap, batch: usize) -> UringReads {
+        let reads = batch + 1;
+        let mut bufs: Vec<Vec<u8>> = (0..reads).map(|_| vec![0u8; RX_BUF_LEN as usize]).collect();
+        let mut guard = Box::new([0u8; 1]);
+        let mut iovs = Vec::new();
+        let mut ends = Vec::new();
+        for buf in &mut bufs {
+            iovs.push(libc::iovec {
+                iov_base: buf.as_mut_ptr().cast(),
+                iov_len: buf.len(),
+            });
+            iovs.push(libc::iovec {
+                iov_base: guard.as_mut_ptr().cast(),
+                iov_len: 1,
+            });
+            ends.push(iovs.len());
+        }
+        UringReads {
+            ring: BatchRing::with_reads(tap.as_raw_fd()).expect("io_uring"),
+            _bufs: bufs,
+            _guard: guard,
+            iovs,
+            ends,
+            results: (0..reads).map(|_| Ok(0)).collect(),
+            batch,
+        }
+    }
+
+    /// ns per frame of `frames` frames read in batches.
+    fn run(&mut self, rig: &TapRig, frame: &[u8], frames: usize) -> f64 {
+        let batch = self.batch;
+        let mut timed = Duration::ZERO;
+        let iters = frames.div_ceil(batch);
+        for _ in 0..iters {
+            inject(&rig.inject, &frame[VNET_HDR_LEN..], batch);
+            let start = Instant::now();
+            // SAFETY: the iovecs point into `self._bufs` and `self._guard`, alive, unmoved and
+            // otherwise unused while `self` lives.
+            unsafe { self.ring.read(&self.iovs, &self.ends, &mut self.results) }.expect("ring");
+            timed += start.elapsed();
+            assert!(
+                self.results[..batch].iter().all(|r| r.is_ok()),
+                "batched read"
+            );
+            assert!(
+                matches!(self.results[batch], Err(ref e) if e.kind() == io::ErrorKind::WouldBlock),
+                "the last read finds the tap empty"
+            );
+        }
+        timed.as_nanos() as f64 / (iters * batch) as f64
+    }
+}
 /// A benchmarking backend: reads each frame from the tap (its own descriptor of the same
 /// queue) into one of 256 rotating host buffers, as the bare loop does, and ignores the guest's
 /// buffers; built with [`HostBufTap::sending`], it writes each frame from such buffers
@@ -645,27 +734,56 @@ fn timer_overhead(iters: usize) -> f64 {
 /// `--only TEXT`: run only the rows whose name contains TEXT (to profile one row).
 static ONLY: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
 
+/// `--only =NAME` keeps that row alone.
 fn wanted(name: &str) -> bool {
     ONLY.get()
         .and_then(Option::as_deref)
-        .is_none_or(|only| name.contains(only))
+        .is_none_or(|only| match only.strip_prefix('=') {
+            Some(exact) => name == exact,
+            None => name.contains(only),
+        })
 }
 
-fn median(v: &mut [f64]) -> f64 {
+/// The `q`-quantile (0..=1) of `v`, nearest rank.
+fn quantile(v: &mut [f64], q: f64) -> f64 {
     v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
+    v[((v.len() - 1) as f64 * q).round() as usize]
 }
 
-/// One row: the median baseline, the median case, and the median per-repeat difference.
+/// Runs `side(false)` (the baseline) and `side(true)` (the case) alternately: one warm-up
+/// pair, discarded, then `rounds` pairs, the order swapped every round. Each side runs one
+/// chunk of frames (milliseconds), so that a change in the machine's speed, which on a shared
+/// host comes and goes over seconds, lands on both sides of a pair.
+fn alternate(rounds: usize, mut side: impl FnMut(bool) -> f64) -> Vec<(f64, f64)> {
+    side(false);
+    side(true);
+    (0..rounds)
+        .map(|r| {
+            if r % 2 == 0 {
+                let base = side(false);
+                (base, side(true))
+            } else {
+                let case = side(true);
+                (side(false), case)
+            }
+        })
+        .collect()
+}
+
+/// One row: the median baseline, the median case, the median per-pair difference and that
+/// difference's quartiles.
 fn report(name: &str, base: &str, pairs: &[(f64, f64)]) {
     let mut b: Vec<f64> = pairs.iter().map(|p| p.0).collect();
     let mut c: Vec<f64> = pairs.iter().map(|p| p.1).collect();
     let mut d: Vec<f64> = pairs.iter().map(|p| p.1 - p.0).collect();
+    let (q1, q3) = (quantile(&mut d, 0.25), quantile(&mut d, 0.75));
     println!(
-        "{name:<38} {base:<16} {:>9.0} {:>9.0} {:>+9.0}",
-        median(&mut b),
-        median(&mut c),
-        median(&mut d)
+        "{name:<58} {base:<24} {:>6.0} {:>6.0} {:>+6.0}  {:>+5.0}..{:<+5.0}",
+        quantile(&mut b, 0.5),
+        quantile(&mut c, 0.5),
+        quantile(&mut d, 0.5),
+        q1,
+        q3
     );
 }
 
@@ -678,21 +796,23 @@ fn main() {
             .position(|a| a == name)
             .and_then(|i| args.get(i + 1))
     };
-    let repeats = value("--repeats")
+    let rounds = value("--rounds")
         .and_then(|v| v.parse().ok())
-        .unwrap_or(if quick { 3 } else { 9 });
-    let frames = value("--frames")
+        .unwrap_or(if quick { 3 } else { 24 });
+    let frames: usize = value("--frames")
         .and_then(|v| v.parse().ok())
-        .unwrap_or(if quick { 4096 } else { 65536 });
+        .unwrap_or(if quick { 1024 } else { 8192 });
     let only = value("--only").cloned();
     ONLY.set(only).expect("set once");
     let loadavg = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
     println!(
-        "# datapath bench: 64 B frames, {repeats} repeats, {frames} frames each; loadavg {}",
+        "# datapath bench: 64 B frames, {rounds} alternated rounds of {frames} frames a side \
+         (rx: {}); loadavg {}",
+        frames / 4,
         loadavg.trim()
     );
     println!(
-        "{:<38} {:<16} {:>9} {:>9} {:>9}",
+        "{:<58} {:<24} {:>6} {:>6} {:>6}  over q1..q3",
         "case (ns/frame)", "baseline", "base", "case", "over"
     );
     let wire = frame();
@@ -704,13 +824,16 @@ fn main() {
             if !wanted(&name) {
                 continue;
             }
-            let mut pairs = Vec::new();
-            for _ in 0..repeats {
-                let mut d = Driver::tx(512, descs, &wire);
-                let mut txq = TxQueue::new(Virtqueue::new(&d.queue(), d.mem()).expect("ring"));
-                let mut null = NullBackend::new(wire.len()).expect("null backend");
-                pairs.push((0.0, run_tx(&mut d, &mut txq, &mut null, batch, frames)));
-            }
+            let mut d = Driver::tx(512, descs, &wire);
+            let mut txq = TxQueue::new(Virtqueue::new(&d.queue(), d.mem()).expect("ring"));
+            let mut null = NullBackend::new(wire.len()).expect("null backend");
+            let pairs = alternate(rounds, |case| {
+                if case {
+                    run_tx(&mut d, &mut txq, &mut null, batch, frames)
+                } else {
+                    0.0
+                }
+            });
             report(&name, "-", &pairs);
         }
     }
@@ -733,20 +856,21 @@ fn main() {
         if !wanted(&name) {
             continue;
         }
-        let mut pairs = Vec::new();
-        for _ in 0..repeats {
-            let mut case = [0.0; 2];
-            for (limited, ns) in case.iter_mut().enumerate() {
-                let mut d = Driver::tx(512, 1, &wire);
+        let mut sides: Vec<(Driver, TxQueue)> = (0..2)
+            .map(|limited| {
+                let d = Driver::tx(512, 1, &wire);
                 let mut txq = TxQueue::new(Virtqueue::new(&d.queue(), d.mem()).expect("ring"));
                 if limited == 1 {
                     txq.set_rate_limiter(&never_hit);
                 }
-                let mut null = NullBackend::new(wire.len()).expect("null backend");
-                *ns = run_tx(&mut d, &mut txq, &mut null, batch, frames);
-            }
-            pairs.push((case[0], case[1]));
-        }
+                (d, txq)
+            })
+            .collect();
+        let mut null = NullBackend::new(wire.len()).expect("null backend");
+        let pairs = alternate(rounds, |case| {
+            let (d, txq) = &mut sides[usize::from(case)];
+            run_tx(d, txq, &mut null, batch, frames)
+        });
         report(&name, "no limiter", &pairs);
     }
     for (mode, gather, label) in [
@@ -758,21 +882,22 @@ fn main() {
             if !wanted(&name) {
                 continue;
             }
-            let mut pairs = Vec::new();
-            for _ in 0..repeats {
-                let (mut d, mut rxq) = Driver::rx_full(256, mode, gather);
-                let mut null = NullBackend::new(wire.len()).expect("null backend");
-                let timer = timer_overhead(frames / batch) / batch as f64;
-                let ns = run_rx(
-                    &mut d,
-                    &mut rxq,
-                    &mut null,
-                    |b, n| b.queue_rx(n as u64),
-                    batch,
-                    frames,
-                );
-                pairs.push((timer, ns));
-            }
+            let (mut d, mut rxq) = Driver::rx_full(256, mode, gather);
+            let mut null = NullBackend::new(wire.len()).expect("null backend");
+            let pairs = alternate(rounds, |case| {
+                if case {
+                    run_rx(
+                        &mut d,
+                        &mut rxq,
+                        &mut null,
+                        |b, n| b.queue_rx(n as u64),
+                        batch,
+                        frames,
+                    )
+                } else {
+                    timer_overhead(frames / batch) / batch as f64
+                }
+            });
             report(&name, "timer", &pairs);
         }
     }
@@ -790,30 +915,30 @@ fn main() {
         }
     };
     // tx on the tap: one writev per frame (batching off), and batched through io_uring (the
-    // default where the kernel has it), each against a bare writev loop; and a bare loop of
-    // io_uring batches of 32 writevs, the floor of the batched path.
+    // default where the kernel has it), each against a bare writev loop from 256 heap copies
+    // of the frame; and bare loops of io_uring batches, the floor of the batched path.
     let uring = rig.tap.set_tx_batching(true);
     if !uring {
         println!("# io_uring unavailable: the batched rows are skipped");
     }
     for descs in [1u16, 2] {
+        let base_name = format!("writev {descs} iov");
+        let mut heap: Vec<Vec<u8>> = (0..256).map(|_| wire.clone()).collect();
+        let heap = frame_lists(heap.iter_mut().map(Vec::as_mut_slice), wire.len(), descs);
         for ring_batch in [1usize, 2, 4, 8, MAX_TX_BATCH] {
             let name = format!("bare io_uring {ring_batch} x writev {descs} iov");
-            if !wanted(&name) {
+            if !uring || !wanted(&name) {
                 continue;
             }
-            let mut pairs = Vec::new();
-            for _ in 0..repeats {
-                if !uring {
-                    break;
+            let mut bare = UringWrites::new(&rig.tap, &wire, descs, ring_batch);
+            let pairs = alternate(rounds, |case| {
+                if case {
+                    bare.run(frames)
+                } else {
+                    writev_loop(&mut rig.tap, &heap, frames)
                 }
-                rig.tap.set_tx_batching(false);
-                let base = run_writev(&mut rig.tap, &wire, descs, frames);
-                pairs.push((base, run_uring(&rig.tap, &wire, descs, ring_batch, frames)));
-            }
-            if !pairs.is_empty() {
-                report(&name, &format!("writev {descs} iov"), &pairs);
-            }
+            });
+            report(&name, &base_name, &pairs);
         }
         for batch in [1usize, 256] {
             for batching in [false, true] {
@@ -822,68 +947,92 @@ fn main() {
                 if (batching && !uring) || !wanted(&name) {
                     continue;
                 }
-                let mut pairs = Vec::new();
-                for _ in 0..repeats {
-                    rig.tap.set_tx_batching(false);
-                    let base = run_writev(&mut rig.tap, &wire, descs, frames);
-                    rig.tap.set_tx_batching(batching);
-                    let mut d = Driver::tx(512, descs, &wire);
-                    let mut txq = TxQueue::new(Virtqueue::new(&d.queue(), d.mem()).expect("ring"));
-                    let case = run_tx(&mut d, &mut txq, &mut rig.tap, batch, frames);
-                    pairs.push((base, case));
-                }
-                report(&name, &format!("writev {descs} iov"), &pairs);
+                // The bare loop writes through `write_frame` (a writev) either way.
+                rig.tap.set_tx_batching(batching);
+                let mut d = Driver::tx(512, descs, &wire);
+                let mut txq = TxQueue::new(Virtqueue::new(&d.queue(), d.mem()).expect("ring"));
+                let pairs = alternate(rounds, |case| {
+                    if case {
+                        run_tx(&mut d, &mut txq, &mut rig.tap, batch, frames)
+                    } else {
+                        writev_loop(&mut rig.tap, &heap, frames)
+                    }
+                });
+                report(&name, &base_name, &pairs);
             }
         }
-    }
-    // The bare loop from the ring's own buffers, against the heap one; and the one-frame device
-    // rows against it.
-    for descs in [1u16, 2] {
+        // The bare loop from the ring's own buffers (2 KiB apart), against the heap copies
+        // (next to each other); and the one-frame device row against it.
         let layout_row = format!("tx tap: bare writev {descs} iov from the ring's guest buffers");
         let dev_row = format!("tx tap (writev) {descs}-desc batch 1 over the same");
-        let base_name = format!("writev {descs} iov, ring's buffers");
-        let (mut layout, mut dev) = (Vec::new(), Vec::new());
-        for _ in 0..if wanted(&layout_row) || wanted(&dev_row) {
-            repeats
-        } else {
-            0
-        } {
+        let floor_row = "tx tap: the split ring's least work by hand, batch 1 (a floor)";
+        if wanted(&layout_row) || wanted(&dev_row) || (descs == 1 && wanted(floor_row)) {
             rig.tap.set_tx_batching(false);
-            let heap = run_writev(&mut rig.tap, &wire, descs, frames);
             let mut d = Driver::tx(512, descs, &wire);
-            let guest = run_writev_guest(&mut rig.tap, &d, &wire, descs, frames);
             let mut txq = TxQueue::new(Virtqueue::new(&d.queue(), d.mem()).expect("ring"));
-            layout.push((heap, guest));
-            dev.push((guest, run_tx(&mut d, &mut txq, &mut rig.tap, 1, frames)));
+            // A second driver over the same layout lends the bare loop its buffers.
+            let lender = Driver::tx(512, descs, &wire);
+            let guest = frame_lists(
+                guest_bufs(&lender, usize::from(512 / descs), 2048),
+                wire.len(),
+                descs,
+            );
+            if wanted(&layout_row) {
+                let layout = alternate(rounds, |case| {
+                    writev_loop(&mut rig.tap, if case { &guest } else { &heap }, frames)
+                });
+                report(&layout_row, &base_name, &layout);
+            }
+            if wanted(&dev_row) {
+                let dev = alternate(rounds, |case| {
+                    if case {
+                        run_tx(&mut d, &mut txq, &mut rig.tap, 1, frames)
+                    } else {
+                        writev_loop(&mut rig.tap, &guest, frames)
+                    }
+                });
+                report(&dev_row, &format!("{base_name}, ring's buffers"), &dev);
+            }
+            if descs == 1 && wanted(floor_row) {
+                let mut d = Driver::tx(512, 1, &wire);
+                let mut floor = Floor::new(&d, &rig.tap);
+                let pairs = alternate(rounds, |case| {
+                    if case {
+                        run_floor(&mut d, &mut floor, frames)
+                    } else {
+                        writev_loop(&mut rig.tap, &guest, frames)
+                    }
+                });
+                report(floor_row, &format!("{base_name}, ring's buffers"), &pairs);
+            }
         }
-        if !layout.is_empty() {
-            report(&layout_row, &format!("writev {descs} iov"), &layout);
-            report(&dev_row, &base_name, &dev);
+        let host_tx_row = format!("tx tap (writev) {descs}-desc batch 1, frames from host buffers");
+        if descs == 1 && wanted(&host_tx_row) {
+            let mut host = HostBufTap::sending(&rig.tap, &wire);
+            let mut d = Driver::tx(512, 1, &wire);
+            let mut txq = TxQueue::new(Virtqueue::new(&d.queue(), d.mem()).expect("ring"));
+            let pairs = alternate(rounds, |case| {
+                if case {
+                    run_tx(&mut d, &mut txq, &mut host, 1, frames)
+                } else {
+                    writev_loop(&mut rig.tap, &heap, frames)
+                }
+            });
+            report(&host_tx_row, &base_name, &pairs);
         }
-    }
-    let host_tx_row = "tx tap (writev) 1-desc batch 1, frames from host buffers";
-    let mut pairs = Vec::new();
-    for _ in 0..if wanted(host_tx_row) { repeats } else { 0 } {
-        rig.tap.set_tx_batching(false);
-        let base = run_writev(&mut rig.tap, &wire, 1, frames);
-        let mut host = HostBufTap::sending(&rig.tap, &wire);
-        let mut d = Driver::tx(512, 1, &wire);
-        let mut txq = TxQueue::new(Virtqueue::new(&d.queue(), d.mem()).expect("ring"));
-        pairs.push((base, run_tx(&mut d, &mut txq, &mut host, 1, frames)));
-    }
-    if !pairs.is_empty() {
-        report(host_tx_row, "writev 1 iov", &pairs);
     }
     rig.tap.set_tx_batching(true);
+
+    // rx: frames injected through a packet socket on the tap's host side before each timed
+    // call; the bare loops read into 256 rotating 2 KiB heap buffers.
     let rx_frames = frames / 4;
-    let mut pairs = Vec::new();
+    let mut heap: Vec<Vec<u8>> = (0..256).map(|_| vec![0u8; RX_BUF_LEN as usize]).collect();
+    let heap = rx_lists(heap.iter_mut().map(Vec::as_mut_slice));
     let probe_row = "rx tap: the EAGAIN probe per call";
-    for _ in 0..if wanted(probe_row) { repeats } else { 0 } {
-        let bare = run_readv(&mut rig, &wire, 1, rx_frames, false);
-        let probed = run_readv(&mut rig, &wire, 1, rx_frames, true);
-        pairs.push((bare, probed));
-    }
-    if !pairs.is_empty() {
+    if wanted(probe_row) {
+        let pairs = alternate(rounds, |probe| {
+            readv_loop(&mut rig, &heap, &wire, 1, rx_frames, probe)
+        });
         report(probe_row, "readv", &pairs);
     }
     for batch in [1usize, 3, 7, 15, MAX_RX_BATCH - 1] {
@@ -891,13 +1040,18 @@ fn main() {
         if !uring || !wanted(&name) {
             continue;
         }
-        let mut pairs = Vec::new();
-        for _ in 0..repeats {
-            let base = run_readv(&mut rig, &wire, batch, rx_frames, true);
-            pairs.push((base, run_uring_read(&mut rig, &wire, batch, rx_frames)));
-        }
+        let mut bare = UringReads::new(&rig.tap, batch);
+        let pairs = alternate(rounds, |case| {
+            if case {
+                bare.run(&rig, &wire, rx_frames)
+            } else {
+                readv_loop(&mut rig, &heap, &wire, batch, rx_frames, true)
+            }
+        });
         report(&name, "readv+EAGAIN", &pairs);
     }
+    // One-frame calls that each read until EAGAIN (sparse reads off, as the `readv+EAGAIN`
+    // baseline does), on the tap or on `HostBufTap`.
     for (row, host) in [
         ("rx tap mrg off batch 1, frames into host buffers", true),
         (
@@ -905,23 +1059,35 @@ fn main() {
             false,
         ),
     ] {
-        let mut pairs = Vec::new();
-        for _ in 0..if wanted(row) { repeats } else { 0 } {
-            let base = run_readv(&mut rig, &wire, 1, rx_frames, true);
-            pairs.push((base, run_rx_draining(&mut rig, &wire, host, rx_frames)));
+        if !wanted(row) {
+            continue;
         }
-        if !pairs.is_empty() {
-            report(row, "readv+EAGAIN", &pairs);
-        }
+        let (mut d, mut rxq) = Driver::rx_full(256, RxMode::SingleChain, RX_GATHER_NO_GSO_BYTES);
+        rxq.set_sparse_reads(false);
+        let mut host_tap = HostBufTap::new(&rig.tap);
+        let pairs = alternate(rounds, |case| {
+            if !case {
+                return readv_loop(&mut rig, &heap, &wire, 1, rx_frames, true);
+            }
+            let (sock, frame) = (&rig.inject, &wire[VNET_HDR_LEN..]);
+            if host {
+                let feed = |_: &mut HostBufTap, n| inject(sock, frame, n);
+                run_rx(&mut d, &mut rxq, &mut host_tap, feed, 1, rx_frames)
+            } else {
+                let feed = |_: &mut Tap, n| inject(sock, frame, n);
+                run_rx(&mut d, &mut rxq, &mut rig.tap, feed, 1, rx_frames)
+            }
+        });
+        report(row, "readv+EAGAIN", &pairs);
     }
     let guest_row = "rx tap: bare readv+EAGAIN into guest memory";
-    let mut pairs = Vec::new();
-    for _ in 0..if wanted(guest_row) { repeats } else { 0 } {
-        let heap = run_readv_into(&mut rig, &wire, 1, rx_frames, true, false);
-        let guest = run_readv_into(&mut rig, &wire, 1, rx_frames, true, true);
-        pairs.push((heap, guest));
-    }
-    if !pairs.is_empty() {
+    if wanted(guest_row) {
+        let lender = Driver::rx(256);
+        let guest = rx_lists(guest_bufs(&lender, 256, RX_BUF_LEN as usize));
+        let pairs = alternate(rounds, |case| {
+            let lists = if case { &guest } else { &heap };
+            readv_loop(&mut rig, lists, &wire, 1, rx_frames, true)
+        });
         report(guest_row, "readv+EAGAIN", &pairs);
     }
     for (mode, gather, label, probe) in [
@@ -946,20 +1112,15 @@ fn main() {
             if !wanted(&format!("{name} {base_name}")) {
                 continue;
             }
-            let mut pairs = Vec::new();
-            for _ in 0..repeats {
-                let base = run_readv(&mut rig, &wire, batch, rx_frames, probe);
-                let (mut d, mut rxq) = Driver::rx_full(256, mode, gather);
-                let case = run_rx(
-                    &mut d,
-                    &mut rxq,
-                    &mut rig.tap,
-                    |_, n| inject(&rig.inject, &wire[VNET_HDR_LEN..], n),
-                    batch,
-                    rx_frames,
-                );
-                pairs.push((base, case));
-            }
+            let (mut d, mut rxq) = Driver::rx_full(256, mode, gather);
+            let pairs = alternate(rounds, |case| {
+                if !case {
+                    return readv_loop(&mut rig, &heap, &wire, batch, rx_frames, probe);
+                }
+                let (sock, frame) = (&rig.inject, &wire[VNET_HDR_LEN..]);
+                let feed = |_: &mut Tap, n| inject(sock, frame, n);
+                run_rx(&mut d, &mut rxq, &mut rig.tap, feed, batch, rx_frames)
+            });
             report(&name, base_name, &pairs);
         }
     }

@@ -474,7 +474,10 @@ impl RingOps<'_> {
     /// Walks the chain at `head`, appending its buffers to `iovs`, and returns their total
     /// length. On error `iovs` is left as it was. Every descriptor visited is charged to
     /// `budget` (the walk itself is bounded by [`MAX_CHAIN_DESCRIPTORS`]).
-    #[inline]
+    ///
+    /// The direct descriptors (every chain's path) are walked in one short loop; a chain that
+    /// ends in an indirect table continues out of line ([`walk_indirect`]).
+    #[inline(always)]
     pub(crate) fn walk_chain<'g>(
         &self,
         guest: &GuestView<'g>,
@@ -484,37 +487,42 @@ impl RingOps<'_> {
         iovs: &mut IovecList<'g>,
         budget: &mut WalkBudget,
     ) -> Result<u32, ChainError> {
-        let start = iovs.len();
-        let mut visited = 0u32;
-        let result = self.walk(guest, head, direction, limit, iovs, &mut visited);
-        budget.charge(visited.max(1));
-        if result.is_err() {
-            iovs.truncate(start);
-        }
-        result
-    }
-
-    #[inline]
-    fn walk<'g>(
-        &self,
-        guest: &GuestView<'g>,
-        head: u16,
-        direction: Direction,
-        limit: u32,
-        iovs: &mut IovecList<'g>,
-        visited: &mut u32,
-    ) -> Result<u32, ChainError> {
         let write_flag = match direction {
             Direction::DeviceWrites => VRING_DESC_F_WRITE as u16,
             Direction::DeviceReads => 0,
         };
-        let mut total: u32 = 0;
-        self.traverse(guest, head, visited, &mut |desc: &RawDesc| {
+        let start = iovs.len();
+        let mut visited = 0u32;
+        let mut total = 0u32;
+        let mut index = head;
+        let result = loop {
+            let desc = self.read_desc(index);
+            visited += 1;
             let flags = u16::from_le(desc.flags);
-            total = push_desc(guest, desc, flags, write_flag, limit, total, iovs)?;
-            Ok(())
-        })?;
-        Ok(total)
+            if flags & VRING_DESC_F_INDIRECT as u16 != 0 {
+                break walk_indirect(guest, desc, write_flag, limit, total, iovs, &mut visited);
+            }
+            match push_desc(guest, &desc, flags, write_flag, limit, total, iovs) {
+                Ok(t) => total = t,
+                Err(e) => break Err(e),
+            }
+            if flags & VRING_DESC_F_NEXT as u16 == 0 {
+                break Ok(total);
+            }
+            index = u16::from_le(desc.next);
+            // A chain of `size` direct descriptors has revisited one: a loop.
+            if index >= self.ring.size || visited >= u32::from(self.ring.size) {
+                break Err(ChainError::Truncated);
+            }
+            if visited == MAX_CHAIN_DESCRIPTORS {
+                break Err(ChainError::TooManyDescriptors);
+            }
+        };
+        budget.charge(visited);
+        if result.is_err() {
+            iovs.truncate(start);
+        }
+        result
     }
 
     /// Walks a control-style chain at `head`: device-readable buffers first (appended to
@@ -734,6 +742,27 @@ fn push_desc<'g>(
         .filter(|t| *t <= limit)
         .ok_or(ChainError::TooLong { limit })?;
     guest.push_range(iovs, addr, len)?;
+    Ok(total)
+}
+
+/// The rest of [`RingOps::walk_chain`] for a chain that ends in the indirect table `table`:
+/// its descriptors appended as the direct ones are, after `total` bytes; returns the new total.
+// Out of line: keeps the direct-descriptor walk (every chain's path) short in the cache.
+#[inline(never)]
+fn walk_indirect<'g>(
+    guest: &GuestView<'g>,
+    table: RawDesc,
+    write_flag: u16,
+    limit: u32,
+    mut total: u32,
+    iovs: &mut IovecList<'g>,
+    visited: &mut u32,
+) -> Result<u32, ChainError> {
+    traverse_indirect(guest, table, visited, &mut |desc: &RawDesc| {
+        let flags = u16::from_le(desc.flags);
+        total = push_desc(guest, desc, flags, write_flag, limit, total, iovs)?;
+        Ok(())
+    })?;
     Ok(total)
 }
 

@@ -211,6 +211,7 @@ impl RateLimiter {
     }
 
     /// True when some bucket limits.
+    #[inline]
     pub fn is_enabled(&self) -> bool {
         self.bandwidth.is_some() || self.ops.is_some()
     }
@@ -258,11 +259,13 @@ impl QueueLimiter {
         self.limiter = RateLimiter::new(config, self.now_ns());
     }
 
+    #[inline(never)]
     fn now_ns(&self) -> u64 {
         u64::try_from(self.epoch.elapsed().as_nanos()).unwrap_or(u64::MAX)
     }
 
     /// The limiter for one datapath call: the clock is read once, and only with a limiter.
+    #[inline]
     pub(crate) fn for_call(&mut self) -> Limit<'_> {
         let now = if self.limiter.is_enabled() {
             self.now_ns()
