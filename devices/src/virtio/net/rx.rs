@@ -284,32 +284,29 @@ impl RxQueue {
         };
         let mut limit = self.limiter.for_call();
         let (guest, mut ring) = vq.split();
-        // SAFETY: every entry in the pool's storage was appended by `RingOps::walk_chain`
-        // through this queue's own guest view, i.e. points into `self.vq`'s memory (`attach`
-        // empties the pool when the ring changes), which the split borrow keeps mapped for as
-        // long as `pool` lives; or it is the rest of such an entry (`consume_front`) or two of
-        // them joined where one ends at the other's start (`merge_from`), which covers the
-        // same mapped bytes.
-        let mut pool = unsafe { RxPool::resume(&mut self.pool, self.mode, self.gather, GIVE_BACK) };
         let skip_probe = self.sparse.skip_probe();
         let mut reads = 0;
-        let result = receive(
-            &guest,
-            &mut ring,
-            &mut pool,
+        // The mode and whether a limiter is configured are constants of the loop below, so
+        // that each case carries only its own code.
+        let mut call = Call {
+            guest: &guest,
+            ring: &mut ring,
+            state: &mut self.pool,
+            gather: self.gather,
             backend,
             counters,
-            &self.label,
-            &mut limit,
+            label: &self.label,
+            limit: &mut limit,
             skip_probe,
-            &mut reads,
-        );
-        if GIVE_BACK {
-            ring.unpop(u16::try_from(pool.unused()).unwrap_or(u16::MAX));
-            pool.clear();
-        }
+            reads: &mut reads,
+        };
+        let result = match (self.mode, call.limit.is_active()) {
+            (RxMode::SingleChain, false) => call.run::<false, false, GIVE_BACK>(),
+            (RxMode::SingleChain, true) => call.run::<false, true, GIVE_BACK>(),
+            (RxMode::Mergeable, false) => call.run::<true, false, GIVE_BACK>(),
+            (RxMode::Mergeable, true) => call.run::<true, true, GIVE_BACK>(),
+        };
         ring.publish_used();
-        pool.suspend(&mut self.pool);
         let stop = result?;
         self.sparse.after(stop, reads);
         let (needs_interrupt, suppressed_by_event_idx) =
@@ -322,76 +319,116 @@ impl RxQueue {
     }
 }
 
-/// One call's loop. `reads` counts the backend reads made (the last one included); with
-/// `skip_probe` the call stops after its first frame ([`SparseReads`]).
-#[allow(clippy::too_many_arguments)] // the split borrows of one RxQueue call
-fn receive<'g, B: NetBackend>(
-    guest: &GuestView<'g>,
-    ring: &mut RingOps<'_>,
-    pool: &mut RxPool<'g>,
-    backend: &mut B,
-    counters: &mut RxCounters,
-    label: &str,
-    limit: &mut Limit<'_>,
+/// One call's borrows of an [`RxQueue`] and its ring.
+struct Call<'c, 'g, 'r, B> {
+    guest: &'c GuestView<'g>,
+    ring: &'c mut RingOps<'r>,
+    state: &'c mut PoolState,
+    gather: u64,
+    backend: &'c mut B,
+    counters: &'c mut RxCounters,
+    label: &'c str,
+    limit: &'c mut Limit<'r>,
     skip_probe: bool,
-    reads: &mut usize,
-) -> Result<RxStop, RingError> {
-    let mut budget = WalkBudget::per_call();
-    let mut unpublished = 0usize;
-    ring.disable_notification();
-    loop {
-        if *reads == RX_BUDGET || budget.exhausted() {
-            return Ok(RxStop::Budget);
+    /// Backend reads made (the last one included).
+    reads: &'c mut usize,
+}
+
+impl<'g, B: NetBackend> Call<'_, 'g, '_, B> {
+    /// Takes the pool out of the queue, runs the loop, and puts the pool back (`GIVE_BACK`:
+    /// with the chains it still holds handed back to the avail ring first).
+    #[inline]
+    fn run<const MRG: bool, const LIMITED: bool, const GIVE_BACK: bool>(
+        &mut self,
+    ) -> Result<RxStop, RingError> {
+        // SAFETY: every entry in the pool's storage was appended by `RingOps::walk_chain`
+        // through this queue's own guest view, i.e. points into the queue's memory (`attach`
+        // empties the pool when the ring changes), which the split borrow behind `guest`
+        // keeps mapped for as long as `pool` lives; or it is the rest of such an entry
+        // (`consume_front`) or two of them joined where one ends at the other's start
+        // (`merge_from`), which covers the same mapped bytes.
+        let mut pool: RxPool<'g, MRG> =
+            unsafe { RxPool::resume(self.state, self.gather, GIVE_BACK) };
+        let result = self.receive::<MRG, LIMITED>(&mut pool);
+        if GIVE_BACK {
+            self.ring
+                .unpop(u16::try_from(pool.unused()).unwrap_or(u16::MAX));
+            pool.clear();
         }
-        // Every read that did not end the call delivered (or dropped) a frame.
-        if skip_probe && *reads == 1 {
-            return Ok(RxStop::Yielded);
-        }
-        pool.fill(guest, ring, counters, &mut budget)?;
-        if pool.is_empty() {
-            if budget.exhausted() {
+        pool.suspend(self.state);
+        result
+    }
+
+    /// One call's loop; with `skip_probe` it stops after its first frame ([`SparseReads`]).
+    /// `MRG`: the pool is mergeable; `LIMITED`: a rate limiter is consulted and charged
+    /// (constants, so that each case carries none of the others' code).
+    fn receive<const MRG: bool, const LIMITED: bool>(
+        &mut self,
+        pool: &mut RxPool<'g, MRG>,
+    ) -> Result<RxStop, RingError> {
+        let (guest, ring, counters) = (self.guest, &mut *self.ring, &mut *self.counters);
+        let mut budget = WalkBudget::per_call();
+        let mut unpublished = 0usize;
+        ring.disable_notification();
+        loop {
+            if *self.reads == RX_BUDGET || budget.exhausted() {
                 return Ok(RxStop::Budget);
             }
-            // The standard race: the driver may have posted buffers just before we re-enabled.
-            budget.charge(1);
-            if ring.enable_notification() {
-                ring.disable_notification();
-                continue;
+            // Every read that did not end the call delivered (or dropped) a frame.
+            if self.skip_probe && *self.reads == 1 {
+                return Ok(RxStop::Yielded);
             }
-            counters.no_buffer_stalls += 1;
-            return Ok(RxStop::NoBuffers);
-        }
-        if let Some(wait) = limit.blocked_for() {
-            counters.rate_limiter_throttled += 1;
-            return Ok(RxStop::Throttled(wait));
-        }
-        let window = pool.window();
-        let capacity = window.total_bytes();
-        *reads += 1;
-        match read_frame(backend, window) {
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(RxStop::BackendEmpty),
-            Err(e) => {
-                log_read_failed(label, &e);
-                counters.backend_errors += 1;
-                return Ok(RxStop::BackendFailed);
+            if !pool.has_enough() {
+                pool.fill(guest, ring, counters, &mut budget)?;
+                if pool.is_empty() {
+                    if budget.exhausted() {
+                        return Ok(RxStop::Budget);
+                    }
+                    // The standard race: the driver may have posted buffers just before we
+                    // re-enabled.
+                    budget.charge(1);
+                    if ring.enable_notification() {
+                        ring.disable_notification();
+                        continue;
+                    }
+                    counters.no_buffer_stalls += 1;
+                    return Ok(RxStop::NoBuffers);
+                }
             }
-            Ok(0) => return Ok(RxStop::BackendClosed),
-            Ok(n) if n < VNET_HDR_LEN => counters.backend_errors += 1,
-            Ok(n) if n > capacity => counters.dropped_no_buffer += 1,
-            Ok(n) => {
-                unpublished += pool.complete_frame(ring, n);
-                let bytes = (n - VNET_HDR_LEN) as u64;
-                counters.frames += 1;
-                counters.bytes += bytes;
-                counters.large_frames += u64::from(bytes > super::MTU_FRAME_LEN);
-                if limit.charge(bytes) {
-                    counters.rate_limiter_bytes += bytes;
-                    counters.rate_limiter_frames += 1;
+            if LIMITED {
+                if let Some(wait) = self.limit.blocked_for() {
+                    counters.rate_limiter_throttled += 1;
+                    return Ok(RxStop::Throttled(wait));
                 }
-                if unpublished >= USED_PUBLISH_BATCH {
-                    ring.publish_used();
-                    unpublished = 0;
+            }
+            let window = pool.window();
+            let capacity = window.total_bytes();
+            *self.reads += 1;
+            match read_frame(self.backend, window) {
+                Ok(n) if n >= VNET_HDR_LEN && n <= capacity => {
+                    unpublished += pool.complete_frame(ring, n);
+                    let bytes = (n - VNET_HDR_LEN) as u64;
+                    counters.frames += 1;
+                    counters.bytes += bytes;
+                    counters.large_frames += u64::from(bytes > super::MTU_FRAME_LEN);
+                    if LIMITED && self.limit.charge(bytes) {
+                        counters.rate_limiter_bytes += bytes;
+                        counters.rate_limiter_frames += 1;
+                    }
+                    if unpublished >= USED_PUBLISH_BATCH {
+                        ring.publish_used();
+                        unpublished = 0;
+                    }
                 }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(RxStop::BackendEmpty),
+                Err(e) => {
+                    log_read_failed(self.label, &e);
+                    counters.backend_errors += 1;
+                    return Ok(RxStop::BackendFailed);
+                }
+                Ok(0) => return Ok(RxStop::BackendClosed),
+                Ok(n) if n < VNET_HDR_LEN => counters.backend_errors += 1,
+                Ok(_) => counters.dropped_no_buffer += 1,
             }
         }
     }
@@ -470,8 +507,8 @@ struct PoolState {
 unsafe impl Send for PoolState {}
 
 /// The pool during one call, its iovecs borrowed for the call's view of guest memory.
-struct RxPool<'m> {
-    mode: RxMode,
+/// `MRG`: mergeable mode (a frame may span chains), else one chain per frame.
+struct RxPool<'m, const MRG: bool> {
     gather: u64,
     /// Keep the unused chains the tail of what was popped (they are handed back at the end).
     keep_order: bool,
@@ -482,15 +519,15 @@ struct RxPool<'m> {
     free_bytes: u64,
 }
 
-impl<'m> RxPool<'m> {
+impl<'m, const MRG: bool> RxPool<'m, MRG> {
     /// Takes the pool out of `state` for one call.
     ///
     /// # Safety
     /// Every iovec in `state` must point into guest memory that stays mapped during `'m`.
-    unsafe fn resume(state: &mut PoolState, mode: RxMode, gather: u64, keep_order: bool) -> Self {
+    #[inline]
+    unsafe fn resume(state: &mut PoolState, gather: u64, keep_order: bool) -> Self {
         let iovecs = std::mem::take(&mut state.iovecs);
         RxPool {
-            mode,
             gather,
             keep_order,
             chains: std::mem::take(&mut state.chains),
@@ -503,6 +540,7 @@ impl<'m> RxPool<'m> {
     }
 
     /// Puts the pool back into `state` for the next call.
+    #[inline]
     fn suspend(self, state: &mut PoolState) {
         state.iov_bytes = self.iovecs.total_bytes();
         state.iovecs = self.iovecs.into_storage();
@@ -528,12 +566,12 @@ impl<'m> RxPool<'m> {
         self.free_bytes = 0;
     }
 
+    #[inline]
     fn has_enough(&self) -> bool {
-        match self.mode {
-            RxMode::SingleChain => !self.is_empty(),
-            RxMode::Mergeable => {
-                self.free_bytes >= self.gather || self.iovecs.len() - self.first_iov >= MAX_IOVECS
-            }
+        if MRG {
+            self.free_bytes >= self.gather || self.iovecs.len() - self.first_iov >= MAX_IOVECS
+        } else {
+            !self.is_empty()
         }
     }
 
@@ -561,7 +599,7 @@ impl<'m> RxPool<'m> {
             );
             match result {
                 Ok(len) if len as usize >= VNET_HDR_LEN => {
-                    if self.mode == RxMode::Mergeable {
+                    if MRG {
                         // Frames are read across the whole pool and consumed by bytes, so its
                         // buffers may be merged where they follow each other in memory.
                         self.iovecs.merge_from(before, self.first_iov);
@@ -596,47 +634,46 @@ impl<'m> RxPool<'m> {
     #[inline]
     fn window(&self) -> Iovecs<'_> {
         let pooled = self.iovecs.len() - self.first_iov;
-        match self.mode {
-            RxMode::SingleChain => {
-                let chain = self.chains[self.first];
-                self.iovecs.range_of(
-                    self.first_iov,
-                    self.first_iov + chain.iov_count,
-                    chain.len as usize,
-                )
-            }
+        if !MRG {
+            let chain = self.chains[self.first];
+            self.iovecs.range_of(
+                self.first_iov,
+                self.first_iov + chain.iov_count,
+                chain.len as usize,
+            )
+        } else if pooled <= MAX_IOVECS {
             // The whole pool (the common case): its size is known.
-            RxMode::Mergeable if pooled <= MAX_IOVECS => {
-                self.iovecs
-                    .range_of(self.first_iov, self.iovecs.len(), self.free_bytes as usize)
-            }
-            RxMode::Mergeable => self
-                .iovecs
-                .range(self.first_iov, self.first_iov + MAX_IOVECS),
+            self.iovecs
+                .range_of(self.first_iov, self.iovecs.len(), self.free_bytes as usize)
+        } else {
+            self.iovecs
+                .range(self.first_iov, self.first_iov + MAX_IOVECS)
         }
     }
 
     /// A frame of `n` bytes (≤ the window) was read: returns the chains holding it to the
     /// driver, with `num_buffers` set. Returns how many chains were used.
+    #[inline]
     fn complete_frame(&mut self, ring: &mut RingOps<'_>, n: usize) -> usize {
+        if !MRG {
+            // One chain, `num_buffers` 1.
+            let chain = self.chains[self.first];
+            self.write_num_buffers(1);
+            // `n` ≤ the window, i.e. chain.len, a u32.
+            ring.add_used(chain.head, n as u32);
+            self.free_bytes -= u64::from(chain.len);
+            self.first_iov += chain.iov_count;
+            self.first += 1;
+            self.after_consumed();
+            return 1;
+        }
         let mut count = 0;
         let mut remaining = n;
         while remaining > 0 && self.first + count < self.chains.len() {
             remaining = remaining.saturating_sub(self.chains[self.first + count].len as usize);
             count += 1;
-            if self.mode == RxMode::SingleChain {
-                break;
-            }
         }
-        let num_buffers = u16::try_from(count).unwrap_or(u16::MAX).to_le_bytes();
-        // The header's first buffer almost always holds it whole.
-        if !self
-            .iovecs
-            .write_in_entry(self.first_iov, NUM_BUFFERS_OFFSET, &num_buffers)
-        {
-            self.write_num_buffers_split(num_buffers);
-        }
-
+        self.write_num_buffers(u16::try_from(count).unwrap_or(u16::MAX));
         let mut remaining = n;
         let mut consumed = 0usize;
         for chain in &self.chains[self.first..self.first + count] {
@@ -647,18 +684,34 @@ impl<'m> RxPool<'m> {
             consumed += chain.len as usize;
             self.free_bytes -= u64::from(chain.len);
         }
-        match self.mode {
-            RxMode::SingleChain => self.first_iov += self.chains[self.first].iov_count,
-            // Merged entries do not follow chain boundaries: consume the chains' bytes.
-            RxMode::Mergeable => self.iovecs.consume_front(&mut self.first_iov, consumed),
-        }
+        // Merged entries do not follow chain boundaries: consume the chains' bytes.
+        self.iovecs.consume_front(&mut self.first_iov, consumed);
         self.first += count;
+        self.after_consumed();
+        count
+    }
+
+    /// Sets the frame's `num_buffers` (the header is at the front of the pool).
+    #[inline]
+    fn write_num_buffers(&self, count: u16) {
+        let num_buffers = count.to_le_bytes();
+        // The header's first buffer almost always holds it whole.
+        if !self
+            .iovecs
+            .write_in_entry(self.first_iov, NUM_BUFFERS_OFFSET, &num_buffers)
+        {
+            self.write_num_buffers_split(num_buffers);
+        }
+    }
+
+    /// Drops the used chains from the storage once they are many (or all).
+    #[inline]
+    fn after_consumed(&mut self) {
         if self.is_empty() {
             self.clear();
         } else if self.first >= 64 {
             self.compact();
         }
-        count
     }
 
     /// `num_buffers` for a header split across buffers.
