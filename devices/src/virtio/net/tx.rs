@@ -400,6 +400,10 @@ fn drain_batched<'g, B: NetBackend>(
             }
             return Ok(TxStop::Budget);
         }
+        if pending.len == 0 {
+            // A new batch: its descriptors' lines are requested together.
+            ring.prefetch_descriptors(pending.cap as u16);
+        }
         let Some(head) = ring.pop_head()? else {
             if pending.len > 0 {
                 if let Some(stop) = flush(ring, iovs, pending, out, sent) {
@@ -423,7 +427,6 @@ fn drain_batched<'g, B: NetBackend>(
         );
         match walked {
             Ok(len) if len as usize > VNET_HDR_LEN => {
-                ring.prefetch_ahead(guest);
                 let i = pending.len;
                 pending.heads[i] = head;
                 pending.ends[i] = iovs.len();
