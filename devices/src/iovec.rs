@@ -239,26 +239,31 @@ impl<'a> IovecList<'a> {
         Iovecs { raw, bytes }
     }
 
-    /// Writes `bytes` at `offset` of entry `index` when they lie inside that entry; false
-    /// (nothing written) otherwise. The one-entry case of [`Iovecs::write_at`], kept apart for
-    /// the rx hot path (through `range(..).write_at` the rx rows measured up to ~10 ns slower,
-    /// inside this host's noise but not better).
-    pub(crate) fn write_in_entry(&self, index: usize, offset: usize, bytes: &[u8]) -> bool {
+    /// Writes `bytes` at `offset` of entry `index`, as one store, when they lie inside that
+    /// entry; false (nothing written) otherwise. The one-entry case of [`Iovecs::write_at`],
+    /// kept apart for the rx hot path (`num_buffers` in a frame's first buffer).
+    #[inline]
+    pub(crate) fn write_in_entry<const N: usize>(
+        &self,
+        index: usize,
+        offset: usize,
+        bytes: [u8; N],
+    ) -> bool {
         let Some(iov) = self.iovecs.get(index) else {
             return false;
         };
-        if offset
-            .checked_add(bytes.len())
-            .is_none_or(|end| end > iov.iov_len)
-        {
+        if offset.checked_add(N).is_none_or(|end| end > iov.iov_len) {
             return false;
         }
-        for (i, b) in bytes.iter().enumerate() {
-            // SAFETY: `offset + i < iov_len`, and the entry points to memory valid for writes
-            // during `'a` (IovecList invariant). Guest memory may be accessed concurrently by
-            // the guest, hence the volatile write.
-            unsafe { std::ptr::write_volatile(iov.iov_base.cast::<u8>().add(offset + i), *b) };
-        }
+        // SAFETY: `offset + N ≤ iov_len`, and the entry points to memory valid for writes
+        // during `'a` (IovecList invariant); `[u8; N]` has alignment 1. Guest memory may be
+        // accessed concurrently by the guest, hence the volatile write.
+        unsafe {
+            std::ptr::write_volatile(
+                iov.iov_base.cast::<u8>().add(offset).cast::<[u8; N]>(),
+                bytes,
+            )
+        };
         true
     }
 

@@ -577,6 +577,7 @@ impl<'m, const MRG: bool> RxPool<'m, MRG> {
 
     /// Pops chains until the pool can take a maximal frame, the driver has no more, or the
     /// call's budget is spent. Malformed chains are returned to the driver (length 0).
+    #[inline(always)]
     fn fill(
         &mut self,
         guest: &GuestView<'m>,
@@ -610,24 +611,46 @@ impl<'m, const MRG: bool> RxPool<'m, MRG> {
                         iov_count: self.iovecs.len() - before,
                     });
                     self.free_bytes += u64::from(len);
-                    continue;
                 }
-                Ok(len) => {
-                    self.iovecs.truncate(before);
-                    log_short_chain(head, len);
+                refused => {
+                    if !self.refuse(ring, counters, head, before, refused) {
+                        break;
+                    }
                 }
-                Err(e) => log_refused_chain(head, &e),
             }
-            if self.keep_order && !self.is_empty() {
-                // Return it only once the chains popped before it are used, so that the
-                // chains left in the pool always form the tail of what was popped.
-                ring.unpop(1);
-                break;
-            }
-            ring.add_used(head, 0);
-            counters.malformed_chains += 1;
         }
         Ok(())
+    }
+
+    /// A popped chain that cannot take a frame (`result`): returned to the driver with
+    /// length 0 and counted, unless chains popped before it are still pooled and order must
+    /// be kept, in which case it is put back and the fill stops (false).
+    #[cold]
+    #[inline(never)]
+    fn refuse(
+        &mut self,
+        ring: &mut RingOps<'_>,
+        counters: &mut RxCounters,
+        head: u16,
+        before: usize,
+        result: Result<u32, crate::virtio::chain::ChainError>,
+    ) -> bool {
+        match result {
+            Ok(len) => {
+                self.iovecs.truncate(before);
+                log_short_chain(head, len);
+            }
+            Err(e) => log_refused_chain(head, &e),
+        }
+        if self.keep_order && !self.is_empty() {
+            // Return it only once the chains popped before it are used, so that the
+            // chains left in the pool always form the tail of what was popped.
+            ring.unpop(1);
+            return false;
+        }
+        ring.add_used(head, 0);
+        counters.malformed_chains += 1;
+        true
     }
 
     /// The buffers the next frame is read into.
@@ -653,7 +676,7 @@ impl<'m, const MRG: bool> RxPool<'m, MRG> {
 
     /// A frame of `n` bytes (≤ the window) was read: returns the chains holding it to the
     /// driver, with `num_buffers` set. Returns how many chains were used.
-    #[inline]
+    #[inline(always)]
     fn complete_frame(&mut self, ring: &mut RingOps<'_>, n: usize) -> usize {
         if !MRG {
             // One chain, `num_buffers` 1.
@@ -698,7 +721,7 @@ impl<'m, const MRG: bool> RxPool<'m, MRG> {
         // The header's first buffer almost always holds it whole.
         if !self
             .iovecs
-            .write_in_entry(self.first_iov, NUM_BUFFERS_OFFSET, &num_buffers)
+            .write_in_entry(self.first_iov, NUM_BUFFERS_OFFSET, num_buffers)
         {
             self.write_num_buffers_split(num_buffers);
         }
