@@ -7,8 +7,9 @@
 //!   failed walk leaves the list as it was; the list's byte count is its entries' sum;
 //! - each walk charges 1..=MAX_CHAIN_DESCRIPTORS+1 descriptors to the call's budget, and the
 //!   call stops once the budget is spent;
-//! - the outcome (success and total length, or failure) matches a plain reference walker
-//!   written over vm-memory's checked accessors;
+//! - the outcome (success, total length and the iovecs, buffers that follow each other in
+//!   host memory joined, or failure) matches a plain reference walker written over
+//!   vm-memory's checked accessors;
 //! - the whole call returns within 100 ms; no panic.
 
 #![no_main]
@@ -157,8 +158,8 @@ fuzz_target!(|input: Input| {
                 assert!(*total <= limit);
                 assert_eq!(chain.list_len.1, segs + chain.iovecs.len());
                 assert_eq!(
-                    expected,
-                    Some((*total, chain.iovecs.len())),
+                    expected.map(|(t, ranges)| (t, merged(&ranges))),
+                    Some((*total, chain.iovecs.clone())),
                     "reference disagrees on chain {}",
                     chain.head
                 );
@@ -185,34 +186,48 @@ const NEXT: u16 = 1;
 const WRITE: u16 = 2;
 const INDIRECT: u16 = 4;
 
-/// Segments the guest range takes in an iovec list, if it is entirely in guest memory.
-fn segments(mem: &GuestMemoryMmap, addr: u64, len: u32) -> Option<usize> {
-    if len == 0 {
-        return Some(0);
-    }
+/// The host ranges (address, length) the guest range takes, one per memory region it
+/// crosses, if it is entirely in guest memory.
+fn segments(mem: &GuestMemoryMmap, addr: u64, len: u32) -> Option<Vec<(usize, usize)>> {
     let end = addr.checked_add(u64::from(len))?;
-    let mut count = 0;
+    let mut pieces = Vec::new();
     let mut at = addr;
     while at < end {
         let region = mem.find_region(GuestAddress(at))?;
         let region_end = region.start_addr().0 + region.len();
+        let host = mem.get_host_address(GuestAddress(at)).ok()? as usize;
+        pieces.push((host, (region_end.min(end) - at) as usize));
         at = region_end.min(end);
-        count += 1;
     }
-    Some(count)
+    Some(pieces)
+}
+
+/// `ranges` with each range that starts where the one before it ends joined to it, as the
+/// device joins a chain's buffers.
+fn merged(ranges: &[(usize, usize)]) -> Vec<(usize, usize)> {
+    let mut out: Vec<(usize, usize)> = Vec::new();
+    for &(addr, len) in ranges {
+        match out.last_mut() {
+            Some(last) if last.0 + last.1 == addr => last.1 += len,
+            _ => out.push((addr, len)),
+        }
+    }
+    out
 }
 
 /// The spec's chain walk with this device's limits, over checked accessors: the chain's
-/// total length and iovec count, or `None` if it must be refused.
+/// total length and its buffers' host ranges, one per descriptor and region crossed (the
+/// list's limit applies to those, `segs` entries being in it before), or `None` if it must be
+/// refused.
 fn reference(
     mem: &GuestMemoryMmap,
     q: &virtio_queue::Queue,
     head: u16,
     device_writes: bool,
     limit: u32,
-    mut segs: usize,
-) -> Option<(u32, usize)> {
-    let start = segs;
+    segs: usize,
+) -> Option<(u32, Vec<(usize, usize)>)> {
+    let mut ranges: Vec<(usize, usize)> = Vec::new();
     let read = |addr: u64| -> Option<(u64, u32, u16, u16)> {
         let mut b = [0u8; 16];
         mem.read_slice(&mut b, GuestAddress(addr)).ok()?;
@@ -227,14 +242,14 @@ fn reference(
     let mut visited = 0u32;
     let push = |(addr, len, flags, _): (u64, u32, u16, u16),
                 total: &mut u32,
-                segs: &mut usize|
+                ranges: &mut Vec<(usize, usize)>|
      -> Option<()> {
         if (flags & WRITE != 0) != device_writes {
             return None;
         }
         *total = total.checked_add(len).filter(|t| *t <= limit)?;
-        *segs += segments(mem, addr, len)?;
-        (*segs <= MAX_IOVECS).then_some(())
+        ranges.extend(segments(mem, addr, len)?);
+        (segs + ranges.len() <= MAX_IOVECS).then_some(())
     };
     let size = q.size();
     let mut index = head;
@@ -264,9 +279,9 @@ fn reference(
                 if visited > MAX_CHAIN_DESCRIPTORS || e.2 & INDIRECT != 0 {
                     return None;
                 }
-                push(e, &mut total, &mut segs)?;
+                push(e, &mut total, &mut ranges)?;
                 if e.2 & NEXT == 0 {
-                    return Some((total, segs - start));
+                    return Some((total, ranges));
                 }
                 ttl -= 1;
                 i = u32::from(e.3);
@@ -275,9 +290,9 @@ fn reference(
                 }
             }
         }
-        push(d, &mut total, &mut segs)?;
+        push(d, &mut total, &mut ranges)?;
         if d.2 & NEXT == 0 {
-            return Some((total, segs - start));
+            return Some((total, ranges));
         }
         ttl -= 1;
         index = d.3;

@@ -21,10 +21,11 @@
 //!   system call each. A file without that support refuses the flag (`-EOPNOTSUPP`): the tap
 //!   then drops its ring and does that batch, and every later one, with `writev`/`readv`.
 //! * **Confined.** The ring is created with `IORING_SETUP_R_DISABLED`, and
-//!   `IORING_REGISTER_RESTRICTIONS` then allows one operation, `IORING_OP_WRITEV` (and
-//!   `IORING_OP_READV` for [`BatchRing::with_reads`]), with no SQE flags, and no registration
-//!   at all. io_uring operations are not seen by seccomp; with this the ring can do nothing the
-//!   worker's filter does not already allow (`writev`, `readv`), and that filter adds only
+//!   `IORING_REGISTER_RESTRICTIONS` then allows two operations, `IORING_OP_WRITEV` and, for a
+//!   frame in one segment, `IORING_OP_WRITE` (and `IORING_OP_READV` for
+//!   [`BatchRing::with_reads`]), with no SQE flags, and no registration at all. io_uring
+//!   operations are not seen by seccomp; with this the ring can do nothing the worker's filter
+//!   does not already allow (`writev`, `write`, `readv`), and that filter adds only
 //!   `io_uring_enter`. The tap is not a registered ("fixed") file: the ring
 //!   would then hold the tap open after the device closes it (a ring's files are released
 //!   asynchronously), and a tap the VMM created would outlive the VMM's close.
@@ -102,6 +103,7 @@ impl BatchRing {
         let submitter = ring.submitter();
         let mut allowed = vec![
             Restriction::sqe_op(opcode::Writev::CODE),
+            Restriction::sqe_op(opcode::Write::CODE),
             Restriction::sqe_flags_allowed(0),
         ];
         if reads {
@@ -116,8 +118,8 @@ impl BatchRing {
         })
     }
 
-    /// Writes each frame of `frames` to the file with one `IORING_OP_WRITEV` per frame, all
-    /// submitted with one system call, and stores frame `i`'s result (bytes written, or the
+    /// Writes each frame of `frames` to the file with one `IORING_OP_WRITEV` per frame
+    /// (`IORING_OP_WRITE` for a frame in one segment), all submitted with one system call, and stores frame `i`'s result (bytes written, or the
     /// error) in `results[i]`. Frame `i` is the iovecs `iovs[ends[i-1]..ends[i]]` (`ends` is
     /// increasing, at most [`MAX_TX_BATCH`] long, and its last value is at most `iovs.len()`).
     /// The frames are issued in order, but a failure does not stop the ones after it.
@@ -184,11 +186,18 @@ impl BatchRing {
                 start = end;
                 let count = u32::try_from(frame.len()).unwrap_or(u32::MAX);
                 let fd = types::Fd(self.fd);
-                let entry = match op {
-                    Op::Write => opcode::Writev::new(fd, frame.as_ptr(), count)
+                let entry = match (op, frame) {
+                    // One segment: IORING_OP_WRITE, which spares importing an iovec array.
+                    (Op::Write, [one]) => {
+                        let len = u32::try_from(one.iov_len).unwrap_or(u32::MAX);
+                        opcode::Write::new(fd, one.iov_base.cast::<u8>().cast_const(), len)
+                            .rw_flags(libc::RWF_NOWAIT)
+                            .build()
+                    }
+                    (Op::Write, _) => opcode::Writev::new(fd, frame.as_ptr(), count)
                         .rw_flags(libc::RWF_NOWAIT)
                         .build(),
-                    Op::Read => opcode::Readv::new(fd, frame.as_ptr(), count)
+                    (Op::Read, _) => opcode::Readv::new(fd, frame.as_ptr(), count)
                         .rw_flags(libc::RWF_NOWAIT)
                         .build(),
                 }
@@ -263,6 +272,7 @@ mod tests {
         }
     }
 
+    /// Frame 0 is two segments (`IORING_OP_WRITEV`), frame 1 one (`IORING_OP_WRITE`).
     #[test]
     fn writes_each_frame_in_order_with_one_result_each() {
         let (r, w) = pipe();
@@ -343,7 +353,10 @@ mod tests {
         let mut buf = [0u8; 8];
         let read = opcode::Read::new(types::Fd(r), buf.as_mut_ptr(), 8).build();
         let nop = opcode::Nop::new().build();
-        let write = opcode::Write::new(types::Fd(w), buf.as_ptr(), 8).build();
+        // Write is allowed (a frame in one segment), but not with flags.
+        let linked_write = opcode::Write::new(types::Fd(w), buf.as_ptr(), 8)
+            .build()
+            .flags(squeue::Flags::IO_LINK);
         let iov = [iov(&buf)];
         let linked_writev = opcode::Writev::new(types::Fd(w), iov.as_ptr(), 1)
             .build()
@@ -355,7 +368,7 @@ mod tests {
             iov_len: out.len(),
         }];
         let readv = opcode::Readv::new(types::Fd(r), out_iov.as_ptr(), 1).build();
-        for entry in [read, nop, write, linked_writev, readv] {
+        for entry in [read, nop, linked_write, linked_writev, readv] {
             // SAFETY: `buf` outlives the wait below.
             unsafe { ring.ring.submission().push(&entry) }.unwrap();
             ring.ring.submit_and_wait(1).unwrap();

@@ -487,9 +487,10 @@ impl RingOps<'_> {
         }
     }
 
-    /// Walks the chain at `head`, appending its buffers to `iovs`, and returns their total
-    /// length. On error `iovs` is left as it was. Every descriptor visited is charged to
-    /// `budget` (the walk itself is bounded by [`MAX_CHAIN_DESCRIPTORS`]).
+    /// Walks the chain at `head`, appending its buffers to `iovs` (those that follow each
+    /// other in memory as one entry), and returns their total length. On error `iovs` is left
+    /// as it was. Every descriptor visited is charged to `budget` (the walk itself is bounded
+    /// by [`MAX_CHAIN_DESCRIPTORS`]).
     ///
     /// The direct descriptors (every chain's path) are walked in one short loop; a chain that
     /// ends in an indirect table continues out of line ([`walk_indirect`]).
@@ -535,8 +536,12 @@ impl RingOps<'_> {
             }
         };
         budget.charge(visited);
-        if result.is_err() {
-            iovs.truncate(start);
+        match result {
+            // Buffers that follow each other in memory (a header in its own descriptor just
+            // before the frame, say) become one entry: a frame in one segment is one `write`.
+            Ok(_) if iovs.len() > start + 1 => iovs.merge_from(start + 1, start),
+            Ok(_) => {}
+            Err(_) => iovs.truncate(start),
         }
         result
     }

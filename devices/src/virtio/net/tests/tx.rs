@@ -1,12 +1,13 @@
 //! Transmit path: frames reach the backend intact (header included), in order.
 
 use virtio_queue::QueueT;
+use vm_memory::{Bytes, GuestAddress};
 
 use crate::backend::{NetBackend, Offloads, PairBackend, MAX_TX_BATCH};
 use crate::virtio::net::metrics::TxCounters;
-use crate::virtio::net::tests::support::{frame, guest_mem, wire, GuestQueue, INDIRECT};
+use crate::virtio::net::tests::support::{frame, guest_mem, wire, GuestQueue, INDIRECT, NEXT};
 use crate::virtio::net::tx::TX_BUDGET;
-use crate::virtio::net::{process_tx, TxQueue, TxStop};
+use crate::virtio::net::{process_tx, TxQueue, TxStop, VNET_HDR_LEN};
 use crate::virtio::vring::Virtqueue;
 
 #[test]
@@ -201,6 +202,8 @@ struct Batching {
     script: std::collections::VecDeque<Option<std::io::ErrorKind>>,
     /// Frames taken, in the order the backend took them.
     taken: Vec<Vec<u8>>,
+    /// The segments (iovecs) each frame taken came in.
+    segments: Vec<usize>,
     /// `write_frames` calls and their sizes; `write_frame` calls.
     batches: Vec<usize>,
     singles: usize,
@@ -216,6 +219,7 @@ impl Batching {
             fd: std::fs::File::open("/dev/null").expect("/dev/null"),
             script: script.iter().copied().collect(),
             taken: Vec::new(),
+            segments: Vec::new(),
             batches: Vec::new(),
             singles: 0,
             min: 2,
@@ -230,6 +234,7 @@ impl Batching {
         let mut bytes = vec![0; iovs.total_bytes()];
         assert!(iovs.read_at(0, &mut bytes));
         self.taken.push(bytes);
+        self.segments.push(iovs.as_raw().len());
         Ok(iovs.total_bytes())
     }
 }
@@ -310,6 +315,52 @@ fn a_batching_backend_gets_whole_batches_in_ring_order() {
         counters.interrupts_raised, 1,
         "one interrupt decision per call"
     );
+}
+
+/// A header in its own descriptor right before its frame reaches the backend as one segment
+/// (a tap then sends it with `write`); buffers apart stay apart; a chain never merges into the
+/// one before it, even where the buffers touch.
+#[test]
+fn buffers_that_follow_each_other_become_one_segment() {
+    let mem = guest_mem();
+    let mut driver = GuestQueue::new(&mem, 16);
+    let mut queue = driver.queue();
+    let sent: Vec<Vec<u8>> = (0..3).map(|i| wire(&frame(60, i))).collect();
+    let hdr = VNET_HDR_LEN as u32;
+    let rest = sent[0].len() as u32 - hdr;
+    // Chain 0: header and frame back to back; chain 1: the frame 64 bytes after the header.
+    let at = driver.alloc(&[sent[0].clone(), sent[2].clone()].concat());
+    let apart = driver.alloc_zeroed(sent[1].len() + 64);
+    mem.write_slice(&sent[1][..VNET_HDR_LEN], GuestAddress(apart))
+        .expect("header");
+    mem.write_slice(
+        &sent[1][VNET_HDR_LEN..],
+        GuestAddress(apart + 64 + u64::from(hdr)),
+    )
+    .expect("frame");
+    let heads = [
+        driver.write_descs(&[(at, hdr, NEXT, 1), (at + u64::from(hdr), rest, 0, 0)])[0],
+        driver.write_descs(&[
+            (apart, hdr, NEXT, 3),
+            (apart + 64 + u64::from(hdr), rest, 0, 0),
+        ])[0],
+        // Chain 2 starts where chain 0 ends.
+        driver.write_descs(&[(at + sent[0].len() as u64, sent[2].len() as u32, 0, 0)])[0],
+    ];
+    driver.publish_all([heads[0], heads[2], heads[1]]);
+    let mut backend = Batching::new(&[]);
+    backend.min = 4;
+    let mut counters = TxCounters::default();
+
+    let outcome = process_tx(&mut queue, &mem, &mut backend, &mut counters).expect("ring ok");
+
+    assert_eq!(outcome.stop, TxStop::Drained);
+    assert_eq!(
+        backend.taken,
+        [sent[0].clone(), sent[2].clone(), sent[1].clone()]
+    );
+    assert_eq!(backend.segments, [1, 1, 2]);
+    assert_eq!(counters.frames, 3);
 }
 
 #[test]
