@@ -833,7 +833,7 @@ fn traverse_indirect<F: FnMut(&RawDesc) -> Result<(), ChainError>>(
 
 /// A cache prefetch hint; never faults, whatever the address.
 #[inline(always)]
-fn prefetch(p: *const u8) {
+pub(crate) fn prefetch(p: *const u8) {
     #[cfg(target_arch = "x86_64")]
     // SAFETY: PREFETCHT0 is a hint: it neither faults nor changes memory, for any address.
     unsafe {
