@@ -246,7 +246,7 @@ pub struct NetworkInterface {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub transport: Option<Transport>,
     /// Extension: transmit batched through io_uring where the kernel allows it (default
-    /// true); false: one `writev` per frame.
+    /// true); false: one `write` (or `writev`) per frame.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub io_uring: Option<bool>,
 }

@@ -274,7 +274,7 @@ fn thread_kind_rules(kind: ThreadKind) -> Vec<Allow> {
             allow(SYS_epoll_ctl, "polling the backend only while it is needed"),
             allow(SYS_epoll_create1, "a fresh epoll set per activation"),
             allow(SYS_readv, "tap: one frame straight into guest buffers"),
-            allow(SYS_writev, "tap: one frame straight from guest buffers"),
+            allow(SYS_writev, "tap: one frame in several buffers straight from guest memory"),
             allow(
                 libc::SYS_io_uring_enter,
                 "tap: a batch of frames' writes in one call (the ring allows only writev and write)",

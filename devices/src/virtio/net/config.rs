@@ -177,7 +177,7 @@ pub struct NetConfig {
     #[serde(default, skip_serializing_if = "is_default_tuning")]
     pub tuning: NetTuning,
     /// Transmit through io_uring batches where the kernel allows it (default on; off: one
-    /// `writev` per frame, and the worker never enters io_uring).
+    /// `write` (or `writev`) per frame, and the worker never enters io_uring).
     #[serde(skip_serializing_if = "is_true")]
     pub io_uring: bool,
 }

@@ -1,8 +1,10 @@
-//! Transmit: guest tx chains → backend, one `writev` per frame, no copy.
+//! Transmit: guest tx chains → backend, one `write`/`writev` per frame (or a batch of them in
+//! one io_uring submission), no copy.
 //!
 //! Each chain is the 12-byte `virtio_net_hdr_v1` followed by the Ethernet frame, split across
 //! any number of device-readable descriptors. The whole chain goes to the backend as-is (a tap
-//! with `IFF_VNET_HDR` consumes the header itself). A chain whose frame is empty or longer than
+//! with `IFF_VNET_HDR` consumes the header itself); buffers that follow each other in memory
+//! go as one segment. A chain whose frame is empty or longer than
 //! [`MAX_FRAME_LEN`] is malformed.
 
 use std::io;

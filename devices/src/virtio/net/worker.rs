@@ -16,7 +16,7 @@
 //! calls a subscriber through `MutEventSubscriber::process` per event and hands it an `Events`
 //! whose data it must decode anyway), registration that changes per round (the backend fd is
 //! added, modified and removed as rx pauses and tx waits, several times a second under load),
-//! a zero-timeout poll when the tx budget left work, and nothing between a kick and `writev` but
+//! a zero-timeout poll when the tx budget left work, and nothing between a kick and `write` but
 //! this loop. event-manager would add a layer on the hottest path and buy nothing here: the
 //! loop has one owner, and its sources are fixed at activation.
 //!
