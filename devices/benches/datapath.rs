@@ -328,55 +328,85 @@ impl Floor {
         }
     }
 
-    /// One call: load the avail index, the entry and the descriptor, `write` the frame,
-    /// write the used element and store the used index, store `avail_event`, fence, re-load
-    /// the avail index and load `used_event` (the interrupt decision). Returns whether it sent.
-    #[inline(never)]
-    fn call(&mut self) -> bool {
-        let size = usize::from(self.size);
-        let mask = self.size - 1;
+    /// Pops the next avail head and reads its descriptor: (head, buffer's guest address,
+    /// length), or `None` when the driver has published nothing more.
+    #[inline(always)]
+    fn pop(&mut self) -> Option<(usize, u64, u32)> {
         // SAFETY: the pointers are the host addresses of a live [`Driver`]'s rings (inside its
         // one 32 MiB region, which outlives `self` in the bench): a table of `size` 16-byte
-        // descriptors, an avail ring of 6 + 2·size bytes and a used ring of 6 + 8·size bytes,
-        // each suitably aligned; every offset below stays inside them (slots are masked, heads
-        // are the bench's own, < size), and each descriptor's buffer lies inside the region
-        // (the bench wrote it). The driver side runs on this thread between calls.
+        // descriptors and an avail ring of 6 + 2·size bytes, each suitably aligned; the slot
+        // is masked and heads are the bench's own (< size). The driver side runs on this thread
+        // between calls.
         unsafe {
-            let avail = self.avail;
-            let idx = AtomicU16::from_ptr(avail.add(2).cast()).load(Ordering::Acquire);
+            let idx = AtomicU16::from_ptr(self.avail.add(2).cast()).load(Ordering::Acquire);
             if idx == self.next_avail {
-                return false;
+                return None;
             }
-            let slot = usize::from(self.next_avail & mask);
+            let slot = usize::from(self.next_avail & (self.size - 1));
             let head = usize::from(std::ptr::read_volatile(
-                avail.add(4 + 2 * slot).cast::<u16>(),
+                self.avail.add(4 + 2 * slot).cast::<u16>(),
             ));
             self.next_avail = self.next_avail.wrapping_add(1);
             let dp = self.desc.add(16 * head);
             let addr = std::ptr::read_volatile(dp.cast::<u64>());
             let len = std::ptr::read_volatile(dp.add(8).cast::<u32>());
-            let n = libc::write(self.fd, self.host.add(addr as usize).cast(), len as usize);
-            assert_eq!(n, len as isize, "write");
-            let used = self.used;
-            let elem = used
-                .add(4 + 8 * usize::from(self.next_used & mask))
+            Some((head, addr, len))
+        }
+    }
+
+    /// Writes used element (`head`, `len`) and stores the used index; returns the index before.
+    #[inline(always)]
+    fn add_used(&mut self, head: usize, len: u32) -> u16 {
+        // SAFETY: the used ring is 6 + 8·size bytes, 4-aligned, inside the region (see `pop`);
+        // the slot is masked.
+        unsafe {
+            let elem = self
+                .used
+                .add(4 + 8 * usize::from(self.next_used & (self.size - 1)))
                 .cast::<u32>();
             std::ptr::write_volatile(elem, head as u32);
-            std::ptr::write_volatile(elem.add(1), 0);
+            std::ptr::write_volatile(elem.add(1), len);
             let old = self.next_used;
             self.next_used = old.wrapping_add(1);
-            AtomicU16::from_ptr(used.add(2).cast()).store(self.next_used, Ordering::Release);
-            AtomicU16::from_ptr(used.add(4 + 8 * size).cast())
-                .store(self.next_avail, Ordering::Relaxed);
-            std::sync::atomic::fence(Ordering::SeqCst);
-            let again = AtomicU16::from_ptr(avail.add(2).cast()).load(Ordering::Acquire);
-            let event = AtomicU16::from_ptr(avail.add(4 + 2 * size).cast()).load(Ordering::Relaxed);
-            // vring_need_event(event, new, old)
-            let raise = self.next_used.wrapping_sub(event).wrapping_sub(1)
-                < self.next_used.wrapping_sub(old);
-            std::hint::black_box((again, raise));
-            true
+            AtomicU16::from_ptr(self.used.add(2).cast()).store(self.next_used, Ordering::Release);
+            old
         }
+    }
+
+    /// The interrupt decision after a fence: `vring_need_event(used_event, new, old)`.
+    #[inline(always)]
+    fn needs_interrupt(&self, old: u16) -> bool {
+        std::sync::atomic::fence(Ordering::SeqCst);
+        let at = 4 + 2 * usize::from(self.size);
+        // SAFETY: `used_event` is the u16 after the avail ring's entries (see `pop`).
+        let event =
+            unsafe { AtomicU16::from_ptr(self.avail.add(at).cast()) }.load(Ordering::Relaxed);
+        self.next_used.wrapping_sub(event).wrapping_sub(1) < self.next_used.wrapping_sub(old)
+    }
+
+    /// One call: load the avail index, the entry and the descriptor, `write` the frame,
+    /// write the used element and store the used index, store `avail_event`, fence, re-load
+    /// the avail index and load `used_event` (the interrupt decision). Returns whether it sent.
+    #[inline(never)]
+    fn call(&mut self) -> bool {
+        let Some((head, addr, len)) = self.pop() else {
+            return false;
+        };
+        // SAFETY: the descriptor's buffer lies inside the region (the bench wrote it); write
+        // keeps no pointer after returning.
+        let n = unsafe { libc::write(self.fd, self.host.add(addr as usize).cast(), len as usize) };
+        assert_eq!(n, len as isize, "write");
+        let old = self.add_used(head, 0);
+        let at = 4 + 8 * usize::from(self.size);
+        // SAFETY: `avail_event` is the u16 after the used ring's elements (see `add_used`).
+        unsafe { AtomicU16::from_ptr(self.used.add(at).cast()) }
+            .store(self.next_avail, Ordering::Relaxed);
+        let raise = self.needs_interrupt(old);
+        // SAFETY: the avail index, as in `pop`.
+        let again =
+            unsafe { AtomicU16::from_ptr(self.avail.add(2).cast()) }.load(Ordering::Acquire);
+        std::hint::black_box((again, raise));
+        true
     }
 }
 
@@ -387,24 +417,12 @@ impl Floor {
     /// load `used_event` (the interrupt decision). Returns whether a frame was read.
     #[inline(never)]
     fn receive(&mut self, guard: &mut [u8; 1]) -> bool {
-        let size = usize::from(self.size);
-        let mask = self.size - 1;
-        // SAFETY: as in `call`; the descriptor's buffer is one of the driver's 2 KiB rx
-        // buffers inside the region, which nothing else touches during the call.
-        unsafe {
-            let avail = self.avail;
-            let idx = AtomicU16::from_ptr(avail.add(2).cast()).load(Ordering::Acquire);
-            if idx == self.next_avail {
-                return false;
-            }
-            let slot = usize::from(self.next_avail & mask);
-            let head = usize::from(std::ptr::read_volatile(
-                avail.add(4 + 2 * slot).cast::<u16>(),
-            ));
-            self.next_avail = self.next_avail.wrapping_add(1);
-            let dp = self.desc.add(16 * head);
-            let addr = std::ptr::read_volatile(dp.cast::<u64>());
-            let len = std::ptr::read_volatile(dp.add(8).cast::<u32>());
+        let Some((head, addr, len)) = self.pop() else {
+            return false;
+        };
+        // SAFETY: the buffer is one of the driver's 2 KiB rx buffers inside the region, which
+        // nothing else touches during the call; readv keeps no pointer after returning.
+        let n = unsafe {
             let buf = self.host.add(addr as usize);
             let iov = [
                 libc::iovec {
@@ -419,22 +437,11 @@ impl Floor {
             let n = libc::readv(self.fd, iov.as_ptr(), 2);
             assert!(n > VNET_HDR_LEN as isize && n <= len as isize, "readv");
             std::ptr::write_volatile(buf.add(10).cast::<[u8; 2]>(), 1u16.to_le_bytes());
-            let used = self.used;
-            let elem = used
-                .add(4 + 8 * usize::from(self.next_used & mask))
-                .cast::<u32>();
-            std::ptr::write_volatile(elem, head as u32);
-            std::ptr::write_volatile(elem.add(1), n as u32);
-            let old = self.next_used;
-            self.next_used = old.wrapping_add(1);
-            AtomicU16::from_ptr(used.add(2).cast()).store(self.next_used, Ordering::Release);
-            std::sync::atomic::fence(Ordering::SeqCst);
-            let event = AtomicU16::from_ptr(avail.add(4 + 2 * size).cast()).load(Ordering::Relaxed);
-            let raise = self.next_used.wrapping_sub(event).wrapping_sub(1)
-                < self.next_used.wrapping_sub(old);
-            std::hint::black_box(raise);
-            true
-        }
+            n
+        };
+        let old = self.add_used(head, n as u32);
+        std::hint::black_box(self.needs_interrupt(old));
+        true
     }
 }
 
