@@ -6,14 +6,16 @@
 #
 # Usage (as root, from anywhere): scripts/vm-tx-ratio.sh [--repeats R] [--frames N] [--mode MODE]
 #                                  [--workload tx|echo] [--vmm PATH] [--transport mmio|pci]
+#                                  [--bare write|writev]
 #   --repeats  pairs to run (default 5)    --frames  frames per VM run (default 300000)
 #   --mode     tx_completion (default lazy) --vmm    the vmm binary (default: build this tree's)
 #   --workload tx (default) or echo (the host sends, at most 64 frames in flight; the ratio is
 #              then of the echo pps to the bare write loop's)
+#   --bare     the bare loop's system call: write (default, the cheapest) or writev (one iovec)
 # Measure on an idle machine: a build beside it changes the figures by several times.
 set -euo pipefail
 ROOT=$(cd "$(dirname -- "${BASH_SOURCE[0]}")/.." && pwd)
-repeats=5 frames=300000 mode=lazy workload=tx vmm="" transport=mmio
+repeats=5 frames=300000 mode=lazy workload=tx vmm="" transport=mmio bare=write
 while (($#)); do
 	case $1 in
 	--repeats) repeats=$2 ;;
@@ -22,6 +24,7 @@ while (($#)); do
 	--workload) workload=$2 ;;
 	--vmm) vmm=$2 ;;
 	--transport) transport=$2 ;;
+	--bare) bare=$2 ;;
 	*) sed -n '2,/^set -euo/{/^set -euo/d;s/^# \{0,1\}//;p}' "$0" >&2; exit 2 ;;
 	esac
 	shift 2
@@ -35,10 +38,11 @@ fi
 csv=$(mktemp)
 trap 'rm -f "$csv"' EXIT
 echo "# loadavg $(cat /proc/loadavg)"
-echo "pair,bare_write_pps,vm_pps,ratio"
+echo "pair,bare_${bare}_pps,vm_pps,ratio"
 ratios=() bases=() vms=()
 for i in $(seq "$repeats"); do
-	target/release/cotune baseline --backend tap --duration 2 --repeat 1 --frame-size 64 --csv "$csv" >/dev/null 2>&1
+	target/release/cotune baseline --backend tap --baseline-syscall "$bare" --duration 2 --repeat 1 \
+		--frame-size 64 --csv "$csv" >/dev/null 2>&1
 	# The pps column, found by its header name.
 	base=$(awk -F, 'NR == 1 { for (i = 1; i <= NF; i++) if ($i == "pps") c = i } NR == 2 { print $c }' "$csv")
 	vm=$(guest/baremetal/sweep.sh --workload "$workload" --ring 3 --frames "$frames" --size 64 \
@@ -48,5 +52,5 @@ for i in $(seq "$repeats"); do
 	ratios+=("$ratio") bases+=("$base") vms+=("$vm")
 done
 median() { printf '%s\n' "$@" | sort -g | awk '{ v[NR] = $1 } END { print v[int((NR + 1) / 2)] }'; }
-echo "# median: bare write $(median "${bases[@]}") pps, VM $(median "${vms[@]}") pps, ratio $(median "${ratios[@]}")"
+echo "# median: bare $bare $(median "${bases[@]}") pps, VM $(median "${vms[@]}") pps, ratio $(median "${ratios[@]}")"
 echo "# loadavg $(cat /proc/loadavg)"

@@ -7,6 +7,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::Parser;
+use cotune::baseline::BareSyscall;
 use cotune::cost::{DEFAULT_IRQ_COST_NS, DEFAULT_KICK_COST_NS};
 use cotune::noise::{loadavg1, BUSY_LOADAVG};
 use cotune::report::{plot, to_csv, to_table};
@@ -74,6 +75,10 @@ struct Cli {
     /// ISR read per interrupt) or virtio-pci with an MSI-X vector per queue (no ISR read).
     #[arg(long, value_enum, default_value_t = TransportKind::Mmio)]
     transport: TransportKind,
+    /// The raw backend write loop's system call (`write`, the cheapest; `writev` of one
+    /// iovec, as a device with a scatter-gather list makes it).
+    #[arg(long, value_enum, default_value_t = BareSyscall::Write)]
+    baseline_syscall: BareSyscall,
     /// vCPU time charged per driver kick in co-simulation, ns (0 = raw co-simulation), or
     /// `auto`: measured once by the driver guest (calibrate=2000 ring=3) in a VM.
     #[arg(long, value_parser = parse_cost, default_value_t = Cost::Ns(DEFAULT_KICK_COST_NS))]
@@ -222,6 +227,7 @@ fn main() -> ExitCode {
             None
         },
         transport: cli.transport,
+        bare: cli.baseline_syscall,
     };
     let presets = if cli.presets.is_empty() {
         Preset::ALL.to_vec()

@@ -15,7 +15,7 @@ use devices::virtio::net::{InterruptCoalescing, NetTuning};
 use vnet_driver::xsk::XskMode;
 use vnet_driver::{Config, TxCompletion};
 
-use crate::baseline::{raw_write_loop, BaselineResult};
+use crate::baseline::{raw_write_loop, BareSyscall, BaselineResult};
 use crate::env::Sink;
 use crate::noise::{cpu_pct, loadavg1};
 use crate::report::Row;
@@ -155,6 +155,8 @@ pub struct Options {
     pub vm: Option<VmEnv>,
     /// The co-simulation's device transport.
     pub transport: TransportKind,
+    /// The raw write loop's system call.
+    pub bare: BareSyscall,
 }
 
 /// The device-side knobs of a point.
@@ -788,11 +790,11 @@ pub fn baseline(
         let r = match trial {
             Trial::Pair(mut b) => {
                 b.set_vnet_hdr_size(12)?;
-                raw_write_loop(b.as_raw_fd(), frame_size, opts.duration)
+                raw_write_loop(b.as_raw_fd(), frame_size, opts.duration, opts.bare)
             }
             Trial::Tap(mut b) => {
                 b.set_vnet_hdr_size(12)?;
-                raw_write_loop(b.as_raw_fd(), frame_size, opts.duration)
+                raw_write_loop(b.as_raw_fd(), frame_size, opts.duration, opts.bare)
             }
         };
         drop(peer);
@@ -905,8 +907,12 @@ fn baseline_row(
     b: &BaselineResult,
     opts: &Options,
 ) -> Row {
+    let name = match opts.bare {
+        BareSyscall::Write => "raw-write",
+        BareSyscall::Writev => "raw-writev",
+    };
     let point = Point {
-        axes: vec![("loop", "raw-write".into())],
+        axes: vec![("loop", name.into())],
         config: Config::default(),
         dev: DevKnobs::default(),
         workload: Workload::XskTx(XskMode::Copy),
@@ -922,7 +928,7 @@ fn baseline_row(
         loadavg1(),
         opts,
     );
-    row.workload = "raw-write".into();
+    row.workload = name.into();
     row.xsk_mode = String::new();
     row.pps = b.pps;
     row.ratio_to_baseline = 1.0;
@@ -1096,6 +1102,7 @@ mod tests {
             pin: None,
             vm: None,
             transport: TransportKind::Mmio,
+            bare: BareSyscall::Write,
         }
     }
 
