@@ -408,9 +408,7 @@ impl Floor {
         std::hint::black_box((again, raise));
         true
     }
-}
 
-impl Floor {
     /// One rx call over `d`'s posted 1-descriptor buffers (2 KiB each): load the avail index,
     /// the entry and the descriptor, `readv` a frame into the buffer (and a guard byte, as the
     /// tap does), set `num_buffers`, write the used element and store the used index, fence,

@@ -119,9 +119,10 @@ impl BatchRing {
     }
 
     /// Writes each frame of `frames` to the file with one `IORING_OP_WRITEV` per frame
-    /// (`IORING_OP_WRITE` for a frame in one segment), all submitted with one system call, and stores frame `i`'s result (bytes written, or the
-    /// error) in `results[i]`. Frame `i` is the iovecs `iovs[ends[i-1]..ends[i]]` (`ends` is
-    /// increasing, at most [`MAX_TX_BATCH`] long, and its last value is at most `iovs.len()`).
+    /// (`IORING_OP_WRITE` for a frame in one segment), all submitted with one system call, and
+    /// stores frame `i`'s result (bytes written, or the error) in `results[i]`. Frame `i` is
+    /// the iovecs `iovs[ends[i-1]..ends[i]]` (`ends` is increasing, at most [`MAX_TX_BATCH`]
+    /// long, and its last value is at most `iovs.len()`).
     /// The frames are issued in order, but a failure does not stop the ones after it.
     ///
     /// An error means the ring itself failed: no frame of this call was written, and every

@@ -4,8 +4,8 @@
 //! Each chain is the 12-byte `virtio_net_hdr_v1` followed by the Ethernet frame, split across
 //! any number of device-readable descriptors. The whole chain goes to the backend as-is (a tap
 //! with `IFF_VNET_HDR` consumes the header itself); buffers that follow each other in memory
-//! go as one segment. A chain whose frame is empty or longer than
-//! [`MAX_FRAME_LEN`] is malformed.
+//! go as one segment. A chain whose frame is empty or longer than [`MAX_FRAME_LEN`] is
+//! malformed.
 
 use std::io;
 
