@@ -239,8 +239,36 @@ impl Rig {
     /// Lets the device finish what the driver gave it, takes the last interrupt signals, and
     /// stops the device worker, so every counter is final. (A device reset drains the irqfd,
     /// so signals are taken before it.) Call after traffic sources have stopped.
+    ///
+    /// The device is settled when it has seen every kick the transport wrote and neither its
+    /// kicks nor its signals moved over [`SETTLE`]; a worker descheduled on a loaded machine
+    /// is waited for up to [`SETTLE_LIMIT`]. (A fixed pause lost the last signal of a trial
+    /// under load: device signalled 3, driver took 2.)
     pub fn quiesce(&mut self) {
-        std::thread::sleep(std::time::Duration::from_millis(20));
+        let start = std::time::Instant::now();
+        let mut last = None;
+        loop {
+            std::thread::sleep(SETTLE);
+            // The device counts a signal after writing its eventfd: read the counters first,
+            // then the lines, and every signal counted is taken.
+            let m = &self.metrics;
+            let seen = (
+                m.tx.kicks.get() + m.rx.kicks.get(),
+                m.irqfd_signals.get(),
+                m.tx.frames.get() + m.rx.frames.get(),
+            );
+            self.read_lines();
+            let all_kicks_seen = seen.0 == self.net_transport_kicks();
+            if (all_kicks_seen && last == Some(seen)) || start.elapsed() > SETTLE_LIMIT {
+                break;
+            }
+            last = Some(seen);
+        }
+        self.net.transport_mut().shutdown();
+    }
+
+    /// Reads every interrupt line without waiting, adding what it held to the counts.
+    fn read_lines(&mut self) {
         for (i, line) in self.irqs.iter().enumerate() {
             if let Ok(n) = line.fd.read() {
                 self.line_signals[i] += n;
@@ -249,9 +277,13 @@ impl Rig {
                 }
             }
         }
-        self.net.transport_mut().shutdown();
     }
 }
+
+/// How long the device's counters must stand still for [`Rig::quiesce`].
+const SETTLE: std::time::Duration = std::time::Duration::from_millis(20);
+/// The longest [`Rig::quiesce`] waits for the device to settle.
+const SETTLE_LIMIT: std::time::Duration = std::time::Duration::from_secs(3);
 
 impl Rig {
     /// Notifications the transport wrote to kick eventfds.
