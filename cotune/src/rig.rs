@@ -240,10 +240,10 @@ impl Rig {
     /// stops the device worker, so every counter is final. (A device reset drains the irqfd,
     /// so signals are taken before it.) Call after traffic sources have stopped.
     ///
-    /// The device is settled when it has seen every kick the transport wrote and neither its
-    /// kicks nor its signals moved over [`SETTLE`]; a worker descheduled on a loaded machine
-    /// is waited for up to [`SETTLE_LIMIT`]. (A fixed pause lost the last signal of a trial
-    /// under load: device signalled 3, driver took 2.)
+    /// The device is settled when it has seen every kick the transport wrote and none of its
+    /// kicks, signals and frames moved over 20 ms; a worker descheduled on a loaded machine
+    /// is waited for up to 3 s. (A fixed pause lost a trial's last signal under load: device
+    /// signalled 3, driver took 2.)
     pub fn quiesce(&mut self) {
         let start = std::time::Instant::now();
         let mut last = None;
