@@ -568,6 +568,11 @@ impl CrossCore {
                     }
                 });
             }
+            // Timed from full slots, as in the steady state (the producer outruns the
+            // consumer): the thread's start is not the sender's cost.
+            while produced.0.load(Ordering::Acquire) < Self::SLOTS.min(frames) {
+                std::hint::spin_loop();
+            }
             let start = Instant::now();
             let mut ready = 0;
             for i in 0..frames {
@@ -597,6 +602,152 @@ impl CrossCore {
             start.elapsed().as_nanos() as f64 / frames as f64
         })
     }
+}
+
+/// What sends the frames of [`run_tx_remote`]: the device, or the split ring's floor.
+enum Sender<'a> {
+    Device(&'a mut TxQueue, &'a mut Tap),
+    Floor(&'a mut Floor),
+}
+
+/// ns per frame of `frames` frames sent by `sender` while a driver on the other CPU makes them
+/// available, as a guest's vCPU does, at most `lead` frames ahead of what the device returned:
+/// for each frame it writes the next chain's descriptor, copies the frame into its buffer,
+/// writes the avail entry and stores the avail index (release); when it has caught up with what
+/// it last read of the used index, it reads the index again and the used elements it covers.
+/// No kicks and no interrupts: the sender polls. What a VM's worker pays for the frames' and the
+/// rings' trips between the cores, with the device's own work, against [`CrossCore`] (the
+/// same trip for the frame data alone) or a hot bare loop.
+fn run_tx_remote(
+    d: &mut Driver,
+    sender: Sender<'_>,
+    frame: &[u8],
+    frames: usize,
+    lead: usize,
+) -> f64 {
+    #[derive(Clone, Copy)]
+    struct Ring {
+        avail: usize,
+        used: usize,
+        host: usize,
+    }
+    let host = d.avail.wrapping_sub(AVAIL_AT as usize);
+    let ring = Ring {
+        avail: d.avail as usize,
+        used: host.wrapping_add(USED_AT as usize) as usize,
+        host: host as usize,
+    };
+    let (size, chains) = (d.size, d.heads.len());
+    let lead = lead.min(chains);
+    let (heads, first_head, first_avail) = (&d.heads, d.next_head, d.avail_idx);
+    let used_start = d.q.used_idx();
+    let len = frame.len();
+    let ns = std::thread::scope(|scope| {
+        scope.spawn(move || {
+            pin_to_other_cpu();
+            let ring = ring;
+            // SAFETY: `used` is the host address of the used ring's 2-aligned index inside the
+            // driver's mapped region, which outlives the scope; guest memory is plain shared
+            // memory, valid for atomic access.
+            let used_idx = unsafe { AtomicU16::from_ptr((ring.used + 2) as *mut u16) };
+            // SAFETY: as above, the avail ring's index.
+            let avail_idx = unsafe { AtomicU16::from_ptr((ring.avail + 2) as *mut u16) };
+            let mut returned = 0usize;
+            let mut avail = first_avail;
+            for i in 0..frames {
+                while i >= returned + lead {
+                    let idx = used_idx.load(Ordering::Acquire);
+                    let now = usize::from(idx.wrapping_sub(used_start));
+                    for k in returned..now {
+                        let slot = usize::from(used_start.wrapping_add(k as u16) % size);
+                        // SAFETY: used element `slot < size` of the used ring (6 + 8·size
+                        // bytes, 4-aligned, inside the region), published before the index
+                        // loaded with acquire above.
+                        let elem = unsafe {
+                            std::ptr::read_volatile((ring.used + 4 + 8 * slot) as *const u64)
+                        };
+                        std::hint::black_box(elem);
+                    }
+                    returned = now;
+                    std::hint::spin_loop();
+                }
+                let chain = (first_head + i) % chains;
+                let head = heads[chain];
+                let buf = BUFS_AT as usize + chain * 2048;
+                let desc = ring.host + DESC_AT as usize + 16 * usize::from(head);
+                let slot = ring.avail + 4 + 2 * usize::from(avail % size);
+                // SAFETY: the chain's descriptor, its 2 KiB buffer and the avail slot lie
+                // inside the region (see `Driver::tx`, `push_avail`); the sender returned this
+                // chain (acquire above) and reads it again only after the release store below.
+                unsafe {
+                    std::ptr::write_volatile(desc as *mut u64, (buf as u64).to_le());
+                    std::ptr::write_volatile((desc + 8) as *mut u32, (len as u32).to_le());
+                    std::ptr::write_volatile((desc + 12) as *mut u32, 0);
+                    std::ptr::copy_nonoverlapping(
+                        frame.as_ptr(),
+                        (ring.host + buf) as *mut u8,
+                        len,
+                    );
+                    std::ptr::write_volatile(slot as *mut u16, head.to_le());
+                }
+                avail = avail.wrapping_add(1);
+                avail_idx.store(avail.to_le(), Ordering::Release);
+            }
+        });
+        // Timed from a full ring, as it is in the steady state (the driver outruns the
+        // sender): the thread's start is not the sender's cost.
+        // SAFETY: the avail ring's index, as in the driver thread.
+        let avail_idx = unsafe { AtomicU16::from_ptr((ring.avail + 2) as *mut u16) };
+        while usize::from(avail_idx.load(Ordering::Acquire).wrapping_sub(first_avail))
+            < lead.min(frames)
+        {
+            std::hint::spin_loop();
+        }
+        let start = Instant::now();
+        match sender {
+            Sender::Device(txq, tap) => {
+                let mut counters = TxCounters::default();
+                while (counters.frames as usize) < frames {
+                    txq.process(tap, &mut counters).expect("ring ok");
+                }
+                assert_eq!(counters.malformed_chains + counters.backend_errors, 0);
+            }
+            Sender::Floor(floor) => {
+                let mut sent = 0;
+                while sent < frames {
+                    sent += usize::from(floor.call());
+                }
+            }
+        }
+        start.elapsed().as_nanos() as f64 / frames as f64
+    });
+    d.next_head = (first_head + frames) % chains;
+    d.avail_idx = first_avail.wrapping_add(frames as u16);
+    ns
+}
+
+/// Runs `f` while a thread on the other CPU spins on a flag of its own cache line (shares
+/// nothing with `f`, as a vCPU running guest code shares nothing with a device between frames).
+fn beside_a_busy_cpu<R>(f: impl FnOnce() -> R) -> R {
+    #[repr(align(128))]
+    struct Flag(std::sync::atomic::AtomicBool);
+    let stop = Flag(false.into());
+    let started = Flag(false.into());
+    std::thread::scope(|scope| {
+        scope.spawn(|| {
+            pin_to_other_cpu();
+            started.0.store(true, Ordering::Release);
+            while !stop.0.load(Ordering::Relaxed) {
+                std::hint::spin_loop();
+            }
+        });
+        while !started.0.load(Ordering::Acquire) {
+            std::hint::spin_loop();
+        }
+        let r = f();
+        stop.0.store(true, Ordering::Relaxed);
+        r
+    })
 }
 
 /// Pins the calling thread to an online CPU other than the main thread's, if there is one.
@@ -1183,6 +1334,58 @@ fn main() {
                 report(cross_row, "write, same 256 slots", &pairs);
             }
         }
+        let busy_row = "tx tap: bare writev, the other CPU busy (shares nothing)";
+        if descs == 1 && wanted(busy_row) {
+            let pairs = alternate(rounds, |case| {
+                if case {
+                    beside_a_busy_cpu(|| writev_loop(&mut rig.tap, &heap, frames))
+                } else {
+                    writev_loop(&mut rig.tap, &heap, frames)
+                }
+            });
+            report(busy_row, &base_name, &pairs);
+        }
+        // A driver on the other CPU, as in a VM: the device, batched and not, and the floor,
+        // against the bare loop of frames the other CPU wrote and against the hot one; and the
+        // batched device with a driver only 8 frames ahead (a driver as slow as the device).
+        for (row, sender, lead) in [
+            ("tx tap (writev) 1-desc, a driver on the other CPU", 0, 256),
+            (
+                "tx tap (io_uring) 1-desc, a driver on the other CPU",
+                1,
+                256,
+            ),
+            ("tx tap (io_uring) 1-desc, the same 8 frames ahead", 1, 8),
+            ("tx tap: the floor, a driver on the other CPU", 2, 256),
+        ] {
+            if descs != 1 || (sender == 1 && !uring) || !wanted(row) {
+                continue;
+            }
+            for (base, cross) in [
+                ("write, other CPU's frames", true),
+                (base_name.as_str(), false),
+            ] {
+                rig.tap.set_tx_batching(sender == 1);
+                let mut d = Driver::tx(256, 1, &wire);
+                let mut txq = TxQueue::new(Virtqueue::new(&d.queue(), d.mem()).expect("ring"));
+                let mut floor = Floor::new(&d, &rig.tap);
+                let mut bare = CrossCore::new(&wire);
+                let pairs = alternate(rounds, |case| match (case, cross) {
+                    (true, _) => {
+                        let s = if sender == 2 {
+                            Sender::Floor(&mut floor)
+                        } else {
+                            Sender::Device(&mut txq, &mut rig.tap)
+                        };
+                        run_tx_remote(&mut d, s, &wire, frames, lead)
+                    }
+                    (false, true) => bare.run(&rig.tap, frames, true, 0),
+                    (false, false) => writev_loop(&mut rig.tap, &heap, frames),
+                });
+                report(row, base, &pairs);
+            }
+        }
+        rig.tap.set_tx_batching(uring);
         for ring_batch in [1usize, 2, 4, 8, MAX_TX_BATCH] {
             let name = format!("bare io_uring {ring_batch} x writev {descs} iov");
             if !uring || !wanted(&name) {
