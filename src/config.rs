@@ -11,7 +11,8 @@ use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 
 use devices::virtio::net::{
-    MacAddr, NetConfig, NetConfigError, NetTuning, NetTuningUpdate, RateLimiterConfig, TuningError,
+    BackendKind, MacAddr, NetConfig, NetConfigError, NetTuning, NetTuningUpdate, RateLimiterConfig,
+    TuningError,
 };
 use serde::{Deserialize, Deserializer, Serialize};
 use serde_json::Value;
@@ -217,8 +218,20 @@ pub fn split_transport(spec: &str) -> Result<(String, Option<Transport>), Config
 pub struct NetworkInterface {
     /// The interface's name in the API and in the metrics.
     pub iface_id: String,
-    /// The host tap (opened, or created when it does not exist).
+    /// The host tap (opened, or created when it does not exist). Empty or absent with a
+    /// measurement backend.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
     pub host_dev_name: String,
+    /// Extension: `tap` (default) or a measurement backend, `sink`, `source` or `loop`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backend: Option<BackendKind>,
+    /// Extension, measurement backends: the frame rate a sink or loop takes, or a source
+    /// offers (none: as fast as the device goes).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rate_pps: Option<u64>,
+    /// Extension, `source`: Ethernet bytes per generated frame (20..=9014, default 64).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub frame_size: Option<u16>,
     /// The guest's MAC address; derived from the tap name when absent.
     #[serde(
         default,
@@ -254,9 +267,17 @@ pub struct NetworkInterface {
 impl NetworkInterface {
     /// The interface for a CLI `--net` device: the tap name is also its id.
     pub fn from_net_config(config: NetConfig) -> NetworkInterface {
+        let measurement = config.backend.is_measurement();
         NetworkInterface {
             iface_id: config.tap.clone(),
-            host_dev_name: config.tap,
+            host_dev_name: if measurement {
+                String::new()
+            } else {
+                config.tap
+            },
+            backend: measurement.then_some(config.backend),
+            rate_pps: config.rate_pps,
+            frame_size: config.frame_size,
             guest_mac: Some(config.mac),
             queue_size: Some(config.queue_size),
             queues: (config.queues > 1).then_some(config.queues),
@@ -268,6 +289,11 @@ impl NetworkInterface {
         }
     }
 
+    /// The backend in force (a tap when not given).
+    pub fn backend(&self) -> BackendKind {
+        self.backend.unwrap_or_default()
+    }
+
     /// The transport in force (`mmio` when not given).
     pub fn transport(&self) -> Transport {
         self.transport.unwrap_or_default()
@@ -275,7 +301,18 @@ impl NetworkInterface {
 
     /// The device description (validated).
     pub fn net_config(&self) -> Result<NetConfig, ConfigError> {
-        NetConfig::new(self.host_dev_name.clone(), self.guest_mac, self.queue_size)
+        let name = (!self.host_dev_name.is_empty()).then(|| self.host_dev_name.clone());
+        // A measurement backend without a name: its MAC from the interface's id, so that
+        // two of them differ.
+        let mac = match (&name, self.backend().is_measurement()) {
+            (None, true) => Some(
+                self.guest_mac
+                    .unwrap_or(MacAddr::derived_from(&self.iface_id)),
+            ),
+            _ => self.guest_mac,
+        };
+        NetConfig::with_backend_kind(self.backend(), name, mac, self.queue_size)
+            .and_then(|c| c.with_backend_options(self.rate_pps, self.frame_size))
             .and_then(|c| c.with_queues(self.queues.unwrap_or(1)))
             .map(|c| c.with_io_uring(self.io_uring.unwrap_or(true)))
             .and_then(|c| {
@@ -530,7 +567,7 @@ impl VmConfig {
             if !ids.insert(iface.iface_id.as_str()) {
                 return Err(ConfigError::DuplicateIfaceId(iface.iface_id.clone()));
             }
-            if !taps.insert(iface.host_dev_name.as_str()) {
+            if !iface.backend().is_measurement() && !taps.insert(iface.host_dev_name.as_str()) {
                 return Err(ConfigError::DuplicateTap(iface.host_dev_name.clone()));
             }
             let mac = iface.net_config()?.mac;
@@ -641,6 +678,9 @@ mod tests {
         NetworkInterface {
             iface_id: id.into(),
             host_dev_name: tap.into(),
+            backend: None,
+            rate_pps: None,
+            frame_size: None,
             guest_mac: None,
             queue_size: None,
             queues: None,
@@ -676,6 +716,51 @@ mod tests {
         c.boot_source = None;
         assert_eq!(c.validate(), Err(ConfigError::MissingBootSource));
         assert_eq!(c.validate_devices(), Ok(()));
+    }
+
+    #[test]
+    fn measurement_backends_in_the_config_file() {
+        let text = r#"{
+            "boot-source": {"kernel_image_path": "/k"},
+            "network-interfaces": [
+                {"iface_id": "sink0", "backend": "sink", "rate_pps": 1000000},
+                {"iface_id": "sink1", "backend": "sink"},
+                {"iface_id": "src", "backend": "source", "frame_size": 1514, "transport": "pci"},
+                {"iface_id": "eth0", "host_dev_name": "tap0"}
+            ]
+        }"#;
+        let c = VmConfig::from_json(text).expect("valid");
+        let nets: Vec<NetConfig> = c
+            .network_interfaces
+            .iter()
+            .map(|i| i.net_config().expect("valid"))
+            .collect();
+        assert_eq!(nets[0].backend, BackendKind::Sink);
+        assert_eq!(nets[0].rate_pps, Some(1_000_000));
+        // Two unnamed sinks: different MACs (from their ids).
+        assert_ne!(nets[0].mac, nets[1].mac);
+        assert_eq!(nets[2].source_frame_size(), 1514);
+        assert_eq!(nets[3].backend, BackendKind::Tap);
+        // A tap needs its host_dev_name; options of measurement backends stay theirs.
+        for bad in [
+            r#"{"iface_id": "e", "backend": "tap"}"#,
+            r#"{"iface_id": "e"}"#,
+            r#"{"iface_id": "e", "host_dev_name": "tap0", "rate_pps": 10}"#,
+            r#"{"iface_id": "e", "backend": "loop", "frame_size": 64}"#,
+            r#"{"iface_id": "e", "backend": "pipe"}"#,
+        ] {
+            let text = format!(
+                r#"{{"boot-source":{{"kernel_image_path":"/k"}},"network-interfaces":[{bad}]}}"#
+            );
+            assert!(VmConfig::from_json(&text).is_err(), "{bad}");
+        }
+        // The CLI form keeps the backend and its options.
+        let cli: NetConfig = "backend=source,rate_pps=5000,frame_size=128"
+            .parse()
+            .expect("valid");
+        let iface = NetworkInterface::from_net_config(cli.clone());
+        assert_eq!(iface.host_dev_name, "");
+        assert_eq!(iface.net_config().expect("valid"), cli);
     }
 
     #[test]

@@ -40,7 +40,11 @@ struct Cli {
     /// `tap=TAP[,mac=MAC][,queue_size=N][,queues=N][,transport=mmio|pci]` (`queues`: queue
     /// pairs, 1..=16, a multi-queue tap when more than one; `transport`: virtio-mmio, the
     /// default, or virtio-pci with MSI-X). The tap is opened, or created when it does not
-    /// exist. Repeat for more devices.
+    /// exist. Repeat for more devices. Measurement instruments instead of a tap (never for
+    /// real traffic): `backend=sink` (discards what the guest sends), `backend=source`
+    /// (numbered test frames for the guest to receive, `frame_size=B`, default 64) or
+    /// `backend=loop` (what the guest sends comes back, MACs swapped), each with an optional
+    /// `rate_pps=R` (a NIC of R frames/s; none: as fast as the device goes).
     #[arg(long, value_name = "SPEC", requires = "kernel", value_parser = parse_net)]
     net: Vec<NetSpec>,
     /// Boot the VM described by this JSON file (Firecracker's shape: `boot-source`,

@@ -10,13 +10,14 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
+use devices::backend::NetBackend;
 use devices::legacy::{CmosRtc, Serial, I8042};
 use devices::virtio::net::{
-    CoalescingInForce, NetDevice, NetMetrics, NetTuning, NetTuningUpdate, RateLimiterConfig,
-    TuningControl,
+    BackendKind, CoalescingInForce, NetDevice, NetError, NetMetrics, NetTuning, NetTuningUpdate,
+    RateLimiterConfig, TuningControl,
 };
 use devices::virtio::pci::VirtioPciTransport;
-use devices::virtio::MmioTransport;
+use devices::virtio::{MmioTransport, VirtioDevice};
 use serde_json::{Map, Value};
 use vmm_sys_util::eventfd::EventFd;
 use vmm_sys_util::signal::{Killable, SIGRTMIN};
@@ -64,6 +65,7 @@ impl AttachedTransport {
 struct AttachedNet {
     iface_id: String,
     tap: String,
+    backend: BackendKind,
     transport: AttachedTransport,
     metrics: Arc<NetMetrics>,
     tuning: TuningControl,
@@ -311,13 +313,19 @@ impl RunningVm {
             })
     }
 
-    /// The devices' metrics: `{IFACE_ID: {..counters.., "host_dev_name": TAP}}`.
+    /// The devices' metrics: `{IFACE_ID: {..counters.., "backend": KIND, "host_dev_name": TAP}}`
+    /// (a measurement backend has `"measurement_backend": true` instead of a tap).
     pub fn net_metrics(&self) -> Map<String, Value> {
         let mut by_iface = Map::new();
         for net in &self.nets {
             let mut value = serde_json::to_value(&*net.metrics).unwrap_or(Value::Null);
             if let Value::Object(fields) = &mut value {
-                fields.insert("host_dev_name".into(), Value::String(net.tap.clone()));
+                if net.backend.is_measurement() {
+                    fields.insert("measurement_backend".into(), Value::Bool(true));
+                } else {
+                    fields.insert("host_dev_name".into(), Value::String(net.tap.clone()));
+                }
+                fields.insert("backend".into(), Value::String(net.backend.name().into()));
             }
             by_iface.insert(net.iface_id.clone(), value);
         }
@@ -434,77 +442,91 @@ fn attach_net_devices(
             tap: net_config.tap.clone(),
             source,
         };
-        let mut device = NetDevice::new(&net_config).map_err(net_err)?;
-        if let Some(filters) = filters {
-            device
-                .set_worker_seccomp_filter(filters.get(ThreadKind::NetWorker).clone())
-                .map_err(net_err)?;
+        let filter = filters.map(|f| f.get(ThreadKind::NetWorker).clone());
+        let OpenedNet {
+            device,
+            tuning,
+            metrics,
+        } = match net_config.backend {
+            BackendKind::Tap => OpenedNet::new(NetDevice::new(&net_config), filter),
+            BackendKind::Sink => OpenedNet::new(NetDevice::sink(&net_config), filter),
+            BackendKind::Source => OpenedNet::new(NetDevice::source(&net_config), filter),
+            BackendKind::Loop => OpenedNet::new(NetDevice::looped(&net_config), filter),
         }
-        let tuning = device.tuning_control();
+        .map_err(net_err)?;
+        if net_config.backend.is_measurement() {
+            log::warn!(
+                "virtio-net {:?}: backend={} is a measurement instrument (no tap, no real traffic)",
+                iface.iface_id,
+                net_config.backend
+            );
+        }
         tuning.set(iface.tuning).map_err(|error| {
             VmmError::Config(config::ConfigError::Tuning {
                 iface_id: iface.iface_id.clone(),
                 error,
             })
         })?;
-        let metrics = device.metrics();
-        let transport =
-            match iface.transport() {
-                Transport::Mmio => {
-                    let (base, gsi) = boot::virtio_slot(i);
-                    let transport =
-                        MmioTransport::new(mem.clone(), Box::new(device)).map_err(|source| {
-                            VmmError::Transport {
-                                iface_id: iface.iface_id.clone(),
-                                source,
-                            }
-                        })?;
-                    vm.register_irqfd(transport.irqfd(), gsi)?;
-                    for (evt, addr, datamatch) in transport.ioeventfds(base) {
-                        vm.register_mmio_ioevent(evt, addr, datamatch)?;
+        let on = if net_config.backend.is_measurement() {
+            format!("backend={}", net_config.backend)
+        } else {
+            format!("tap {:?}", net_config.tap)
+        };
+        let transport = match iface.transport() {
+            Transport::Mmio => {
+                let (base, gsi) = boot::virtio_slot(i);
+                let transport = MmioTransport::new(mem.clone(), device).map_err(|source| {
+                    VmmError::Transport {
+                        iface_id: iface.iface_id.clone(),
+                        source,
                     }
-                    let transport = Arc::new(Mutex::new(transport));
-                    buses
-                        .mmio
-                        .insert(transport.clone(), base, boot::MMIO_DEVICE_SIZE)?;
-                    cmdline_devices.push((base, gsi));
-                    log::info!(
-                        "virtio-net {:?} on tap {:?} (MAC {}): virtio-mmio at {base:#x}, GSI {gsi}",
-                        iface.iface_id,
-                        net_config.tap,
-                        net_config.mac
-                    );
-                    AttachedTransport::Mmio(transport)
+                })?;
+                vm.register_irqfd(transport.irqfd(), gsi)?;
+                for (evt, addr, datamatch) in transport.ioeventfds(base) {
+                    vm.register_mmio_ioevent(evt, addr, datamatch)?;
                 }
-                Transport::Pci => {
-                    let transport = VirtioPciTransport::new(mem.clone(), Box::new(device))
-                        .map_err(|source| VmmError::PciTransport {
+                let transport = Arc::new(Mutex::new(transport));
+                buses
+                    .mmio
+                    .insert(transport.clone(), base, boot::MMIO_DEVICE_SIZE)?;
+                cmdline_devices.push((base, gsi));
+                log::info!(
+                    "virtio-net {:?} on {on} (MAC {}): virtio-mmio at {base:#x}, GSI {gsi}",
+                    iface.iface_id,
+                    net_config.mac
+                );
+                AttachedTransport::Mmio(transport)
+            }
+            Transport::Pci => {
+                let transport = VirtioPciTransport::new(mem.clone(), device).map_err(|source| {
+                    VmmError::PciTransport {
+                        iface_id: iface.iface_id.clone(),
+                        source,
+                    }
+                })?;
+                let (transport, at) =
+                    pci.attach(vm, buses.mmio, transport)
+                        .map_err(|source| VmmError::Pci {
                             iface_id: iface.iface_id.clone(),
                             source,
                         })?;
-                    let (transport, at) =
-                        pci.attach(vm, buses.mmio, transport)
-                            .map_err(|source| VmmError::Pci {
-                                iface_id: iface.iface_id.clone(),
-                                source,
-                            })?;
-                    log::info!(
-                        "virtio-net {:?} on tap {:?} (MAC {}): virtio-pci 00:{:02x}.0, BAR0 at \
+                log::info!(
+                    "virtio-net {:?} on {on} (MAC {}): virtio-pci 00:{:02x}.0, BAR0 at \
                      {:#x}, MSI-X vectors on GSI {}..={}",
-                        iface.iface_id,
-                        net_config.tap,
-                        net_config.mac,
-                        at.slot,
-                        at.bar0,
-                        at.first_gsi,
-                        at.first_gsi + u32::from(at.vectors) - 1
-                    );
-                    AttachedTransport::Pci(transport)
-                }
-            };
+                    iface.iface_id,
+                    net_config.mac,
+                    at.slot,
+                    at.bar0,
+                    at.first_gsi,
+                    at.first_gsi + u32::from(at.vectors) - 1
+                );
+                AttachedTransport::Pci(transport)
+            }
+        };
         attached.push(AttachedNet {
             iface_id: iface.iface_id.clone(),
             tap: net_config.tap.clone(),
+            backend: net_config.backend,
             transport,
             metrics,
             tuning,
@@ -512,6 +534,33 @@ fn attach_net_devices(
     }
     pci.finish(vm, buses.pio, buses.mmio)?;
     Ok(attached)
+}
+
+/// A virtio-net device ready for its transport, with the handles the VMM keeps.
+struct OpenedNet {
+    device: Box<dyn VirtioDevice>,
+    tuning: TuningControl,
+    metrics: Arc<NetMetrics>,
+}
+
+impl OpenedNet {
+    /// Installs the worker's seccomp filter (when given) and erases the backend's type: the
+    /// transports dispatch on the slow path only, and each device's datapath stays
+    /// monomorphic.
+    fn new<B: NetBackend>(
+        device: Result<NetDevice<B>, NetError>,
+        filter: Option<Arc<seccompiler::BpfProgram>>,
+    ) -> Result<OpenedNet, NetError> {
+        let mut device = device?;
+        if let Some(filter) = filter {
+            device.set_worker_seccomp_filter(filter)?;
+        }
+        Ok(OpenedNet {
+            tuning: device.tuning_control(),
+            metrics: device.metrics(),
+            device: Box::new(device),
+        })
+    }
 }
 
 /// Copies the host's stdin into the UART, in raw mode when stdin is a terminal (restored when

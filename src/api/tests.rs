@@ -210,6 +210,9 @@ fn openapi_document_matches_the_server() {
     let iface = crate::config::NetworkInterface {
         iface_id: "eth0".into(),
         host_dev_name: "tap0".into(),
+        backend: None,
+        rate_pps: None,
+        frame_size: None,
         guest_mac: Some(MacAddr::new([2, 0, 0, 0, 0, 1])),
         queue_size: Some(256),
         queues: Some(2),
@@ -370,6 +373,9 @@ fn get_network_interface_names_the_interface() {
         config: crate::config::NetworkInterface {
             iface_id: "eth0".into(),
             host_dev_name: "tap0".into(),
+            backend: None,
+            rate_pps: None,
+            frame_size: None,
             guest_mac: None,
             queue_size: None,
             queues: None,

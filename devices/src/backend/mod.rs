@@ -8,6 +8,7 @@
 #![warn(missing_docs)]
 
 mod link;
+mod measure;
 mod null;
 mod pair;
 pub(crate) mod tap;
@@ -18,6 +19,10 @@ use std::ops::BitOr;
 use std::os::fd::{AsRawFd, RawFd};
 
 pub use link::LinkWatch;
+pub use measure::{
+    validate_source_frame, FrameSizeError, LoopBackend, SinkBackend, SourceBackend, LOOP_CAPACITY,
+    MAX_SOURCE_FRAME, SOURCE_HEADER_LEN, SOURCE_MAC, TEST_ETHERTYPE,
+};
 pub use null::NullBackend;
 pub use pair::{PairBackend, PairPeer, DEFAULT_PEER_TIMEOUT};
 pub use tap::{validate_ifname, Tap, TapError, MAX_IFNAME_LEN};

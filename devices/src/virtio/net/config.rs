@@ -5,16 +5,22 @@
 //! runtime knobs (`coalesce_packets`, `coalesce_usecs`, `event_idx=on|off`, `tx_budget`,
 //! `busy_poll_us`, `rx_sparse_reads=on|off`; see [`NetTuning`]). The serde form is `{"tap": "tap0", "mac": "...", "queue_size": 256}` with
 //! `mac` and `queue_size` optional; both forms are validated the same way.
+//!
+//! `backend=sink|source|loop` (serde `"backend"`) puts a **measurement** backend in place of
+//! the tap (see [`crate::backend`]'s `SinkBackend`, `SourceBackend`, `LoopBackend`), with
+//! `rate_pps=R` (a sink or a loop that takes R frames/s, a source that offers R frames/s:
+//! the transmit, respectively receive, frame rate limiter) and, for a source, `frame_size=B`
+//! (Ethernet bytes per frame, default 64).
 
 use std::fmt;
 use std::str::FromStr;
 
 use serde::{Deserialize, Serialize};
 
-use super::rate_limiter::{parse_bucket, RateLimiterConfig, RateLimiterError};
+use super::rate_limiter::{parse_bucket, BucketConfig, RateLimiterConfig, RateLimiterError};
 use super::tuning::{NetTuning, TuningError};
 
-use crate::backend::validate_ifname;
+use crate::backend::{validate_ifname, validate_source_frame, FrameSizeError};
 
 /// Default (and maximum advertised) size of each queue.
 pub const DEFAULT_QUEUE_SIZE: u16 = 256;
@@ -30,15 +36,29 @@ pub const MAX_QUEUE_PAIRS: u16 = 16;
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum NetConfigError {
     /// No `tap=` given in the key=value form.
-    #[error("missing tap=NAME")]
+    #[error("missing tap=NAME (or backend=sink|source|loop)")]
     MissingTap,
+    /// `rate_pps` or `frame_size` given where it does not apply, or out of range.
+    #[error("{key}: {reason}")]
+    BackendOption {
+        /// The key.
+        key: &'static str,
+        /// Why it is refused.
+        reason: &'static str,
+    },
+    /// A source's frame size out of range.
+    #[error(transparent)]
+    FrameSize(#[from] FrameSizeError),
     /// A key other than tap, mac, queue_size, the rate limiter and the tuning keys.
     #[error(
-        "unknown key {0:?} (expected tap, mac, queue_size, rx_bw, rx_ops, tx_bw, tx_ops, \
-         coalesce_packets, coalesce_usecs, event_idx, tx_budget, busy_poll_us, rx_sparse_reads, \
-         queues, io_uring)"
+        "unknown key {0:?} (expected tap, backend, rate_pps, frame_size, mac, queue_size, \
+         rx_bw, rx_ops, tx_bw, tx_ops, coalesce_packets, coalesce_usecs, event_idx, tx_budget, \
+         busy_poll_us, rx_sparse_reads, queues, io_uring)"
     )]
     UnknownKey(String),
+    /// `backend=` names no backend.
+    #[error("invalid backend {0:?} (expected tap, sink, source or loop)")]
+    InvalidBackend(String),
     /// A tuning key whose value is not a number (or `on`/`off` for `event_idx` and
     /// `rx_sparse_reads`).
     #[error("invalid {key} {value:?} ({expected})")]
@@ -152,12 +172,78 @@ impl<'de> Deserialize<'de> for MacAddr {
     }
 }
 
+/// What is behind the device (`backend=`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum BackendKind {
+    /// A host tap (the default and the only one for real traffic).
+    #[default]
+    Tap,
+    /// Measurement: discards every transmitted frame.
+    Sink,
+    /// Measurement: generates numbered test frames for the guest to receive.
+    Source,
+    /// Measurement: every transmitted frame comes back as a received one, MACs swapped.
+    Loop,
+}
+
+impl BackendKind {
+    /// The name used on the command line, in the API and in the metrics.
+    pub const fn name(self) -> &'static str {
+        match self {
+            BackendKind::Tap => "tap",
+            BackendKind::Sink => "sink",
+            BackendKind::Source => "source",
+            BackendKind::Loop => "loop",
+        }
+    }
+
+    /// True for the measurement backends (everything but the tap).
+    pub const fn is_measurement(self) -> bool {
+        !matches!(self, BackendKind::Tap)
+    }
+}
+
+impl fmt::Display for BackendKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for BackendKind {
+    type Err = NetConfigError;
+
+    fn from_str(s: &str) -> Result<BackendKind, NetConfigError> {
+        match s {
+            "tap" => Ok(BackendKind::Tap),
+            "sink" => Ok(BackendKind::Sink),
+            "source" => Ok(BackendKind::Source),
+            "loop" => Ok(BackendKind::Loop),
+            _ => Err(NetConfigError::InvalidBackend(s.to_owned())),
+        }
+    }
+}
+
+/// The frame size of a `source` when none is given.
+pub const DEFAULT_SOURCE_FRAME: u16 = 64;
+
 /// A validated virtio-net device description.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(try_from = "RawNetConfig")]
 pub struct NetConfig {
-    /// Host tap interface (opened, or created if absent).
+    /// Host tap interface (opened, or created if absent); with a measurement backend, the
+    /// device's name (in logs and metrics).
     pub tap: String,
+    /// What is behind the device (a tap unless said otherwise).
+    #[serde(default, skip_serializing_if = "is_tap")]
+    pub backend: BackendKind,
+    /// Measurement backends: the frame rate a sink or a loop takes, or a source offers
+    /// (the transmit, respectively receive, `ops` rate limiter); none: as fast as the device.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rate_pps: Option<u64>,
+    /// A source's Ethernet frame size (20..=9014; [`DEFAULT_SOURCE_FRAME`] when absent).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub frame_size: Option<u16>,
     /// The guest's MAC address.
     pub mac: MacAddr,
     /// Maximum size of each queue.
@@ -182,6 +268,10 @@ pub struct NetConfig {
     pub io_uring: bool,
 }
 
+fn is_tap(kind: &BackendKind) -> bool {
+    *kind == BackendKind::Tap
+}
+
 fn is_true(on: &bool) -> bool {
     *on
 }
@@ -202,7 +292,10 @@ fn is_unlimited(config: &RateLimiterConfig) -> bool {
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RawNetConfig {
-    tap: String,
+    tap: Option<String>,
+    backend: Option<BackendKind>,
+    rate_pps: Option<u64>,
+    frame_size: Option<u16>,
     mac: Option<MacAddr>,
     queue_size: Option<u16>,
     queues: Option<u16>,
@@ -219,11 +312,17 @@ impl TryFrom<RawNetConfig> for NetConfig {
     type Error = NetConfigError;
 
     fn try_from(raw: RawNetConfig) -> Result<NetConfig, NetConfigError> {
-        NetConfig::new(raw.tap, raw.mac, raw.queue_size)?
-            .with_queues(raw.queues.unwrap_or(1))?
-            .with_rate_limiters(raw.rx_rate_limiter, raw.tx_rate_limiter)?
-            .with_tuning(raw.tuning)
-            .map(|c| c.with_io_uring(raw.io_uring.unwrap_or(true)))
+        NetConfig::with_backend_kind(
+            raw.backend.unwrap_or_default(),
+            raw.tap,
+            raw.mac,
+            raw.queue_size,
+        )?
+        .with_backend_options(raw.rate_pps, raw.frame_size)?
+        .with_queues(raw.queues.unwrap_or(1))?
+        .with_rate_limiters(raw.rx_rate_limiter, raw.tx_rate_limiter)?
+        .with_tuning(raw.tuning)
+        .map(|c| c.with_io_uring(raw.io_uring.unwrap_or(true)))
     }
 }
 
@@ -252,6 +351,9 @@ impl NetConfig {
         Ok(NetConfig {
             mac: mac.unwrap_or_else(|| MacAddr::derived_from(&tap)),
             tap,
+            backend: BackendKind::Tap,
+            rate_pps: None,
+            frame_size: None,
             queue_size,
             queues: 1,
             rx_rate_limiter: RateLimiterConfig::default(),
@@ -259,6 +361,92 @@ impl NetConfig {
             tuning: NetTuning::default(),
             io_uring: true,
         })
+    }
+
+    /// A validated config for a device in front of `kind`: a tap needs `tap` (its name);
+    /// for a measurement backend `tap` is only the device's name (no tap is opened), the
+    /// backend's kind when absent.
+    pub fn with_backend_kind(
+        kind: BackendKind,
+        tap: Option<String>,
+        mac: Option<MacAddr>,
+        queue_size: Option<u16>,
+    ) -> Result<NetConfig, NetConfigError> {
+        match (kind, tap) {
+            (BackendKind::Tap, None) => Err(NetConfigError::MissingTap),
+            (kind, name) => {
+                let name = name.unwrap_or_else(|| kind.name().to_owned());
+                let mut config = NetConfig::new(name, mac, queue_size)?;
+                config.backend = kind;
+                Ok(config)
+            }
+        }
+    }
+
+    /// This config with a measurement backend's rate and (for a source) frame size; both
+    /// are refused for a tap, `frame_size` for anything but a source.
+    pub fn with_backend_options(
+        mut self,
+        rate_pps: Option<u64>,
+        frame_size: Option<u16>,
+    ) -> Result<NetConfig, NetConfigError> {
+        if rate_pps.is_some() && !self.backend.is_measurement() {
+            return Err(NetConfigError::BackendOption {
+                key: "rate_pps",
+                reason: "only for backend=sink|source|loop (a tap's rate: tx_ops=, rx_ops=)",
+            });
+        }
+        if rate_pps == Some(0) {
+            return Err(NetConfigError::BackendOption {
+                key: "rate_pps",
+                reason: "must be at least 1 frame/s (leave it out for no limit)",
+            });
+        }
+        if let Some(size) = frame_size {
+            if self.backend != BackendKind::Source {
+                return Err(NetConfigError::BackendOption {
+                    key: "frame_size",
+                    reason: "only for backend=source",
+                });
+            }
+            validate_source_frame(usize::from(size))?;
+        }
+        self.rate_pps = rate_pps;
+        self.frame_size = frame_size;
+        Ok(self)
+    }
+
+    /// The source's frame size in force.
+    pub fn source_frame_size(&self) -> u16 {
+        self.frame_size.unwrap_or(DEFAULT_SOURCE_FRAME)
+    }
+
+    /// The rate limiters in force at start: the configured ones, with `rate_pps` as the
+    /// `ops` bucket of the direction the backend paces (receive for a source, transmit
+    /// otherwise): a bucket of R/100 frames refilled every 10 ms (R ≥ 10 000: within 0.5 %
+    /// of R, bursts of 10 ms), or of R frames every second below.
+    ///
+    /// # Errors
+    ///
+    /// When that direction has an `ops` bucket already.
+    pub fn rate_limiters(&self) -> Result<(RateLimiterConfig, RateLimiterConfig), NetConfigError> {
+        let (mut rx, mut tx) = (self.rx_rate_limiter, self.tx_rate_limiter);
+        let Some(rate) = self.rate_pps else {
+            return Ok((rx, tx));
+        };
+        let paced = if self.backend == BackendKind::Source {
+            &mut rx
+        } else {
+            &mut tx
+        };
+        if paced.ops.is_some_and(|b| b.is_enabled()) {
+            return Err(NetConfigError::BackendOption {
+                key: "rate_pps",
+                reason: "the same direction has an ops rate limiter already",
+            });
+        }
+        paced.ops = Some(pps_bucket(rate));
+        Ok((rx, tx))
     }
 
     /// This config with batched transmit through io_uring on or off.
@@ -297,6 +485,23 @@ impl NetConfig {
     }
 }
 
+/// The `ops` bucket of `rate` frames per second (see [`NetConfig::rate_limiters`]).
+fn pps_bucket(rate: u64) -> BucketConfig {
+    if rate >= 10_000 {
+        BucketConfig {
+            size: (rate + 50) / 100,
+            one_time_burst: 0,
+            refill_time: 10,
+        }
+    } else {
+        BucketConfig {
+            size: rate,
+            one_time_burst: 0,
+            refill_time: 1000,
+        }
+    }
+}
+
 /// A tuning value from the CLI form.
 fn knob<T: FromStr>(key: &str, value: &str, expected: &'static str) -> Result<T, NetConfigError> {
     value.parse().map_err(|_| NetConfigError::InvalidValue {
@@ -326,6 +531,7 @@ impl FromStr for NetConfig {
             return NetConfig::new(s.to_owned(), None, None);
         }
         let (mut tap, mut mac, mut queue_size, mut queues) = (None, None, None, None);
+        let (mut backend, mut rate_pps, mut frame_size) = (None, None, None);
         let (mut rx, mut tx) = (RateLimiterConfig::default(), RateLimiterConfig::default());
         let mut tuning = NetTuning::default();
         let mut io_uring = None;
@@ -336,6 +542,13 @@ impl FromStr for NetConfig {
                 .ok_or_else(|| NetConfigError::NotKeyValue(item.to_owned()))?;
             let duplicate = match key {
                 "tap" => tap.replace(value.to_owned()).is_some(),
+                "backend" => backend.replace(value.parse::<BackendKind>()?).is_some(),
+                "rate_pps" => rate_pps
+                    .replace(knob::<u64>(key, value, "frames per second")?)
+                    .is_some(),
+                "frame_size" => frame_size
+                    .replace(knob::<u16>(key, value, "bytes, 20..=9014")?)
+                    .is_some(),
                 "mac" => mac.replace(value.parse::<MacAddr>()?).is_some(),
                 "queue_size" => {
                     let size = value
@@ -380,7 +593,8 @@ impl FromStr for NetConfig {
                 return Err(NetConfigError::DuplicateKey(key.to_owned()));
             }
         }
-        NetConfig::new(tap.ok_or(NetConfigError::MissingTap)?, mac, queue_size)?
+        NetConfig::with_backend_kind(backend.unwrap_or_default(), tap, mac, queue_size)?
+            .with_backend_options(rate_pps, frame_size)?
             .with_queues(queues.unwrap_or(1))?
             .with_rate_limiters(rx, tx)?
             .with_tuning(tuning)
@@ -391,6 +605,115 @@ impl FromStr for NetConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn measurement_backends_need_no_tap_and_map_rate_pps_to_the_paced_direction() {
+        let sink: NetConfig = "backend=sink".parse().expect("valid");
+        assert_eq!(
+            (sink.backend, sink.tap.as_str()),
+            (BackendKind::Sink, "sink")
+        );
+        assert_eq!(sink.rate_limiters().expect("ok"), Default::default());
+        let named: NetConfig = "backend=loop,tap=lo1,queues=2".parse().expect("valid");
+        assert_eq!(
+            (named.backend, named.tap.as_str(), named.queues),
+            (BackendKind::Loop, "lo1", 2)
+        );
+        // A sink or loop paces what it takes (tx), a source what it offers (rx).
+        let fast: NetConfig = "backend=sink,rate_pps=1234567".parse().expect("valid");
+        let (rx, tx) = fast.rate_limiters().expect("ok");
+        assert_eq!(rx, RateLimiterConfig::default());
+        let ops = tx.ops.expect("ops bucket");
+        assert_eq!((ops.size, ops.refill_time), (12346, 10));
+        let slow: NetConfig = "backend=source,rate_pps=500,frame_size=1514"
+            .parse()
+            .expect("valid");
+        let (rx, tx) = slow.rate_limiters().expect("ok");
+        assert_eq!(tx, RateLimiterConfig::default());
+        let ops = rx.ops.expect("ops bucket");
+        assert_eq!((ops.size, ops.refill_time), (500, 1000));
+        assert_eq!(slow.source_frame_size(), 1514);
+        assert_eq!(
+            "backend=source"
+                .parse::<NetConfig>()
+                .expect("valid")
+                .source_frame_size(),
+            DEFAULT_SOURCE_FRAME
+        );
+        // rate_pps and the same direction's ops bucket cannot both be set.
+        let both: NetConfig = "backend=sink,rate_pps=100,tx_ops=10/1"
+            .parse()
+            .expect("parses");
+        assert!(matches!(
+            both.rate_limiters(),
+            Err(NetConfigError::BackendOption { .. })
+        ));
+        let other: NetConfig = "backend=sink,rate_pps=100,rx_ops=10/1"
+            .parse()
+            .expect("parses");
+        assert!(other.rate_limiters().is_ok());
+        // serde: round trip, and the same rules.
+        let json = serde_json::to_string(&slow).expect("json");
+        assert_eq!(
+            serde_json::from_str::<NetConfig>(&json).expect("valid"),
+            slow
+        );
+        let api: NetConfig =
+            serde_json::from_str(r#"{"backend":"loop","rate_pps":1000}"#).expect("valid");
+        assert_eq!((api.backend, api.rate_pps), (BackendKind::Loop, Some(1000)));
+        assert!(
+            serde_json::from_str::<NetConfig>(r#"{"backend":"sink","frame_size":64}"#).is_err()
+        );
+        assert!(serde_json::from_str::<NetConfig>(r#"{"backend":"wire"}"#).is_err());
+    }
+
+    #[test]
+    fn measurement_backend_options_are_refused_where_they_do_not_apply() {
+        for (spec, want) in [
+            (
+                "backend=wire",
+                NetConfigError::InvalidBackend("wire".into()),
+            ),
+            (
+                "backend=sink,backend=loop",
+                NetConfigError::DuplicateKey("backend".into()),
+            ),
+            ("mac=02:00:00:00:00:01", NetConfigError::MissingTap),
+            ("backend=tap", NetConfigError::MissingTap),
+            (
+                "backend=source,frame_size=19",
+                NetConfigError::FrameSize(FrameSizeError(19)),
+            ),
+            (
+                "backend=source,frame_size=9015",
+                NetConfigError::FrameSize(FrameSizeError(9015)),
+            ),
+        ] {
+            assert_eq!(spec.parse::<NetConfig>(), Err(want), "{spec}");
+        }
+        for spec in [
+            "tap=t0,rate_pps=1000",
+            "backend=sink,rate_pps=0",
+            "backend=sink,frame_size=64",
+            "backend=loop,frame_size=64",
+        ] {
+            assert!(
+                matches!(
+                    spec.parse::<NetConfig>(),
+                    Err(NetConfigError::BackendOption { .. })
+                ),
+                "{spec}"
+            );
+        }
+        assert!(matches!(
+            "backend=sink,rate_pps=fast".parse::<NetConfig>(),
+            Err(NetConfigError::InvalidValue { .. })
+        ));
+        assert!(matches!(
+            "backend=source,frame_size=70000".parse::<NetConfig>(),
+            Err(NetConfigError::InvalidValue { .. })
+        ));
+    }
 
     #[test]
     fn io_uring_key_and_field() {

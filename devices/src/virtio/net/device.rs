@@ -16,7 +16,7 @@ use virtio_bindings::virtio_ring::{VIRTIO_RING_F_EVENT_IDX, VIRTIO_RING_F_INDIRE
 use virtio_queue::{Queue, QueueT};
 use vm_memory::GuestMemoryMmap;
 
-use super::config::{MacAddr, NetConfig};
+use super::config::{MacAddr, NetConfig, NetConfigError};
 use super::ctrl::CTRL_QUEUE_SIZE;
 use super::metrics::NetMetrics;
 use super::rx::RxMode;
@@ -28,7 +28,9 @@ use super::{CTRL_QUEUE, NUM_QUEUES, RX_QUEUE, TX_QUEUE};
 const _: () = assert!(RX_QUEUE == 0 && TX_QUEUE == 1 && CTRL_QUEUE == 2);
 /// All queues of one pair, the control queue included.
 const ALL_QUEUES: usize = CTRL_QUEUE + 1;
-use crate::backend::{NetBackend, Offloads, Tap, TapError};
+use crate::backend::{
+    LoopBackend, NetBackend, Offloads, SinkBackend, SourceBackend, Tap, TapError,
+};
 use crate::virtio::vring::Virtqueue;
 use crate::virtio::{
     ActivateError, ActivationContext, FeatureDependencyError, QueueResetState, VirtioDevice,
@@ -52,6 +54,12 @@ pub enum NetError {
     /// The worker thread could not be started or configured.
     #[error("virtio-net worker")]
     Worker(#[from] WorkerThreadError),
+    /// A measurement backend could not be created.
+    #[error("failed to create the measurement backend")]
+    Backend(#[source] io::Error),
+    /// The device description does not hold together.
+    #[error(transparent)]
+    Config(#[from] NetConfigError),
 }
 
 /// Whether the link is up, as reported in the STATUS config field.
@@ -229,17 +237,60 @@ impl NetDevice<Tap> {
                 tap.set_tx_batching(false);
             }
         }
-        let tuning = TuningControl::with_workers(NetTuning::default(), taps.len())
-            .map_err(NetError::Tuning)?;
-        // Validated with the config.
-        let _ = tuning.set_rate_limiters(config.rx_rate_limiter, config.tx_rate_limiter);
-        let mut device = NetDevice::build(taps, config.mac, config.queue_size, tuning, &config.tap);
-        device.start_threads()?;
-        Ok(device)
+        NetDevice::with_config(taps, config)
+    }
+}
+
+/// Opens `config.queues` measurement backends of one kind, one per queue pair.
+fn measurement_backends<B>(
+    config: &NetConfig,
+    open: impl Fn() -> io::Result<B>,
+) -> Result<Vec<B>, NetError> {
+    (0..config.queues)
+        .map(|_| open().map_err(NetError::Backend))
+        .collect()
+}
+
+impl NetDevice<SinkBackend> {
+    /// A device in front of sinks (`backend=sink`), its worker threads started.
+    pub fn sink(config: &NetConfig) -> Result<Self, NetError> {
+        NetDevice::with_config(measurement_backends(config, SinkBackend::new)?, config)
+    }
+}
+
+impl NetDevice<SourceBackend> {
+    /// A device in front of sources of `config.source_frame_size()`-byte frames addressed to
+    /// the guest's MAC (`backend=source`), its worker threads started.
+    pub fn source(config: &NetConfig) -> Result<Self, NetError> {
+        let len = usize::from(config.source_frame_size());
+        let backends =
+            measurement_backends(config, || SourceBackend::new(config.mac.bytes(), len))?;
+        NetDevice::with_config(backends, config)
+    }
+}
+
+impl NetDevice<LoopBackend> {
+    /// A device in front of loops (`backend=loop`), its worker threads started.
+    pub fn looped(config: &NetConfig) -> Result<Self, NetError> {
+        NetDevice::with_config(measurement_backends(config, LoopBackend::new)?, config)
     }
 }
 
 impl<B: NetBackend> NetDevice<B> {
+    /// Builds the device of `config` in front of `backends` (one per queue pair), its rate
+    /// limiters (`rate_pps` included) set and its worker threads started.
+    pub fn with_config(backends: Vec<B>, config: &NetConfig) -> Result<Self, NetError> {
+        let (rx, tx) = config.rate_limiters()?;
+        let tuning = TuningControl::with_workers(NetTuning::default(), backends.len())
+            .map_err(NetError::Tuning)?;
+        // Validated with the config.
+        let _ = tuning.set_rate_limiters(rx, tx);
+        let mut device =
+            NetDevice::build(backends, config.mac, config.queue_size, tuning, &config.tap);
+        device.start_threads()?;
+        Ok(device)
+    }
+
     /// Builds a device in front of `backend`. `queue_size` must be a power of two in
     /// 2..=32768 ([`NetConfig`] guarantees it; the transport refuses others).
     ///

@@ -57,7 +57,7 @@ mod worker;
 #[cfg(test)]
 pub(crate) mod tests;
 
-pub use config::{MacAddr, NetConfig, NetConfigError};
+pub use config::{BackendKind, MacAddr, NetConfig, NetConfigError};
 pub use device::{LinkControl, LinkState, NetDevice, NetError};
 pub use metrics::NetMetrics;
 pub use rate_limiter::{BucketConfig, RateLimiterConfig, RateLimiterError};

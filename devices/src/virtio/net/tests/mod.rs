@@ -5,6 +5,7 @@ mod bounds;
 mod ctrl;
 mod hostile;
 mod limits;
+mod measure;
 mod mq;
 mod notify;
 mod reset;
