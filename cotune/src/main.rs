@@ -68,7 +68,10 @@ struct Cli {
     /// Ethernet frame size in bytes (overrides each preset's default).
     #[arg(long)]
     frame_size: Option<usize>,
-    /// Co-simulation device backend.
+    /// The device's backend: in co-simulation `pair` or `tap`, or one of the measurement
+    /// backends `sink`, `source`, `loop` (a host side faster than the guest), which VMs then
+    /// use too (`vmm --net backend=…`; the baseline stays the raw tap loop). The seed presets
+    /// and rx-coalesce always run on their own.
     #[arg(long, value_enum, default_value_t = BackendKind::Pair)]
     backend: BackendKind,
     /// Device transport, in co-simulation and in VMs: virtio-mmio (one interrupt line, the
@@ -173,6 +176,7 @@ fn main() -> ExitCode {
                     .vm_frames
                     .unwrap_or(if cli.quick { 30_000 } else { 300_000 }),
                 transport: cli.transport,
+                backend: cli.backend,
             })
         });
         match env {
@@ -236,7 +240,7 @@ fn main() -> ExitCode {
     };
     let mut rows = Vec::new();
     let mut stderr = std::io::stderr();
-    for preset in presets {
+    for &preset in &presets {
         let mut progress = |msg: &str| {
             let _ = write!(stderr, "\r\x1b[K{msg}");
             let _ = stderr.flush();
@@ -267,8 +271,13 @@ fn main() -> ExitCode {
     };
     let sim = if cli.target.sim() {
         format!(
-            " sim_backend={} transport={} {costs}",
+            " sim_backend={}{} transport={} {costs}",
             cli.backend.name(),
+            if presets.iter().any(|p| p.backend().is_some()) {
+                " (seed and rx presets: their own, see the backend column)"
+            } else {
+                ""
+            },
             cli.transport.name()
         )
     } else {

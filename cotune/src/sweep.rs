@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::thread;
 use std::time::Duration;
 
-use devices::backend::{NetBackend, PairBackend};
+use devices::backend::{LoopBackend, NetBackend, PairBackend, SinkBackend, SourceBackend};
 use devices::test_utils::netns::NetNs;
 use devices::virtio::net::{InterruptCoalescing, NetTuning};
 use vnet_driver::xsk::XskMode;
@@ -31,6 +31,15 @@ pub enum BackendKind {
     Pair,
     /// A real tap in a network namespace the tool creates (root).
     Tap,
+    /// Measurement: the device discards what the driver sends (`vmm --net backend=sink`): a
+    /// host side faster than the guest.
+    Sink,
+    /// Measurement: the device generates numbered test frames for the driver to receive
+    /// (`backend=source`); what the driver sends is discarded.
+    Source,
+    /// Measurement: what the driver sends comes back as received frames, MACs swapped
+    /// (`backend=loop`); receiving workloads forward ([`Workload::Fwd`]).
+    Loop,
 }
 
 impl BackendKind {
@@ -39,6 +48,52 @@ impl BackendKind {
         match self {
             BackendKind::Pair => "pair",
             BackendKind::Tap => "tap",
+            BackendKind::Sink => "sink",
+            BackendKind::Source => "source",
+            BackendKind::Loop => "loop",
+        }
+    }
+
+    /// A measurement backend of the device itself (no peer, no kernel path).
+    pub fn is_measurement(self) -> bool {
+        matches!(
+            self,
+            BackendKind::Sink | BackendKind::Source | BackendKind::Loop
+        )
+    }
+
+    /// The backend whose raw write loop is the baseline: the tap's for the measurement
+    /// backends (they have no system call to compare with).
+    pub fn baseline_backend(self) -> BackendKind {
+        if self.is_measurement() {
+            BackendKind::Tap
+        } else {
+            self
+        }
+    }
+
+    /// Why `workload` cannot run on this backend, if it cannot.
+    pub fn refuses(self, workload: Workload) -> Option<&'static str> {
+        let receives = !matches!(workload, Workload::XskTx(_));
+        match self {
+            BackendKind::Sink if receives => Some("a sink has nothing to receive"),
+            BackendKind::Loop if matches!(workload, Workload::Rx) => {
+                Some("a loop returns only what is sent: use fwd")
+            }
+            BackendKind::Pair | BackendKind::Tap if workload == Workload::Fwd => {
+                Some("fwd needs a loop (or the tap's xdp-reflect host path)")
+            }
+            _ => None,
+        }
+    }
+
+    /// `workload` as it runs on this backend: a loop forwards what a bounce would echo.
+    pub fn adapt(self, workload: Workload) -> Workload {
+        match (self, workload) {
+            (BackendKind::Loop, Workload::Bidirectional | Workload::XdpBounce | Workload::Echo) => {
+                Workload::Fwd
+            }
+            (_, w) => w,
         }
     }
 }
@@ -92,11 +147,24 @@ pub enum Preset {
     BulkCoalesce,
     /// The raw backend write loop alone.
     Baseline,
+    /// Seed 000's shape: kick threshold N = 1..64 (fine over 3..13) on zero-copy transmit,
+    /// against a `sink` (a host side faster than the guest).
+    SeedKickThreshold,
+    /// Seed 001's: zero-copy against copy transmit at 64, 512 and 1456 B, against a `sink`.
+    SeedZc,
+    /// Seed 002's: tx-interrupt against clean-from-rx (and lazy) completion on forwarding
+    /// (`fwd`, 256 frames in flight) through a `loop`.
+    SeedTxCompletion,
+    /// Seed 004's: XDP_TX bulk B = 1..16 on forwarding through a `loop`.
+    SeedXdpBulk,
+    /// Receive at rate from a `source`, with the device's interrupt coalescing max_packets
+    /// 0 / 8 / 32 / 128 (max_usecs 100).
+    RxCoalesce,
 }
 
 impl Preset {
     /// All presets, in report order.
-    pub const ALL: [Preset; 11] = [
+    pub const ALL: [Preset; 16] = [
         Preset::Baseline,
         Preset::KickThreshold,
         Preset::TxCompletion,
@@ -108,7 +176,31 @@ impl Preset {
         Preset::RxSparseReads,
         Preset::CompletionCoalesce,
         Preset::BulkCoalesce,
+        Preset::SeedKickThreshold,
+        Preset::SeedZc,
+        Preset::SeedTxCompletion,
+        Preset::SeedXdpBulk,
+        Preset::RxCoalesce,
     ];
+
+    /// The seed presets, in seed order.
+    pub const SEEDS: [Preset; 4] = [
+        Preset::SeedKickThreshold,
+        Preset::SeedZc,
+        Preset::SeedTxCompletion,
+        Preset::SeedXdpBulk,
+    ];
+
+    /// The backend the preset always runs on (its regime), if it has one; the others run on
+    /// `--backend`.
+    pub fn backend(self) -> Option<BackendKind> {
+        match self {
+            Preset::SeedKickThreshold | Preset::SeedZc => Some(BackendKind::Sink),
+            Preset::SeedTxCompletion | Preset::SeedXdpBulk => Some(BackendKind::Loop),
+            Preset::RxCoalesce => Some(BackendKind::Source),
+            _ => None,
+        }
+    }
 
     /// The preset's name as on the command line.
     pub fn name(self) -> &'static str {
@@ -124,6 +216,11 @@ impl Preset {
             Preset::CompletionCoalesce => "completion-coalesce",
             Preset::BulkCoalesce => "bulk-coalesce",
             Preset::Baseline => "baseline",
+            Preset::SeedKickThreshold => "seed-kick-threshold",
+            Preset::SeedZc => "seed-zc",
+            Preset::SeedTxCompletion => "seed-tx-completion",
+            Preset::SeedXdpBulk => "seed-xdp-bulk",
+            Preset::RxCoalesce => "rx-coalesce",
         }
     }
 }
@@ -282,7 +379,72 @@ pub fn points(preset: Preset, opts: &Options) -> Vec<Point> {
         Preset::RxSparseReads => rx_sparse_reads_points(opts),
         Preset::CompletionCoalesce => completion_coalesce_points(opts),
         Preset::BulkCoalesce => bulk_coalesce_points(opts),
+        Preset::SeedKickThreshold => seed_kick_threshold_points(opts),
+        Preset::SeedZc => xsk_points(opts),
+        Preset::SeedTxCompletion => fwd_completion_points(opts),
+        Preset::SeedXdpBulk => xdp_bulk_points(opts),
+        Preset::RxCoalesce => rx_coalesce_points(opts),
     }
+}
+
+/// Seed 000: N = 1..64, every N over 3..13 (the seed's median range), zero-copy transmit.
+fn seed_kick_threshold_points(opts: &Options) -> Vec<Point> {
+    let ns: &[u16] = if opts.quick {
+        &[1, 8]
+    } else {
+        &[
+            1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 16, 24, 32, 48, 64,
+        ]
+    };
+    ns.iter()
+        .map(|&n| {
+            let axes = vec![("kick_threshold", n.to_string())];
+            zc_tx_point(opts, axes, n, DevKnobs::default(), None)
+        })
+        .collect()
+}
+
+/// Seed 002: the tx completion modes on forwarding.
+fn fwd_completion_points(opts: &Options) -> Vec<Point> {
+    let modes = if opts.quick {
+        &COMPLETIONS[..2]
+    } else {
+        &COMPLETIONS[..]
+    };
+    modes
+        .iter()
+        .map(|&(mode, name)| Point {
+            axes: vec![("tx_completion", name.into())],
+            config: Config {
+                tx_completion: mode,
+                ..Config::default()
+            },
+            dev: DevKnobs::default(),
+            workload: Workload::Fwd,
+            pace: None,
+            frame_size: opts.frame_size.unwrap_or(64),
+        })
+        .collect()
+}
+
+/// Receive from a source with the device's coalescing max_packets (max_usecs 100).
+fn rx_coalesce_points(opts: &Options) -> Vec<Point> {
+    let packets: &[u16] = if opts.quick {
+        &[0, 32]
+    } else {
+        &[0, 8, 32, 128]
+    };
+    packets
+        .iter()
+        .map(|&p| Point {
+            axes: vec![("coalesce_packets", p.to_string())],
+            config: Config::default(),
+            dev: coalescing(p),
+            workload: Workload::Rx,
+            pace: None,
+            frame_size: opts.frame_size.unwrap_or(64),
+        })
+        .collect()
 }
 
 /// Zero-copy transmit with the kick threshold `n` and clean-from-rx completion.
@@ -631,6 +793,9 @@ impl From<Sample> for Measured {
 enum Trial {
     Pair(PairBackend),
     Tap(devices::backend::Tap),
+    Sink(SinkBackend),
+    Source(SourceBackend),
+    Loop(LoopBackend),
 }
 
 /// Everything that must live for the trial's duration on the peer side.
@@ -678,7 +843,25 @@ fn make_trial(
     window: Option<u64>,
 ) -> io::Result<(Trial, PeerSide)> {
     let stop = Arc::new(AtomicBool::new(false));
+    let alone = |trial| {
+        Ok((
+            trial,
+            PeerSide {
+                _ns: None,
+                _sink: None,
+                _peer_fd: None,
+                stop: stop.clone(),
+                thread: None,
+            },
+        ))
+    };
     match kind {
+        BackendKind::Sink => alone(Trial::Sink(SinkBackend::new()?)),
+        BackendKind::Source => alone(Trial::Source(SourceBackend::new(
+            crate::frames::DST_MAC,
+            frame_size.max(devices::backend::SOURCE_HEADER_LEN),
+        )?)),
+        BackendKind::Loop => alone(Trial::Loop(LoopBackend::new()?)),
         BackendKind::Pair => {
             let (backend, peer) = PairBackend::new()?;
             let peer_fd = dup(peer.as_raw_fd())?;
@@ -760,6 +943,9 @@ fn sim_trial(point: &Point, opts: &Options) -> io::Result<Sample> {
     let mut rig = match backend {
         Trial::Pair(b) => Rig::new(b, &rig_config),
         Trial::Tap(b) => Rig::new(b, &rig_config),
+        Trial::Sink(b) => Rig::new(b, &rig_config),
+        Trial::Source(b) => Rig::new(b, &rig_config),
+        Trial::Loop(b) => Rig::new(b, &rig_config),
     }
     .map_err(|e| io::Error::other(format!("{e}: {:?}", std::error::Error::source(&e))))?;
     let _pinned = opts.pin.map(pin_sim_threads).transpose()?;
@@ -785,6 +971,7 @@ pub fn baseline(
     opts: &Options,
 ) -> io::Result<BaselineResult> {
     let mut runs = Vec::new();
+    let kind = kind.baseline_backend();
     for _ in 0..opts.repeat {
         let (trial, peer) = make_trial(kind, frame_size, false, None)?;
         let r = match trial {
@@ -795,6 +982,9 @@ pub fn baseline(
             Trial::Tap(mut b) => {
                 b.set_vnet_hdr_size(12)?;
                 raw_write_loop(b.as_raw_fd(), frame_size, opts.duration, opts.bare)
+            }
+            Trial::Sink(_) | Trial::Source(_) | Trial::Loop(_) => {
+                unreachable!("the baseline of a measurement backend is the tap's")
             }
         };
         drop(peer);
@@ -824,6 +1014,8 @@ fn workload_name(w: Workload) -> &'static str {
         Workload::Bidirectional => "bidirectional",
         Workload::XdpBounce => "xdp-bounce",
         Workload::Echo => "echo",
+        Workload::Rx => "rx",
+        Workload::Fwd => "fwd",
     }
 }
 
@@ -892,7 +1084,12 @@ fn point_row(
         ratio_to_baseline: pps / base_pps,
         vm_sim_ratio: nan,
         loadavg1: load,
-        backend: if sim { opts.backend.name() } else { "tap" }.into(),
+        backend: if sim || opts.backend.is_measurement() {
+            opts.backend.name()
+        } else {
+            "tap"
+        }
+        .into(),
         kick_cost_ns: if sim { Some(opts.kick_cost_ns) } else { None },
         irq_cost_ns: if sim { Some(opts.irq_cost_ns) } else { None },
         note: String::new(),
@@ -940,7 +1137,7 @@ fn baseline_row(
     row.device_ns_per_pkt = 0.0;
     row.busy_poll_found_per_pkt = 0.0;
     row.busy_poll_pct = 0.0;
-    row.backend = backend.name().into();
+    row.backend = backend.baseline_backend().name().into();
     row.kick_cost_ns = None;
     row.irq_cost_ns = None;
     row
@@ -953,7 +1150,25 @@ pub fn run_preset(
     opts: &Options,
     progress: &mut dyn FnMut(&str),
 ) -> io::Result<Vec<Row>> {
+    // A preset with a regime of its own runs on its backend, in co-simulation and in VMs.
+    let backend = preset.backend().unwrap_or(opts.backend);
+    let mut opts = opts.clone();
+    opts.backend = backend;
+    if let Some(vm) = &mut opts.vm {
+        vm.backend = backend;
+    }
+    let opts = &opts;
     let mut pts = points(preset, opts);
+    for p in &mut pts {
+        p.workload = backend.adapt(p.workload);
+        if let Some(why) = backend.refuses(p.workload) {
+            return Err(io::Error::other(format!(
+                "preset {} cannot run on --backend {}: {why}",
+                preset.name(),
+                backend.name()
+            )));
+        }
+    }
     if opts.target.vm() {
         // The VM's only receiving workload is the driver guest's echo with a host peer that
         // keeps 64 frames in flight: run exactly that on both sides, so vm/sim compares like
@@ -978,15 +1193,21 @@ pub fn run_preset(
         targets.push(("sim", opts.backend));
     }
     if opts.target.vm() {
-        // A VM's device writes to a tap: its floor is the raw tap loop.
-        targets.push(("vm", BackendKind::Tap));
+        // A VM's device writes to a tap (its floor is the raw tap loop), or to the
+        // measurement backend (compared with the raw tap loop too).
+        let vm_backend = if backend.is_measurement() {
+            backend
+        } else {
+            BackendKind::Tap
+        };
+        targets.push(("vm", vm_backend));
     }
     for &s in &sizes {
         for &(target, backend) in &targets {
             progress(&format!(
                 "{}: raw {} write loop, {s} B",
                 preset.name(),
-                backend.name()
+                backend.baseline_backend().name()
             ));
             let b = baseline(backend, s, opts)?;
             baselines.push((target, s, b.pps));
@@ -1035,7 +1256,7 @@ pub fn run_preset(
         }
         let mut vm_row = None;
         if let (true, Some(env)) = (opts.target.vm(), &opts.vm) {
-            let mut skipped = crate::vm::unsupported(p).map(str::to_owned);
+            let mut skipped = crate::vm::unsupported(p, env.backend).map(str::to_owned);
             let mut runs = Vec::new();
             let mut note = String::new();
             for r in 0..opts.repeat {
@@ -1103,6 +1324,67 @@ mod tests {
             vm: None,
             transport: TransportKind::Mmio,
             bare: BareSyscall::Write,
+        }
+    }
+
+    #[test]
+    fn seed_presets_run_on_their_regime_and_refuse_what_cannot_run() {
+        for preset in Preset::SEEDS {
+            assert!(
+                preset.backend().is_some_and(BackendKind::is_measurement),
+                "{preset:?}"
+            );
+            for quick in [true, false] {
+                let pts = points(preset, &opts(quick));
+                assert!(!pts.is_empty(), "{preset:?}");
+                let backend = preset.backend().unwrap_or(BackendKind::Pair);
+                for p in &pts {
+                    assert!(
+                        backend.refuses(backend.adapt(p.workload)).is_none(),
+                        "{preset:?}"
+                    );
+                }
+            }
+        }
+        let full = points(Preset::SeedKickThreshold, &opts(false));
+        let ns: Vec<u16> = full.iter().map(|p| p.config.kick_threshold).collect();
+        assert!(
+            (3..=13).all(|n| ns.contains(&n)),
+            "every N of the seed's median range: {ns:?}"
+        );
+        // A loop forwards what a bounce would echo; a sink receives nothing.
+        assert_eq!(BackendKind::Loop.adapt(Workload::XdpBounce), Workload::Fwd);
+        assert!(BackendKind::Sink.refuses(Workload::Echo).is_some());
+        assert!(BackendKind::Tap.refuses(Workload::Fwd).is_some());
+        assert_eq!(BackendKind::Sink.baseline_backend(), BackendKind::Tap);
+        assert_eq!(BackendKind::Pair.baseline_backend(), BackendKind::Pair);
+        let err = run_preset(
+            Preset::XdpBulk,
+            &Options {
+                backend: BackendKind::Sink,
+                ..opts(true)
+            },
+            &mut |_| {},
+        );
+        assert!(err.is_err_and(|e| e.to_string().contains("a sink has nothing to receive")));
+    }
+
+    #[test]
+    fn measurement_backends_run_in_co_simulation() {
+        // No root needed: a sink takes zero-copy transmit, a source feeds rx, a loop forwards.
+        for (backend, workload) in [
+            (BackendKind::Sink, Workload::XskTx(XskMode::ZeroCopy)),
+            (BackendKind::Source, Workload::Rx),
+            (BackendKind::Loop, Workload::Fwd),
+        ] {
+            let o = Options {
+                backend,
+                ..opts(true)
+            };
+            let mut p = zc_tx_point(&o, vec![], 8, DevKnobs::default(), None);
+            p.workload = workload;
+            let sample = sim_trial(&p, &o).expect("trial");
+            assert!(sample.packets > 1000, "{backend:?}: {sample:?}");
         }
     }
 

@@ -22,7 +22,7 @@ use vnet_driver::xsk::XskMode;
 use crate::calib::{self, Calibration};
 use crate::frames::{test_frame, ETHERTYPE, SRC_MAC};
 use crate::noise::{comm_name, pin_thread, proc_task_cpu_ns, proc_thread_named};
-use crate::sweep::{Measured, Point};
+use crate::sweep::{BackendKind, Measured, Point};
 use crate::workloads::Workload;
 
 /// The tap each VM trial uses (inside its own namespace).
@@ -43,6 +43,9 @@ pub struct VmEnv {
     pub frames: u64,
     /// The device transport (`--net …,transport=pci` and the guest's `transport=pci`).
     pub transport: crate::transport::TransportKind,
+    /// The device's backend: a tap (for `tap` and `pair`), or the VMM's measurement
+    /// backend of that name (`--net backend=sink|source|loop`).
+    pub backend: crate::sweep::BackendKind,
 }
 
 /// The workspace root (cotune's manifest directory's parent).
@@ -133,11 +136,17 @@ pub fn check_host() -> Result<(), String> {
     Ok(())
 }
 
-/// Why `point` has no counterpart in the driver guest, if it has none.
-pub fn unsupported(point: &Point) -> Option<&'static str> {
-    match point.workload {
-        Workload::XskTx(XskMode::Copy) => {
+/// Why `point` has no counterpart in the driver guest on `backend`, if it has none.
+pub fn unsupported(point: &Point, backend: BackendKind) -> Option<&'static str> {
+    match (point.workload, backend) {
+        (Workload::XskTx(XskMode::Copy), _) => {
             Some("the driver guest has no AF_XDP copy-mode transmit (only tx= batches)")
+        }
+        (Workload::XskTx(_), BackendKind::Loop) => {
+            Some("the driver guest's tx= takes no frames back from a loop")
+        }
+        (Workload::Rx, BackendKind::Pair | BackendKind::Tap) => {
+            Some("no host injector for rx= on the tap yet")
         }
         _ => None,
     }
@@ -149,6 +158,13 @@ pub fn cmdline(point: &Point, frames: u64) -> String {
     let workload = match point.workload {
         Workload::XskTx(_) => "tx",
         Workload::Bidirectional | Workload::XdpBounce | Workload::Echo => "echo",
+        Workload::Rx => "rx",
+        Workload::Fwd => "fwd",
+    };
+    let window = if point.workload == Workload::Fwd {
+        format!(" window={}", crate::workloads::FWD_WINDOW)
+    } else {
+        String::new()
     };
     let completion = match c.tx_completion {
         vnet_driver::TxCompletion::TxInterrupt => "tx-interrupt",
@@ -159,8 +175,8 @@ pub fn cmdline(point: &Point, frames: u64) -> String {
         format!(" burst={} pause_us={}", p.burst, p.pause_us)
     });
     format!(
-        "console=ttyS0 {workload}={frames} size={} ring=3 kick_threshold={} tx_completion={completion} \
-         event_idx={} xdp_bulk={} timeout_ms=120000{pace}",
+        "console=ttyS0 {workload}={frames}{window} size={} ring=3 kick_threshold={} \
+         tx_completion={completion} event_idx={} xdp_bulk={} timeout_ms=120000{pace}",
         point.frame_size,
         c.kick_threshold,
         u8::from(c.event_idx),
@@ -365,7 +381,16 @@ pub enum VmRun {
 /// Boots the driver guest for one trial of `point`.
 pub fn run_point(env: &VmEnv, point: &Point, pin: Option<(usize, usize)>) -> io::Result<VmRun> {
     let ns = vm_netns()?;
-    let mut net = format!("tap={TAP}{}", point.dev.net_spec_keys());
+    // A measurement backend takes the tap's name, so the metrics and thread names match.
+    let backend = if env.backend.is_measurement() {
+        format!("backend={},", env.backend.name())
+    } else {
+        String::new()
+    };
+    let mut net = format!("{backend}tap={TAP}{}", point.dev.net_spec_keys());
+    if env.backend == BackendKind::Source {
+        net += &format!(",frame_size={}", point.frame_size);
+    }
     let mut cmdline = cmdline(point, env.frames);
     if env.transport == crate::transport::TransportKind::Pci {
         net.push_str(",transport=pci");
@@ -396,7 +421,7 @@ pub fn run_point(env: &VmEnv, point: &Point, pin: Option<(usize, usize)>) -> io:
     let cpu0 = threads.cpu();
     let echo = !matches!(point.workload, Workload::XskTx(_));
     let stop = Arc::new(AtomicBool::new(false));
-    let peer = if echo {
+    let peer = if echo && !env.backend.is_measurement() {
         let sock = ns.run(|| PacketSocket::open(TAP, ETHERTYPE))??;
         // Only the echoes are wanted back: half the receives (the peer filters them anyway
         // where the kernel cannot).
@@ -488,11 +513,21 @@ pub fn run_point(env: &VmEnv, point: &Point, pin: Option<(usize, usize)>) -> io:
     }
     // Receiving points reach here as the echo workload (`run_preset` maps them, and runs the
     // same workload in co-simulation), so a packet is one echo on both sides.
-    let mut note = String::from(if echo {
-        "vm: echo workload (host peer keeps 64 frames in flight)"
-    } else {
-        "vm: tx= copy batches"
+    let mut note = String::from(match (point.workload, env.backend) {
+        (Workload::XskTx(_), _) => "vm: tx= copy batches",
+        (Workload::Rx, _) => "vm: rx= (every frame checked)",
+        (Workload::Fwd, _) => "vm: fwd= (256 frames in flight)",
+        (_, BackendKind::Source) => "vm: echo of the source's frames",
+        _ => "vm: echo workload (host peer keeps 64 frames in flight)",
     });
+    if point.workload == Workload::Rx {
+        let bad = num(&report, &["rx_bad"]) + num(&report, &["rx_lost"]);
+        if bad > 0 {
+            return Err(io::Error::other(format!(
+                "driver guest: {bad} frames bad or lost from the source: {report}"
+            )));
+        }
+    }
     if let Some(e) = echoed {
         if e < done {
             note += &format!("; peer counted {e} of {done} echoes");
@@ -589,9 +624,25 @@ mod tests {
 
     #[test]
     fn copy_mode_transmit_is_skipped_with_a_reason() {
-        assert!(unsupported(&point(Workload::XskTx(XskMode::Copy))).is_some());
-        assert!(unsupported(&point(Workload::XskTx(XskMode::ZeroCopy))).is_none());
-        assert!(unsupported(&point(Workload::XdpBounce)).is_none());
+        let tap = BackendKind::Tap;
+        assert!(unsupported(&point(Workload::XskTx(XskMode::Copy)), tap).is_some());
+        assert!(unsupported(&point(Workload::XskTx(XskMode::ZeroCopy)), tap).is_none());
+        assert!(unsupported(&point(Workload::XdpBounce), tap).is_none());
+        // The measurement backends: tx on a sink, rx from a source, fwd through a loop.
+        let zc = point(Workload::XskTx(XskMode::ZeroCopy));
+        assert!(unsupported(&zc, BackendKind::Sink).is_none());
+        assert!(unsupported(&zc, BackendKind::Loop).is_some());
+        assert!(unsupported(&point(Workload::Rx), BackendKind::Source).is_none());
+        assert!(unsupported(&point(Workload::Rx), tap).is_some());
+        assert!(unsupported(&point(Workload::Fwd), BackendKind::Loop).is_none());
+    }
+
+    #[test]
+    fn rx_and_fwd_command_lines() {
+        let rx = cmdline(&point(Workload::Rx), 7);
+        assert!(rx.contains(" rx=7 ") && !rx.contains("window="), "{rx}");
+        let fwd = cmdline(&point(Workload::Fwd), 9);
+        assert!(fwd.contains(" fwd=9 window=256 "), "{fwd}");
     }
 
     #[test]

@@ -60,10 +60,18 @@ pub enum Workload {
     /// instead of flooding: the driver guest's `echo=` workload, so that `--target both`
     /// compares the same thing on both sides.
     Echo,
+    /// Receive only: every received frame is dropped (the driver guest's `rx=`), against a
+    /// backend that generates frames (`source`).
+    Rx,
+    /// Forwarding at rate: the driver seeds [`FWD_WINDOW`] frames, then bounces every
+    /// received frame with XDP_TX (the driver guest's `fwd= window=`), against a `loop`.
+    Fwd,
 }
 
 /// Frames the echo peer keeps in flight (as the VM target's host peer does).
 pub const ECHO_WINDOW: u64 = 64;
+/// Frames a forwarding workload keeps in flight (`window=` of the driver guest).
+pub const FWD_WINDOW: u64 = 256;
 
 struct Mark {
     t: Instant,
@@ -99,8 +107,9 @@ fn delta(a: &Mark, b: &Mark, workload: Workload) -> Sample {
     let dev_tx_frames = b.dev_tx - a.dev_tx;
     let dev_rx_frames = b.dev_rx - a.dev_rx;
     let packets = match workload {
-        Workload::XskTx(_) | Workload::XdpBounce | Workload::Echo => dev_tx_frames,
+        Workload::XskTx(_) | Workload::XdpBounce | Workload::Echo | Workload::Fwd => dev_tx_frames,
         Workload::Bidirectional => dev_tx_frames + dev_rx_frames,
+        Workload::Rx => dev_rx_frames,
     };
     Sample {
         secs: (b.t - a.t).as_secs_f64(),
@@ -157,8 +166,38 @@ pub fn run(
     match workload {
         Workload::XskTx(mode) => xsk_tx(rig, mode, frame_size, pace, warmup, duration),
         Workload::Bidirectional => bidirectional(rig, frame_size, warmup, duration),
-        Workload::XdpBounce | Workload::Echo => xdp_bounce(rig, warmup, duration),
+        Workload::XdpBounce | Workload::Echo => {
+            xdp_bounce(rig, frame_size, warmup, duration, workload)
+        }
+        Workload::Rx => rx_only(rig, warmup, duration),
+        Workload::Fwd => {
+            seed(rig, frame_size, FWD_WINDOW);
+            xdp_bounce(rig, frame_size, warmup, duration, workload)
+        }
     }
+}
+
+/// Transmits `n` test frames (waiting for ring space as needed, at most a second).
+fn seed(rig: &mut Rig, frame_size: usize, n: u64) {
+    let deadline = Instant::now() + Duration::from_secs(1);
+    let mut sent = 0;
+    while sent < n && Instant::now() < deadline {
+        let batch: Vec<Vec<u8>> = (sent..n.min(sent + 32))
+            .map(|i| test_frame(frame_size, i as u32))
+            .collect();
+        sent += rig.net.transmit_batch(batch.iter().map(Vec::as_slice)).sent as u64;
+        rig.net.reclaim_tx();
+    }
+}
+
+fn rx_only(rig: &mut Rig, warmup: Duration, duration: Duration) -> Sample {
+    let (a, b) = measure_window(rig, warmup, duration, &mut |rig| {
+        let irq = rig.take_interrupt(1);
+        if irq || rig.net.rx_has_used() {
+            rig.rx_poll(&mut |_| XdpAction::Drop);
+        }
+    });
+    delta(&a, &b, Workload::Rx)
 }
 
 /// Services completions and interrupts the way the configured tx-completion mode does, between
@@ -313,7 +352,18 @@ fn bidirectional(rig: &mut Rig, frame_size: usize, warmup: Duration, duration: D
     delta(&a, &b, Workload::Bidirectional)
 }
 
-fn xdp_bounce(rig: &mut Rig, warmup: Duration, duration: Duration) -> Sample {
+/// Bounces every received frame back with XDP_TX. Forwarding (`Workload::Fwd`) keeps its
+/// window: a frame XDP_TX could not queue (the tx ring full) is replaced by a fresh one.
+fn xdp_bounce(
+    rig: &mut Rig,
+    frame_size: usize,
+    warmup: Duration,
+    duration: Duration,
+    workload: Workload,
+) -> Sample {
+    let refill = test_frame(frame_size, 0);
+    let mut dropped = rig.net.counters().xdp_tx_errors;
+    let mut owed = 0u64;
     let (a, b) = measure_window(rig, warmup, duration, &mut |rig| {
         let irq = rig.take_interrupt(1);
         if irq || rig.net.rx_has_used() {
@@ -325,8 +375,16 @@ fn xdp_bounce(rig: &mut Rig, warmup: Duration, duration: Duration) -> Sample {
         if rig.net.config().tx_completion != TxCompletion::CleanFromRx {
             rig.net.reclaim_tx();
         }
+        if workload == Workload::Fwd {
+            let now = rig.net.counters().xdp_tx_errors;
+            owed += now - dropped;
+            dropped = now;
+            while owed > 0 && rig.net.transmit(&refill).is_ok() {
+                owed -= 1;
+            }
+        }
     });
-    delta(&a, &b, Workload::XdpBounce)
+    delta(&a, &b, workload)
 }
 
 /// A peer thread for workloads that receive: sends `frame_size` frames into `fd` (with a
