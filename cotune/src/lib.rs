@@ -16,3 +16,4 @@ pub mod sweep;
 pub mod transport;
 pub mod vm;
 pub mod workloads;
+pub mod xdp;

@@ -11,7 +11,7 @@ use cotune::baseline::BareSyscall;
 use cotune::cost::{DEFAULT_IRQ_COST_NS, DEFAULT_KICK_COST_NS};
 use cotune::noise::{loadavg1, BUSY_LOADAVG};
 use cotune::report::{plot, to_csv, to_table};
-use cotune::sweep::{run_preset, BackendKind, Options, Preset, Target};
+use cotune::sweep::{run_preset, BackendKind, HostPath, Options, Preset, Target};
 use cotune::transport::TransportKind;
 use cotune::vm::{self, VmEnv};
 
@@ -78,6 +78,13 @@ struct Cli {
     /// ISR read per interrupt) or virtio-pci with an MSI-X vector per queue (no ISR read).
     #[arg(long, value_enum, default_value_t = TransportKind::Mmio)]
     transport: TransportKind,
+    /// What the host does with the frames written to the tap (`--backend tap` and VMs on a
+    /// tap): the network stack, or a 2-instruction XDP program attached for the run
+    /// (`xdp-drop`: a non-blocking writer's frames skip the skb; `xdp-reflect`: each frame
+    /// comes back to the same fd, so receiving presets forward through the tap). It applies to
+    /// the raw write loop too, and is detached when cotune exits, however it exits.
+    #[arg(long, value_enum, default_value_t = HostPath::Stack)]
+    host_path: HostPath,
     /// The raw backend write loop's system call (`write`, the cheapest; `writev` of one
     /// iovec, as a device with a scatter-gather list makes it).
     #[arg(long, value_enum, default_value_t = BareSyscall::Write)]
@@ -177,6 +184,7 @@ fn main() -> ExitCode {
                     .unwrap_or(if cli.quick { 30_000 } else { 300_000 }),
                 transport: cli.transport,
                 backend: cli.backend,
+                host_path: cli.host_path,
             })
         });
         match env {
@@ -232,6 +240,7 @@ fn main() -> ExitCode {
         },
         transport: cli.transport,
         bare: cli.baseline_syscall,
+        host_path: cli.host_path,
     };
     let presets = if cli.presets.is_empty() {
         Preset::ALL.to_vec()
@@ -271,13 +280,14 @@ fn main() -> ExitCode {
     };
     let sim = if cli.target.sim() {
         format!(
-            " sim_backend={}{} transport={} {costs}",
+            " sim_backend={}{} host_path={} transport={} {costs}",
             cli.backend.name(),
             if presets.iter().any(|p| p.backend().is_some()) {
                 " (seed and rx presets: their own, see the backend column)"
             } else {
                 ""
             },
+            cli.host_path.name(),
             cli.transport.name()
         )
     } else {

@@ -72,29 +72,83 @@ impl BackendKind {
         }
     }
 
-    /// Why `workload` cannot run on this backend, if it cannot.
-    pub fn refuses(self, workload: Workload) -> Option<&'static str> {
+    /// Why `workload` cannot run on this backend with `host_path`, if it cannot.
+    pub fn refuses(self, host_path: HostPath, workload: Workload) -> Option<&'static str> {
         let receives = !matches!(workload, Workload::XskTx(_));
+        if host_path != HostPath::Stack && self != BackendKind::Tap {
+            return Some("--host-path xdp-drop|xdp-reflect needs --backend tap");
+        }
+        if host_path == HostPath::XdpDrop && receives {
+            return Some("the tap's xdp-drop host path returns nothing to receive");
+        }
         match self {
             BackendKind::Sink if receives => Some("a sink has nothing to receive"),
             BackendKind::Loop if matches!(workload, Workload::Rx) => {
                 Some("a loop returns only what is sent: use fwd")
             }
-            BackendKind::Pair | BackendKind::Tap if workload == Workload::Fwd => {
+            BackendKind::Pair | BackendKind::Tap
+                if workload == Workload::Fwd && host_path != HostPath::XdpReflect =>
+            {
                 Some("fwd needs a loop (or the tap's xdp-reflect host path)")
             }
             _ => None,
         }
     }
 
-    /// `workload` as it runs on this backend: a loop forwards what a bounce would echo.
-    pub fn adapt(self, workload: Workload) -> Workload {
-        match (self, workload) {
-            (BackendKind::Loop, Workload::Bidirectional | Workload::XdpBounce | Workload::Echo) => {
+    /// `workload` as it runs on this backend and host path: a loop (or a tap that reflects)
+    /// forwards what a bounce would echo.
+    pub fn adapt(self, host_path: HostPath, workload: Workload) -> Workload {
+        let loops = self == BackendKind::Loop
+            || (self == BackendKind::Tap && host_path == HostPath::XdpReflect);
+        match workload {
+            Workload::Bidirectional | Workload::XdpBounce | Workload::Echo if loops => {
                 Workload::Fwd
             }
-            (_, w) => w,
+            w => w,
         }
+    }
+}
+
+/// What the host does with the frames the device writes to a tap (`--host-path`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum HostPath {
+    /// The kernel's network stack (no XDP program).
+    #[default]
+    Stack,
+    /// An XDP_DROP program on the tap: a non-blocking writer's frames skip the skb.
+    XdpDrop,
+    /// An XDP_TX program on the tap: every written frame comes back to the same fd, so a
+    /// forwarding workload circulates through the host's tun path.
+    XdpReflect,
+}
+
+impl HostPath {
+    /// The name as on the command line.
+    pub fn name(self) -> &'static str {
+        match self {
+            HostPath::Stack => "stack",
+            HostPath::XdpDrop => "xdp-drop",
+            HostPath::XdpReflect => "xdp-reflect",
+        }
+    }
+
+    /// The XDP program it attaches, if any.
+    pub fn program(self) -> Option<crate::xdp::XdpProgram> {
+        match self {
+            HostPath::Stack => None,
+            HostPath::XdpDrop => Some(crate::xdp::XdpProgram::Drop),
+            HostPath::XdpReflect => Some(crate::xdp::XdpProgram::Reflect),
+        }
+    }
+
+    /// Attaches the program (if any) to `tap` in `ns`; detached when the guard drops or the
+    /// process ends, however it ends (a bpf link).
+    pub fn attach(self, ns: &NetNs, tap: &str) -> io::Result<Option<crate::xdp::XdpAttachment>> {
+        let Some(program) = self.program() else {
+            return Ok(None);
+        };
+        let tap = tap.to_owned();
+        ns.run(move || crate::xdp::attach(&tap, program))?.map(Some)
     }
 }
 
@@ -254,6 +308,8 @@ pub struct Options {
     pub transport: TransportKind,
     /// The raw write loop's system call.
     pub bare: BareSyscall,
+    /// The tap's host path (with `--backend tap` and in VMs on a tap).
+    pub host_path: HostPath,
 }
 
 /// The device-side knobs of a point.
@@ -800,6 +856,8 @@ enum Trial {
 
 /// Everything that must live for the trial's duration on the peer side.
 struct PeerSide {
+    /// Dropped before the namespace: the XDP program on its tap.
+    _xdp: Option<crate::xdp::XdpAttachment>,
     _ns: Option<NetNs>,
     _sink: Option<Sink>,
     /// Keeps the peer end open while the peer thread or sink uses its raw fd.
@@ -838,6 +896,7 @@ fn dup(fd: RawFd) -> io::Result<OwnedFd> {
 /// `window`: the peer keeps at most this many in flight (else it floods).
 fn make_trial(
     kind: BackendKind,
+    host_path: HostPath,
     frame_size: usize,
     receives: bool,
     window: Option<u64>,
@@ -847,6 +906,7 @@ fn make_trial(
         Ok((
             trial,
             PeerSide {
+                _xdp: None,
                 _ns: None,
                 _sink: None,
                 _peer_fd: None,
@@ -878,6 +938,7 @@ fn make_trial(
             Ok((
                 Trial::Pair(backend),
                 PeerSide {
+                    _xdp: None,
                     _ns: None,
                     _sink: sink,
                     _peer_fd: Some(peer_fd),
@@ -889,6 +950,7 @@ fn make_trial(
         BackendKind::Tap => {
             let ns = crate::env::trial_netns()?;
             let tap = ns.tap("ctap0")?;
+            let xdp = host_path.attach(&ns, "ctap0")?;
             // Transmit-only trials have no peer socket: a packet socket on the tap would clone
             // every frame the device (or the raw loop) writes, inflating both.
             let (sock, thread) = if receives {
@@ -904,6 +966,7 @@ fn make_trial(
             Ok((
                 Trial::Tap(tap),
                 PeerSide {
+                    _xdp: xdp,
                     _ns: Some(ns),
                     _sink: None,
                     _peer_fd: sock,
@@ -932,7 +995,15 @@ fn sim_trial(point: &Point, opts: &Options) -> io::Result<Sample> {
         Workload::Bidirectional | Workload::XdpBounce | Workload::Echo
     );
     let window = (point.workload == Workload::Echo).then_some(workloads::ECHO_WINDOW);
-    let (backend, mut peer) = make_trial(opts.backend, point.frame_size, receives, window)?;
+    // With xdp-reflect the tap itself returns what the device writes: no peer.
+    let receives = receives && opts.host_path != HostPath::XdpReflect;
+    let (backend, mut peer) = make_trial(
+        opts.backend,
+        opts.host_path,
+        point.frame_size,
+        receives,
+        window,
+    )?;
     let rig_config = RigConfig {
         driver: point.config,
         device: point.dev.tuning(),
@@ -973,7 +1044,7 @@ pub fn baseline(
     let mut runs = Vec::new();
     let kind = kind.baseline_backend();
     for _ in 0..opts.repeat {
-        let (trial, peer) = make_trial(kind, frame_size, false, None)?;
+        let (trial, peer) = make_trial(kind, opts.host_path, frame_size, false, None)?;
         let r = match trial {
             Trial::Pair(mut b) => {
                 b.set_vnet_hdr_size(12)?;
@@ -1084,15 +1155,28 @@ fn point_row(
         ratio_to_baseline: pps / base_pps,
         vm_sim_ratio: nan,
         loadavg1: load,
-        backend: if sim || opts.backend.is_measurement() {
-            opts.backend.name()
-        } else {
-            "tap"
-        }
-        .into(),
+        backend: backend_label(
+            if sim || opts.backend.is_measurement() {
+                opts.backend
+            } else {
+                BackendKind::Tap
+            },
+            opts.host_path,
+        ),
         kick_cost_ns: if sim { Some(opts.kick_cost_ns) } else { None },
         irq_cost_ns: if sim { Some(opts.irq_cost_ns) } else { None },
         note: String::new(),
+    }
+}
+
+/// The backend column: `tap` with its host path when that is not the stack
+/// (`tap+xdp-drop`).
+fn backend_label(backend: BackendKind, host_path: HostPath) -> String {
+    match (backend, host_path) {
+        (BackendKind::Tap, HostPath::XdpDrop | HostPath::XdpReflect) => {
+            format!("tap+{}", host_path.name())
+        }
+        (b, _) => b.name().into(),
     }
 }
 
@@ -1137,7 +1221,7 @@ fn baseline_row(
     row.device_ns_per_pkt = 0.0;
     row.busy_poll_found_per_pkt = 0.0;
     row.busy_poll_pct = 0.0;
-    row.backend = backend.baseline_backend().name().into();
+    row.backend = backend_label(backend.baseline_backend(), opts.host_path);
     row.kick_cost_ns = None;
     row.irq_cost_ns = None;
     row
@@ -1160,8 +1244,8 @@ pub fn run_preset(
     let opts = &opts;
     let mut pts = points(preset, opts);
     for p in &mut pts {
-        p.workload = backend.adapt(p.workload);
-        if let Some(why) = backend.refuses(p.workload) {
+        p.workload = backend.adapt(opts.host_path, p.workload);
+        if let Some(why) = backend.refuses(opts.host_path, p.workload) {
             return Err(io::Error::other(format!(
                 "preset {} cannot run on --backend {}: {why}",
                 preset.name(),
@@ -1324,6 +1408,7 @@ mod tests {
             vm: None,
             transport: TransportKind::Mmio,
             bare: BareSyscall::Write,
+            host_path: HostPath::Stack,
         }
     }
 
@@ -1339,10 +1424,8 @@ mod tests {
                 assert!(!pts.is_empty(), "{preset:?}");
                 let backend = preset.backend().unwrap_or(BackendKind::Pair);
                 for p in &pts {
-                    assert!(
-                        backend.refuses(backend.adapt(p.workload)).is_none(),
-                        "{preset:?}"
-                    );
+                    let w = backend.adapt(HostPath::Stack, p.workload);
+                    assert!(backend.refuses(HostPath::Stack, w).is_none(), "{preset:?}");
                 }
             }
         }
@@ -1352,10 +1435,32 @@ mod tests {
             (3..=13).all(|n| ns.contains(&n)),
             "every N of the seed's median range: {ns:?}"
         );
-        // A loop forwards what a bounce would echo; a sink receives nothing.
-        assert_eq!(BackendKind::Loop.adapt(Workload::XdpBounce), Workload::Fwd);
-        assert!(BackendKind::Sink.refuses(Workload::Echo).is_some());
-        assert!(BackendKind::Tap.refuses(Workload::Fwd).is_some());
+        // A loop (or a reflecting tap) forwards what a bounce would echo; a sink receives
+        // nothing, nor does a tap whose host path drops.
+        let stack = HostPath::Stack;
+        assert_eq!(
+            BackendKind::Loop.adapt(stack, Workload::XdpBounce),
+            Workload::Fwd
+        );
+        let reflect = HostPath::XdpReflect;
+        assert_eq!(
+            BackendKind::Tap.adapt(reflect, Workload::Echo),
+            Workload::Fwd
+        );
+        assert_eq!(
+            BackendKind::Tap.adapt(stack, Workload::Echo),
+            Workload::Echo
+        );
+        assert!(BackendKind::Sink.refuses(stack, Workload::Echo).is_some());
+        assert!(BackendKind::Tap.refuses(stack, Workload::Fwd).is_some());
+        assert!(BackendKind::Tap.refuses(reflect, Workload::Fwd).is_none());
+        assert!(BackendKind::Tap
+            .refuses(HostPath::XdpDrop, Workload::Rx)
+            .is_some());
+        assert!(BackendKind::Pair
+            .refuses(HostPath::XdpDrop, Workload::Rx)
+            .is_some());
+        assert!(BackendKind::Sink.refuses(reflect, Workload::Fwd).is_some());
         assert_eq!(BackendKind::Sink.baseline_backend(), BackendKind::Tap);
         assert_eq!(BackendKind::Pair.baseline_backend(), BackendKind::Pair);
         let err = run_preset(

@@ -46,6 +46,8 @@ pub struct VmEnv {
     /// The device's backend: a tap (for `tap` and `pair`), or the VMM's measurement
     /// backend of that name (`--net backend=sink|source|loop`).
     pub backend: crate::sweep::BackendKind,
+    /// The tap's host path (an XDP program attached to it for each VM).
+    pub host_path: crate::sweep::HostPath,
 }
 
 /// The workspace root (cotune's manifest directory's parent).
@@ -381,6 +383,11 @@ pub enum VmRun {
 /// Boots the driver guest for one trial of `point`.
 pub fn run_point(env: &VmEnv, point: &Point, pin: Option<(usize, usize)>) -> io::Result<VmRun> {
     let ns = vm_netns()?;
+    let _xdp = if env.backend.is_measurement() {
+        None
+    } else {
+        env.host_path.attach(&ns, TAP)?
+    };
     // A measurement backend takes the tap's name, so the metrics and thread names match.
     let backend = if env.backend.is_measurement() {
         format!("backend={},", env.backend.name())
@@ -421,7 +428,10 @@ pub fn run_point(env: &VmEnv, point: &Point, pin: Option<(usize, usize)>) -> io:
     let cpu0 = threads.cpu();
     let echo = !matches!(point.workload, Workload::XskTx(_));
     let stop = Arc::new(AtomicBool::new(false));
-    let peer = if echo && !env.backend.is_measurement() {
+    let peer = if echo
+        && !env.backend.is_measurement()
+        && env.host_path == crate::sweep::HostPath::Stack
+    {
         let sock = ns.run(|| PacketSocket::open(TAP, ETHERTYPE))??;
         // Only the echoes are wanted back: half the receives (the peer filters them anyway
         // where the kernel cannot).

@@ -63,8 +63,9 @@ fn quick_run_of_every_preset_writes_csv_and_plot() {
     let rows: Vec<Vec<&str>> = lines.map(|l| l.split(',').collect()).collect();
     // baseline 1 + kick-threshold 3 + tx-completion 3 + xdp-bulk 2 + xsk-zc 2 + busy-poll 2
     // + tx-budget 2 + rx-sparse-reads 2
-    // + three 2-D presets of 2x2.
-    assert_eq!(rows.len(), 29, "{csv_text}");
+    // + three 2-D presets of 2x2
+    // + the four seed presets and rx-coalesce, 2 each, on their own backends.
+    assert_eq!(rows.len(), 39, "{csv_text}");
     assert_eq!(
         table,
         rows.len() + 1,
@@ -83,6 +84,22 @@ fn quick_run_of_every_preset_writes_csv_and_plot() {
         "bulk-coalesce",
     ] {
         assert!(rows.iter().any(|r| r[0] == preset), "no {preset} row");
+    }
+    // The regimes: each seed preset on its measurement backend, whatever --backend says.
+    let backend = header.iter().position(|c| *c == "backend").unwrap();
+    let workload = header.iter().position(|c| *c == "workload").unwrap();
+    for (preset, on, doing) in [
+        ("seed-kick-threshold", "sink", "xsk-tx"),
+        ("seed-zc", "sink", "xsk-tx"),
+        ("seed-tx-completion", "loop", "fwd"),
+        ("seed-xdp-bulk", "loop", "fwd"),
+        ("rx-coalesce", "source", "rx"),
+    ] {
+        let mine: Vec<_> = rows.iter().filter(|r| r[0] == preset).collect();
+        assert_eq!(mine.len(), 2, "{preset}: {csv_text}");
+        for r in mine {
+            assert_eq!((r[backend], r[workload]), (on, doing), "{preset}");
+        }
     }
     let pps = header.iter().position(|c| *c == "pps").unwrap();
     assert!(

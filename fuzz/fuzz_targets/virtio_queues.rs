@@ -14,8 +14,12 @@
 //! - the used index advances by no more than the chains popped (exactly as many when the call
 //!   succeeds), and the chains popped are no more than the driver published when the call
 //!   began (≤ the queue size) unless the device's own writes moved the avail index;
-//! - tx: every frame counted as sent reached the backend peer; the used index in memory is
-//!   the device's once it returned anything;
+//! - tx: every frame counted as sent reached the backend (the socket pair's peer, or the
+//!   sink's, source's or loop's count); the used index in memory is the device's once it
+//!   returned anything;
+//!
+//! The backend is the socket pair, or one of the measurement backends (sink, source of
+//! fuzzed frame length, loop), chosen by the input.
 //! - kept rx: the chains popped and not returned are exactly the pool's;
 //! - no panic (and no sanitizer report).
 
@@ -26,7 +30,9 @@ mod common;
 use std::time::{Duration, Instant};
 
 use arbitrary::Arbitrary;
-use devices::backend::{PairBackend, PairPeer};
+use devices::backend::{
+    LoopBackend, NetBackend, PairBackend, PairPeer, SinkBackend, SourceBackend,
+};
 use devices::virtio::net::metrics::{RxCounters, TxCounters};
 use devices::virtio::net::rx::{RX_GATHER_BYTES, RX_GATHER_NO_GSO_BYTES};
 use devices::virtio::net::{process_rx, process_tx, RxMode, RxQueue};
@@ -85,8 +91,75 @@ enum Op {
 }
 
 #[derive(Arbitrary, Debug)]
+enum BackendChoice {
+    Pair,
+    Sink,
+    /// A source of frames of this length (clamped to what a source takes).
+    Source(u16),
+    Loop,
+}
+
+/// The backend of one input, and what tells how many frames tx handed it.
+enum Backend {
+    Pair(PairBackend, Option<PairPeer>),
+    Sink(SinkBackend),
+    Source(SourceBackend),
+    Loop(LoopBackend),
+}
+
+impl Backend {
+    fn new(choice: &BackendChoice) -> Backend {
+        match choice {
+            BackendChoice::Pair => {
+                let (backend, peer) = PairBackend::new().expect("socketpair");
+                Backend::Pair(backend, Some(peer))
+            }
+            BackendChoice::Sink => Backend::Sink(SinkBackend::new().expect("eventfd")),
+            BackendChoice::Source(len) => {
+                let len = usize::from(*len).clamp(
+                    devices::backend::SOURCE_HEADER_LEN,
+                    devices::backend::MAX_SOURCE_FRAME,
+                );
+                Backend::Source(SourceBackend::new([2, 0, 0, 0, 0, 1], len).expect("eventfd"))
+            }
+            BackendChoice::Loop => Backend::Loop(LoopBackend::new().expect("eventfd")),
+        }
+    }
+
+    /// Frames transmitted so far as the backend counts them (the pair's peer is drained);
+    /// None where that cannot be told (the peer closed).
+    fn frames_taken(&mut self, taken: &mut u64, loop_received: u64) -> Option<u64> {
+        match self {
+            Backend::Pair(_, Some(peer)) => {
+                while let Ok(Some(_)) = peer.try_recv_frame() {
+                    *taken += 1;
+                }
+                Some(*taken)
+            }
+            Backend::Pair(_, None) => None,
+            Backend::Sink(sink) => Some(sink.frames()),
+            Backend::Source(source) => Some(source.tx_frames()),
+            Backend::Loop(lo) => Some(lo.queued() as u64 + loop_received),
+        }
+    }
+}
+
+/// Runs `$body` with `$b` bound to the concrete backend (no `dyn`: as the worker).
+macro_rules! with_backend {
+    ($backend:expr, $b:ident => $body:expr) => {
+        match $backend {
+            Backend::Pair($b, _) => $body,
+            Backend::Sink($b) => $body,
+            Backend::Source($b) => $body,
+            Backend::Loop($b) => $body,
+        }
+    };
+}
+
+#[derive(Arbitrary, Debug)]
 struct Input {
     layout: Layout,
+    backend: BackendChoice,
     event_idx: bool,
     /// rx through one kept `RxQueue` (mode and gather from the first rx op).
     kept_rx: bool,
@@ -162,28 +235,42 @@ fuzz_target!(|input: Input| {
     for patch in input.patches.iter().take(64) {
         patch.apply(&mem);
     }
-    let (mut backend, peer) = PairBackend::new().expect("socketpair");
-    let mut peer = Some(peer);
+    let mut backend = Backend::new(&input.backend);
     let mut tx_counters = TxCounters::default();
     let mut rx_counters = RxCounters::default();
     let mut kept = Kept::NotYet;
+    // Frames the pair's peer received; frames rx read from a loop.
+    let (mut peer_taken, mut loop_received) = (0u64, 0u64);
     for op in input.ops.iter().take(64) {
         match op {
-            Op::Tx => run_tx(&mem, &mut tx, &mut backend, peer.as_ref(), &mut tx_counters),
+            Op::Tx => {
+                with_backend!(&mut backend, b => run_tx(&mem, &mut tx, b, &mut tx_counters));
+                if let Some(taken) = backend.frames_taken(&mut peer_taken, loop_received) {
+                    assert_eq!(taken, tx_counters.frames, "tx frames counted vs taken");
+                }
+            }
             Op::Rx { mergeable } => {
                 let mode = if *mergeable {
                     RxMode::Mergeable
                 } else {
                     RxMode::SingleChain
                 };
-                if input.kept_rx {
-                    run_rx_kept(&mem, &rx, &mut kept, &mut backend, mode, &mut rx_counters);
+                let queued_before = match &backend {
+                    Backend::Loop(lo) => lo.queued() as u64,
+                    _ => 0,
+                };
+                with_backend!(&mut backend, b => if input.kept_rx {
+                    run_rx_kept(&mem, &rx, &mut kept, b, mode, &mut rx_counters);
                 } else {
-                    run_rx(&mem, &mut rx, &mut backend, mode, &mut rx_counters);
+                    run_rx(&mem, &mut rx, b, mode, &mut rx_counters);
+                });
+                if let Backend::Loop(lo) = &backend {
+                    // What rx took out of the loop (delivered or dropped) left it.
+                    loop_received += queued_before - lo.queued() as u64;
                 }
             }
             Op::Send(lens) => {
-                if let Some(peer) = &peer {
+                if let Backend::Pair(_, Some(peer)) = &backend {
                     for &len in lens.iter().take(32) {
                         let frame = vec![0x5a; usize::from(len).max(1)];
                         if peer.try_send_frame(&frame).is_err() {
@@ -198,7 +285,11 @@ fuzz_target!(|input: Input| {
                 write_u16(&mem, at, read_u16(&mem, at).wrapping_add(*n));
             }
             Op::Patch(patch) => patch.apply(&mem),
-            Op::ClosePeer => peer = None,
+            Op::ClosePeer => {
+                if let Backend::Pair(_, peer) = &mut backend {
+                    *peer = None;
+                }
+            }
         }
     }
 });
@@ -239,15 +330,13 @@ fn check_positions(
     used
 }
 
-fn run_tx(
+fn run_tx<B: NetBackend>(
     mem: &GuestMemoryMmap,
     q: &mut Queue,
-    backend: &mut PairBackend,
-    peer: Option<&PairPeer>,
+    backend: &mut B,
     counters: &mut TxCounters,
 ) {
     let before = snapshot(mem, q);
-    let frames_before = counters.frames;
     let start = Instant::now();
     let result = process_tx(q, mem, backend, counters);
     let elapsed = start.elapsed();
@@ -265,23 +354,12 @@ fn run_tx(
             "tx used idx"
         );
     }
-    if let Some(peer) = peer {
-        let mut got = 0;
-        while let Ok(Some(_)) = peer.try_recv_frame() {
-            got += 1;
-        }
-        assert_eq!(
-            got,
-            counters.frames - frames_before,
-            "tx frames counted vs sent"
-        );
-    }
 }
 
-fn run_rx(
+fn run_rx<B: NetBackend>(
     mem: &GuestMemoryMmap,
     q: &mut Queue,
-    backend: &mut PairBackend,
+    backend: &mut B,
     mode: RxMode,
     counters: &mut RxCounters,
 ) {
@@ -309,11 +387,11 @@ enum Kept {
     },
 }
 
-fn run_rx_kept(
+fn run_rx_kept<B: NetBackend>(
     mem: &GuestMemoryMmap,
     q: &Queue,
     kept: &mut Kept,
-    backend: &mut PairBackend,
+    backend: &mut B,
     mode: RxMode,
     counters: &mut RxCounters,
 ) {

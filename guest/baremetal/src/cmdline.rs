@@ -64,6 +64,17 @@ pub enum Workload {
     Tx(u64),
     /// Bounce back this many received frames of the test EtherType (XDP_TX, MACs swapped).
     Echo(u64),
+    /// Receive this many test frames, check each one (pattern and per-pair sequence number)
+    /// and drop it (`rx=N`).
+    Rx(u64),
+    /// Forwarding at rate (`fwd=N window=W`): send `window` test frames, then bounce every
+    /// received test frame back (XDP_TX, MACs swapped, as `Echo`) until `frames` are forwarded.
+    Fwd {
+        /// Frames to forward.
+        frames: u64,
+        /// Test frames sent first (sequence numbers `0..window`).
+        window: u32,
+    },
     /// Bring the device up and report (no traffic).
     Idle,
     /// Measure this host's notification and interrupt costs with this many samples of each
@@ -77,6 +88,14 @@ pub const MAX_CALIBRATE_SAMPLES: u32 = 100_000;
 pub const MAX_QUEUES: u16 = 16;
 /// Longest `pause_us=` (one second).
 pub const MAX_PAUSE_US: u32 = 1_000_000;
+/// Default `window=` of `fwd=`.
+pub const DEFAULT_WINDOW: u32 = 256;
+/// Largest `window=`.
+pub const MAX_WINDOW: u32 = 4096;
+/// Default `rx_budget=`: frames per rx poll (NAPI budget).
+pub const DEFAULT_RX_BUDGET: usize = 64;
+/// Largest `rx_budget=`.
+pub const MAX_RX_BUDGET: usize = 4096;
 
 /// `burst=B pause_us=P`: the tx workload spins `pause_us` after every `burst` frames queued
 /// (each burst ends with a flush: publish and kick decision).
@@ -147,6 +166,8 @@ pub struct Options {
     pub transport: TransportChoice,
     /// `reset_queue=` and `reset_every=`: per-queue resets during the workload.
     pub reset: Option<crate::reset::ResetPlan>,
+    /// Frames per rx poll before the loop services tx and the other pairs (`rx_budget=`).
+    pub rx_budget: usize,
 }
 
 impl Default for Options {
@@ -167,6 +188,7 @@ impl Default for Options {
             coalesce: None,
             transport: TransportChoice::Mmio,
             reset: None,
+            rx_budget: DEFAULT_RX_BUDGET,
         }
     }
 }
@@ -192,6 +214,9 @@ pub fn parse(cmdline: &str) -> Result<Options, BadValue<'_>> {
     let mut tx = None;
     let mut echo = None;
     let mut calibrate = None;
+    let mut rx = None;
+    let mut fwd = None;
+    let mut window = None;
     let mut burst = None;
     let mut pause_us = None;
     let mut reset = crate::reset::ResetWords::default();
@@ -231,6 +256,20 @@ pub fn parse(cmdline: &str) -> Result<Options, BadValue<'_>> {
             }
             "tx" => tx = Some(number(value).ok_or(bad)?),
             "echo" => echo = Some(number(value).ok_or(bad)?),
+            "rx" => rx = Some(number(value).ok_or(bad)?),
+            "fwd" => fwd = Some(number(value).ok_or(bad)?),
+            "window" => {
+                window = Some(
+                    number(value)
+                        .filter(|w| (1..=MAX_WINDOW).contains(w))
+                        .ok_or(bad)?,
+                )
+            }
+            "rx_budget" => {
+                o.rx_budget = number(value)
+                    .filter(|b| (1..=MAX_RX_BUDGET).contains(b))
+                    .ok_or(bad)?
+            }
             "calibrate" => {
                 calibrate = Some(
                     number(value)
@@ -283,18 +322,30 @@ pub fn parse(cmdline: &str) -> Result<Options, BadValue<'_>> {
             }
         }
     }
-    o.workload = match (tx, echo, calibrate) {
-        (Some(n), None, None) => Workload::Tx(n),
-        (None, Some(n), None) => Workload::Echo(n),
-        (None, None, Some(n)) => Workload::Calibrate(n),
-        (None, None, None) => Workload::Idle,
-        _ => {
-            return Err(BadValue {
-                key: "tx/echo/calibrate",
-                value: "more than one given",
-            })
-        }
+    let given = [tx, echo, rx, fwd, calibrate.map(u64::from)];
+    if given.iter().filter(|w| w.is_some()).count() > 1 {
+        return Err(BadValue {
+            key: "tx/echo/rx/fwd/calibrate",
+            value: "more than one given",
+        });
+    }
+    o.workload = match (tx, echo, rx, fwd, calibrate) {
+        (Some(n), ..) => Workload::Tx(n),
+        (_, Some(n), ..) => Workload::Echo(n),
+        (_, _, Some(n), ..) => Workload::Rx(n),
+        (_, _, _, Some(frames), _) => Workload::Fwd {
+            frames,
+            window: window.unwrap_or(DEFAULT_WINDOW),
+        },
+        (.., Some(n)) => Workload::Calibrate(n),
+        _ => Workload::Idle,
     };
+    if window.is_some() && fwd.is_none() {
+        return Err(BadValue {
+            key: "window",
+            value: "only with fwd=",
+        });
+    }
     o.pause = match (burst, pause_us) {
         (None, None) => None,
         (None, Some(_)) => {
@@ -511,7 +562,7 @@ mod tests {
         let e = parse("calibrate=0").unwrap_err();
         assert_eq!((e.key, e.value), ("calibrate", "0"));
         let e = parse("tx=1 calibrate=2").unwrap_err();
-        assert_eq!(e.key, "tx/echo/calibrate");
+        assert_eq!(e.key, "tx/echo/rx/fwd/calibrate");
     }
 
     #[test]
@@ -643,6 +694,65 @@ mod tests {
         }
         let e = parse("tx=1 queues=17").unwrap_err();
         assert_eq!(alloc::format!("{e}"), "bad value for queues: \"17\"");
+    }
+
+    #[test]
+    fn rx_and_fwd_workloads() {
+        let o = parse("console=ttyS0 rx=100000 ring=3 wait=poll").unwrap();
+        assert_eq!(o.workload, Workload::Rx(100_000));
+        assert_eq!((o.wait, o.rx_budget), (Wait::Poll, DEFAULT_RX_BUDGET));
+        assert_eq!(
+            parse("fwd=5000 xdp_bulk=8").unwrap().workload,
+            Workload::Fwd {
+                frames: 5000,
+                window: DEFAULT_WINDOW
+            }
+        );
+        assert_eq!(
+            parse("window=1 fwd=0x10").unwrap().workload,
+            Workload::Fwd {
+                frames: 16,
+                window: 1
+            }
+        );
+        assert_eq!(
+            parse("fwd=1 window=4096").unwrap().workload,
+            Workload::Fwd {
+                frames: 1,
+                window: MAX_WINDOW
+            }
+        );
+        assert_eq!(parse("rx=10 rx_budget=1").unwrap().rx_budget, 1);
+        assert_eq!(parse("echo=10 rx_budget=4096").unwrap().rx_budget, 4096);
+        assert_eq!(parse("rx=0").unwrap().workload, Workload::Rx(0));
+        for (line, key) in [
+            ("rx=x", "rx"),
+            ("rx=-1", "rx"),
+            ("rx=", "rx"),
+            ("fwd=many", "fwd"),
+            ("fwd=10 window=0", "window"),
+            ("fwd=10 window=4097", "window"),
+            ("fwd=10 window=", "window"),
+            ("window=256", "window"),
+            ("rx=10 window=256", "window"),
+            ("tx=10 window=256", "window"),
+            ("rx=1 tx=1", "tx/echo/rx/fwd/calibrate"),
+            ("rx=1 fwd=1", "tx/echo/rx/fwd/calibrate"),
+            ("fwd=1 echo=1", "tx/echo/rx/fwd/calibrate"),
+            ("fwd=1 calibrate=10", "tx/echo/rx/fwd/calibrate"),
+            ("rx=1 rx_budget=0", "rx_budget"),
+            ("rx=1 rx_budget=4097", "rx_budget"),
+            ("rx=1 rx_budget=lots", "rx_budget"),
+            ("rx=10 burst=8", "burst"),
+            ("fwd=10 burst=8 pause_us=5", "burst"),
+            ("rx=10 reset_queue=rx reset_every=5", "reset_queue"),
+            ("fwd=10 reset_queue=tx reset_every=5", "reset_queue"),
+        ] {
+            let e = parse(line).unwrap_err();
+            assert_eq!(e.key, key, "{line}: {e}");
+        }
+        let e = parse("fwd=10 window=0").unwrap_err();
+        assert_eq!(alloc::format!("{e}"), "bad value for window: \"0\"");
     }
 
     #[test]

@@ -6,7 +6,7 @@
 //! the local APIC and the IOAPIC pin of the device's GSI (from `virtio_mmio.device=` on its
 //! command line) — or, with `transport=pci`, finds the virtio-net function on PCI bus 0 and
 //! aims its MSI-X vectors at the local APIC (`pci.rs`) — brings the device up with the knobs on its command line, runs one workload
-//! (`tx=N` or `echo=N`), prints one JSON result line starting with `{"driver":` on COM1 and
+//! (`tx=N`, `echo=N`, `rx=N` or `fwd=N`), prints one JSON result line starting with `{"driver":` on COM1 and
 //! resets through the i8042, which ends the VM with status 0.
 //!
 //! With `calibrate=N` it measures this host's kick, no-op exit and interrupt costs instead

@@ -73,6 +73,11 @@ pub struct Report<'a> {
     /// `reset_queue=`/`reset_every=` and the driver's reset counters (`"resets":null` when
     /// off).
     pub resets: Option<(crate::reset::ResetPlan, vnet_driver::ResetCounters)>,
+    /// Frames per rx poll (`rx_budget=`; reported with `rx=` and `fwd=`).
+    pub rx_budget: usize,
+    /// The `rx=` workload's frame and sequence checks (reported with `rx=`, as 0s if the
+    /// workload did not run).
+    pub rx_check: Option<crate::frames::SeqCounts>,
 }
 
 /// `s` as a JSON string.
@@ -133,6 +138,8 @@ impl Report<'_> {
         let (workload, requested) = match self.workload {
             Workload::Tx(n) => ("tx", n),
             Workload::Echo(n) => ("echo", n),
+            Workload::Rx(n) => ("rx", n),
+            Workload::Fwd { frames, .. } => ("fwd", frames),
             Workload::Idle => ("idle", 0),
             Workload::Calibrate(n) => ("calibrate", u64::from(n)),
         };
@@ -158,6 +165,21 @@ impl Report<'_> {
              \"done\":{},\"size\":{}",
             self.done, self.frame_size
         )?;
+        // The new workloads' own fields (the other workloads' lines are unchanged).
+        match self.workload {
+            Workload::Rx(_) => {
+                let k = self.rx_check.unwrap_or_default();
+                write!(
+                    w,
+                    ",\"rx_budget\":{},\"rx_bad\":{},\"rx_lost\":{},\"rx_reordered\":{}",
+                    self.rx_budget, k.bad, k.lost, k.reordered
+                )?;
+            }
+            Workload::Fwd { window, .. } => {
+                write!(w, ",\"window\":{window},\"rx_budget\":{}", self.rx_budget)?;
+            }
+            _ => {}
+        }
         let c = &self.config;
         write!(
             w,
@@ -303,6 +325,8 @@ mod tests {
             coalesce: None,
             queues: &[],
             resets: None,
+            rx_budget: 64,
+            rx_check: None,
         }
     }
 
@@ -422,6 +446,47 @@ mod tests {
         ] {
             assert!(s.contains(field), "{field} missing in {s}");
         }
+    }
+
+    #[test]
+    fn rx_and_fwd_fields() {
+        let mut r = report();
+        let mut s = String::new();
+        r.write_json(&mut s).unwrap();
+        for field in ["rx_budget", "rx_bad", "rx_lost", "rx_reordered", "window"] {
+            assert!(!s.contains(field), "tx line has {field}: {s}");
+        }
+        r.workload = Workload::Rx(100);
+        r.rx_check = Some(crate::frames::SeqCounts {
+            bad: 1,
+            lost: 2,
+            reordered: 3,
+        });
+        let mut s = String::new();
+        r.write_json(&mut s).unwrap();
+        assert!(
+            s.contains(
+                "\"workload\":\"rx\",\"requested\":100,\"done\":100,\"size\":64,\"rx_budget\":64,\
+                 \"rx_bad\":1,\"rx_lost\":2,\"rx_reordered\":3,\"kick_threshold\":"
+            ),
+            "{s}"
+        );
+        assert!(!s.contains("window"), "{s}");
+        r.workload = Workload::Fwd {
+            frames: 100,
+            window: 256,
+        };
+        r.rx_budget = 16;
+        let mut s = String::new();
+        r.write_json(&mut s).unwrap();
+        assert!(
+            s.contains(
+                "\"workload\":\"fwd\",\"requested\":100,\"done\":100,\"size\":64,\"window\":256,\
+                 \"rx_budget\":16,\"kick_threshold\":"
+            ),
+            "{s}"
+        );
+        assert!(!s.contains("rx_bad"), "{s}");
     }
 
     #[test]

@@ -17,6 +17,10 @@
 //! short when that pair's ring is full) goes to pair `i mod N`; frame ids (sequence numbers)
 //! stay global, so the host can check that every frame arrived intact whatever the pair. The
 //! echo workload bounces each frame on the pair it arrived on (XDP_TX).
+//!
+//! `echo=`, `rx=` and `fwd=` share one receive loop ([`Driver::receive`]): `echo=` and `fwd=`
+//! bounce each test frame (XDP_TX), `fwd=` after sending its window of test frames first;
+//! `rx=` checks each frame (pattern and per-pair sequence number) and drops it.
 
 use alloc::string::String;
 use alloc::vec;
@@ -42,8 +46,6 @@ mod queue_reset;
 
 type Net = VirtioNet<DmaHal, MmioTransport>;
 
-/// Frames per rx poll (NAPI budget).
-const RX_BUDGET: usize = 64;
 /// Source MAC when the device offers none.
 const FALLBACK_MAC: [u8; 6] = [0x02, 0, 0, 0, 0, 0x02];
 /// TSC frequency assumed for the timeout when neither the command line nor CPUID gives one.
@@ -274,11 +276,14 @@ fn finish<T: Transport>(
         pause_cycles,
         pauses: 0,
         next_reset: o.reset.map_or(u64::MAX, |p| p.every),
+        rx_check: None,
     };
     let run = match (o.workload, &coalesce_error) {
         (_, Some(_)) => Ok(Run::default()),
         (Workload::Tx(n), None) => d.tx(n),
         (Workload::Echo(n), None) => d.echo(n),
+        (Workload::Rx(n), None) => d.rx(n),
+        (Workload::Fwd { frames, window }, None) => d.fwd(frames, window),
         (Workload::Idle | Workload::Calibrate(_), None) => Ok(Run::default()),
     };
     let (outcome, run) = match (run, &coalesce_error) {
@@ -338,6 +343,8 @@ fn finish<T: Transport>(
         coalesce: o.coalesce,
         queues: &queues,
         resets: o.reset.map(|p| (p, d.net.reset_counters())),
+        rx_budget: o.rx_budget,
+        rx_check: d.rx_check,
     };
     let mut line = String::with_capacity(2048);
     let _ = report.write_json(&mut line);
@@ -424,6 +431,8 @@ struct Driver<'o, T: Transport> {
     pauses: u64,
     /// Frames done at which the next `reset_queue=` reset is due (`u64::MAX`: none planned).
     next_reset: u64,
+    /// `rx=`: what the frame and sequence checks found.
+    rx_check: Option<frames::SeqCounts>,
 }
 
 impl<T: Transport> Driver<'_, T> {
@@ -502,28 +511,27 @@ impl<T: Transport> Driver<'_, T> {
         }
     }
 
-    /// One rx poll of at most [`RX_BUDGET`] frames on `pair`, if scheduled. A short poll
-    /// re-arms its rx interrupts and re-checks (the `virtqueue_enable_cb` race); a full one
-    /// stays scheduled, so the caller services tx between polls as a NAPI loop does.
-    fn poll_rx_pair<F: FnMut(&mut [u8]) -> XdpAction>(&mut self, pair: u16, program: &mut F) {
+    /// One rx poll of at most `budget` frames (`rx_budget=`, or fewer) on `pair`, if
+    /// scheduled. A short poll re-arms its rx interrupts and re-checks (the
+    /// `virtqueue_enable_cb` race); a full one stays scheduled, so the caller services tx
+    /// between polls as a NAPI loop does.
+    fn poll_rx_pair<F: FnMut(&mut [u8]) -> XdpAction>(
+        &mut self,
+        pair: u16,
+        budget: usize,
+        program: &mut F,
+    ) {
         let i = usize::from(pair);
         if !self.rx_scheduled[i] || !self.select(pair) {
             return;
         }
-        if self.net.poll_rx_mut(RX_BUDGET, program) == RX_BUDGET {
+        if self.net.poll_rx_mut(budget, program) == budget {
             return;
         }
         if self.net.enable_interrupts(QueueId::Rx) == Rearm::Armed {
             self.rx_scheduled[i] = false;
         } else {
             self.net.disable_interrupts(QueueId::Rx);
-        }
-    }
-
-    /// One rx poll of every scheduled pair.
-    fn poll_rx<F: FnMut(&mut [u8]) -> XdpAction>(&mut self, program: &mut F) {
-        for pair in 0..self.pairs() {
-            self.poll_rx_pair(pair, program);
         }
     }
 
@@ -534,12 +542,13 @@ impl<T: Transport> Driver<'_, T> {
             foreign += 1;
             XdpAction::Drop
         };
+        let budget = self.o.rx_budget;
         for pair in 0..self.pairs() {
             if self.rx_scheduled[usize::from(pair)] || self.mode() != TxCompletion::CleanFromRx {
-                self.poll_rx_pair(pair, &mut program);
+                self.poll_rx_pair(pair, budget, &mut program);
             } else if self.select(pair) {
                 // Tx is cleaned from the rx poll, which runs whether or not frames arrived.
-                self.net.poll_rx_mut(RX_BUDGET, &mut program);
+                self.net.poll_rx_mut(budget, &mut program);
             }
         }
         self.foreign += foreign;
@@ -711,12 +720,69 @@ impl<T: Transport> Driver<'_, T> {
     /// `echo=N`: bounces the next `n` received test frames back (XDP_TX, MACs swapped);
     /// other frames are dropped.
     fn echo(&mut self, n: u64) -> Result<Run, (&'static str, Run)> {
-        let mut echoed = 0u64;
+        self.fwd(n, 0)
+    }
+
+    /// `fwd=N window=W`: sends `W` test frames (sequence numbers `0..W`), then bounces every
+    /// received test frame back (XDP_TX, MACs swapped), until `n` are forwarded: `echo=` is
+    /// `fwd=` without a window. Against a device that loops frames back the `W` frames
+    /// circulate.
+    fn fwd(&mut self, n: u64, window: u32) -> Result<Run, (&'static str, Run)> {
+        let r = self.receive(n, window, |_, frame| {
+            xdp::swap_macs(frame);
+            XdpAction::Tx
+        })?;
+        self.drain_tx();
+        Ok(r.through_drain())
+    }
+
+    /// `rx=N`: receives `n` test frames, checks each one (pattern, length field and the
+    /// sequence number in its pair's sequence space) and drops it. Timed from the first frame
+    /// to the `n`-th.
+    fn rx(&mut self, n: u64) -> Result<Run, (&'static str, Run)> {
+        let mut check = frames::SeqCheck::new(usize::from(self.pairs()));
+        let r = self.receive(n, 0, |pair, frame| {
+            check.frame(usize::from(pair), frame);
+            XdpAction::Drop
+        });
+        self.rx_check = Some(check.counts);
+        Ok(r?.through_last_frame())
+    }
+
+    /// The receive loop of `echo=`, `fwd=` and `rx=`: runs `on_frame(pair, frame)` on each of
+    /// the next `n` received test frames and carries out its verdict; other frames (and test
+    /// frames beyond the `n`-th) are dropped and counted as foreign. First sends `seed` test
+    /// frames (sequence numbers `0..seed`, round robin over the pairs), as many at a time as
+    /// the tx rings take, interleaved with the receive polls.
+    ///
+    /// Rx notifications: with `wait=halt` an interrupt schedules every pair's rx poll (rx
+    /// interrupts off) and the loop `hlt`s when there is nothing to do; with `wait=poll` the
+    /// loop schedules a pair's poll when its used ring has entries. A poll takes at most
+    /// `rx_budget=` frames; a short poll re-arms the pair's interrupts (NAPI).
+    fn receive<F: FnMut(u16, &mut [u8]) -> XdpAction>(
+        &mut self,
+        n: u64,
+        seed: u32,
+        mut on_frame: F,
+    ) -> Result<Received, (&'static str, Run)> {
+        let mut seeder = if seed > 0 {
+            Some(Seeder::new(self, seed)?)
+        } else {
+            None
+        };
+        let mut done = 0u64;
         let mut foreign = 0u64;
         let mut start = None;
-        while echoed < n {
+        let mut last = None;
+        while done < n {
+            if let Some(s) = seeder.as_mut() {
+                s.send(self);
+                if s.seeded == s.window {
+                    seeder = None;
+                }
+            }
             let irq = self.take_interrupt();
-            let before = echoed;
+            let before = done;
             // wait=poll: the loop polls the used rings itself; wait=halt: the interrupt says.
             if irq {
                 self.schedule_rx();
@@ -728,33 +794,38 @@ impl<T: Transport> Driver<'_, T> {
                 }
             }
             if self.any_rx_scheduled() {
-                self.poll_rx(&mut |frame: &mut [u8]| {
-                    if echoed < n && frames::is_test_frame(frame) {
-                        if start.is_none() {
-                            start = Some(cpu::rdtsc());
-                        }
-                        echoed += 1;
-                        xdp::swap_macs(frame);
-                        XdpAction::Tx
-                    } else {
-                        foreign += 1;
-                        XdpAction::Drop
+                for pair in 0..self.pairs() {
+                    if done >= n {
+                        break;
                     }
-                });
+                    // Not beyond the n-th frame: later frames stay on the ring.
+                    let left = usize::try_from(n - done).unwrap_or(usize::MAX);
+                    let budget = self.o.rx_budget.min(left);
+                    self.poll_rx_pair(pair, budget, &mut |frame: &mut [u8]| {
+                        if done < n && frames::is_test_frame(frame) {
+                            if start.is_none() {
+                                start = Some(cpu::rdtsc());
+                            }
+                            done += 1;
+                            if done == n {
+                                last = Some(cpu::rdtsc());
+                            }
+                            on_frame(pair, frame)
+                        } else {
+                            foreign += 1;
+                            XdpAction::Drop
+                        }
+                    });
+                }
             }
             if irq && self.mode() == TxCompletion::TxInterrupt {
                 self.tx_poll();
             }
-            if let Err(e) = self.reset_if_due(echoed, n) {
-                return Err((
-                    e,
-                    Run {
-                        done: echoed,
-                        cycles: 0,
-                    },
-                ));
+            if let Err(e) = self.reset_if_due(done, n) {
+                self.foreign += foreign;
+                return Err((e, Run { done, cycles: 0 }));
             }
-            if echoed == before && !irq && !self.any_rx_scheduled() {
+            if done == before && !irq && !self.any_rx_scheduled() {
                 if self.expired() {
                     break;
                 }
@@ -763,11 +834,90 @@ impl<T: Transport> Driver<'_, T> {
             }
         }
         self.foreign += foreign;
-        self.drain_tx();
-        let end = cpu::rdtsc();
-        Ok(Run {
-            done: echoed,
-            cycles: start.map_or(0, |s| end.saturating_sub(s)),
+        Ok(Received { done, start, last })
+    }
+}
+
+/// What [`Driver::receive`] did: test frames handled, and when the first and the `n`-th came.
+struct Received {
+    done: u64,
+    start: Option<u64>,
+    last: Option<u64>,
+}
+
+impl Received {
+    /// Timed from the first frame to now: the caller has waited for the device to return
+    /// every tx buffer (`echo=`, `fwd=`).
+    fn through_drain(self) -> Run {
+        Run {
+            done: self.done,
+            cycles: self.start.map_or(0, |s| cpu::rdtsc().saturating_sub(s)),
+        }
+    }
+
+    /// Timed from the first frame to the `n`-th (`rx=`).
+    fn through_last_frame(self) -> Run {
+        let cycles = match (self.start, self.last) {
+            (Some(s), Some(l)) => l.saturating_sub(s),
+            _ => 0,
+        };
+        Run {
+            done: self.done,
+            cycles,
+        }
+    }
+}
+
+/// `fwd=`'s first frames: `window` test frames, round robin over the pairs, sent as the tx
+/// rings take them.
+struct Seeder {
+    ramp: Ramp,
+    frame: alloc::vec::Vec<u8>,
+    src: [u8; 6],
+    window: u32,
+    seeded: u32,
+}
+
+impl Seeder {
+    fn new<T: Transport>(d: &Driver<'_, T>, window: u32) -> Result<Seeder, (&'static str, Run)> {
+        let size = d.o.frame_size;
+        let max = d.net.config().tx_buf_size as usize - vnet_driver::VNET_HDR_LEN;
+        if size > max {
+            return Err(("size= exceeds the driver's tx buffer", Run::default()));
+        }
+        Ok(Seeder {
+            ramp: Ramp::new(size),
+            frame: vec![0u8; size],
+            src: d.net.mac().unwrap_or(FALLBACK_MAC),
+            window,
+            seeded: 0,
         })
+    }
+
+    /// Queues as many of the remaining frames as the tx rings take now (frame `i` on pair
+    /// `i mod N`; it stops at the first full ring), then one flush (publish and kick decision)
+    /// per pair that got frames.
+    fn send<T: Transport>(&mut self, d: &mut Driver<'_, T>) {
+        let pairs = u32::from(d.pairs()).max(1);
+        // Bit p: pair p has frames queued but not flushed (p < N ≤ 16).
+        let mut queued = 0u32;
+        while self.seeded < self.window {
+            let pair = self.seeded % pairs;
+            if !d.select(pair as u16)
+                || !self
+                    .ramp
+                    .fill(&mut self.frame, d.o.dst, self.src, self.seeded)
+                || d.net.queue_tx(&self.frame).is_err()
+            {
+                break;
+            }
+            self.seeded += 1;
+            queued |= 1 << pair;
+        }
+        for pair in 0..pairs {
+            if queued & (1 << pair) != 0 && d.select(pair as u16) {
+                d.net.flush_tx();
+            }
+        }
     }
 }
