@@ -5,7 +5,7 @@ use std::os::fd::RawFd;
 use std::time::{Duration, Instant};
 
 use crate::cost::thread_cpu_ns;
-use crate::env::wait_writable;
+use crate::env::{wait_readable, wait_writable};
 use crate::frames::test_frame;
 
 /// What a raw write loop achieved.
@@ -60,6 +60,34 @@ pub fn raw_write_loop(
                 frames += 1;
             } else if std::io::Error::last_os_error().kind() == std::io::ErrorKind::WouldBlock {
                 wait_writable(fd, 10);
+            }
+        }
+    }
+    let secs = start.elapsed().as_secs_f64();
+    let cpu = thread_cpu_ns() - cpu0;
+    BaselineResult {
+        frames,
+        pps: frames as f64 / secs,
+        cpu_ns_per_pkt: cpu as f64 / frames.max(1) as f64,
+    }
+}
+
+/// Reads frames from `fd` (a non-blocking tap, as the device opens it, fed by the host
+/// injector) for `duration`, one `read` per frame: the floor of receiving from a tap.
+pub fn raw_read_loop(fd: RawFd, duration: Duration) -> BaselineResult {
+    let mut buf = vec![0u8; 65_550];
+    let start = Instant::now();
+    let cpu0 = thread_cpu_ns();
+    let mut frames = 0u64;
+    while start.elapsed() < duration {
+        for _ in 0..64 {
+            // SAFETY: read writes at most buf.len() bytes into buf, which lives for the call.
+            let n = unsafe { libc::read(fd, buf.as_mut_ptr().cast(), buf.len()) };
+            if n > 0 {
+                frames += 1;
+            } else {
+                wait_readable(fd, 10);
+                break;
             }
         }
     }

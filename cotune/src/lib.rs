@@ -9,6 +9,7 @@ pub mod cost;
 pub mod env;
 pub mod frames;
 pub mod hal;
+pub mod injector;
 pub mod noise;
 pub mod report;
 pub mod rig;

@@ -70,10 +70,11 @@ struct Cli {
     frame_size: Option<usize>,
     /// The device's backend: in co-simulation `pair` or `tap`, or one of the measurement
     /// backends `sink`, `source`, `loop` (a host side faster than the guest), which VMs then
-    /// use too (`vmm --net backend=…`; the baseline stays the raw tap loop). The seed presets
-    /// and rx-coalesce always run on their own.
-    #[arg(long, value_enum, default_value_t = BackendKind::Pair)]
-    backend: BackendKind,
+    /// use too (`vmm --net backend=…`; the baseline stays the raw tap loop). Not given: `pair`,
+    /// and the seed presets and rx-coalesce run on their own regimes (sink, loop, source);
+    /// given, it applies to them too (e.g. `--backend tap seed-kick-threshold`: the plain tap).
+    #[arg(long, value_enum)]
+    backend: Option<BackendKind>,
     /// Device transport, in co-simulation and in VMs: virtio-mmio (one interrupt line, the
     /// ISR read per interrupt) or virtio-pci with an MSI-X vector per queue (no ISR read).
     #[arg(long, value_enum, default_value_t = TransportKind::Mmio)]
@@ -160,7 +161,8 @@ fn main() -> ExitCode {
         None
     };
     let calibrate = kick == Cost::Auto || irq == Cost::Auto;
-    if cli.target == Target::Both && cli.backend == BackendKind::Pair {
+    let backend = cli.backend.unwrap_or(BackendKind::Pair);
+    if cli.target == Target::Both && cli.backend == Some(BackendKind::Pair) {
         eprintln!(
             "cotune: note: the VM's device writes to a tap; --backend tap makes the vm/sim ratio \
              compare like with like"
@@ -183,7 +185,7 @@ fn main() -> ExitCode {
                     .vm_frames
                     .unwrap_or(if cli.quick { 30_000 } else { 300_000 }),
                 transport: cli.transport,
-                backend: cli.backend,
+                backend,
                 host_path: cli.host_path,
             })
         });
@@ -227,7 +229,8 @@ fn main() -> ExitCode {
         warmup: Duration::from_secs_f64(if cli.quick { 0.1 } else { cli.warmup }),
         repeat: if cli.quick { 1 } else { cli.repeat },
         frame_size: cli.frame_size,
-        backend: cli.backend,
+        backend,
+        own_regimes: cli.backend.is_none(),
         kick_cost_ns: cost(kick, |c| c.kick_ns),
         irq_cost_ns: cost(irq, |c| c.interrupt_cost_ns()),
         quick: cli.quick,
@@ -281,9 +284,9 @@ fn main() -> ExitCode {
     let sim = if cli.target.sim() {
         format!(
             " sim_backend={}{} host_path={} transport={} {costs}",
-            cli.backend.name(),
-            if presets.iter().any(|p| p.backend().is_some()) {
-                " (seed and rx presets: their own, see the backend column)"
+            backend.name(),
+            if cli.backend.is_none() && presets.iter().any(|p| p.backend().is_some()) {
+                " (seed and rx presets: their own unless --backend; see the backend column)"
             } else {
                 ""
             },

@@ -10,13 +10,15 @@ use std::thread;
 use std::time::Duration;
 
 use devices::backend::{LoopBackend, NetBackend, PairBackend, SinkBackend, SourceBackend};
+use devices::test_utils::link::PacketSocket;
 use devices::test_utils::netns::NetNs;
 use devices::virtio::net::{InterruptCoalescing, NetTuning};
 use vnet_driver::xsk::XskMode;
 use vnet_driver::{Config, TxCompletion};
 
-use crate::baseline::{raw_write_loop, BareSyscall, BaselineResult};
+use crate::baseline::{raw_read_loop, raw_write_loop, BareSyscall, BaselineResult};
 use crate::env::Sink;
+use crate::injector::{Injector, InjectorStats};
 use crate::noise::{cpu_pct, loadavg1};
 use crate::report::Row;
 use crate::rig::{Rig, RigConfig};
@@ -290,8 +292,10 @@ pub struct Options {
     pub repeat: usize,
     /// Frame size override (Ethernet bytes); presets have their own defaults.
     pub frame_size: Option<usize>,
-    /// Co-simulation backend.
+    /// Co-simulation backend (and the VMs' when it is a measurement backend).
     pub backend: BackendKind,
+    /// The seed presets and rx-coalesce run on their own backends (`--backend` not given).
+    pub own_regimes: bool,
     /// Exit-cost model.
     pub kick_cost_ns: u64,
     /// Exit-cost model.
@@ -818,6 +822,8 @@ pub struct Measured {
     pub busy_poll_found: u64,
     /// Microseconds the device spent busy-polling.
     pub busy_poll_us: u64,
+    /// The host injector's rate when one fed the point (receive on a tap), else 0.
+    pub host_pps: f64,
 }
 
 impl Measured {
@@ -841,6 +847,7 @@ impl From<Sample> for Measured {
             cpu_secs: m.secs,
             busy_poll_found: m.dev_busy_poll_found,
             busy_poll_us: m.dev_busy_poll_us,
+            host_pps: 0.0,
         }
     }
 }
@@ -856,6 +863,8 @@ enum Trial {
 
 /// Everything that must live for the trial's duration on the peer side.
 struct PeerSide {
+    /// The host injector feeding the tap (receive workloads on a tap).
+    injector: Option<Injector>,
     /// Dropped before the namespace: the XDP program on its tap.
     _xdp: Option<crate::xdp::XdpAttachment>,
     _ns: Option<NetNs>,
@@ -868,17 +877,19 @@ struct PeerSide {
 
 impl PeerSide {
     /// Stops sending (and joins the peer thread).
-    fn stop(&mut self) {
+    /// Stops sending (and joins the peer thread); the injector's figures, if one ran.
+    fn stop(&mut self) -> Option<InjectorStats> {
         self.stop.store(true, Ordering::Relaxed);
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
+        self.injector.take().map(Injector::stop)
     }
 }
 
 impl Drop for PeerSide {
     fn drop(&mut self) {
-        self.stop();
+        let _ = self.stop();
     }
 }
 
@@ -892,13 +903,25 @@ fn dup(fd: RawFd) -> io::Result<OwnedFd> {
     Ok(unsafe { OwnedFd::from_raw_fd(n) })
 }
 
-/// Builds a backend and its peer. `receives`: the workload needs frames sent to the device;
-/// `window`: the peer keeps at most this many in flight (else it floods).
+/// Who sends frames to the device's backend (pair and tap only; the measurement backends
+/// make their own).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Peers {
+    /// Nobody: transmit only.
+    None,
+    /// A peer thread that sends (at most `window` in flight) and drains what comes back.
+    Echo,
+    /// The batched host injector (a tap; the pair's peer floods).
+    Injector,
+}
+
+/// Builds a backend and its peer. `peers`: who sends frames to the device; `window`: the
+/// echo peer keeps at most this many in flight (else it floods).
 fn make_trial(
     kind: BackendKind,
     host_path: HostPath,
     frame_size: usize,
-    receives: bool,
+    peers: Peers,
     window: Option<u64>,
 ) -> io::Result<(Trial, PeerSide)> {
     let stop = Arc::new(AtomicBool::new(false));
@@ -906,6 +929,7 @@ fn make_trial(
         Ok((
             trial,
             PeerSide {
+                injector: None,
                 _xdp: None,
                 _ns: None,
                 _sink: None,
@@ -926,7 +950,7 @@ fn make_trial(
             let (backend, peer) = PairBackend::new()?;
             let peer_fd = dup(peer.as_raw_fd())?;
             drop(peer);
-            let (sink, thread) = if receives {
+            let (sink, thread) = if peers != Peers::None {
                 let (fd, s) = (peer_fd.as_raw_fd(), stop.clone());
                 let t = thread::Builder::new()
                     .name("cotune-peer".into())
@@ -938,6 +962,7 @@ fn make_trial(
             Ok((
                 Trial::Pair(backend),
                 PeerSide {
+                    injector: None,
                     _xdp: None,
                     _ns: None,
                     _sink: sink,
@@ -951,9 +976,16 @@ fn make_trial(
             let ns = crate::env::trial_netns()?;
             let tap = ns.tap("ctap0")?;
             let xdp = host_path.attach(&ns, "ctap0")?;
+            // Receive-only trials: the batched injector, not the echo peer.
+            let injector = if peers == Peers::Injector {
+                let sock = ns.run(|| PacketSocket::open("ctap0", crate::frames::ETHERTYPE))??;
+                Some(Injector::start(sock, crate::frames::DST_MAC, frame_size)?)
+            } else {
+                None
+            };
             // Transmit-only trials have no peer socket: a packet socket on the tap would clone
             // every frame the device (or the raw loop) writes, inflating both.
-            let (sock, thread) = if receives {
+            let (sock, thread) = if peers == Peers::Echo {
                 let sock = ns.run(|| crate::env::packet_socket("ctap0"))??;
                 let (fd, s) = (sock.as_raw_fd(), stop.clone());
                 let t = thread::Builder::new()
@@ -966,6 +998,7 @@ fn make_trial(
             Ok((
                 Trial::Tap(tap),
                 PeerSide {
+                    injector,
                     _xdp: xdp,
                     _ns: Some(ns),
                     _sink: None,
@@ -989,19 +1022,20 @@ fn pin_sim_threads((driver, device): (usize, usize)) -> io::Result<crate::noise:
 }
 
 /// Runs one co-simulation trial of `point` and checks the driver and device counters agree.
-fn sim_trial(point: &Point, opts: &Options) -> io::Result<Sample> {
-    let receives = matches!(
-        point.workload,
-        Workload::Bidirectional | Workload::XdpBounce | Workload::Echo
-    );
+fn sim_trial(point: &Point, opts: &Options) -> io::Result<Measured> {
+    let peers = match point.workload {
+        // With xdp-reflect the tap itself returns what the device writes: no peer.
+        _ if opts.host_path == HostPath::XdpReflect => Peers::None,
+        Workload::Bidirectional | Workload::XdpBounce | Workload::Echo => Peers::Echo,
+        Workload::Rx => Peers::Injector,
+        Workload::XskTx(_) | Workload::Fwd => Peers::None,
+    };
     let window = (point.workload == Workload::Echo).then_some(workloads::ECHO_WINDOW);
-    // With xdp-reflect the tap itself returns what the device writes: no peer.
-    let receives = receives && opts.host_path != HostPath::XdpReflect;
     let (backend, mut peer) = make_trial(
         opts.backend,
         opts.host_path,
         point.frame_size,
-        receives,
+        peers,
         window,
     )?;
     let rig_config = RigConfig {
@@ -1028,24 +1062,37 @@ fn sim_trial(point: &Point, opts: &Options) -> io::Result<Sample> {
         opts.warmup,
         opts.duration,
     );
-    peer.stop();
+    let host = peer.stop();
     rig.quiesce();
     drop(peer);
     crate::check::consistency(&mut rig).map_err(io::Error::other)?;
-    Ok(sample)
+    let mut m = Measured::from(sample);
+    m.host_pps = host.map_or(0.0, |h| h.pps());
+    Ok(m)
 }
 
-/// The raw write loop on the same kind of backend.
+/// The raw write loop on the same kind of backend; for receive-only presets on a tap (and the
+/// measurement backends), a raw read loop of the tap fed by the host injector.
 pub fn baseline(
     kind: BackendKind,
     frame_size: usize,
     opts: &Options,
+    receive: bool,
 ) -> io::Result<BaselineResult> {
     let mut runs = Vec::new();
     let kind = kind.baseline_backend();
+    let peers = if receive && kind == BackendKind::Tap {
+        Peers::Injector
+    } else {
+        Peers::None
+    };
     for _ in 0..opts.repeat {
-        let (trial, peer) = make_trial(kind, opts.host_path, frame_size, false, None)?;
+        let (trial, peer) = make_trial(kind, opts.host_path, frame_size, peers, None)?;
         let r = match trial {
+            Trial::Tap(mut b) if peers == Peers::Injector => {
+                b.set_vnet_hdr_size(12)?;
+                raw_read_loop(b.as_raw_fd(), opts.duration)
+            }
             Trial::Pair(mut b) => {
                 b.set_vnet_hdr_size(12)?;
                 raw_write_loop(b.as_raw_fd(), frame_size, opts.duration, opts.bare)
@@ -1165,8 +1212,21 @@ fn point_row(
         ),
         kick_cost_ns: if sim { Some(opts.kick_cost_ns) } else { None },
         irq_cost_ns: if sim { Some(opts.irq_cost_ns) } else { None },
-        note: String::new(),
+        note: m.map_or_else(String::new, host_note),
     }
+}
+
+/// The note of a point a host injector fed: its rate, flagged when it ran within 1.5 × of the
+/// guest's (then the injector, not the guest, may be what bounds the point).
+fn host_note(m: &Measured) -> String {
+    if m.host_pps <= 0.0 {
+        return String::new();
+    }
+    let mut note = format!("host injector {:.0} pps", m.host_pps);
+    if m.host_pps < 1.5 * m.pps() {
+        note += " (within 1.5x of the guest: the injector may bound this point)";
+    }
+    note
 }
 
 /// The backend column: `tap` with its host path when that is not the stack
@@ -1235,7 +1295,10 @@ pub fn run_preset(
     progress: &mut dyn FnMut(&str),
 ) -> io::Result<Vec<Row>> {
     // A preset with a regime of its own runs on its backend, in co-simulation and in VMs.
-    let backend = preset.backend().unwrap_or(opts.backend);
+    let backend = preset
+        .backend()
+        .filter(|_| opts.own_regimes)
+        .unwrap_or(opts.backend);
     let mut opts = opts.clone();
     opts.backend = backend;
     if let Some(vm) = &mut opts.vm {
@@ -1263,6 +1326,8 @@ pub fn run_preset(
             }
         }
     }
+    // Receive-only presets compare with a read loop of the tap, fed by the injector.
+    let receive_only = !pts.is_empty() && pts.iter().all(|p| p.workload == Workload::Rx);
     let mut sizes: Vec<usize> = pts.iter().map(|p| p.frame_size).collect();
     if sizes.is_empty() {
         sizes.push(opts.frame_size.unwrap_or(64));
@@ -1293,7 +1358,7 @@ pub fn run_preset(
                 preset.name(),
                 backend.baseline_backend().name()
             ));
-            let b = baseline(backend, s, opts)?;
+            let b = baseline(backend, s, opts, receive_only)?;
             baselines.push((target, s, b.pps));
             if preset == Preset::Baseline {
                 rows.push(baseline_row(target, backend, s, &b, opts));
@@ -1325,7 +1390,7 @@ pub fn run_preset(
             let mut runs = Vec::new();
             for r in 0..opts.repeat {
                 say("sim", r);
-                runs.push(Measured::from(sim_trial(p, opts)?));
+                runs.push(sim_trial(p, opts)?);
             }
             let m = median(runs);
             sim_row = Some(point_row(
@@ -1366,7 +1431,11 @@ pub fn run_preset(
                     let m = median(runs);
                     let base = base("vm", p.frame_size);
                     let mut row = point_row(preset, "vm", p, Some(&m), base, load, opts);
-                    row.note = note;
+                    row.note = if row.note.is_empty() {
+                        note
+                    } else {
+                        format!("{note}; {}", row.note)
+                    };
                     if row.driver_cpu_pct < 60.0 && row.device_cpu_pct < 60.0 {
                         // From the counters: neither side was saturated, so what bounds the
                         // rate is outside them (the host peer, for echo).
@@ -1400,6 +1469,7 @@ mod tests {
             repeat: 1,
             frame_size: None,
             backend: BackendKind::Pair,
+            own_regimes: true,
             kick_cost_ns: 0,
             irq_cost_ns: 0,
             quick,
