@@ -259,6 +259,10 @@ fn main() -> ExitCode {
         };
         match run_preset(preset, &opts, &mut progress) {
             Ok(r) => rows.extend(r),
+            // Running every preset: those the backend cannot run are left out, said so.
+            Err(e) if cli.presets.is_empty() && e.kind() == std::io::ErrorKind::Unsupported => {
+                let _ = writeln!(stderr, "\r\x1b[Kcotune: skipped: {e}");
+            }
             Err(e) => {
                 eprintln!("\ncotune: {}: {e}", preset.name());
                 return ExitCode::FAILURE;

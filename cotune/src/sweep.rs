@@ -88,23 +88,21 @@ impl BackendKind {
             BackendKind::Loop if matches!(workload, Workload::Rx) => {
                 Some("a loop returns only what is sent: use fwd")
             }
-            BackendKind::Pair | BackendKind::Tap
-                if workload == Workload::Fwd && host_path != HostPath::XdpReflect =>
-            {
-                Some("fwd needs a loop (or the tap's xdp-reflect host path)")
-            }
             _ => None,
         }
     }
 
     /// `workload` as it runs on this backend and host path: a loop (or a tap that reflects)
-    /// forwards what a bounce would echo.
+    /// forwards what a bounce would echo; elsewhere forwarding is the echo of a host peer.
     pub fn adapt(self, host_path: HostPath, workload: Workload) -> Workload {
         let loops = self == BackendKind::Loop
             || (self == BackendKind::Tap && host_path == HostPath::XdpReflect);
         match workload {
             Workload::Bidirectional | Workload::XdpBounce | Workload::Echo if loops => {
                 Workload::Fwd
+            }
+            Workload::Fwd if matches!(self, BackendKind::Pair | BackendKind::Tap) && !loops => {
+                Workload::Echo
             }
             w => w,
         }
@@ -1309,11 +1307,14 @@ pub fn run_preset(
     for p in &mut pts {
         p.workload = backend.adapt(opts.host_path, p.workload);
         if let Some(why) = backend.refuses(opts.host_path, p.workload) {
-            return Err(io::Error::other(format!(
-                "preset {} cannot run on --backend {}: {why}",
-                preset.name(),
-                backend.name()
-            )));
+            return Err(io::Error::new(
+                io::ErrorKind::Unsupported,
+                format!(
+                    "preset {} cannot run on --backend {}: {why}",
+                    preset.name(),
+                    backend.name()
+                ),
+            ));
         }
     }
     if opts.target.vm() {
@@ -1522,7 +1523,15 @@ mod tests {
             Workload::Echo
         );
         assert!(BackendKind::Sink.refuses(stack, Workload::Echo).is_some());
-        assert!(BackendKind::Tap.refuses(stack, Workload::Fwd).is_some());
+        assert_eq!(BackendKind::Tap.adapt(stack, Workload::Fwd), Workload::Echo);
+        assert_eq!(
+            BackendKind::Pair.adapt(stack, Workload::Fwd),
+            Workload::Echo
+        );
+        assert_eq!(
+            BackendKind::Tap.adapt(reflect, Workload::Fwd),
+            Workload::Fwd
+        );
         assert!(BackendKind::Tap.refuses(reflect, Workload::Fwd).is_none());
         assert!(BackendKind::Tap
             .refuses(HostPath::XdpDrop, Workload::Rx)

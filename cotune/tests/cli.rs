@@ -9,7 +9,7 @@ fn quick_run_of_every_preset_writes_csv_and_plot() {
     std::fs::create_dir_all(&dir).unwrap();
     let (csv, svg) = (dir.join("quick.csv"), dir.join("quick.svg"));
     let out = Command::new(env!("CARGO_BIN_EXE_cotune"))
-        .args(["--quick", "--backend", "pair", "--csv"])
+        .args(["--quick", "--csv"])
         .arg(&csv)
         .arg("--plot")
         .arg(&svg)
