@@ -10,6 +10,7 @@
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 
+use devices::backend::validate_ifname;
 use devices::virtio::net::{
     BackendKind, MacAddr, NetConfig, NetConfigError, NetTuning, NetTuningUpdate, RateLimiterConfig,
     TuningError,
@@ -301,15 +302,23 @@ impl NetworkInterface {
 
     /// The device description (validated).
     pub fn net_config(&self) -> Result<NetConfig, ConfigError> {
-        let name = (!self.host_dev_name.is_empty()).then(|| self.host_dev_name.clone());
-        // A measurement backend without a name: its MAC from the interface's id, so that
-        // two of them differ.
-        let mac = match (&name, self.backend().is_measurement()) {
-            (None, true) => Some(
+        let measurement = self.backend().is_measurement();
+        let name = if !self.host_dev_name.is_empty() {
+            Some(self.host_dev_name.clone())
+        } else if measurement && validate_ifname(&self.iface_id).is_ok() {
+            // A measurement backend is named after its interface (logs, worker thread).
+            Some(self.iface_id.clone())
+        } else {
+            None
+        };
+        // A measurement backend's MAC comes from the interface's id, so that two differ.
+        let mac = if measurement {
+            Some(
                 self.guest_mac
                     .unwrap_or(MacAddr::derived_from(&self.iface_id)),
-            ),
-            _ => self.guest_mac,
+            )
+        } else {
+            self.guest_mac
         };
         NetConfig::with_backend_kind(self.backend(), name, mac, self.queue_size)
             .and_then(|c| c.with_backend_options(self.rate_pps, self.frame_size))
@@ -737,6 +746,8 @@ mod tests {
             .collect();
         assert_eq!(nets[0].backend, BackendKind::Sink);
         assert_eq!(nets[0].rate_pps, Some(1_000_000));
+        // Named after the interface (logs, the worker thread `net-sink0`).
+        assert_eq!(nets[0].tap, "sink0");
         // Two unnamed sinks: different MACs (from their ids).
         assert_ne!(nets[0].mac, nets[1].mac);
         assert_eq!(nets[2].source_frame_size(), 1514);
