@@ -44,51 +44,44 @@ pub fn raw_write_loop(
         iov_base: buf.as_mut_ptr().cast(),
         iov_len: buf.len(),
     };
-    let start = Instant::now();
-    let cpu0 = thread_cpu_ns();
-    let mut frames = 0u64;
-    while start.elapsed() < duration {
-        for _ in 0..64 {
-            let n = match syscall {
-                // SAFETY: write reads buf.len() bytes from buf, which lives for the call.
-                BareSyscall::Write => unsafe { libc::write(fd, buf.as_ptr().cast(), buf.len()) },
-                // SAFETY: the iovec points to buf (buf.len() bytes), which lives for the call;
-                // writev only reads it.
-                BareSyscall::Writev => unsafe { libc::writev(fd, &iov, 1) },
-            };
-            if n > 0 {
-                frames += 1;
-            } else if std::io::Error::last_os_error().kind() == std::io::ErrorKind::WouldBlock {
-                wait_writable(fd, 10);
-            }
+    timed(duration, || {
+        let n = match syscall {
+            // SAFETY: write reads buf.len() bytes from buf, which lives for the call.
+            BareSyscall::Write => unsafe { libc::write(fd, buf.as_ptr().cast(), buf.len()) },
+            // SAFETY: the iovec points to buf (buf.len() bytes), which lives for the call;
+            // writev only reads it.
+            BareSyscall::Writev => unsafe { libc::writev(fd, &iov, 1) },
+        };
+        if n <= 0 && std::io::Error::last_os_error().kind() == std::io::ErrorKind::WouldBlock {
+            wait_writable(fd, 10);
         }
-    }
-    let secs = start.elapsed().as_secs_f64();
-    let cpu = thread_cpu_ns() - cpu0;
-    BaselineResult {
-        frames,
-        pps: frames as f64 / secs,
-        cpu_ns_per_pkt: cpu as f64 / frames.max(1) as f64,
-    }
+        n > 0
+    })
 }
 
 /// Reads frames from `fd` (a non-blocking tap, as the device opens it, fed by the host
 /// injector) for `duration`, one `read` per frame: the floor of receiving from a tap.
 pub fn raw_read_loop(fd: RawFd, duration: Duration) -> BaselineResult {
     let mut buf = vec![0u8; 65_550];
+    timed(duration, || {
+        // SAFETY: read writes at most buf.len() bytes into buf, which lives for the call.
+        let n = unsafe { libc::read(fd, buf.as_mut_ptr().cast(), buf.len()) };
+        if n <= 0 {
+            wait_readable(fd, 10);
+        }
+        n > 0
+    })
+}
+
+/// Calls `frame` (one system call: true when it moved a frame) for `duration`, on this
+/// thread, and reports the rate and this thread's CPU time per frame.
+fn timed(duration: Duration, mut frame: impl FnMut() -> bool) -> BaselineResult {
     let start = Instant::now();
     let cpu0 = thread_cpu_ns();
     let mut frames = 0u64;
     while start.elapsed() < duration {
         for _ in 0..64 {
-            // SAFETY: read writes at most buf.len() bytes into buf, which lives for the call.
-            let n = unsafe { libc::read(fd, buf.as_mut_ptr().cast(), buf.len()) };
-            if n > 0 {
-                frames += 1;
-            } else {
-                wait_readable(fd, 10);
-                break;
-            }
+            frames += u64::from(frame());
         }
     }
     let secs = start.elapsed().as_secs_f64();

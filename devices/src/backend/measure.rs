@@ -27,7 +27,7 @@ use std::os::fd::{AsRawFd, RawFd};
 
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
-use super::{NetBackend, Offloads};
+use super::NetBackend;
 use crate::iovec::Iovecs;
 
 /// The virtio-net header in front of each frame (`virtio_net_hdr_v1`).
@@ -194,18 +194,6 @@ impl NetBackend for SinkBackend {
         self.frames += 1;
         Ok(iovs.total_bytes())
     }
-
-    fn supported_offloads(&self) -> Offloads {
-        Offloads::NONE
-    }
-
-    fn set_offloads(&mut self, _offloads: Offloads) -> io::Result<()> {
-        Ok(())
-    }
-
-    fn set_vnet_hdr_size(&mut self, _size: u32) -> io::Result<()> {
-        Ok(())
-    }
 }
 
 /// A source's frame length out of range.
@@ -294,18 +282,6 @@ impl NetBackend for SourceBackend {
         self.tx_frames += 1;
         Ok(iovs.total_bytes())
     }
-
-    fn supported_offloads(&self) -> Offloads {
-        Offloads::NONE
-    }
-
-    fn set_offloads(&mut self, _offloads: Offloads) -> io::Result<()> {
-        Ok(())
-    }
-
-    fn set_vnet_hdr_size(&mut self, _size: u32) -> io::Result<()> {
-        Ok(())
-    }
 }
 
 /// Returns each transmitted frame as a received one, MACs swapped, in order.
@@ -380,18 +356,6 @@ impl NetBackend for LoopBackend {
         self.queued.push_back(frame);
         self.update_ready()?;
         Ok(len)
-    }
-
-    fn supported_offloads(&self) -> Offloads {
-        Offloads::NONE
-    }
-
-    fn set_offloads(&mut self, _offloads: Offloads) -> io::Result<()> {
-        Ok(())
-    }
-
-    fn set_vnet_hdr_size(&mut self, _size: u32) -> io::Result<()> {
-        Ok(())
     }
 }
 

@@ -83,15 +83,26 @@ pub trait NetBackend: AsRawFd + Send + 'static {
         }
     }
 
-    /// The receive offloads the backend can apply (probed when it was opened).
-    fn supported_offloads(&self) -> Offloads;
+    /// The receive offloads the backend can apply (probed when it was opened). None unless
+    /// the backend says otherwise: complete, checksummed frames both ways.
+    fn supported_offloads(&self) -> Offloads {
+        Offloads::NONE
+    }
 
     /// Sets which offloads the backend may leave undone in frames it hands us (`TUNSETOFFLOAD`):
-    /// partial checksums and GSO frames the guest negotiated to accept.
-    fn set_offloads(&mut self, offloads: Offloads) -> io::Result<()>;
+    /// partial checksums and GSO frames the guest negotiated to accept. A backend without
+    /// offloads has nothing to set.
+    fn set_offloads(&mut self, offloads: Offloads) -> io::Result<()> {
+        let _ = offloads;
+        Ok(())
+    }
 
-    /// Sets the size of the virtio-net header in front of each frame (`TUNSETVNETHDRSZ`).
-    fn set_vnet_hdr_size(&mut self, size: u32) -> io::Result<()>;
+    /// Sets the size of the virtio-net header in front of each frame (`TUNSETVNETHDRSZ`). A
+    /// backend that makes and takes frames itself always uses the 12-byte header.
+    fn set_vnet_hdr_size(&mut self, size: u32) -> io::Result<()> {
+        let _ = size;
+        Ok(())
+    }
 
     /// A file descriptor that becomes readable when the backend's link may have changed, if
     /// the backend has a link to follow (the worker polls it).

@@ -9,7 +9,7 @@ use std::os::fd::{AsRawFd, RawFd};
 
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
-use super::{NetBackend, Offloads};
+use super::NetBackend;
 use crate::iovec::Iovecs;
 
 /// A backend that discards what is sent and reports frames it never writes (for benchmarks).
@@ -63,17 +63,5 @@ impl NetBackend for NullBackend {
     fn write_frame(&mut self, iovs: Iovecs<'_>) -> io::Result<usize> {
         self.tx_frames += 1;
         Ok(iovs.total_bytes())
-    }
-
-    fn supported_offloads(&self) -> Offloads {
-        Offloads::NONE
-    }
-
-    fn set_offloads(&mut self, _offloads: Offloads) -> io::Result<()> {
-        Ok(())
-    }
-
-    fn set_vnet_hdr_size(&mut self, _size: u32) -> io::Result<()> {
-        Ok(())
     }
 }
