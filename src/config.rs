@@ -162,7 +162,7 @@ impl MachineConfigUpdate {
 pub enum Transport {
     /// virtio-mmio: a register page declared on the kernel command line, one IOAPIC pin
     /// shared by every queue. The default: the guest needs no PCI support, which costs boot
-    /// time under emulation (see the README).
+    /// time under emulation (see `docs/benchmarks.md`, "Guest boot").
     #[default]
     Mmio,
     /// Modern virtio-pci on bus 0 (configuration ports 0xCF8/0xCFC), BAR0 in the PCI MMIO

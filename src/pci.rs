@@ -184,19 +184,22 @@ impl PciSetup {
         ))
     }
 
-    /// Puts the configuration ports on `pio` (only when a device was attached: a guest
-    /// without PCI devices sees no PCI bus) and starts following the guest's BAR moves.
+    /// Puts the configuration ports on `pio` and starts following the guest's BAR moves.
+    ///
+    /// The ports are there even when no device was attached: a guest then finds bus 0 with
+    /// its host bridge alone. Without them a Linux guest built with PCI support logs
+    /// "PCI: Fatal: No config space access function found" on every virtio-mmio boot, which
+    /// reads like an error and is none.
     pub fn finish(self, vm: &Vm, pio: &Bus, mmio: &Bus) -> Result<(), BusError> {
-        if self.mapped.is_empty() {
-            return Ok(());
+        if !self.mapped.is_empty() {
+            let mut bars = BarMoves {
+                mapped: self.mapped,
+                mmio: mmio.clone(),
+                ioevents: vm.ioevents(),
+            };
+            lock(&self.config_io)
+                .set_bar_move_handler(Box::new(move |slot, moved| bars.moved(slot, moved)));
         }
-        let mut bars = BarMoves {
-            mapped: self.mapped,
-            mmio: mmio.clone(),
-            ioevents: vm.ioevents(),
-        };
-        lock(&self.config_io)
-            .set_bar_move_handler(Box::new(move |slot, moved| bars.moved(slot, moved)));
         pio.insert(self.config_io, PCI_CONFIG_IO_PORT, PCI_CONFIG_IO_LEN)
     }
 }

@@ -165,7 +165,7 @@ impl Vmm {
                 if vm.send_ctrl_alt_del() {
                     log::info!("Ctrl+Alt+Del sent to the guest's keyboard");
                 } else {
-                    // See the README ("SendCtrlAltDel"): no driver can receive the keys.
+                    // See docs/api/README.md ("SendCtrlAltDel"): no driver can receive the keys.
                     log::info!(
                         "Ctrl+Alt+Del: the guest has no i8042 keyboard driver (it never enabled \
                          the keyboard interrupt), so it cannot see the keys; stopping the VM"

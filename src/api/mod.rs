@@ -118,7 +118,7 @@ pub struct ActionBody {
 pub enum ActionType {
     /// Boot the configured VM.
     InstanceStart,
-    /// Press Ctrl+Alt+Del on the guest's keyboard (see the README for guests without one).
+    /// Press Ctrl+Alt+Del on the guest's keyboard (see `docs/api/README.md`, "SendCtrlAltDel", for guests without one).
     SendCtrlAltDel,
     /// Print the metrics line on stderr now.
     FlushMetrics,

@@ -210,9 +210,10 @@ fn openapi_document_matches_the_server() {
     let iface = crate::config::NetworkInterface {
         iface_id: "eth0".into(),
         host_dev_name: "tap0".into(),
-        backend: None,
-        rate_pps: None,
-        frame_size: None,
+        // Every field given (a measurement backend's too), to compare with the document.
+        backend: Some(devices::virtio::net::BackendKind::Sink),
+        rate_pps: Some(1_000_000),
+        frame_size: Some(64),
         guest_mac: Some(MacAddr::new([2, 0, 0, 0, 0, 1])),
         queue_size: Some(256),
         queues: Some(2),

@@ -1,6 +1,6 @@
 //! The `calibrate=N` workload's arithmetic and its result line: percentiles of TSC samples,
 //! cycles to nanoseconds, and the `{"calibrate":{…}}` JSON line. The measuring itself runs in
-//! the guest (`src/probe.rs`); what it measures is described there and in `README.md`.
+//! the guest (`src/probe.rs`); what it measures is described there and in `docs/driver-guest.md`.
 //!
 //! The line starts with the fields a consumer reads, in this order:
 //! `{"calibrate":{"ring":3,"tsc_khz":…,"samples":…,"kick_ns":…,"exit_ns":…,"irq_ns":…,

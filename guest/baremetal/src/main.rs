@@ -10,7 +10,7 @@
 //! resets through the i8042, which ends the VM with status 0.
 //!
 //! With `calibrate=N` it measures this host's kick, no-op exit and interrupt costs instead
-//! (`probe.rs`) and prints a `{"calibrate":` line (see `README.md` in this directory).
+//! (`probe.rs`) and prints a `{"calibrate":` line (see `docs/driver-guest.md`, "calibrate=N").
 //!
 //! With `hostile=…` it misprograms the device on purpose instead (see `hostile.rs`), then
 //! resets the machine the same way: the VMM must refuse the queue and still end by itself.

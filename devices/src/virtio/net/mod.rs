@@ -1,4 +1,5 @@
-//! virtio-net: a device with one rx and one tx queue in front of a [`NetBackend`].
+//! virtio-net: a device with an rx and a tx queue per queue pair (1..=16, one backend and one
+//! worker thread each) and a control queue, in front of a [`NetBackend`].
 //!
 //! - [`config`] holds the user's description ([`NetConfig`]).
 //! - [`device`] is the [`VirtioDevice`](crate::virtio::VirtioDevice) (features, config space,
@@ -84,9 +85,10 @@ pub const MTU_FRAME_LEN: u64 = 1514;
 pub const RX_QUEUE: usize = 0;
 /// Index of the transmit queue.
 pub const TX_QUEUE: usize = 1;
-/// Number of datapath queues (rx and tx).
+/// Number of datapath queues of one queue pair (rx and tx).
 pub const NUM_QUEUES: usize = 2;
-/// Index of the control queue (VIRTIO_NET_F_CTRL_VQ; no multiqueue, so it follows tx).
+/// Index of the control queue with one queue pair (VIRTIO_NET_F_CTRL_VQ: it follows tx; with N
+/// pairs under VIRTIO_NET_F_MQ it is queue 2N).
 pub const CTRL_QUEUE: usize = 2;
 
 /// Rate-limits a log line about repeated failures: the first failure of a burst is reported
