@@ -580,6 +580,63 @@ struct EventLoop<'p, B> {
     enabled: bool,
 }
 
+/// What a run's event loop needs that activation can fail to make; the backend is
+/// configured (header size, offloads, queue enabled) on the way.
+struct Setup {
+    epoll: Epoll,
+    ctrl: Option<CtrlQueue>,
+    rx: RxQueue,
+    tx: TxQueue,
+    /// The pair takes part in the run (pair 0 always; others once the driver enabled them).
+    enabled: bool,
+}
+
+impl Setup {
+    fn new<B: NetBackend>(
+        a: &Activation,
+        backend: &mut B,
+        parts: &mut ThreadParts,
+        shared: &Shared,
+    ) -> Result<Setup, ActivateError> {
+        backend
+            .set_vnet_hdr_size(VNET_HDR_LEN as u32)
+            .and_then(|()| backend.set_offloads(a.offloads))
+            .map_err(ActivateError::Backend)?;
+        // A stop written after the previous run ended on its own is stale, and so is a wake-up
+        // for commands that run never read (they were answered between runs).
+        let _ = parts.stop.read();
+        let _ = parts.command_ready.read();
+        parts
+            .timer
+            .clear()
+            .map_err(|e| ActivateError::EventLoop(io_err(e)))?;
+        let enabled = shared.pair == 0 || shared.pair < shared.tuning.active_pairs();
+        backend
+            .set_queue_enabled(enabled)
+            .map_err(ActivateError::Backend)?;
+        let epoll =
+            EventLoop::<B>::setup_epoll(a, parts, enabled).map_err(ActivateError::EventLoop)?;
+        let ctrl = match &a.ctrl {
+            None => None,
+            Some((queue, kick)) => Some(CtrlQueue {
+                vq: Virtqueue::new(queue, &a.mem).map_err(ActivateError::Ring)?,
+                kick: kick.try_clone().map_err(ActivateError::EventLoop)?,
+                readable: Vec::new(),
+                writable: Vec::new(),
+            }),
+        };
+        // A ring refused here is counted as a needs-reset event by the device.
+        let (rx, tx) = EventLoop::<B>::queues(a).map_err(ActivateError::Ring)?;
+        Ok(Setup {
+            epoll,
+            ctrl,
+            rx,
+            tx,
+            enabled,
+        })
+    }
+}
+
 impl<'p, B: NetBackend> EventLoop<'p, B> {
     /// Configures the backend for the negotiated features and sets up the epoll set (kicks,
     /// stop, tuning and timer registered; the backend by `update_backend_interest`).
@@ -589,45 +646,34 @@ impl<'p, B: NetBackend> EventLoop<'p, B> {
         parts: &'p mut ThreadParts,
         shared: &Shared,
     ) -> Result<Self, (ActivateError, B)> {
-        let configured = backend
-            .set_vnet_hdr_size(VNET_HDR_LEN as u32)
-            .and_then(|()| backend.set_offloads(a.offloads));
-        if let Err(e) = configured {
-            return Err((ActivateError::Backend(e), backend));
-        }
-        // A stop written after the previous run ended on its own is stale, and so is a wake-up
-        // for commands that run never read (they were answered between runs).
-        let _ = parts.stop.read();
-        let _ = parts.command_ready.read();
-        if let Err(e) = parts.timer.clear() {
-            return Err((ActivateError::EventLoop(io_err(e)), backend));
-        }
-        let enabled = shared.pair == 0 || shared.pair < shared.tuning.active_pairs();
-        if let Err(e) = backend.set_queue_enabled(enabled) {
-            return Err((ActivateError::Backend(e), backend));
-        }
-        let epoll = match Self::setup_epoll(&a, parts, enabled) {
-            Ok(epoll) => epoll,
-            Err(e) => return Err((ActivateError::EventLoop(e), backend)),
+        // Every fallible step borrows the backend; on an error it goes back to the caller
+        // (the device keeps it for the next activation) from these two places only.
+        let setup = match Setup::new(&a, &mut backend, parts, shared) {
+            Ok(setup) => setup,
+            Err(e) => return Err((e, backend)),
         };
-        let ctrl = match &a.ctrl {
-            None => None,
-            Some((queue, kick)) => match (Virtqueue::new(queue, &a.mem), kick.try_clone()) {
-                (Ok(vq), Ok(kick)) => Some(CtrlQueue {
-                    vq,
-                    kick,
-                    readable: Vec::new(),
-                    writable: Vec::new(),
-                }),
-                (Err(e), _) => return Err((ActivateError::Ring(e), backend)),
-                (_, Err(e)) => return Err((ActivateError::EventLoop(e), backend)),
-            },
-        };
-        let (rx, tx) = match Self::queues(&a) {
-            Ok(queues) => queues,
-            // Counted as a needs-reset event by the device.
-            Err(e) => return Err((ActivateError::Ring(e), backend)),
-        };
+        let mut event_loop = Self::assemble(a, backend, parts, shared, setup);
+        match event_loop.watch_backend() {
+            Ok(()) => Ok(event_loop),
+            Err(e) => Err((e, event_loop.backend)),
+        }
+    }
+
+    /// The event loop of a run, from what [`Setup::new`] prepared.
+    fn assemble(
+        a: Activation,
+        backend: B,
+        parts: &'p mut ThreadParts,
+        shared: &Shared,
+        setup: Setup,
+    ) -> Self {
+        let Setup {
+            epoll,
+            ctrl,
+            rx,
+            tx,
+            enabled,
+        } = setup;
         let tuning = shared.tuning.load();
         let mut tx = tx.with_label(shared.label.clone());
         tx.set_budget(tuning.tx_budget.into());
@@ -685,16 +731,20 @@ impl<'p, B: NetBackend> EventLoop<'p, B> {
             event_loop.guest_coalescing = [shared.tuning.guest(RX), shared.tuning.guest(TX)];
         }
         event_loop.apply_limiters();
-        if let Err(e) = event_loop.update_backend_interest() {
-            return Err((ActivateError::EventLoop(e), event_loop.backend));
-        }
-        if let Some(fd) = event_loop.backend.link_fd() {
+        event_loop
+    }
+
+    /// Starts polling the backend (its frames, and its link if it has one).
+    fn watch_backend(&mut self) -> Result<(), ActivateError> {
+        self.update_backend_interest()
+            .map_err(ActivateError::EventLoop)?;
+        if let Some(fd) = self.backend.link_fd() {
             let event = EpollEvent::new(EventSet::IN, Token::Link.data());
-            if let Err(e) = event_loop.epoll.ctl(ControlOperation::Add, fd, event) {
-                return Err((ActivateError::EventLoop(e), event_loop.backend));
-            }
+            self.epoll
+                .ctl(ControlOperation::Add, fd, event)
+                .map_err(ActivateError::EventLoop)?;
         }
-        Ok(event_loop)
+        Ok(())
     }
 
     /// Resolves the rings (refusing nonsensical ones: the device then needs a reset).
