@@ -494,6 +494,14 @@ fn thread_main<B: NetBackend>(
     }
 }
 
+/// What a control command came to.
+enum CtrlOutcome {
+    /// Carried out: VIRTIO_NET_OK, after the command's reply if it has one.
+    Done(Option<[u8; 8]>),
+    /// Refused: VIRTIO_NET_ERR.
+    Refused(CtrlError),
+}
+
 /// The control queue of a run, and the storage its chain walks reuse.
 struct CtrlQueue {
     vq: Virtqueue,
@@ -1340,18 +1348,18 @@ impl<'p, B: NetBackend> EventLoop<'p, B> {
                         self.usable_pairs,
                     ) {
                         Ok(command) => self.execute(command)?,
-                        Err(e) => Err(e),
+                        Err(e) => CtrlOutcome::Refused(e),
                     };
                     let out = writable.as_iovecs();
                     let ack = match outcome {
-                        Ok(reply) => {
+                        CtrlOutcome::Done(reply) => {
                             self.ctrl_counters.ok += 1;
                             if let Some(reply) = reply {
                                 out.write_at(0, &reply);
                             }
                             ACK_OK
                         }
-                        Err(e) => {
+                        CtrlOutcome::Refused(e) => {
                             e.count(&mut self.ctrl_counters);
                             self.ctrl_refused(&format_args!("VIRTIO_NET_ERR: {e}"));
                             ACK_ERR
@@ -1380,11 +1388,7 @@ impl<'p, B: NetBackend> EventLoop<'p, B> {
     }
 
     /// Carries out a validated control command; the reply bytes (VQ_GET) or why it failed.
-    #[allow(clippy::type_complexity)]
-    fn execute(
-        &mut self,
-        command: CtrlCommand,
-    ) -> Result<Result<Option<[u8; 8]>, CtrlError>, WorkerError> {
+    fn execute(&mut self, command: CtrlCommand) -> Result<CtrlOutcome, WorkerError> {
         let c = &mut self.ctrl_counters;
         match command {
             CtrlCommand::Promisc(on) => {
@@ -1405,7 +1409,7 @@ impl<'p, B: NetBackend> EventLoop<'p, B> {
                 self.guest_mac.set(mac);
                 self.link.bump_generation();
                 info!("virtio-net {}: the driver set MAC {mac}", self.label);
-                return Ok(Ok(None));
+                return Ok(CtrlOutcome::Done(None));
             }
             CtrlCommand::GuestOffloads(offloads) => {
                 if let Err(e) = self.backend.set_offloads(offloads) {
@@ -1413,10 +1417,10 @@ impl<'p, B: NetBackend> EventLoop<'p, B> {
                         "virtio-net {}: the backend refused offloads {offloads:?}: {e}",
                         self.label
                     );
-                    return Ok(Err(CtrlError::Backend));
+                    return Ok(CtrlOutcome::Refused(CtrlError::Backend));
                 }
                 c.offloads_sets += 1;
-                return Ok(Ok(None));
+                return Ok(CtrlOutcome::Done(None));
             }
             CtrlCommand::SetCoalescing(dir, bounds) => {
                 c.coalescing_sets += 1;
@@ -1434,7 +1438,7 @@ impl<'p, B: NetBackend> EventLoop<'p, B> {
                     self.label,
                     if dir == RX { "rx" } else { "tx" }
                 );
-                return Ok(Ok(None));
+                return Ok(CtrlOutcome::Done(None));
             }
             CtrlCommand::GetCoalescing(dir) => {
                 c.coalescing_gets += 1;
@@ -1443,7 +1447,7 @@ impl<'p, B: NetBackend> EventLoop<'p, B> {
                 let mut reply = [0u8; 8];
                 reply[..4].copy_from_slice(&u32::from(bounds.max_packets).to_le_bytes());
                 reply[4..].copy_from_slice(&bounds.max_usecs.to_le_bytes());
-                return Ok(Ok(Some(reply)));
+                return Ok(CtrlOutcome::Done(Some(reply)));
             }
             CtrlCommand::SetPairs(pairs) => {
                 c.mq_pairs_sets += 1;
@@ -1453,14 +1457,14 @@ impl<'p, B: NetBackend> EventLoop<'p, B> {
                     "virtio-net {}: the driver set {pairs} queue pair(s)",
                     self.label
                 );
-                return Ok(Ok(None));
+                return Ok(CtrlOutcome::Done(None));
             }
         }
         debug!(
             "virtio-net {}: receive filter {:?} recorded (a tap does not filter)",
             self.label, self.rx_filter
         );
-        Ok(Ok(None))
+        Ok(CtrlOutcome::Done(None))
     }
 
     /// Installs the rate limiters if they changed; returns whether they did.
