@@ -1,0 +1,211 @@
+//! The control queue's execution: each command's chain walked, parsed (`super::super::ctrl`)
+//! and carried out on the worker, with one [`CtrlOutcome`] acked to the driver.
+
+use super::*;
+use crate::virtio::net::ctrl;
+
+/// What a control command came to.
+enum CtrlOutcome {
+    /// Carried out: VIRTIO_NET_OK, after the command's reply if it has one.
+    Done(Option<[u8; 8]>),
+    /// Refused: VIRTIO_NET_ERR.
+    Refused(CtrlError),
+}
+
+impl<'p, B: NetBackend> EventLoop<'p, B> {
+    /// Handles the control queue's pending commands (at most [`CTRL_CHAINS_PER_CALL`] and one
+    /// call's descriptor budget; the loop comes back for more), then interrupts the driver if
+    /// it wants (not coalesced: NOTF_COAL is about rx and tx).
+    pub(super) fn run_ctrl(&mut self) -> Result<(), WorkerError> {
+        self.ctrl_more = false;
+        let Some(mut ctrl) = self.ctrl.take() else {
+            return Ok(());
+        };
+        let result = self.ctrl_chains(&mut ctrl);
+        let decision = ctrl.vq.split().1.interrupt_decision();
+        self.ctrl = Some(ctrl);
+        result?;
+        if decision == Some(InterruptDecision::Raise) {
+            self.interrupt
+                .signal_queue(self.ctrl_queue_index())
+                .map_err(WorkerError::Interrupt)?;
+            self.metrics.irqfd_signals.add(1);
+        }
+        Ok(())
+    }
+
+    /// The control queue's index: after every pair with MQ, else after the one pair.
+    pub(super) fn ctrl_queue_index(&self) -> usize {
+        let mq = self.acked_features & 1 << virtio_bindings::virtio_net::VIRTIO_NET_F_MQ != 0;
+        2 * if mq { usize::from(self.pairs) } else { 1 }
+    }
+
+    pub(super) fn ctrl_chains(&mut self, ctrl: &mut CtrlQueue) -> Result<(), WorkerError> {
+        let ring_error = |source| WorkerError::Ring {
+            queue: "control",
+            source,
+        };
+        let mut budget = WalkBudget::per_call();
+        let mut handled = 0;
+        loop {
+            let (guest, mut ring) = ctrl.vq.split();
+            if handled == CTRL_CHAINS_PER_CALL || budget.exhausted() {
+                self.ctrl_more = true;
+                return Ok(());
+            }
+            let Some(head) = ring.pop_head().map_err(ring_error)? else {
+                if ring.enable_notification() {
+                    continue;
+                }
+                return Ok(());
+            };
+            handled += 1;
+            self.ctrl_counters.commands += 1;
+            let mut readable = IovecList::reuse(std::mem::take(&mut ctrl.readable));
+            let mut writable = IovecList::reuse(std::mem::take(&mut ctrl.writable));
+            let walked = ring.walk_chain_split(
+                &guest,
+                head,
+                ctrl::MAX_CTRL_READABLE,
+                &mut readable,
+                &mut writable,
+                &mut budget,
+            );
+            let used_len = match walked {
+                Err(e) => {
+                    self.ctrl_counters.malformed_chains += 1;
+                    self.ctrl_refused(&format_args!("chain refused: {e}"));
+                    0
+                }
+                Ok((_, 0)) => {
+                    self.ctrl_counters.no_ack += 1;
+                    self.ctrl_refused(&"a command without a writable ack byte");
+                    0
+                }
+                Ok((_, writable_len)) => {
+                    let outcome = match ctrl::parse_mq(
+                        &readable.as_iovecs(),
+                        writable_len,
+                        self.acked_features,
+                        self.usable_pairs,
+                    ) {
+                        Ok(command) => self.execute(command)?,
+                        Err(e) => CtrlOutcome::Refused(e),
+                    };
+                    let out = writable.as_iovecs();
+                    let ack = match outcome {
+                        CtrlOutcome::Done(reply) => {
+                            self.ctrl_counters.ok += 1;
+                            if let Some(reply) = reply {
+                                out.write_at(0, &reply);
+                            }
+                            ACK_OK
+                        }
+                        CtrlOutcome::Refused(e) => {
+                            e.count(&mut self.ctrl_counters);
+                            self.ctrl_refused(&format_args!("VIRTIO_NET_ERR: {e}"));
+                            ACK_ERR
+                        }
+                    };
+                    out.write_at(writable_len as usize - 1, &[ack]);
+                    writable_len
+                }
+            };
+            ctrl.readable = readable.into_storage();
+            ctrl.writable = writable.into_storage();
+            ring.add_used(head, used_len);
+            ring.publish_used();
+        }
+    }
+
+    /// Logs a refused control command, at most one line per burst (a driver can send many).
+    pub(super) fn ctrl_refused(&mut self, what: &dyn std::fmt::Display) {
+        if let Some(more) = self.ctrl_errors.failure(Instant::now()) {
+            warn!(
+                "virtio-net {}: control queue: {what} ({more} more refused since the last report; \
+                 see the `ctrl` metrics)",
+                self.label
+            );
+        }
+    }
+
+    /// Carries out a validated control command; the reply bytes (VQ_GET) or why it failed.
+    fn execute(&mut self, command: CtrlCommand) -> Result<CtrlOutcome, WorkerError> {
+        let c = &mut self.ctrl_counters;
+        match command {
+            CtrlCommand::Promisc(on) => {
+                c.rx_mode_sets += 1;
+                self.rx_filter.promisc = on;
+            }
+            CtrlCommand::AllMulti(on) => {
+                c.rx_mode_sets += 1;
+                self.rx_filter.allmulti = on;
+            }
+            CtrlCommand::MacTable { unicast, multicast } => {
+                c.mac_table_sets += 1;
+                self.rx_filter.unicast_entries = unicast;
+                self.rx_filter.multicast_entries = multicast;
+            }
+            CtrlCommand::MacAddr(mac) => {
+                c.mac_addr_sets += 1;
+                self.guest_mac.set(mac);
+                self.link.bump_generation();
+                info!("virtio-net {}: the driver set MAC {mac}", self.label);
+                return Ok(CtrlOutcome::Done(None));
+            }
+            CtrlCommand::GuestOffloads(offloads) => {
+                if let Err(e) = self.backend.set_offloads(offloads) {
+                    warn!(
+                        "virtio-net {}: the backend refused offloads {offloads:?}: {e}",
+                        self.label
+                    );
+                    return Ok(CtrlOutcome::Refused(CtrlError::Backend));
+                }
+                c.offloads_sets += 1;
+                return Ok(CtrlOutcome::Done(None));
+            }
+            CtrlCommand::SetCoalescing(dir, bounds) => {
+                c.coalescing_sets += 1;
+                self.guest_coalescing[dir & 1] = Some(bounds);
+                self.tuning_shared.set_guest(dir, Some(bounds));
+                // The other pairs' workers follow (coalescing is per direction, device-wide).
+                self.tuning_shared.notify_except(0);
+                let tuning = self.tuning_shared.load();
+                let coalescing = self.coalescing(tuning.interrupt_coalescing);
+                let moderation = self.moderator.retune(tuning.event_idx, coalescing);
+                self.apply(moderation)?;
+                // Linux's adaptive coalescing (DIM) may send these often: not an info line.
+                debug!(
+                    "virtio-net {}: the driver set {} interrupt coalescing {bounds:?}",
+                    self.label,
+                    if dir == RX { "rx" } else { "tx" }
+                );
+                return Ok(CtrlOutcome::Done(None));
+            }
+            CtrlCommand::GetCoalescing(dir) => {
+                c.coalescing_gets += 1;
+                let bounds = self.guest_coalescing[dir & 1]
+                    .unwrap_or(self.tuning_shared.load().interrupt_coalescing);
+                let mut reply = [0u8; 8];
+                reply[..4].copy_from_slice(&u32::from(bounds.max_packets).to_le_bytes());
+                reply[4..].copy_from_slice(&bounds.max_usecs.to_le_bytes());
+                return Ok(CtrlOutcome::Done(Some(reply)));
+            }
+            CtrlCommand::SetPairs(pairs) => {
+                c.mq_pairs_sets += 1;
+                self.tuning_shared.set_active_pairs(usize::from(pairs));
+                self.tuning_shared.notify_except(0);
+                info!(
+                    "virtio-net {}: the driver set {pairs} queue pair(s)",
+                    self.label
+                );
+                return Ok(CtrlOutcome::Done(None));
+            }
+        }
+        debug!(
+            "virtio-net {}: receive filter {:?} recorded (a tap does not filter)",
+            self.label, self.rx_filter
+        );
+        Ok(CtrlOutcome::Done(None))
+    }
+}

@@ -1,0 +1,273 @@
+//! Pacing: the rate limiters' throttles, interrupt moderation and its timer, the device
+//! busy-poll, and the run-time tuning that sets them.
+
+use super::*;
+
+impl Throttle {
+    pub(super) fn new() -> io::Result<Throttle> {
+        Ok(Throttle {
+            timer: nonblocking_timerfd()?,
+            since: None,
+        })
+    }
+
+    pub(super) fn is_on(&self) -> bool {
+        self.since.is_some()
+    }
+
+    /// Stops the queue for `wait` (the timer fires then).
+    pub(super) fn start(&mut self, wait: Duration) -> Result<(), WorkerError> {
+        self.since = Some(Instant::now());
+        self.timer
+            .reset(wait.max(MIN_THROTTLE), None)
+            .map_err(|e| WorkerError::Timer(io_err(e)))
+    }
+
+    /// Ends the stop (timer read and disarmed); returns how long it lasted, in µs.
+    pub(super) fn end(&mut self) -> Result<u64, WorkerError> {
+        let _ = self.timer.wait();
+        self.timer
+            .clear()
+            .map_err(|e| WorkerError::Timer(io_err(e)))?;
+        Ok(self
+            .since
+            .take()
+            .map_or(0, |since| since.elapsed().as_micros() as u64))
+    }
+
+    /// Forgets any stop, so that nothing fires into the next run.
+    pub(super) fn reset(&mut self) {
+        self.since = None;
+        let _ = self.timer.clear();
+    }
+}
+
+/// A non-blocking monotonic timerfd.
+pub(super) fn nonblocking_timerfd() -> io::Result<TimerFd> {
+    // SAFETY: timerfd_create takes no pointers; the result is checked before use.
+    let fd = unsafe {
+        libc::timerfd_create(
+            libc::CLOCK_MONOTONIC,
+            libc::TFD_NONBLOCK | libc::TFD_CLOEXEC,
+        )
+    };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: `fd` is a fresh timerfd that nothing else owns; TimerFd closes it on drop.
+    Ok(unsafe { TimerFd::from_raw_fd(fd) })
+}
+
+/// What a busy-poll window found.
+pub(super) enum Found {
+    /// Nothing before the window ended.
+    Nothing,
+    /// The driver queued tx frames.
+    Tx,
+    /// The driver posted rx buffers while rx waited for some.
+    Rx,
+    /// An epoll source is ready (backend input, a kick, a timer, a command).
+    Event,
+}
+
+/// Shortest throttle timer: a zero duration would disarm a timerfd.
+const MIN_THROTTLE: Duration = Duration::from_micros(1);
+
+impl<'p, B: NetBackend> EventLoop<'p, B> {
+    /// End of a round: one interrupt for everything completed (now, or held back by
+    /// coalescing until its packet or time bound), counters published once.
+    pub(super) fn flush(&mut self) -> Result<(), WorkerError> {
+        let completed = [self.rx_counters.frames, self.tx_counters.frames];
+        let moderation = self.moderator.end_round(completed, Instant::now);
+        self.apply(moderation)?;
+        self.publish();
+        Ok(())
+    }
+
+    /// The coalescing timer fired: a held interrupt goes out now.
+    pub(super) fn timer_expired(&mut self) -> Result<(), WorkerError> {
+        match self.parts.timer.wait() {
+            Ok(_) => {}
+            // Disarmed (by a packet release) after it fired: nothing to do.
+            Err(e) if e.errno() == libc::EAGAIN => return Ok(()),
+            Err(e) => return Err(WorkerError::Timer(io_err(e))),
+        }
+        let moderation = self.moderator.timer_fired();
+        self.apply(moderation)
+    }
+
+    /// Picks up new knobs; an interrupt held under bounds that no longer apply goes out now,
+    /// and a queue stopped by a limiter that changed resumes under the new one.
+    pub(super) fn retune(&mut self) -> Result<(), WorkerError> {
+        let tuning = self.tuning_shared.load();
+        self.tx.set_budget(tuning.tx_budget.into());
+        self.rx.set_sparse_reads(tuning.rx_sparse_reads);
+        // A parked queue under a window now zero is unparked by the next busy_poll.
+        self.busy_poll = Duration::from_micros(tuning.busy_poll_us.into());
+        let generation = self.tuning_shared.operator_coalescing();
+        if self.pair != 0 {
+            // Pair 0 decides between the operator's and the guest's, and wakes the others.
+            self.guest_coalescing = [self.tuning_shared.guest(RX), self.tuning_shared.guest(TX)];
+        } else if generation != self.operator_coalescing_seen {
+            // The operator set the coalescing after the guest: the last one set wins.
+            self.operator_coalescing_seen = generation;
+            if self.guest_coalescing != [None, None] {
+                info!(
+                    "virtio-net {}: the operator's interrupt coalescing replaces the guest's",
+                    self.label
+                );
+                self.guest_coalescing = [None, None];
+                self.tuning_shared.set_guest(RX, None);
+                self.tuning_shared.set_guest(TX, None);
+                self.tuning_shared.notify_except(0);
+            }
+        }
+        let coalescing = self.coalescing(tuning.interrupt_coalescing);
+        let moderation = self.moderator.retune(tuning.event_idx, coalescing);
+        self.apply(moderation)?;
+        if self.apply_limiters() {
+            if self.parts.tx_throttle.is_on() {
+                self.unthrottle_tx()?;
+                self.run_tx()?;
+            }
+            if self.parts.rx_throttle.is_on() {
+                self.unthrottle_rx()?;
+                self.run_rx()?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The coalescing in force: the operator's (`Shared`), unless the guest set a direction.
+    pub(super) fn coalescing(&self, operator: InterruptCoalescing) -> Coalescing {
+        match self.guest_coalescing {
+            [None, None] => Coalescing::Shared(operator),
+            [rx, tx] => Coalescing::Split([rx.unwrap_or(operator), tx.unwrap_or(operator)]),
+        }
+    }
+
+    /// Installs the rate limiters if they changed; returns whether they did.
+    pub(super) fn apply_limiters(&mut self) -> bool {
+        let limiters = self.tuning_shared.limiters();
+        if limiters.generation == self.limiter_generation {
+            return false;
+        }
+        self.limiter_generation = limiters.generation;
+        self.rx.set_rate_limiter(&limiters.rx);
+        self.tx.set_rate_limiter(&limiters.tx);
+        if self.pair == 0 {
+            // Each pair applies the same buckets (its own); one line for the device.
+            info!(
+                "virtio-net {}: rate limiters rx {:?}, tx {:?}",
+                self.label, limiters.rx, limiters.tx
+            );
+        }
+        true
+    }
+
+    /// The tx queue may go again: account the time it was stopped.
+    pub(super) fn unthrottle_tx(&mut self) -> Result<(), WorkerError> {
+        self.tx_counters.rate_limiter_throttled_us += self.parts.tx_throttle.end()?;
+        Ok(())
+    }
+
+    /// The backend may be read again: account the time it was not.
+    pub(super) fn unthrottle_rx(&mut self) -> Result<(), WorkerError> {
+        self.rx_counters.rate_limiter_throttled_us += self.parts.rx_throttle.end()?;
+        self.update_backend_interest().map_err(WorkerError::Epoll)
+    }
+
+    /// Carries out the moderator's decision on the timer and the irqfd.
+    pub(super) fn apply(&mut self, moderation: Moderation) -> Result<(), WorkerError> {
+        let timer = match moderation.timer {
+            TimerOp::Keep => Ok(()),
+            TimerOp::Arm(after) => self.parts.timer.reset(after, None),
+            TimerOp::Clear => self.parts.timer.clear(),
+        };
+        timer.map_err(|e| WorkerError::Timer(io_err(e)))?;
+        if moderation.signal {
+            // This pair's queues that wanted it (their MSI-X vectors; the one line on mmio).
+            let (rx, tx) = (2 * self.pair, 2 * self.pair + 1);
+            match self.moderator.take_wanted() {
+                [true, false] => self.interrupt.signal_queue(rx),
+                [false, true] => self.interrupt.signal_queue(tx),
+                _ => self.interrupt.signal_queue_pair(rx, tx),
+            }
+            .map_err(WorkerError::Interrupt)?;
+            self.metrics.irqfd_signals.add(1);
+        }
+        Ok(())
+    }
+
+    /// The device busy-poll: the queues are drained, tx notifications are still off and the
+    /// round's interrupt is out. Spins on the tx avail index (and the rx avail index while rx
+    /// waits for buffers) for up to the window, looking at epoll every few microseconds for
+    /// backend input and the other events. Work found is done at once and the window starts
+    /// again; an event ready returns to the loop (which does not sleep, then comes back);
+    /// a window that ends with nothing re-enables notifications (re-checking the race) so
+    /// the loop can sleep.
+    pub(super) fn busy_poll(&mut self) -> Result<(), WorkerError> {
+        /// Spins between two looks at epoll and the clock (~1-3 µs).
+        const SPINS_PER_CHECK: u32 = 64;
+        let mut ready = [EpollEvent::default(); 1];
+        while self.tx_parked {
+            if self.busy_poll.is_zero() {
+                return self.unpark_tx();
+            }
+            let start = Instant::now();
+            self.poll_counters.polls += 1;
+            let mut spins = 0u32;
+            let found = loop {
+                if self.tx.avail_pending() {
+                    break Found::Tx;
+                }
+                if self.rx_paused && !self.backend_gone && self.rx.avail_pending() {
+                    break Found::Rx;
+                }
+                spins += 1;
+                if spins.is_multiple_of(SPINS_PER_CHECK) {
+                    match self.epoll.wait(0, &mut ready) {
+                        Ok(0) => {}
+                        Ok(_) => break Found::Event,
+                        Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                        Err(e) => return Err(WorkerError::Epoll(e)),
+                    }
+                    if start.elapsed() >= self.busy_poll {
+                        break Found::Nothing;
+                    }
+                }
+                std::hint::spin_loop();
+            };
+            self.polled_ns += u64::try_from(start.elapsed().as_nanos()).unwrap_or(u64::MAX);
+            match found {
+                Found::Nothing => return self.unpark_tx(),
+                Found::Event => {
+                    self.poll_counters.found_work += 1;
+                    self.events_pending = true;
+                    return Ok(());
+                }
+                Found::Tx => {
+                    self.poll_counters.found_work += 1;
+                    self.run_tx()?;
+                }
+                Found::Rx => {
+                    self.poll_counters.found_work += 1;
+                    self.resume_rx()?;
+                }
+            }
+            self.flush()?;
+            if self.tx_more {
+                // Budget spent: the loop looks at its other events, then runs tx again.
+                return Ok(());
+            }
+        }
+        Ok(())
+    }
+
+    /// Ends a busy-poll: notifications back on (with the race re-checked and anything that
+    /// raced in sent), and this round's interrupt.
+    pub(super) fn unpark_tx(&mut self) -> Result<(), WorkerError> {
+        self.run_tx_parking(false)?;
+        self.flush()
+    }
+}
