@@ -426,17 +426,7 @@ impl Vmm {
     }
 }
 
-/// The error and its causes on one line.
-pub fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut msg = e.to_string();
-    let mut source = e.source();
-    while let Some(s) = source {
-        msg.push_str(": ");
-        msg.push_str(&s.to_string());
-        source = s.source();
-    }
-    msg
-}
+pub use devices::error_chain;
 
 fn io_err(e: vmm_sys_util::errno::Error) -> io::Error {
     io::Error::from_raw_os_error(e.errno())

@@ -14,6 +14,18 @@ pub mod pci_bus;
 pub mod test_utils;
 pub mod virtio;
 
+/// An error and its causes on one line (`error: cause: root cause`), for logs and messages.
+pub fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
+}
+
 /// A device that answers guest accesses to an address range (port I/O or MMIO).
 ///
 /// `offset` is relative to the start of the range the device was registered at. The bus never

@@ -20,6 +20,7 @@ use std::sync::Arc;
 use log::{error, warn};
 
 use super::{ActivationContext, QueueResetState, VirtioDevice, VirtioInterrupt};
+use crate::error_chain;
 
 /// The status bits the driver sets, in the order it must set them.
 pub(crate) const STATUS_STEPS: [u32; 4] = [
@@ -128,18 +129,6 @@ pub(crate) fn check_features(
         return Err("VIRTIO_F_VERSION_1 not acknowledged (legacy drivers are unsupported)".into());
     }
     device.validate_features(acked).map_err(|e| e.to_string())
-}
-
-/// An error and its causes, joined for one log line.
-fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut text = e.to_string();
-    let mut source = e.source();
-    while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    text
 }
 
 /// Why the queues cannot be handed to the device.

@@ -30,7 +30,6 @@
 //! `pacing` holds the rate limiters' throttles, interrupt moderation and its timer, busy-poll
 //! and run-time tuning.
 
-use std::error::Error;
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, RawFd};
 use std::panic::{self, AssertUnwindSafe};
@@ -57,6 +56,7 @@ use super::tx::{TxQueue, TxStop};
 use super::BurstLog;
 use super::VNET_HDR_LEN;
 use crate::backend::{NetBackend, Offloads};
+use crate::error_chain;
 use crate::iovec::IovecList;
 use crate::virtio::ring::{InterruptDecision, RingError};
 use crate::virtio::vring::{Virtqueue, WalkBudget};
@@ -963,16 +963,4 @@ fn drain(kick: &EventFd) -> Result<u64, WorkerError> {
 
 fn io_err(e: vmm_sys_util::errno::Error) -> io::Error {
     io::Error::from_raw_os_error(e.errno())
-}
-
-/// An error and its causes, joined for one log line.
-fn error_chain(e: &dyn Error) -> String {
-    let mut text = e.to_string();
-    let mut source = e.source();
-    while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    text
 }
