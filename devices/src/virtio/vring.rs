@@ -36,12 +36,12 @@ use virtio_bindings::virtio_ring::{
 };
 use virtio_queue::{Queue, QueueT};
 use vm_memory::{
-    GuestAddress, GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion, MemoryRegionAddress,
+    GuestAddress, GuestMemoryBackend, GuestMemoryError, GuestMemoryMmap, GuestMemoryRegion,
+    MemoryRegionAddress,
 };
 
 use super::chain::{ChainError, Direction};
-use super::ring::RingError;
-use crate::iovec::{IovecError, IovecList, MAX_IOVECS};
+use crate::iovec::{prefetch, IovecError, IovecList, MAX_IOVECS};
 
 /// Size of one descriptor.
 const DESC_SIZE: u64 = 16;
@@ -831,16 +831,31 @@ fn traverse_indirect<F: FnMut(&RawDesc) -> Result<(), ChainError>>(
     }
 }
 
-/// A cache prefetch hint; never faults, whatever the address.
-#[inline(always)]
-pub(crate) fn prefetch(p: *const u8) {
-    #[cfg(target_arch = "x86_64")]
-    // SAFETY: PREFETCHT0 is a hint: it neither faults nor changes memory, for any address.
-    unsafe {
-        std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(p.cast());
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = p;
+/// An error that leaves the ring unusable: the device must stop and ask for a reset.
+#[derive(Debug, thiserror::Error)]
+pub enum RingError {
+    /// The driver published more entries than the ring holds.
+    #[error("avail index jumped by more than the queue size")]
+    AvailIndexJump,
+    /// The driver put a head index ≥ queue size in the avail ring (it cannot be returned).
+    #[error("descriptor head index {0} is out of range")]
+    HeadOutOfRange(u16),
+    /// A ring is not aligned as the spec requires (16 / 2 / 4 bytes).
+    #[error("the {0} is misaligned")]
+    Misaligned(RingPart),
+    /// A ring does not lie inside one guest memory region.
+    #[error("the {0} is outside guest memory")]
+    OutsideMemory(RingPart),
+    /// The used ring overlaps a ring the device reads: every used entry would rewrite the
+    /// driver's side.
+    #[error("the used ring overlaps the {0}")]
+    Overlap(RingPart),
+    /// Any other virtio-queue failure (queue not ready, bad size, ...).
+    #[error("virtio queue access failed")]
+    Queue(#[source] virtio_queue::Error),
+    /// Resolving guest memory failed.
+    #[error("guest memory access to the ring failed")]
+    Memory(#[source] GuestMemoryError),
 }
 
 /// Reads a descriptor at any alignment (indirect tables need not be aligned).
