@@ -2,7 +2,6 @@
 //! in a network namespace the harness creates and removes (`devices::test_utils::netns`).
 
 use std::io;
-use std::os::fd::AsRawFd;
 use std::os::fd::{OwnedFd, RawFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -99,21 +98,8 @@ pub fn wait_writable(fd: RawFd, ms: i32) -> bool {
 /// An AF_PACKET socket bound to interface `ifname` (call inside the interface's namespace):
 /// what it sends goes out of the interface, what the interface carries it receives.
 pub fn packet_socket(ifname: &str) -> io::Result<OwnedFd> {
-    let fd = OwnedFd::from(PacketSocket::open(ifname, libc::ETH_P_ALL as u16)?);
+    let sock = PacketSocket::open(ifname, libc::ETH_P_ALL as u16)?;
     // Only frames the device sends count as received (an echo peer's window depends on it).
-    let one: libc::c_int = 1;
-    // SAFETY: setsockopt reads size_of::<c_int>() bytes from `one`, which lives for the call.
-    let rc = unsafe {
-        libc::setsockopt(
-            fd.as_raw_fd(),
-            libc::SOL_PACKET,
-            libc::PACKET_IGNORE_OUTGOING,
-            (&one as *const libc::c_int).cast(),
-            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-        )
-    };
-    if rc != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(fd)
+    sock.ignore_outgoing()?;
+    Ok(OwnedFd::from(sock))
 }

@@ -16,27 +16,20 @@ use std::sync::Arc;
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
+use devices::backend::{test_frame_header, SOURCE_HEADER_LEN as HEADER_LEN};
 use devices::test_utils::link::PacketSocket;
 
 /// Frames per `sendmmsg`.
 pub const BATCH: usize = 32;
 /// The source MAC of injected frames (locally administered).
 pub const INJECTOR_MAC: [u8; 6] = [0x02, 0x1e, 0x5e, 0x00, 0x00, 0x01];
-/// The EtherType of test frames.
-const ETHERTYPE: u16 = 0x88b5;
-/// Bytes before the payload ramp: MACs, EtherType, sequence number, length.
-const HEADER_LEN: usize = 20;
 
 /// Writes the driver guest's test frame `seq` (its `frames` module's layout) into `out`: `dst`,
 /// [`INJECTOR_MAC`], EtherType 0x88b5, `seq` (u32 LE), the length (u16 LE), then byte `i` =
 /// `(seq + i) as u8`. `out` is 20..=65535 bytes.
 pub fn guest_test_frame(out: &mut [u8], dst: [u8; 6], seq: u32) {
     let len = out.len().clamp(HEADER_LEN, usize::from(u16::MAX)) as u16;
-    out[0..6].copy_from_slice(&dst);
-    out[6..12].copy_from_slice(&INJECTOR_MAC);
-    out[12..14].copy_from_slice(&ETHERTYPE.to_be_bytes());
-    out[14..18].copy_from_slice(&seq.to_le_bytes());
-    out[18..20].copy_from_slice(&len.to_le_bytes());
+    out[..HEADER_LEN].copy_from_slice(&test_frame_header(dst, INJECTOR_MAC, seq, len));
     for (i, b) in out.iter_mut().enumerate().skip(HEADER_LEN) {
         *b = (seq as usize).wrapping_add(i) as u8;
     }
@@ -70,20 +63,7 @@ impl Injector {
     /// Starts injecting `frame_size`-byte test frames addressed to `dst` through `sock` (a
     /// packet socket bound to the tap, opened in the tap's namespace).
     pub fn start(sock: PacketSocket, dst: [u8; 6], frame_size: usize) -> io::Result<Injector> {
-        let on: libc::c_int = 1;
-        // SAFETY: `on` is a c_int living across the call and its size is passed.
-        let ret = unsafe {
-            libc::setsockopt(
-                sock.as_raw_fd(),
-                libc::SOL_PACKET,
-                libc::PACKET_QDISC_BYPASS,
-                (&on as *const libc::c_int).cast(),
-                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-            )
-        };
-        if ret != 0 {
-            return Err(io::Error::last_os_error());
-        }
+        sock.bypass_qdisc()?;
         let stop = Arc::new(AtomicBool::new(false));
         let sent = Arc::new(AtomicU64::new(0));
         let (s, n) = (stop.clone(), sent.clone());
@@ -176,6 +156,7 @@ fn inject(sock: &PacketSocket, dst: [u8; 6], size: usize, stop: &AtomicBool, sen
 #[cfg(test)]
 mod tests {
     use super::*;
+    use devices::backend::TEST_ETHERTYPE as ETHERTYPE;
 
     /// Through a real tap (root): what its fd reads are the injector's frames, numbered in
     /// order (gaps only where the tap dropped), every byte as generated.

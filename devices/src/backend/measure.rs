@@ -44,6 +44,24 @@ pub const MAX_SOURCE_FRAME: usize = 9014;
 /// The source MAC of generated frames (locally administered).
 pub const SOURCE_MAC: [u8; 6] = [0x02, 0x53, 0x52, 0x43, 0x00, 0x01];
 
+/// The first [`SOURCE_HEADER_LEN`] bytes of test frame `seq`, `len` bytes long (the driver
+/// guest's layout): `dst`, `src`, EtherType 0x88b5, `seq` (u32 LE), `len` (u16 LE). Byte
+/// `i ≥ 20` of the frame is then `(seq + i) as u8`.
+pub fn test_frame_header(
+    dst: [u8; 6],
+    src: [u8; 6],
+    seq: u32,
+    len: u16,
+) -> [u8; SOURCE_HEADER_LEN] {
+    let mut h = [0u8; SOURCE_HEADER_LEN];
+    h[0..6].copy_from_slice(&dst);
+    h[6..12].copy_from_slice(&src);
+    h[12..14].copy_from_slice(&TEST_ETHERTYPE.to_be_bytes());
+    h[14..18].copy_from_slice(&seq.to_le_bytes());
+    h[18..20].copy_from_slice(&len.to_le_bytes());
+    h
+}
+
 /// Readiness an eventfd's counter encodes (see the module docs).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Ready {
@@ -229,12 +247,8 @@ impl SourceBackend {
     pub fn new(dst: [u8; 6], len: usize) -> io::Result<SourceBackend> {
         validate_source_frame(len).map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
         let mut header = [0u8; VNET_HDR + SOURCE_HEADER_LEN];
-        let frame = &mut header[VNET_HDR..];
-        frame[0..6].copy_from_slice(&dst);
-        frame[6..12].copy_from_slice(&SOURCE_MAC);
-        frame[12..14].copy_from_slice(&TEST_ETHERTYPE.to_be_bytes());
-        // `len` ≤ 9014 (validated).
-        frame[18..20].copy_from_slice(&(len as u16).to_le_bytes());
+        // `len` ≤ 9014 (validated); the sequence number is patched in per frame.
+        header[VNET_HDR..].copy_from_slice(&test_frame_header(dst, SOURCE_MAC, 0, len as u16));
         Ok(SourceBackend {
             ready: ReadyFd::new(Ready::Both)?,
             header,

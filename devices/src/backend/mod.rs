@@ -20,8 +20,8 @@ use std::os::fd::{AsRawFd, RawFd};
 
 pub use link::LinkWatch;
 pub use measure::{
-    validate_source_frame, FrameSizeError, LoopBackend, SinkBackend, SourceBackend, LOOP_CAPACITY,
-    MAX_SOURCE_FRAME, SOURCE_HEADER_LEN, SOURCE_MAC, TEST_ETHERTYPE,
+    test_frame_header, validate_source_frame, FrameSizeError, LoopBackend, SinkBackend,
+    SourceBackend, LOOP_CAPACITY, MAX_SOURCE_FRAME, SOURCE_HEADER_LEN, SOURCE_MAC, TEST_ETHERTYPE,
 };
 pub use null::NullBackend;
 pub use pair::{PairBackend, PairPeer, DEFAULT_PEER_TIMEOUT};

@@ -108,13 +108,24 @@ impl PacketSocket {
     /// (`PACKET_IGNORE_OUTGOING`, Linux 4.20): a peer that only wants what comes back does
     /// half the receives.
     pub fn ignore_outgoing(&self) -> io::Result<()> {
+        self.set_flag(libc::PACKET_IGNORE_OUTGOING)
+    }
+
+    /// Sends straight to the interface's driver, past the qdisc (`PACKET_QDISC_BYPASS`): what a
+    /// batched injector wants.
+    pub fn bypass_qdisc(&self) -> io::Result<()> {
+        self.set_flag(libc::PACKET_QDISC_BYPASS)
+    }
+
+    /// Turns on the `SOL_PACKET` option `option` (an int flag).
+    fn set_flag(&self, option: libc::c_int) -> io::Result<()> {
         let on: libc::c_int = 1;
         // SAFETY: `on` is a c_int living across the call and its size is passed.
         let ret = unsafe {
             libc::setsockopt(
                 self.fd.as_raw_fd(),
                 libc::SOL_PACKET,
-                libc::PACKET_IGNORE_OUTGOING,
+                option,
                 (&on as *const libc::c_int).cast(),
                 std::mem::size_of::<libc::c_int>() as libc::socklen_t,
             )
