@@ -70,6 +70,11 @@ pub struct Config {
     /// [`crate::VirtioNet::set_promisc`]. Off by default: with CTRL_RX negotiated the receive
     /// filter becomes the driver's to program, which this driver does only when asked.
     pub ctrl_rx: bool,
+    /// Also negotiate VIRTIO_NET_F_DEVICE_STATS (with `ctrl_vq`), for
+    /// [`crate::VirtioNet::query_stats`] and [`crate::VirtioNet::get_stats`]: the device's own
+    /// per-queue counters, read over the control queue. On by default (it changes nothing on
+    /// the datapath).
+    pub device_stats: bool,
     /// Queue pairs to drive (1..=[`MAX_QUEUE_PAIRS`]). With more than one the driver
     /// negotiates VIRTIO_NET_F_MQ (which needs `ctrl_vq`), sets up that many rx/tx pairs (rx
     /// `2i`, tx `2i + 1`; the control queue at `2 * max_virtqueue_pairs`) and enables them
@@ -94,6 +99,7 @@ impl Default for Config {
             csum: false,
             ctrl_vq: true,
             ctrl_rx: false,
+            device_stats: true,
             queue_pairs: 1,
         }
     }

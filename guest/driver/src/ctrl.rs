@@ -1,7 +1,8 @@
 //! The control virtqueue (VIRTIO_NET_F_CTRL_VQ, virtio 1.2 §5.1.6.5): synchronous commands
 //! ([`crate::VirtioNet::control`]) and typed helpers for notification coalescing
 //! (VIRTIO_NET_F_NOTF_COAL, VIRTIO_NET_F_VQ_NOTF_COAL) and the receive mode
-//! (VIRTIO_NET_F_CTRL_RX).
+//! (VIRTIO_NET_F_CTRL_RX); the device statistics (VIRTIO_NET_F_DEVICE_STATS) are in
+//! [`crate::stats`].
 //!
 //! A command is one descriptor chain, laid out as Linux's `virtnet_send_command` lays it out:
 //! the device-readable header `{u8 class; u8 command}`, the device-readable command data (if
@@ -353,7 +354,7 @@ impl<H: Hal, T: Transport> VirtioNet<H, T> {
         }
     }
 
-    fn require(&self, feature: u64, name: &'static str) -> Result<(), CtrlError> {
+    pub(crate) fn require(&self, feature: u64, name: &'static str) -> Result<(), CtrlError> {
         if self.features & NET_F_CTRL_VQ != 0 && self.features & feature != 0 {
             Ok(())
         } else {

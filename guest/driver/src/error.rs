@@ -263,6 +263,12 @@ pub enum CtrlError {
     /// The device broke the control queue (a used entry that is not the command in flight, or
     /// a used index past the ring); counted in `device_errors`.
     Device,
+    /// STATS GET asked for no type, or for a type this driver cannot parse (outside
+    /// [`crate::stats::StatsTypes::PARSED`]); nothing was sent.
+    UnsupportedStats(u64),
+    /// The device acknowledged STATS GET with VIRTIO_NET_OK but its reply is malformed (a
+    /// block of the wrong type, queue or size); none of it is used.
+    BadStatsReply(crate::stats::StatsReplyError),
     /// VQ_PAIRS_SET with a pair count outside 1..=the pairs the driver set up.
     QueuePairs {
         /// Pairs asked for.
@@ -291,6 +297,12 @@ impl fmt::Display for CtrlError {
                 "control reply of {len} bytes written (expected {expected} with the ack)"
             ),
             CtrlError::Device => write!(f, "the device broke the control queue"),
+            CtrlError::UnsupportedStats(types) => write!(
+                f,
+                "statistics types {types:#x} cannot be asked for (this driver parses CVQ, \
+                 RX_BASIC, RX_SPEED, TX_BASIC and TX_SPEED)"
+            ),
+            CtrlError::BadStatsReply(e) => write!(f, "malformed device statistics: {e}"),
             CtrlError::QueuePairs { wanted, pairs } => write!(
                 f,
                 "{wanted} queue pairs asked for (the driver set up {pairs})"

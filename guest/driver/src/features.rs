@@ -31,10 +31,14 @@ pub const F_RING_RESET: u64 = 1 << 40;
 /// CTRL_VQ).
 pub const NET_F_VQ_NOTF_COAL: u64 = 1 << 52;
 
+/// Control class STATS: QUERY and GET, the device's per-queue counters (requires CTRL_VQ).
+pub const NET_F_DEVICE_STATS: u64 = 1 << 50;
+
 /// The features the driver acknowledges out of `offered` under `config`: VERSION_1, MAC,
 /// STATUS, RING_RESET (harmless if never used: it only adds a register), and EVENT_IDX, MRG_RXBUF, CSUM as `config` says; with `config.ctrl_vq` the control
-/// queue (CTRL_VQ) with NOTF_COAL and VQ_NOTF_COAL, and CTRL_RX if `config.ctrl_rx` too (each
-/// only if CTRL_VQ is offered: the spec makes them depend on it); with `config.queue_pairs` > 1
+/// queue (CTRL_VQ) with NOTF_COAL and VQ_NOTF_COAL, CTRL_RX if `config.ctrl_rx` too and
+/// DEVICE_STATS if `config.device_stats` (each only if CTRL_VQ is offered: the spec makes them
+/// depend on it); with `config.queue_pairs` > 1
 /// also MQ (likewise only with CTRL_VQ). Nothing else (no indirect
 /// descriptors, no receive offloads: received frames never carry partial checksums).
 pub fn acknowledged(offered: u64, config: &Config) -> u64 {
@@ -52,6 +56,9 @@ pub fn acknowledged(offered: u64, config: &Config) -> u64 {
         wanted |= NET_F_CTRL_VQ | NET_F_NOTF_COAL | NET_F_VQ_NOTF_COAL;
         if config.ctrl_rx {
             wanted |= NET_F_CTRL_RX;
+        }
+        if config.device_stats {
+            wanted |= NET_F_DEVICE_STATS;
         }
         if config.queue_pairs > 1 {
             wanted |= NET_F_MQ;

@@ -21,7 +21,8 @@
 //! size, EVENT_IDX and mergeable rx buffers on or off, plus an AF_XDP-style zero-copy transmit
 //! path over a caller-owned umem ([`xsk`]) and plain counters ([`Counters`]). Devices that
 //! offer a control queue get synchronous control commands, notification coalescing set from
-//! the guest among them ([`ctrl`]); devices that offer multiqueue get several queue pairs
+//! the guest among them ([`ctrl`]), and the device's own per-queue counters ([`stats`]);
+//! devices that offer multiqueue get several queue pairs
 //! ([`Config::queue_pairs`], [`mq`]), the datapath acting on the pair selected with
 //! [`VirtioNet::select_pair`] or [`VirtioNet::on_pair`].
 //! Devices that offer VIRTIO_F_RING_RESET get per-queue reset ([`reset`]).
@@ -74,6 +75,7 @@ pub mod reset;
 mod ring;
 mod rx;
 pub mod spsc;
+pub mod stats;
 pub mod transport;
 mod tx;
 pub mod xdp;
@@ -95,6 +97,7 @@ pub use net::{IrqStatus, QueueId, Rearm, VirtioNet};
 pub use pci::{PciError, PciTransport};
 pub use reset::{QueueResetError, QueueResetReport, ResetCounters};
 pub use ring::vring_need_event;
+pub use stats::{DeviceStats, StatsReplyError, StatsTypes};
 pub use transport::{MmioRegisters, MmioTransport, QueueSetup, Transport};
 pub use tx::TxBatch;
 pub use xdp::XdpAction;

@@ -245,6 +245,12 @@ pub(crate) struct CtrlDevice {
     pub(crate) max_pairs: u16,
     /// Pairs enabled by the last VQ_PAIRS_SET (1 before any).
     pub(crate) pairs_set: u16,
+    /// Commands answered VIRTIO_NET_OK (STATS CVQ's `ok_num`).
+    pub(crate) oks: u64,
+    /// STATS QUERY's answer (the spec's mask of this project's device by default).
+    pub(crate) stats_supported: u64,
+    /// Applied to every STATS GET reply before it is written (to fake a malformed one).
+    pub(crate) stats_tamper: Option<fn(&mut Vec<u8>)>,
 }
 
 /// The NOTF_COAL/RX constants, spelled out from the spec (not from `ctrl.rs`).
@@ -300,6 +306,66 @@ impl CtrlDevice {
         }
     }
 
+    /// STATS QUERY and GET, written from the spec: a GET entry's blocks in ascending bit
+    /// order, each `{type, 0, vq_index, 0, size}` and its counters; counter `i` of type `t` of
+    /// queue `q` is `q << 16 | t << 8 | i` (CVQ: the real command counts). `room`: the reply
+    /// bytes the chain offers (ack excluded), which must be exactly the blocks' size.
+    pub(crate) fn stats(&mut self, cmd: u8, data: &[u8], room: usize) -> (u8, Vec<u8>) {
+        match (cmd, data.len()) {
+            (0, 0) if room == 8 => (OK, self.stats_supported.to_le_bytes().to_vec()),
+            (1, n) if n > 0 && n % 16 == 0 => {
+                let ctrl_index = self.q.index;
+                let data_queues = if ctrl_index == 2 { 2 } else { ctrl_index };
+                let mut reply = Vec::new();
+                for entry in data.chunks(16) {
+                    let vq = u16::from_le_bytes([entry[0], entry[1]]);
+                    let types = u64::from_le_bytes(entry[8..].try_into().expect("8 bytes"));
+                    if types == 0 || types & !self.stats_supported != 0 {
+                        return (ERR, Vec::new());
+                    }
+                    for bit in (0..64u8).filter(|b| types & (1 << b) != 0) {
+                        let (fits, counters) = match bit {
+                            32 => (vq == ctrl_index, 2),
+                            0 | 3 => (
+                                vq < data_queues && vq % 2 == 0,
+                                if bit == 0 { 6 } else { 2 },
+                            ),
+                            16 | 19 => (
+                                vq < data_queues && vq % 2 == 1,
+                                if bit == 16 { 6 } else { 2 },
+                            ),
+                            _ => (false, 0),
+                        };
+                        if !fits {
+                            return (ERR, Vec::new());
+                        }
+                        let size = 8 + 8 * counters as u16;
+                        reply.extend_from_slice(&[bit, 0]);
+                        reply.extend_from_slice(&vq.to_le_bytes());
+                        reply.extend_from_slice(&[0, 0]);
+                        reply.extend_from_slice(&size.to_le_bytes());
+                        for i in 0..counters {
+                            let value = if bit == 32 {
+                                [self.log.len() as u64, self.oks][i]
+                            } else {
+                                u64::from(vq) << 16 | u64::from(bit) << 8 | i as u64
+                            };
+                            reply.extend_from_slice(&value.to_le_bytes());
+                        }
+                    }
+                }
+                if reply.len() != room {
+                    return (ERR, Vec::new());
+                }
+                if let Some(tamper) = self.stats_tamper {
+                    tamper(&mut reply);
+                }
+                (OK, reply)
+            }
+            _ => (ERR, Vec::new()),
+        }
+    }
+
     /// Answers `chain`: reply then ack into its device-writable buffers, in order.
     fn answer(&mut self, chain: &Chain) {
         let readable: Vec<u8> = chain
@@ -329,6 +395,8 @@ impl CtrlDevice {
             CtrlBehaviour::Model | CtrlBehaviour::ShortLen | CtrlBehaviour::Silent => {
                 if readable.len() < 2 || room < 1 {
                     (ERR, Vec::new())
+                } else if readable[0] == 8 {
+                    self.stats(readable[1], &readable[2..], room - 1)
                 } else {
                     self.model(readable[0], readable[1], &readable[2..])
                 }
@@ -340,6 +408,9 @@ impl CtrlDevice {
         } else {
             (ack, reply)
         };
+        if ack == OK {
+            self.oks += 1;
+        }
         let mut bytes = reply;
         bytes.resize(room - 1, 0);
         bytes.push(ack);
@@ -455,6 +526,9 @@ fn ctrl_from_regs(hal: &TestHal, regs: &Regs, behaviour: CtrlBehaviour) -> Optio
         suppress: false,
         max_pairs: u16::from_le_bytes([regs.config[8], regs.config[9]]),
         pairs_set: 1,
+        oks: 0,
+        stats_supported: (1 << 32) | (1 << 0) | (1 << 3) | (1 << 16) | (1 << 19),
+        stats_tamper: None,
     })
 }
 

@@ -8,6 +8,7 @@ mod pci;
 mod queue;
 mod reset;
 mod rx;
+mod stats;
 mod tx;
 mod xdp;
 mod xsk;
