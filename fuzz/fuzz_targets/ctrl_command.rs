@@ -8,16 +8,22 @@
 //! - a command is accepted only if CTRL_VQ-dependent features allow it: nothing is accepted
 //!   without a 2-byte header;
 //! - NOTF_COAL bounds accepted are within the device's limits (validate() holds);
-//! - a MAC address accepted is unicast and not zero.
+//! - a MAC address accepted is unicast and not zero;
+//! - a STATS GET accepted (class 8, with 1..=16 queue pairs) names only queues that exist, and
+//!   the reply the device then writes is exactly the reply space it accepted, block by block
+//!   with headers whose sizes add up.
 
 #![no_main]
 
-use devices::virtio::net::ctrl::{parse, CtrlCommand};
+use devices::virtio::net::ctrl::{parse_mq, CtrlCommand};
+use devices::virtio::net::metrics::NetMetrics;
+use devices::virtio::net::stats::{requests, write_reply};
 use libfuzzer_sys::fuzz_target;
 
-fuzz_target!(|input: (Vec<u8>, u32, u64)| {
-    let (readable, writable_len, acked) = input;
-    match parse(&readable[..], writable_len, acked) {
+fuzz_target!(|input: (Vec<u8>, u32, u64, u8)| {
+    let (readable, writable_len, acked, pairs) = input;
+    let pairs = u16::from(pairs % 16) + 1;
+    match parse_mq(&readable[..], writable_len, acked, pairs) {
         Ok(command) => {
             assert!(readable.len() >= 2);
             assert_eq!(writable_len, command.reply_len() + 1);
@@ -27,6 +33,25 @@ fuzz_target!(|input: (Vec<u8>, u32, u64)| {
                     assert!(bounds.validate().is_ok(), "{bounds:?}");
                 }
                 CtrlCommand::GetCoalescing(dir) => assert!(dir < 2),
+                CtrlCommand::GetStats {
+                    requests: n,
+                    reply_len,
+                } => {
+                    let metrics = NetMetrics::with_pairs(usize::from(pairs));
+                    let mut reply = Vec::new();
+                    let asked: Vec<_> = requests(&readable[..]).collect();
+                    assert_eq!(asked.len(), usize::from(n));
+                    assert!(asked.iter().all(|r| r.vq <= 2 * pairs));
+                    write_reply(&metrics, asked.into_iter(), &mut reply);
+                    assert_eq!(reply.len(), reply_len as usize);
+                    let mut at = 0;
+                    while at < reply.len() {
+                        let size = u16::from_le_bytes([reply[at + 6], reply[at + 7]]);
+                        assert!(size >= 8);
+                        at += usize::from(size);
+                    }
+                    assert_eq!(at, reply.len(), "block sizes add up to the reply");
+                }
                 CtrlCommand::MacAddr(mac) => {
                     let bytes = mac.bytes();
                     assert_eq!(bytes[0] & 1, 0);

@@ -28,10 +28,13 @@
 //!   `le32`): the interrupt coalescing of that direction, validated like the operator's knob
 //!   ([`InterruptCoalescing::from_guest`]). See `moderation::Coalescing::Split` for
 //!   how two directions share the one interrupt line.
+//! - **STATS** QUERY / GET (DEVICE_STATS): the device's counters, read from its metrics; the
+//!   wire format, the supported types and the checks are in [`super::stats`].
 
 use virtio_bindings::virtio_net::*;
 
 use super::config::MacAddr;
+use super::stats;
 use super::tuning::InterruptCoalescing;
 use crate::backend::Offloads;
 use crate::iovec::Iovecs;
@@ -52,6 +55,11 @@ pub const ACK_ERR: u8 = VIRTIO_NET_ERR as u8;
 const fn bit(feature: u32) -> u64 {
     1 << feature
 }
+
+/// Class STATS and its commands as the parser's match compares them.
+const STATS: u32 = stats::VIRTIO_NET_CTRL_STATS as u32;
+const STATS_QUERY: u32 = stats::VIRTIO_NET_CTRL_STATS_QUERY as u32;
+const STATS_GET: u32 = stats::VIRTIO_NET_CTRL_STATS_GET as u32;
 
 /// The guest offload feature bits GUEST_OFFLOADS_SET may carry.
 const GUEST_OFFLOAD_BITS: [(u32, Offloads); 5] = [
@@ -86,13 +94,24 @@ pub enum CtrlCommand {
     GetCoalescing(usize),
     /// MQ VQ_PAIRS_SET: the queue pairs the device must use (1..=max_virtqueue_pairs).
     SetPairs(u16),
+    /// STATS QUERY: the statistics types the device supports.
+    QueryStats,
+    /// STATS GET: `requests` validated requests (read again from the same bytes with
+    /// [`stats::requests`]) whose reply takes `reply_len` bytes.
+    GetStats {
+        /// Requests.
+        requests: u16,
+        /// Bytes of the reply.
+        reply_len: u32,
+    },
 }
 
 impl CtrlCommand {
     /// Bytes of reply the command writes before the ack.
     pub fn reply_len(&self) -> u32 {
         match self {
-            CtrlCommand::GetCoalescing(_) => 8,
+            CtrlCommand::GetCoalescing(_) | CtrlCommand::QueryStats => 8,
+            CtrlCommand::GetStats { reply_len, .. } => *reply_len,
             _ => 0,
         }
     }
@@ -200,12 +219,27 @@ pub fn parse(
 
 /// [`parse`] for a device with `max_pairs` queue pairs (its `max_virtqueue_pairs`): with
 /// VIRTIO_NET_F_MQ negotiated, MQ VQ_PAIRS_SET takes 1..=`max_pairs` and VQ_SET / VQ_GET
-/// any data queue (0..2 × `max_pairs`; even is rx, odd tx). Never panics.
+/// any data queue (0..2 × `max_pairs`; even is rx, odd tx), STATS GET those and the control
+/// queue after them. Never panics.
 pub fn parse_mq(
     readable: &(impl CtrlBytes + ?Sized),
     writable_len: u32,
     acked: u64,
     max_pairs: u16,
+) -> Result<CtrlCommand, CtrlError> {
+    let mq = acked & bit(VIRTIO_NET_F_MQ) != 0;
+    let ctrl_index = if mq { 2 * max_pairs.max(1) } else { 2 };
+    parse_at(readable, writable_len, acked, max_pairs, ctrl_index)
+}
+
+/// [`parse_mq`] for a device whose driver set up `max_pairs` queue pairs and whose control
+/// queue is `ctrl_index` (`2 × max_virtqueue_pairs` with MQ, else 2). Never panics.
+pub fn parse_at(
+    readable: &(impl CtrlBytes + ?Sized),
+    writable_len: u32,
+    acked: u64,
+    max_pairs: u16,
+    ctrl_index: u16,
 ) -> Result<CtrlCommand, CtrlError> {
     let [class, command] = read_array::<2>(readable, 0).ok_or(CtrlError::ShortHeader)?;
     let data_len = readable.total_len() - 2;
@@ -342,6 +376,26 @@ pub fn parse_mq(
         }
         // RSS_CONFIG, HASH_CONFIG: VIRTIO_NET_F_RSS / HASH_REPORT, not offered.
         (VIRTIO_NET_CTRL_MQ, 1 | 2) => return Err(not_negotiated),
+        (STATS, STATS_QUERY) => {
+            needs(stats::VIRTIO_NET_F_DEVICE_STATS)?;
+            exact(0)?;
+            CtrlCommand::QueryStats
+        }
+        (STATS, STATS_GET) => {
+            needs(stats::VIRTIO_NET_F_DEVICE_STATS)?;
+            let pairs = if acked & bit(VIRTIO_NET_F_MQ) != 0 {
+                max_pairs.max(1)
+            } else {
+                1
+            };
+            let queues = stats::StatsQueues { pairs, ctrl_index };
+            let (requests, reply_len) =
+                stats::parse_get(readable, data_len, queues, bad_length, out_of_range)?;
+            CtrlCommand::GetStats {
+                requests,
+                reply_len,
+            }
+        }
         _ => return Err(unsupported),
     };
     if writable_len != parsed.reply_len() + 1 {

@@ -20,6 +20,7 @@ use super::config::{MacAddr, NetConfig, NetConfigError};
 use super::ctrl::CTRL_QUEUE_SIZE;
 use super::metrics::NetMetrics;
 use super::rx::RxMode;
+use super::stats::VIRTIO_NET_F_DEVICE_STATS;
 use super::tuning::{NetTuning, TuningControl};
 use super::worker::{Activation, PairQueue, Shared, WorkerThread, WorkerThreadError};
 use super::{CTRL_QUEUE, NUM_QUEUES, RX_QUEUE, TX_QUEUE};
@@ -811,6 +812,12 @@ const FEATURE_DEPENDENCIES: &[(u32, &str, u32, &str)] = &[
         "CTRL_VQ",
     ),
     (VIRTIO_NET_F_MQ, "MQ", VIRTIO_NET_F_CTRL_VQ, "CTRL_VQ"),
+    (
+        VIRTIO_NET_F_DEVICE_STATS,
+        "DEVICE_STATS",
+        VIRTIO_NET_F_CTRL_VQ,
+        "CTRL_VQ",
+    ),
 ];
 
 /// The features offered in front of a backend supporting `offloads`.
@@ -826,7 +833,8 @@ pub fn offered_features(offloads: Offloads) -> u64 {
         | bit(VIRTIO_NET_F_CTRL_RX)
         | bit(VIRTIO_NET_F_CTRL_MAC_ADDR)
         | bit(VIRTIO_NET_F_NOTF_COAL)
-        | bit(VIRTIO_NET_F_VQ_NOTF_COAL);
+        | bit(VIRTIO_NET_F_VQ_NOTF_COAL)
+        | bit(VIRTIO_NET_F_DEVICE_STATS);
     if offloads.contains(Offloads::CSUM) {
         features |= bit(VIRTIO_NET_F_CSUM)
             | bit(VIRTIO_NET_F_GUEST_CSUM)

@@ -98,6 +98,12 @@ queue_metrics! {
         rate_limiter_bytes,
         /// Frames charged to the rate limiter.
         rate_limiter_frames,
+        /// Times the rate limiter's ops bucket held a frame back (the device statistic
+        /// `*_packets_allowance_exceeded`; the frame waits, it is not dropped).
+        rate_limiter_ops_exceeded,
+        /// Times the rate limiter's bandwidth bucket held a frame back
+        /// (`*_bytes_allowance_exceeded`).
+        rate_limiter_bandwidth_exceeded,
     }
 }
 
@@ -138,6 +144,12 @@ queue_metrics! {
         rate_limiter_bytes,
         /// Frames charged to the rate limiter.
         rate_limiter_frames,
+        /// Times the rate limiter's ops bucket held a frame back (the device statistic
+        /// `*_packets_allowance_exceeded`; the frame waits, it is not dropped).
+        rate_limiter_ops_exceeded,
+        /// Times the rate limiter's bandwidth bucket held a frame back
+        /// (`*_bytes_allowance_exceeded`).
+        rate_limiter_bandwidth_exceeded,
     }
 }
 
@@ -194,8 +206,27 @@ queue_metrics! {
         offloads_sets,
         /// MQ VQ_PAIRS_SET carried out (the active queue pairs).
         mq_pairs_sets,
+        /// STATS QUERY answered (VIRTIO_NET_F_DEVICE_STATS).
+        stats_queries,
+        /// STATS GET answered: the device's counters read by the driver.
+        stats_gets,
     }
 }
+
+macro_rules! throttled {
+    ($($counters:ident),*) => {$(
+        impl $counters {
+            /// Counts one frame the rate limiter held back, and the buckets that held it.
+            #[inline]
+            pub(crate) fn throttled(&mut self, blocked: super::rate_limiter::Blocked) {
+                self.rate_limiter_throttled += 1;
+                self.rate_limiter_ops_exceeded += u64::from(blocked.ops);
+                self.rate_limiter_bandwidth_exceeded += u64::from(blocked.bandwidth);
+            }
+        }
+    )*};
+}
+throttled!(RxCounters, TxCounters);
 
 /// One queue pair's datapath counters (multiqueue devices).
 #[derive(Debug, Default, Serialize)]

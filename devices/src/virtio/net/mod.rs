@@ -51,6 +51,7 @@ pub mod metrics;
 mod moderation;
 pub mod rate_limiter;
 pub mod rx;
+pub mod stats;
 pub mod tuning;
 pub mod tx;
 mod worker;

@@ -194,6 +194,18 @@ impl TokenBucket {
     }
 }
 
+/// Why a frame may not go yet: the wait, and which buckets ran dry (one frame held back counts
+/// against each, the `*_allowance_exceeded` device statistics).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Blocked {
+    /// Until both buckets can pay again.
+    pub wait: Duration,
+    /// The bandwidth (bytes) bucket is empty.
+    pub bandwidth: bool,
+    /// The ops (frames) bucket is empty.
+    pub ops: bool,
+}
+
 /// One direction's limiter: its enabled buckets.
 #[derive(Clone, Debug, Default)]
 pub struct RateLimiter {
@@ -218,11 +230,19 @@ impl RateLimiter {
 
     /// `None` when a frame may go now, else how long until both buckets can pay again.
     pub fn blocked_for(&mut self, now_ns: u64) -> Option<Duration> {
-        let waits = [&mut self.bandwidth, &mut self.ops]
-            .into_iter()
-            .flatten()
-            .filter_map(|b| b.blocked_for(now_ns));
-        waits.max()
+        self.blocked(now_ns).map(|b| b.wait)
+    }
+
+    /// `None` when a frame may go now, else how long until both buckets can pay again and
+    /// which of them ran dry.
+    pub fn blocked(&mut self, now_ns: u64) -> Option<Blocked> {
+        let bandwidth = self.bandwidth.as_mut().and_then(|b| b.blocked_for(now_ns));
+        let ops = self.ops.as_mut().and_then(|b| b.blocked_for(now_ns));
+        Some(Blocked {
+            wait: bandwidth.max(ops)?,
+            bandwidth: bandwidth.is_some(),
+            ops: ops.is_some(),
+        })
     }
 
     /// Pays for one frame of `bytes`.
@@ -293,13 +313,13 @@ impl Limit<'_> {
         self.limiter.is_enabled()
     }
 
-    /// How long until the next frame may go, if it may not now.
+    /// How long until the next frame may go and which buckets hold it, if it may not now.
     #[inline]
-    pub(crate) fn blocked_for(&mut self) -> Option<Duration> {
+    pub(crate) fn blocked(&mut self) -> Option<Blocked> {
         if !self.limiter.is_enabled() {
             return None;
         }
-        self.limiter.blocked_for(self.now)
+        self.limiter.blocked(self.now)
     }
 
     /// Pays for a frame of `bytes`; returns whether a limiter was charged.

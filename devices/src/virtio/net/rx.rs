@@ -396,9 +396,9 @@ impl<'g, B: NetBackend> Call<'_, 'g, '_, B> {
                 }
             }
             if LIMITED {
-                if let Some(wait) = self.limit.blocked_for() {
-                    counters.rate_limiter_throttled += 1;
-                    return Ok(RxStop::Throttled(wait));
+                if let Some(blocked) = self.limit.blocked() {
+                    counters.throttled(blocked);
+                    return Ok(RxStop::Throttled(blocked.wait));
                 }
             }
             let window = pool.window();

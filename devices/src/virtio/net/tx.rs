@@ -290,9 +290,9 @@ fn drain<'g, B: NetBackend, const LIMITED: bool>(
             return Ok(Some(TxStop::Budget));
         }
         if LIMITED {
-            if let Some(wait) = limit.blocked_for() {
-                counters.rate_limiter_throttled += 1;
-                return Ok(Some(TxStop::Throttled(wait)));
+            if let Some(blocked) = limit.blocked() {
+                counters.throttled(blocked);
+                return Ok(Some(TxStop::Throttled(blocked.wait)));
             }
         }
         let Some(head) = ring.pop_head()? else {

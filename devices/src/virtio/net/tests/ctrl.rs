@@ -675,3 +675,259 @@ fn a_command_in_an_indirect_table_is_handled() {
     assert_eq!(ctrl.read(ack, 1), [ACK_OK]);
     assert_eq!(vq_get(&rig, &mut ctrl, 1), (6, 700));
 }
+
+mod device_stats {
+    use super::*;
+    use crate::virtio::net::stats::{
+        SUPPORTED, TYPE_CVQ, TYPE_RX_BASIC, TYPE_RX_SPEED, TYPE_TX_BASIC, TYPE_TX_SPEED,
+        VIRTIO_NET_CTRL_STATS, VIRTIO_NET_CTRL_STATS_GET, VIRTIO_NET_CTRL_STATS_QUERY,
+        VIRTIO_NET_F_DEVICE_STATS,
+    };
+    use crate::virtio::net::{BucketConfig, RateLimiterConfig};
+
+    const STATS: u64 = ALL | bit(VIRTIO_NET_F_DEVICE_STATS);
+
+    fn get_data(requests: &[(u16, u64)]) -> Vec<u8> {
+        let mut data = Vec::new();
+        for &(vq, types) in requests {
+            data.extend_from_slice(&vq.to_le_bytes());
+            data.extend_from_slice(&[0; 6]);
+            data.extend_from_slice(&types.to_le_bytes());
+        }
+        data
+    }
+
+    /// One reply block: (type, vq, counters).
+    fn blocks(reply: &[u8]) -> Vec<(u8, u16, Vec<u64>)> {
+        let mut out = Vec::new();
+        let mut at = 0;
+        while at < reply.len() {
+            let size = usize::from(u16::from_le_bytes([reply[at + 6], reply[at + 7]]));
+            assert!(size >= 8 && at + size <= reply.len(), "block size {size}");
+            let counters = reply[at + 8..at + size]
+                .chunks(8)
+                .map(|c| u64::from_le_bytes(c.try_into().expect("8 bytes")))
+                .collect();
+            let vq = u16::from_le_bytes([reply[at + 2], reply[at + 3]]);
+            out.push((reply[at], vq, counters));
+            at += size;
+        }
+        out
+    }
+
+    #[test]
+    fn offered_and_needs_ctrl_vq() {
+        let mem = guest_mem();
+        let mut rig = rig(&mem);
+        let offered = rig.transport.device().features();
+        assert_ne!(offered & bit(VIRTIO_NET_F_DEVICE_STATS), 0);
+        assert!(
+            !rig.transport
+                .negotiate(VERSION_1 | bit(VIRTIO_NET_F_DEVICE_STATS)),
+            "DEVICE_STATS without CTRL_VQ refused"
+        );
+    }
+
+    #[test]
+    fn query_and_get_answer_what_the_metrics_say() {
+        let mem = guest_mem();
+        let mut rig = rig(&mem);
+        let (rx, mut tx) = queues(&mem);
+        let mut ctrl = ctrl_queue(&mem);
+        start_ctrl(&mut rig.transport, STATS, &rx, &tx, &ctrl);
+        for seed in 0..3 {
+            send_frame(&rig, &mut tx, seed);
+        }
+        let class = VIRTIO_NET_CTRL_STATS;
+        let reply = send(&rig, &mut ctrl, class, VIRTIO_NET_CTRL_STATS_QUERY, &[], 9);
+        assert_eq!(reply.ack(), Some(ACK_OK), "{reply:?}");
+        assert_eq!(reply.len, 9);
+        assert_eq!(reply.written[..8], SUPPORTED.to_le_bytes());
+
+        // What Linux asks for: every data queue with its types, then the control queue.
+        let data = get_data(&[
+            (0, TYPE_RX_BASIC | TYPE_RX_SPEED),
+            (1, TYPE_TX_BASIC | TYPE_TX_SPEED),
+            (2, TYPE_CVQ),
+        ]);
+        let reply_len = 56 + 24 + 56 + 24 + 24;
+        let reply = send(
+            &rig,
+            &mut ctrl,
+            class,
+            VIRTIO_NET_CTRL_STATS_GET,
+            &data,
+            reply_len + 1,
+        );
+        assert_eq!(reply.ack(), Some(ACK_OK), "{reply:?}");
+        assert_eq!(reply.len as usize, reply_len + 1);
+        let blocks = blocks(&reply.written[..reply_len]);
+        let m = &rig.metrics;
+        let types: Vec<(u8, u16)> = blocks.iter().map(|b| (b.0, b.1)).collect();
+        assert_eq!(types, [(0, 0), (3, 0), (16, 1), (19, 1), (32, 2)]);
+        let tx_basic = &blocks[2].2;
+        assert_eq!(tx_basic[1], 3, "tx_packets");
+        assert_eq!(tx_basic[0], m.tx.kicks.get(), "tx_notifications");
+        assert_eq!(tx_basic[1], m.tx.frames.get());
+        assert_eq!(tx_basic[2], m.tx.bytes.get(), "tx_bytes");
+        assert_eq!(tx_basic[2], 3 * 64);
+        assert_eq!(tx_basic[3], m.tx.interrupts_raised.get(), "tx_interrupts");
+        assert_eq!(tx_basic[4..], [0, 0], "no drops");
+        assert!(tx_basic[0] >= 1, "the kicks were counted");
+        let rx_basic = &blocks[0].2;
+        assert_eq!(rx_basic[1], m.rx.frames.get(), "rx_packets");
+        assert_eq!(
+            blocks[4].2,
+            [2, 1],
+            "command_num counts this GET, ok_num not yet"
+        );
+        assert!(wait_until(TIMEOUT, || m.ctrl.ok.get() == 2
+            && m.ctrl.stats_gets.get() == 1
+            && m.ctrl.stats_queries.get() == 1));
+    }
+
+    #[test]
+    fn speed_counts_the_frames_the_rate_limiter_held() {
+        let mem = guest_mem();
+        let mut rig = rig(&mem);
+        let one_a_second = RateLimiterConfig {
+            bandwidth: None,
+            ops: Some(BucketConfig {
+                size: 1,
+                one_time_burst: 0,
+                refill_time: 1000,
+            }),
+        };
+        rig.tuning
+            .set_rate_limiters(RateLimiterConfig::default(), one_a_second)
+            .expect("valid");
+        let (rx, mut tx) = queues(&mem);
+        let mut ctrl = ctrl_queue(&mem);
+        start_ctrl(&mut rig.transport, STATS, &rx, &tx, &ctrl);
+        send_frame(&rig, &mut tx, 1);
+        // The second frame waits for the ops bucket (one frame a second).
+        tx.push_tx(&wire(&frame(64, 2)), &[]);
+        kick(&rig.transport, TX_QUEUE);
+        let m = &rig.metrics;
+        assert!(wait_until(TIMEOUT, || m.tx.rate_limiter_ops_exceeded.get() >= 1));
+        let data = get_data(&[(1, TYPE_TX_SPEED)]);
+        let reply = send(
+            &rig,
+            &mut ctrl,
+            VIRTIO_NET_CTRL_STATS,
+            VIRTIO_NET_CTRL_STATS_GET,
+            &data,
+            25,
+        );
+        assert_eq!(reply.ack(), Some(ACK_OK), "{reply:?}");
+        let speed = &blocks(&reply.written[..24])[0].2;
+        assert!(speed[0] >= 1, "packets_allowance_exceeded {speed:?}");
+        assert_eq!(speed[0], m.tx.rate_limiter_ops_exceeded.get());
+        assert_eq!(speed[1], 0, "no bandwidth bucket");
+    }
+
+    #[test]
+    fn malformed_requests_get_err_nothing_written_and_the_worker_keeps_running() {
+        let mem = guest_mem();
+        let mut rig = rig(&mem);
+        let (rx, tx) = queues(&mem);
+        let mut ctrl = ctrl_queue(&mem);
+        start_ctrl(&mut rig.transport, STATS, &rx, &tx, &ctrl);
+        let class = VIRTIO_NET_CTRL_STATS;
+        let get = VIRTIO_NET_CTRL_STATS_GET;
+        let cases: Vec<(&str, u8, Vec<u8>, usize)> = vec![
+            ("QUERY with data", VIRTIO_NET_CTRL_STATS_QUERY, vec![0], 9),
+            (
+                "QUERY reply too small",
+                VIRTIO_NET_CTRL_STATS_QUERY,
+                vec![],
+                8,
+            ),
+            (
+                "QUERY reply too large",
+                VIRTIO_NET_CTRL_STATS_QUERY,
+                vec![],
+                10,
+            ),
+            ("GET without requests", get, vec![], 1),
+            (
+                "GET partial request",
+                get,
+                get_data(&[(0, TYPE_RX_BASIC)])[..15].to_vec(),
+                57,
+            ),
+            (
+                "GET reply too small",
+                get,
+                get_data(&[(0, TYPE_RX_BASIC)]),
+                56,
+            ),
+            (
+                "GET reply too large",
+                get,
+                get_data(&[(0, TYPE_RX_BASIC)]),
+                58,
+            ),
+            (
+                "GET a queue that does not exist",
+                get,
+                get_data(&[(5, TYPE_TX_BASIC)]),
+                57,
+            ),
+            ("GET an unsupported type", get, get_data(&[(0, 1 << 1)]), 33),
+            (
+                "GET a tx type of an rx queue",
+                get,
+                get_data(&[(0, TYPE_TX_BASIC)]),
+                57,
+            ),
+            ("GET no type", get, get_data(&[(1, 0)]), 1),
+            (
+                "GET too many requests",
+                get,
+                get_data(&[(2, TYPE_CVQ); 4]),
+                97,
+            ),
+            ("unknown STATS command", 2, vec![], 1),
+        ];
+        for (i, (what, command, data, writable)) in cases.iter().enumerate() {
+            let reply = send(&rig, &mut ctrl, class, *command, data, *writable);
+            assert_eq!(reply.ack(), Some(ACK_ERR), "{what}: {reply:?}");
+            assert!(
+                reply.written[..writable - 1].iter().all(|&b| b == 0xAA),
+                "{what}: nothing but the ack written"
+            );
+            let m = &rig.metrics.ctrl;
+            assert!(
+                wait_until(TIMEOUT, || m.errors.get() == i as u64 + 1),
+                "{what} counted"
+            );
+        }
+        let m = &rig.metrics.ctrl;
+        assert_eq!(m.bad_length.get(), 8);
+        assert_eq!(m.out_of_range.get(), 4);
+        assert_eq!(m.unsupported.get(), 1);
+        // The worker still answers.
+        let reply = send(&rig, &mut ctrl, class, get, &get_data(&[(2, TYPE_CVQ)]), 25);
+        assert_eq!(reply.ack(), Some(ACK_OK), "{reply:?}");
+        assert_eq!(m.stats_gets.get(), 1);
+    }
+
+    #[test]
+    fn without_the_feature_stats_are_refused() {
+        let mem = guest_mem();
+        let mut rig = rig(&mem);
+        let (rx, tx) = queues(&mem);
+        let mut ctrl = ctrl_queue(&mem);
+        start_ctrl(&mut rig.transport, ALL, &rx, &tx, &ctrl);
+        let class = VIRTIO_NET_CTRL_STATS;
+        let reply = send(&rig, &mut ctrl, class, VIRTIO_NET_CTRL_STATS_QUERY, &[], 9);
+        assert_eq!(reply.ack(), Some(ACK_ERR));
+        assert!(wait_until(TIMEOUT, || rig
+            .metrics
+            .ctrl
+            .not_negotiated
+            .get()
+            == 1));
+    }
+}

@@ -2,12 +2,13 @@
 //! and carried out on the worker, with one [`CtrlOutcome`] acked to the driver.
 
 use super::*;
-use crate::virtio::net::ctrl;
+use crate::virtio::net::{ctrl, stats};
 
 /// What a control command came to.
 enum CtrlOutcome {
-    /// Carried out: VIRTIO_NET_OK, after the command's reply if it has one.
-    Done(Option<[u8; 8]>),
+    /// Carried out: VIRTIO_NET_OK, after the command's reply (the bytes `execute` left in the
+    /// reply buffer, none for most commands).
+    Done,
     /// Refused: VIRTIO_NET_ERR.
     Refused(CtrlError),
 }
@@ -83,22 +84,30 @@ impl<'p, B: NetBackend> EventLoop<'p, B> {
                     0
                 }
                 Ok((_, writable_len)) => {
-                    let outcome = match ctrl::parse_mq(
-                        &readable.as_iovecs(),
+                    // Copied once: parsed and carried out from the same bytes.
+                    let request = &mut ctrl.request;
+                    let iovecs = readable.as_iovecs();
+                    request.resize(iovecs.total_bytes(), 0);
+                    let copied = iovecs.read_at(0, request);
+                    debug_assert!(copied, "the walk's readable bytes");
+                    ctrl.reply.clear();
+                    let outcome = match ctrl::parse_at(
+                        &request[..],
                         writable_len,
                         self.acked_features,
                         self.usable_pairs,
+                        self.ctrl_queue_index() as u16,
                     ) {
-                        Ok(command) => self.execute(command)?,
+                        Ok(command) => self.execute(command, request, &mut ctrl.reply)?,
                         Err(e) => CtrlOutcome::Refused(e),
                     };
                     let out = writable.as_iovecs();
                     let ack = match outcome {
-                        CtrlOutcome::Done(reply) => {
+                        CtrlOutcome::Done => {
                             self.ctrl_counters.ok += 1;
-                            if let Some(reply) = reply {
-                                out.write_at(0, &reply);
-                            }
+                            // `parse_at` checked the reply fits before the ack.
+                            debug_assert!(ctrl.reply.len() < writable_len as usize);
+                            out.write_at(0, &ctrl.reply);
                             ACK_OK
                         }
                         CtrlOutcome::Refused(e) => {
@@ -129,8 +138,14 @@ impl<'p, B: NetBackend> EventLoop<'p, B> {
         }
     }
 
-    /// Carries out a validated control command; the reply bytes (VQ_GET) or why it failed.
-    fn execute(&mut self, command: CtrlCommand) -> Result<CtrlOutcome, WorkerError> {
+    /// Carries out a validated control command parsed from `request`; its reply (VQ_GET,
+    /// STATS) goes into `reply`.
+    fn execute(
+        &mut self,
+        command: CtrlCommand,
+        request: &[u8],
+        reply: &mut Vec<u8>,
+    ) -> Result<CtrlOutcome, WorkerError> {
         let c = &mut self.ctrl_counters;
         match command {
             CtrlCommand::Promisc(on) => {
@@ -151,7 +166,7 @@ impl<'p, B: NetBackend> EventLoop<'p, B> {
                 self.guest_mac.set(mac);
                 self.link.bump_generation();
                 info!("virtio-net {}: the driver set MAC {mac}", self.label);
-                return Ok(CtrlOutcome::Done(None));
+                return Ok(CtrlOutcome::Done);
             }
             CtrlCommand::GuestOffloads(offloads) => {
                 if let Err(e) = self.backend.set_offloads(offloads) {
@@ -162,7 +177,7 @@ impl<'p, B: NetBackend> EventLoop<'p, B> {
                     return Ok(CtrlOutcome::Refused(CtrlError::Backend));
                 }
                 c.offloads_sets += 1;
-                return Ok(CtrlOutcome::Done(None));
+                return Ok(CtrlOutcome::Done);
             }
             CtrlCommand::SetCoalescing(dir, bounds) => {
                 c.coalescing_sets += 1;
@@ -180,16 +195,29 @@ impl<'p, B: NetBackend> EventLoop<'p, B> {
                     self.label,
                     if dir == RX { "rx" } else { "tx" }
                 );
-                return Ok(CtrlOutcome::Done(None));
+                return Ok(CtrlOutcome::Done);
             }
             CtrlCommand::GetCoalescing(dir) => {
                 c.coalescing_gets += 1;
                 let bounds = self.guest_coalescing[dir & 1]
                     .unwrap_or(self.tuning_shared.load().interrupt_coalescing);
-                let mut reply = [0u8; 8];
-                reply[..4].copy_from_slice(&u32::from(bounds.max_packets).to_le_bytes());
-                reply[4..].copy_from_slice(&bounds.max_usecs.to_le_bytes());
-                return Ok(CtrlOutcome::Done(Some(reply)));
+                reply.extend_from_slice(&u32::from(bounds.max_packets).to_le_bytes());
+                reply.extend_from_slice(&bounds.max_usecs.to_le_bytes());
+                return Ok(CtrlOutcome::Done);
+            }
+            CtrlCommand::QueryStats => {
+                c.stats_queries += 1;
+                reply.extend_from_slice(&stats::SUPPORTED.to_le_bytes());
+                return Ok(CtrlOutcome::Done);
+            }
+            CtrlCommand::GetStats { reply_len, .. } => {
+                c.stats_gets += 1;
+                // This worker's own counts first, so the reply is as fresh as the metrics can
+                // be (the other pairs' workers publish after every batch).
+                self.publish();
+                stats::write_reply(&self.metrics, stats::requests(request), reply);
+                debug_assert_eq!(reply.len(), reply_len as usize);
+                return Ok(CtrlOutcome::Done);
             }
             CtrlCommand::SetPairs(pairs) => {
                 c.mq_pairs_sets += 1;
@@ -199,13 +227,13 @@ impl<'p, B: NetBackend> EventLoop<'p, B> {
                     "virtio-net {}: the driver set {pairs} queue pair(s)",
                     self.label
                 );
-                return Ok(CtrlOutcome::Done(None));
+                return Ok(CtrlOutcome::Done);
             }
         }
         debug!(
             "virtio-net {}: receive filter {:?} recorded (a tap does not filter)",
             self.label, self.rx_filter
         );
-        Ok(CtrlOutcome::Done(None))
+        Ok(CtrlOutcome::Done)
     }
 }

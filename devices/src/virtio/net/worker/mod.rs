@@ -457,6 +457,11 @@ struct CtrlQueue {
     kick: EventFd,
     readable: Vec<libc::iovec>,
     writable: Vec<libc::iovec>,
+    /// The command's readable bytes, copied once out of guest memory (the driver cannot
+    /// change them between the checks and the execution).
+    request: Vec<u8>,
+    /// The reply being built.
+    reply: Vec<u8>,
 }
 
 /// What the driver set over the control queue that has no effect on a tap, recorded (and

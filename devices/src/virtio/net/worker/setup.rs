@@ -46,6 +46,8 @@ impl Setup {
                 kick: kick.try_clone().map_err(ActivateError::EventLoop)?,
                 readable: Vec::new(),
                 writable: Vec::new(),
+                request: Vec::new(),
+                reply: Vec::new(),
             }),
         };
         // A ring refused here is counted as a needs-reset event by the device.
