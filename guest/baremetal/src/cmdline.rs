@@ -240,6 +240,7 @@ pub fn parse(cmdline: &str) -> Result<Options, BadValue<'_>> {
             "event_idx" => o.driver.event_idx = flag(value).ok_or(bad)?,
             "mrg_rxbuf" => o.driver.mrg_rxbuf = flag(value).ok_or(bad)?,
             "ctrl_vq" => o.driver.ctrl_vq = flag(value).ok_or(bad)?,
+            "device_stats" => o.driver.device_stats = flag(value).ok_or(bad)?,
             "queues" => {
                 o.driver.queue_pairs = number(value)
                     .filter(|n| (1..=MAX_QUEUES).contains(n))
@@ -490,6 +491,9 @@ mod tests {
         .unwrap();
         assert_eq!(o.workload, Workload::Echo(5));
         assert!(!o.driver.event_idx && !o.driver.mrg_rxbuf);
+        assert!(o.driver.device_stats, "on by default");
+        assert!(!parse("device_stats=0").unwrap().driver.device_stats);
+        assert!(parse("device_stats=maybe").is_err());
         assert_eq!(o.driver.xdp_bulk, 4);
         assert_eq!((o.driver.rx_queue_size, o.driver.tx_queue_size), (64, 64));
         assert_eq!(o.driver.tx_completion, TxCompletion::CleanFromRx);

@@ -11,6 +11,7 @@ extern crate std;
 
 pub mod calibrate;
 pub mod cmdline;
+pub mod devstats;
 pub mod frames;
 pub mod report;
 pub mod reset;

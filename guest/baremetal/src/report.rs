@@ -78,6 +78,9 @@ pub struct Report<'a> {
     /// The `rx=` workload's frame and sequence checks (reported with `rx=`, as 0s if the
     /// workload did not run).
     pub rx_check: Option<crate::frames::SeqCounts>,
+    /// The device's counters read after the workload (`None`: VIRTIO_NET_F_DEVICE_STATS not
+    /// negotiated; an error: why they could not be read).
+    pub device_stats: Option<Result<&'a crate::devstats::DevStats, &'a str>>,
 }
 
 /// `s` as a JSON string.
@@ -184,8 +187,8 @@ impl Report<'_> {
         write!(
             w,
             ",\"kick_threshold\":{},\"tx_completion\":\"{}\",\"xdp_bulk\":{},\"event_idx\":{},\
-             \"mrg_rxbuf\":{},\"ctrl_vq\":{},\"notf_coal\":{},\"features\":{},\"rx_queue_size\":{},\
-             \"tx_queue_size\":{}",
+             \"mrg_rxbuf\":{},\"ctrl_vq\":{},\"notf_coal\":{},\"device_stats\":{},\"features\":{},\
+             \"rx_queue_size\":{},\"tx_queue_size\":{}",
             c.kick_threshold,
             completion_name(c.tx_completion),
             c.xdp_bulk,
@@ -193,6 +196,7 @@ impl Report<'_> {
             u8::from(self.features & vnet_driver::features::NET_F_MRG_RXBUF != 0),
             u8::from(self.features & vnet_driver::features::NET_F_CTRL_VQ != 0),
             u8::from(self.features & vnet_driver::features::NET_F_NOTF_COAL != 0),
+            u8::from(self.features & vnet_driver::features::NET_F_DEVICE_STATS != 0),
             self.features,
             self.queue_sizes.0,
             self.queue_sizes.1,
@@ -249,6 +253,11 @@ impl Report<'_> {
         ] {
             write!(w, ",\"{name}\":{value}")?;
         }
+        match self.device_stats {
+            Some(Ok(s)) => s.write_totals(w)?,
+            Some(Err(e)) => write!(w, ",\"dev_stats_error\":{}", JsonStr(e))?,
+            None => {}
+        }
         write!(w, ",\"queue_pairs\":{},\"queues\":[", self.queues.len())?;
         for (i, q) in self.queues.iter().enumerate() {
             let msix = self.queue_irqs.get(i).copied().unwrap_or_default();
@@ -261,7 +270,7 @@ impl Report<'_> {
                 w,
                 "{{\"tx\":{},\"rx\":{},\"kicks\":{},\"rx_kicks\":{},\"irqs\":{},\
                  \"tx_reclaimed\":{},\"xdp_tx\":{},\"ring_full\":{},\"kicks_suppressed\":{},\
-                 \"irqs_rx\":{},\"irqs_tx\":{}}}",
+                 \"irqs_rx\":{},\"irqs_tx\":{}",
                 q.tx_frames + q.xdp_tx,
                 q.rx_frames,
                 q.kicks,
@@ -274,6 +283,10 @@ impl Report<'_> {
                 msix[0],
                 msix[1],
             )?;
+            if let Some(Ok(s)) = self.device_stats {
+                s.write_pair(i, w)?;
+            }
+            w.write_char('}')?;
         }
         w.write_char(']')?;
         if let Some(khz) = self.tsc_khz {
@@ -327,6 +340,7 @@ mod tests {
             resets: None,
             rx_budget: 64,
             rx_check: None,
+            device_stats: None,
         }
     }
 
@@ -351,7 +365,7 @@ mod tests {
             "\"elapsed_ns\":2000000,",
             "\"pps\":50000}}",
             "\"burst\":0,\"pause_us\":0,\"pauses\":0,",
-            "\"ctrl_vq\":0,\"notf_coal\":0,",
+            "\"ctrl_vq\":0,\"notf_coal\":0,\"device_stats\":0,",
             "\"coalesce\":null,",
             "\"resets\":null,",
             "\"ctrl_commands\":0,\"ctrl_failed\":0,\"ctrl_timeouts\":0,",
@@ -408,6 +422,60 @@ mod tests {
         let mut s = String::new();
         r.write_json(&mut s).unwrap();
         assert!(s.contains(",\"queue_pairs\":0,\"queues\":[],"), "{s}");
+    }
+
+    #[test]
+    fn device_stats_are_reported_beside_the_driver_counters() {
+        use crate::devstats::{DevStats, PairStats};
+        use vnet_driver::stats::{CvqStats, RxBasic, TxBasic};
+        let stats = DevStats {
+            pairs: alloc::vec![PairStats {
+                tx: Some(TxBasic {
+                    tx_packets: 100,
+                    tx_notifications: 13,
+                    ..TxBasic::default()
+                }),
+                rx: Some(RxBasic::default()),
+                ..PairStats::default()
+            }],
+            cvq: Some(CvqStats {
+                command_num: 4,
+                ok_num: 3,
+            }),
+            reads: 2,
+        };
+        let queues = [PairCounters {
+            tx_frames: 100,
+            kicks: 13,
+            ..PairCounters::default()
+        }];
+        let mut r = report();
+        r.features |= vnet_driver::features::NET_F_DEVICE_STATS;
+        r.queues = &queues;
+        r.device_stats = Some(Ok(&stats));
+        let mut s = String::new();
+        r.write_json(&mut s).unwrap();
+        for field in [
+            "\"notf_coal\":0,\"device_stats\":1,",
+            ",\"cycles\":2000000,\"dev_tx_packets\":100,",
+            "\"dev_tx_notifications\":13,",
+            "\"dev_ctrl_commands\":4,\"dev_ctrl_ok\":3,\"dev_stats_reads\":2,\"queue_pairs\":1,",
+            "\"irqs_tx\":0,\"dev_tx\":100,\"dev_kicks\":13,\"dev_irqs_tx\":0,\"dev_rx\":0,\
+             \"dev_rx_kicks\":0,\"dev_irqs_rx\":0}],",
+        ] {
+            assert!(s.contains(field), "{field} missing in {s}");
+        }
+        r.device_stats = Some(Err("device_stats: GET of queue 1: refused"));
+        let mut s = String::new();
+        r.write_json(&mut s).unwrap();
+        assert!(
+            s.contains(
+                ",\"cycles\":2000000,\"dev_stats_error\":\"device_stats: GET of queue 1: refused\",\
+                 \"queue_pairs\":1,"
+            ),
+            "{s}"
+        );
+        assert!(!s.contains("dev_tx"), "{s}");
     }
 
     #[test]

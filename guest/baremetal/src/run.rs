@@ -30,8 +30,10 @@ use core::sync::atomic::Ordering;
 
 use vnet_baremetal::calibrate::ns_to_cycles;
 use vnet_baremetal::cmdline::{Coalesce, Options, Ring, TransportChoice, Wait, Workload};
+use vnet_baremetal::devstats;
 use vnet_baremetal::frames::{self, Ramp};
 use vnet_baremetal::report::{self, Outcome, Report};
+use vnet_driver::features::NET_F_DEVICE_STATS;
 use vnet_driver::transport::WINDOW_SIZE;
 use vnet_driver::{
     xdp, CtrlWait, MmioTransport, QueueId, Rearm, Transport, TxCompletion, TxError, VirtioNet,
@@ -292,6 +294,10 @@ fn finish<T: Transport>(
         (Ok(run), None) => (Outcome::Done, run),
         (Err((e, run)), None) => (Outcome::Error(e), run),
     };
+    // The device's counters, before the driver's are copied: the statistics commands count
+    // in `ctrl_commands` as in the device's CVQ `command_num`.
+    let device_stats = (d.net.features() & NET_F_DEVICE_STATS != 0)
+        .then(|| devstats::read_settled(&mut d.net, || stats_pause(tsc_khz)));
     let queues: alloc::vec::Vec<_> = (0..d.net.queue_pairs())
         .filter_map(|p| d.net.pair_counters(p).ok())
         .collect();
@@ -345,6 +351,9 @@ fn finish<T: Transport>(
         resets: o.reset.map(|p| (p, d.net.reset_counters())),
         rx_budget: o.rx_budget,
         rx_check: d.rx_check,
+        device_stats: device_stats
+            .as_ref()
+            .map(|r| r.as_ref().map_err(String::as_str)),
     };
     let mut line = String::with_capacity(2048);
     let _ = report.write_json(&mut line);
@@ -352,6 +361,16 @@ fn finish<T: Transport>(
     sys::write(line.as_bytes());
     // The device is left running (not reset): the VMM prints its metrics as they are.
     sys::power_off()
+}
+
+/// The pause between two reads of the device's counters: 1 ms on the TSC (a fixed spin
+/// without its frequency).
+fn stats_pause(tsc_khz: Option<u64>) {
+    let cycles = tsc_khz.filter(|&k| k > 0).unwrap_or(FALLBACK_TSC_KHZ);
+    let end = cpu::rdtsc().saturating_add(cycles);
+    while cpu::rdtsc() < end {
+        core::hint::spin_loop();
+    }
 }
 
 /// `coalesce=`: NOTF_COAL TX_SET then RX_SET over the control queue. The error says which
