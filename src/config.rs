@@ -473,10 +473,7 @@ pub struct NetworkInterfaceUpdate {
     pub tuning: Option<NetTuningUpdate>,
 }
 
-/// Virtio devices take IOAPIC pins from [`FIRST_VIRTIO_GSI`] to 23.
-pub const MAX_VIRTIO_DEVICES: usize = 19;
-/// The first GSI given to virtio devices (0–4 are the timer, keyboard, cascade and COM ports).
-pub const FIRST_VIRTIO_GSI: u32 = 5;
+pub use crate::boot::{FIRST_VIRTIO_GSI, MAX_VIRTIO_DEVICES};
 
 /// Everything needed to start a VM: Firecracker's config-file shape, and what
 /// `GET /vm/config` returns.

@@ -307,7 +307,7 @@ mod tests {
             );
         }
         // The last virtio-mmio slot, the IOAPIC and the LAPIC are outside the window.
-        let (last_mmio, _) = boot::virtio_slot(crate::config::MAX_VIRTIO_DEVICES - 1);
+        let (last_mmio, _) = boot::virtio_slot(boot::MAX_VIRTIO_DEVICES - 1);
         assert!(last_mmio + boot::MMIO_DEVICE_SIZE <= PCI_MMIO_START);
         assert!(PCI_MMIO_END <= u64::from(mptable::IOAPIC_ADDR));
         assert!(PCI_MMIO_END <= u64::from(mptable::APIC_ADDR));
@@ -334,7 +334,7 @@ mod tests {
 
     #[test]
     fn msi_gsis_start_above_the_ioapic_pins() {
-        let (_, last_pin) = boot::virtio_slot(crate::config::MAX_VIRTIO_DEVICES - 1);
+        let (_, last_pin) = boot::virtio_slot(boot::MAX_VIRTIO_DEVICES - 1);
         assert!(last_pin < FIRST_MSI_GSI);
         assert_eq!(FIRST_MSI_GSI, 24);
     }

@@ -475,12 +475,16 @@ pub fn new_cmdline(base: &str) -> Result<Cmdline, BootError> {
 
 /// Each virtio-mmio device's register window.
 pub const MMIO_DEVICE_SIZE: u64 = 0x1000;
+/// Virtio devices take IOAPIC pins from [`FIRST_VIRTIO_GSI`] to 23.
+pub const MAX_VIRTIO_DEVICES: usize = 19;
+/// The first GSI given to virtio devices (0–4 are the timer, keyboard, cascade and COM ports).
+pub const FIRST_VIRTIO_GSI: u32 = 5;
 
 /// The MMIO base and GSI of the virtio device at `index`.
 pub fn virtio_slot(index: usize) -> (u64, u32) {
     (
         memory::MMIO_START + index as u64 * MMIO_DEVICE_SIZE,
-        crate::config::FIRST_VIRTIO_GSI + index as u32,
+        FIRST_VIRTIO_GSI + index as u32,
     )
 }
 
@@ -519,9 +523,7 @@ pub fn vm_cmdline(base: &str, additions: &CmdlineAdditions) -> Result<Cmdline, B
 /// options). The configuration is checked against it, so that a command line accepted there
 /// always fits at boot.
 pub fn max_user_cmdline_len() -> usize {
-    let devices: Vec<(u64, u32)> = (0..crate::config::MAX_VIRTIO_DEVICES)
-        .map(virtio_slot)
-        .collect();
+    let devices: Vec<(u64, u32)> = (0..MAX_VIRTIO_DEVICES).map(virtio_slot).collect();
     let worst = CmdlineAdditions {
         devices: &devices,
         tsc_khz: Some(u32::MAX),

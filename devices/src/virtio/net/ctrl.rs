@@ -37,7 +37,6 @@ use super::config::MacAddr;
 use super::stats;
 use super::tuning::InterruptCoalescing;
 use crate::backend::Offloads;
-use crate::iovec::Iovecs;
 
 /// Size of the control queue.
 pub const CTRL_QUEUE_SIZE: u16 = 64;
@@ -161,59 +160,16 @@ pub enum CtrlError {
     Backend,
 }
 
-/// Something the parser can read a command's readable bytes from (guest memory, or a slice
-/// in tests and fuzzers).
-pub trait CtrlBytes {
-    /// Total bytes.
-    fn total_len(&self) -> u32;
-    /// Reads `buf.len()` bytes at `offset`; false if out of range.
-    fn read(&self, offset: u32, buf: &mut [u8]) -> bool;
-}
-
-impl CtrlBytes for [u8] {
-    fn total_len(&self) -> u32 {
-        u32::try_from(<[u8]>::len(self)).unwrap_or(u32::MAX)
-    }
-
-    fn read(&self, offset: u32, buf: &mut [u8]) -> bool {
-        let start = offset as usize;
-        match start
-            .checked_add(buf.len())
-            .and_then(|end| self.get(start..end))
-        {
-            Some(src) => {
-                buf.copy_from_slice(src);
-                true
-            }
-            None => false,
-        }
-    }
-}
-
-impl CtrlBytes for Iovecs<'_> {
-    fn total_len(&self) -> u32 {
-        u32::try_from(self.total_bytes()).unwrap_or(u32::MAX)
-    }
-
-    fn read(&self, offset: u32, buf: &mut [u8]) -> bool {
-        self.read_at(offset as usize, buf)
-    }
-}
-
-fn read_array<const N: usize>(bytes: &(impl CtrlBytes + ?Sized), offset: u32) -> Option<[u8; N]> {
-    let mut buf = [0u8; N];
-    bytes.read(offset, &mut buf).then_some(buf)
+fn read_array<const N: usize>(bytes: &[u8], offset: u32) -> Option<[u8; N]> {
+    let start = usize::try_from(offset).ok()?;
+    bytes.get(start..start.checked_add(N)?)?.try_into().ok()
 }
 
 /// Parses and validates one command: `readable` is the chain's device-readable part (header
 /// and data), `writable_len` the device-writable bytes (reply and ack, at least 1: a chain
 /// without them is not parsed), `acked` the negotiated features. Never panics. For a device
 /// with one queue pair; see [`parse_mq`].
-pub fn parse(
-    readable: &(impl CtrlBytes + ?Sized),
-    writable_len: u32,
-    acked: u64,
-) -> Result<CtrlCommand, CtrlError> {
+pub fn parse(readable: &[u8], writable_len: u32, acked: u64) -> Result<CtrlCommand, CtrlError> {
     parse_mq(readable, writable_len, acked, 1)
 }
 
@@ -222,7 +178,7 @@ pub fn parse(
 /// any data queue (0..2 × `max_pairs`; even is rx, odd tx), STATS GET those and the control
 /// queue after them. Never panics.
 pub fn parse_mq(
-    readable: &(impl CtrlBytes + ?Sized),
+    readable: &[u8],
     writable_len: u32,
     acked: u64,
     max_pairs: u16,
@@ -235,14 +191,14 @@ pub fn parse_mq(
 /// [`parse_mq`] for a device whose driver set up `max_pairs` queue pairs and whose control
 /// queue is `ctrl_index` (`2 × max_virtqueue_pairs` with MQ, else 2). Never panics.
 pub fn parse_at(
-    readable: &(impl CtrlBytes + ?Sized),
+    readable: &[u8],
     writable_len: u32,
     acked: u64,
     max_pairs: u16,
     ctrl_index: u16,
 ) -> Result<CtrlCommand, CtrlError> {
     let [class, command] = read_array::<2>(readable, 0).ok_or(CtrlError::ShortHeader)?;
-    let data_len = readable.total_len() - 2;
+    let data_len = u32::try_from(readable.len() - 2).unwrap_or(u32::MAX);
     let unsupported = CtrlError::Unsupported { class, command };
     let not_negotiated = CtrlError::NotNegotiated { class, command };
     let bad_length = CtrlError::BadLength { class, command };
@@ -390,7 +346,10 @@ pub fn parse_at(
             };
             let queues = stats::StatsQueues { pairs, ctrl_index };
             let (requests, reply_len) =
-                stats::parse_get(readable, data_len, queues, bad_length, out_of_range)?;
+                stats::parse_get(readable, queues).map_err(|e| match e {
+                    stats::Refused::BadLength => bad_length,
+                    stats::Refused::OutOfRange => out_of_range,
+                })?;
             CtrlCommand::GetStats {
                 requests,
                 reply_len,

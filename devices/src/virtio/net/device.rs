@@ -2,9 +2,8 @@
 
 use std::fmt;
 use std::io;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::mpsc::{Receiver, RecvTimeoutError, TryRecvError};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
 use std::time::Duration;
 
 use log::{debug, error, warn};
@@ -18,6 +17,7 @@ use vm_memory::GuestMemoryMmap;
 
 use super::config::{MacAddr, NetConfig, NetConfigError};
 use super::ctrl::CTRL_QUEUE_SIZE;
+use super::link::{GuestMac, LinkControl, LinkState};
 use super::metrics::NetMetrics;
 use super::rx::RxMode;
 use super::stats::VIRTIO_NET_F_DEVICE_STATS;
@@ -35,7 +35,6 @@ use crate::backend::{
 use crate::virtio::vring::Virtqueue;
 use crate::virtio::{
     ActivateError, ActivationContext, FeatureDependencyError, QueueResetState, VirtioDevice,
-    VirtioInterrupt,
 };
 
 /// How long a per-queue reset waits on the vCPU thread for the worker to confirm it stopped
@@ -61,119 +60,6 @@ pub enum NetError {
     /// The device description does not hold together.
     #[error(transparent)]
     Config(#[from] NetConfigError),
-}
-
-/// Whether the link is up, as reported in the STATUS config field.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum LinkState {
-    /// VIRTIO_NET_S_LINK_UP set.
-    Up,
-    /// VIRTIO_NET_S_LINK_UP clear.
-    Down,
-}
-
-/// Changes a device's link status from outside (e.g. the VMM's API), with a configuration
-/// interrupt when the driver is running. Cheap to clone.
-#[derive(Clone, Debug)]
-pub struct LinkControl {
-    shared: Arc<LinkShared>,
-}
-
-#[derive(Debug)]
-struct LinkShared {
-    up: AtomicBool,
-    generation: AtomicU32,
-    /// The interrupt line while the device is active (slow path only).
-    interrupt: Mutex<Option<Arc<VirtioInterrupt>>>,
-}
-
-impl LinkControl {
-    fn new() -> Self {
-        LinkControl {
-            shared: Arc::new(LinkShared {
-                up: AtomicBool::new(true),
-                generation: AtomicU32::new(0),
-                interrupt: Mutex::new(None),
-            }),
-        }
-    }
-
-    /// Sets the link state; on a change, bumps the configuration generation and, if the driver
-    /// is running, raises a configuration-change interrupt.
-    pub fn set_link(&self, state: LinkState) {
-        let up = state == LinkState::Up;
-        if self.shared.up.swap(up, Ordering::AcqRel) == up {
-            return;
-        }
-        self.shared.generation.fetch_add(1, Ordering::AcqRel);
-        if let Some(interrupt) = self.lock().as_ref() {
-            if let Err(e) = interrupt.signal_config_change() {
-                error!("virtio-net: failed to signal a link change: {e}");
-            }
-        }
-    }
-
-    /// The current link state.
-    pub fn link(&self) -> LinkState {
-        if self.shared.up.load(Ordering::Acquire) {
-            LinkState::Up
-        } else {
-            LinkState::Down
-        }
-    }
-
-    fn generation(&self) -> u32 {
-        self.shared.generation.load(Ordering::Acquire)
-    }
-
-    /// Another configuration field changed (no interrupt: the driver changed it itself).
-    pub(crate) fn bump_generation(&self) {
-        self.shared.generation.fetch_add(1, Ordering::AcqRel);
-    }
-
-    fn attach(&self, interrupt: Option<Arc<VirtioInterrupt>>) {
-        *self.lock() = interrupt;
-    }
-
-    fn lock(&self) -> MutexGuard<'_, Option<Arc<VirtioInterrupt>>> {
-        // The guarded value is a plain Option: a panic elsewhere cannot leave it inconsistent.
-        self.shared
-            .interrupt
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-    }
-}
-
-/// The MAC address the driver set over the control queue (0: none; else bit 48 set and the
-/// address in bits 0..48). Shared by the device (config space) and its worker (ADDR_SET).
-#[derive(Debug, Default)]
-pub(crate) struct GuestMac(AtomicU64);
-
-impl GuestMac {
-    const SET: u64 = 1 << 48;
-
-    pub(crate) fn set(&self, mac: MacAddr) {
-        let mut word = [0u8; 8];
-        word[..6].copy_from_slice(&mac.bytes());
-        self.0
-            .store(u64::from_le_bytes(word) | Self::SET, Ordering::Release);
-    }
-
-    pub(crate) fn get(&self) -> Option<MacAddr> {
-        let word = self.0.load(Ordering::Acquire);
-        if word & Self::SET == 0 {
-            return None;
-        }
-        let bytes = word.to_le_bytes();
-        let mut mac = [0u8; 6];
-        mac.copy_from_slice(&bytes[..6]);
-        Some(MacAddr::new(mac))
-    }
-
-    /// Forgets it; returns whether one was set.
-    fn clear(&self) -> bool {
-        self.0.swap(0, Ordering::AcqRel) & Self::SET != 0
-    }
 }
 
 /// Where the device's backend is: with the worker thread once it runs.

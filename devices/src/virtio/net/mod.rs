@@ -47,6 +47,7 @@
 pub mod config;
 pub mod ctrl;
 pub mod device;
+mod link;
 pub mod metrics;
 mod moderation;
 pub mod rate_limiter;
@@ -60,7 +61,8 @@ mod worker;
 pub(crate) mod tests;
 
 pub use config::{BackendKind, MacAddr, NetConfig, NetConfigError};
-pub use device::{LinkControl, LinkState, NetDevice, NetError};
+pub use device::{NetDevice, NetError};
+pub use link::{LinkControl, LinkState};
 pub use metrics::NetMetrics;
 pub use rate_limiter::{BucketConfig, RateLimiterConfig, RateLimiterError};
 pub use rx::{process_rx, RxMode, RxOutcome, RxQueue, RxStop};

@@ -15,8 +15,8 @@ use vm_memory::{GuestAddress, GuestMemoryMmap};
 
 use crate::backend::{Offloads, PairBackend, PairPeer};
 use crate::test_utils::mmio::{wait_eventfd, wait_until, Registers};
-use crate::virtio::net::device::LinkState;
 use crate::virtio::net::tests::support::{frame, guest_mem, wire, GuestQueue};
+use crate::virtio::net::LinkState;
 use crate::virtio::net::{LinkControl, MacAddr, NetDevice, NetMetrics, TuningControl};
 use crate::virtio::MmioTransport;
 use crate::BusDevice;

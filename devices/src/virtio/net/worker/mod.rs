@@ -47,7 +47,7 @@ use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 use vmm_sys_util::timerfd::TimerFd;
 
 use super::ctrl::{CtrlCommand, CtrlError, ACK_ERR, ACK_OK, CTRL_CHAINS_PER_CALL};
-use super::device::{GuestMac, LinkControl, LinkState};
+use super::link::{GuestMac, LinkControl, LinkState};
 use super::metrics::{BusyPollCounters, CtrlCounters, NetMetrics, RxCounters, TxCounters};
 use super::moderation::{Coalescing, Moderation, Moderator, TimerOp, RX, TX};
 use super::rx::{RxMode, RxQueue, RxStop, RX_GATHER_BYTES, RX_GATHER_NO_GSO_BYTES};
