@@ -8,10 +8,12 @@
 # resources/README.md.
 #
 # Usage: resources/build-guest.sh [--kernel-only|--initrd-only|--driver-guest-only] [--print] [--force]
-#                                 [--kernel-variant=NAME]
+#                                 [--kernel-variant=NAME] [--initrd-variant=NAME]
 #   --kernel-only        only the kernel (prints kernel=, bzimage=, config=)
 #   --kernel-variant=NAME  the kernel with resources/kernel/variant-NAME.config merged on top of
 #                        minimal.config (cached apart; e.g. sysfs: the one test that reads /sys)
+#   --initrd-variant=NAME  the initramfs plus the programs of variant NAME and the shared
+#                        libraries they need (cached apart; e.g. ethtool: /sbin/ethtool)
 #   --initrd-only        only the initramfs (prints initrd=)
 #   --driver-guest-only  only the bare-metal driver guest (prints driver_guest=)
 #   --print              do not build: print the paths if cached, else exit 1
@@ -95,7 +97,7 @@ hash_files() {
 
 # ---------------------------------------------------------------- arguments
 want_kernel=1 want_initrd=1 want_dguest=1 print_only=0 force=0
-only=0 variant=
+only=0 variant= initrd_variant=
 for arg in "$@"; do
 	case $arg in
 	--kernel-only) want_initrd=0 want_dguest=0 only=$((only + 1)) ;;
@@ -104,6 +106,7 @@ for arg in "$@"; do
 	--print) print_only=1 ;;
 	--force) force=1 ;;
 	--kernel-variant=*) variant=${arg#--kernel-variant=} ;;
+	--initrd-variant=*) initrd_variant=${arg#--initrd-variant=} ;;
 	-h | --help)
 		usage
 		exit 0
@@ -250,6 +253,37 @@ build_kernel() {
 #@@ begin initrd
 BUSYBOX=/bin/busybox # Debian's busybox-static
 
+# Initramfs variants (--initrd-variant=NAME): the default initramfs plus programs that only a
+# few tests need, each with the shared libraries and the loader `ldd` lists for it, at the
+# paths ldd prints. Every MB of initramfs costs ~1 s of boot in this guest, so the default
+# initramfs has none of them.
+#   ethtool: Debian's /usr/sbin/ethtool as /sbin/ethtool (0.6 MB), with glibc's libc, libm and
+#            loader and libmnl (3.1 MB more). `ethtool -S` uses the SIOCETHTOOL ioctl, which
+#            the test kernel has (the kernel has no ETHTOOL_NETLINK; ethtool falls back).
+# Prints "GUEST_PATH HOST_PATH PACKAGE" lines; fails for an unknown NAME.
+initrd_variant_programs() {
+	case $1 in
+	ethtool) echo "/sbin/ethtool /usr/sbin/ethtool ethtool" ;;
+	*) return 1 ;;
+	esac
+}
+
+# The files variant NAME adds: "GUEST_PATH HOST_FILE" lines, sorted: each program, and each
+# library and loader `ldd` lists for it (at the path ldd prints, from the file it resolves to).
+initrd_variant_files() {
+	local lines guest host pkg deps lib
+	lines=$(initrd_variant_programs "$1") || die "no initramfs variant '$1'"
+	while read -r guest host pkg; do
+		[[ -x $host ]] || die "initrd: $host not found (package $pkg)"
+		echo "$guest $host"
+		deps=$(ldd "$host") || die "initrd: ldd $host failed"
+		[[ $deps != *"not found"* ]] || die "initrd: $host misses libraries: $deps"
+		for lib in $(awk '$2 == "=>" && $3 ~ /^\// { print $3 } $1 ~ /^\// { print $1 }' <<<"$deps"); do
+			echo "$lib $(readlink -f -- "$lib")"
+		done
+	done <<<"$lines"
+}
+
 initrd_key() {
 	{
 		echo "vmm-guest initrd v1"
@@ -262,6 +296,18 @@ initrd_key() {
 		for t in "$RES"/init/tests/*; do
 			if [[ -e $t ]]; then hash_files "init/tests/${t##*/}"; fi
 		done
+		if [[ -n $initrd_variant ]]; then
+			echo "variant $initrd_variant"
+			local guest host pkg files
+			while read -r guest host pkg; do
+				echo "$pkg=$(pkg_version "$pkg")"
+			done <<<"$(initrd_variant_programs "$initrd_variant")"
+			# The libraries' contents too: a libc update selects a new initramfs.
+			files=$(initrd_variant_files "$initrd_variant" | sort -u)
+			while read -r guest host; do
+				echo "$guest $(sha256sum <"$host" | cut -c1-64)"
+			done <<<"$files"
+		fi
 	} | short_hash
 }
 
@@ -324,12 +370,33 @@ build_initrd() {
 				die "initrd: unsupported file name: $t"
 			echo "file /tests/$name $t 0755 0 0"
 		done
+		if [[ -n $initrd_variant ]]; then
+			local files guest host dirs d
+			files=$(initrd_variant_files "$initrd_variant" | sort -u)
+			# Every parent directory the default list does not have (/lib, /lib64, ...).
+			dirs=$(while read -r guest host; do
+				d=${guest%/*}
+				while [[ -n $d ]]; do
+					echo "$d"
+					d=${d%/*}
+				done
+			done <<<"$files" | sort -u)
+			for d in $dirs; do
+				case $d in /dev | /proc | /sys | /bin | /sbin | /tests | /tmp) ;;
+				*) echo "dir $d 0755 0 0" ;;
+				esac
+			done
+			while read -r guest host; do
+				[[ $guest$host != *[[:space:]]* ]] || die "initrd: unsupported file name: $host"
+				echo "file $guest $host 0755 0 0"
+			done <<<"$files"
+		fi
 	} >"$stage/initramfs.list"
 	"$(gen_init_cpio_path)" -t 0 "$stage/initramfs.list" >"$stage/initramfs.cpio" ||
 		die "initrd: gen_init_cpio failed"
 	rm -rf -- "$out"
 	mv -- "$stage" "$out"
-	log "initrd: $(stat -c %s "$out/initramfs.cpio") bytes"
+	log "initrd${initrd_variant:+ (variant $initrd_variant)}: $(stat -c %s "$out/initramfs.cpio") bytes"
 }
 #@@ end initrd
 
@@ -383,6 +450,11 @@ build_driver_guest() {
 pkgs=()
 ((want_kernel)) && pkgs+=("${KERNEL_PKGS[@]}")
 ((want_initrd)) && pkgs+=("${INITRD_PKGS[@]}")
+if [[ -n $initrd_variant ]]; then
+	[[ $initrd_variant =~ ^[a-z0-9-]+$ ]] && vlines=$(initrd_variant_programs "$initrd_variant") ||
+		die "no initramfs variant '$initrd_variant' (see initrd_variant_programs in $SELF)"
+	((want_initrd)) && pkgs+=($(awk '{ print $3 }' <<<"$vlines"))
+fi
 if ((want_kernel || want_initrd)); then
 	require_pkgs "${pkgs[@]}"
 	[[ -r $KSRC_TAR ]] || die "$KSRC_TAR not found (package $KSRC_PKG)"

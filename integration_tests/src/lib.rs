@@ -104,29 +104,55 @@ pub fn json_u64(v: &serde_json::Value, key: &str) -> u64 {
 /// The guest kernel variant `name` (`resources/kernel/variant-NAME.config` merged on top of
 /// the test kernel's config; built the first time, then cached like the others).
 pub fn kernel_variant(name: &str) -> &'static Path {
-    static VARIANTS: std::sync::Mutex<Vec<(String, &'static Path)>> =
-        std::sync::Mutex::new(Vec::new());
-    let mut variants = VARIANTS.lock().unwrap_or_else(|p| p.into_inner());
+    static VARIANTS: Mutex<Vec<(String, &'static Path)>> = Mutex::new(Vec::new());
+    variant(
+        &VARIANTS,
+        name,
+        ["--kernel-only", "--kernel-variant"],
+        "kernel",
+    )
+}
+
+/// The initramfs variant `name`: the test initramfs plus the programs of that variant and the
+/// shared libraries they need (`initrd_variant_programs` in `resources/build-guest.sh`; e.g.
+/// `ethtool`). Built the first time, then cached like the others.
+pub fn initrd_variant(name: &str) -> &'static Path {
+    static VARIANTS: Mutex<Vec<(String, &'static Path)>> = Mutex::new(Vec::new());
+    variant(
+        &VARIANTS,
+        name,
+        ["--initrd-only", "--initrd-variant"],
+        "initrd",
+    )
+}
+
+/// Runs `build-guest.sh ONLY FLAG=NAME` once per `name` and returns the path it prints as
+/// `key=`.
+fn variant(
+    cache: &Mutex<Vec<(String, &'static Path)>>,
+    name: &str,
+    [only, flag]: [&str; 2],
+    key: &str,
+) -> &'static Path {
+    let mut variants = cache.lock().unwrap_or_else(|p| p.into_inner());
     if let Some((_, path)) = variants.iter().find(|(n, _)| n == name) {
         return path;
     }
     let script = workspace_root().join("resources/build-guest.sh");
     let out = Command::new("bash")
         .arg(&script)
-        .args(["--kernel-only", &format!("--kernel-variant={name}")])
+        .args([only, &format!("{flag}={name}")])
         .stderr(Stdio::inherit())
         .output()
         .unwrap_or_else(|e| panic!("cannot run {script:?}: {e}"));
-    assert!(
-        out.status.success(),
-        "{script:?} --kernel-variant={name} failed"
-    );
-    let kernel = String::from_utf8_lossy(&out.stdout)
+    assert!(out.status.success(), "{script:?} {flag}={name} failed");
+    let prefix = format!("{key}=");
+    let found = String::from_utf8_lossy(&out.stdout)
         .lines()
-        .find_map(|l| l.strip_prefix("kernel="))
+        .find_map(|l| l.strip_prefix(&prefix))
         .map(|p| PathBuf::from(p.trim()))
-        .unwrap_or_else(|| panic!("no kernel= line for variant {name}"));
-    let path: &'static Path = Box::leak(kernel.into_boxed_path());
+        .unwrap_or_else(|| panic!("no {key}= line for {flag}={name}"));
+    let path: &'static Path = Box::leak(found.into_boxed_path());
     variants.push((name.to_owned(), path));
     path
 }
