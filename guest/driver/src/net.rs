@@ -317,6 +317,12 @@ impl<H: Hal, T: Transport> VirtioNet<H, T> {
         self.rq.ring.has_used()
     }
 
+    /// Rx buffers the device returned and the driver has not polled yet (used entries: a frame
+    /// takes one, or several with MRG_RXBUF), on the selected pair.
+    pub fn rx_used_pending(&mut self) -> u16 {
+        self.rq.ring.used_pending()
+    }
+
     /// True if the device returned tx buffers not yet reclaimed.
     pub fn tx_has_used(&mut self) -> bool {
         self.sq.ring.has_used()

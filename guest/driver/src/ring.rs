@@ -355,6 +355,15 @@ impl<Tok: Copy> SplitRing<Tok> {
         !self.broken && self.load_used_idx() != self.last_used
     }
 
+    /// Used entries the device returned and the driver has not popped (0 on a broken ring; a
+    /// device that moved the used index past the ring is caught when they are popped).
+    pub(crate) fn used_pending(&mut self) -> u16 {
+        if self.broken {
+            return 0;
+        }
+        self.load_used_idx().wrapping_sub(self.last_used)
+    }
+
     /// Pops the next used chain. `Ok(None)` when there is none; with interrupts enabled that
     /// also means `used_event` is armed for the next entry.
     pub(crate) fn pop_used(&mut self) -> Result<Option<Used<Tok>>, UsedError> {

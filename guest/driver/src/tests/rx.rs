@@ -30,7 +30,9 @@ fn single_buffer_frames_without_mrg_rxbuf() {
         assert!(h.dev.rx_deliver(f));
     }
     assert!(h.net.rx_has_used());
+    assert_eq!(h.net.rx_used_pending(), 3);
     assert_eq!(collect(&mut h.net, 64), sent);
+    assert_eq!(h.net.rx_used_pending(), 0);
     let c = h.net.counters();
     assert_eq!((c.rx_frames, c.xdp_pass), (3, 3));
     assert_eq!(c.rx_bytes, sent.iter().map(|f| f.len() as u64).sum::<u64>());
