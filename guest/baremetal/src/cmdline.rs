@@ -174,7 +174,12 @@ impl Default for Options {
     fn default() -> Self {
         Options {
             device: None,
-            driver: Config::default(),
+            // The device's counters are read only when asked (`device_stats=1`): reading them
+            // adds control commands to the run's counts.
+            driver: Config {
+                device_stats: false,
+                ..Config::default()
+            },
             workload: Workload::Idle,
             frame_size: 64,
             batch: 64,
@@ -491,8 +496,8 @@ mod tests {
         .unwrap();
         assert_eq!(o.workload, Workload::Echo(5));
         assert!(!o.driver.event_idx && !o.driver.mrg_rxbuf);
-        assert!(o.driver.device_stats, "on by default");
-        assert!(!parse("device_stats=0").unwrap().driver.device_stats);
+        assert!(!o.driver.device_stats, "off by default");
+        assert!(parse("device_stats=1").unwrap().driver.device_stats);
         assert!(parse("device_stats=maybe").is_err());
         assert_eq!(o.driver.xdp_bulk, 4);
         assert_eq!((o.driver.rx_queue_size, o.driver.tx_queue_size), (64, 64));
