@@ -86,6 +86,10 @@ pub struct Rig {
     pub line_signals: Vec<u64>,
     /// Per line: whether its reads count in `irq_signals_taken`.
     counts: Vec<bool>,
+    /// The device's counters as the driver read them over the control queue in
+    /// [`Rig::quiesce`] (`None`: VIRTIO_NET_F_DEVICE_STATS not negotiated, or not quiesced
+    /// yet).
+    pub device_stats: Option<Result<crate::check::DeviceCounters, String>>,
 }
 
 impl Rig {
@@ -163,6 +167,7 @@ impl Rig {
             irq_cost_ns: config.irq_cost_ns,
             irq_signals_taken: 0,
             line_signals: vec![0; lines],
+            device_stats: None,
         })
     }
 
@@ -236,15 +241,26 @@ impl Rig {
         thread_cpu_ns()
     }
 
-    /// Lets the device finish what the driver gave it, takes the last interrupt signals, and
-    /// stops the device worker, so every counter is final. (A device reset drains the irqfd,
-    /// so signals are taken before it.) Call after traffic sources have stopped.
-    ///
-    /// The device is settled when it has seen every kick the transport wrote and none of its
-    /// kicks, signals and frames moved over 20 ms; a worker descheduled on a loaded machine
-    /// is waited for up to 3 s. (A fixed pause lost a trial's last signal under load: device
-    /// signalled 3, driver took 2.)
+    /// Lets the device finish what the driver gave it, reads the device's counters over the
+    /// control queue if VIRTIO_NET_F_DEVICE_STATS is negotiated ([`Rig::device_stats`]),
+    /// takes the last interrupt signals, and stops the device worker, so every counter is
+    /// final. (A device reset drains the irqfd, so signals are taken before it.) Call after
+    /// traffic sources have stopped.
     pub fn quiesce(&mut self) {
+        self.settle();
+        self.device_stats = crate::check::read_device_stats(&mut self.net);
+        if self.device_stats.is_some() {
+            // The statistics commands' kicks.
+            self.settle();
+        }
+        self.net.transport_mut().shutdown();
+    }
+
+    /// Waits until the device has seen every kick the transport wrote (the control queue's
+    /// too) and none of its kicks, signals and frames moved over 20 ms, taking the signals;
+    /// a worker descheduled on a loaded machine is waited for up to 3 s. (A fixed pause lost
+    /// a trial's last signal under load: device signalled 3, driver took 2.)
+    fn settle(&mut self) {
         let start = std::time::Instant::now();
         let mut last = None;
         loop {
@@ -253,7 +269,7 @@ impl Rig {
             // then the lines, and every signal counted is taken.
             let m = &self.metrics;
             let seen = (
-                m.tx.kicks.get() + m.rx.kicks.get(),
+                m.tx.kicks.get() + m.rx.kicks.get() + m.ctrl.kicks.get(),
                 m.irqfd_signals.get(),
                 m.tx.frames.get() + m.rx.frames.get(),
             );
@@ -264,7 +280,6 @@ impl Rig {
             }
             last = Some(seen);
         }
-        self.net.transport_mut().shutdown();
     }
 
     /// Reads every interrupt line without waiting, adding what it held to the counts.

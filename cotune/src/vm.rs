@@ -175,11 +175,13 @@ pub fn cmdline(point: &Point, frames: u64) -> String {
     });
     format!(
         "console=ttyS0 {workload}={frames}{window} size={} ring=3 kick_threshold={} \
-         tx_completion={completion} event_idx={} xdp_bulk={} timeout_ms=120000{pace}",
+         tx_completion={completion} event_idx={} xdp_bulk={} device_stats={} \
+         timeout_ms=120000{pace}",
         point.frame_size,
         c.kick_threshold,
         u8::from(c.event_idx),
-        c.xdp_bulk
+        c.xdp_bulk,
+        u8::from(c.device_stats && c.ctrl_vq),
     )
 }
 
@@ -503,6 +505,12 @@ pub fn run_point(env: &VmEnv, point: &Point, pin: Option<(usize, usize)>) -> io:
             "driver guest: status {status} ({report}) for --net {net} --cmdline {cmdline:?}"
         )));
     }
+    // The device's counters as the guest read them (DEVICE_STATS) against its own.
+    let stats_note = crate::check::vm_device_agreement(&report).map_err(|e| {
+        io::Error::other(format!(
+            "driver/device disagreement: {e} (--net {net} --cmdline {cmdline:?}): {report}"
+        ))
+    })?;
     let dev = device_metrics(&stderr).ok_or_else(|| {
         io::Error::other(format!(
             "no {{\"net\":{{\"{TAP}\":…}}}} metrics line from the vmm:\n{stderr}"
@@ -562,6 +570,9 @@ pub fn run_point(env: &VmEnv, point: &Point, pin: Option<(usize, usize)>) -> io:
         if e < done {
             note += &format!("; peer counted {e} of {done} echoes");
         }
+    }
+    if let Some(why) = stats_note {
+        note += &format!("; device statistics not checked ({why})");
     }
     note += note_cpu;
     let m = Measured {
@@ -638,6 +649,7 @@ mod tests {
             "tx_completion=lazy",
             "event_idx=0",
             "xdp_bulk=4",
+            "device_stats=1",
         ] {
             assert!(c.split(' ').any(|w| w == word), "{word} missing from {c}");
         }
