@@ -5,7 +5,8 @@ A module is a source file (`foo.rs` or `foo/mod.rs`); an edge A -> B is a `use` 
 path in code, that names B (`crate::x::y`, `super::y`, `self::y`) from A's non-test code
 (everything before the first `#[cfg(test)]`). A child naming its parent (`use super::*` of a
 file split into submodules) is not an edge back: a parent and the children it declares are one
-unit. Exit status 1 if any crate has a cycle.
+unit. It also checks the layers of `devices` (LAYERS below: a lower layer never names a higher
+one). Exit status 1 if any crate has a cycle or a layer is crossed upwards.
 
 Usage: scripts/module-cycles.py [CRATE_SRC_DIR ...]   (default: every crate's src/)
 """
@@ -16,6 +17,17 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEFAULT = ["src", "devices/src", "cotune/src", "guest/driver/src", "guest/baremetal/src",
            "integration_tests/src"]
+# (crate source dir, lower layer, higher layer it must not name): PCI knows nothing of virtio, the
+# memory and ring layers nothing of the net device, the backends nothing of virtio.
+LAYERS = [
+    ("devices/src", "pci", "virtio"),
+    ("devices/src", "iovec", "virtio"),
+    ("devices/src", "backend", "virtio"),
+    ("devices/src", "virtio::vring", "virtio::net"),
+    ("devices/src", "virtio::chain", "virtio::net"),
+    ("devices/src", "virtio::ring", "virtio::net"),
+    ("devices/src", "virtio::irq", "virtio::net"),
+]
 PATH = re.compile(r"\b(crate|super|self)((?:::[A-Za-z_][A-Za-z0-9_]*)+|::\{)")
 
 
@@ -31,8 +43,8 @@ def modules(src):
                 rel = rel[:-1]
             if rel in (["lib"], ["main"]):
                 rel = []
-            if rel and rel[0] == "bin":
-                continue
+            if rel and rel[0] == "bin" or "tests" in rel:
+                continue  # binaries, and test-only modules (`tests.rs`, `tests/`)
             out["::".join(rel)] = os.path.join(dirpath, f)
     return out
 
@@ -125,9 +137,18 @@ def main():
             for a in comp:
                 for b in sorted(edges[a] & set(comp)):
                     print(f"    {a} -> {b}")
+        for crate, low, high in LAYERS:
+            if crate != d:
+                continue
+            for a in sorted(edges):
+                if a == low or a.startswith(low + "::"):
+                    for b in sorted(edges[a]):
+                        if b == high or b.startswith(high + "::"):
+                            bad += 1
+                            print(f"{d}: {a} (layer {low}) names {b} (layer {high})")
     if bad:
         return 1
-    print(f"no import cycle in {', '.join(dirs)}")
+    print(f"no import cycle in {', '.join(dirs)}, no layer crossed")
     return 0
 
 

@@ -24,8 +24,9 @@
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use devices::pci_bus::{PciBusError, PciConfigIo, PCI_CONFIG_IO_LEN, PCI_CONFIG_IO_PORT};
-use devices::virtio::pci::{BarMove, VirtioPciTransport, BAR0_SIZE};
+use devices::pci::bus::{PciBusError, PciConfigIo, PCI_CONFIG_IO_LEN, PCI_CONFIG_IO_PORT};
+use devices::pci::BarMove;
+use devices::virtio::pci::{VirtioPciTransport, BAR0_SIZE};
 
 use crate::boot::mptable;
 use crate::bus::{Bus, BusError};
@@ -206,10 +207,7 @@ impl PciSetup {
 
 /// Installs the MSI route of a vector when the guest makes its message effective (vCPU
 /// thread, inside the MSI-X table or Message Control write).
-fn route_handler(
-    routing: Arc<GsiRouting>,
-    first_gsi: u32,
-) -> devices::virtio::pci::msix::RouteHandler {
+fn route_handler(routing: Arc<GsiRouting>, first_gsi: u32) -> devices::pci::msix::RouteHandler {
     Box::new(move |vector, msg| {
         let gsi = first_gsi + u32::from(vector);
         if let Err(e) = routing.set_msi(gsi, msg.address, msg.data) {

@@ -9,7 +9,7 @@ pub mod backend;
 pub mod fuzzing;
 pub mod iovec;
 pub mod legacy;
-pub mod pci_bus;
+pub mod pci;
 #[cfg(any(test, feature = "test-utils"))]
 pub mod test_utils;
 pub mod virtio;

@@ -17,7 +17,7 @@
 use std::fmt;
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use crate::virtio::pci::{BarMove, PciDevice};
+use super::{BarMove, PciDevice};
 use crate::BusDevice;
 
 /// The port of CONFIG_ADDRESS; CONFIG_DATA follows at +4. The device spans 8 ports.

@@ -4,7 +4,7 @@
 //! A virtio-mmio device has one line (one irqfd). A virtio-pci device with MSI-X
 //! ([`VirtioInterrupt::with_msix`]) has one irqfd per MSI-X vector instead: a queue interrupt
 //! goes to the vector the driver assigned to that queue, a configuration interrupt to the
-//! configuration vector (see [`crate::virtio::pci::msix`]). A worker that knows which queue it
+//! configuration vector (see [`crate::pci::msix`]). A worker that knows which queue it
 //! used calls [`VirtioInterrupt::signal_queue`]; [`VirtioInterrupt::signal_used_queue`] (which
 //! queue unknown) fires every vector a queue is mapped to, each once. On one line both are the
 //! same. The status bits (ISR on PCI) are set either way.
@@ -16,49 +16,66 @@ use std::sync::Arc;
 use virtio_bindings::virtio_mmio::{VIRTIO_MMIO_INT_CONFIG, VIRTIO_MMIO_INT_VRING};
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
-use super::pci::msix::MsixVectors;
+use crate::pci::msix::MsixVectors;
 
-/// The interrupt line of one device. Shared as `Arc<VirtioInterrupt>`; no lock on any path.
+/// How a device's interrupts reach the guest.
+#[derive(Debug)]
+enum Signal {
+    /// One line: one irqfd on the device's GSI (virtio-mmio).
+    Line(EventFd),
+    /// MSI-X: one irqfd per vector, each queue and the configuration on its own (virtio-pci).
+    Msix(Arc<MsixVectors>),
+}
+
+/// The interrupt of one device. Shared as `Arc<VirtioInterrupt>`; no lock on any path.
 #[derive(Debug)]
 pub struct VirtioInterrupt {
-    irqfd: EventFd,
+    signal: Signal,
     status: AtomicU32,
     needs_reset: AtomicBool,
-    /// Per-vector lines (virtio-pci with MSI-X); `irqfd` is then unused.
-    msix: Option<Arc<MsixVectors>>,
 }
 
 impl VirtioInterrupt {
-    /// A new line with a fresh (non-blocking) irqfd and no pending interrupt.
+    /// One line with a fresh (non-blocking) irqfd and no pending interrupt.
     pub fn new() -> io::Result<VirtioInterrupt> {
-        Ok(VirtioInterrupt {
-            irqfd: EventFd::new(EFD_NONBLOCK)?,
+        Ok(VirtioInterrupt::with(Signal::Line(EventFd::new(
+            EFD_NONBLOCK,
+        )?)))
+    }
+
+    /// One line signalling `irqfd` (its owner keeps a clone to register it as the irqfd).
+    pub fn line(irqfd: EventFd) -> VirtioInterrupt {
+        VirtioInterrupt::with(Signal::Line(irqfd))
+    }
+
+    /// Interrupts through MSI-X `vectors` (one irqfd per vector).
+    pub fn with_msix(vectors: Arc<MsixVectors>) -> VirtioInterrupt {
+        VirtioInterrupt::with(Signal::Msix(vectors))
+    }
+
+    fn with(signal: Signal) -> VirtioInterrupt {
+        VirtioInterrupt {
+            signal,
             status: AtomicU32::new(0),
             needs_reset: AtomicBool::new(false),
-            msix: None,
-        })
+        }
     }
 
-    /// A line that signals through MSI-X `vectors` (one irqfd per vector) instead of its irqfd.
-    pub fn with_msix(vectors: Arc<MsixVectors>) -> io::Result<VirtioInterrupt> {
-        Ok(VirtioInterrupt {
-            msix: Some(vectors),
-            ..VirtioInterrupt::new()?
-        })
-    }
-
-    /// The MSI-X vectors, on a virtio-pci line.
+    /// The MSI-X vectors, on a virtio-pci device.
     pub fn msix(&self) -> Option<&Arc<MsixVectors>> {
-        self.msix.as_ref()
+        match &self.signal {
+            Signal::Msix(vectors) => Some(vectors),
+            Signal::Line(_) => None,
+        }
     }
 
     /// Signals "used buffers available" on queue `index`: its MSI-X vector, or the one line.
     pub fn signal_queue(&self, index: usize) -> io::Result<()> {
         self.status
             .fetch_or(VIRTIO_MMIO_INT_VRING, Ordering::AcqRel);
-        match &self.msix {
-            Some(vectors) => vectors.signal_queue(index),
-            None => self.irqfd.write(1),
+        match &self.signal {
+            Signal::Msix(vectors) => vectors.signal_queue(index),
+            Signal::Line(irqfd) => irqfd.write(1),
         }
     }
 
@@ -67,8 +84,8 @@ impl VirtioInterrupt {
     pub fn signal_queue_pair(&self, rx: usize, tx: usize) -> io::Result<()> {
         self.status
             .fetch_or(VIRTIO_MMIO_INT_VRING, Ordering::AcqRel);
-        match &self.msix {
-            Some(vectors) => {
+        match &self.signal {
+            Signal::Msix(vectors) => {
                 let (a, b) = (vectors.queue_vector(rx), vectors.queue_vector(tx));
                 vectors.trigger(a)?;
                 if b != a {
@@ -76,13 +93,17 @@ impl VirtioInterrupt {
                 }
                 Ok(())
             }
-            None => self.irqfd.write(1),
+            Signal::Line(irqfd) => irqfd.write(1),
         }
     }
 
-    /// The eventfd the VMM registers as an irqfd on the device's GSI.
-    pub fn irqfd(&self) -> &EventFd {
-        &self.irqfd
+    /// The eventfd the VMM registers as an irqfd on the device's GSI (one line; MSI-X has one
+    /// per vector, see [`Self::msix`]).
+    pub fn irqfd(&self) -> Option<&EventFd> {
+        match &self.signal {
+            Signal::Line(irqfd) => Some(irqfd),
+            Signal::Msix(_) => None,
+        }
     }
 
     /// Signals "used buffers available" (InterruptStatus bit 0).
@@ -120,16 +141,18 @@ impl VirtioInterrupt {
     pub fn reset(&self) {
         self.status.store(0, Ordering::Release);
         self.needs_reset.store(false, Ordering::Release);
-        // A WouldBlock here only means the counter was already 0.
-        let _ = self.irqfd.read();
+        if let Signal::Line(irqfd) = &self.signal {
+            // A WouldBlock here only means the counter was already 0.
+            let _ = irqfd.read();
+        }
     }
 
     fn signal(&self, bit: u32) -> io::Result<()> {
         self.status.fetch_or(bit, Ordering::AcqRel);
-        match &self.msix {
-            Some(vectors) if bit == VIRTIO_MMIO_INT_CONFIG => vectors.signal_config(),
-            Some(vectors) => vectors.signal_all_queues(),
-            None => self.irqfd.write(1),
+        match &self.signal {
+            Signal::Msix(vectors) if bit == VIRTIO_MMIO_INT_CONFIG => vectors.signal_config(),
+            Signal::Msix(vectors) => vectors.signal_all_queues(),
+            Signal::Line(irqfd) => irqfd.write(1),
         }
     }
 }
@@ -144,7 +167,8 @@ mod tests {
         irq.signal_used_queue().expect("signal");
         irq.signal_used_queue().expect("signal");
         assert_eq!(irq.status(), VIRTIO_MMIO_INT_VRING);
-        assert_eq!(irq.irqfd().read().expect("irqfd written"), 2);
+        let irqfd = irq.irqfd().expect("one line");
+        assert_eq!(irqfd.read().expect("irqfd written"), 2);
         irq.set_needs_reset().expect("signal");
         assert!(irq.needs_reset());
         assert_eq!(irq.status(), VIRTIO_MMIO_INT_VRING | VIRTIO_MMIO_INT_CONFIG);
@@ -153,12 +177,12 @@ mod tests {
         irq.reset();
         assert_eq!(irq.status(), 0);
         assert!(!irq.needs_reset());
-        assert!(irq.irqfd().read().is_err(), "irqfd drained by reset");
+        assert!(irqfd.read().is_err(), "irqfd drained by reset");
     }
 
     #[test]
     fn queue_pair_signals_its_own_vectors_once_each() {
-        use crate::virtio::pci::msix::{MsixTable, MSIX_CTRL_ENABLE};
+        use crate::pci::msix::{MsixTable, MSIX_CTRL_ENABLE};
         // Queues 0..4 (two pairs); vectors 0..3, all unmasked.
         let vectors = Arc::new(MsixVectors::new(4, 4).expect("eventfds"));
         let mut table = MsixTable::new(vectors.clone());
@@ -169,7 +193,8 @@ mod tests {
                 "unmask {v}"
             );
         }
-        let irq = VirtioInterrupt::with_msix(vectors.clone()).expect("eventfd");
+        let irq = VirtioInterrupt::with_msix(vectors.clone());
+        assert!(irq.irqfd().is_none(), "no line beside the vectors");
         let fired = |v: u16| vectors.irqfd(v).expect("vector").read().unwrap_or(0);
         // Pair 1 (queues 2, 3) on vectors 2 and 3: only those fire.
         for (q, v) in [(0, 0), (1, 1), (2, 2), (3, 3)] {
@@ -185,6 +210,6 @@ mod tests {
         // One line: one signal for the pair.
         let line = VirtioInterrupt::new().expect("eventfd");
         line.signal_queue_pair(0, 1).expect("signal");
-        assert_eq!(line.irqfd().read().expect("written"), 1);
+        assert_eq!(line.irqfd().expect("a line").read().expect("written"), 1);
     }
 }

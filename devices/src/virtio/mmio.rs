@@ -62,6 +62,8 @@ enum Half {
 pub struct MmioTransport {
     state: VirtioState,
     queue_sel: u32,
+    /// The device's line (the same eventfd its [`VirtioInterrupt`] signals).
+    irqfd: EventFd,
 }
 
 impl fmt::Debug for MmioTransport {
@@ -83,8 +85,11 @@ impl MmioTransport {
             queues.push(Queue::new(size).map_err(|_| MmioError::QueueSize { index, size })?);
             kicks.push(EventFd::new(EFD_NONBLOCK).map_err(MmioError::EventFd)?);
         }
-        let interrupt = Arc::new(VirtioInterrupt::new().map_err(MmioError::EventFd)?);
+        let irqfd = EventFd::new(EFD_NONBLOCK).map_err(MmioError::EventFd)?;
+        let line = irqfd.try_clone().map_err(MmioError::EventFd)?;
+        let interrupt = Arc::new(VirtioInterrupt::line(line));
         Ok(MmioTransport {
+            irqfd,
             state: VirtioState::new(
                 "virtio-mmio",
                 TransportFeatures {
@@ -115,7 +120,7 @@ impl MmioTransport {
 
     /// The eventfd to register as the KVM irqfd of the device's interrupt line.
     pub fn irqfd(&self) -> &EventFd {
-        self.state.interrupt.irqfd()
+        &self.irqfd
     }
 
     /// The device's interrupt line (InterruptStatus and DEVICE_NEEDS_RESET).

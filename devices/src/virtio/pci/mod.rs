@@ -35,15 +35,14 @@
 //!   signal their own queues this way); `signal_used_queue()` fires every queue vector once.
 //!
 //! The `vmm` crate does all of this in `src/pci.rs`, with bus 0 and the host bridge of
-//! [`crate::pci_bus`] on ports 0xCF8–0xCFF.
+//! [`crate::pci::bus`] on ports 0xCF8–0xCFF.
 
-pub mod config;
-pub mod msix;
 mod transport;
 
 #[cfg(test)]
 mod tests;
 
+pub use crate::pci::{config, msix, BarMove, PciDevice};
 pub use transport::{
     PciTransportError, VirtioPciTransport, TRANSPORT_FEATURES, UNSUPPORTED_TRANSPORT_FEATURES,
 };
@@ -100,27 +99,4 @@ pub fn class_code(device_type: u32) -> u32 {
         2 => 0x01_8000,
         _ => 0xff_0000,
     }
-}
-
-/// BAR0 moved (the guest reprogrammed it): the VMM moves the MMIO range and ioeventfds.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct BarMove {
-    /// BAR index (always 0 here).
-    pub bar: u8,
-    /// The previous address.
-    pub old: u64,
-    /// The new address.
-    pub new: u64,
-    /// The BAR's size.
-    pub size: u64,
-}
-
-/// A PCI function as the host bridge sees it.
-pub trait PciDevice: Send {
-    /// The guest reads configuration space (`offset` < 256; bytes past it read 0).
-    fn read_config_register(&mut self, offset: u64, data: &mut [u8]);
-    /// The guest writes configuration space. Returns the BAR move it caused, if any.
-    fn write_config_register(&mut self, offset: u64, data: &[u8]) -> Option<BarMove>;
-    /// BAR0's address and size.
-    fn bar0(&self) -> (u64, u64);
 }

@@ -9,9 +9,9 @@ use virtio_bindings::virtio_ring::VIRTIO_RING_F_EVENT_IDX;
 use virtio_queue::{Queue, QueueT};
 use vm_memory::{GuestAddress, GuestMemoryMmap};
 
-use super::config::*;
-use super::msix::{MsiMessage, VIRTIO_MSI_NO_VECTOR};
 use super::*;
+use crate::pci::config::*;
+use crate::pci::msix::{MsiMessage, VIRTIO_MSI_NO_VECTOR};
 use crate::virtio::{
     ActivateError, ActivationContext, FeatureDependencyError, QueueResetState, VirtioDevice,
 };

@@ -9,9 +9,11 @@ use virtio_queue::{Queue, QueueT};
 use vm_memory::GuestMemoryMmap;
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
-use super::config::{PciConfigSpace, PciIds, PCI_CAP_ID_MSIX, PCI_CAP_ID_VNDR};
-use super::msix::{MsiMessage, MsixTable, MsixVectors, MSIX_CTRL_ENABLE, MSIX_CTRL_FUNCTION_MASK};
 use super::*;
+use crate::pci::config::{PciConfigSpace, PciIds, PCI_CAP_ID_MSIX, PCI_CAP_ID_VNDR};
+use crate::pci::msix::{
+    MsiMessage, MsixTable, MsixVectors, MSIX_CTRL_ENABLE, MSIX_CTRL_FUNCTION_MASK,
+};
 use crate::virtio::common::{RingPart, TransportFeatures, VirtioState};
 use crate::virtio::{VirtioDevice, VirtioInterrupt};
 use crate::BusDevice;
@@ -127,9 +129,7 @@ impl VirtioPciTransport {
         let vectors = Arc::new(
             MsixVectors::new(num_vectors, sizes.len()).map_err(PciTransportError::EventFd)?,
         );
-        let interrupt = Arc::new(
-            VirtioInterrupt::with_msix(vectors.clone()).map_err(PciTransportError::EventFd)?,
-        );
+        let interrupt = Arc::new(VirtioInterrupt::with_msix(vectors.clone()));
         let msix = MsixTable::new(vectors);
 
         let device_type = device.device_type();
