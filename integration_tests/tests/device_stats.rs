@@ -114,8 +114,6 @@ fn parse_ethtool(lines: &[&str]) -> HashMap<String, u64> {
 }
 
 #[test]
-#[ignore = "Linux 6.12 expects a control reply after the ack byte (virtio 1.3 layout) and the \
-            device writes it before: virtio_net fails to probe; run with --ignored once fixed"]
 fn ethtool_in_the_guest_shows_the_device_metrics() {
     let kernel = artifacts().get("kernel").to_owned();
     let initrd = initrd_variant("ethtool");

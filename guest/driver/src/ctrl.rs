@@ -6,8 +6,8 @@
 //!
 //! A command is one descriptor chain, laid out as Linux's `virtnet_send_command` lays it out:
 //! the device-readable header `{u8 class; u8 command}`, the device-readable command data (if
-//! any), the device-writable reply (if any), and the device-writable `u8 ack`
-//! ([`VIRTIO_NET_OK`] or [`VIRTIO_NET_ERR`]). The driver queues one command at a time, kicks
+//! any), the device-writable `u8 ack` ([`VIRTIO_NET_OK`] or [`VIRTIO_NET_ERR`]) and the
+//! device-writable result (if any), in that order (virtio 1.3 §5.1.6.5). The driver queues one command at a time, kicks
 //! (always: notification suppression is not trusted for this rare path) and busy-waits on the
 //! used ring, bounded by [`CtrlWait`]; the queue's interrupts are off (as in Linux, whose
 //! control queue has no callback), so commands never add to the interrupt count. None of this
@@ -232,6 +232,13 @@ impl ControlQueue {
             };
             n += 1;
         }
+        // The ack first, then the result (virtio 1.3 §5.1.6.5, as Linux lays it out).
+        chain[n] = Buffer {
+            addr: base + ACK_OFFSET as u64,
+            len: 1,
+            access: Access::DeviceWrites,
+        };
+        n += 1;
         if reply_len > 0 {
             chain[n] = Buffer {
                 addr: base + REPLY_OFFSET as u64,
@@ -240,12 +247,6 @@ impl ControlQueue {
             };
             n += 1;
         }
-        chain[n] = Buffer {
-            addr: base + ACK_OFFSET as u64,
-            len: 1,
-            access: Access::DeviceWrites,
-        };
-        n += 1;
         // One command at a time on a ring of at least CTRL_MAX_CHAIN descriptors: never full,
         // unless the device broke the ring's bookkeeping.
         self.ring
@@ -458,7 +459,7 @@ fn wait_for_answer(
     cq.read(ACK_OFFSET, &mut ack);
     match ack[0] {
         VIRTIO_NET_OK => {
-            // The used length counts the bytes the device wrote: reply and ack.
+            // The used length counts the bytes the device wrote: ack and reply.
             let written = reply.len() as u32 + 1;
             if !reply.is_empty() && used.len < written {
                 return Err(CtrlError::ShortReply {

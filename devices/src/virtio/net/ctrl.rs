@@ -4,8 +4,9 @@
 //! walk ([`crate::virtio::vring`]), carries the commands out and writes the ack.
 //!
 //! A command is a descriptor chain: device-readable `u8 class; u8 command;` and the command's
-//! data, then device-writable: the reply (VQ_GET only, 8 bytes) and one `u8 ack`
-//! (`VIRTIO_NET_OK` 0, `VIRTIO_NET_ERR` 1). The device acks OK only for what it did, and ERR
+//! data, then device-writable: one `u8 ack` (`VIRTIO_NET_OK` 0, `VIRTIO_NET_ERR` 1) and the
+//! command's result (VQ_GET: 8 bytes; STATS: see [`super::stats`]), in that order (virtio 1.3
+//! §5.1.6.5, and how Linux lays it out). The device acks OK only for what it did, and ERR
 //! for an unknown class or command, a command whose feature was not negotiated, data or reply
 //! space of the wrong length, and values out of range; a chain with no writable byte (or one
 //! the ring walk refuses) cannot be acked and goes back with used length 0. Every outcome is

@@ -366,7 +366,7 @@ impl CtrlDevice {
         }
     }
 
-    /// Answers `chain`: reply then ack into its device-writable buffers, in order.
+    /// Answers `chain`: the ack then the reply into its device-writable buffers, in order.
     fn answer(&mut self, chain: &Chain) {
         let readable: Vec<u8> = chain
             .descs
@@ -386,8 +386,8 @@ impl CtrlDevice {
         let room: usize = writable.iter().map(|d| d.len as usize).sum();
         let (ack, reply) = match self.behaviour {
             CtrlBehaviour::RawAck(ack) => {
-                let last = writable.last().expect("no writable ack");
-                self.hal.write(last.addr + u64::from(last.len) - 1, &[ack]);
+                let first = writable.first().expect("no writable ack");
+                self.hal.write(first.addr, &[ack]);
                 self.q.push_used(chain.head, 1);
                 return;
             }
@@ -402,7 +402,7 @@ impl CtrlDevice {
                 }
             }
         };
-        // Reply first, ack last; a reply that does not fit (with the ack) is an error.
+        // Ack first, reply after it; a reply that does not fit (with the ack) is an error.
         let (ack, reply) = if reply.len() + 1 > room {
             (ERR, Vec::new())
         } else {
@@ -411,9 +411,9 @@ impl CtrlDevice {
         if ack == OK {
             self.oks += 1;
         }
-        let mut bytes = reply;
-        bytes.resize(room - 1, 0);
-        bytes.push(ack);
+        let mut bytes = Vec::from([ack]);
+        bytes.extend_from_slice(&reply);
+        bytes.resize(room, 0);
         let mut rest = &bytes[..];
         for d in &writable {
             let n = d.len as usize;

@@ -151,8 +151,8 @@ fn coalescing_commands_reach_the_device_in_linux_layout() {
                 &[0, 0, 0, 0, 3, 0, 0, 0, 0, 0, 1, 0],
                 &[(2, r), (12, r), (1, w)]
             ),
-            record(3, &[0, 0, 0, 0], &[(2, r), (4, r), (8, w), (1, w)]),
-            record(3, &[1, 0, 0, 0], &[(2, r), (4, r), (8, w), (1, w)]),
+            record(3, &[0, 0, 0, 0], &[(2, r), (4, r), (1, w), (8, w)]),
+            record(3, &[1, 0, 0, 0], &[(2, r), (4, r), (1, w), (8, w)]),
         ]
     );
     // One kick per command.

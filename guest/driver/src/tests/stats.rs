@@ -139,11 +139,11 @@ fn query_and_get_round_trip_in_the_spec_layout() {
     assert_eq!(
         log,
         vec![
-            record(0, vec![], &[(2, r), (8, w), (1, w)]),
-            record(1, entry(0, 0x9), &[(2, r), (16, r), (80, w), (1, w)]),
-            record(1, entry(1, 1 << 16), &[(2, r), (16, r), (56, w), (1, w)]),
-            record(1, entry(1, 1 << 19), &[(2, r), (16, r), (24, w), (1, w)]),
-            record(1, entry(2, 1 << 32), &[(2, r), (16, r), (24, w), (1, w)]),
+            record(0, vec![], &[(2, r), (1, w), (8, w)]),
+            record(1, entry(0, 0x9), &[(2, r), (16, r), (1, w), (80, w)]),
+            record(1, entry(1, 1 << 16), &[(2, r), (16, r), (1, w), (56, w)]),
+            record(1, entry(1, 1 << 19), &[(2, r), (16, r), (1, w), (24, w)]),
+            record(1, entry(2, 1 << 32), &[(2, r), (16, r), (1, w), (24, w)]),
         ]
     );
     assert_eq!(h.transport.regs().kicks(2), 5);

@@ -69,7 +69,8 @@ struct Reply {
 
 impl Reply {
     fn ack(&self) -> Option<u8> {
-        (self.len > 0).then(|| *self.written.last().expect("ack byte"))
+        // The ack is the first writable byte, the result follows.
+        (self.len > 0).then(|| *self.written.first().expect("ack byte"))
     }
 }
 
@@ -146,7 +147,7 @@ fn vq_get(rig: &Rig, q: &mut GuestQueue, vqn: u16) -> (u32, u32) {
     let reply = send(rig, q, NOTF_COAL, VQ_GET, &data, 9);
     assert_eq!(reply.ack(), Some(ACK_OK), "{reply:?}");
     assert_eq!(reply.len, 9);
-    let w = &reply.written;
+    let w = &reply.written[1..];
     (
         u32::from_le_bytes(w[..4].try_into().expect("4 bytes")),
         u32::from_le_bytes(w[4..8].try_into().expect("4 bytes")),
@@ -441,7 +442,7 @@ fn malformed_commands_are_refused_counted_and_the_worker_keeps_running() {
         assert_eq!(reply.len, *writable as u32, "{what}");
         assert_eq!(reply.ack(), Some(ACK_ERR), "{what}: {reply:?}");
         assert!(
-            reply.written[..writable - 1].iter().all(|&b| b == 0xAA),
+            reply.written[1..].iter().all(|&b| b == 0xAA),
             "{what}: no reply written"
         );
         assert!(wait_until(TIMEOUT, || rig.metrics.ctrl.errors.get() == i as u64 + 1));
@@ -742,7 +743,23 @@ mod device_stats {
         let reply = send(&rig, &mut ctrl, class, VIRTIO_NET_CTRL_STATS_QUERY, &[], 9);
         assert_eq!(reply.ack(), Some(ACK_OK), "{reply:?}");
         assert_eq!(reply.len, 9);
-        assert_eq!(reply.written[..8], SUPPORTED.to_le_bytes());
+        assert_eq!(reply.written[1..], SUPPORTED.to_le_bytes());
+        // As Linux lays it out: header, then the ack and the result in descriptors of their own.
+        let reply = send_raw(
+            &rig,
+            &mut ctrl,
+            &[
+                (vec![class, VIRTIO_NET_CTRL_STATS_QUERY], 0),
+                (vec![0xAA], WRITE),
+                (vec![0xAA; 8], WRITE),
+            ],
+        );
+        assert_eq!(reply.len, 9);
+        assert_eq!(
+            reply.written[0], ACK_OK,
+            "the ack in its own first descriptor"
+        );
+        assert_eq!(reply.written[1..], SUPPORTED.to_le_bytes());
 
         // What Linux asks for: every data queue with its types, then the control queue.
         let data = get_data(&[
@@ -761,7 +778,7 @@ mod device_stats {
         );
         assert_eq!(reply.ack(), Some(ACK_OK), "{reply:?}");
         assert_eq!(reply.len as usize, reply_len + 1);
-        let blocks = blocks(&reply.written[..reply_len]);
+        let blocks = blocks(&reply.written[1..]);
         let m = &rig.metrics;
         let types: Vec<(u8, u16)> = blocks.iter().map(|b| (b.0, b.1)).collect();
         assert_eq!(types, [(0, 0), (3, 0), (16, 1), (19, 1), (32, 2)]);
@@ -778,12 +795,12 @@ mod device_stats {
         assert_eq!(rx_basic[1], m.rx.frames.get(), "rx_packets");
         assert_eq!(
             blocks[4].2,
-            [2, 1],
+            [3, 2],
             "command_num counts this GET, ok_num not yet"
         );
-        assert!(wait_until(TIMEOUT, || m.ctrl.ok.get() == 2
+        assert!(wait_until(TIMEOUT, || m.ctrl.ok.get() == 3
             && m.ctrl.stats_gets.get() == 1
-            && m.ctrl.stats_queries.get() == 1));
+            && m.ctrl.stats_queries.get() == 2));
     }
 
     #[test]
@@ -820,7 +837,7 @@ mod device_stats {
             25,
         );
         assert_eq!(reply.ack(), Some(ACK_OK), "{reply:?}");
-        let speed = &blocks(&reply.written[..24])[0].2;
+        let speed = &blocks(&reply.written[1..])[0].2;
         assert!(speed[0] >= 1, "packets_allowance_exceeded {speed:?}");
         assert_eq!(speed[0], m.tx.rate_limiter_ops_exceeded.get());
         assert_eq!(speed[1], 0, "no bandwidth bucket");
@@ -894,7 +911,7 @@ mod device_stats {
             let reply = send(&rig, &mut ctrl, class, *command, data, *writable);
             assert_eq!(reply.ack(), Some(ACK_ERR), "{what}: {reply:?}");
             assert!(
-                reply.written[..writable - 1].iter().all(|&b| b == 0xAA),
+                reply.written[1..].iter().all(|&b| b == 0xAA),
                 "{what}: nothing but the ack written"
             );
             let m = &rig.metrics.ctrl;

@@ -105,9 +105,9 @@ impl<'p, B: NetBackend> EventLoop<'p, B> {
                     let ack = match outcome {
                         CtrlOutcome::Done => {
                             self.ctrl_counters.ok += 1;
-                            // `parse_at` checked the reply fits before the ack.
+                            // `parse_at` checked the reply fits after the ack.
                             debug_assert!(ctrl.reply.len() < writable_len as usize);
-                            out.write_at(0, &ctrl.reply);
+                            out.write_at(1, &ctrl.reply);
                             ACK_OK
                         }
                         CtrlOutcome::Refused(e) => {
@@ -116,7 +116,9 @@ impl<'p, B: NetBackend> EventLoop<'p, B> {
                             ACK_ERR
                         }
                     };
-                    out.write_at(writable_len as usize - 1, &[ack]);
+                    // The ack comes first, then the command's result (virtio 1.3 §5.1.6.5;
+                    // Linux lays out the writable part so).
+                    out.write_at(0, &[ack]);
                     writable_len
                 }
             };
