@@ -35,8 +35,11 @@ pub struct DeviceCounters {
 /// The driver's side of the comparison.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct DriverCounters {
-    /// Frames queued to the device (copy and AF_XDP transmit, and XDP_TX).
-    pub tx_sent: u64,
+    /// Frames the device returned (tx chains reclaimed, and used but not reclaimed yet).
+    pub tx_completed: u64,
+    /// Frames queued (copy and AF_XDP transmit, and XDP_TX) and not returned yet: 0 after a
+    /// final drain; in co-simulation frames a stopped peer's full socket holds back.
+    pub tx_in_flight: u64,
     /// Tx notifications issued.
     pub kicks: u64,
     /// Rx notifications issued.
@@ -67,7 +70,8 @@ pub enum Taken {
 }
 
 /// The relations that must hold between the driver's counters and the device's:
-/// - `tx_packets + tx_drops` = frames the driver queued (none in flight after the drain);
+/// - `tx_packets + tx_drops` = frames the device returned to the driver (the frames queued,
+///   less those still in flight);
 /// - `tx_notifications` = tx kicks and `rx_notifications` = rx kicks (the device counts
 ///   eventfd values: kicks the eventfd merged still add up);
 /// - `rx_packets` ≥ frames the driver received, by at most the frames it had not polled yet;
@@ -82,10 +86,11 @@ pub fn device_agreement(
     dev: &DeviceCounters,
     taken: Taken,
 ) -> Result<(), String> {
-    if dev.tx_packets + dev.tx_drops != d.tx_sent {
+    if dev.tx_packets + dev.tx_drops != d.tx_completed {
         return Err(format!(
-            "tx frames disagree: driver queued {}, device sent {} and dropped {}",
-            d.tx_sent, dev.tx_packets, dev.tx_drops
+            "tx frames disagree: the device returned {} to the driver ({} more in flight), \
+             it counts {} sent and {} dropped",
+            d.tx_completed, d.tx_in_flight, dev.tx_packets, dev.tx_drops
         ));
     }
     if dev.tx_notifications != d.kicks || dev.rx_notifications != d.rx_kicks {
@@ -192,17 +197,18 @@ fn from_metrics(m: &devices::virtio::net::NetMetrics) -> DeviceCounters {
     }
 }
 
-/// Rx used entries not popped, over the pairs.
-fn rx_pending(rig: &mut Rig) -> u64 {
+/// Used entries not popped over the pairs: (rx, tx).
+fn used_pending(rig: &mut Rig) -> (u64, u64) {
     let current = rig.net.current_pair();
-    let mut pending = 0;
+    let (mut rx, mut tx) = (0, 0);
     for pair in 0..rig.net.queue_pairs() {
         if rig.net.select_pair(pair).is_ok() {
-            pending += u64::from(rig.net.rx_used_pending());
+            rx += u64::from(rig.net.rx_used_pending());
+            tx += u64::from(rig.net.tx_used_pending());
         }
     }
     let _ = rig.net.select_pair(current);
-    pending
+    (rx, tx)
 }
 
 /// Checks the counters of a quiesced rig (device worker stopped).
@@ -276,12 +282,15 @@ pub fn consistency(rig: &mut Rig) -> Result<(), String> {
         Some(Err(e)) => return Err(format!("device statistics: {e}")),
         None => metrics,
     };
+    let (rx_pending, tx_pending) = used_pending(rig);
+    let tx_completed = d.tx_reclaimed + tx_pending;
     let driver = DriverCounters {
-        tx_sent: d.tx_frames + d.xdp_tx,
+        tx_completed,
+        tx_in_flight: (d.tx_frames + d.xdp_tx).saturating_sub(tx_completed),
         kicks: d.kicks,
         rx_kicks: d.rx_kicks,
         rx_frames: d.rx_frames,
-        rx_slack: rx_pending(rig),
+        rx_slack: rx_pending,
         ctrl_commands: d.ctrl_commands,
         ctrl_failed: d.ctrl_failed,
     };
@@ -325,8 +334,20 @@ pub fn vm_device_agreement(report: &Value) -> Result<Option<&'static str>, Strin
             _ => None,
         },
     };
+    // The guest waits for the device to return every tx buffer before it reports.
+    let (sent, reclaimed) = (
+        field("tx_frames")? + field("xdp_tx")?,
+        field("tx_reclaimed")?,
+    );
+    if sent != reclaimed {
+        return Err(format!(
+            "{} tx frames still in flight after the guest's final drain",
+            sent.abs_diff(reclaimed)
+        ));
+    }
     let driver = DriverCounters {
-        tx_sent: field("tx_frames")? + field("xdp_tx")?,
+        tx_completed: reclaimed,
+        tx_in_flight: 0,
         kicks: field("kicks")?,
         rx_kicks: field("rx_kicks")?,
         rx_frames: field("rx_frames")?,
@@ -352,7 +373,8 @@ mod tests {
 
     fn agreeing() -> (DriverCounters, DeviceCounters) {
         let d = DriverCounters {
-            tx_sent: 1000,
+            tx_completed: 1000,
+            tx_in_flight: 2,
             kicks: 40,
             rx_kicks: 3,
             rx_frames: 500,
@@ -457,7 +479,7 @@ mod tests {
         let line = |extra: &str| -> Value {
             serde_json::from_str(&format!(
                 "{{\"transport\":\"mmio\",\"device_stats\":1,\"tx_frames\":100,\"xdp_tx\":0,\
-                 \"kicks\":13,\"rx_kicks\":1,\"rx_frames\":0,\"rx_queue_size\":256,\
+                 \"kicks\":13,\"rx_kicks\":1,\"rx_frames\":0,\"tx_reclaimed\":100,\"rx_queue_size\":256,\
                  \"queue_pairs\":1,\"ctrl_commands\":5,\"ctrl_failed\":0,\"irqs_taken\":4,\
                  \"irqs_rx\":0,\"irqs_tx\":0,\"dev_tx_packets\":100,\"dev_tx_drops\":0,\
                  \"dev_tx_notifications\":13,\"dev_tx_interrupts\":4,\"dev_rx_packets\":0,\
@@ -472,6 +494,10 @@ mod tests {
         let mut v = line("");
         v["dev_tx_notifications"] = 12.into();
         assert!(vm_device_agreement(&v).is_err());
+        let mut w = line("");
+        w["tx_reclaimed"] = 99.into();
+        let e = vm_device_agreement(&w).unwrap_err();
+        assert!(e.contains("in flight"), "{e}");
         v["device_stats"] = 0.into();
         assert!(vm_device_agreement(&v).unwrap().is_some());
         let old: Value = serde_json::from_str("{\"tx_frames\":1}").unwrap();

@@ -323,6 +323,12 @@ impl<H: Hal, T: Transport> VirtioNet<H, T> {
         self.rq.ring.used_pending()
     }
 
+    /// Tx chains (frames) the device returned and the driver has not reclaimed yet, on the
+    /// selected pair.
+    pub fn tx_used_pending(&mut self) -> u16 {
+        self.sq.ring.used_pending()
+    }
+
     /// True if the device returned tx buffers not yet reclaimed.
     pub fn tx_has_used(&mut self) -> bool {
         self.sq.ring.has_used()

@@ -140,7 +140,9 @@ fn event_idx_kick_decision_survives_the_u16_wrap() {
         let batch = h.net.transmit_batch(std::iter::repeat_n(f.as_slice(), n));
         sent += batch.sent as u32;
         h.dev.tx_drain();
+        assert_eq!(usize::from(h.net.tx_used_pending()), batch.sent);
         h.net.reclaim_tx();
+        assert_eq!(h.net.tx_used_pending(), 0);
     }
     assert_eq!(h.dev.tx.avail_idx(), 65533);
     let kicks_before = h.kicks(TX_QUEUE);
