@@ -17,12 +17,36 @@
 
 use devices::virtio::net::ctrl::{parse_mq, CtrlCommand};
 use devices::virtio::net::metrics::NetMetrics;
-use devices::virtio::net::stats::{requests, write_reply};
+use devices::virtio::net::stats::{
+    parse_get, requests, write_reply, StatsQueues, VIRTIO_NET_CTRL_STATS,
+    VIRTIO_NET_CTRL_STATS_GET, VIRTIO_NET_F_DEVICE_STATS,
+};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|input: (Vec<u8>, u32, u64, u8)| {
-    let (readable, writable_len, acked, pairs) = input;
+    let (mut readable, mut writable_len, mut acked, pairs) = input;
     let pairs = u16::from(pairs % 16) + 1;
+    // Readable bytes starting 0xff are read as a STATS GET's requests, with the reply space they
+    // need: arbitrary bytes seldom make a GET whose requests and reply length all agree.
+    if readable.first() == Some(&0xff) {
+        readable[0] = VIRTIO_NET_CTRL_STATS;
+        if readable.len() > 1 {
+            readable[1] = VIRTIO_NET_CTRL_STATS_GET;
+        }
+        acked |= 1 << VIRTIO_NET_F_DEVICE_STATS | 1 << 17; // and CTRL_VQ
+        let mq = acked & 1 << 22 != 0;
+        let queues = StatsQueues {
+            pairs: if mq { pairs } else { 1 },
+            ctrl_index: if mq { 2 * pairs } else { 2 },
+        };
+        if let Ok((_, reply_len)) = parse_get(&readable, queues) {
+            writable_len = reply_len + 1;
+            assert!(
+                parse_mq(&readable[..], writable_len, acked, pairs).is_ok(),
+                "a GET parse_get accepts is accepted with its reply space"
+            );
+        }
+    }
     match parse_mq(&readable[..], writable_len, acked, pairs) {
         Ok(command) => {
             assert!(readable.len() >= 2);
