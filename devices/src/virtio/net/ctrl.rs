@@ -199,169 +199,236 @@ pub fn parse_at(
     ctrl_index: u16,
 ) -> Result<CtrlCommand, CtrlError> {
     let [class, command] = read_array::<2>(readable, 0).ok_or(CtrlError::ShortHeader)?;
-    let data_len = u32::try_from(readable.len() - 2).unwrap_or(u32::MAX);
-    let unsupported = CtrlError::Unsupported { class, command };
-    let not_negotiated = CtrlError::NotNegotiated { class, command };
-    let bad_length = CtrlError::BadLength { class, command };
-    let out_of_range = CtrlError::OutOfRange { class, command };
-    let needs = |feature: u32| {
-        if acked & bit(feature) != 0 {
-            Ok(())
-        } else {
-            Err(not_negotiated)
-        }
+    let p = Parser {
+        readable,
+        class,
+        command,
+        acked,
+        max_pairs,
+        ctrl_index,
     };
-    let exact = |len: u32| {
-        if data_len == len {
-            Ok(())
-        } else {
-            Err(bad_length)
-        }
-    };
-    let u32_at = |offset: u32| read_array::<4>(readable, 2 + offset).map(u32::from_le_bytes);
     let parsed = match (class as u32, command as u32) {
         (VIRTIO_NET_CTRL_RX, c @ (VIRTIO_NET_CTRL_RX_PROMISC | VIRTIO_NET_CTRL_RX_ALLMULTI)) => {
-            needs(VIRTIO_NET_F_CTRL_RX)?;
-            exact(1)?;
-            let [on] = read_array::<1>(readable, 2).ok_or(bad_length)?;
-            let on = match on {
-                0 => false,
-                1 => true,
-                _ => return Err(out_of_range),
-            };
-            if c == VIRTIO_NET_CTRL_RX_PROMISC {
-                CtrlCommand::Promisc(on)
-            } else {
-                CtrlCommand::AllMulti(on)
-            }
+            p.rx_mode(c == VIRTIO_NET_CTRL_RX_PROMISC)?
         }
         // ALLUNI, NOMULTI, NOUNI, NOBCAST: VIRTIO_NET_F_CTRL_RX_EXTRA, not offered.
-        (VIRTIO_NET_CTRL_RX, 2..=5) => return Err(not_negotiated),
-        (VIRTIO_NET_CTRL_MAC, VIRTIO_NET_CTRL_MAC_TABLE_SET) => {
-            needs(VIRTIO_NET_F_CTRL_RX)?;
-            let unicast = u32_at(0).ok_or(bad_length)?;
-            let mc_at = 4u64 + 6 * u64::from(unicast);
-            let mc_at = u32::try_from(mc_at).map_err(|_| bad_length)?;
-            let multicast = u32_at(mc_at).ok_or(bad_length)?;
-            let end = u64::from(mc_at) + 4 + 6 * u64::from(multicast);
-            if end != u64::from(data_len) {
-                return Err(bad_length);
-            }
-            CtrlCommand::MacTable { unicast, multicast }
-        }
-        (VIRTIO_NET_CTRL_MAC, VIRTIO_NET_CTRL_MAC_ADDR_SET) => {
-            needs(VIRTIO_NET_F_CTRL_MAC_ADDR)?;
-            exact(6)?;
-            let mac = read_array::<6>(readable, 2).ok_or(bad_length)?;
-            if mac[0] & 1 != 0 || mac == [0; 6] {
-                return Err(out_of_range);
-            }
-            CtrlCommand::MacAddr(MacAddr::new(mac))
-        }
+        (VIRTIO_NET_CTRL_RX, 2..=5) => return Err(p.not_negotiated()),
+        (VIRTIO_NET_CTRL_MAC, VIRTIO_NET_CTRL_MAC_TABLE_SET) => p.mac_table()?,
+        (VIRTIO_NET_CTRL_MAC, VIRTIO_NET_CTRL_MAC_ADDR_SET) => p.mac_addr()?,
         (VIRTIO_NET_CTRL_GUEST_OFFLOADS, VIRTIO_NET_CTRL_GUEST_OFFLOADS_SET) => {
-            needs(VIRTIO_NET_F_CTRL_GUEST_OFFLOADS)?;
-            exact(8)?;
-            let bits = read_array::<8>(readable, 2)
-                .map(u64::from_le_bytes)
-                .ok_or(bad_length)?;
-            let mut allowed = 0u64;
-            let mut offloads = Offloads::NONE;
-            for (feature, offload) in GUEST_OFFLOAD_BITS {
-                if acked & bit(feature) != 0 {
-                    allowed |= bit(feature);
-                    if bits & bit(feature) != 0 {
-                        offloads = offloads | offload;
-                    }
-                }
-            }
-            if bits & !allowed != 0 {
-                return Err(out_of_range);
-            }
-            CtrlCommand::GuestOffloads(offloads)
+            p.guest_offloads()?
         }
         (
             VIRTIO_NET_CTRL_NOTF_COAL,
             c @ (VIRTIO_NET_CTRL_NOTF_COAL_TX_SET | VIRTIO_NET_CTRL_NOTF_COAL_RX_SET),
-        ) => {
-            needs(VIRTIO_NET_F_NOTF_COAL)?;
-            exact(8)?;
-            let (packets, usecs) = u32_at(0).zip(u32_at(4)).ok_or(bad_length)?;
-            let bounds =
-                InterruptCoalescing::from_guest(packets, usecs).map_err(|_| out_of_range)?;
-            let dir = usize::from(c == VIRTIO_NET_CTRL_NOTF_COAL_TX_SET);
-            CtrlCommand::SetCoalescing(dir, bounds)
-        }
+        ) => p.coalescing(usize::from(c == VIRTIO_NET_CTRL_NOTF_COAL_TX_SET))?,
         (
             VIRTIO_NET_CTRL_NOTF_COAL,
             c @ (VIRTIO_NET_CTRL_NOTF_COAL_VQ_SET | VIRTIO_NET_CTRL_NOTF_COAL_VQ_GET),
-        ) => {
-            needs(VIRTIO_NET_F_VQ_NOTF_COAL)?;
-            let set = c == VIRTIO_NET_CTRL_NOTF_COAL_VQ_SET;
-            exact(if set { 12 } else { 4 })?;
-            let vqn = read_array::<2>(readable, 2)
-                .map(u16::from_le_bytes)
-                .ok_or(bad_length)?;
-            // Queue 2i is rx, 2i + 1 tx; the control queue (after them) has no coalescing.
-            let data_queues = if acked & bit(VIRTIO_NET_F_MQ) != 0 {
-                2 * u32::from(max_pairs.max(1))
-            } else {
-                2
-            };
-            if u32::from(vqn) >= data_queues {
-                return Err(out_of_range);
-            }
-            let dir = usize::from(vqn & 1);
-            if set {
-                let (packets, usecs) = u32_at(4).zip(u32_at(8)).ok_or(bad_length)?;
-                let bounds =
-                    InterruptCoalescing::from_guest(packets, usecs).map_err(|_| out_of_range)?;
-                CtrlCommand::SetCoalescing(dir, bounds)
-            } else {
-                CtrlCommand::GetCoalescing(dir)
-            }
-        }
-        (VIRTIO_NET_CTRL_MQ, VIRTIO_NET_CTRL_MQ_VQ_PAIRS_SET) => {
-            needs(VIRTIO_NET_F_MQ)?;
-            exact(2)?;
-            let pairs = read_array::<2>(readable, 2)
-                .map(u16::from_le_bytes)
-                .ok_or(bad_length)?;
-            if pairs == 0 || pairs > max_pairs {
-                return Err(out_of_range);
-            }
-            CtrlCommand::SetPairs(pairs)
-        }
+        ) => p.vq_coalescing(c == VIRTIO_NET_CTRL_NOTF_COAL_VQ_SET)?,
+        (VIRTIO_NET_CTRL_MQ, VIRTIO_NET_CTRL_MQ_VQ_PAIRS_SET) => p.pairs_set()?,
         // RSS_CONFIG, HASH_CONFIG: VIRTIO_NET_F_RSS / HASH_REPORT, not offered.
-        (VIRTIO_NET_CTRL_MQ, 1 | 2) => return Err(not_negotiated),
+        (VIRTIO_NET_CTRL_MQ, 1 | 2) => return Err(p.not_negotiated()),
         (STATS, STATS_QUERY) => {
-            needs(stats::VIRTIO_NET_F_DEVICE_STATS)?;
-            exact(0)?;
+            p.needs(stats::VIRTIO_NET_F_DEVICE_STATS)?;
+            p.exact(0)?;
             CtrlCommand::QueryStats
         }
-        (STATS, STATS_GET) => {
-            needs(stats::VIRTIO_NET_F_DEVICE_STATS)?;
-            let pairs = if acked & bit(VIRTIO_NET_F_MQ) != 0 {
-                max_pairs.max(1)
-            } else {
-                1
-            };
-            let queues = stats::StatsQueues { pairs, ctrl_index };
-            let (requests, reply_len) =
-                stats::parse_get(readable, queues).map_err(|e| match e {
-                    stats::Refused::BadLength => bad_length,
-                    stats::Refused::OutOfRange => out_of_range,
-                })?;
-            CtrlCommand::GetStats {
-                requests,
-                reply_len,
-            }
-        }
-        _ => return Err(unsupported),
+        (STATS, STATS_GET) => p.stats_get()?,
+        _ => return Err(CtrlError::Unsupported { class, command }),
     };
     if writable_len != parsed.reply_len() + 1 {
-        return Err(bad_length);
+        return Err(p.bad_length());
     }
     Ok(parsed)
+}
+
+/// One command being parsed: its bytes and what the device and the driver agreed on.
+struct Parser<'a> {
+    readable: &'a [u8],
+    class: u8,
+    command: u8,
+    acked: u64,
+    max_pairs: u16,
+    ctrl_index: u16,
+}
+
+impl Parser<'_> {
+    fn not_negotiated(&self) -> CtrlError {
+        let (class, command) = (self.class, self.command);
+        CtrlError::NotNegotiated { class, command }
+    }
+
+    fn bad_length(&self) -> CtrlError {
+        let (class, command) = (self.class, self.command);
+        CtrlError::BadLength { class, command }
+    }
+
+    fn out_of_range(&self) -> CtrlError {
+        let (class, command) = (self.class, self.command);
+        CtrlError::OutOfRange { class, command }
+    }
+
+    /// Bytes of data after the 2-byte header.
+    fn data_len(&self) -> u32 {
+        u32::try_from(self.readable.len() - 2).unwrap_or(u32::MAX)
+    }
+
+    fn needs(&self, feature: u32) -> Result<(), CtrlError> {
+        if self.acked & bit(feature) != 0 {
+            Ok(())
+        } else {
+            Err(self.not_negotiated())
+        }
+    }
+
+    fn exact(&self, len: u32) -> Result<(), CtrlError> {
+        if self.data_len() == len {
+            Ok(())
+        } else {
+            Err(self.bad_length())
+        }
+    }
+
+    /// `N` bytes of data at `offset` (after the header).
+    fn array<const N: usize>(&self, offset: u32) -> Result<[u8; N], CtrlError> {
+        let at = offset.checked_add(2).ok_or(self.bad_length())?;
+        read_array::<N>(self.readable, at).ok_or(self.bad_length())
+    }
+
+    fn u32_at(&self, offset: u32) -> Result<u32, CtrlError> {
+        self.array::<4>(offset).map(u32::from_le_bytes)
+    }
+
+    /// Queue pairs the commands may name: the driver's with MQ, else one.
+    fn pairs(&self) -> u16 {
+        if self.acked & bit(VIRTIO_NET_F_MQ) != 0 {
+            self.max_pairs.max(1)
+        } else {
+            1
+        }
+    }
+
+    /// RX PROMISC / ALLMULTI: one `u8`, 0 or 1.
+    fn rx_mode(&self, promisc: bool) -> Result<CtrlCommand, CtrlError> {
+        self.needs(VIRTIO_NET_F_CTRL_RX)?;
+        self.exact(1)?;
+        let on = match self.array::<1>(0)? {
+            [0] => false,
+            [1] => true,
+            _ => return Err(self.out_of_range()),
+        };
+        Ok(if promisc {
+            CtrlCommand::Promisc(on)
+        } else {
+            CtrlCommand::AllMulti(on)
+        })
+    }
+
+    /// MAC TABLE_SET: two `le32 entries; u8 macs[entries][6]` tables, exactly.
+    fn mac_table(&self) -> Result<CtrlCommand, CtrlError> {
+        self.needs(VIRTIO_NET_F_CTRL_RX)?;
+        let unicast = self.u32_at(0)?;
+        let mc_at = 4u64 + 6 * u64::from(unicast);
+        let mc_at = u32::try_from(mc_at).map_err(|_| self.bad_length())?;
+        let multicast = self.u32_at(mc_at)?;
+        let end = u64::from(mc_at) + 4 + 6 * u64::from(multicast);
+        if end != u64::from(self.data_len()) {
+            return Err(self.bad_length());
+        }
+        Ok(CtrlCommand::MacTable { unicast, multicast })
+    }
+
+    /// MAC ADDR_SET: 6 bytes, unicast, not all zero.
+    fn mac_addr(&self) -> Result<CtrlCommand, CtrlError> {
+        self.needs(VIRTIO_NET_F_CTRL_MAC_ADDR)?;
+        self.exact(6)?;
+        let mac = self.array::<6>(0)?;
+        if mac[0] & 1 != 0 || mac == [0; 6] {
+            return Err(self.out_of_range());
+        }
+        Ok(CtrlCommand::MacAddr(MacAddr::new(mac)))
+    }
+
+    /// GUEST_OFFLOADS SET: `le64` of negotiated guest offload feature bits.
+    fn guest_offloads(&self) -> Result<CtrlCommand, CtrlError> {
+        self.needs(VIRTIO_NET_F_CTRL_GUEST_OFFLOADS)?;
+        self.exact(8)?;
+        let bits = u64::from_le_bytes(self.array::<8>(0)?);
+        let mut allowed = 0u64;
+        let mut offloads = Offloads::NONE;
+        for (feature, offload) in GUEST_OFFLOAD_BITS {
+            if self.acked & bit(feature) != 0 {
+                allowed |= bit(feature);
+                if bits & bit(feature) != 0 {
+                    offloads = offloads | offload;
+                }
+            }
+        }
+        if bits & !allowed != 0 {
+            return Err(self.out_of_range());
+        }
+        Ok(CtrlCommand::GuestOffloads(offloads))
+    }
+
+    /// The coalescing bounds `le32 max_packets; le32 max_usecs` at `offset`.
+    fn bounds(&self, offset: u32) -> Result<InterruptCoalescing, CtrlError> {
+        let (packets, usecs) = (self.u32_at(offset)?, self.u32_at(offset + 4)?);
+        InterruptCoalescing::from_guest(packets, usecs).map_err(|_| self.out_of_range())
+    }
+
+    /// NOTF_COAL TX_SET / RX_SET of direction `dir` (0 rx, 1 tx).
+    fn coalescing(&self, dir: usize) -> Result<CtrlCommand, CtrlError> {
+        self.needs(VIRTIO_NET_F_NOTF_COAL)?;
+        self.exact(8)?;
+        Ok(CtrlCommand::SetCoalescing(dir, self.bounds(0)?))
+    }
+
+    /// NOTF_COAL VQ_SET / VQ_GET: `le16 vqn; le16 reserved` (then the bounds, to set).
+    fn vq_coalescing(&self, set: bool) -> Result<CtrlCommand, CtrlError> {
+        self.needs(VIRTIO_NET_F_VQ_NOTF_COAL)?;
+        self.exact(if set { 12 } else { 4 })?;
+        let vqn = u16::from_le_bytes(self.array::<2>(0)?);
+        // Queue 2i is rx, 2i + 1 tx; the control queue (after them) has no coalescing.
+        if u32::from(vqn) >= 2 * u32::from(self.pairs()) {
+            return Err(self.out_of_range());
+        }
+        let dir = usize::from(vqn & 1);
+        Ok(if set {
+            CtrlCommand::SetCoalescing(dir, self.bounds(4)?)
+        } else {
+            CtrlCommand::GetCoalescing(dir)
+        })
+    }
+
+    /// MQ VQ_PAIRS_SET: `le16`, 1..=the pairs the driver set up.
+    fn pairs_set(&self) -> Result<CtrlCommand, CtrlError> {
+        self.needs(VIRTIO_NET_F_MQ)?;
+        self.exact(2)?;
+        let pairs = u16::from_le_bytes(self.array::<2>(0)?);
+        if pairs == 0 || pairs > self.max_pairs {
+            return Err(self.out_of_range());
+        }
+        Ok(CtrlCommand::SetPairs(pairs))
+    }
+
+    /// STATS GET: see [`stats::parse_get`].
+    fn stats_get(&self) -> Result<CtrlCommand, CtrlError> {
+        self.needs(stats::VIRTIO_NET_F_DEVICE_STATS)?;
+        let queues = stats::StatsQueues {
+            pairs: self.pairs(),
+            ctrl_index: self.ctrl_index,
+        };
+        let (requests, reply_len) =
+            stats::parse_get(self.readable, queues).map_err(|e| match e {
+                stats::Refused::BadLength => self.bad_length(),
+                stats::Refused::OutOfRange => self.out_of_range(),
+            })?;
+        Ok(CtrlCommand::GetStats {
+            requests,
+            reply_len,
+        })
+    }
 }
 
 impl CtrlError {
