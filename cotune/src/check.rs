@@ -8,9 +8,6 @@ use serde_json::Value;
 use vnet_driver::features::NET_F_DEVICE_STATS;
 use vnet_driver::{StatsTypes, Transport, VirtioNet};
 
-use crate::rig::Rig;
-use crate::transport::TransportKind;
-
 /// The device's counters the agreement check uses, summed over the active queue pairs.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct DeviceCounters {
@@ -184,7 +181,7 @@ pub fn read_device_stats<H: vnet_driver::Hal, T: Transport>(
 }
 
 /// The device's counters straight from its metrics (the co-simulation shares them).
-fn from_metrics(m: &devices::virtio::net::NetMetrics) -> DeviceCounters {
+pub(crate) fn from_metrics(m: &devices::virtio::net::NetMetrics) -> DeviceCounters {
     DeviceCounters {
         tx_packets: m.tx.frames.get(),
         tx_drops: m.tx.backend_errors.get() + m.tx.malformed_chains.get(),
@@ -195,106 +192,6 @@ fn from_metrics(m: &devices::virtio::net::NetMetrics) -> DeviceCounters {
         rx_interrupts: m.rx.interrupts_raised.get(),
         cvq: None,
     }
-}
-
-/// Used entries not popped over the pairs: (rx, tx).
-fn used_pending(rig: &mut Rig) -> (u64, u64) {
-    let current = rig.net.current_pair();
-    let (mut rx, mut tx) = (0, 0);
-    for pair in 0..rig.net.queue_pairs() {
-        if rig.net.select_pair(pair).is_ok() {
-            rx += u64::from(rig.net.rx_used_pending());
-            tx += u64::from(rig.net.tx_used_pending());
-        }
-    }
-    let _ = rig.net.select_pair(current);
-    (rx, tx)
-}
-
-/// Checks the counters of a quiesced rig (device worker stopped).
-pub fn consistency(rig: &mut Rig) -> Result<(), String> {
-    let d = rig.net.counters();
-    let written = rig.net_transport_kicks();
-    let m = &rig.metrics;
-    // Every control command is kicked once.
-    let driver_kicks = d.kicks + d.rx_kicks + d.ctrl_commands;
-    let device_kicks = m.tx.kicks.get() + m.rx.kicks.get() + m.ctrl.kicks.get();
-    if driver_kicks != written || written != device_kicks {
-        return Err(format!(
-            "kicks disagree: driver counted {driver_kicks}, transport wrote {written}, device saw {device_kicks}"
-        ));
-    }
-    let signals = m.irqfd_signals.get();
-    let taken = if rig.transport_kind() == TransportKind::Mmio {
-        if rig.irq_signals_taken != signals {
-            return Err(format!(
-                "interrupts disagree: device signalled {signals}, driver took {}",
-                rig.irq_signals_taken
-            ));
-        }
-        Taken::Shared(rig.irq_signals_taken)
-    } else {
-        // virtio-pci: a queue pair's signal fires the vectors of those of its queues that
-        // wanted it (one or both), the control queue's its own; the configuration vector none.
-        let t = rig.net.transport();
-        let taken = |v: Option<u16>| {
-            rig.lines()
-                .iter()
-                .position(|&l| l.is_some() && l == v)
-                .map_or(0, |i| rig.line_signals[i])
-        };
-        let (rx, tx, ctrl) = (
-            taken(t.queue_vector(0)),
-            taken(t.queue_vector(1)),
-            taken(t.queue_vector(2)),
-        );
-        let config = taken(t.config_vector());
-        if rx.max(tx) + ctrl > signals || signals > rx + tx + ctrl {
-            return Err(format!(
-                "interrupts disagree: device signalled {signals}, driver took rx {rx}, tx {tx}, \
-                 ctrl {ctrl} on their MSI-X vectors"
-            ));
-        }
-        if config != 0 {
-            return Err(format!("MSI-X: {config} configuration interrupts"));
-        }
-        Taken::PerQueue { rx, tx }
-    };
-    if m.tx.malformed_chains.get() + m.rx.malformed_chains.get() != 0 {
-        return Err("the device saw malformed chains from the driver".into());
-    }
-    let metrics = from_metrics(m);
-    let dev = match &rig.device_stats {
-        Some(Ok(stats)) => {
-            // The device's answer is its metrics (nothing moved since the GETs).
-            let read = DeviceCounters {
-                cvq: None,
-                ..*stats
-            };
-            if read != metrics {
-                return Err(format!(
-                    "the device's statistics disagree with its metrics: read {read:?}, \
-                     metrics {metrics:?}"
-                ));
-            }
-            *stats
-        }
-        Some(Err(e)) => return Err(format!("device statistics: {e}")),
-        None => metrics,
-    };
-    let (rx_pending, tx_pending) = used_pending(rig);
-    let tx_completed = d.tx_reclaimed + tx_pending;
-    let driver = DriverCounters {
-        tx_completed,
-        tx_in_flight: (d.tx_frames + d.xdp_tx).saturating_sub(tx_completed),
-        kicks: d.kicks,
-        rx_kicks: d.rx_kicks,
-        rx_frames: d.rx_frames,
-        rx_slack: rx_pending,
-        ctrl_commands: d.ctrl_commands,
-        ctrl_failed: d.ctrl_failed,
-    };
-    device_agreement(&driver, &dev, taken)
 }
 
 /// A field of the driver guest's result line.

@@ -11,6 +11,7 @@ pub mod frames;
 pub mod hal;
 pub mod injector;
 pub mod noise;
+pub mod point;
 pub mod report;
 pub mod rig;
 pub mod sweep;

@@ -13,6 +13,7 @@ use devices::virtio::MmioTransport as DeviceTransport;
 use vm_memory::{GuestAddress, GuestMemoryMmap};
 use vnet_driver::{Config, QueueId, Rearm, Transport, VirtioNet, XdpAction};
 
+use crate::check::{device_agreement, from_metrics, DeviceCounters, DriverCounters, Taken};
 use crate::cost::{spin_for_ns, thread_cpu_ns};
 use crate::env::wait_readable;
 use crate::hal::GuestMemHal;
@@ -320,4 +321,107 @@ fn wait_any_readable(lines: &[IrqLine], ms: i32) -> bool {
     // SAFETY: poll reads and writes only the pollfds of `fds`, which live for the call and
     // whose count is passed with them.
     unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, ms) > 0 }
+}
+
+impl Rig {
+    /// Used entries not popped over the pairs: (rx, tx).
+    fn used_pending(&mut self) -> (u64, u64) {
+        let current = self.net.current_pair();
+        let (mut rx, mut tx) = (0, 0);
+        for pair in 0..self.net.queue_pairs() {
+            if self.net.select_pair(pair).is_ok() {
+                rx += u64::from(self.net.rx_used_pending());
+                tx += u64::from(self.net.tx_used_pending());
+            }
+        }
+        let _ = self.net.select_pair(current);
+        (rx, tx)
+    }
+
+    /// Checks the counters of a quiesced rig (device worker stopped): the driver's, the
+    /// transport's and the device's agree (`crate::check`).
+    pub fn consistency(&mut self) -> Result<(), String> {
+        let d = self.net.counters();
+        let written = self.net_transport_kicks();
+        let m = &self.metrics;
+        // Every control command is kicked once.
+        let driver_kicks = d.kicks + d.rx_kicks + d.ctrl_commands;
+        let device_kicks = m.tx.kicks.get() + m.rx.kicks.get() + m.ctrl.kicks.get();
+        if driver_kicks != written || written != device_kicks {
+            return Err(format!(
+                "kicks disagree: driver counted {driver_kicks}, transport wrote {written}, device saw {device_kicks}"
+            ));
+        }
+        let signals = m.irqfd_signals.get();
+        let taken = if self.transport_kind() == TransportKind::Mmio {
+            if self.irq_signals_taken != signals {
+                return Err(format!(
+                    "interrupts disagree: device signalled {signals}, driver took {}",
+                    self.irq_signals_taken
+                ));
+            }
+            Taken::Shared(self.irq_signals_taken)
+        } else {
+            // virtio-pci: a queue pair's signal fires the vectors of those of its queues that
+            // wanted it (one or both), the control queue's its own; the configuration vector none.
+            let t = self.net.transport();
+            let taken = |v: Option<u16>| {
+                self.lines()
+                    .iter()
+                    .position(|&l| l.is_some() && l == v)
+                    .map_or(0, |i| self.line_signals[i])
+            };
+            let (rx, tx, ctrl) = (
+                taken(t.queue_vector(0)),
+                taken(t.queue_vector(1)),
+                taken(t.queue_vector(2)),
+            );
+            let config = taken(t.config_vector());
+            if rx.max(tx) + ctrl > signals || signals > rx + tx + ctrl {
+                return Err(format!(
+                    "interrupts disagree: device signalled {signals}, driver took rx {rx}, tx {tx}, \
+                     ctrl {ctrl} on their MSI-X vectors"
+                ));
+            }
+            if config != 0 {
+                return Err(format!("MSI-X: {config} configuration interrupts"));
+            }
+            Taken::PerQueue { rx, tx }
+        };
+        if m.tx.malformed_chains.get() + m.rx.malformed_chains.get() != 0 {
+            return Err("the device saw malformed chains from the driver".into());
+        }
+        let metrics = from_metrics(m);
+        let dev = match &self.device_stats {
+            Some(Ok(stats)) => {
+                // The device's answer is its metrics (nothing moved since the GETs).
+                let read = DeviceCounters {
+                    cvq: None,
+                    ..*stats
+                };
+                if read != metrics {
+                    return Err(format!(
+                        "the device's statistics disagree with its metrics: read {read:?}, \
+                         metrics {metrics:?}"
+                    ));
+                }
+                *stats
+            }
+            Some(Err(e)) => return Err(format!("device statistics: {e}")),
+            None => metrics,
+        };
+        let (rx_pending, tx_pending) = self.used_pending();
+        let tx_completed = d.tx_reclaimed + tx_pending;
+        let driver = DriverCounters {
+            tx_completed,
+            tx_in_flight: (d.tx_frames + d.xdp_tx).saturating_sub(tx_completed),
+            kicks: d.kicks,
+            rx_kicks: d.rx_kicks,
+            rx_frames: d.rx_frames,
+            rx_slack: rx_pending,
+            ctrl_commands: d.ctrl_commands,
+            ctrl_failed: d.ctrl_failed,
+        };
+        device_agreement(&driver, &dev, taken)
+    }
 }

@@ -22,7 +22,7 @@ use vnet_driver::xsk::XskMode;
 use crate::calib::{self, Calibration};
 use crate::frames::{test_frame, ETHERTYPE, SRC_MAC};
 use crate::noise::{comm_name, pin_thread, proc_task_cpu_ns, proc_thread_named};
-use crate::sweep::{BackendKind, Measured, Point};
+use crate::point::{BackendKind, HostPath, Measured, Point};
 use crate::workloads::Workload;
 
 /// The tap each VM trial uses (inside its own namespace).
@@ -45,9 +45,9 @@ pub struct VmEnv {
     pub transport: crate::transport::TransportKind,
     /// The device's backend: a tap (for `tap` and `pair`), or the VMM's measurement
     /// backend of that name (`--net backend=sink|source|loop`).
-    pub backend: crate::sweep::BackendKind,
+    pub backend: BackendKind,
     /// The tap's host path (an XDP program attached to it for each VM).
-    pub host_path: crate::sweep::HostPath,
+    pub host_path: HostPath,
 }
 
 /// The workspace root (cotune's manifest directory's parent).
@@ -439,10 +439,7 @@ pub fn run_point(env: &VmEnv, point: &Point, pin: Option<(usize, usize)>) -> io:
         None
     };
     let stop = Arc::new(AtomicBool::new(false));
-    let peer = if echo
-        && !env.backend.is_measurement()
-        && env.host_path == crate::sweep::HostPath::Stack
-    {
+    let peer = if echo && !env.backend.is_measurement() && env.host_path == HostPath::Stack {
         let sock = ns.run(|| PacketSocket::open(TAP, ETHERTYPE))??;
         // Only the echoes are wanted back: half the receives (the peer filters them anyway
         // where the kernel cannot).
@@ -618,7 +615,7 @@ pub fn calibrate(env: &VmEnv) -> Result<Calibration, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::sweep::DevKnobs;
+    use crate::point::DevKnobs;
     use vnet_driver::{Config, TxCompletion};
 
     fn point(workload: Workload) -> Point {

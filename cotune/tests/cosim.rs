@@ -6,7 +6,6 @@
 use std::os::fd::AsRawFd;
 use std::time::{Duration, Instant};
 
-use cotune::check::consistency;
 use cotune::frames::{check_frame, test_frame};
 use cotune::rig::{Rig, RigConfig};
 use cotune::transport::{CosimTransport, TransportKind};
@@ -142,7 +141,8 @@ fn frames_flow_both_ways_with_each_knob_and_counters_agree() {
         transmit_and_check(&mut rig, &peer, 64);
         receive_and_check(&mut rig, &peer, 1400);
         rig.quiesce();
-        consistency(&mut rig).unwrap_or_else(|e| panic!("{config:?}: {e}"));
+        rig.consistency()
+            .unwrap_or_else(|e| panic!("{config:?}: {e}"));
         let d = every_frame_counted(&rig, &config);
         if config.kick_threshold == 1 && !config.event_idx {
             // Without EVENT_IDX or batching, kicks are only avoided by NO_NOTIFY.
@@ -187,7 +187,7 @@ fn xdp_tx_bounces_every_frame_with_bulk_1_and_16() {
             }
         }
         rig.quiesce();
-        consistency(&mut rig).unwrap();
+        rig.consistency().unwrap();
         let d = rig.net.counters();
         assert_eq!(d.xdp_tx, u64::from(FRAMES));
         if xdp_bulk == 16 {
@@ -243,7 +243,8 @@ fn frames_flow_both_ways_over_virtio_pci_with_msix() {
             );
         }
         rig.quiesce();
-        consistency(&mut rig).unwrap_or_else(|e| panic!("{config:?}: {e}"));
+        rig.consistency()
+            .unwrap_or_else(|e| panic!("{config:?}: {e}"));
         assert!(
             rig.line_signals[0] > 0,
             "{config:?}: no rx vector interrupt"
@@ -275,7 +276,8 @@ fn device_statistics_read_over_the_control_queue_agree_with_the_driver() {
         // QUERY, GET rx, GET tx, GET CVQ: the last one counted, not yet acknowledged.
         assert_eq!(stats.cvq, Some((4, 3)), "{transport:?}");
         assert_eq!(rig.metrics.ctrl.stats_gets.get(), 3, "{transport:?}");
-        consistency(&mut rig).unwrap_or_else(|e| panic!("{transport:?}: {e}"));
+        rig.consistency()
+            .unwrap_or_else(|e| panic!("{transport:?}: {e}"));
     }
     let (mut rig, peer) = rig(Config {
         device_stats: false,
@@ -285,5 +287,5 @@ fn device_statistics_read_over_the_control_queue_agree_with_the_driver() {
     rig.quiesce();
     assert!(rig.device_stats.is_none());
     assert_eq!(rig.net.counters().ctrl_commands, 0);
-    consistency(&mut rig).unwrap();
+    rig.consistency().unwrap();
 }
