@@ -84,41 +84,8 @@ impl<'p, B: NetBackend> EventLoop<'p, B> {
                     0
                 }
                 Ok((_, writable_len)) => {
-                    // Copied once: parsed and carried out from the same bytes.
-                    let request = &mut ctrl.request;
-                    let iovecs = readable.as_iovecs();
-                    request.resize(iovecs.total_bytes(), 0);
-                    let copied = iovecs.read_at(0, request);
-                    debug_assert!(copied, "the walk's readable bytes");
-                    ctrl.reply.clear();
-                    let outcome = match ctrl::parse_at(
-                        &request[..],
-                        writable_len,
-                        self.acked_features,
-                        self.usable_pairs,
-                        self.ctrl_queue_index() as u16,
-                    ) {
-                        Ok(command) => self.execute(command, request, &mut ctrl.reply)?,
-                        Err(e) => CtrlOutcome::Refused(e),
-                    };
-                    let out = writable.as_iovecs();
-                    let ack = match outcome {
-                        CtrlOutcome::Done => {
-                            self.ctrl_counters.ok += 1;
-                            // `parse_at` checked the reply fits after the ack.
-                            debug_assert!(ctrl.reply.len() < writable_len as usize);
-                            out.write_at(1, &ctrl.reply);
-                            ACK_OK
-                        }
-                        CtrlOutcome::Refused(e) => {
-                            e.count(&mut self.ctrl_counters);
-                            self.ctrl_refused(&format_args!("VIRTIO_NET_ERR: {e}"));
-                            ACK_ERR
-                        }
-                    };
-                    // The ack comes first, then the command's result (virtio 1.3 §5.1.6.5;
-                    // Linux lays out the writable part so).
-                    out.write_at(0, &[ack]);
+                    let buffers = (&mut ctrl.request, &mut ctrl.reply);
+                    self.answer(&readable, &writable, writable_len, buffers)?;
                     writable_len
                 }
             };
@@ -127,6 +94,53 @@ impl<'p, B: NetBackend> EventLoop<'p, B> {
             ring.add_used(head, used_len);
             ring.publish_used();
         }
+    }
+
+    /// Parses and carries out one command whose chain was walked into `readable` and
+    /// `writable` (`writable_len` bytes, at least 1), and writes the ack, then the result.
+    /// `request` and `reply` are reused buffers.
+    fn answer(
+        &mut self,
+        readable: &IovecList,
+        writable: &IovecList,
+        writable_len: u32,
+        (request, reply): (&mut Vec<u8>, &mut Vec<u8>),
+    ) -> Result<(), WorkerError> {
+        // Copied once: parsed and carried out from the same bytes.
+        let iovecs = readable.as_iovecs();
+        request.resize(iovecs.total_bytes(), 0);
+        let copied = iovecs.read_at(0, request);
+        debug_assert!(copied, "the walk's readable bytes");
+        reply.clear();
+        let outcome = match ctrl::parse_at(
+            request,
+            writable_len,
+            self.acked_features,
+            self.usable_pairs,
+            self.ctrl_queue_index() as u16,
+        ) {
+            Ok(command) => self.execute(command, request, reply)?,
+            Err(e) => CtrlOutcome::Refused(e),
+        };
+        let out = writable.as_iovecs();
+        let ack = match outcome {
+            CtrlOutcome::Done => {
+                self.ctrl_counters.ok += 1;
+                // `parse_at` checked the reply fits after the ack.
+                debug_assert!(reply.len() < writable_len as usize);
+                out.write_at(1, reply);
+                ACK_OK
+            }
+            CtrlOutcome::Refused(e) => {
+                e.count(&mut self.ctrl_counters);
+                self.ctrl_refused(&format_args!("VIRTIO_NET_ERR: {e}"));
+                ACK_ERR
+            }
+        };
+        // The ack comes first, then the command's result (virtio 1.3 §5.1.6.5; Linux lays out
+        // the writable part so).
+        out.write_at(0, &[ack]);
+        Ok(())
     }
 
     /// Logs a refused control command, at most one line per burst (a driver can send many).
@@ -170,33 +184,10 @@ impl<'p, B: NetBackend> EventLoop<'p, B> {
                 info!("virtio-net {}: the driver set MAC {mac}", self.label);
                 return Ok(CtrlOutcome::Done);
             }
-            CtrlCommand::GuestOffloads(offloads) => {
-                if let Err(e) = self.backend.set_offloads(offloads) {
-                    warn!(
-                        "virtio-net {}: the backend refused offloads {offloads:?}: {e}",
-                        self.label
-                    );
-                    return Ok(CtrlOutcome::Refused(CtrlError::Backend));
-                }
-                c.offloads_sets += 1;
-                return Ok(CtrlOutcome::Done);
-            }
+            CtrlCommand::GuestOffloads(offloads) => return Ok(self.guest_offloads(offloads)),
             CtrlCommand::SetCoalescing(dir, bounds) => {
                 c.coalescing_sets += 1;
-                self.guest_coalescing[dir & 1] = Some(bounds);
-                self.tuning_shared.set_guest(dir, Some(bounds));
-                // The other pairs' workers follow (coalescing is per direction, device-wide).
-                self.tuning_shared.notify_except(0);
-                let tuning = self.tuning_shared.load();
-                let coalescing = self.coalescing(tuning.interrupt_coalescing);
-                let moderation = self.moderator.retune(tuning.event_idx, coalescing);
-                self.apply(moderation)?;
-                // Linux's adaptive coalescing (DIM) may send these often: not an info line.
-                debug!(
-                    "virtio-net {}: the driver set {} interrupt coalescing {bounds:?}",
-                    self.label,
-                    if dir == RX { "rx" } else { "tx" }
-                );
+                self.set_guest_coalescing(dir, bounds)?;
                 return Ok(CtrlOutcome::Done);
             }
             CtrlCommand::GetCoalescing(dir) => {
@@ -237,5 +228,41 @@ impl<'p, B: NetBackend> EventLoop<'p, B> {
             self.label, self.rx_filter
         );
         Ok(CtrlOutcome::Done)
+    }
+
+    /// GUEST_OFFLOADS SET: the backend's offloads, or ERR if it refuses them.
+    fn guest_offloads(&mut self, offloads: Offloads) -> CtrlOutcome {
+        if let Err(e) = self.backend.set_offloads(offloads) {
+            warn!(
+                "virtio-net {}: the backend refused offloads {offloads:?}: {e}",
+                self.label
+            );
+            return CtrlOutcome::Refused(CtrlError::Backend);
+        }
+        self.ctrl_counters.offloads_sets += 1;
+        CtrlOutcome::Done
+    }
+
+    /// NOTF_COAL from the guest: direction `dir`'s bounds, for this worker and the other
+    /// pairs' (coalescing is per direction, device-wide).
+    fn set_guest_coalescing(
+        &mut self,
+        dir: usize,
+        bounds: InterruptCoalescing,
+    ) -> Result<(), WorkerError> {
+        self.guest_coalescing[dir & 1] = Some(bounds);
+        self.tuning_shared.set_guest(dir, Some(bounds));
+        self.tuning_shared.notify_except(0);
+        let tuning = self.tuning_shared.load();
+        let coalescing = self.coalescing(tuning.interrupt_coalescing);
+        let moderation = self.moderator.retune(tuning.event_idx, coalescing);
+        self.apply(moderation)?;
+        // Linux's adaptive coalescing (DIM) may send these often: not an info line.
+        debug!(
+            "virtio-net {}: the driver set {} interrupt coalescing {bounds:?}",
+            self.label,
+            if dir == RX { "rx" } else { "tx" }
+        );
+        Ok(())
     }
 }
