@@ -191,107 +191,133 @@ fn common() -> Vec<Allow> {
 }
 
 fn thread_kind_rules(kind: ThreadKind) -> Vec<Allow> {
-    use libc::*;
     let mut rules = common();
-    match kind {
-        ThreadKind::Vmm => rules.extend([
-            allow(SYS_epoll_wait, "the VMM event loop"),
-            allow(
-                SYS_epoll_pwait,
-                "the VMM event loop (glibc may use epoll_pwait)",
-            ),
-            allow(
-                SYS_getpid,
-                "pthread_kill (the vCPU kicks) names the process",
-            ),
-            allow(SYS_tgkill, "kicking vCPUs out of KVM_RUN with SIGRTMIN"),
-            allow_args(
-                SYS_ioctl,
-                1,
-                &[TCGETS, TCSETS, TCSETSW],
-                "restoring the terminal's mode at exit",
-            ),
-            allow(
-                SYS_clock_nanosleep,
-                "console input waits for the guest to drain the UART; stopping the vCPUs",
-            ),
-            allow(
-                SYS_timerfd_settime,
-                "the watchdog and metrics timer (only set up before the filter; listed for \
-                 clarity)",
-            ),
-        ]),
-        ThreadKind::Api => rules.extend([
-            allow(SYS_epoll_wait, "the API event loop"),
-            allow(
-                SYS_epoll_pwait,
-                "the API event loop (glibc may use epoll_pwait)",
-            ),
-            allow(
-                SYS_epoll_ctl,
-                "watching connections, and the listener again after a pause",
-            ),
-            allow(SYS_accept4, "accepting API connections"),
-            allow(SYS_recvfrom, "reading requests"),
-            allow(SYS_sendto, "writing responses (send with MSG_NOSIGNAL)"),
-            allow(
-                SYS_shutdown,
-                "ending our side of a connection after an error answer",
-            ),
-            allow(SYS_unlink, "removing the API socket at exit"),
-        ]),
-        ThreadKind::Vcpu => rules.extend([
-            allow_args(
-                SYS_ioctl,
-                1,
-                &[
-                    KVM_RUN(),
-                    KVM_GET_REGS(),
-                    KVM_SET_REGS(),
-                    KVM_GET_SREGS(),
-                    KVM_GET_MP_STATE(),
-                    KVM_GET_VCPU_EVENTS(),
-                    KVM_SET_VCPU_EVENTS(),
-                ]
-                .map(u64::from),
-                "running the vCPU; the watchdog probe; completing int3/fwait on PVM hosts",
-            ),
-            allow_args(
-                SYS_ioctl,
-                1,
-                &[KVM_SET_GSI_ROUTING(), KVM_IOEVENTFD()].map(u64::from),
-                "virtio-pci: the guest's MSI-X table write installs the vector's MSI route \
-             (the whole GSI table), and its BAR0 move re-registers the notify ioeventfds; \
-             irqfds are bound to GSIs, which never change, so KVM_IRQFD is not needed",
-            ),
-        ]),
-        ThreadKind::NetWorker => rules.extend([
-            allow(SYS_epoll_wait, "the worker's event loop"),
-            allow(
-                SYS_epoll_pwait,
-                "the worker's event loop (glibc may use epoll_pwait)",
-            ),
-            allow(SYS_epoll_ctl, "polling the backend only while it is needed"),
-            allow(SYS_epoll_create1, "a fresh epoll set per activation"),
-            allow(SYS_readv, "tap: one frame straight into guest buffers"),
-            allow(SYS_writev, "tap: one frame in several buffers straight from guest memory"),
-            allow(
-                libc::SYS_io_uring_enter,
-                "tap: a batch of frames' writes in one call (the ring allows only writev and write)",
-            ),
-            allow(SYS_recvmsg, "socket-pair backend: receive a frame"),
-            allow(SYS_sendmsg, "socket-pair backend: send a frame"),
-            allow(SYS_timerfd_settime, "arming the interrupt-coalescing timer"),
-            allow_args(
-                SYS_ioctl,
-                1,
-                &[TUNSETVNETHDRSZ, TUNSETOFFLOAD, TUNSETQUEUE],
-                "tap: header size and offloads for the negotiated features, per activation; \
-                 attaching and detaching a multi-queue tap's queue as the driver enables pairs",
-            ),
-        ]),
-    }
+    rules.extend(match kind {
+        ThreadKind::Vmm => vmm_rules(),
+        ThreadKind::Api => api_rules(),
+        ThreadKind::Vcpu => vcpu_rules(),
+        ThreadKind::NetWorker => net_worker_rules(),
+    });
     rules
+}
+
+/// The VMM thread (with the console-input thread).
+fn vmm_rules() -> Vec<Allow> {
+    use libc::*;
+    vec![
+        allow(SYS_epoll_wait, "the VMM event loop"),
+        allow(
+            SYS_epoll_pwait,
+            "the VMM event loop (glibc may use epoll_pwait)",
+        ),
+        allow(
+            SYS_getpid,
+            "pthread_kill (the vCPU kicks) names the process",
+        ),
+        allow(SYS_tgkill, "kicking vCPUs out of KVM_RUN with SIGRTMIN"),
+        allow_args(
+            SYS_ioctl,
+            1,
+            &[TCGETS, TCSETS, TCSETSW],
+            "restoring the terminal's mode at exit",
+        ),
+        allow(
+            SYS_clock_nanosleep,
+            "console input waits for the guest to drain the UART; stopping the vCPUs",
+        ),
+        allow(
+            SYS_timerfd_settime,
+            "the watchdog and metrics timer (only set up before the filter; listed for \
+         clarity)",
+        ),
+    ]
+}
+
+/// The API thread.
+fn api_rules() -> Vec<Allow> {
+    use libc::*;
+    vec![
+        allow(SYS_epoll_wait, "the API event loop"),
+        allow(
+            SYS_epoll_pwait,
+            "the API event loop (glibc may use epoll_pwait)",
+        ),
+        allow(
+            SYS_epoll_ctl,
+            "watching connections, and the listener again after a pause",
+        ),
+        allow(SYS_accept4, "accepting API connections"),
+        allow(SYS_recvfrom, "reading requests"),
+        allow(SYS_sendto, "writing responses (send with MSG_NOSIGNAL)"),
+        allow(
+            SYS_shutdown,
+            "ending our side of a connection after an error answer",
+        ),
+        allow(SYS_unlink, "removing the API socket at exit"),
+    ]
+}
+
+/// A vCPU thread.
+fn vcpu_rules() -> Vec<Allow> {
+    use libc::*;
+    vec![
+        allow_args(
+            SYS_ioctl,
+            1,
+            &[
+                KVM_RUN(),
+                KVM_GET_REGS(),
+                KVM_SET_REGS(),
+                KVM_GET_SREGS(),
+                KVM_GET_MP_STATE(),
+                KVM_GET_VCPU_EVENTS(),
+                KVM_SET_VCPU_EVENTS(),
+            ]
+            .map(u64::from),
+            "running the vCPU; the watchdog probe; completing int3/fwait on PVM hosts",
+        ),
+        allow_args(
+            SYS_ioctl,
+            1,
+            &[KVM_SET_GSI_ROUTING(), KVM_IOEVENTFD()].map(u64::from),
+            "virtio-pci: the guest's MSI-X table write installs the vector's MSI route \
+     (the whole GSI table), and its BAR0 move re-registers the notify ioeventfds; \
+     irqfds are bound to GSIs, which never change, so KVM_IRQFD is not needed",
+        ),
+    ]
+}
+
+/// A virtio-net worker thread.
+fn net_worker_rules() -> Vec<Allow> {
+    use libc::*;
+    vec![
+        allow(SYS_epoll_wait, "the worker's event loop"),
+        allow(
+            SYS_epoll_pwait,
+            "the worker's event loop (glibc may use epoll_pwait)",
+        ),
+        allow(SYS_epoll_ctl, "polling the backend only while it is needed"),
+        allow(SYS_epoll_create1, "a fresh epoll set per activation"),
+        allow(SYS_readv, "tap: one frame straight into guest buffers"),
+        allow(
+            SYS_writev,
+            "tap: one frame in several buffers straight from guest memory",
+        ),
+        allow(
+            libc::SYS_io_uring_enter,
+            "tap: a batch of frames' writes in one call (the ring allows only writev and write)",
+        ),
+        allow(SYS_recvmsg, "socket-pair backend: receive a frame"),
+        allow(SYS_sendmsg, "socket-pair backend: send a frame"),
+        allow(SYS_timerfd_settime, "arming the interrupt-coalescing timer"),
+        allow_args(
+            SYS_ioctl,
+            1,
+            &[TUNSETVNETHDRSZ, TUNSETOFFLOAD, TUNSETQUEUE],
+            "tap: header size and offloads for the negotiated features, per activation; \
+         attaching and detaching a multi-queue tap's queue as the driver enables pairs",
+        ),
+    ]
 }
 
 /// Builds the filter for `kind`: the listed calls are allowed, anything else traps.

@@ -92,6 +92,19 @@ fn lock<T: ?Sized>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
+/// The line that says what boots.
+fn log_boot(config: &VmConfig, kernel: &std::path::Path, cmdline: &linux_loader::cmdline::Cmdline) {
+    log::info!(
+        "booting {kernel:?} ({} MiB, {} vCPU), command line: {}",
+        config.machine_config.mem_size_mib,
+        config.machine_config.vcpu_count,
+        cmdline
+            .as_cstring()
+            .map(|c| c.to_string_lossy().into_owned())
+            .unwrap_or_default()
+    );
+}
+
 impl RunningVm {
     /// Builds the VM described by `config` (which must be valid) and starts its vCPUs. With
     /// `filters`, every thread it starts installs its seccomp filter first.
@@ -150,16 +163,7 @@ impl RunningVm {
             mem_size,
             config.machine_config.vcpu_count,
         )?;
-        log::info!(
-            "booting {:?} ({} MiB, {} vCPU), command line: {}",
-            boot_source.kernel_image_path,
-            config.machine_config.mem_size_mib,
-            config.machine_config.vcpu_count,
-            cmdline
-                .as_cstring()
-                .map(|c| c.to_string_lossy().into_owned())
-                .unwrap_or_default()
-        );
+        log_boot(config, &boot_source.kernel_image_path, &cmdline);
 
         // Nothing may fail once the vCPUs run: everything else is set up first.
         let console = ConsoleInput::start(legacy.serial, filters.cloned())?;
@@ -474,53 +478,12 @@ fn attach_net_devices(
         };
         let transport = match iface.transport() {
             Transport::Mmio => {
-                let (base, gsi) = boot::virtio_slot(i);
-                let transport = MmioTransport::new(mem.clone(), device).map_err(|source| {
-                    VmmError::Transport {
-                        iface_id: iface.iface_id.clone(),
-                        source,
-                    }
-                })?;
-                vm.register_irqfd(transport.irqfd(), gsi)?;
-                for (evt, addr, datamatch) in transport.ioeventfds(base) {
-                    vm.register_mmio_ioevent(evt, addr, datamatch)?;
-                }
-                let transport = Arc::new(Mutex::new(transport));
-                buses
-                    .mmio
-                    .insert(transport.clone(), base, boot::MMIO_DEVICE_SIZE)?;
-                cmdline_devices.push((base, gsi));
-                log::info!(
-                    "virtio-net {:?} on {on} (MAC {}): virtio-mmio at {base:#x}, GSI {gsi}",
-                    iface.iface_id,
-                    net_config.mac
-                );
-                AttachedTransport::Mmio(transport)
+                let slot = boot::virtio_slot(i);
+                cmdline_devices.push(slot);
+                attach_mmio(vm, mem, buses, iface, slot, device, &on, net_config.mac)?
             }
             Transport::Pci => {
-                let transport = VirtioPciTransport::new(mem.clone(), device).map_err(|source| {
-                    VmmError::PciTransport {
-                        iface_id: iface.iface_id.clone(),
-                        source,
-                    }
-                })?;
-                let (transport, at) =
-                    pci.attach(vm, buses.mmio, transport)
-                        .map_err(|source| VmmError::Pci {
-                            iface_id: iface.iface_id.clone(),
-                            source,
-                        })?;
-                log::info!(
-                    "virtio-net {:?} on {on} (MAC {}): virtio-pci 00:{:02x}.0, BAR0 at \
-                     {:#x}, MSI-X vectors on GSI {}..={}",
-                    iface.iface_id,
-                    net_config.mac,
-                    at.slot,
-                    at.bar0,
-                    at.first_gsi,
-                    at.first_gsi + u32::from(at.vectors) - 1
-                );
-                AttachedTransport::Pci(transport)
+                attach_pci(vm, mem, buses, &mut pci, iface, device, &on, net_config.mac)?
             }
         };
         attached.push(AttachedNet {
@@ -534,6 +497,76 @@ fn attach_net_devices(
     }
     pci.finish(vm, buses.pio, buses.mmio)?;
     Ok(attached)
+}
+
+/// Attaches `device` behind virtio-mmio at `(base, gsi)`: its register page on the MMIO bus,
+/// its queue notifications as ioeventfds, its line as an irqfd.
+#[allow(clippy::too_many_arguments)] // one call site; the pieces of one attachment
+fn attach_mmio(
+    vm: &Vm,
+    mem: &memory::GuestMemory,
+    buses: &Buses,
+    iface: &config::NetworkInterface,
+    (base, gsi): (u64, u32),
+    device: Box<dyn VirtioDevice>,
+    on: &str,
+    mac: devices::virtio::net::MacAddr,
+) -> Result<AttachedTransport, VmmError> {
+    let transport =
+        MmioTransport::new(mem.clone(), device).map_err(|source| VmmError::Transport {
+            iface_id: iface.iface_id.clone(),
+            source,
+        })?;
+    vm.register_irqfd(transport.irqfd(), gsi)?;
+    for (evt, addr, datamatch) in transport.ioeventfds(base) {
+        vm.register_mmio_ioevent(evt, addr, datamatch)?;
+    }
+    let transport = Arc::new(Mutex::new(transport));
+    buses
+        .mmio
+        .insert(transport.clone(), base, boot::MMIO_DEVICE_SIZE)?;
+    log::info!(
+        "virtio-net {:?} on {on} (MAC {mac}): virtio-mmio at {base:#x}, GSI {gsi}",
+        iface.iface_id
+    );
+    Ok(AttachedTransport::Mmio(transport))
+}
+
+/// Attaches `device` behind virtio-pci: a function on bus 0 placed by `pci` (BAR0, a GSI per
+/// MSI-X vector).
+#[allow(clippy::too_many_arguments)] // one call site; the pieces of one attachment
+fn attach_pci(
+    vm: &Vm,
+    mem: &memory::GuestMemory,
+    buses: &Buses,
+    pci: &mut PciSetup,
+    iface: &config::NetworkInterface,
+    device: Box<dyn VirtioDevice>,
+    on: &str,
+    mac: devices::virtio::net::MacAddr,
+) -> Result<AttachedTransport, VmmError> {
+    let iface_id = || iface.iface_id.clone();
+    let transport =
+        VirtioPciTransport::new(mem.clone(), device).map_err(|source| VmmError::PciTransport {
+            iface_id: iface_id(),
+            source,
+        })?;
+    let (transport, at) =
+        pci.attach(vm, buses.mmio, transport)
+            .map_err(|source| VmmError::Pci {
+                iface_id: iface_id(),
+                source,
+            })?;
+    log::info!(
+        "virtio-net {:?} on {on} (MAC {mac}): virtio-pci 00:{:02x}.0, BAR0 at {:#x}, MSI-X \
+         vectors on GSI {}..={}",
+        iface.iface_id,
+        at.slot,
+        at.bar0,
+        at.first_gsi,
+        at.first_gsi + u32::from(at.vectors) - 1
+    );
+    Ok(AttachedTransport::Pci(transport))
 }
 
 /// A virtio-net device ready for its transport, with the handles the VMM keeps.
