@@ -198,40 +198,24 @@ impl ApiServer {
         }
         let (requests_tx, requests_rx) = mpsc::channel();
         let (ready_tx, ready_rx) = mpsc::sync_channel(1);
+        let server = Server {
+            listener,
+            epoll,
+            stop: thread_stop,
+            spare: Some(spare),
+            conns: (0..limits.max_connections.max(1)).map(|_| None).collect(),
+            accept_paused_until: None,
+            limits,
+            bridge: Bridge {
+                requests: requests_tx,
+                wake: thread_wake,
+                metrics,
+            },
+        };
         let socket_path = path.to_owned();
         let thread = thread::Builder::new()
             .name("api".into())
-            .spawn(move || {
-                let bridge = Bridge {
-                    requests: requests_tx,
-                    wake: thread_wake,
-                    metrics,
-                };
-                if let Some(filter) = filter {
-                    if let Err(e) = seccompiler::apply_filter(&filter) {
-                        let _ = ready_tx
-                            .send(Err(format!("cannot install the API seccomp filter: {e}")));
-                        return;
-                    }
-                }
-                let _ = ready_tx.send(Ok(()));
-                let mut server = Server {
-                    listener,
-                    epoll,
-                    stop: thread_stop,
-                    spare: Some(spare),
-                    conns: (0..limits.max_connections.max(1)).map(|_| None).collect(),
-                    accept_paused_until: None,
-                    limits,
-                    bridge,
-                };
-                if let Err(e) = server.run() {
-                    log::error!("the API server stopped: {e}");
-                }
-                drop(server);
-                // The socket file goes with the server.
-                let _ = fs::remove_file(&socket_path);
-            })
+            .spawn(move || api_thread(server, filter, &ready_tx, &socket_path))
             .map_err(ApiServerError::Thread)?;
         match ready_rx.recv() {
             Ok(Ok(())) => {}
@@ -390,6 +374,29 @@ impl Conn {
 enum Fate {
     Keep,
     Close,
+}
+
+/// The API thread: installs its filter, says it is ready, serves until stopped, and removes
+/// the socket file.
+fn api_thread(
+    mut server: Server,
+    filter: Option<Arc<BpfProgram>>,
+    ready: &mpsc::SyncSender<Result<(), String>>,
+    socket_path: &Path,
+) {
+    if let Some(filter) = filter {
+        if let Err(e) = seccompiler::apply_filter(&filter) {
+            let _ = ready.send(Err(format!("cannot install the API seccomp filter: {e}")));
+            return;
+        }
+    }
+    let _ = ready.send(Ok(()));
+    if let Err(e) = server.run() {
+        log::error!("the API server stopped: {e}");
+    }
+    drop(server);
+    // The socket file goes with the server.
+    let _ = fs::remove_file(socket_path);
 }
 
 /// The API thread's event loop: a listener, at most [`Limits::max_connections`] connections,

@@ -173,14 +173,10 @@ impl Vcpu {
             let exit = match self.fd.run() {
                 Ok(exit) => exit,
                 Err(e) if e.errno() == libc::EINTR || e.errno() == libc::EAGAIN => {
-                    if stop.load(Ordering::Acquire) {
-                        return VcpuExit::Stopped;
+                    match self.interrupted(stop) {
+                        Some(exit) => return exit,
+                        None => continue,
                     }
-                    // The VMM's watchdog signal: check the vCPU is still making progress.
-                    if let Some(fault) = self.probe() {
-                        return VcpuExit::Fault(fault);
-                    }
-                    continue;
                 }
                 Err(e) => {
                     return VcpuExit::Fault(format!(
@@ -245,6 +241,15 @@ impl Vcpu {
                 }
             }
         }
+    }
+
+    /// KVM_RUN was interrupted by a signal: the VMM stopping the VM, or its watchdog asking
+    /// whether the vCPU still makes progress. `None`: run on.
+    fn interrupted(&mut self, stop: &AtomicBool) -> Option<VcpuExit> {
+        if stop.load(Ordering::Acquire) {
+            return Some(VcpuExit::Stopped);
+        }
+        self.probe().map(VcpuExit::Fault)
     }
 
     /// KVM_EXIT_INTERNAL_ERROR: some hosts (KVM's PVM module in its mode for unmodified guests)
