@@ -310,27 +310,50 @@ fn parse_head(head: &[u8]) -> Result<(Request, usize, bool), HttpError> {
         if headers.len() == MAX_HEADERS {
             return Err(HttpError::TooManyHeaders);
         }
-        let colon = line
-            .iter()
-            .position(|&b| b == b':')
-            .ok_or(HttpError::BadHeader)?;
-        let (name, value) = (&line[..colon], &line[colon + 1..]);
-        // Also refuses obsolete line folding (a line starting with whitespace).
-        if name.is_empty() || !name.iter().copied().all(is_tchar) {
-            return Err(HttpError::BadHeader);
-        }
-        let value = value.trim_ascii();
-        if value.iter().any(|&b| (b < 0x20 && b != b'\t') || b == 0x7f) {
-            return Err(HttpError::BadHeader);
-        }
-        let value = std::str::from_utf8(value).map_err(|_| HttpError::BadHeader)?;
-        // Both are ASCII (tchars) and UTF-8 by now.
-        let name = String::from_utf8_lossy(name).to_ascii_lowercase();
-        headers.push((name, value.to_owned()));
+        headers.push(parse_header(line)?);
     }
+    let (length, expect_continue) = body_framing(&headers, version)?;
+    // Both are ASCII graphic by now.
+    let request = Request {
+        method: String::from_utf8_lossy(method).into_owned(),
+        target: String::from_utf8_lossy(target).into_owned(),
+        version,
+        headers,
+        body: Vec::new(),
+    };
+    Ok((request, length, expect_continue))
+}
+
+/// One header line: its name (lower case) and its value (trimmed).
+fn parse_header(line: &[u8]) -> Result<(String, String), HttpError> {
+    let colon = line
+        .iter()
+        .position(|&b| b == b':')
+        .ok_or(HttpError::BadHeader)?;
+    let (name, value) = (&line[..colon], &line[colon + 1..]);
+    // Also refuses obsolete line folding (a line starting with whitespace).
+    if name.is_empty() || !name.iter().copied().all(is_tchar) {
+        return Err(HttpError::BadHeader);
+    }
+    let value = value.trim_ascii();
+    if value.iter().any(|&b| (b < 0x20 && b != b'\t') || b == 0x7f) {
+        return Err(HttpError::BadHeader);
+    }
+    let value = std::str::from_utf8(value).map_err(|_| HttpError::BadHeader)?;
+    // Both are ASCII (tchars) and UTF-8 by now.
+    let name = String::from_utf8_lossy(name).to_ascii_lowercase();
+    Ok((name, value.to_owned()))
+}
+
+/// How the body is framed: its length (Content-Length, 0 without), and whether the client
+/// waits for `100 Continue`. Chunked bodies are refused.
+fn body_framing(
+    headers: &[(String, String)],
+    version: Version,
+) -> Result<(usize, bool), HttpError> {
     let mut length: Option<usize> = None;
     let mut expect_continue = false;
-    for (name, value) in &headers {
+    for (name, value) in headers {
         match name.as_str() {
             "transfer-encoding" => return Err(HttpError::TransferEncoding),
             "content-length" => {
@@ -357,15 +380,7 @@ fn parse_head(head: &[u8]) -> Result<(Request, usize, bool), HttpError> {
             _ => {}
         }
     }
-    // Both are ASCII graphic by now.
-    let request = Request {
-        method: String::from_utf8_lossy(method).into_owned(),
-        target: String::from_utf8_lossy(target).into_owned(),
-        version,
-        headers,
-        body: Vec::new(),
-    };
-    Ok((request, length.unwrap_or(0), expect_continue))
+    Ok((length.unwrap_or(0), expect_continue))
 }
 
 /// The reason phrase of the status codes the API sends.
