@@ -107,6 +107,75 @@ fn virtio_cap(cfg_type: u8, offset: u64, length: u64, extra: &[u8]) -> Vec<u8> {
     body
 }
 
+/// The function's configuration space for a device of `device_type` with `queues` queues:
+/// its IDs, BAR0, and the capability list (the five virtio structures and MSI-X). Returns it
+/// with the offsets of the MSI-X and `VIRTIO_PCI_CAP_PCI_CFG` capabilities.
+fn config_space(
+    device_type: u32,
+    queues: usize,
+    msix: &MsixTable,
+) -> (PciConfigSpace, usize, usize) {
+    let ids = PciIds {
+        vendor: VIRTIO_PCI_VENDOR_ID,
+        device: VIRTIO_PCI_DEVICE_ID_BASE.wrapping_add(device_type as u16),
+        revision: VIRTIO_PCI_REVISION,
+        class: class_code(device_type),
+        subsystem_vendor: VIRTIO_PCI_VENDOR_ID,
+        subsystem: device_type as u16,
+    };
+    let mut config = PciConfigSpace::new(ids, BAR0_SIZE, false);
+    let notify_len = queues as u64 * u64::from(NOTIFY_OFF_MULTIPLIER);
+    // The capability list; the 40-odd bytes of six capabilities always fit in 192.
+    let mut add = |id: u8, body: Vec<u8>, writable: &[u8]| {
+        config
+            .add_capability(id, &body, writable)
+            .expect("the capabilities fit in configuration space")
+    };
+    add(
+        PCI_CAP_ID_VNDR,
+        virtio_cap(VIRTIO_PCI_CAP_COMMON_CFG, COMMON_OFFSET, COMMON_LEN, &[]),
+        &[],
+    );
+    add(
+        PCI_CAP_ID_VNDR,
+        virtio_cap(
+            VIRTIO_PCI_CAP_NOTIFY_CFG,
+            NOTIFY_OFFSET,
+            notify_len,
+            &NOTIFY_OFF_MULTIPLIER.to_le_bytes(),
+        ),
+        &[],
+    );
+    add(
+        PCI_CAP_ID_VNDR,
+        virtio_cap(VIRTIO_PCI_CAP_ISR_CFG, ISR_OFFSET, ISR_LEN, &[]),
+        &[],
+    );
+    add(
+        PCI_CAP_ID_VNDR,
+        virtio_cap(VIRTIO_PCI_CAP_DEVICE_CFG, DEVICE_OFFSET, DEVICE_LEN, &[]),
+        &[],
+    );
+    // virtio_pci_cfg_cap: bar, offset and length are the driver's; pci_cfg_data is the
+    // window (handled by the transport, not stored).
+    let mut pci_cfg_writable = vec![0u8; 14];
+    pci_cfg_writable[CAP_BAR - 2] = 0xff;
+    pci_cfg_writable[CAP_OFFSET - 2..CAP_OFFSET + 2].fill(0xff);
+    pci_cfg_writable[CAP_LENGTH - 2..CAP_LENGTH + 2].fill(0xff);
+    let pci_cfg_cap = add(
+        PCI_CAP_ID_VNDR,
+        virtio_cap(VIRTIO_PCI_CAP_PCI_CFG, 0, 0, &[0; 4]),
+        &pci_cfg_writable,
+    );
+    let mut msix_body = Vec::new();
+    msix_body.extend_from_slice(&msix.message_control().to_le_bytes());
+    msix_body.extend_from_slice(&(MSIX_TABLE_OFFSET as u32).to_le_bytes()); // BIR 0
+    msix_body.extend_from_slice(&(MSIX_PBA_OFFSET as u32).to_le_bytes()); // BIR 0
+    let ctrl_writable = (MSIX_CTRL_ENABLE | MSIX_CTRL_FUNCTION_MASK).to_le_bytes();
+    let msix_cap = add(PCI_CAP_ID_MSIX, msix_body, &ctrl_writable);
+    (config, msix_cap, pci_cfg_cap)
+}
+
 impl VirtioPciTransport {
     /// Wraps `device`; `mem` is the guest memory its queues live in (a clone is fine). BAR0
     /// starts at address 0 until [`Self::set_bar0_address`].
@@ -132,66 +201,8 @@ impl VirtioPciTransport {
         let interrupt = Arc::new(VirtioInterrupt::with_msix(vectors.clone()));
         let msix = MsixTable::new(vectors);
 
-        let device_type = device.device_type();
-        let ids = PciIds {
-            vendor: VIRTIO_PCI_VENDOR_ID,
-            device: VIRTIO_PCI_DEVICE_ID_BASE.wrapping_add(device_type as u16),
-            revision: VIRTIO_PCI_REVISION,
-            class: class_code(device_type),
-            subsystem_vendor: VIRTIO_PCI_VENDOR_ID,
-            subsystem: device_type as u16,
-        };
-        let mut config = PciConfigSpace::new(ids, BAR0_SIZE, false);
-        let notify_len = sizes.len() as u64 * u64::from(NOTIFY_OFF_MULTIPLIER);
-        // The capability list; the 40-odd bytes of six capabilities always fit in 192.
-        let mut add = |id: u8, body: Vec<u8>, writable: &[u8]| {
-            config
-                .add_capability(id, &body, writable)
-                .expect("the capabilities fit in configuration space")
-        };
-        add(
-            PCI_CAP_ID_VNDR,
-            virtio_cap(VIRTIO_PCI_CAP_COMMON_CFG, COMMON_OFFSET, COMMON_LEN, &[]),
-            &[],
-        );
-        add(
-            PCI_CAP_ID_VNDR,
-            virtio_cap(
-                VIRTIO_PCI_CAP_NOTIFY_CFG,
-                NOTIFY_OFFSET,
-                notify_len,
-                &NOTIFY_OFF_MULTIPLIER.to_le_bytes(),
-            ),
-            &[],
-        );
-        add(
-            PCI_CAP_ID_VNDR,
-            virtio_cap(VIRTIO_PCI_CAP_ISR_CFG, ISR_OFFSET, ISR_LEN, &[]),
-            &[],
-        );
-        add(
-            PCI_CAP_ID_VNDR,
-            virtio_cap(VIRTIO_PCI_CAP_DEVICE_CFG, DEVICE_OFFSET, DEVICE_LEN, &[]),
-            &[],
-        );
-        // virtio_pci_cfg_cap: bar, offset and length are the driver's; pci_cfg_data is the
-        // window (handled by the transport, not stored).
-        let mut pci_cfg_writable = vec![0u8; 14];
-        pci_cfg_writable[CAP_BAR - 2] = 0xff;
-        pci_cfg_writable[CAP_OFFSET - 2..CAP_OFFSET + 2].fill(0xff);
-        pci_cfg_writable[CAP_LENGTH - 2..CAP_LENGTH + 2].fill(0xff);
-        let pci_cfg_cap = add(
-            PCI_CAP_ID_VNDR,
-            virtio_cap(VIRTIO_PCI_CAP_PCI_CFG, 0, 0, &[0; 4]),
-            &pci_cfg_writable,
-        );
-        let mut msix_body = Vec::new();
-        msix_body.extend_from_slice(&msix.message_control().to_le_bytes());
-        msix_body.extend_from_slice(&(MSIX_TABLE_OFFSET as u32).to_le_bytes()); // BIR 0
-        msix_body.extend_from_slice(&(MSIX_PBA_OFFSET as u32).to_le_bytes()); // BIR 0
-        let ctrl_writable = (MSIX_CTRL_ENABLE | MSIX_CTRL_FUNCTION_MASK).to_le_bytes();
-        let msix_cap = add(PCI_CAP_ID_MSIX, msix_body, &ctrl_writable);
-
+        let (config, msix_cap, pci_cfg_cap) =
+            config_space(device.device_type(), sizes.len(), &msix);
         Ok(VirtioPciTransport {
             state: VirtioState::new(
                 "virtio-pci",
