@@ -543,14 +543,60 @@ impl<B: NetBackend> NetDevice<B> {
                 got: ctx.queues.len().min(ctx.kicks.len()),
             });
         }
+        let mem = ctx.mem.clone();
+        let interrupt = ctx.interrupt.clone();
+        let activations = self.activations(
+            ctx.queues,
+            ctx.kicks,
+            ctx.acked_features,
+            &mem,
+            &interrupt,
+            expected,
+        )?;
+        let usable = activations.len();
+        // Only pair 0 until the driver sends VQ_PAIRS_SET (virtio 1.2 §5.1.6.5.5).
+        self.tuning.shared().set_active_pairs(1);
+        for (pair, activation) in activations.into_iter().enumerate() {
+            let started = self
+                .start_thread(pair)
+                .map_err(|e| match e {
+                    WorkerThreadError::Spawn(e) => ActivateError::Spawn(e),
+                    _ => ActivateError::BackendUnavailable,
+                })
+                // Stops a run still going (the transport cannot set DRIVER_OK twice without a
+                // reset; be safe anyway), then starts the new one.
+                .and_then(|thread| thread.start(activation));
+            if let Err(e) = started {
+                // All pairs or none: the ones started go back to waiting.
+                self.stop_worker();
+                return Err(e);
+            }
+        }
+        self.metrics.activations.add(1);
+        self.run = Some(RunLayout { pairs: usable, mem });
+        self.link.attach(Some(interrupt));
+        Ok(())
+    }
+
+    /// What each worker is handed: its pair's queues and kicks (pair 0 also the control
+    /// queue), for the pairs the driver set up (`expected` queues in all).
+    fn activations(
+        &self,
+        queues: Vec<Queue>,
+        kicks: Vec<vmm_sys_util::eventfd::EventFd>,
+        acked_features: u64,
+        mem: &GuestMemoryMmap,
+        interrupt: &Arc<crate::virtio::VirtioInterrupt>,
+        expected: usize,
+    ) -> Result<Vec<Activation>, ActivateError> {
         // With MQ: rx0 tx0 … rxN-1 txN-1 ctrl; without: rx tx [ctrl].
-        let pairs = if ctx.acked_features & bit(VIRTIO_NET_F_MQ) != 0 {
+        let pairs = if acked_features & bit(VIRTIO_NET_F_MQ) != 0 {
             self.workers.len()
         } else {
             1
         };
-        let mut queues = ctx.queues;
-        let mut kicks = ctx.kicks;
+        let mut queues = queues;
+        let mut kicks = kicks;
         let ctrl = if expected > 2 * pairs {
             queues.pop().zip(kicks.pop())
         } else {
@@ -578,16 +624,16 @@ impl<B: NetBackend> NetDevice<B> {
                 break;
             }
             activations.push(Activation {
-                mem: ctx.mem.clone(),
+                mem: mem.clone(),
                 rx,
                 tx,
                 rx_kick,
                 tx_kick,
                 ctrl: ctrl.take(),
-                acked_features: ctx.acked_features,
-                rx_mode: RxMode::from_features(ctx.acked_features),
-                offloads: guest_offloads(ctx.acked_features),
-                interrupt: ctx.interrupt.clone(),
+                acked_features,
+                rx_mode: RxMode::from_features(acked_features),
+                offloads: guest_offloads(acked_features),
+                interrupt: interrupt.clone(),
                 usable_pairs: 1,
             });
         }
@@ -596,31 +642,7 @@ impl<B: NetBackend> NetDevice<B> {
             // `usable` ≤ pairs ≤ MAX_QUEUE_PAIRS.
             activation.usable_pairs = usable as u16;
         }
-        // Only pair 0 until the driver sends VQ_PAIRS_SET (virtio 1.2 §5.1.6.5.5).
-        self.tuning.shared().set_active_pairs(1);
-        for (pair, activation) in activations.into_iter().enumerate() {
-            let started = self
-                .start_thread(pair)
-                .map_err(|e| match e {
-                    WorkerThreadError::Spawn(e) => ActivateError::Spawn(e),
-                    _ => ActivateError::BackendUnavailable,
-                })
-                // Stops a run still going (the transport cannot set DRIVER_OK twice without a
-                // reset; be safe anyway), then starts the new one.
-                .and_then(|thread| thread.start(activation));
-            if let Err(e) = started {
-                // All pairs or none: the ones started go back to waiting.
-                self.stop_worker();
-                return Err(e);
-            }
-        }
-        self.metrics.activations.add(1);
-        self.run = Some(RunLayout {
-            pairs: usable,
-            mem: ctx.mem,
-        });
-        self.link.attach(Some(ctx.interrupt));
-        Ok(())
+        Ok(activations)
     }
 }
 
