@@ -308,47 +308,159 @@ fn cell_text(v: f64, prec: usize) -> String {
     }
 }
 
+const CELL_W: usize = 84;
+const CELL_H: usize = 34;
+const LEFT: usize = 110;
+const TOP: usize = 46;
+const GAP: usize = 30;
+
+/// The rows of each heatmap: one group per (preset, target, frame size), in first-seen order.
+fn heat_groups(rows: &[Row]) -> Vec<Vec<&Row>> {
+    let mut groups = Vec::new();
+    for p in distinct(rows.iter().map(|r| r.preset.as_str())) {
+        let of_p: Vec<&Row> = rows.iter().filter(|r| r.preset == p).collect();
+        for t in distinct(of_p.iter().map(|r| r.target.as_str())) {
+            let of_t: Vec<&Row> = of_p.iter().copied().filter(|r| r.target == t).collect();
+            let mut sizes: Vec<usize> = of_t.iter().map(|r| r.frame_size).collect();
+            sizes.dedup();
+            for s in sizes {
+                groups.push(of_t.iter().copied().filter(|r| r.frame_size == s).collect());
+            }
+        }
+    }
+    groups
+}
+
+/// One heatmap: its rows, the first knob's values (across) and the second's (down).
+struct Heat<'a> {
+    rows: &'a [&'a Row],
+    xs: Vec<&'a str>,
+    ys: Vec<&'a str>,
+}
+
+impl<'a> Heat<'a> {
+    fn new(rows: &'a [&'a Row]) -> Self {
+        Heat {
+            rows,
+            xs: distinct(rows.iter().map(|r| r.value.as_str())),
+            ys: distinct(rows.iter().map(|r| r.value2.as_str())),
+        }
+    }
+
+    fn panel_w(&self) -> usize {
+        LEFT + self.xs.len() * CELL_W + GAP
+    }
+
+    fn panel_h(&self) -> usize {
+        TOP + self.ys.len() * CELL_H + 36
+    }
+
+    /// One metric's panel with its top-left corner at (px, py): title, axis labels, cells.
+    fn panel(&self, body: &mut String, (metric, get, prec): &HeatMetric, px: usize, py: usize) {
+        let (knob, knob2) = (&self.rows[0].knob, &self.rows[0].knob2);
+        let vals: Vec<f64> = self
+            .rows
+            .iter()
+            .map(|r| get(r))
+            .filter(|v| v.is_finite())
+            .collect();
+        let lo = vals.iter().copied().fold(f64::INFINITY, f64::min);
+        let hi = vals.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+        let _ = writeln!(
+            body,
+            r#"<text x="{}" y="{}" font-size="13">{}: {} across, {} down</text>"#,
+            px + 10,
+            py + 16,
+            xml(metric),
+            xml(knob),
+            xml(knob2)
+        );
+        for (i, x) in self.xs.iter().enumerate() {
+            let _ = writeln!(
+                body,
+                r#"<text x="{}" y="{}" font-size="11" text-anchor="middle">{}</text>"#,
+                px + LEFT + i * CELL_W + CELL_W / 2,
+                py + TOP - 6,
+                xml(x)
+            );
+        }
+        for (j, y) in self.ys.iter().enumerate() {
+            let cy = py + TOP + j * CELL_H;
+            let _ = writeln!(
+                body,
+                r#"<text x="{}" y="{}" font-size="11" text-anchor="end">{}</text>"#,
+                px + LEFT - 6,
+                cy + CELL_H / 2 + 4,
+                xml(y)
+            );
+            for (i, x) in self.xs.iter().enumerate() {
+                let v = self
+                    .rows
+                    .iter()
+                    .find(|r| r.value == *x && r.value2 == *y)
+                    .map_or(f64::NAN, |r| get(r));
+                let label = format!(
+                    "{} {}={} {}={}",
+                    xml(metric),
+                    xml(knob),
+                    xml(x),
+                    xml(knob2),
+                    xml(y)
+                );
+                heat_cell(
+                    body,
+                    (px + LEFT + i * CELL_W, cy),
+                    v,
+                    (lo, hi),
+                    *prec,
+                    &label,
+                );
+            }
+        }
+    }
+}
+
+/// One cell at (cx, cy): coloured by `v` within [lo, hi], its tooltip `label: value`, its
+/// value printed in it.
+fn heat_cell(
+    body: &mut String,
+    (cx, cy): (usize, usize),
+    v: f64,
+    (lo, hi): (f64, f64),
+    prec: usize,
+    label: &str,
+) {
+    let fill = heat_colour(v, lo, hi);
+    let t = if v.is_finite() && hi > lo && (v - lo) / (hi - lo) > 0.55 {
+        "white"
+    } else {
+        "black"
+    };
+    let _ = writeln!(
+        body,
+        r##"<rect class="cell" x="{cx}" y="{cy}" width="{CELL_W}" height="{CELL_H}" fill="{fill}" stroke="#ffffff"><title>{label}: {}</title></rect>"##,
+        cell_text(v, prec)
+    );
+    let _ = writeln!(
+        body,
+        r#"<text x="{}" y="{}" font-size="11" text-anchor="middle" fill="{t}">{}</text>"#,
+        cx + CELL_W / 2,
+        cy + CELL_H / 2 + 4,
+        cell_text(v, prec)
+    );
+}
+
 /// 2-D sweeps as heatmaps, hand-written SVG: for each (preset, target, frame size) four panels
 /// (pps, kicks/pkt, irqs/pkt, device CPU ns/pkt), the first knob across, the second down, every
-/// cell (`class="cell"`) labelled with its value.
+/// cell (`class="cell"`) labelled with its value. Hand-written rather than with plotters: each
+/// cell carries its class and a tooltip (`<title>`) naming the point and its value.
 pub fn heatmap_svg(rows: &[Row]) -> String {
-    const CELL_W: usize = 84;
-    const CELL_H: usize = 34;
-    const LEFT: usize = 110;
-    const TOP: usize = 46;
-    const GAP: usize = 30;
-    let groups = distinct(rows.iter().map(|r| r.preset.as_str()))
-        .into_iter()
-        .flat_map(|p| {
-            let of_p: Vec<&Row> = rows.iter().filter(|r| r.preset == p).collect();
-            distinct(of_p.iter().map(|r| r.target.as_str()))
-                .into_iter()
-                .flat_map(|t| {
-                    let of_t: Vec<&Row> = of_p.iter().copied().filter(|r| r.target == t).collect();
-                    let mut sizes: Vec<usize> = of_t.iter().map(|r| r.frame_size).collect();
-                    sizes.dedup();
-                    sizes
-                        .into_iter()
-                        .map(|s| {
-                            of_t.iter()
-                                .copied()
-                                .filter(|r| r.frame_size == s)
-                                .collect::<Vec<&Row>>()
-                        })
-                        .collect::<Vec<_>>()
-                })
-                .collect::<Vec<_>>()
-        })
-        .collect::<Vec<Vec<&Row>>>();
     let mut body = String::new();
     let mut y0 = 10usize;
     let mut width = 0usize;
-    for g in &groups {
-        let xs = distinct(g.iter().map(|r| r.value.as_str()));
-        let ys = distinct(g.iter().map(|r| r.value2.as_str()));
-        let (knob, knob2) = (&g[0].knob, &g[0].knob2);
-        let panel_w = LEFT + xs.len() * CELL_W + GAP;
-        let panel_h = TOP + ys.len() * CELL_H + 36;
+    for g in &heat_groups(rows) {
+        let heat = Heat::new(g);
+        let (panel_w, panel_h) = (heat.panel_w(), heat.panel_h());
         let _ = writeln!(
             body,
             r#"<text x="10" y="{}" font-size="15" font-weight="bold">{} ({}, {} B)</text>"#,
@@ -358,71 +470,11 @@ pub fn heatmap_svg(rows: &[Row]) -> String {
             g[0].frame_size
         );
         y0 += 22;
-        for (m, (metric, get, prec)) in HEAT_METRICS.iter().enumerate() {
+        for (m, metric) in HEAT_METRICS.iter().enumerate() {
             let px = (m % 2) * panel_w;
             let py = y0 + (m / 2) * panel_h;
             width = width.max(px + panel_w);
-            let vals: Vec<f64> = g.iter().map(|r| get(r)).filter(|v| v.is_finite()).collect();
-            let lo = vals.iter().copied().fold(f64::INFINITY, f64::min);
-            let hi = vals.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-            let _ = writeln!(
-                body,
-                r#"<text x="{}" y="{}" font-size="13">{}: {} across, {} down</text>"#,
-                px + 10,
-                py + 16,
-                xml(metric),
-                xml(knob),
-                xml(knob2)
-            );
-            for (i, x) in xs.iter().enumerate() {
-                let _ = writeln!(
-                    body,
-                    r#"<text x="{}" y="{}" font-size="11" text-anchor="middle">{}</text>"#,
-                    px + LEFT + i * CELL_W + CELL_W / 2,
-                    py + TOP - 6,
-                    xml(x)
-                );
-            }
-            for (j, y) in ys.iter().enumerate() {
-                let cy = py + TOP + j * CELL_H;
-                let _ = writeln!(
-                    body,
-                    r#"<text x="{}" y="{}" font-size="11" text-anchor="end">{}</text>"#,
-                    px + LEFT - 6,
-                    cy + CELL_H / 2 + 4,
-                    xml(y)
-                );
-                for (i, x) in xs.iter().enumerate() {
-                    let v = g
-                        .iter()
-                        .find(|r| r.value == *x && r.value2 == *y)
-                        .map_or(f64::NAN, |r| get(r));
-                    let fill = heat_colour(v, lo, hi);
-                    let t = if v.is_finite() && hi > lo && (v - lo) / (hi - lo) > 0.55 {
-                        "white"
-                    } else {
-                        "black"
-                    };
-                    let cx = px + LEFT + i * CELL_W;
-                    let _ = writeln!(
-                        body,
-                        r##"<rect class="cell" x="{cx}" y="{cy}" width="{CELL_W}" height="{CELL_H}" fill="{fill}" stroke="#ffffff"><title>{} {}={} {}={}: {}</title></rect>"##,
-                        xml(metric),
-                        xml(knob),
-                        xml(x),
-                        xml(knob2),
-                        xml(y),
-                        cell_text(v, *prec)
-                    );
-                    let _ = writeln!(
-                        body,
-                        r#"<text x="{}" y="{}" font-size="11" text-anchor="middle" fill="{t}">{}</text>"#,
-                        cx + CELL_W / 2,
-                        cy + CELL_H / 2 + 4,
-                        cell_text(v, *prec)
-                    );
-                }
-            }
+            heat.panel(&mut body, metric, px, py);
         }
         y0 += 2 * panel_h + 10;
     }
@@ -453,18 +505,7 @@ pub fn plot_svg(rows: &[Row], path: &Path) -> io::Result<()> {
             .iter()
             .filter(|r| r.preset == preset && r.target == target)
             .collect();
-        let one_size = pts.iter().all(|r| r.frame_size == pts[0].frame_size);
-        let labels: Vec<String> = pts
-            .iter()
-            .map(|r| {
-                if one_size {
-                    r.value.clone()
-                } else {
-                    format!("{}/{}B", r.value, r.frame_size)
-                }
-            })
-            .collect();
-        let long_labels = labels.iter().any(|l| l.len() > 14);
+        let labels = x_labels(&pts);
         for (col, (metric, get)) in [
             ("pps", (|r: &Row| r.pps) as fn(&Row) -> f64),
             ("kicks/pkt", |r: &Row| r.kicks_per_pkt),
@@ -472,57 +513,78 @@ pub fn plot_svg(rows: &[Row], path: &Path) -> io::Result<()> {
         .into_iter()
         .enumerate()
         {
-            let area = &areas[p * 2 + col];
-            let ymax = pts.iter().map(|r| get(r)).fold(0.0f64, f64::max).max(1e-9) * 1.15;
-            let n = pts.len().max(1);
-            let mut chart = ChartBuilder::on(area)
-                .caption(
-                    format!(
-                        "{preset} ({target}): {metric} vs {}",
-                        pts.first().map(|r| r.knob.as_str()).unwrap_or("")
-                    ),
-                    ("sans-serif", 16),
-                )
-                .margin(10)
-                .x_label_area_size(40)
-                .y_label_area_size(70)
-                .build_cartesian_2d(0usize..n, 0.0..ymax)
-                .map_err(plot_err)?;
-            let labels_ref = labels.clone();
-            chart
-                .configure_mesh()
-                .x_labels(n.min(16))
-                .x_label_formatter(&move |i: &usize| {
-                    labels_ref.get(*i).cloned().unwrap_or_default()
-                })
-                .x_label_style(("sans-serif", if long_labels { 8 } else { 11 }))
-                .y_label_formatter(&move |v: &f64| {
-                    if ymax >= 100.0 {
-                        format!("{v:.0}")
-                    } else if ymax >= 0.01 {
-                        format!("{v:.4}")
-                    } else {
-                        format!("{v:.1e}")
-                    }
-                })
-                .draw()
-                .map_err(plot_err)?;
-            chart
-                .draw_series(LineSeries::new(
-                    pts.iter().enumerate().map(|(i, r)| (i, get(r))),
-                    &BLUE,
-                ))
-                .map_err(plot_err)?;
-            chart
-                .draw_series(
-                    pts.iter()
-                        .enumerate()
-                        .map(|(i, r)| Circle::new((i, get(r)), 3, BLUE.filled())),
-                )
-                .map_err(plot_err)?;
+            let caption = format!(
+                "{preset} ({target}): {metric} vs {}",
+                pts.first().map(|r| r.knob.as_str()).unwrap_or("")
+            );
+            line_chart(&areas[p * 2 + col], &caption, &pts, &labels, get)?;
         }
     }
     root.present().map_err(plot_err)?;
+    Ok(())
+}
+
+/// The x axis's labels: the knob's values, with the frame size when the points have several.
+fn x_labels(pts: &[&Row]) -> Vec<String> {
+    let one_size = pts.iter().all(|r| r.frame_size == pts[0].frame_size);
+    pts.iter()
+        .map(|r| {
+            if one_size {
+                r.value.clone()
+            } else {
+                format!("{}/{}B", r.value, r.frame_size)
+            }
+        })
+        .collect()
+}
+
+/// One panel: `get` of each point against its x label, a line with a dot per point.
+fn line_chart(
+    area: &DrawingArea<SVGBackend, plotters::coord::Shift>,
+    caption: &str,
+    pts: &[&Row],
+    labels: &[String],
+    get: fn(&Row) -> f64,
+) -> io::Result<()> {
+    let long_labels = labels.iter().any(|l| l.len() > 14);
+    let ymax = pts.iter().map(|r| get(r)).fold(0.0f64, f64::max).max(1e-9) * 1.15;
+    let n = pts.len().max(1);
+    let mut chart = ChartBuilder::on(area)
+        .caption(caption, ("sans-serif", 16))
+        .margin(10)
+        .x_label_area_size(40)
+        .y_label_area_size(70)
+        .build_cartesian_2d(0usize..n, 0.0..ymax)
+        .map_err(plot_err)?;
+    chart
+        .configure_mesh()
+        .x_labels(n.min(16))
+        .x_label_formatter(&|i: &usize| labels.get(*i).cloned().unwrap_or_default())
+        .x_label_style(("sans-serif", if long_labels { 8 } else { 11 }))
+        .y_label_formatter(&move |v: &f64| {
+            if ymax >= 100.0 {
+                format!("{v:.0}")
+            } else if ymax >= 0.01 {
+                format!("{v:.4}")
+            } else {
+                format!("{v:.1e}")
+            }
+        })
+        .draw()
+        .map_err(plot_err)?;
+    chart
+        .draw_series(LineSeries::new(
+            pts.iter().enumerate().map(|(i, r)| (i, get(r))),
+            &BLUE,
+        ))
+        .map_err(plot_err)?;
+    chart
+        .draw_series(
+            pts.iter()
+                .enumerate()
+                .map(|(i, r)| Circle::new((i, get(r)), 3, BLUE.filled())),
+        )
+        .map_err(plot_err)?;
     Ok(())
 }
 
