@@ -352,64 +352,11 @@ impl Rig {
                 "kicks disagree: driver counted {driver_kicks}, transport wrote {written}, device saw {device_kicks}"
             ));
         }
-        let signals = m.irqfd_signals.get();
-        let taken = if self.transport_kind() == TransportKind::Mmio {
-            if self.irq_signals_taken != signals {
-                return Err(format!(
-                    "interrupts disagree: device signalled {signals}, driver took {}",
-                    self.irq_signals_taken
-                ));
-            }
-            Taken::Shared(self.irq_signals_taken)
-        } else {
-            // virtio-pci: a queue pair's signal fires the vectors of those of its queues that
-            // wanted it (one or both), the control queue's its own; the configuration vector none.
-            let t = self.net.transport();
-            let taken = |v: Option<u16>| {
-                self.lines()
-                    .iter()
-                    .position(|&l| l.is_some() && l == v)
-                    .map_or(0, |i| self.line_signals[i])
-            };
-            let (rx, tx, ctrl) = (
-                taken(t.queue_vector(0)),
-                taken(t.queue_vector(1)),
-                taken(t.queue_vector(2)),
-            );
-            let config = taken(t.config_vector());
-            if rx.max(tx) + ctrl > signals || signals > rx + tx + ctrl {
-                return Err(format!(
-                    "interrupts disagree: device signalled {signals}, driver took rx {rx}, tx {tx}, \
-                     ctrl {ctrl} on their MSI-X vectors"
-                ));
-            }
-            if config != 0 {
-                return Err(format!("MSI-X: {config} configuration interrupts"));
-            }
-            Taken::PerQueue { rx, tx }
-        };
+        let taken = self.interrupts_taken(m.irqfd_signals.get())?;
         if m.tx.malformed_chains.get() + m.rx.malformed_chains.get() != 0 {
             return Err("the device saw malformed chains from the driver".into());
         }
-        let metrics = from_metrics(m);
-        let dev = match &self.device_stats {
-            Some(Ok(stats)) => {
-                // The device's answer is its metrics (nothing moved since the GETs).
-                let read = DeviceCounters {
-                    cvq: None,
-                    ..*stats
-                };
-                if read != metrics {
-                    return Err(format!(
-                        "the device's statistics disagree with its metrics: read {read:?}, \
-                         metrics {metrics:?}"
-                    ));
-                }
-                *stats
-            }
-            Some(Err(e)) => return Err(format!("device statistics: {e}")),
-            None => metrics,
-        };
+        let dev = self.device_counters(m)?;
         let (rx_pending, tx_pending) = self.used_pending();
         let tx_completed = d.tx_reclaimed + tx_pending;
         let driver = DriverCounters {
@@ -423,5 +370,67 @@ impl Rig {
             ctrl_failed: d.ctrl_failed,
         };
         device_agreement(&driver, &dev, taken)
+    }
+
+    /// The interrupts the driver took, against the `signals` the device raised.
+    fn interrupts_taken(&self, signals: u64) -> Result<Taken, String> {
+        if self.transport_kind() == TransportKind::Mmio {
+            if self.irq_signals_taken != signals {
+                return Err(format!(
+                    "interrupts disagree: device signalled {signals}, driver took {}",
+                    self.irq_signals_taken
+                ));
+            }
+            return Ok(Taken::Shared(self.irq_signals_taken));
+        }
+        // virtio-pci: a queue pair's signal fires the vectors of those of its queues that
+        // wanted it (one or both), the control queue's its own; the configuration vector none.
+        let t = self.net.transport();
+        let taken = |v: Option<u16>| {
+            self.lines()
+                .iter()
+                .position(|&l| l.is_some() && l == v)
+                .map_or(0, |i| self.line_signals[i])
+        };
+        let (rx, tx, ctrl) = (
+            taken(t.queue_vector(0)),
+            taken(t.queue_vector(1)),
+            taken(t.queue_vector(2)),
+        );
+        let config = taken(t.config_vector());
+        if rx.max(tx) + ctrl > signals || signals > rx + tx + ctrl {
+            return Err(format!(
+                "interrupts disagree: device signalled {signals}, driver took rx {rx}, tx {tx}, \
+                 ctrl {ctrl} on their MSI-X vectors"
+            ));
+        }
+        if config != 0 {
+            return Err(format!("MSI-X: {config} configuration interrupts"));
+        }
+        Ok(Taken::PerQueue { rx, tx })
+    }
+
+    /// The device's counters: its statistics as the driver read them, which must be its
+    /// metrics, else (none read) its metrics.
+    fn device_counters(&self, m: &NetMetrics) -> Result<DeviceCounters, String> {
+        let metrics = from_metrics(m);
+        match &self.device_stats {
+            Some(Ok(stats)) => {
+                // The device's answer is its metrics (nothing moved since the GETs).
+                let read = DeviceCounters {
+                    cvq: None,
+                    ..*stats
+                };
+                if read != metrics {
+                    return Err(format!(
+                        "the device's statistics disagree with its metrics: read {read:?}, \
+                         metrics {metrics:?}"
+                    ));
+                }
+                Ok(*stats)
+            }
+            Some(Err(e)) => Err(format!("device statistics: {e}")),
+            None => Ok(metrics),
+        }
     }
 }
