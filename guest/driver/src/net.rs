@@ -105,31 +105,7 @@ impl<H: Hal, T: Transport> VirtioNet<H, T> {
             return Err(InitError::NotNet(id));
         }
         reset(&mut transport)?;
-        let result = negotiate(&mut transport, &config).and_then(|features| {
-            transport.setup_config_vector()?;
-            let layout = mq::layout(&mut transport, features, &config)?;
-            let sizes = [
-                queue_size(&mut transport, RX_QUEUE, config.rx_queue_size)?,
-                queue_size(&mut transport, TX_QUEUE, config.tx_queue_size)?,
-            ];
-            if features & NET_F_MRG_RXBUF == 0 && config.rx_buf_size < MIN_RX_BUF_WITHOUT_MRG {
-                return Err(InitError::RxBufTooSmall {
-                    size: config.rx_buf_size,
-                    min: MIN_RX_BUF_WITHOUT_MRG,
-                });
-            }
-            let ctrl_queue = layout.ctrl_queue;
-            let ctrl_size = if features & NET_F_CTRL_VQ != 0 {
-                let size = queue_size(&mut transport, ctrl_queue, CTRL_QUEUE_SIZE)?;
-                if size < CTRL_MAX_CHAIN {
-                    return Err(InitError::QueueUnavailable(ctrl_queue));
-                }
-                Some(size)
-            } else {
-                None
-            };
-            Ok((features, layout, sizes, ctrl_size))
-        });
+        let result = negotiate_layout(&mut transport, &config);
         let (features, layout, [rx_size, tx_size], ctrl_size) = match result {
             Ok(v) => v,
             Err(e) => {
@@ -145,8 +121,7 @@ impl<H: Hal, T: Transport> VirtioNet<H, T> {
         let cq = match ctrl_size {
             None => None,
             Some(size) => {
-                let sizes = [RingLayout::new(size).bytes, CTRL_BUF_BYTES];
-                let Some([ring, buf]) = DmaRegion::alloc_all(&hal, sizes) else {
+                let Some(cq) = alloc_ctrl(&hal, layout.ctrl_queue, size, event_idx) else {
                     for region in &pair_memory {
                         // SAFETY: allocated just above from `hal`, never shown to the device.
                         unsafe { region.dealloc(&hal) };
@@ -154,10 +129,7 @@ impl<H: Hal, T: Transport> VirtioNet<H, T> {
                     set_status(&mut transport, status::FAILED);
                     return Err(InitError::DmaAlloc);
                 };
-                Some(ControlQueue::new(
-                    SplitRing::new(layout.ctrl_queue, size, ring, event_idx),
-                    buf,
-                ))
+                Some(cq)
             }
         };
         let Pair { rq, sq } = Pair::new(
@@ -517,4 +489,47 @@ pub(crate) fn queue_size<T: Transport>(
     }
     // `max` ≤ `wanted` ≤ 32768: fits, and its highest power of two is ≥ 2.
     Ok(1 << (31 - max.leading_zeros()))
+}
+
+/// The negotiated features, the queue layout and the queues' sizes (rx, tx, and the control
+/// queue's if it was negotiated): everything decided before memory is allocated.
+fn negotiate_layout<T: Transport>(
+    transport: &mut T,
+    config: &Config,
+) -> Result<(u64, mq::Layout, [u16; 2], Option<u16>), InitError> {
+    let features = negotiate(transport, config)?;
+    transport.setup_config_vector()?;
+    let layout = mq::layout(transport, features, config)?;
+    let sizes = [
+        queue_size(transport, RX_QUEUE, config.rx_queue_size)?,
+        queue_size(transport, TX_QUEUE, config.tx_queue_size)?,
+    ];
+    if features & NET_F_MRG_RXBUF == 0 && config.rx_buf_size < MIN_RX_BUF_WITHOUT_MRG {
+        return Err(InitError::RxBufTooSmall {
+            size: config.rx_buf_size,
+            min: MIN_RX_BUF_WITHOUT_MRG,
+        });
+    }
+    let ctrl_queue = layout.ctrl_queue;
+    let ctrl_size = if features & NET_F_CTRL_VQ != 0 {
+        let size = queue_size(transport, ctrl_queue, CTRL_QUEUE_SIZE)?;
+        if size < CTRL_MAX_CHAIN {
+            return Err(InitError::QueueUnavailable(ctrl_queue));
+        }
+        Some(size)
+    } else {
+        None
+    };
+    Ok((features, layout, sizes, ctrl_size))
+}
+
+/// The control queue `index` of `size` entries and its command buffer; `None` if the memory
+/// cannot be had.
+fn alloc_ctrl<H: Hal>(hal: &H, index: u16, size: u16, event_idx: bool) -> Option<ControlQueue> {
+    let sizes = [RingLayout::new(size).bytes, CTRL_BUF_BYTES];
+    let [ring, buf] = DmaRegion::alloc_all(hal, sizes)?;
+    Some(ControlQueue::new(
+        SplitRing::new(index, size, ring, event_idx),
+        buf,
+    ))
 }
