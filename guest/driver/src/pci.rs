@@ -340,17 +340,10 @@ pub fn find_capabilities<C: PciConfig + ?Sized>(cfg: &mut C) -> Result<PciLayout
                 }
             }
             cfg::CAP_ID_MSIX if msix.is_none() && fits(12) => {
-                let control = cfg.config_read16(ptr + 2);
-                let table = cfg.config_read32(ptr + 4);
-                let pba = cfg.config_read32(ptr + 8);
-                check_bar((table & 7) as u8)?;
-                check_bar((pba & 7) as u8)?;
-                msix = Some(MsixCap {
-                    cap: ptr,
-                    table_size: (control & 0x7ff) + 1,
-                    table_offset: table & !7,
-                    pba_offset: pba & !7,
-                });
+                let (cap, [table_bar, pba_bar]) = read_msix_cap(cfg, ptr);
+                check_bar(table_bar)?;
+                check_bar(pba_bar)?;
+                msix = Some(cap);
             }
             _ => {}
         }
@@ -373,6 +366,20 @@ pub fn find_capabilities<C: PciConfig + ?Sized>(cfg: &mut C) -> Result<PciLayout
         device,
         msix,
     })
+}
+
+/// The MSI-X capability at `ptr`, and the BARs of its table and PBA.
+fn read_msix_cap<C: PciConfig + ?Sized>(cfg: &mut C, ptr: u8) -> (MsixCap, [u8; 2]) {
+    let control = cfg.config_read16(ptr + 2);
+    let table = cfg.config_read32(ptr + 4);
+    let pba = cfg.config_read32(ptr + 8);
+    let cap = MsixCap {
+        cap: ptr,
+        table_size: (control & 0x7ff) + 1,
+        table_offset: table & !7,
+        pba_offset: pba & !7,
+    };
+    (cap, [(table & 7) as u8, (pba & 7) as u8])
 }
 
 /// The address memory BAR `bar` is assigned, read from configuration space (both halves of a
