@@ -162,13 +162,7 @@ impl<H: Hal, T: Transport> VirtioNet<H, T> {
         }
         net.read_config();
         // Interrupt suppression lives in ring memory: set it before the device starts.
-        net.rq.ring.enable_interrupts();
-        match config.tx_completion {
-            TxCompletion::TxInterrupt => {
-                net.sq.ring.enable_interrupts();
-            }
-            TxCompletion::CleanFromRx | TxCompletion::Lazy => net.sq.ring.disable_interrupts(),
-        }
+        net.arm_interrupts();
         if let Err(e) = net.add_pairs(layout.pairs) {
             set_status(&mut net.transport, status::FAILED);
             return Err(e);
@@ -180,6 +174,17 @@ impl<H: Hal, T: Transport> VirtioNet<H, T> {
         net.refill_rx();
         net.start_pairs()?;
         Ok(net)
+    }
+
+    /// Interrupts on for rx, and for tx only when tx completion runs from them.
+    fn arm_interrupts(&mut self) {
+        self.rq.ring.enable_interrupts();
+        match self.config.tx_completion {
+            TxCompletion::TxInterrupt => {
+                self.sq.ring.enable_interrupts();
+            }
+            TxCompletion::CleanFromRx | TxCompletion::Lazy => self.sq.ring.disable_interrupts(),
+        }
     }
 
     /// Hands queue `queue`'s rings to the device and enables it. On error the device is

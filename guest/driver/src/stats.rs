@@ -295,7 +295,6 @@ fn counter(reply: &[u8], at: usize, i: usize) -> u64 {
 /// order, each header checked before its counters are read. `reply` is exactly
 /// [`reply_len`]`(types)` bytes.
 pub(crate) fn parse(vq: u16, types: StatsTypes, reply: &[u8]) -> Result<DeviceStats, CtrlError> {
-    let bad = |e| Err(CtrlError::BadStatsReply(e));
     let mut stats = DeviceStats {
         vq_index: vq,
         ..DeviceStats::default()
@@ -306,78 +305,88 @@ pub(crate) fn parse(vq: u16, types: StatsTypes, reply: &[u8]) -> Result<DeviceSt
         let Some(size) = block_size(bit) else {
             return Err(CtrlError::UnsupportedStats(types.0));
         };
-        let header = &reply[at..at + HEADER_LEN];
-        let (ty, index) = (header[0], u16::from_le_bytes([header[2], header[3]]));
-        let found_size = u16::from_le_bytes([header[6], header[7]]);
-        // `bit` < 64: fits a u8.
-        let expected_ty = bit as u8;
-        if ty != expected_ty {
-            return bad(StatsReplyError::Type {
-                offset: at,
-                expected: expected_ty,
-                found: ty,
-            });
-        }
-        if index != vq {
-            return bad(StatsReplyError::VqIndex {
-                offset: at,
-                expected: vq,
-                found: index,
-            });
-        }
-        if usize::from(found_size) != size {
-            return bad(StatsReplyError::Size {
-                offset: at,
-                ty,
-                // Block sizes are at most 56.
-                expected: size as u16,
-                found: found_size,
-            });
-        }
-        let c = |i| counter(reply, at, i);
-        match bit {
-            32 => {
-                stats.cvq = Some(CvqStats {
-                    command_num: c(0),
-                    ok_num: c(1),
-                })
-            }
-            0 => {
-                stats.rx_basic = Some(RxBasic {
-                    rx_notifications: c(0),
-                    rx_packets: c(1),
-                    rx_bytes: c(2),
-                    rx_interrupts: c(3),
-                    rx_drops: c(4),
-                    rx_drop_overruns: c(5),
-                })
-            }
-            3 => {
-                stats.rx_speed = Some(RxSpeed {
-                    rx_packets_allowance_exceeded: c(0),
-                    rx_bytes_allowance_exceeded: c(1),
-                })
-            }
-            16 => {
-                stats.tx_basic = Some(TxBasic {
-                    tx_notifications: c(0),
-                    tx_packets: c(1),
-                    tx_bytes: c(2),
-                    tx_interrupts: c(3),
-                    tx_drops: c(4),
-                    tx_drop_malformed: c(5),
-                })
-            }
-            _ => {
-                stats.tx_speed = Some(TxSpeed {
-                    tx_packets_allowance_exceeded: c(0),
-                    tx_bytes_allowance_exceeded: c(1),
-                })
-            }
-        }
+        check_header(&reply[at..at + HEADER_LEN], at, bit, vq, size)?;
+        fill(&mut stats, bit, |i| counter(reply, at, i));
         at += size;
     }
     Ok(stats)
+}
+
+/// Checks the header of the block at `at` (type `bit`, queue `vq`, `size` bytes).
+fn check_header(header: &[u8], at: usize, bit: u32, vq: u16, size: usize) -> Result<(), CtrlError> {
+    let bad = |e| Err::<(), _>(CtrlError::BadStatsReply(e));
+    let (ty, index) = (header[0], u16::from_le_bytes([header[2], header[3]]));
+    let found_size = u16::from_le_bytes([header[6], header[7]]);
+    // `bit` < 64: fits a u8.
+    let expected_ty = bit as u8;
+    if ty != expected_ty {
+        return bad(StatsReplyError::Type {
+            offset: at,
+            expected: expected_ty,
+            found: ty,
+        });
+    }
+    if index != vq {
+        return bad(StatsReplyError::VqIndex {
+            offset: at,
+            expected: vq,
+            found: index,
+        });
+    }
+    if usize::from(found_size) != size {
+        return bad(StatsReplyError::Size {
+            offset: at,
+            ty,
+            // Block sizes are at most 56.
+            expected: size as u16,
+            found: found_size,
+        });
+    }
+    Ok(())
+}
+
+/// Puts the block of type `bit` into `stats`, its counter `i` read by `c(i)`.
+fn fill(stats: &mut DeviceStats, bit: u32, c: impl Fn(usize) -> u64) {
+    match bit {
+        32 => {
+            stats.cvq = Some(CvqStats {
+                command_num: c(0),
+                ok_num: c(1),
+            })
+        }
+        0 => {
+            stats.rx_basic = Some(RxBasic {
+                rx_notifications: c(0),
+                rx_packets: c(1),
+                rx_bytes: c(2),
+                rx_interrupts: c(3),
+                rx_drops: c(4),
+                rx_drop_overruns: c(5),
+            })
+        }
+        3 => {
+            stats.rx_speed = Some(RxSpeed {
+                rx_packets_allowance_exceeded: c(0),
+                rx_bytes_allowance_exceeded: c(1),
+            })
+        }
+        16 => {
+            stats.tx_basic = Some(TxBasic {
+                tx_notifications: c(0),
+                tx_packets: c(1),
+                tx_bytes: c(2),
+                tx_interrupts: c(3),
+                tx_drops: c(4),
+                tx_drop_malformed: c(5),
+            })
+        }
+        _ => {
+            stats.tx_speed = Some(TxSpeed {
+                tx_packets_allowance_exceeded: c(0),
+                tx_bytes_allowance_exceeded: c(1),
+            })
+        }
+    }
 }
 
 impl<H: Hal, T: Transport> VirtioNet<H, T> {
