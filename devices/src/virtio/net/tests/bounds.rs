@@ -6,12 +6,13 @@ use virtio_bindings::virtio_config::VIRTIO_CONFIG_S_NEEDS_RESET;
 use virtio_bindings::virtio_mmio::VIRTIO_MMIO_STATUS;
 use vm_memory::GuestAddress;
 
-use super::support::{frame, guest_mem, wire, GuestQueue, INDIRECT, MEM_SIZE, NEXT, WRITE};
+use super::support::{
+    desc_bytes, frame, guest_mem, pair, wire, GuestQueue, Ring, INDIRECT, MEM_SIZE, NEXT, WRITE,
+};
 use super::worker::{kick, queues, rig, start, TIMEOUT, VERSION_1};
-use crate::backend::PairBackend;
 use crate::test_utils::mmio::{wait_until, Registers};
 use crate::virtio::net::metrics::{RxCounters, TxCounters};
-use crate::virtio::net::{process_rx, process_tx, RxMode, RxStop, TxStop};
+use crate::virtio::net::{RxMode, RxStop, TxStop};
 use crate::virtio::ring::{RingError, RingPart};
 use crate::virtio::vring::{Virtqueue, CALL_DESCRIPTOR_BUDGET, MAX_CHAIN_DESCRIPTORS};
 
@@ -37,51 +38,41 @@ fn publish_empty_chains(driver: &mut GuestQueue, chains: usize, links: u16, flag
 
 #[test]
 fn tx_call_is_bounded_by_descriptors_visited_not_frames() {
-    let mem = guest_mem();
-    let mut driver = GuestQueue::new(&mem, 8192);
-    let mut queue = driver.queue();
+    let mut ring = Ring::new(8192);
     // 60 chains of 100 empty descriptors: no frame in any of them.
-    publish_empty_chains(&mut driver, 60, 100, 0);
-    let (mut backend, _peer) = PairBackend::new().expect("socketpair");
+    publish_empty_chains(&mut ring.driver, 60, 100, 0);
+    let (mut backend, _peer) = pair();
     let mut counters = TxCounters::default();
-    let outcome = process_tx(&mut queue, &mem, &mut backend, &mut counters).expect("ring ok");
+    let outcome = ring.tx(&mut backend, &mut counters);
     assert_eq!(outcome.stop, TxStop::Budget);
     let per_call = u64::from(CALL_DESCRIPTOR_BUDGET / 100 + 1);
     assert_eq!(counters.malformed_chains, per_call, "one call's share");
     // The rest comes in later calls; each is returned with length 0.
-    while process_tx(&mut queue, &mem, &mut backend, &mut counters)
-        .expect("ring ok")
-        .stop
-        == TxStop::Budget
-    {}
+    while ring.tx(&mut backend, &mut counters).stop == TxStop::Budget {}
     assert_eq!(counters.malformed_chains, 60);
-    assert_eq!(driver.used_idx(), 60);
+    assert_eq!(ring.driver.used_idx(), 60);
 }
 
 #[test]
 fn huge_indirect_tables_cost_a_bounded_walk() {
-    let mem = guest_mem();
-    let mut driver = GuestQueue::new(&mem, 16);
-    let mut queue = driver.queue();
+    let mut ring = Ring::new(16);
     // A 65535-entry indirect table of empty, linked descriptors (1 MiB).
     let entries = 65535u32;
-    let mut table = Vec::with_capacity(entries as usize * 16);
-    for i in 0..entries {
-        let next = (i + 1).min(entries - 1) as u16;
-        let flags = if i + 1 < entries { NEXT } else { 0 };
-        table.extend_from_slice(&0x20_0000u64.to_le_bytes());
-        table.extend_from_slice(&0u32.to_le_bytes());
-        table.extend_from_slice(&flags.to_le_bytes());
-        table.extend_from_slice(&next.to_le_bytes());
-    }
-    let at = driver.alloc(&table);
+    let table: Vec<u8> = (0..entries)
+        .flat_map(|i| {
+            let next = (i + 1).min(entries - 1) as u16;
+            let flags = if i + 1 < entries { NEXT } else { 0 };
+            desc_bytes(0x20_0000, 0, flags, next)
+        })
+        .collect();
+    let at = ring.driver.alloc(&table);
     for _ in 0..8 {
-        let slot = driver.write_descs(&[(at, entries * 16, INDIRECT, 0)])[0];
-        driver.publish(slot);
+        let slot = ring.driver.write_descs(&[(at, entries * 16, INDIRECT, 0)])[0];
+        ring.driver.publish(slot);
     }
-    let (mut backend, _peer) = PairBackend::new().expect("socketpair");
+    let (mut backend, _peer) = pair();
     let mut counters = TxCounters::default();
-    let outcome = process_tx(&mut queue, &mem, &mut backend, &mut counters).expect("ring ok");
+    let outcome = ring.tx(&mut backend, &mut counters);
     // Each chain is cut at MAX_CHAIN_DESCRIPTORS, and the call at its descriptor budget.
     assert_eq!(outcome.stop, TxStop::Budget);
     assert_eq!(
@@ -92,23 +83,14 @@ fn huge_indirect_tables_cost_a_bounded_walk() {
 
 #[test]
 fn rx_fill_is_bounded_when_every_chain_is_malformed() {
-    let mem = guest_mem();
-    let mut driver = GuestQueue::new(&mem, 8192);
-    let mut queue = driver.queue();
+    let mut ring = Ring::new(8192);
     // Chains of 100 empty device-writable descriptors: walked to the end, then refused (no
     // room for a header).
-    publish_empty_chains(&mut driver, 60, 100, WRITE);
-    let (mut backend, peer) = PairBackend::new().expect("socketpair");
+    publish_empty_chains(&mut ring.driver, 60, 100, WRITE);
+    let (mut backend, peer) = pair();
     peer.send_frame(&wire(&frame(64, 1))).expect("send");
     let mut counters = RxCounters::default();
-    let outcome = process_rx(
-        &mut queue,
-        &mem,
-        &mut backend,
-        RxMode::Mergeable,
-        &mut counters,
-    )
-    .expect("ring ok");
+    let outcome = ring.rx(&mut backend, RxMode::Mergeable, &mut counters);
     assert_eq!(outcome.stop, RxStop::Budget);
     assert!(counters.malformed_chains < 60, "{counters:?}");
     assert_eq!(counters.frames, 0);
@@ -118,15 +100,7 @@ fn rx_fill_is_bounded_when_every_chain_is_malformed() {
         if stop != RxStop::Budget {
             break;
         }
-        stop = process_rx(
-            &mut queue,
-            &mem,
-            &mut backend,
-            RxMode::Mergeable,
-            &mut counters,
-        )
-        .expect("ring ok")
-        .stop;
+        stop = ring.rx(&mut backend, RxMode::Mergeable, &mut counters).stop;
     }
     assert_eq!(stop, RxStop::NoBuffers);
     assert_eq!(counters.malformed_chains, 60);
@@ -196,19 +170,21 @@ fn overlapping_rings_make_the_device_need_a_reset_not_spin() {
 
 #[test]
 fn a_burst_publishes_the_used_index_in_batches_and_decides_once() {
-    let mem = guest_mem();
-    let mut driver = GuestQueue::new(&mem, 256);
-    let mut queue = driver.queue();
+    let mut ring = Ring::new(256);
     let frames: Vec<Vec<u8>> = (0..100).map(|i| wire(&frame(60, i as u8))).collect();
     for f in &frames {
-        driver.push_tx(f, &[]);
+        ring.driver.push_tx(f, &[]);
     }
-    let (mut backend, peer) = PairBackend::new().expect("socketpair");
+    let (mut backend, peer) = pair();
     let mut counters = TxCounters::default();
-    let outcome = process_tx(&mut queue, &mem, &mut backend, &mut counters).expect("ring ok");
+    let outcome = ring.tx(&mut backend, &mut counters);
     assert_eq!(outcome.stop, TxStop::Drained);
     assert!(outcome.needs_interrupt);
-    assert_eq!(driver.used_idx(), 100, "everything published by the end");
+    assert_eq!(
+        ring.driver.used_idx(),
+        100,
+        "everything published by the end"
+    );
     assert_eq!(counters.interrupts_raised, 1, "one decision per call");
     for f in &frames {
         assert_eq!(&peer.recv_frame().expect("frame"), f);
@@ -218,20 +194,13 @@ fn a_burst_publishes_the_used_index_in_batches_and_decides_once() {
 #[test]
 fn rx_queue_keeps_its_pool_across_calls() {
     use crate::virtio::net::rx::RX_GATHER_NO_GSO_BYTES;
-    use crate::virtio::net::RxQueue;
-    let mem = guest_mem();
-    let mut driver = GuestQueue::new(&mem, 64);
-    let queue = driver.queue();
+    let mut ring = Ring::new(64);
     let mut bufs = Vec::new();
     for _ in 0..64 {
-        bufs.push(driver.push_rx(&[2048]).1[0]);
+        bufs.push(ring.driver.push_rx(&[2048]).1[0]);
     }
-    let mut rxq = RxQueue::new(
-        Virtqueue::new(&queue, &mem).expect("ring"),
-        RxMode::Mergeable,
-        RX_GATHER_NO_GSO_BYTES,
-    );
-    let (mut backend, peer) = PairBackend::new().expect("socketpair");
+    let mut rxq = ring.rx_queue(RxMode::Mergeable);
+    let (mut backend, peer) = pair();
     let mut counters = RxCounters::default();
     for i in 0..20u8 {
         let f = wire(&frame(64, i));
@@ -242,8 +211,11 @@ fn rx_queue_keeps_its_pool_across_calls() {
         let held = rxq.pooled_chains() as u64 * 2048;
         assert!(held >= RX_GATHER_NO_GSO_BYTES, "{held}");
         assert!(held < RX_GATHER_NO_GSO_BYTES + 2 * 2048, "{held}");
-        assert_eq!(driver.used(u16::from(i)).1, f.len() as u32);
-        assert_eq!(driver.read(bufs[usize::from(i)] + 12, 64), frame(64, i));
+        assert_eq!(ring.driver.used(u16::from(i)).1, f.len() as u32);
+        assert_eq!(
+            ring.driver.read(bufs[usize::from(i)] + 12, 64),
+            frame(64, i)
+        );
     }
     assert_eq!(counters.frames, 20);
     assert_eq!(counters.malformed_chains, 0);

@@ -3,10 +3,9 @@
 
 use virtio_queue::QueueT;
 
-use crate::backend::PairBackend;
 use crate::virtio::net::metrics::{RxCounters, TxCounters};
-use crate::virtio::net::tests::support::{frame, guest_mem, wire, GuestQueue};
-use crate::virtio::net::{process_rx, process_tx, RxMode, TxStop};
+use crate::virtio::net::tests::support::{drain, frame, pair, wire, Ring};
+use crate::virtio::net::{RxMode, TxStop};
 use crate::virtio::ring::vring_need_event;
 
 /// `event` lies in `[old, new)` on the u16 circle: the plain-words definition of the spec's
@@ -78,24 +77,22 @@ fn event_idx_interrupts_follow_vring_need_event_across_wrap_around() {
         (65520, 16, 0),
     ];
     for &(start, n, used_event) in cases {
-        let mem = guest_mem();
-        let mut driver = GuestQueue::new(&mem, 16);
-        let mut queue = driver.queue();
-        queue.set_event_idx(true);
-        driver.start_at(&mut queue, start);
+        let mut ring = Ring::new(16);
+        ring.queue.set_event_idx(true);
+        ring.driver.start_at(&mut ring.queue, start);
         for i in 0..n {
-            driver.push_tx(&wire(&frame(64, i as u8)), &[]);
+            ring.driver.push_tx(&wire(&frame(64, i as u8)), &[]);
         }
-        driver.set_used_event(used_event);
-        let (mut backend, _peer) = PairBackend::new().expect("socketpair");
+        ring.driver.set_used_event(used_event);
+        let (mut backend, _peer) = pair();
         let mut counters = TxCounters::default();
 
-        let outcome = process_tx(&mut queue, &mem, &mut backend, &mut counters).expect("ring ok");
+        let outcome = ring.tx(&mut backend, &mut counters);
 
         let new = start.wrapping_add(n);
         let expected = vring_need_event(used_event, new, start);
         let case = format!("start {start}, {n} frames, used_event {used_event}");
-        assert_eq!(driver.used_idx(), new, "{case}");
+        assert_eq!(ring.driver.used_idx(), new, "{case}");
         assert_eq!(outcome.needs_interrupt, expected, "{case}");
         assert_eq!(counters.interrupts_raised, u64::from(expected), "{case}");
         assert_eq!(
@@ -104,63 +101,51 @@ fn event_idx_interrupts_follow_vring_need_event_across_wrap_around() {
             "{case}"
         );
         // The driver is asked to kick at its next buffer.
-        assert_eq!(driver.avail_event(), new, "{case}");
+        assert_eq!(ring.driver.avail_event(), new, "{case}");
     }
 }
 
 #[test]
 fn event_idx_ignores_the_no_interrupt_flag() {
-    let mem = guest_mem();
-    let mut driver = GuestQueue::new(&mem, 16);
-    let mut queue = driver.queue();
-    queue.set_event_idx(true);
-    driver.set_avail_flags(1);
-    driver.set_used_event(0);
-    driver.push_tx(&wire(&frame(64, 0)), &[]);
-    let (mut backend, _peer) = PairBackend::new().expect("socketpair");
+    let mut ring = Ring::new(16);
+    ring.queue.set_event_idx(true);
+    ring.driver.set_avail_flags(1);
+    ring.driver.set_used_event(0);
+    ring.driver.push_tx(&wire(&frame(64, 0)), &[]);
+    let (mut backend, _peer) = pair();
     let mut counters = TxCounters::default();
-    let outcome = process_tx(&mut queue, &mem, &mut backend, &mut counters).expect("ring ok");
+    let outcome = ring.tx(&mut backend, &mut counters);
     assert!(outcome.needs_interrupt);
 }
 
 #[test]
 fn no_interrupt_flag_is_honoured_without_event_idx() {
-    let mem = guest_mem();
-    let mut driver = GuestQueue::new(&mem, 16);
-    let mut queue = driver.queue();
-    let (mut backend, peer) = PairBackend::new().expect("socketpair");
+    let mut ring = Ring::new(16);
+    let (mut backend, peer) = pair();
     let mut counters = TxCounters::default();
 
-    driver.set_avail_flags(1);
-    driver.push_tx(&wire(&frame(64, 1)), &[]);
-    let outcome = process_tx(&mut queue, &mem, &mut backend, &mut counters).expect("ring ok");
+    ring.driver.set_avail_flags(1);
+    ring.driver.push_tx(&wire(&frame(64, 1)), &[]);
+    let outcome = ring.tx(&mut backend, &mut counters);
     assert!(!outcome.needs_interrupt);
     assert_eq!(counters.interrupts_suppressed_no_interrupt, 1);
     assert_eq!(counters.interrupts_raised, 0);
-    assert_eq!(driver.used_idx(), 1, "the buffer is still returned");
+    assert_eq!(ring.driver.used_idx(), 1, "the buffer is still returned");
 
-    driver.set_avail_flags(0);
-    driver.push_tx(&wire(&frame(64, 2)), &[]);
-    let outcome = process_tx(&mut queue, &mem, &mut backend, &mut counters).expect("ring ok");
+    ring.driver.set_avail_flags(0);
+    ring.driver.push_tx(&wire(&frame(64, 2)), &[]);
+    let outcome = ring.tx(&mut backend, &mut counters);
     assert!(outcome.needs_interrupt);
     assert_eq!(counters.interrupts_raised, 1);
 
     // Same on the rx side.
-    let mut rx_driver = GuestQueue::at(&mem, vm_memory::GuestAddress(0x8000), 16, 0x40_0000);
-    let mut rx_queue = rx_driver.queue();
-    rx_driver.push_rx(&[2048]);
-    rx_driver.push_rx(&[2048]);
-    rx_driver.set_avail_flags(1);
+    let mut rx = ring.second();
+    rx.driver.push_rx(&[2048]);
+    rx.driver.push_rx(&[2048]);
+    rx.driver.set_avail_flags(1);
     peer.send_frame(&wire(&frame(100, 3))).expect("send");
     let mut rx_counters = RxCounters::default();
-    let outcome = process_rx(
-        &mut rx_queue,
-        &mem,
-        &mut backend,
-        RxMode::Mergeable,
-        &mut rx_counters,
-    )
-    .expect("ring ok");
+    let outcome = rx.rx(&mut backend, RxMode::Mergeable, &mut rx_counters);
     assert!(!outcome.needs_interrupt);
     assert_eq!(rx_counters.interrupts_suppressed_no_interrupt, 1);
     assert_eq!(rx_counters.frames, 1);
@@ -168,29 +153,35 @@ fn no_interrupt_flag_is_honoured_without_event_idx() {
 
 #[test]
 fn driver_notifications_are_off_while_the_device_is_busy() {
-    let mem = guest_mem();
-    let mut driver = GuestQueue::new(&mem, 256);
-    let mut queue = driver.queue();
+    let mut ring = Ring::new(256);
     let bytes = wire(&frame(8000, 4));
     for _ in 0..100 {
-        driver.push_tx(&bytes, &[]);
+        ring.driver.push_tx(&bytes, &[]);
     }
-    let (mut backend, peer) = PairBackend::new().expect("socketpair");
+    let (mut backend, peer) = pair();
     let mut counters = TxCounters::default();
 
     // The backend fills up mid-drain: the device will come back by itself, no kick wanted.
-    let outcome = process_tx(&mut queue, &mem, &mut backend, &mut counters).expect("ring ok");
+    let outcome = ring.tx(&mut backend, &mut counters);
     assert_eq!(outcome.stop, TxStop::BackendFull);
-    assert_eq!(driver.used_flags(), 1, "VRING_USED_F_NO_NOTIFY while busy");
+    assert_eq!(
+        ring.driver.used_flags(),
+        1,
+        "VRING_USED_F_NO_NOTIFY while busy"
+    );
 
-    while peer.try_recv_frame().expect("recv").is_some() {}
+    drain(&peer);
     loop {
-        let outcome = process_tx(&mut queue, &mem, &mut backend, &mut counters).expect("ring ok");
-        while peer.try_recv_frame().expect("recv").is_some() {}
+        let outcome = ring.tx(&mut backend, &mut counters);
+        drain(&peer);
         if outcome.stop == TxStop::Drained {
             break;
         }
     }
-    assert_eq!(driver.used_flags(), 0, "notifications back on once drained");
+    assert_eq!(
+        ring.driver.used_flags(),
+        0,
+        "notifications back on once drained"
+    );
     assert_eq!(counters.frames, 100);
 }

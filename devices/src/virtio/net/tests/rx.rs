@@ -3,10 +3,9 @@
 
 use virtio_queue::QueueT;
 
-use crate::backend::PairBackend;
 use crate::virtio::net::metrics::RxCounters;
-use crate::virtio::net::tests::support::{frame, guest_mem, wire, GuestQueue};
-use crate::virtio::net::{process_rx, RxMode, RxStop, VNET_HDR_LEN};
+use crate::virtio::net::tests::support::{frame, pair, wire, GuestQueue, Ring};
+use crate::virtio::net::{RxMode, RxStop, VNET_HDR_LEN};
 
 /// num_buffers of the header at `addr`.
 fn num_buffers(driver: &GuestQueue, addr: u64) -> u16 {
@@ -16,190 +15,134 @@ fn num_buffers(driver: &GuestQueue, addr: u64) -> u16 {
 
 #[test]
 fn frame_lands_in_a_single_chain() {
-    let mem = guest_mem();
-    let mut driver = GuestQueue::new(&mem, 16);
-    let mut queue = driver.queue();
+    let mut ring = Ring::new(16);
     // Header and frame in separate descriptors of one chain.
-    let (head, bufs) = driver.push_rx(&[12, 2048]);
-    let (mut backend, peer) = PairBackend::new().expect("socketpair");
+    let (head, bufs) = ring.driver.push_rx(&[12, 2048]);
+    let (mut backend, peer) = pair();
     let payload = frame(1514, 9);
     peer.send_frame(&wire(&payload)).expect("send");
     let mut counters = RxCounters::default();
 
-    let outcome = process_rx(
-        &mut queue,
-        &mem,
-        &mut backend,
-        RxMode::SingleChain,
-        &mut counters,
-    )
-    .expect("ring ok");
+    let outcome = ring.rx(&mut backend, RxMode::SingleChain, &mut counters);
 
     assert!(outcome.needs_interrupt);
     // The only buffer is used: stop polling the backend until the driver posts more.
     assert_eq!(outcome.stop, RxStop::NoBuffers);
-    assert_eq!(driver.used_since(0), vec![(u32::from(head), 12 + 1514)]);
-    assert_eq!(driver.read(bufs[0], 10), wire(&[])[..10]);
-    assert_eq!(num_buffers(&driver, bufs[0]), 1);
-    assert_eq!(driver.read(bufs[1], 1514), payload);
+    assert_eq!(
+        ring.driver.used_since(0),
+        vec![(u32::from(head), 12 + 1514)]
+    );
+    assert_eq!(ring.driver.read(bufs[0], 10), wire(&[])[..10]);
+    assert_eq!(num_buffers(&ring.driver, bufs[0]), 1);
+    assert_eq!(ring.driver.read(bufs[1], 1514), payload);
     assert_eq!((counters.frames, counters.bytes), (1, 1514));
 }
 
 #[test]
 fn frame_spans_mergeable_chains_with_num_buffers() {
-    let mem = guest_mem();
-    let mut driver = GuestQueue::new(&mem, 16);
-    let mut queue = driver.queue();
-    let chains: Vec<_> = (0..4).map(|_| driver.push_rx(&[512])).collect();
-    let (mut backend, peer) = PairBackend::new().expect("socketpair");
+    let mut ring = Ring::new(16);
+    let chains: Vec<_> = (0..4).map(|_| ring.driver.push_rx(&[512])).collect();
+    let (mut backend, peer) = pair();
     let big = frame(1200, 10);
     peer.send_frame(&wire(&big)).expect("send");
     let mut counters = RxCounters::default();
 
-    process_rx(
-        &mut queue,
-        &mem,
-        &mut backend,
-        RxMode::Mergeable,
-        &mut counters,
-    )
-    .expect("ring ok");
+    ring.rx(&mut backend, RxMode::Mergeable, &mut counters);
 
     let ids = |i: usize| u32::from(chains[i].0);
     assert_eq!(
-        driver.used_since(0),
+        ring.driver.used_since(0),
         vec![(ids(0), 512), (ids(1), 512), (ids(2), 1212 - 1024)]
     );
-    assert_eq!(num_buffers(&driver, chains[0].1[0]), 3);
-    let mut got = driver.read(chains[0].1[0], 512);
-    got.extend(driver.read(chains[1].1[0], 512));
-    got.extend(driver.read(chains[2].1[0], 1212 - 1024));
+    assert_eq!(num_buffers(&ring.driver, chains[0].1[0]), 3);
+    let mut got = ring.driver.read(chains[0].1[0], 512);
+    got.extend(ring.driver.read(chains[1].1[0], 512));
+    got.extend(ring.driver.read(chains[2].1[0], 1212 - 1024));
     assert_eq!(got[VNET_HDR_LEN..], big[..]);
     // The fourth chain was gathered but is still the driver's: it goes back on the ring.
-    assert_eq!(queue.next_avail(), 3);
+    assert_eq!(ring.queue.next_avail(), 3);
 
     let small = frame(60, 11);
     peer.send_frame(&wire(&small)).expect("send");
-    process_rx(
-        &mut queue,
-        &mem,
-        &mut backend,
-        RxMode::Mergeable,
-        &mut counters,
-    )
-    .expect("ring ok");
-    assert_eq!(driver.used(3), (ids(3), 72));
-    assert_eq!(num_buffers(&driver, chains[3].1[0]), 1);
-    assert_eq!(driver.read(chains[3].1[0] + 12, 60), small);
+    ring.rx(&mut backend, RxMode::Mergeable, &mut counters);
+    assert_eq!(ring.driver.used(3), (ids(3), 72));
+    assert_eq!(num_buffers(&ring.driver, chains[3].1[0]), 1);
+    assert_eq!(ring.driver.read(chains[3].1[0] + 12, 60), small);
     assert_eq!(counters.frames, 2);
 }
 
 #[test]
 fn consecutive_frames_share_the_gathered_chains() {
-    let mem = guest_mem();
-    let mut driver = GuestQueue::new(&mem, 64);
-    let mut queue = driver.queue();
-    let chains: Vec<_> = (0..40).map(|_| driver.push_rx(&[1536])).collect();
-    let (mut backend, peer) = PairBackend::new().expect("socketpair");
+    let mut ring = Ring::new(64);
+    let chains: Vec<_> = (0..40).map(|_| ring.driver.push_rx(&[1536])).collect();
+    let (mut backend, peer) = pair();
     let frames: Vec<_> = (0..30).map(|i| frame(60 + i * 40, i as u8)).collect();
     for f in &frames {
         peer.send_frame(&wire(f)).expect("send");
     }
     let mut counters = RxCounters::default();
 
-    let outcome = process_rx(
-        &mut queue,
-        &mem,
-        &mut backend,
-        RxMode::Mergeable,
-        &mut counters,
-    )
-    .expect("ring ok");
+    let outcome = ring.rx(&mut backend, RxMode::Mergeable, &mut counters);
 
     assert_eq!(outcome.stop, RxStop::BackendEmpty);
     assert_eq!(counters.frames, 30);
     assert_eq!(
-        queue.next_avail(),
+        ring.queue.next_avail(),
         30,
         "unused chains went back to the driver"
     );
     for (i, f) in frames.iter().enumerate() {
         assert_eq!(
-            driver.used(i as u16),
+            ring.driver.used(i as u16),
             (u32::from(chains[i].0), f.len() as u32 + 12)
         );
-        assert_eq!(driver.read(chains[i].1[0] + 12, f.len()), *f);
+        assert_eq!(ring.driver.read(chains[i].1[0] + 12, f.len()), *f);
     }
 }
 
 #[test]
 fn frame_too_big_for_the_chain_is_dropped_and_counted() {
-    let mem = guest_mem();
-    let mut driver = GuestQueue::new(&mem, 16);
-    let mut queue = driver.queue();
-    let (head, bufs) = driver.push_rx(&[12 + 100]);
-    let (mut backend, peer) = PairBackend::new().expect("socketpair");
+    let mut ring = Ring::new(16);
+    let (head, bufs) = ring.driver.push_rx(&[12 + 100]);
+    let (mut backend, peer) = pair();
     peer.send_frame(&wire(&frame(101, 1))).expect("send");
     peer.send_frame(&wire(&frame(100, 2))).expect("send");
     let mut counters = RxCounters::default();
 
-    process_rx(
-        &mut queue,
-        &mem,
-        &mut backend,
-        RxMode::SingleChain,
-        &mut counters,
-    )
-    .expect("ring ok");
+    ring.rx(&mut backend, RxMode::SingleChain, &mut counters);
 
     assert_eq!(counters.dropped_no_buffer, 1);
     assert_eq!(counters.frames, 1);
-    assert_eq!(driver.used_since(0), vec![(u32::from(head), 112)]);
-    assert_eq!(driver.read(bufs[0] + 12, 100), frame(100, 2));
+    assert_eq!(ring.driver.used_since(0), vec![(u32::from(head), 112)]);
+    assert_eq!(ring.driver.read(bufs[0] + 12, 100), frame(100, 2));
 }
 
 #[test]
 fn no_buffers_means_backpressure_not_loss() {
-    let mem = guest_mem();
-    let mut driver = GuestQueue::new(&mem, 16);
-    let mut queue = driver.queue();
-    let (mut backend, peer) = PairBackend::new().expect("socketpair");
+    let mut ring = Ring::new(16);
+    let (mut backend, peer) = pair();
     let payload = frame(300, 3);
     peer.send_frame(&wire(&payload)).expect("send");
     let mut counters = RxCounters::default();
 
-    let outcome = process_rx(
-        &mut queue,
-        &mem,
-        &mut backend,
-        RxMode::Mergeable,
-        &mut counters,
-    )
-    .expect("ring ok");
+    let outcome = ring.rx(&mut backend, RxMode::Mergeable, &mut counters);
     assert_eq!(outcome.stop, RxStop::NoBuffers);
     assert!(!outcome.needs_interrupt);
     assert_eq!(counters.no_buffer_stalls, 1);
     assert_eq!(counters.dropped_no_buffer, 0);
     assert_eq!(
-        driver.used_flags(),
+        ring.driver.used_flags(),
         0,
         "driver notifications enabled while we wait"
     );
 
-    let (_, bufs) = driver.push_rx(&[2048]);
-    driver.push_rx(&[2048]);
-    let outcome = process_rx(
-        &mut queue,
-        &mem,
-        &mut backend,
-        RxMode::Mergeable,
-        &mut counters,
-    )
-    .expect("ring ok");
+    let (_, bufs) = ring.driver.push_rx(&[2048]);
+    ring.driver.push_rx(&[2048]);
+    let outcome = ring.rx(&mut backend, RxMode::Mergeable, &mut counters);
     assert_eq!(outcome.stop, RxStop::BackendEmpty);
-    assert_eq!(driver.read(bufs[0] + 12, 300), payload);
+    assert_eq!(ring.driver.read(bufs[0] + 12, 300), payload);
     assert_eq!(
-        driver.used_flags(),
+        ring.driver.used_flags(),
         1,
         "no kicks wanted while buffers remain"
     );
@@ -207,23 +150,14 @@ fn no_buffers_means_backpressure_not_loss() {
 
 #[test]
 fn closed_backend_is_reported() {
-    let mem = guest_mem();
-    let mut driver = GuestQueue::new(&mem, 16);
-    let mut queue = driver.queue();
-    driver.push_rx(&[2048]);
-    let (mut backend, peer) = PairBackend::new().expect("socketpair");
+    let mut ring = Ring::new(16);
+    ring.driver.push_rx(&[2048]);
+    let (mut backend, peer) = pair();
     drop(peer);
     let mut counters = RxCounters::default();
-    let outcome = process_rx(
-        &mut queue,
-        &mem,
-        &mut backend,
-        RxMode::Mergeable,
-        &mut counters,
-    )
-    .expect("ring ok");
+    let outcome = ring.rx(&mut backend, RxMode::Mergeable, &mut counters);
     assert_eq!(outcome.stop, RxStop::BackendClosed);
-    assert_eq!(queue.next_avail(), 0, "the buffer stays the driver's");
+    assert_eq!(ring.queue.next_avail(), 0, "the buffer stays the driver's");
 }
 
 /// The worker's pool across calls in mergeable mode, over buffers that partly follow each
@@ -231,28 +165,19 @@ fn closed_backend_is_reported() {
 /// order, in the chains the used ring names, with num_buffers right, call after call.
 #[test]
 fn a_kept_pool_delivers_frames_across_merged_and_separate_buffers() {
-    use crate::virtio::net::rx::RX_GATHER_NO_GSO_BYTES;
-    use crate::virtio::net::RxQueue;
-    use crate::virtio::vring::Virtqueue;
     use std::collections::HashMap;
 
-    let mem = guest_mem();
-    let mut driver = GuestQueue::new(&mem, 64);
-    let queue = driver.queue();
+    let mut ring = Ring::new(64);
     // 512 and 1536 are multiples of 16 (the allocator's alignment): such buffers follow each
     // other; a 700-byte one leaves a gap after it.
     let mut chains: HashMap<u16, (u64, u32)> = HashMap::new();
     for i in 0..64 {
         let len = [512, 1536, 700, 512][i % 4];
-        let (head, bufs) = driver.push_rx(&[len]);
+        let (head, bufs) = ring.driver.push_rx(&[len]);
         chains.insert(head, (bufs[0], len));
     }
-    let mut rxq = RxQueue::new(
-        Virtqueue::new(&queue, &mem).expect("ring"),
-        RxMode::Mergeable,
-        RX_GATHER_NO_GSO_BYTES,
-    );
-    let (mut backend, peer) = PairBackend::new().expect("socketpair");
+    let mut rxq = ring.rx_queue(RxMode::Mergeable);
+    let (mut backend, peer) = pair();
     let mut counters = RxCounters::default();
     let mut seen = 0u16;
     let mut seed = 7u32;
@@ -270,23 +195,27 @@ fn a_kept_pool_delivers_frames_across_merged_and_separate_buffers() {
         assert_eq!(outcome.stop, RxStop::BackendEmpty, "call {call}");
         let mut returned = Vec::new();
         for f in &frames {
-            let (first, _) = driver.used(seen);
+            let (first, _) = ring.driver.used(seen);
             let (addr, _) = chains[&(first as u16)];
-            let count = num_buffers(&driver, addr);
+            let count = num_buffers(&ring.driver, addr);
             let mut got = Vec::new();
             for k in 0..count {
-                let (id, len) = driver.used(seen.wrapping_add(k));
+                let (id, len) = ring.driver.used(seen.wrapping_add(k));
                 let (addr, cap) = chains[&(id as u16)];
                 assert!(len <= cap, "call {call}: used length within the chain");
-                got.extend(driver.read(addr, len as usize));
+                got.extend(ring.driver.read(addr, len as usize));
                 returned.push(id as u16);
             }
             seen = seen.wrapping_add(count);
             assert_eq!(got[VNET_HDR_LEN..], f[..], "call {call}: frame intact");
         }
-        assert_eq!(driver.used_idx(), seen, "call {call}: nothing else used");
+        assert_eq!(
+            ring.driver.used_idx(),
+            seen,
+            "call {call}: nothing else used"
+        );
         // The driver posts the returned buffers again.
-        driver.publish_all(returned);
+        ring.driver.publish_all(returned);
     }
     assert_eq!(counters.frames, (0..60).map(|c| 1 + c % 5).sum::<u64>());
     assert_eq!(counters.dropped_no_buffer + counters.backend_errors, 0);
@@ -298,20 +227,15 @@ fn a_kept_pool_delivers_frames_across_merged_and_separate_buffers() {
 /// reordered whichever way a call ends, and without the setting every call drains.
 #[test]
 fn sparse_reads_skip_the_empty_read_until_a_burst_comes() {
-    use crate::virtio::net::rx::{RX_GATHER_NO_GSO_BYTES, SPARSE_PROBE_EVERY};
+    use crate::virtio::net::rx::SPARSE_PROBE_EVERY;
     use crate::virtio::net::RxQueue;
-    use crate::virtio::vring::Virtqueue;
 
-    let mem = guest_mem();
-    let mut driver = GuestQueue::new(&mem, 256);
-    let queue = driver.queue();
-    let bufs: Vec<u64> = (0..255).map(|_| driver.push_rx(&[1536]).1[0]).collect();
-    let mut rxq = RxQueue::new(
-        Virtqueue::new(&queue, &mem).expect("ring"),
-        RxMode::SingleChain,
-        RX_GATHER_NO_GSO_BYTES,
-    );
-    let (mut backend, peer) = PairBackend::new().expect("socketpair");
+    let mut ring = Ring::new(256);
+    let bufs: Vec<u64> = (0..255)
+        .map(|_| ring.driver.push_rx(&[1536]).1[0])
+        .collect();
+    let mut rxq = ring.rx_queue(RxMode::SingleChain);
+    let (mut backend, peer) = pair();
     let mut counters = RxCounters::default();
     let mut sent = 0u8;
     let mut delivered = 0u16;
@@ -326,9 +250,11 @@ fn sparse_reads_skip_the_empty_read_until_a_burst_comes() {
         let before = counters.frames;
         let stop = rxq.process(&mut backend, counters).expect("ring ok").stop;
         for _ in before..counters.frames {
-            let (id, len) = driver.used(delivered);
+            let (id, len) = ring.driver.used(delivered);
             assert_eq!(len as usize, VNET_HDR_LEN + 60);
-            let got = driver.read(bufs[id as usize] + VNET_HDR_LEN as u64, 60);
+            let got = ring
+                .driver
+                .read(bufs[id as usize] + VNET_HDR_LEN as u64, 60);
             assert_eq!(
                 got,
                 frame(60, delivered as u8),
@@ -380,5 +306,5 @@ fn sparse_reads_skip_the_empty_read_until_a_burst_comes() {
     send(2);
     assert_eq!(call(&mut rxq, &mut counters), (RxStop::BackendEmpty, 2));
     assert_eq!(counters.frames, u64::from(sent));
-    assert_eq!(driver.used_idx(), delivered);
+    assert_eq!(ring.driver.used_idx(), delivered);
 }

@@ -3,31 +3,30 @@
 use virtio_queue::QueueT;
 use vm_memory::{Bytes, GuestAddress};
 
-use crate::backend::{NetBackend, Offloads, PairBackend, MAX_TX_BATCH};
+use crate::backend::{NetBackend, Offloads, MAX_TX_BATCH};
 use crate::virtio::net::metrics::TxCounters;
-use crate::virtio::net::tests::support::{frame, guest_mem, wire, GuestQueue, INDIRECT, NEXT};
+use crate::virtio::net::tests::support::{
+    desc_bytes, drain, frame, guest_mem, pair, wire, GuestQueue, Ring, INDIRECT, NEXT,
+};
 use crate::virtio::net::tx::TX_BUDGET;
-use crate::virtio::net::{process_tx, TxQueue, TxStop, VNET_HDR_LEN};
-use crate::virtio::vring::Virtqueue;
+use crate::virtio::net::{process_tx, TxStop, VNET_HDR_LEN};
 
 #[test]
 fn frame_split_across_descriptors_reaches_backend_with_its_header() {
-    let mem = guest_mem();
-    let mut driver = GuestQueue::new(&mem, 16);
-    let mut queue = driver.queue();
+    let mut ring = Ring::new(16);
     let payload = frame(1500, 1);
     let bytes = wire(&payload);
     // Header split from the frame, and the header itself split in two.
-    let head = driver.push_tx(&bytes, &[5, 12, 700]);
-    let (mut backend, peer) = PairBackend::new().expect("socketpair");
+    let head = ring.driver.push_tx(&bytes, &[5, 12, 700]);
+    let (mut backend, peer) = pair();
     let mut counters = TxCounters::default();
 
-    let outcome = process_tx(&mut queue, &mem, &mut backend, &mut counters).expect("ring ok");
+    let outcome = ring.tx(&mut backend, &mut counters);
 
     assert!(outcome.needs_interrupt);
     assert_eq!(outcome.stop, TxStop::Drained);
     assert_eq!(peer.recv_frame().expect("frame"), bytes);
-    assert_eq!(driver.used_since(0), vec![(u32::from(head), 0)]);
+    assert_eq!(ring.driver.used_since(0), vec![(u32::from(head), 0)]);
     assert_eq!(counters.frames, 1);
     assert_eq!(counters.bytes, 1500);
     assert_eq!(counters.interrupts_raised, 1);
@@ -36,49 +35,39 @@ fn frame_split_across_descriptors_reaches_backend_with_its_header() {
 
 #[test]
 fn frames_leave_in_ring_order_including_indirect_chains() {
-    let mem = guest_mem();
-    let mut driver = GuestQueue::new(&mem, 16);
-    let mut queue = driver.queue();
+    let mut ring = Ring::new(16);
     let first = wire(&frame(60, 2));
     let second = wire(&frame(300, 3));
-    driver.push_tx(&first, &[]);
+    ring.driver.push_tx(&first, &[]);
     // An indirect table of two descriptors: header, then frame.
-    let hdr = driver.alloc(&second[..12]);
-    let body = driver.alloc(&second[12..]);
-    let mut table = Vec::new();
-    for (addr, len, flags, next) in [(hdr, 12u32, 1u16, 1u16), (body, 300, 0, 0)] {
-        table.extend_from_slice(&addr.to_le_bytes());
-        table.extend_from_slice(&len.to_le_bytes());
-        table.extend_from_slice(&flags.to_le_bytes());
-        table.extend_from_slice(&next.to_le_bytes());
-    }
-    let table_addr = driver.alloc(&table);
-    let head = driver.write_descs(&[(table_addr, 32, INDIRECT, 0)])[0];
-    driver.publish(head);
-    let (mut backend, peer) = PairBackend::new().expect("socketpair");
+    let hdr = ring.driver.alloc(&second[..12]);
+    let body = ring.driver.alloc(&second[12..]);
+    let table = [desc_bytes(hdr, 12, 1, 1), desc_bytes(body, 300, 0, 0)].concat();
+    let table_addr = ring.driver.alloc(&table);
+    let head = ring.driver.write_descs(&[(table_addr, 32, INDIRECT, 0)])[0];
+    ring.driver.publish(head);
+    let (mut backend, peer) = pair();
     let mut counters = TxCounters::default();
 
-    process_tx(&mut queue, &mem, &mut backend, &mut counters).expect("ring ok");
+    ring.tx(&mut backend, &mut counters);
 
     assert_eq!(peer.recv_frame().expect("frame"), first);
     assert_eq!(peer.recv_frame().expect("frame"), second);
     assert_eq!(counters.frames, 2);
-    assert_eq!(driver.used_idx(), 2);
+    assert_eq!(ring.driver.used_idx(), 2);
 }
 
 #[test]
 fn full_backend_keeps_the_chain_queued_until_it_drains() {
-    let mem = guest_mem();
-    let mut driver = GuestQueue::new(&mem, 256);
-    let mut queue = driver.queue();
+    let mut ring = Ring::new(256);
     let bytes = wire(&frame(8000, 4));
     for _ in 0..200 {
-        driver.push_tx(&bytes, &[]);
+        ring.driver.push_tx(&bytes, &[]);
     }
-    let (mut backend, peer) = PairBackend::new().expect("socketpair");
+    let (mut backend, peer) = pair();
     let mut counters = TxCounters::default();
 
-    let outcome = process_tx(&mut queue, &mem, &mut backend, &mut counters).expect("ring ok");
+    let outcome = ring.tx(&mut backend, &mut counters);
     assert_eq!(outcome.stop, TxStop::BackendFull);
     let sent = counters.frames;
     assert!(
@@ -86,11 +75,11 @@ fn full_backend_keeps_the_chain_queued_until_it_drains() {
         "socket buffer holds some frames: {sent}"
     );
     assert_eq!(
-        u64::from(driver.used_idx()),
+        u64::from(ring.driver.used_idx()),
         sent,
         "the refused chain is not used"
     );
-    assert_eq!(u64::from(queue.next_avail()), sent);
+    assert_eq!(u64::from(ring.queue.next_avail()), sent);
 
     let mut received = 0u64;
     let mut total_frames = sent;
@@ -100,7 +89,7 @@ fn full_backend_keeps_the_chain_queued_until_it_drains() {
             received += 1;
         }
         let mut counters = TxCounters::default();
-        let outcome = process_tx(&mut queue, &mem, &mut backend, &mut counters).expect("ring ok");
+        let outcome = ring.tx(&mut backend, &mut counters);
         total_frames += counters.frames;
         if outcome.stop == TxStop::Drained {
             break;
@@ -111,46 +100,38 @@ fn full_backend_keeps_the_chain_queued_until_it_drains() {
         received += 1;
     }
     assert_eq!((total_frames, received), (200, 200));
-    assert_eq!(driver.used_idx(), 200);
+    assert_eq!(ring.driver.used_idx(), 200);
 }
 
 #[test]
 fn budget_bounds_one_call() {
-    let mem = guest_mem();
-    let mut driver = GuestQueue::new(&mem, 512);
-    let mut queue = driver.queue();
+    let mut ring = Ring::new(512);
     let bytes = wire(&frame(20, 5));
     for _ in 0..TX_BUDGET + 10 {
-        driver.push_tx(&bytes, &[]);
+        ring.driver.push_tx(&bytes, &[]);
     }
-    let (mut backend, peer) = PairBackend::new().expect("socketpair");
+    let (mut backend, peer) = pair();
     let mut counters = TxCounters::default();
 
-    let outcome = process_tx(&mut queue, &mem, &mut backend, &mut counters).expect("ring ok");
+    let outcome = ring.tx(&mut backend, &mut counters);
     assert_eq!(outcome.stop, TxStop::Budget);
     assert_eq!(counters.frames, TX_BUDGET as u64);
-    let outcome = process_tx(&mut queue, &mem, &mut backend, &mut counters).expect("ring ok");
+    let outcome = ring.tx(&mut backend, &mut counters);
     assert_eq!(outcome.stop, TxStop::Drained);
     assert_eq!(counters.frames, TX_BUDGET as u64 + 10);
-    let mut n = 0;
-    while peer.try_recv_frame().expect("recv").is_some() {
-        n += 1;
-    }
-    assert_eq!(n, TX_BUDGET + 10);
+    assert_eq!(drain(&peer), TX_BUDGET + 10);
 }
 
 #[test]
 fn tuned_budget_and_parking() {
-    let mem = guest_mem();
-    let mut driver = GuestQueue::new(&mem, 16);
-    let queue = driver.queue();
+    let mut ring = Ring::new(16);
     let bytes = wire(&frame(20, 5));
     for _ in 0..10 {
-        driver.push_tx(&bytes, &[]);
+        ring.driver.push_tx(&bytes, &[]);
     }
-    let (mut backend, peer) = PairBackend::new().expect("socketpair");
+    let (mut backend, peer) = pair();
     let mut counters = TxCounters::default();
-    let mut txq = TxQueue::new(Virtqueue::new(&queue, &mem).expect("ring"));
+    let mut txq = ring.tx_queue();
     txq.set_budget(4);
     for sent in [4, 8] {
         let outcome = txq.process(&mut backend, &mut counters).expect("ring ok");
@@ -161,37 +142,31 @@ fn tuned_budget_and_parking() {
     let outcome = txq.poll(&mut backend, &mut counters).expect("ring ok");
     assert_eq!(outcome.stop, TxStop::Idle);
     assert_eq!(counters.frames, 10);
-    assert_eq!(driver.used_idx(), 10, "used entries published");
-    assert_eq!(driver.used_flags() & 1, 1, "notifications still off");
+    assert_eq!(ring.driver.used_idx(), 10, "used entries published");
+    assert_eq!(ring.driver.used_flags() & 1, 1, "notifications still off");
     assert!(!txq.avail_pending());
-    driver.push_tx(&bytes, &[]);
+    ring.driver.push_tx(&bytes, &[]);
     assert!(txq.avail_pending());
     let outcome = txq.process(&mut backend, &mut counters).expect("ring ok");
     assert_eq!(outcome.stop, TxStop::Drained);
-    assert_eq!(driver.used_flags() & 1, 0, "notifications back on");
-    let mut n = 0;
-    while peer.try_recv_frame().expect("recv").is_some() {
-        n += 1;
-    }
-    assert_eq!(n, 11);
+    assert_eq!(ring.driver.used_flags() & 1, 0, "notifications back on");
+    assert_eq!(drain(&peer), 11);
 }
 
 #[test]
 fn backend_errors_drop_the_frame_and_move_on() {
-    let mem = guest_mem();
-    let mut driver = GuestQueue::new(&mem, 16);
-    let mut queue = driver.queue();
-    driver.push_tx(&wire(&frame(100, 6)), &[]);
-    driver.push_tx(&wire(&frame(100, 7)), &[]);
-    let (mut backend, peer) = PairBackend::new().expect("socketpair");
+    let mut ring = Ring::new(16);
+    ring.driver.push_tx(&wire(&frame(100, 6)), &[]);
+    ring.driver.push_tx(&wire(&frame(100, 7)), &[]);
+    let (mut backend, peer) = pair();
     drop(peer); // writes now fail with EPIPE
     let mut counters = TxCounters::default();
 
-    let outcome = process_tx(&mut queue, &mem, &mut backend, &mut counters).expect("ring ok");
+    let outcome = ring.tx(&mut backend, &mut counters);
     assert_eq!(outcome.stop, TxStop::Drained);
     assert_eq!(counters.backend_errors, 2);
     assert_eq!(counters.frames, 0);
-    assert_eq!(driver.used_idx(), 2, "the guest gets its buffers back");
+    assert_eq!(ring.driver.used_idx(), 2, "the guest gets its buffers back");
 }
 
 /// A backend that takes frames in batches ([`NetBackend::write_frames`]) and answers each
@@ -291,25 +266,24 @@ const WOULD_BLOCK: Option<std::io::ErrorKind> = Some(std::io::ErrorKind::WouldBl
 
 #[test]
 fn a_batching_backend_gets_whole_batches_in_ring_order() {
-    let mem = guest_mem();
-    let mut driver = GuestQueue::new(&mem, 128);
-    let mut queue = driver.queue();
+    let mut ring = Ring::new(128);
     let sent: Vec<Vec<u8>> = (0..70).map(|i| wire(&frame(60 + i, i as u8))).collect();
     for (i, bytes) in sent.iter().enumerate() {
         // Some frames split header and data, as Linux does.
-        driver.push_tx(bytes, if i % 3 == 0 { &[12] } else { &[] });
+        ring.driver
+            .push_tx(bytes, if i % 3 == 0 { &[12] } else { &[] });
     }
     let mut backend = Batching::new(&[]);
     let mut counters = TxCounters::default();
 
-    let outcome = process_tx(&mut queue, &mem, &mut backend, &mut counters).expect("ring ok");
+    let outcome = ring.tx(&mut backend, &mut counters);
 
     assert_eq!(outcome.stop, TxStop::Drained);
     assert_eq!(backend.taken, sent);
     assert_eq!(backend.batches, vec![32, 32, 6]);
     assert_eq!(backend.singles, 0);
     assert_eq!(counters.batched_writes, 3);
-    assert_eq!(driver.used_idx(), 70);
+    assert_eq!(ring.driver.used_idx(), 70);
     assert_eq!(counters.frames, 70);
     assert_eq!(
         counters.interrupts_raised, 1,
@@ -322,37 +296,41 @@ fn a_batching_backend_gets_whole_batches_in_ring_order() {
 /// one before it, even where the buffers touch.
 #[test]
 fn buffers_that_follow_each_other_become_one_segment() {
-    let mem = guest_mem();
-    let mut driver = GuestQueue::new(&mem, 16);
-    let mut queue = driver.queue();
+    let mut ring = Ring::new(16);
     let sent: Vec<Vec<u8>> = (0..3).map(|i| wire(&frame(60, i))).collect();
     let hdr = VNET_HDR_LEN as u32;
     let rest = sent[0].len() as u32 - hdr;
     // Chain 0: header and frame back to back; chain 1: the frame 64 bytes after the header.
-    let at = driver.alloc(&[sent[0].clone(), sent[2].clone()].concat());
-    let apart = driver.alloc_zeroed(sent[1].len() + 64);
-    mem.write_slice(&sent[1][..VNET_HDR_LEN], GuestAddress(apart))
+    let at = ring
+        .driver
+        .alloc(&[sent[0].clone(), sent[2].clone()].concat());
+    let apart = ring.driver.alloc_zeroed(sent[1].len() + 64);
+    ring.mem
+        .write_slice(&sent[1][..VNET_HDR_LEN], GuestAddress(apart))
         .expect("header");
-    mem.write_slice(
-        &sent[1][VNET_HDR_LEN..],
-        GuestAddress(apart + 64 + u64::from(hdr)),
-    )
-    .expect("frame");
+    ring.mem
+        .write_slice(
+            &sent[1][VNET_HDR_LEN..],
+            GuestAddress(apart + 64 + u64::from(hdr)),
+        )
+        .expect("frame");
     let heads = [
-        driver.write_descs(&[(at, hdr, NEXT, 1), (at + u64::from(hdr), rest, 0, 0)])[0],
-        driver.write_descs(&[
+        ring.driver
+            .write_descs(&[(at, hdr, NEXT, 1), (at + u64::from(hdr), rest, 0, 0)])[0],
+        ring.driver.write_descs(&[
             (apart, hdr, NEXT, 3),
             (apart + 64 + u64::from(hdr), rest, 0, 0),
         ])[0],
         // Chain 2 starts where chain 0 ends.
-        driver.write_descs(&[(at + sent[0].len() as u64, sent[2].len() as u32, 0, 0)])[0],
+        ring.driver
+            .write_descs(&[(at + sent[0].len() as u64, sent[2].len() as u32, 0, 0)])[0],
     ];
-    driver.publish_all([heads[0], heads[2], heads[1]]);
+    ring.driver.publish_all([heads[0], heads[2], heads[1]]);
     let mut backend = Batching::new(&[]);
     backend.min = 4;
     let mut counters = TxCounters::default();
 
-    let outcome = process_tx(&mut queue, &mem, &mut backend, &mut counters).expect("ring ok");
+    let outcome = ring.tx(&mut backend, &mut counters);
 
     assert_eq!(outcome.stop, TxStop::Drained);
     assert_eq!(
@@ -365,24 +343,22 @@ fn buffers_that_follow_each_other_become_one_segment() {
 
 #[test]
 fn fewer_frames_than_a_batch_is_worth_go_one_by_one() {
-    let mem = guest_mem();
-    let mut driver = GuestQueue::new(&mem, 16);
-    let mut queue = driver.queue();
+    let mut ring = Ring::new(16);
     let sent: Vec<Vec<u8>> = (0..3).map(|i| wire(&frame(70, i))).collect();
     for bytes in &sent {
-        driver.push_tx(bytes, &[]);
+        ring.driver.push_tx(bytes, &[]);
     }
     let mut backend = Batching::new(&[]);
     backend.min = 4;
     let mut counters = TxCounters::default();
 
-    let outcome = process_tx(&mut queue, &mem, &mut backend, &mut counters).expect("ring ok");
+    let outcome = ring.tx(&mut backend, &mut counters);
 
     assert_eq!(outcome.stop, TxStop::Drained);
     assert_eq!(backend.taken, sent);
     assert_eq!((backend.singles, backend.batches.len()), (3, 0));
     assert_eq!(counters.batched_writes, 0);
-    assert_eq!(driver.used_idx(), 3);
+    assert_eq!(ring.driver.used_idx(), 3);
 }
 
 #[test]
@@ -421,51 +397,47 @@ fn a_backlog_that_builds_during_a_call_goes_out_in_batches() {
 
 #[test]
 fn a_full_backend_gets_the_rest_of_a_batch_back_in_order_on_the_next_call() {
-    let mem = guest_mem();
-    let mut driver = GuestQueue::new(&mem, 16);
-    let mut queue = driver.queue();
+    let mut ring = Ring::new(16);
     let sent: Vec<Vec<u8>> = (0..10).map(|i| wire(&frame(80, i))).collect();
     for bytes in &sent {
-        driver.push_tx(bytes, &[]);
+        ring.driver.push_tx(bytes, &[]);
     }
     let mut script = vec![None; 4];
     script.extend([WOULD_BLOCK; 6]);
     let mut backend = Batching::new(&script);
     let mut counters = TxCounters::default();
 
-    let outcome = process_tx(&mut queue, &mem, &mut backend, &mut counters).expect("ring ok");
+    let outcome = ring.tx(&mut backend, &mut counters);
     assert_eq!(outcome.stop, TxStop::BackendFull);
     assert_eq!(backend.taken, sent[..4]);
     assert_eq!(
-        driver.used_idx(),
+        ring.driver.used_idx(),
         4,
         "the unsent chains stay with the device"
     );
     assert_eq!(counters.frames, 4);
     assert_eq!(counters.backend_errors, 0);
 
-    let outcome = process_tx(&mut queue, &mem, &mut backend, &mut counters).expect("ring ok");
+    let outcome = ring.tx(&mut backend, &mut counters);
     assert_eq!(outcome.stop, TxStop::Drained);
     assert_eq!(backend.taken, sent, "every frame once, in order");
-    assert_eq!(driver.used_idx(), 10);
+    assert_eq!(ring.driver.used_idx(), 10);
     assert_eq!(counters.frames, 10);
 }
 
 #[test]
 fn a_frame_that_blocked_before_one_that_went_is_tried_again_alone() {
-    let mem = guest_mem();
-    let mut driver = GuestQueue::new(&mem, 16);
-    let mut queue = driver.queue();
+    let mut ring = Ring::new(16);
     let sent: Vec<Vec<u8>> = (0..4).map(|i| wire(&frame(80, i))).collect();
     for bytes in &sent {
-        driver.push_tx(bytes, &[]);
+        ring.driver.push_tx(bytes, &[]);
     }
     // Frame 1 would block but frame 2 goes: the backend had room again. Frame 1 is retried
     // on its own (and taken: the script has no more failures).
     let mut backend = Batching::new(&[None, WOULD_BLOCK, None, None]);
     let mut counters = TxCounters::default();
 
-    let outcome = process_tx(&mut queue, &mem, &mut backend, &mut counters).expect("ring ok");
+    let outcome = ring.tx(&mut backend, &mut counters);
     assert_eq!(outcome.stop, TxStop::Drained);
     assert_eq!(
         backend.taken,
@@ -477,41 +449,39 @@ fn a_frame_that_blocked_before_one_that_went_is_tried_again_alone() {
         ]
     );
     assert_eq!(backend.singles, 1);
-    assert_eq!(driver.used_idx(), 4);
+    assert_eq!(ring.driver.used_idx(), 4);
     assert_eq!(counters.frames, 4);
     assert_eq!(counters.backend_full, 1);
 
     // Blocked again on its retry: dropped and counted, the others still go.
     for bytes in &sent {
-        driver.push_tx(bytes, &[]);
+        ring.driver.push_tx(bytes, &[]);
     }
     let mut backend = Batching::new(&[WOULD_BLOCK, None, None, None, WOULD_BLOCK]);
-    let outcome = process_tx(&mut queue, &mem, &mut backend, &mut counters).expect("ring ok");
+    let outcome = ring.tx(&mut backend, &mut counters);
     assert_eq!(outcome.stop, TxStop::Drained);
     assert_eq!(backend.taken, sent[1..]);
-    assert_eq!(driver.used_idx(), 8);
+    assert_eq!(ring.driver.used_idx(), 8);
     assert_eq!(counters.backend_errors, 1);
 }
 
 #[test]
 fn a_malformed_chain_in_a_batch_is_judged_alone_and_the_rest_still_go_in_order() {
-    let mem = guest_mem();
-    let mut driver = GuestQueue::new(&mem, 16);
-    let mut queue = driver.queue();
+    let mut ring = Ring::new(16);
     let a = wire(&frame(80, 1));
     let b = wire(&frame(80, 2));
-    driver.push_tx(&a, &[]);
-    driver.push_tx(&vnet_hdr_only(), &[]); // a header without a frame
-    driver.push_tx(&b, &[]);
+    ring.driver.push_tx(&a, &[]);
+    ring.driver.push_tx(&vnet_hdr_only(), &[]); // a header without a frame
+    ring.driver.push_tx(&b, &[]);
     let mut backend = Batching::new(&[]);
     let mut counters = TxCounters::default();
 
-    let outcome = process_tx(&mut queue, &mem, &mut backend, &mut counters).expect("ring ok");
+    let outcome = ring.tx(&mut backend, &mut counters);
     assert_eq!(outcome.stop, TxStop::Drained);
     assert_eq!(backend.taken, vec![a, b]);
     assert_eq!(counters.malformed_chains, 1);
     assert_eq!(counters.frames, 2);
-    assert_eq!(driver.used_idx(), 3);
+    assert_eq!(ring.driver.used_idx(), 3);
 }
 
 fn vnet_hdr_only() -> Vec<u8> {
@@ -520,15 +490,13 @@ fn vnet_hdr_only() -> Vec<u8> {
 
 #[test]
 fn frames_longer_than_an_mtu_frame_are_counted_as_large() {
-    let mem = guest_mem();
-    let mut driver = GuestQueue::new(&mem, 16);
-    let mut queue = driver.queue();
+    let mut ring = Ring::new(16);
     for len in [1514, 1515, 9000] {
-        driver.push_tx(&wire(&frame(len, 3)), &[]);
+        ring.driver.push_tx(&wire(&frame(len, 3)), &[]);
     }
-    let (mut backend, peer) = PairBackend::new().expect("socketpair");
+    let (mut backend, peer) = pair();
     let mut counters = TxCounters::default();
-    process_tx(&mut queue, &mem, &mut backend, &mut counters).expect("ring ok");
+    ring.tx(&mut backend, &mut counters);
     for _ in 0..3 {
         peer.recv_frame().expect("frame");
     }
