@@ -387,6 +387,34 @@ pub fn run_point(env: &VmEnv, point: &Point, pin: Option<(usize, usize)>) -> io:
     } else {
         env.host_path.attach(&ns, TAP)?
     };
+    let (net, cmdline) = vm_args(env, point);
+    let vmm = Vmm::spawn(&env.vmm, &env.guest, &ns, &net, &cmdline)?;
+    let (vmm, mut console) = wait_ready(vmm, &net, &cmdline)?;
+    let threads = VmThreads::find(vmm.child.id());
+    if let Some(cpus) = pin {
+        threads.pin(cpus)?;
+    }
+    let start = (Instant::now(), threads.cpu());
+    let hosts = HostSide::start(env, point, &ns)?;
+    let (report, end) = read_result(&vmm, &threads, env.frames, &mut console);
+    let end = end.unwrap_or(start);
+    let (host, echoed) = hosts.stop();
+    let stderr = vmm.finish(Duration::from_secs(10));
+    drop(ns);
+    let run = RunOutput {
+        args: (&net, &cmdline),
+        report,
+        console,
+        stderr,
+        cpu: (start, end),
+        host,
+        echoed,
+    };
+    run.measured(env, point)
+}
+
+/// The VMM's `--net` spec and the guest's command line for `point`.
+fn vm_args(env: &VmEnv, point: &Point) -> (String, String) {
     // A measurement backend takes the tap's name, so the metrics and thread names match.
     let backend = if env.backend.is_measurement() {
         format!("backend={},", env.backend.name())
@@ -402,7 +430,11 @@ pub fn run_point(env: &VmEnv, point: &Point, pin: Option<(usize, usize)>) -> io:
         net.push_str(",transport=pci");
         cmdline.push_str(" transport=pci");
     }
-    let vmm = Vmm::spawn(&env.vmm, &env.guest, &ns, &net, &cmdline)?;
+    (net, cmdline)
+}
+
+/// Waits for the guest's `driver-guest: ready` line; returns the VMM and the console so far.
+fn wait_ready(vmm: Vmm, net: &str, cmdline: &str) -> io::Result<(Vmm, String)> {
     let ready_by = Instant::now() + READY_TIMEOUT;
     let mut console = String::new();
     loop {
@@ -416,49 +448,28 @@ pub fn run_point(env: &VmEnv, point: &Point, pin: Option<(usize, usize)>) -> io:
         console.push_str(&line);
         console.push('\n');
         if ready {
-            break;
+            return Ok((vmm, console));
         }
     }
-    let threads = VmThreads::find(vmm.child.id());
-    if let Some(cpus) = pin {
-        threads.pin(cpus)?;
-    }
-    let t0 = Instant::now();
-    let cpu0 = threads.cpu();
-    let echo = !matches!(point.workload, Workload::XskTx(_) | Workload::Rx);
-    let on_tap = !env.backend.is_measurement();
-    let injector = if point.workload == Workload::Rx && on_tap {
-        let sock = ns.run(|| PacketSocket::open(TAP, ETHERTYPE))??;
-        let mac = devices::virtio::net::MacAddr::derived_from(TAP).bytes();
-        Some(crate::injector::Injector::start(
-            sock,
-            mac,
-            point.frame_size,
-        )?)
-    } else {
-        None
-    };
-    let stop = Arc::new(AtomicBool::new(false));
-    let peer = if echo && !env.backend.is_measurement() && env.host_path == HostPath::Stack {
-        let sock = ns.run(|| PacketSocket::open(TAP, ETHERTYPE))??;
-        // Only the echoes are wanted back: half the receives (the peer filters them anyway
-        // where the kernel cannot).
-        let _ = sock.ignore_outgoing();
-        let (n, size, s) = (env.frames, point.frame_size, stop.clone());
-        Some(
-            thread::Builder::new()
-                .name("cotune-echo".into())
-                .spawn(move || echo_peer(sock, n, size, s))?,
-        )
-    } else {
-        None
-    };
+}
+
+/// A reading of both VM threads' CPU time (if read) and when it was taken.
+type CpuReading = (Instant, Option<(u64, u64)>);
+
+/// Reads the console until the guest's `{"driver":…}` line (the line, parsed), the VMM's
+/// end, or a deadline for `frames`; the other lines go to `console`. Also returns the last
+/// reading of both threads' CPU time (if any): sampled every 20 ms and as the result line
+/// arrives (the threads end when the guest resets, which can beat the line to us).
+fn read_result(
+    vmm: &Vmm,
+    threads: &VmThreads,
+    frames: u64,
+    console: &mut String,
+) -> (Option<Value>, Option<CpuReading>) {
     // Generous: the slowest in-guest rates seen are ~50 kpps.
-    let done_by = Instant::now() + Duration::from_secs(60) + Duration::from_micros(env.frames * 20);
+    let done_by = Instant::now() + Duration::from_secs(60) + Duration::from_micros(frames * 20);
     let mut report = None;
-    // The last reading of both threads' CPU time: sampled every 20 ms and as the result line
-    // arrives (the threads end when the guest resets, which can beat the line to us).
-    let mut last = (t0, cpu0);
+    let mut last = None;
     loop {
         let next = Instant::now() + Duration::from_millis(20);
         let line = if next < done_by {
@@ -474,7 +485,7 @@ pub fn run_point(env: &VmEnv, point: &Point, pin: Option<(usize, usize)>) -> io:
             }
         };
         if let Some(c) = threads.cpu() {
-            last = (Instant::now(), Some(c));
+            last = Some((Instant::now(), Some(c)));
         }
         let Some(line) = line else { continue };
         if line.starts_with("{\"driver\":") {
@@ -484,58 +495,161 @@ pub fn run_point(env: &VmEnv, point: &Point, pin: Option<(usize, usize)>) -> io:
         console.push_str(&line);
         console.push('\n');
     }
-    let (t1, cpu1) = last;
-    let host = injector.map(crate::injector::Injector::stop);
-    stop.store(true, Ordering::Relaxed);
-    let echoed = peer.map(|p| p.join().unwrap_or(0));
-    let stderr = vmm.finish(Duration::from_secs(10));
-    drop(ns);
-    let Some(report) = report.and_then(|r| r.get("driver").cloned()) else {
-        return Err(io::Error::other(format!(
-            "no result line from the driver guest (vmm --net {net} --cmdline {cmdline:?}):\n{console}{stderr}"
-        )));
-    };
-    let mut note_cpu = "";
-    let status = report.get("status").and_then(Value::as_str).unwrap_or("?");
-    if status != "done" {
-        return Err(io::Error::other(format!(
-            "driver guest: status {status} ({report}) for --net {net} --cmdline {cmdline:?}"
-        )));
+    (report, last)
+}
+
+/// The host's side of a VM trial: the injector (receiving on a tap) or the echo peer.
+struct HostSide {
+    injector: Option<crate::injector::Injector>,
+    stop: Arc<AtomicBool>,
+    peer: Option<thread::JoinHandle<u64>>,
+}
+
+impl HostSide {
+    fn start(env: &VmEnv, point: &Point, ns: &NetNs) -> io::Result<HostSide> {
+        let echo = !matches!(point.workload, Workload::XskTx(_) | Workload::Rx);
+        let on_tap = !env.backend.is_measurement();
+        let injector = if point.workload == Workload::Rx && on_tap {
+            let sock = ns.run(|| PacketSocket::open(TAP, ETHERTYPE))??;
+            let mac = devices::virtio::net::MacAddr::derived_from(TAP).bytes();
+            Some(crate::injector::Injector::start(
+                sock,
+                mac,
+                point.frame_size,
+            )?)
+        } else {
+            None
+        };
+        let stop = Arc::new(AtomicBool::new(false));
+        let peer = if echo && on_tap && env.host_path == HostPath::Stack {
+            let sock = ns.run(|| PacketSocket::open(TAP, ETHERTYPE))??;
+            // Only the echoes are wanted back: half the receives (the peer filters them anyway
+            // where the kernel cannot).
+            let _ = sock.ignore_outgoing();
+            let (n, size, s) = (env.frames, point.frame_size, stop.clone());
+            Some(
+                thread::Builder::new()
+                    .name("cotune-echo".into())
+                    .spawn(move || echo_peer(sock, n, size, s))?,
+            )
+        } else {
+            None
+        };
+        Ok(HostSide {
+            injector,
+            stop,
+            peer,
+        })
     }
-    // The device's counters as the guest read them (DEVICE_STATS) against its own.
-    let stats_note = crate::check::vm_device_agreement(&report).map_err(|e| {
-        io::Error::other(format!(
-            "driver/device disagreement: {e} (--net {net} --cmdline {cmdline:?}): {report}"
-        ))
-    })?;
-    let dev = device_metrics(&stderr).ok_or_else(|| {
-        io::Error::other(format!(
-            "no {{\"net\":{{\"{TAP}\":…}}}} metrics line from the vmm:\n{stderr}"
-        ))
-    })?;
-    if let Some(p) = point.pace {
-        // A guest that does not know burst= ignores the word: it would run unpaced.
-        if report.get("burst").and_then(Value::as_u64) != Some(u64::from(p.burst)) {
-            return Ok(VmRun::Unsupported(format!(
-                "this driver guest ignores burst={} pause_us={} (no tx pacing in its build)",
-                p.burst, p.pause_us
+
+    /// Stops both; the injector's figures and the echoes the peer counted, where they ran.
+    fn stop(self) -> (Option<crate::injector::InjectorStats>, Option<u64>) {
+        let host = self.injector.map(crate::injector::Injector::stop);
+        self.stop.store(true, Ordering::Relaxed);
+        let echoed = self.peer.map(|p| p.join().unwrap_or(0));
+        (host, echoed)
+    }
+}
+
+/// What a VM trial left to read once the VMM exited.
+struct RunOutput<'a> {
+    /// The VMM's `--net` spec and the guest's command line (for errors).
+    args: (&'a str, &'a str),
+    /// The guest's `{"driver":…}` line, if it came.
+    report: Option<Value>,
+    console: String,
+    /// The VMM's stderr.
+    stderr: String,
+    /// Both threads' CPU time at the start and at the last reading.
+    cpu: (CpuReading, CpuReading),
+    host: Option<crate::injector::InjectorStats>,
+    /// The echoes the host peer counted.
+    echoed: Option<u64>,
+}
+
+impl RunOutput<'_> {
+    /// The guest's and the VMM's counters as a measurement, after checking them.
+    fn measured(self, env: &VmEnv, point: &Point) -> io::Result<VmRun> {
+        let (net, cmdline) = self.args;
+        let Some(report) = self.report.and_then(|r| r.get("driver").cloned()) else {
+            return Err(io::Error::other(format!(
+                "no result line from the driver guest (vmm --net {net} --cmdline {cmdline:?}):\n{}{}",
+                self.console, self.stderr
+            )));
+        };
+        let status = report.get("status").and_then(Value::as_str).unwrap_or("?");
+        if status != "done" {
+            return Err(io::Error::other(format!(
+                "driver guest: status {status} ({report}) for --net {net} --cmdline {cmdline:?}"
             )));
         }
-    }
-    let cpu = match (cpu0, cpu1) {
-        (Some(a), Some(b)) if t1 > t0 => Some((b.0.saturating_sub(a.0), b.1.saturating_sub(a.1))),
-        _ => {
-            note_cpu = "; thread CPU not read (vcpu0/net-ctap0 not found)";
-            None
+        // The device's counters as the guest read them (DEVICE_STATS) against its own.
+        let stats_note = crate::check::vm_device_agreement(&report).map_err(|e| {
+            io::Error::other(format!(
+                "driver/device disagreement: {e} (--net {net} --cmdline {cmdline:?}): {report}"
+            ))
+        })?;
+        let stderr = &self.stderr;
+        let dev = device_metrics(stderr).ok_or_else(|| {
+            io::Error::other(format!(
+                "no {{\"net\":{{\"{TAP}\":…}}}} metrics line from the vmm:\n{stderr}"
+            ))
+        })?;
+        if let Some(p) = point.pace {
+            // A guest that does not know burst= ignores the word: it would run unpaced.
+            if report.get("burst").and_then(Value::as_u64) != Some(u64::from(p.burst)) {
+                return Ok(VmRun::Unsupported(format!(
+                    "this driver guest ignores burst={} pause_us={} (no tx pacing in its build)",
+                    p.burst, p.pause_us
+                )));
+            }
         }
-    };
-    let done = num(&report, &["done"]);
-    let elapsed_ns = num(&report, &["elapsed_ns"]);
-    if elapsed_ns == 0 {
-        return Err(io::Error::other(format!(
-            "driver guest reported no elapsed_ns: {report}"
-        )));
+        let ((t0, cpu0), (t1, cpu1)) = self.cpu;
+        let cpu = match (cpu0, cpu1) {
+            (Some(a), Some(b)) if t1 > t0 => {
+                Some((b.0.saturating_sub(a.0), b.1.saturating_sub(a.1)))
+            }
+            _ => None,
+        };
+        let done = num(&report, &["done"]);
+        let elapsed_ns = num(&report, &["elapsed_ns"]);
+        if elapsed_ns == 0 {
+            return Err(io::Error::other(format!(
+                "driver guest reported no elapsed_ns: {report}"
+            )));
+        }
+        let mut note = vm_note(env, point, &report, self.echoed)?;
+        if let Some(why) = stats_note {
+            note += &format!("; device statistics not checked ({why})");
+        }
+        if cpu.is_none() {
+            note += "; thread CPU not read (vcpu0/net-ctap0 not found)";
+        }
+        let m = Measured {
+            secs: elapsed_ns as f64 / 1e9,
+            packets: done,
+            kicks: num(&report, &["kicks"]) + num(&report, &["rx_kicks"]),
+            irqs: num(&report, &["irqs_taken"]),
+            tx_irqs: num(&dev, &["tx", "interrupts_raised"]),
+            kicks_suppressed: num(&report, &["kicks_suppressed"]),
+            driver_cpu_ns: cpu.map_or(0, |c| c.0),
+            device_cpu_ns: cpu.map_or(0, |c| c.1),
+            cpu_secs: if cpu.is_some() {
+                (t1 - t0).as_secs_f64()
+            } else {
+                f64::NAN
+            },
+            busy_poll_found: num(&dev, &["busy_poll", "found_work"]),
+            busy_poll_us: num(&dev, &["busy_poll", "polled_us"]),
+            host_pps: self.host.map_or(0.0, |h| h.pps()),
+        };
+        Ok(VmRun::Measured(m, note))
     }
+}
+
+/// How the VM's counters map to the co-simulation's, and what the trial lost: an error when
+/// a receiving guest got frames bad (or, from a source, lost any).
+fn vm_note(env: &VmEnv, point: &Point, report: &Value, echoed: Option<u64>) -> io::Result<String> {
     // Receiving points reach here as the echo workload (`run_preset` maps them, and runs the
     // same workload in co-simulation), so a packet is one echo on both sides.
     let mut note = String::from(match (point.workload, env.backend) {
@@ -545,52 +659,28 @@ pub fn run_point(env: &VmEnv, point: &Point, pin: Option<(usize, usize)>) -> io:
         (_, BackendKind::Source) => "vm: echo of the source's frames",
         _ => "vm: echo workload (host peer keeps 64 frames in flight)",
     });
+    let on_tap = !env.backend.is_measurement();
     if point.workload == Workload::Rx {
         // A source loses nothing; a tap drops what the guest does not take in time (sequence
         // gaps), but nothing may arrive damaged.
-        let lost = if on_tap {
-            0
-        } else {
-            num(&report, &["rx_lost"])
-        };
-        let bad = num(&report, &["rx_bad"]) + lost;
+        let lost = if on_tap { 0 } else { num(report, &["rx_lost"]) };
+        let bad = num(report, &["rx_bad"]) + lost;
         if bad > 0 {
             return Err(io::Error::other(format!(
                 "driver guest: {bad} frames bad or lost: {report}"
             )));
         }
         if on_tap {
-            note += &format!("; {} dropped at the tap", num(&report, &["rx_lost"]));
+            note += &format!("; {} dropped at the tap", num(report, &["rx_lost"]));
         }
     }
+    let done = num(report, &["done"]);
     if let Some(e) = echoed {
         if e < done {
             note += &format!("; peer counted {e} of {done} echoes");
         }
     }
-    if let Some(why) = stats_note {
-        note += &format!("; device statistics not checked ({why})");
-    }
-    note += note_cpu;
-    let m = Measured {
-        secs: elapsed_ns as f64 / 1e9,
-        packets: done,
-        kicks: num(&report, &["kicks"]) + num(&report, &["rx_kicks"]),
-        irqs: num(&report, &["irqs_taken"]),
-        tx_irqs: num(&dev, &["tx", "interrupts_raised"]),
-        kicks_suppressed: num(&report, &["kicks_suppressed"]),
-        driver_cpu_ns: cpu.map_or(0, |c| c.0),
-        device_cpu_ns: cpu.map_or(0, |c| c.1),
-        cpu_secs: if cpu.is_some() {
-            (t1 - t0).as_secs_f64()
-        } else {
-            f64::NAN
-        },
-        busy_poll_found: num(&dev, &["busy_poll", "found_work"]),
-        busy_poll_us: num(&dev, &["busy_poll", "polled_us"]),
-        host_pps: host.map_or(0.0, |h| h.pps()),
-    };
-    Ok(VmRun::Measured(m, note))
+    Ok(note)
 }
 
 /// Boots the driver guest once with `calibrate=2000 ring=3` and reads its exit costs.
