@@ -585,7 +585,19 @@ struct PeerSide {
 }
 
 impl PeerSide {
-    /// Stops sending (and joins the peer thread).
+    /// No peer: the backend makes or takes the frames itself.
+    fn alone(stop: Arc<AtomicBool>) -> PeerSide {
+        PeerSide {
+            injector: None,
+            _xdp: None,
+            _ns: None,
+            _sink: None,
+            _peer_fd: None,
+            stop,
+            thread: None,
+        }
+    }
+
     /// Stops sending (and joins the peer thread); the injector's figures, if one ran.
     fn stop(&mut self) -> Option<InjectorStats> {
         self.stop.store(true, Ordering::Relaxed);
@@ -634,20 +646,7 @@ fn make_trial(
     window: Option<u64>,
 ) -> io::Result<(Trial, PeerSide)> {
     let stop = Arc::new(AtomicBool::new(false));
-    let alone = |trial| {
-        Ok((
-            trial,
-            PeerSide {
-                injector: None,
-                _xdp: None,
-                _ns: None,
-                _sink: None,
-                _peer_fd: None,
-                stop: stop.clone(),
-                thread: None,
-            },
-        ))
-    };
+    let alone = |trial| Ok((trial, PeerSide::alone(stop.clone())));
     match kind {
         BackendKind::Sink => alone(Trial::Sink(SinkBackend::new()?)),
         BackendKind::Source => alone(Trial::Source(SourceBackend::new(
@@ -655,69 +654,87 @@ fn make_trial(
             frame_size.max(devices::backend::SOURCE_HEADER_LEN),
         )?)),
         BackendKind::Loop => alone(Trial::Loop(LoopBackend::new()?)),
-        BackendKind::Pair => {
-            let (backend, peer) = PairBackend::new()?;
-            let peer_fd = dup(peer.as_raw_fd())?;
-            drop(peer);
-            let (sink, thread) = if peers != Peers::None {
-                let (fd, s) = (peer_fd.as_raw_fd(), stop.clone());
-                let t = thread::Builder::new()
-                    .name("cotune-peer".into())
-                    .spawn(move || peer_loop(fd, frame_size, true, window, &s))?;
-                (None, Some(t))
-            } else {
-                (Some(Sink::start(peer_fd.as_raw_fd())), None)
-            };
-            Ok((
-                Trial::Pair(backend),
-                PeerSide {
-                    injector: None,
-                    _xdp: None,
-                    _ns: None,
-                    _sink: sink,
-                    _peer_fd: Some(peer_fd),
-                    stop,
-                    thread,
-                },
-            ))
-        }
-        BackendKind::Tap => {
-            let ns = crate::env::trial_netns()?;
-            let tap = ns.tap("ctap0")?;
-            let xdp = host_path.attach(&ns, "ctap0")?;
-            // Receive-only trials: the batched injector, not the echo peer.
-            let injector = if peers == Peers::Injector {
-                let sock = ns.run(|| PacketSocket::open("ctap0", crate::frames::ETHERTYPE))??;
-                Some(Injector::start(sock, crate::frames::DST_MAC, frame_size)?)
-            } else {
-                None
-            };
-            // Transmit-only trials have no peer socket: a packet socket on the tap would clone
-            // every frame the device (or the raw loop) writes, inflating both.
-            let (sock, thread) = if peers == Peers::Echo {
-                let sock = ns.run(|| crate::env::packet_socket("ctap0"))??;
-                let (fd, s) = (sock.as_raw_fd(), stop.clone());
-                let t = thread::Builder::new()
-                    .name("cotune-peer".into())
-                    .spawn(move || peer_loop(fd, frame_size, false, window, &s))?;
-                (Some(sock), Some(t))
-            } else {
-                (None, None)
-            };
-            Ok((
-                Trial::Tap(tap),
-                PeerSide {
-                    injector,
-                    _xdp: xdp,
-                    _ns: Some(ns),
-                    _sink: None,
-                    _peer_fd: sock,
-                    stop,
-                    thread,
-                },
-            ))
-        }
+        BackendKind::Pair => pair_trial(frame_size, peers, window, stop),
+        BackendKind::Tap => tap_trial(host_path, frame_size, peers, window, stop),
     }
+}
+
+/// A socket pair: its peer end fed by the peer thread, or drained by a sink.
+fn pair_trial(
+    frame_size: usize,
+    peers: Peers,
+    window: Option<u64>,
+    stop: Arc<AtomicBool>,
+) -> io::Result<(Trial, PeerSide)> {
+    let (backend, peer) = PairBackend::new()?;
+    let peer_fd = dup(peer.as_raw_fd())?;
+    drop(peer);
+    let (sink, thread) = if peers != Peers::None {
+        let (fd, s) = (peer_fd.as_raw_fd(), stop.clone());
+        let t = thread::Builder::new()
+            .name("cotune-peer".into())
+            .spawn(move || peer_loop(fd, frame_size, true, window, &s))?;
+        (None, Some(t))
+    } else {
+        (Some(Sink::start(peer_fd.as_raw_fd())), None)
+    };
+    Ok((
+        Trial::Pair(backend),
+        PeerSide {
+            injector: None,
+            _xdp: None,
+            _ns: None,
+            _sink: sink,
+            _peer_fd: Some(peer_fd),
+            stop,
+            thread,
+        },
+    ))
+}
+
+/// A tap in a namespace of its own, with the host path's XDP program and the injector or
+/// the echo peer.
+fn tap_trial(
+    host_path: HostPath,
+    frame_size: usize,
+    peers: Peers,
+    window: Option<u64>,
+    stop: Arc<AtomicBool>,
+) -> io::Result<(Trial, PeerSide)> {
+    let ns = crate::env::trial_netns()?;
+    let tap = ns.tap("ctap0")?;
+    let xdp = host_path.attach(&ns, "ctap0")?;
+    // Receive-only trials: the batched injector, not the echo peer.
+    let injector = if peers == Peers::Injector {
+        let sock = ns.run(|| PacketSocket::open("ctap0", crate::frames::ETHERTYPE))??;
+        Some(Injector::start(sock, crate::frames::DST_MAC, frame_size)?)
+    } else {
+        None
+    };
+    // Transmit-only trials have no peer socket: a packet socket on the tap would clone
+    // every frame the device (or the raw loop) writes, inflating both.
+    let (sock, thread) = if peers == Peers::Echo {
+        let sock = ns.run(|| crate::env::packet_socket("ctap0"))??;
+        let (fd, s) = (sock.as_raw_fd(), stop.clone());
+        let t = thread::Builder::new()
+            .name("cotune-peer".into())
+            .spawn(move || peer_loop(fd, frame_size, false, window, &s))?;
+        (Some(sock), Some(t))
+    } else {
+        (None, None)
+    };
+    Ok((
+        Trial::Tap(tap),
+        PeerSide {
+            injector,
+            _xdp: xdp,
+            _ns: Some(ns),
+            _sink: None,
+            _peer_fd: sock,
+            stop,
+            thread,
+        },
+    ))
 }
 
 /// Pins the calling (driver) thread, until the guard drops, and the device worker threads
@@ -1014,69 +1031,9 @@ pub fn run_preset(
         vm.backend = backend;
     }
     let opts = &opts;
-    let mut pts = points(preset, opts);
-    for p in &mut pts {
-        p.workload = backend.adapt(opts.host_path, p.workload);
-        if let Some(why) = backend.refuses(opts.host_path, p.workload) {
-            return Err(io::Error::new(
-                io::ErrorKind::Unsupported,
-                format!(
-                    "preset {} cannot run on --backend {}: {why}",
-                    preset.name(),
-                    backend.name()
-                ),
-            ));
-        }
-    }
-    if opts.target.vm() {
-        // The VM's only receiving workload is the driver guest's echo with a host peer that
-        // keeps 64 frames in flight: run exactly that on both sides, so vm/sim compares like
-        // with like (`--target sim` keeps the flooding bidirectional and bounce workloads).
-        for p in &mut pts {
-            if matches!(p.workload, Workload::Bidirectional | Workload::XdpBounce) {
-                p.workload = Workload::Echo;
-            }
-        }
-    }
-    // Receive-only presets compare with a read loop of the tap, fed by the injector.
-    let receive_only = !pts.is_empty() && pts.iter().all(|p| p.workload == Workload::Rx);
-    let mut sizes: Vec<usize> = pts.iter().map(|p| p.frame_size).collect();
-    if sizes.is_empty() {
-        sizes.push(opts.frame_size.unwrap_or(64));
-    }
-    sizes.sort_unstable();
-    sizes.dedup();
+    let pts = preset_points(preset, opts)?;
     let mut rows = Vec::new();
-    // (target, size, pps)
-    let mut baselines: Vec<(&str, usize, f64)> = Vec::new();
-    let mut targets = Vec::new();
-    if opts.target.sim() {
-        targets.push(("sim", opts.backend));
-    }
-    if opts.target.vm() {
-        // A VM's device writes to a tap (its floor is the raw tap loop), or to the
-        // measurement backend (compared with the raw tap loop too).
-        let vm_backend = if backend.is_measurement() {
-            backend
-        } else {
-            BackendKind::Tap
-        };
-        targets.push(("vm", vm_backend));
-    }
-    for &s in &sizes {
-        for &(target, backend) in &targets {
-            progress(&format!(
-                "{}: raw {} write loop, {s} B",
-                preset.name(),
-                backend.baseline_backend().name()
-            ));
-            let b = baseline(backend, s, opts, receive_only)?;
-            baselines.push((target, s, b.pps));
-            if preset == Preset::Baseline {
-                rows.push(baseline_row(target, backend, s, &b, opts));
-            }
-        }
-    }
+    let baselines = run_baselines(preset, &pts, opts, progress, &mut rows)?;
     let base = |target: &str, size: usize| {
         baselines
             .iter()
@@ -1105,59 +1062,13 @@ pub fn run_preset(
                 runs.push(sim_trial(p, opts)?);
             }
             let m = median(runs);
-            sim_row = Some(point_row(
-                preset,
-                "sim",
-                p,
-                Some(&m),
-                base("sim", p.frame_size),
-                load,
-                opts,
-            ));
+            let base = base("sim", p.frame_size);
+            sim_row = Some(point_row(preset, "sim", p, Some(&m), base, load, opts));
         }
         let mut vm_row = None;
         if let (true, Some(env)) = (opts.target.vm(), &opts.vm) {
-            let mut skipped = crate::vm::unsupported(p, env.backend).map(str::to_owned);
-            let mut runs = Vec::new();
-            let mut note = String::new();
-            for r in 0..opts.repeat {
-                if skipped.is_some() {
-                    break;
-                }
-                say("vm", r);
-                match crate::vm::run_point(env, p, opts.pin)? {
-                    crate::vm::VmRun::Measured(m, n) => {
-                        runs.push(m);
-                        note = n;
-                    }
-                    crate::vm::VmRun::Unsupported(why) => skipped = Some(why),
-                }
-            }
-            let row = match skipped {
-                Some(why) => {
-                    let mut row = point_row(preset, "vm", p, None, f64::NAN, load, opts);
-                    row.note = format!("skipped: {why}");
-                    row
-                }
-                None => {
-                    let m = median(runs);
-                    let base = base("vm", p.frame_size);
-                    let mut row = point_row(preset, "vm", p, Some(&m), base, load, opts);
-                    row.note = if row.note.is_empty() {
-                        note
-                    } else {
-                        format!("{note}; {}", row.note)
-                    };
-                    if row.driver_cpu_pct < 60.0 && row.device_cpu_pct < 60.0 {
-                        // From the counters: neither side was saturated, so what bounds the
-                        // rate is outside them (the host peer, for echo).
-                        row.note += "; vCPU and device worker both <60% busy: bound outside \
-                                     them (the host peer for echo)";
-                    }
-                    row
-                }
-            };
-            vm_row = Some(row);
+            let base = base("vm", p.frame_size);
+            vm_row = Some(vm_point_row(preset, p, env, base, load, opts, &mut say)?);
         }
         if let (Some(s), Some(v)) = (&mut sim_row, &mut vm_row) {
             let ratio = v.pps / s.pps;
@@ -1168,6 +1079,135 @@ pub fn run_preset(
         rows.extend(vm_row);
     }
     Ok(rows)
+}
+
+/// The preset's points, their workloads adapted to `opts`' backend and target; an
+/// `Unsupported` error when the backend cannot run one.
+fn preset_points(preset: Preset, opts: &Options) -> io::Result<Vec<Point>> {
+    let backend = opts.backend;
+    let mut pts = points(preset, opts);
+    for p in &mut pts {
+        p.workload = backend.adapt(opts.host_path, p.workload);
+        if let Some(why) = backend.refuses(opts.host_path, p.workload) {
+            return Err(io::Error::new(
+                io::ErrorKind::Unsupported,
+                format!(
+                    "preset {} cannot run on --backend {}: {why}",
+                    preset.name(),
+                    backend.name()
+                ),
+            ));
+        }
+    }
+    if opts.target.vm() {
+        // The VM's only receiving workload is the driver guest's echo with a host peer that
+        // keeps 64 frames in flight: run exactly that on both sides, so vm/sim compares like
+        // with like (`--target sim` keeps the flooding bidirectional and bounce workloads).
+        for p in &mut pts {
+            if matches!(p.workload, Workload::Bidirectional | Workload::XdpBounce) {
+                p.workload = Workload::Echo;
+            }
+        }
+    }
+    Ok(pts)
+}
+
+/// Measures the raw write loop of each target's backend for each frame size `pts` use (the
+/// default size when none), adding a row for each to `rows` for the baseline preset.
+/// Returns (target, size, pps) for each.
+fn run_baselines(
+    preset: Preset,
+    pts: &[Point],
+    opts: &Options,
+    progress: &mut dyn FnMut(&str),
+    rows: &mut Vec<Row>,
+) -> io::Result<Vec<(&'static str, usize, f64)>> {
+    // Receive-only presets compare with a read loop of the tap, fed by the injector.
+    let receive_only = !pts.is_empty() && pts.iter().all(|p| p.workload == Workload::Rx);
+    let mut sizes: Vec<usize> = pts.iter().map(|p| p.frame_size).collect();
+    if sizes.is_empty() {
+        sizes.push(opts.frame_size.unwrap_or(64));
+    }
+    sizes.sort_unstable();
+    sizes.dedup();
+    let mut baselines = Vec::new();
+    let mut targets = Vec::new();
+    if opts.target.sim() {
+        targets.push(("sim", opts.backend));
+    }
+    if opts.target.vm() {
+        // A VM's device writes to a tap (its floor is the raw tap loop), or to the
+        // measurement backend (compared with the raw tap loop too).
+        let vm_backend = if opts.backend.is_measurement() {
+            opts.backend
+        } else {
+            BackendKind::Tap
+        };
+        targets.push(("vm", vm_backend));
+    }
+    for &s in &sizes {
+        for &(target, backend) in &targets {
+            progress(&format!(
+                "{}: raw {} write loop, {s} B",
+                preset.name(),
+                backend.baseline_backend().name()
+            ));
+            let b = baseline(backend, s, opts, receive_only)?;
+            baselines.push((target, s, b.pps));
+            if preset == Preset::Baseline {
+                rows.push(baseline_row(target, backend, s, &b, opts));
+            }
+        }
+    }
+    Ok(baselines)
+}
+
+/// Point `p`'s VM row: the median of its trials, or a skipped row when the guest cannot run
+/// it. `say` tells the progress before each trial.
+fn vm_point_row(
+    preset: Preset,
+    p: &Point,
+    env: &crate::vm::VmEnv,
+    base: f64,
+    load: f64,
+    opts: &Options,
+    say: &mut dyn FnMut(&str, usize),
+) -> io::Result<Row> {
+    let mut skipped = crate::vm::unsupported(p, env.backend).map(str::to_owned);
+    let mut runs = Vec::new();
+    let mut note = String::new();
+    for r in 0..opts.repeat {
+        if skipped.is_some() {
+            break;
+        }
+        say("vm", r);
+        match crate::vm::run_point(env, p, opts.pin)? {
+            crate::vm::VmRun::Measured(m, n) => {
+                runs.push(m);
+                note = n;
+            }
+            crate::vm::VmRun::Unsupported(why) => skipped = Some(why),
+        }
+    }
+    if let Some(why) = skipped {
+        let mut row = point_row(preset, "vm", p, None, f64::NAN, load, opts);
+        row.note = format!("skipped: {why}");
+        return Ok(row);
+    }
+    let m = median(runs);
+    let mut row = point_row(preset, "vm", p, Some(&m), base, load, opts);
+    row.note = if row.note.is_empty() {
+        note
+    } else {
+        format!("{note}; {}", row.note)
+    };
+    if row.driver_cpu_pct < 60.0 && row.device_cpu_pct < 60.0 {
+        // From the counters: neither side was saturated, so what bounds the rate is outside
+        // them (the host peer, for echo).
+        row.note += "; vCPU and device worker both <60% busy: bound outside \
+                     them (the host peer for echo)";
+    }
+    Ok(row)
 }
 
 #[cfg(test)]
