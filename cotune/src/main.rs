@@ -8,9 +8,10 @@ use std::time::Duration;
 
 use clap::Parser;
 use cotune::baseline::BareSyscall;
+use cotune::calib::Calibration;
 use cotune::cost::{DEFAULT_IRQ_COST_NS, DEFAULT_KICK_COST_NS};
 use cotune::noise::{loadavg1, BUSY_LOADAVG};
-use cotune::report::{plot, to_csv, to_table};
+use cotune::report::{plot, to_csv, to_table, Row};
 use cotune::sweep::{run_preset, BackendKind, HostPath, Options, Preset, Target};
 use cotune::transport::TransportKind;
 use cotune::vm::{self, VmEnv};
@@ -125,19 +126,18 @@ fn usage(msg: &str) -> ExitCode {
     ExitCode::from(2)
 }
 
-fn main() -> ExitCode {
-    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn")).init();
-    let cli = Cli::parse();
+/// The arguments' ranges and combinations, as a usage error.
+fn check_args(cli: &Cli) -> Result<(), String> {
     let duration_ok = cli.duration > 0.0 && cli.duration <= 600.0;
     if !duration_ok || !(0.0..=60.0).contains(&cli.warmup) {
-        return usage("--duration must be in (0, 600] s and --warmup in [0, 60] s");
+        return Err("--duration must be in (0, 600] s and --warmup in [0, 60] s".into());
     }
     if cli.repeat == 0 || cli.repeat > 100 {
-        return usage("--repeat must be 1..=100");
+        return Err("--repeat must be 1..=100".into());
     }
     if let Some(s) = cli.frame_size {
         if !(cotune::frames::MIN_FRAME..=1514).contains(&s) {
-            return usage(&format!(
+            return Err(format!(
                 "--frame-size must be {}..=1514",
                 cotune::frames::MIN_FRAME
             ));
@@ -145,23 +145,18 @@ fn main() -> ExitCode {
     }
     if let Some(n) = cli.vm_frames {
         if !(1_000..=100_000_000).contains(&n) {
-            return usage("--vm-frames must be 1000..=100000000");
+            return Err("--vm-frames must be 1000..=100000000".into());
         }
         if !cli.target.vm() {
-            return usage("--vm-frames needs --target vm or both");
+            return Err("--vm-frames needs --target vm or both".into());
         }
     }
-    let (kick, irq) = (cli.kick_cost_ns, cli.irq_cost_ns);
-    let pin = if cli.pin {
-        match cotune::noise::cpu_pair() {
-            Ok(p) => Some(p),
-            Err(e) => return usage(&e.to_string()),
-        }
-    } else {
-        None
-    };
-    let calibrate = kick == Cost::Auto || irq == Cost::Auto;
-    let backend = cli.backend.unwrap_or(BackendKind::Pair);
+    Ok(())
+}
+
+/// Warns, on stderr, of a backend that does not compare like with like and of a busy host.
+/// Returns the 1-minute load average.
+fn warn_of_conditions(cli: &Cli) -> f64 {
     if cli.target == Target::Both && cli.backend == Some(BackendKind::Pair) {
         eprintln!(
             "cotune: note: the VM's device writes to a tap; --backend tap makes the vm/sim ratio \
@@ -175,107 +170,114 @@ fn main() -> ExitCode {
              shares the CPUs and the numbers will be noisy (see the loadavg1 column)"
         );
     }
-    let vm_env = if cli.target.vm() || calibrate {
-        let env = vm::locate_vmm(cli.vmm.clone()).and_then(|vmm| {
-            vm::check_host()?;
-            Ok(VmEnv {
-                vmm,
-                guest: vm::locate_guest(cli.guest.clone())?,
-                frames: cli
-                    .vm_frames
-                    .unwrap_or(if cli.quick { 30_000 } else { 300_000 }),
-                transport: cli.transport,
-                backend,
-                host_path: cli.host_path,
-            })
-        });
-        match env {
-            Ok(env) => Some(env),
-            Err(e) => {
-                eprintln!("cotune: {e}");
-                return ExitCode::FAILURE;
-            }
+    load
+}
+
+/// What booting VMs needs: the vmm and the guest located, the host checked.
+fn locate_vm_env(cli: &Cli, backend: BackendKind) -> Result<VmEnv, String> {
+    let vmm = vm::locate_vmm(cli.vmm.clone())?;
+    vm::check_host()?;
+    Ok(VmEnv {
+        vmm,
+        guest: vm::locate_guest(cli.guest.clone())?,
+        frames: cli
+            .vm_frames
+            .unwrap_or(if cli.quick { 30_000 } else { 300_000 }),
+        transport: cli.transport,
+        backend,
+        host_path: cli.host_path,
+    })
+}
+
+/// Measures the exit costs in a VM, saying so on stderr.
+fn run_calibration(env: &VmEnv) -> Result<Calibration, String> {
+    eprint!(
+        "cotune: calibrating exit costs in a VM ({})...",
+        env.guest.display()
+    );
+    match vm::calibrate(env) {
+        Ok(c) => {
+            eprintln!(
+                " kick {:.0} ns, interrupt {:.0} ns + service routine {:.0} ns",
+                c.kick_ns, c.irq_ns, c.isr_ns
+            );
+            Ok(c)
         }
-    } else {
-        None
-    };
-    let mut calibration = None;
-    if calibrate {
-        let env = vm_env.as_ref().expect("located above");
-        eprint!(
-            "cotune: calibrating exit costs in a VM ({})...",
-            env.guest.display()
-        );
-        match vm::calibrate(env) {
-            Ok(c) => {
-                eprintln!(
-                    " kick {:.0} ns, interrupt {:.0} ns + service routine {:.0} ns",
-                    c.kick_ns, c.irq_ns, c.isr_ns
-                );
-                calibration = Some(c);
-            }
-            Err(e) => {
-                eprintln!("\ncotune: {e}");
-                return ExitCode::FAILURE;
-            }
-        }
+        Err(e) => Err(format!("\ncotune: {e}")),
     }
-    let cost = |c: Cost, auto: fn(&cotune::calib::Calibration) -> f64| match c {
+}
+
+/// The sweep's options from the command line, the calibration (for `auto` costs) and the
+/// located VM environment.
+fn options(
+    cli: &Cli,
+    backend: BackendKind,
+    pin: Option<(usize, usize)>,
+    calibration: Option<&Calibration>,
+    vm_env: Option<VmEnv>,
+) -> Options {
+    let cost = |c: Cost, auto: fn(&Calibration) -> f64| match c {
         Cost::Ns(n) => n,
-        Cost::Auto => calibration.as_ref().map_or(0, |c| auto(c).round() as u64),
+        Cost::Auto => calibration.map_or(0, |c| auto(c).round() as u64),
     };
-    let opts = Options {
+    Options {
         duration: Duration::from_secs_f64(if cli.quick { 0.3 } else { cli.duration }),
         warmup: Duration::from_secs_f64(if cli.quick { 0.1 } else { cli.warmup }),
         repeat: if cli.quick { 1 } else { cli.repeat },
         frame_size: cli.frame_size,
         backend,
         own_regimes: cli.backend.is_none(),
-        kick_cost_ns: cost(kick, |c| c.kick_ns),
-        irq_cost_ns: cost(irq, |c| c.interrupt_cost_ns()),
+        kick_cost_ns: cost(cli.kick_cost_ns, |c| c.kick_ns),
+        irq_cost_ns: cost(cli.irq_cost_ns, |c| c.interrupt_cost_ns()),
         quick: cli.quick,
         target: cli.target,
         pin,
-        vm: if cli.target.vm() {
-            vm_env.clone()
-        } else {
-            None
-        },
+        vm: if cli.target.vm() { vm_env } else { None },
         transport: cli.transport,
         bare: cli.baseline_syscall,
         host_path: cli.host_path,
-    };
-    let presets = if cli.presets.is_empty() {
-        Preset::ALL.to_vec()
-    } else {
-        cli.presets.clone()
-    };
+    }
+}
+
+/// Runs each preset, with progress on stderr; an error (said on stderr) stops the run. Running
+/// every preset, those the backend cannot run are left out, said so.
+fn run_presets(cli: &Cli, presets: &[Preset], opts: &Options) -> Result<Vec<Row>, ()> {
     let mut rows = Vec::new();
     let mut stderr = std::io::stderr();
-    for &preset in &presets {
+    for &preset in presets {
         let mut progress = |msg: &str| {
             let _ = write!(stderr, "\r\x1b[K{msg}");
             let _ = stderr.flush();
         };
-        match run_preset(preset, &opts, &mut progress) {
+        match run_preset(preset, opts, &mut progress) {
             Ok(r) => rows.extend(r),
-            // Running every preset: those the backend cannot run are left out, said so.
             Err(e) if cli.presets.is_empty() && e.kind() == std::io::ErrorKind::Unsupported => {
                 let _ = writeln!(stderr, "\r\x1b[Kcotune: skipped: {e}");
             }
             Err(e) => {
                 eprintln!("\ncotune: {}: {e}", preset.name());
-                return ExitCode::FAILURE;
+                return Err(());
             }
         }
     }
     eprintln!("\r\x1b[K");
+    Ok(rows)
+}
+
+/// The `# target=…` line above the table: what ran, where, with which costs.
+fn header(
+    cli: &Cli,
+    opts: &Options,
+    calibration: Option<&Calibration>,
+    presets: &[Preset],
+    load: f64,
+) -> String {
     let target = match cli.target {
         Target::Sim => "sim",
         Target::Vm => "vm",
         Target::Both => "both",
     };
-    let costs = match &calibration {
+    let costs = match calibration {
         Some(c) => format!(
             "kick_cost_ns={} irq_cost_ns={} (calibrated in a VM: kick {:.0} ns, exit {:.0} ns, irq {:.0} ns + isr {:.0} ns, irq latency {:.0} ns, {} samples, ring {}, tsc {} kHz)",
             opts.kick_cost_ns, opts.irq_cost_ns, c.kick_ns, c.exit_ns, c.irq_ns, c.isr_ns, c.irq_latency_ns, c.samples, c.ring, c.tsc_khz
@@ -288,7 +290,7 @@ fn main() -> ExitCode {
     let sim = if cli.target.sim() {
         format!(
             " sim_backend={}{} host_path={} transport={} {costs}",
-            backend.name(),
+            opts.backend.name(),
             if cli.backend.is_none() && presets.iter().any(|p| p.backend().is_some()) {
                 " (seed and rx presets: their own unless --backend; see the backend column)"
             } else {
@@ -308,7 +310,7 @@ fn main() -> ExitCode {
             v.guest.display()
         )
     });
-    println!(
+    format!(
         "# target={target}{sim}{vm} duration={:?} repeat={} pin={} loadavg1_at_start={load:.2}",
         opts.duration,
         opts.repeat,
@@ -316,26 +318,84 @@ fn main() -> ExitCode {
             || "off".into(),
             |(a, b)| format!("driver/vcpu:cpu{a},device:cpu{b}")
         ),
-    );
-    print!("{}", to_table(&rows));
+    )
+}
+
+/// Writes the CSV and the plots asked for, naming on stderr the plot files written.
+fn write_outputs(cli: &Cli, rows: &[Row]) -> Result<(), String> {
     if let Some(path) = &cli.csv {
-        if let Err(e) = std::fs::write(path, to_csv(&rows)) {
-            eprintln!("cotune: cannot write {path:?}: {e}");
-            return ExitCode::FAILURE;
+        if let Err(e) = std::fs::write(path, to_csv(rows)) {
+            return Err(format!("cotune: cannot write {path:?}: {e}"));
         }
     }
     if let Some(path) = &cli.plot {
-        match plot(&rows, path) {
+        match plot(rows, path) {
             Ok(files) => {
                 for f in files {
                     eprintln!("cotune: wrote {}", f.display());
                 }
             }
+            Err(e) => return Err(format!("cotune: cannot draw {path:?}: {e}")),
+        }
+    }
+    Ok(())
+}
+
+fn main() -> ExitCode {
+    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn")).init();
+    let cli = Cli::parse();
+    if let Err(msg) = check_args(&cli) {
+        return usage(&msg);
+    }
+    let pin = if cli.pin {
+        match cotune::noise::cpu_pair() {
+            Ok(p) => Some(p),
+            Err(e) => return usage(&e.to_string()),
+        }
+    } else {
+        None
+    };
+    let calibrate = cli.kick_cost_ns == Cost::Auto || cli.irq_cost_ns == Cost::Auto;
+    let backend = cli.backend.unwrap_or(BackendKind::Pair);
+    let load = warn_of_conditions(&cli);
+    let vm_env = if cli.target.vm() || calibrate {
+        match locate_vm_env(&cli, backend) {
+            Ok(env) => Some(env),
             Err(e) => {
-                eprintln!("cotune: cannot draw {path:?}: {e}");
+                eprintln!("cotune: {e}");
                 return ExitCode::FAILURE;
             }
         }
+    } else {
+        None
+    };
+    let mut calibration = None;
+    if calibrate {
+        match run_calibration(vm_env.as_ref().expect("located above")) {
+            Ok(c) => calibration = Some(c),
+            Err(e) => {
+                eprintln!("{e}");
+                return ExitCode::FAILURE;
+            }
+        }
+    }
+    let opts = options(&cli, backend, pin, calibration.as_ref(), vm_env);
+    let presets = if cli.presets.is_empty() {
+        Preset::ALL.to_vec()
+    } else {
+        cli.presets.clone()
+    };
+    let Ok(rows) = run_presets(&cli, &presets, &opts) else {
+        return ExitCode::FAILURE;
+    };
+    println!(
+        "{}",
+        header(&cli, &opts, calibration.as_ref(), &presets, load)
+    );
+    print!("{}", to_table(&rows));
+    if let Err(e) = write_outputs(&cli, &rows) {
+        eprintln!("{e}");
+        return ExitCode::FAILURE;
     }
     ExitCode::SUCCESS
 }
