@@ -31,6 +31,13 @@ pub const F_RING_RESET: u64 = 1 << 40;
 /// CTRL_VQ).
 pub const NET_F_VQ_NOTF_COAL: u64 = 1 << 52;
 
+/// The packed virtqueue layout (virtio 1.2 §2.8) instead of the split one. Known, not
+/// negotiated yet: the driver's queues run on split rings.
+pub const F_RING_PACKED: u64 = 1 << 34;
+/// The device uses buffers in the order they were made available (and may return a batch with
+/// one used entry). Known, not negotiated yet.
+pub const F_IN_ORDER: u64 = 1 << 35;
+
 /// Control class STATS: QUERY and GET, the device's per-queue counters (requires CTRL_VQ).
 pub const NET_F_DEVICE_STATS: u64 = 1 << 50;
 

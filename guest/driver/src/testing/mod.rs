@@ -1,9 +1,11 @@
 //! Test doubles: a HAL over a Vec-like arena where physical address == arena offset, a
 //! virtio-mmio register file, and a tiny device that consumes the rings from the same memory.
-//! No KVM, no devices crate: the device reads and writes the ring layout from the spec itself.
+//! No KVM, no devices crate: the device reads and writes the ring layout from the spec itself
+//! (split rings in `device`, packed rings in `packed`).
 
 pub(crate) mod device;
 pub(crate) mod hal;
+pub(crate) mod packed;
 pub(crate) mod transport;
 
 pub(crate) use device::{
