@@ -112,3 +112,14 @@ pub fn wait_eventfd(fd: &EventFd, timeout: Duration) -> u64 {
         0
     }
 }
+
+/// A xorshift64 generator from `seed` (not zero): the same sequence every run, for tests that
+/// hammer a device with pseudo-random guest accesses.
+pub fn xorshift(mut seed: u64) -> impl FnMut() -> u64 {
+    move || {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed
+    }
+}

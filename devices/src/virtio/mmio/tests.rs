@@ -8,7 +8,7 @@ use vm_memory::{GuestAddress, GuestMemoryMmap};
 
 use super::*;
 use crate::backend::{PairBackend, PairPeer};
-use crate::test_utils::mmio::{wait_eventfd, Registers};
+use crate::test_utils::mmio::{wait_eventfd, xorshift, Registers};
 use crate::virtio::net::{MacAddr, NetDevice};
 
 const VERSION_1: u64 = 1 << 32;
@@ -315,13 +315,7 @@ fn interrupt_ack_clears_bits() {
 fn random_guest_accesses_never_panic() {
     let mem = mem();
     let (mut t, _peer) = net_transport(&mem);
-    let mut seed: u64 = 0x9e37_79b9_7f4a_7c15;
-    let mut next = move || {
-        seed ^= seed << 13;
-        seed ^= seed >> 7;
-        seed ^= seed << 17;
-        seed
-    };
+    let mut next = xorshift(0x9e37_79b9_7f4a_7c15);
     let registers = [
         0x00u64, 0x10, 0x14, 0x20, 0x24, 0x30, 0x34, 0x38, 0x44, 0x50, 0x60, 0x64, 0x70, 0x80,
         0x84, 0x90, 0x94, 0xa0, 0xa4, 0xac, 0xfc, 0x100, 0x106,

@@ -12,6 +12,7 @@ use vm_memory::{GuestAddress, GuestMemoryMmap};
 use super::*;
 use crate::pci::config::*;
 use crate::pci::msix::{MsiMessage, VIRTIO_MSI_NO_VECTOR};
+use crate::test_utils::mmio::xorshift;
 use crate::virtio::{
     ActivateError, ActivationContext, FeatureDependencyError, QueueResetState, VirtioDevice,
 };
@@ -1034,13 +1035,7 @@ fn pci_cfg_window_reaches_bar0() {
 #[test]
 fn random_guest_accesses_never_panic() {
     let (mut t, _) = transport();
-    let mut seed: u64 = 0x9e37_79b9_7f4a_7c15;
-    let mut next = move || {
-        seed ^= seed << 13;
-        seed ^= seed >> 7;
-        seed ^= seed << 17;
-        seed
-    };
+    let mut next = xorshift(0x9e37_79b9_7f4a_7c15);
     let hot = [
         0x00u64, 0x04, 0x08, 0x0c, 0x10, 0x12, 0x14, 0x16, 0x18, 0x1a, 0x1c, 0x20, 0x24, 0x28,
         0x30, 0x3a, 0x1000, 0x2000, 0x3000, 0x3004, 0x3008, 0x4000, 0x400c, 0x401c, 0x5000, 0x7ff8,
@@ -1079,24 +1074,47 @@ fn random_guest_accesses_never_panic() {
     }
 }
 
+/// The real virtio-net device (MAC 02:01:02:03:04:05, a socket pair behind it) behind the PCI
+/// transport, BAR0 at 0xe000_0000 and memory decoding on. Also returns the far end of the
+/// socket pair (5-second timeouts) and the device's metrics.
+fn net_over_pci(
+    mem: &GuestMemoryMmap,
+) -> (
+    VirtioPciTransport,
+    crate::backend::PairPeer,
+    Arc<crate::virtio::net::NetMetrics>,
+) {
+    use crate::virtio::net::{MacAddr, NetDevice};
+
+    let (backend, peer) = crate::backend::PairBackend::new().expect("socketpair");
+    peer.set_timeout(std::time::Duration::from_secs(5))
+        .expect("timeout");
+    let device = NetDevice::with_backend(backend, MacAddr::new([2, 1, 2, 3, 4, 5]), 64);
+    let metrics = device.metrics();
+    let mut t = VirtioPciTransport::new(mem.clone(), Box::new(device)).expect("transport");
+    t.set_bar0_address(0xe000_0000);
+    enable_memory(&mut t);
+    (t, peer, metrics)
+}
+
+/// A virtio-net header (all zero) and a 100-byte frame.
+fn net_wire() -> Vec<u8> {
+    let mut wire = vec![0u8; 12];
+    wire.extend((0..100u8).map(|i| i.wrapping_mul(7)));
+    wire
+}
+
 /// The real virtio-net device and its worker, unchanged, behind the PCI transport: a frame
 /// each way, each queue's interrupt on its own MSI-X vector.
 #[test]
 fn net_device_over_pci_with_msix() {
     use std::time::Duration;
 
-    use crate::backend::PairBackend;
     use crate::test_utils::mmio::{wait_eventfd, wait_until};
     use crate::test_utils::queue::{guest_mem, GuestQueue};
-    use crate::virtio::net::{MacAddr, NetDevice};
 
     let mem = guest_mem();
-    let (backend, peer) = PairBackend::new().expect("socketpair");
-    peer.set_timeout(Duration::from_secs(5)).expect("timeout");
-    let device = NetDevice::with_backend(backend, MacAddr::new([2, 1, 2, 3, 4, 5]), 64);
-    let mut t = VirtioPciTransport::new(mem.clone(), Box::new(device)).expect("transport");
-    t.set_bar0_address(0xe000_0000);
-    enable_memory(&mut t);
+    let (mut t, peer, _) = net_over_pci(&mem);
     assert_eq!(cfg_r(&mut t, 0x08, 4) >> 8, 0x02_0000, "network controller");
     assert_eq!(
         bar_r(&mut t, DEVICE_OFFSET, 4),
@@ -1129,8 +1147,7 @@ fn net_device_over_pci_with_msix() {
     let vectors = t.msix_vectors().clone();
     let timeout = Duration::from_secs(5);
 
-    let mut wire = vec![0u8; 12];
-    wire.extend((0..100u8).map(|i| i.wrapping_mul(7)));
+    let wire = net_wire();
     // rx: a buffer, a kick, a frame from the peer.
     let (head, addrs) = rx.push_rx(&[2048]);
     bar_w(&mut t, NOTIFY_OFFSET, 2, 0);

@@ -9,7 +9,7 @@ use vm_memory::GuestAddress;
 use super::support::{
     desc_bytes, frame, guest_mem, pair, wire, GuestQueue, Ring, INDIRECT, MEM_SIZE, NEXT, WRITE,
 };
-use super::worker::{kick, queues, rig, start, TIMEOUT, VERSION_1};
+use super::worker::{kick, queues, queues_after_reset, rig, start, TIMEOUT, VERSION_1};
 use crate::test_utils::mmio::{wait_until, Registers};
 use crate::virtio::net::metrics::{RxCounters, TxCounters};
 use crate::virtio::net::{RxMode, RxStop, TxStop};
@@ -156,10 +156,7 @@ fn overlapping_rings_make_the_device_need_a_reset_not_spin() {
     // A reset completes at once, and a good ring works afterwards.
     t.w32(VIRTIO_MMIO_STATUS, 0);
     assert_eq!(t.r32(VIRTIO_MMIO_STATUS), 0);
-    let (rx2, mut tx2) = (
-        GuestQueue::at(&mem, GuestAddress(0x2_0000), 256, 0x60_0000),
-        GuestQueue::at(&mem, GuestAddress(0x3_0000), 256, 0x70_0000),
-    );
+    let (rx2, mut tx2) = queues_after_reset(&mem);
     start(t, VERSION_1, &rx2, &tx2);
     let out = wire(&frame(64, 7));
     tx2.push_tx(&out, &[]);

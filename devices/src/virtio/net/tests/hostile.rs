@@ -5,6 +5,7 @@
 use virtio_queue::QueueT;
 
 use crate::backend::PairBackend;
+use crate::test_utils::mmio::xorshift;
 use crate::virtio::net::metrics::{RxCounters, TxCounters};
 use crate::virtio::net::tests::support::{
     desc_bytes, drain, frame, guest_mem, pair, wire, GuestQueue, Ring, INDIRECT, MEM_SIZE, NEXT,
@@ -271,13 +272,7 @@ fn rx_run(ring: &mut Ring, backend: &mut PairBackend, mode: RxMode) -> RxCounter
 #[test]
 fn random_rings_never_panic() {
     let mem = guest_mem();
-    let mut seed: u64 = 0x2545_f491_4f6c_dd1d;
-    let mut next = move || {
-        seed ^= seed << 13;
-        seed ^= seed >> 7;
-        seed ^= seed << 17;
-        seed
-    };
+    let mut next = xorshift(0x2545_f491_4f6c_dd1d);
     let (mut backend, peer) = PairBackend::new().expect("socketpair");
     let mut broken = 0;
     for round in 0..300 {

@@ -91,6 +91,15 @@ pub(super) fn queues(mem: &GuestMemoryMmap) -> (GuestQueue, GuestQueue) {
     )
 }
 
+/// A second pair of queues, clear of [`queues`]' rings and buffers: the driver starting over
+/// after a reset.
+pub(super) fn queues_after_reset(mem: &GuestMemoryMmap) -> (GuestQueue, GuestQueue) {
+    (
+        GuestQueue::at(mem, GuestAddress(0x2_0000), 256, 0x60_0000),
+        GuestQueue::at(mem, GuestAddress(0x3_0000), 256, 0x70_0000),
+    )
+}
+
 #[test]
 fn frames_flow_both_ways_through_the_worker() {
     let mem = guest_mem();
@@ -137,8 +146,7 @@ fn frames_flow_both_ways_through_the_worker() {
     assert_eq!(metrics.tx.kicks.get(), 1);
     assert_eq!(metrics.irqfd_signals.get(), 2);
 
-    let rx3 = GuestQueue::at(&mem, GuestAddress(0x2_0000), 256, 0x60_0000);
-    let mut tx3 = GuestQueue::at(&mem, GuestAddress(0x3_0000), 256, 0x70_0000);
+    let (rx3, mut tx3) = queues_after_reset(&mem);
     start(&mut transport, VERSION_1, &rx3, &tx3);
     assert_eq!(peer.offloads(), Offloads::NONE);
     let again = wire(&frame(60, 3));
@@ -292,8 +300,7 @@ fn broken_ring_sets_needs_reset_and_the_vmm_survives() {
     // The driver resets and starts over; the backend survived the failed worker.
     transport.w32(VIRTIO_MMIO_STATUS, 0);
     assert_eq!(transport.r32(VIRTIO_MMIO_STATUS), 0);
-    let rx2 = GuestQueue::at(&mem, GuestAddress(0x2_0000), 256, 0x60_0000);
-    let mut tx2 = GuestQueue::at(&mem, GuestAddress(0x3_0000), 256, 0x70_0000);
+    let (rx2, mut tx2) = queues_after_reset(&mem);
     start(&mut transport, VERSION_1, &rx2, &tx2);
     let out = wire(&frame(64, 1));
     tx2.push_tx(&out, &[]);

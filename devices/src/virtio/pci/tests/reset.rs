@@ -207,19 +207,11 @@ fn reenabling_on_unusable_rings_needs_reset() {
 fn net_device_resets_a_queue_over_pci() {
     use std::time::Duration;
 
-    use crate::backend::PairBackend;
     use crate::test_utils::mmio::wait_until;
     use crate::test_utils::queue::{guest_mem, GuestQueue};
-    use crate::virtio::net::{MacAddr, NetDevice};
 
     let mem = guest_mem();
-    let (backend, peer) = PairBackend::new().expect("socketpair");
-    peer.set_timeout(Duration::from_secs(5)).expect("timeout");
-    let device = NetDevice::with_backend(backend, MacAddr::new([2, 1, 2, 3, 4, 5]), 64);
-    let metrics = device.metrics();
-    let mut t = VirtioPciTransport::new(mem.clone(), Box::new(device)).expect("transport");
-    t.set_bar0_address(0xe000_0000);
-    enable_memory(&mut t);
+    let (mut t, peer, metrics) = net_over_pci(&mem);
     let features = VERSION_1 | RING_RESET | ACCESS_PLATFORM;
     assert_eq!(offered(&mut t) & features, features);
     assert!(negotiate(&mut t, features));
@@ -238,8 +230,7 @@ fn net_device_resets_a_queue_over_pci() {
     program(&mut t, 1, &tx);
     driver_ok(&mut t);
     assert!(t.device().is_active());
-    let mut wire = vec![0u8; 12];
-    wire.extend((0..100u8).map(|i| i.wrapping_mul(7)));
+    let wire = net_wire();
 
     // Reset tx (queue 1), done at once; move it to new rings.
     reset_queue(&mut t, 1);
