@@ -36,7 +36,9 @@ use crate::iovec::{IovecList, Iovecs};
 /// [`io::ErrorKind::WouldBlock`] instead of waiting. Implementations are plain structs used
 /// through generics on the hot path (no `dyn`).
 pub trait NetBackend: AsRawFd + Send + 'static {
-    /// Reads one frame (virtio-net header + Ethernet frame) into `iovs`.
+    /// Reads one frame (virtio-net header + Ethernet frame) into `iovs`. A system call a
+    /// signal interrupts is made again: never [`io::ErrorKind::Interrupted`] (nor for
+    /// [`NetBackend::write_frame`]).
     ///
     /// Returns the frame's length, or any value larger than `iovs.total_bytes()` if the frame
     /// did not fit: it was then truncated and consumed, and the caller must count it as
@@ -73,12 +75,7 @@ pub trait NetBackend: AsRawFd + Send + 'static {
     ) {
         let mut start = 0;
         for (&end, result) in ends.iter().zip(results.iter_mut()) {
-            *result = loop {
-                match self.write_frame(frames.range(start, end)) {
-                    Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                    r => break r,
-                }
-            };
+            *result = self.write_frame(frames.range(start, end));
             start = end;
         }
     }
@@ -176,6 +173,17 @@ impl BitOr for Offloads {
 /// Converts the return value of a `readv`/`writev`-like syscall.
 fn syscall_len(ret: isize) -> io::Result<usize> {
     usize::try_from(ret).map_err(|_| io::Error::last_os_error())
+}
+
+/// [`syscall_len`] of `call()`, made again while a signal interrupts it (EINTR).
+#[inline(always)]
+fn retrying(mut call: impl FnMut() -> isize) -> io::Result<usize> {
+    loop {
+        match syscall_len(call()) {
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            result => return result,
+        }
+    }
 }
 
 /// `iovs.as_raw().len()` as the `c_int`/`usize` count the syscalls take: at most

@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::{iov_count, syscall_len, NetBackend, Offloads};
+use super::{iov_count, retrying, syscall_len, NetBackend, Offloads};
 use crate::iovec::Iovecs;
 
 /// How long a [`PairPeer`] blocks in `send_frame`/`recv_frame` before failing (tests must not
@@ -83,16 +83,14 @@ impl NetBackend for PairBackend {
         // SAFETY: `msg` points to the iovecs of `iovs`, each valid for writes while `iovs` is
         // borrowed (IovecList invariant); recvmsg keeps no pointer after returning. MSG_TRUNC
         // makes it return the full record length, like a tap does.
-        let ret = unsafe { libc::recvmsg(self.fd.as_raw_fd(), &mut msg, libc::MSG_TRUNC) };
-        syscall_len(ret)
+        retrying(|| unsafe { libc::recvmsg(self.fd.as_raw_fd(), &mut msg, libc::MSG_TRUNC) })
     }
 
     fn write_frame(&mut self, iovs: Iovecs<'_>) -> io::Result<usize> {
         let msg = msghdr_for(&iovs);
         // SAFETY: `msg` points to the iovecs of `iovs`, each valid for reads while `iovs` is
         // borrowed (IovecList invariant); sendmsg keeps no pointer after returning.
-        let ret = unsafe { libc::sendmsg(self.fd.as_raw_fd(), &msg, libc::MSG_NOSIGNAL) };
-        syscall_len(ret)
+        retrying(|| unsafe { libc::sendmsg(self.fd.as_raw_fd(), &msg, libc::MSG_NOSIGNAL) })
     }
 
     fn supported_offloads(&self) -> Offloads {

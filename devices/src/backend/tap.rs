@@ -9,8 +9,7 @@ use std::os::unix::fs::OpenOptionsExt;
 use log::{debug, info, warn};
 
 use super::{
-    iov_count, syscall_len, BatchRing, LinkWatch, NetBackend, Offloads, MAX_TX_BATCH,
-    MIN_RING_BATCH,
+    iov_count, retrying, BatchRing, LinkWatch, NetBackend, Offloads, MAX_TX_BATCH, MIN_RING_BATCH,
 };
 use crate::iovec::{IovecList, Iovecs};
 
@@ -305,27 +304,28 @@ impl NetBackend for Tap {
         // SAFETY: the caller's iovecs point to memory valid for writes while `iovs` is
         // borrowed (IovecList invariant, at most UIO_MAXIOV - 1 of them), the last one to
         // `self.guard`, borrowed here; readv keeps no pointer after returning.
-        let ret = unsafe { libc::readv(self.file.as_raw_fd(), scratch.as_ptr(), count) };
+        let result =
+            retrying(|| unsafe { libc::readv(self.file.as_raw_fd(), scratch.as_ptr(), count) });
         scratch.clear();
-        syscall_len(ret)
+        result
     }
 
     fn write_frame(&mut self, iovs: Iovecs<'_>) -> io::Result<usize> {
-        let ret = match iovs.as_raw() {
+        let fd = self.file.as_raw_fd();
+        match iovs.as_raw() {
             // One segment (header and frame in one buffer, the common small frame): `write`,
             // which spares the kernel importing an iovec array.
-            [one] => {
+            [one] => retrying(|| {
                 // SAFETY: the iovec points to memory valid for reads while `iovs` is borrowed
                 // (IovecList invariant, bounds-checked against guest memory) and write keeps
                 // no pointer after returning.
-                unsafe { libc::write(self.file.as_raw_fd(), one.iov_base, one.iov_len) }
-            }
-            raw => {
+                unsafe { libc::write(fd, one.iov_base, one.iov_len) }
+            }),
+            raw => retrying(|| {
                 // SAFETY: as above, for every iovec; writev keeps no pointer after returning.
-                unsafe { libc::writev(self.file.as_raw_fd(), raw.as_ptr(), iov_count(&iovs)) }
-            }
-        };
-        syscall_len(ret)
+                unsafe { libc::writev(fd, raw.as_ptr(), iov_count(&iovs)) }
+            }),
+        }
     }
 
     fn tx_batch(&self) -> usize {

@@ -268,9 +268,10 @@ impl RxQueue {
         self.run::<B, false>(backend, counters)
     }
 
-    /// `GIVE_BACK`: hand the chains still pooled back to the avail ring at the end (the
-    /// one-shot [`process_rx`]); a constant, so the worker's path carries none of it.
-    fn run<B: NetBackend, const GIVE_BACK: bool>(
+    /// [`RxQueue::process`] with `GIVE_BACK` false; the worker calls it directly. `GIVE_BACK`:
+    /// hand the chains still pooled back to the avail ring at the end (the one-shot
+    /// [`process_rx`]); a constant, so the worker's path carries none of it.
+    pub(crate) fn run<B: NetBackend, const GIVE_BACK: bool>(
         &mut self,
         backend: &mut B,
         counters: &mut RxCounters,
@@ -404,7 +405,7 @@ impl<'g, B: NetBackend> Call<'_, 'g, '_, B> {
             let window = pool.window();
             let capacity = window.total_bytes();
             *self.reads += 1;
-            match read_frame(self.backend, window) {
+            match self.backend.read_frame(window) {
                 Ok(n) if n >= VNET_HDR_LEN && n <= capacity => {
                     unpublished += pool.complete_frame(ring, n);
                     let bytes = (n - VNET_HDR_LEN) as u64;
@@ -452,15 +453,6 @@ pub fn process_rx<B: NetBackend>(
         vq.sync_to(queue);
     }
     result
-}
-
-fn read_frame<B: NetBackend>(backend: &mut B, iovs: Iovecs<'_>) -> io::Result<usize> {
-    loop {
-        match backend.read_frame(iovs) {
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-            result => return result,
-        }
-    }
 }
 
 #[cold]

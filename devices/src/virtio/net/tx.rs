@@ -20,7 +20,7 @@ use super::metrics::TxCounters;
 use super::rate_limiter::{Limit, QueueLimiter, RateLimiterConfig};
 use super::{BurstLog, CountInterrupts, MAX_FRAME_LEN, USED_PUBLISH_BATCH, VNET_HDR_LEN};
 use crate::backend::{NetBackend, MAX_TX_BATCH};
-use crate::iovec::{IovecList, Iovecs};
+use crate::iovec::IovecList;
 use crate::virtio::chain::Direction;
 use crate::virtio::ring::RingError;
 use crate::virtio::vring::{GuestView, RingOps, Virtqueue, WalkBudget};
@@ -169,7 +169,9 @@ impl TxQueue {
         self.run(backend, counters, true)
     }
 
-    fn run<B: NetBackend>(
+    /// [`TxQueue::process`] (`park` false) or [`TxQueue::poll`] (`park` true); the worker
+    /// calls it directly.
+    pub(crate) fn run<B: NetBackend>(
         &mut self,
         backend: &mut B,
         counters: &mut TxCounters,
@@ -317,7 +319,7 @@ fn drain<'g, B: NetBackend, const LIMITED: bool>(
         ) {
             Ok(len) if len as usize > VNET_HDR_LEN => {
                 ring.prefetch_ahead(guest);
-                match write_frame(*backend, iovs.as_iovecs()) {
+                match backend.write_frame(iovs.as_iovecs()) {
                     Ok(_) => {
                         let bytes = u64::from(len) - VNET_HDR_LEN as u64;
                         count_sent(counters, bytes);
@@ -494,7 +496,7 @@ fn flush<B: NetBackend>(
     let results = &mut pending.results;
     if n == 1 {
         // A lone frame (the ring ran dry after it): no batch to build.
-        results[0] = write_frame(out.backend, iovs.as_iovecs());
+        results[0] = out.backend.write_frame(iovs.as_iovecs());
     } else {
         out.backend
             .write_frames(iovs, &pending.ends[..n], &mut results[..n]);
@@ -514,7 +516,7 @@ fn flush<B: NetBackend>(
         let mut result = std::mem::replace(slot, Ok(0));
         if would_block(&result) {
             out.counters.backend_full += 1;
-            result = write_frame(out.backend, iovs.range(start, pending.ends[i]));
+            result = out.backend.write_frame(iovs.range(start, pending.ends[i]));
         }
         start = pending.ends[i];
         match result {
@@ -588,13 +590,4 @@ pub fn process_tx<B: NetBackend>(
         vq.sync_to(queue);
     }
     result
-}
-
-fn write_frame<B: NetBackend>(backend: &mut B, iovs: Iovecs<'_>) -> io::Result<usize> {
-    loop {
-        match backend.write_frame(iovs) {
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-            result => return result,
-        }
-    }
 }

@@ -579,7 +579,7 @@ impl<'p, B: NetBackend> EventLoop<'p, B> {
         if want {
             self.rx_paused = false;
             self.update_backend_interest().map_err(WorkerError::Epoll)?;
-            self.run_tx()?;
+            self.run_tx(self.tx_parks())?;
             self.run_rx()?;
         } else {
             self.tx_parked = false;
@@ -632,7 +632,7 @@ impl<'p, B: NetBackend> EventLoop<'p, B> {
 
     fn run(&mut self) -> Result<(), WorkerError> {
         // Kicks and frames may have arrived before activation.
-        self.run_tx()?;
+        self.run_tx(self.tx_parks())?;
         self.run_rx()?;
         self.run_ctrl()?;
         self.flush()?;
@@ -659,7 +659,7 @@ impl<'p, B: NetBackend> EventLoop<'p, B> {
                     Some(Token::Stop) => return Ok(()),
                     Some(Token::TxKick) => {
                         self.tx_counters.kicks += drain(&self.tx_kick)?;
-                        self.run_tx()?;
+                        self.run_tx(self.tx_parks())?;
                     }
                     Some(Token::RxKick) => {
                         self.rx_counters.kicks += drain(&self.rx_kick)?;
@@ -675,7 +675,7 @@ impl<'p, B: NetBackend> EventLoop<'p, B> {
                     Some(Token::Link) => self.link_changed(),
                     Some(Token::TxThrottle) => {
                         self.unthrottle_tx()?;
-                        self.run_tx()?;
+                        self.run_tx(self.tx_parks())?;
                     }
                     Some(Token::RxThrottle) => {
                         self.unthrottle_rx()?;
@@ -696,7 +696,7 @@ impl<'p, B: NetBackend> EventLoop<'p, B> {
                 }
             }
             if self.tx_more {
-                self.run_tx()?;
+                self.run_tx(self.tx_parks())?;
             }
             if self.ctrl_more {
                 self.run_ctrl()?;
@@ -781,18 +781,19 @@ impl<'p, B: NetBackend> EventLoop<'p, B> {
             PairQueue::Tx => {
                 self.tx.attach(vq);
                 drain(&self.tx_kick)?;
-                self.run_tx()
+                self.run_tx(self.tx_parks())
             }
         }
     }
 
-    /// Sends what the driver queued; with busy-poll on, a drained queue stays parked
-    /// (notifications off) for [`EventLoop::busy_poll`].
-    fn run_tx(&mut self) -> Result<(), WorkerError> {
-        self.run_tx_parking(!self.busy_poll.is_zero())
+    /// Whether a drained tx queue stays parked (notifications off): with busy-poll on, for
+    /// [`EventLoop::busy_poll`].
+    fn tx_parks(&self) -> bool {
+        !self.busy_poll.is_zero()
     }
 
-    fn run_tx_parking(&mut self, park: bool) -> Result<(), WorkerError> {
+    /// Sends what the driver queued; `park`: leave a drained queue's notifications off.
+    fn run_tx(&mut self, park: bool) -> Result<(), WorkerError> {
         self.tx_more = false;
         if !self.enabled
             || !self.tx.is_attached()
@@ -802,15 +803,13 @@ impl<'p, B: NetBackend> EventLoop<'p, B> {
             return Ok(());
         }
         let (backend, counters) = (&mut self.backend, &mut self.tx_counters);
-        let outcome = if park {
-            self.tx.poll(backend, counters)
-        } else {
-            self.tx.process(backend, counters)
-        }
-        .map_err(|source| WorkerError::Ring {
-            queue: "tx",
-            source,
-        })?;
+        let outcome = self
+            .tx
+            .run(backend, counters, park)
+            .map_err(|source| WorkerError::Ring {
+                queue: "tx",
+                source,
+            })?;
         self.moderator
             .batch(TX, outcome.needs_interrupt, outcome.suppressed_by_event_idx);
         self.tx_parked = outcome.stop == TxStop::Idle;
@@ -838,7 +837,7 @@ impl<'p, B: NetBackend> EventLoop<'p, B> {
         }
         let outcome = self
             .rx
-            .process(&mut self.backend, &mut self.rx_counters)
+            .run::<_, false>(&mut self.backend, &mut self.rx_counters)
             .map_err(|source| WorkerError::Ring {
                 queue: "rx",
                 source,
@@ -897,7 +896,7 @@ impl<'p, B: NetBackend> EventLoop<'p, B> {
         if self.tx_waiting && (events.contains(EventSet::OUT) || failed) {
             self.tx_waiting = false;
             self.update_backend_interest().map_err(WorkerError::Epoll)?;
-            self.run_tx()?;
+            self.run_tx(self.tx_parks())?;
         }
         if events.contains(EventSet::IN) || failed {
             self.run_rx()?;

@@ -128,7 +128,7 @@ impl<'p, B: NetBackend> EventLoop<'p, B> {
         if self.apply_limiters() {
             if self.parts.tx_throttle.is_on() {
                 self.unthrottle_tx()?;
-                self.run_tx()?;
+                self.run_tx(self.tx_parks())?;
             }
             if self.parts.rx_throttle.is_on() {
                 self.unthrottle_rx()?;
@@ -248,7 +248,7 @@ impl<'p, B: NetBackend> EventLoop<'p, B> {
                 }
                 Found::Tx => {
                     self.poll_counters.found_work += 1;
-                    self.run_tx()?;
+                    self.run_tx(self.tx_parks())?;
                 }
                 Found::Rx => {
                     self.poll_counters.found_work += 1;
@@ -267,7 +267,7 @@ impl<'p, B: NetBackend> EventLoop<'p, B> {
     /// Ends a busy-poll: notifications back on (with the race re-checked and anything that
     /// raced in sent), and this round's interrupt.
     pub(super) fn unpark_tx(&mut self) -> Result<(), WorkerError> {
-        self.run_tx_parking(false)?;
+        self.run_tx(false)?;
         self.flush()
     }
 }
