@@ -213,178 +213,234 @@ impl fmt::Display for BadValue<'_> {
     }
 }
 
+/// The words' values on their way to [`Options`]: those that decide together (the workload,
+/// pacing, resets) are kept apart until the whole line is read.
+#[derive(Default)]
+struct Words {
+    o: Options,
+    tx: Option<u64>,
+    echo: Option<u64>,
+    rx: Option<u64>,
+    fwd: Option<u64>,
+    calibrate: Option<u32>,
+    window: Option<u32>,
+    burst: Option<u32>,
+    pause_us: Option<u32>,
+    reset: crate::reset::ResetWords,
+}
+
+/// Takes a key's value into [`Words`]; `None`: a bad value.
+type Setter = fn(&mut Words, &str) -> Option<()>;
+
+/// The keys the program knows (besides `reset_queue=` and `reset_every=`) and what each sets.
+const KEYS: &[(&str, Setter)] = &[
+    ("virtio_mmio.device", |w, v| {
+        // The first device on the line is the one driven; a later one must still parse.
+        let device = parse_mmio_device(v)?;
+        w.o.device.get_or_insert(device);
+        Some(())
+    }),
+    ("kick_threshold", |w, v| {
+        set(&mut w.o.driver.kick_threshold, number(v))
+    }),
+    ("xdp_bulk", |w, v| set(&mut w.o.driver.xdp_bulk, number(v))),
+    ("queue_size", |w, v| {
+        let size = number(v)?;
+        w.o.driver.rx_queue_size = size;
+        w.o.driver.tx_queue_size = size;
+        Some(())
+    }),
+    ("event_idx", |w, v| set(&mut w.o.driver.event_idx, flag(v))),
+    ("mrg_rxbuf", |w, v| set(&mut w.o.driver.mrg_rxbuf, flag(v))),
+    ("ctrl_vq", |w, v| set(&mut w.o.driver.ctrl_vq, flag(v))),
+    ("device_stats", |w, v| {
+        set(&mut w.o.driver.device_stats, flag(v))
+    }),
+    ("queues", |w, v| {
+        let n = number(v).filter(|n| (1..=MAX_QUEUES).contains(n));
+        set(&mut w.o.driver.queue_pairs, n)
+    }),
+    ("coalesce", |w, v| {
+        set(&mut w.o.coalesce, parse_coalesce(v).map(Some))
+    }),
+    ("tx_completion", |w, v| {
+        let c = match v {
+            "tx-interrupt" => TxCompletion::TxInterrupt,
+            "clean-from-rx" => TxCompletion::CleanFromRx,
+            "lazy" => TxCompletion::Lazy,
+            _ => return None,
+        };
+        set(&mut w.o.driver.tx_completion, Some(c))
+    }),
+    ("tx", |w, v| set(&mut w.tx, number(v).map(Some))),
+    ("echo", |w, v| set(&mut w.echo, number(v).map(Some))),
+    ("rx", |w, v| set(&mut w.rx, number(v).map(Some))),
+    ("fwd", |w, v| set(&mut w.fwd, number(v).map(Some))),
+    ("window", |w, v| {
+        let n = number(v).filter(|n| (1..=MAX_WINDOW).contains(n));
+        set(&mut w.window, n.map(Some))
+    }),
+    ("rx_budget", |w, v| {
+        let n = number(v).filter(|n| (1..=MAX_RX_BUDGET).contains(n));
+        set(&mut w.o.rx_budget, n)
+    }),
+    ("calibrate", |w, v| {
+        let n = number(v).filter(|n| (1..=MAX_CALIBRATE_SAMPLES).contains(n));
+        set(&mut w.calibrate, n.map(Some))
+    }),
+    ("burst", |w, v| {
+        set(&mut w.burst, number(v).filter(|&b: &u32| b > 0).map(Some))
+    }),
+    ("pause_us", |w, v| {
+        let p = number(v).filter(|&p| p <= MAX_PAUSE_US);
+        set(&mut w.pause_us, p.map(Some))
+    }),
+    ("size", |w, v| {
+        let s = number(v).filter(|s| (MIN_FRAME..=MAX_FRAME).contains(s));
+        set(&mut w.o.frame_size, s)
+    }),
+    ("batch", |w, v| {
+        set(&mut w.o.batch, number(v).filter(|&b| b > 0))
+    }),
+    ("dst", |w, v| set(&mut w.o.dst, parse_mac(v))),
+    ("ring", |w, v| {
+        let r = match v {
+            "0" => Ring::Kernel,
+            "3" => Ring::User,
+            _ => return None,
+        };
+        set(&mut w.o.ring, Some(r))
+    }),
+    ("transport", |w, v| {
+        let t = match v {
+            "mmio" => TransportChoice::Mmio,
+            "pci" => TransportChoice::Pci,
+            _ => return None,
+        };
+        set(&mut w.o.transport, Some(t))
+    }),
+    ("wait", |w, v| {
+        let m = match v {
+            "halt" => Wait::Halt,
+            "poll" => Wait::Poll,
+            _ => return None,
+        };
+        set(&mut w.o.wait, Some(m))
+    }),
+    ("timeout_ms", |w, v| {
+        set(&mut w.o.timeout_ms, number(v).filter(|&t| t > 0))
+    }),
+    // Never an error: a value the program cannot use leaves the TSC to be measured.
+    ("tsc_early_khz", |w, v| {
+        set(&mut w.o.tsc_khz, Some(number(v).filter(|&k| k > 0)))
+    }),
+    ("hostile", |w, v| {
+        let h = match v {
+            "overlap-used" => Hostile::OverlapUsed,
+            _ => return None,
+        };
+        set(&mut w.o.hostile, Some(Some(h)))
+    }),
+];
+
+/// Stores `value` in `field`, if there is one (else a bad value).
+fn set<T>(field: &mut T, value: Option<T>) -> Option<()> {
+    *field = value?;
+    Some(())
+}
+
 /// Parses the whole command line.
 pub fn parse(cmdline: &str) -> Result<Options, BadValue<'_>> {
-    let mut o = Options::default();
-    let mut tx = None;
-    let mut echo = None;
-    let mut calibrate = None;
-    let mut rx = None;
-    let mut fwd = None;
-    let mut window = None;
-    let mut burst = None;
-    let mut pause_us = None;
-    let mut reset = crate::reset::ResetWords::default();
+    let mut w = Words::default();
     for word in cmdline.split_ascii_whitespace() {
         let Some((key, value)) = word.split_once('=') else {
             continue;
         };
         let bad = BadValue { key, value };
-        match key {
-            "virtio_mmio.device" => {
-                let device = parse_mmio_device(value).ok_or(bad)?;
-                o.device.get_or_insert(device);
-            }
-            "kick_threshold" => o.driver.kick_threshold = number(value).ok_or(bad)?,
-            "xdp_bulk" => o.driver.xdp_bulk = number(value).ok_or(bad)?,
-            "queue_size" => {
-                let size = number(value).ok_or(bad)?;
-                o.driver.rx_queue_size = size;
-                o.driver.tx_queue_size = size;
-            }
-            "event_idx" => o.driver.event_idx = flag(value).ok_or(bad)?,
-            "mrg_rxbuf" => o.driver.mrg_rxbuf = flag(value).ok_or(bad)?,
-            "ctrl_vq" => o.driver.ctrl_vq = flag(value).ok_or(bad)?,
-            "device_stats" => o.driver.device_stats = flag(value).ok_or(bad)?,
-            "queues" => {
-                o.driver.queue_pairs = number(value)
-                    .filter(|n| (1..=MAX_QUEUES).contains(n))
-                    .ok_or(bad)?
-            }
-            "coalesce" => o.coalesce = Some(parse_coalesce(value).ok_or(bad)?),
-            "tx_completion" => {
-                o.driver.tx_completion = match value {
-                    "tx-interrupt" => TxCompletion::TxInterrupt,
-                    "clean-from-rx" => TxCompletion::CleanFromRx,
-                    "lazy" => TxCompletion::Lazy,
-                    _ => return Err(bad),
-                }
-            }
-            "tx" => tx = Some(number(value).ok_or(bad)?),
-            "echo" => echo = Some(number(value).ok_or(bad)?),
-            "rx" => rx = Some(number(value).ok_or(bad)?),
-            "fwd" => fwd = Some(number(value).ok_or(bad)?),
-            "window" => {
-                window = Some(
-                    number(value)
-                        .filter(|w| (1..=MAX_WINDOW).contains(w))
-                        .ok_or(bad)?,
-                )
-            }
-            "rx_budget" => {
-                o.rx_budget = number(value)
-                    .filter(|b| (1..=MAX_RX_BUDGET).contains(b))
-                    .ok_or(bad)?
-            }
-            "calibrate" => {
-                calibrate = Some(
-                    number(value)
-                        .filter(|n| (1..=MAX_CALIBRATE_SAMPLES).contains(n))
-                        .ok_or(bad)?,
-                )
-            }
-            "burst" => burst = Some(number(value).filter(|&b: &u32| b > 0).ok_or(bad)?),
-            "pause_us" => pause_us = Some(number(value).filter(|&p| p <= MAX_PAUSE_US).ok_or(bad)?),
-            "size" => {
-                o.frame_size = number(value)
-                    .filter(|s| (MIN_FRAME..=MAX_FRAME).contains(s))
-                    .ok_or(bad)?
-            }
-            "batch" => o.batch = number(value).filter(|&b| b > 0).ok_or(bad)?,
-            "dst" => o.dst = parse_mac(value).ok_or(bad)?,
-            "ring" => {
-                o.ring = match value {
-                    "0" => Ring::Kernel,
-                    "3" => Ring::User,
-                    _ => return Err(bad),
-                }
-            }
-            "transport" => {
-                o.transport = match value {
-                    "mmio" => TransportChoice::Mmio,
-                    "pci" => TransportChoice::Pci,
-                    _ => return Err(bad),
-                }
-            }
-            "wait" => {
-                o.wait = match value {
-                    "halt" => Wait::Halt,
-                    "poll" => Wait::Poll,
-                    _ => return Err(bad),
-                }
-            }
-            "timeout_ms" => o.timeout_ms = number(value).filter(|&t| t > 0).ok_or(bad)?,
-            "tsc_early_khz" => o.tsc_khz = number(value).filter(|&k| k > 0),
-            "hostile" => {
-                o.hostile = match value {
-                    "overlap-used" => Some(Hostile::OverlapUsed),
-                    _ => return Err(bad),
-                }
-            }
-            _ => {
-                if reset.take(key, value) == Some(false) {
+        match KEYS.iter().find(|(k, _)| *k == key) {
+            Some((_, take)) => take(&mut w, value).ok_or(bad)?,
+            None => {
+                if w.reset.take(key, value) == Some(false) {
                     return Err(bad);
                 }
             }
         }
     }
-    let given = [tx, echo, rx, fwd, calibrate.map(u64::from)];
-    if given.iter().filter(|w| w.is_some()).count() > 1 {
-        return Err(BadValue {
-            key: "tx/echo/rx/fwd/calibrate",
-            value: "more than one given",
-        });
-    }
-    o.workload = match (tx, echo, rx, fwd, calibrate) {
-        (Some(n), ..) => Workload::Tx(n),
-        (_, Some(n), ..) => Workload::Echo(n),
-        (_, _, Some(n), ..) => Workload::Rx(n),
-        (_, _, _, Some(frames), _) => Workload::Fwd {
-            frames,
-            window: window.unwrap_or(DEFAULT_WINDOW),
-        },
-        (.., Some(n)) => Workload::Calibrate(n),
-        _ => Workload::Idle,
-    };
-    if window.is_some() && fwd.is_none() {
-        return Err(BadValue {
-            key: "window",
-            value: "only with fwd=",
-        });
-    }
-    o.pause = match (burst, pause_us) {
-        (None, None) => None,
-        (None, Some(_)) => {
+    w.finish()
+}
+
+impl Words {
+    /// The options, once the whole line is read: the words that decide together checked
+    /// against each other.
+    fn finish(mut self) -> Result<Options, BadValue<'static>> {
+        self.o.workload = self.workload()?;
+        self.o.pause = match (self.burst, self.pause_us) {
+            (None, None) => None,
+            (None, Some(_)) => {
+                return Err(BadValue {
+                    key: "pause_us",
+                    value: "needs burst=",
+                })
+            }
+            (Some(burst), pause_us) => Some(Pause {
+                burst,
+                pause_us: pause_us.unwrap_or(0),
+            }),
+        };
+        let o = &mut self.o;
+        if o.pause.is_some() && !matches!(o.workload, Workload::Tx(_)) {
             return Err(BadValue {
-                key: "pause_us",
-                value: "needs burst=",
-            })
+                key: "burst",
+                value: "only with tx=",
+            });
         }
-        (Some(burst), pause_us) => Some(Pause {
-            burst,
-            pause_us: pause_us.unwrap_or(0),
-        }),
-    };
-    if o.pause.is_some() && !matches!(o.workload, Workload::Tx(_)) {
-        return Err(BadValue {
-            key: "burst",
-            value: "only with tx=",
-        });
+        if o.driver.queue_pairs > 1 && !o.driver.ctrl_vq {
+            return Err(BadValue {
+                key: "queues",
+                value: "more than 1 needs ctrl_vq=1",
+            });
+        }
+        o.reset = self.reset.finish(o.workload)?;
+        if o.coalesce.is_some() && !o.driver.ctrl_vq {
+            return Err(BadValue {
+                key: "coalesce",
+                value: "needs ctrl_vq=1",
+            });
+        }
+        Ok(self.o)
     }
-    if o.driver.queue_pairs > 1 && !o.driver.ctrl_vq {
-        return Err(BadValue {
-            key: "queues",
-            value: "more than 1 needs ctrl_vq=1",
-        });
+
+    /// The workload: at most one of `tx=`, `echo=`, `rx=`, `fwd=` and `calibrate=`, and
+    /// `window=` only with `fwd=`.
+    fn workload(&self) -> Result<Workload, BadValue<'static>> {
+        let (tx, echo, rx, fwd, calibrate) =
+            (self.tx, self.echo, self.rx, self.fwd, self.calibrate);
+        let given = [tx, echo, rx, fwd, calibrate.map(u64::from)];
+        if given.iter().filter(|w| w.is_some()).count() > 1 {
+            return Err(BadValue {
+                key: "tx/echo/rx/fwd/calibrate",
+                value: "more than one given",
+            });
+        }
+        let workload = match (tx, echo, rx, fwd, calibrate) {
+            (Some(n), ..) => Workload::Tx(n),
+            (_, Some(n), ..) => Workload::Echo(n),
+            (_, _, Some(n), ..) => Workload::Rx(n),
+            (_, _, _, Some(frames), _) => Workload::Fwd {
+                frames,
+                window: self.window.unwrap_or(DEFAULT_WINDOW),
+            },
+            (.., Some(n)) => Workload::Calibrate(n),
+            _ => Workload::Idle,
+        };
+        if self.window.is_some() && fwd.is_none() {
+            return Err(BadValue {
+                key: "window",
+                value: "only with fwd=",
+            });
+        }
+        Ok(workload)
     }
-    o.reset = reset.finish(o.workload)?;
-    if o.coalesce.is_some() && !o.driver.ctrl_vq {
-        return Err(BadValue {
-            key: "coalesce",
-            value: "needs ctrl_vq=1",
-        });
-    }
-    Ok(o)
 }
 
 /// `TXP/TXU/RXP/RXU`: four numbers (decimal or `0x` hex, each fitting 32 bits).
@@ -464,6 +520,14 @@ pub fn parse_mac(s: &str) -> Option<[u8; 6]> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn each_key_once() {
+        for (i, (key, _)) in KEYS.iter().enumerate() {
+            assert!(KEYS[i + 1..].iter().all(|(k, _)| k != key), "{key} twice");
+            assert!(!matches!(*key, "reset_queue" | "reset_every"), "{key}");
+        }
+    }
 
     #[test]
     fn vmm_command_line() {
