@@ -133,6 +133,24 @@ impl Report<'_> {
 
     /// Writes the result line (without the newline).
     pub fn write_json<W: Write>(&self, w: &mut W) -> fmt::Result {
+        self.write_run(w)?;
+        self.write_config(w)?;
+        self.write_counters(w)?;
+        self.write_queues(w)?;
+        if let Some(khz) = self.tsc_khz {
+            write!(w, ",\"tsc_khz\":{khz}")?;
+        }
+        if let Some(ns) = self.elapsed_ns() {
+            write!(w, ",\"elapsed_ns\":{ns}")?;
+        }
+        if let Some(pps) = self.pps() {
+            write!(w, ",\"pps\":{pps}")?;
+        }
+        w.write_str("}}")
+    }
+
+    /// The line's start: how the run ended, where and how it ran, the workload and what it did.
+    fn write_run<W: Write>(&self, w: &mut W) -> fmt::Result {
         let (status, error) = match self.outcome {
             Outcome::Done => ("done", None),
             Outcome::Timeout => ("timeout", None),
@@ -183,6 +201,11 @@ impl Report<'_> {
             }
             _ => {}
         }
+        Ok(())
+    }
+
+    /// The driver's configuration, the features negotiated, coalescing, pacing and resets.
+    fn write_config<W: Write>(&self, w: &mut W) -> fmt::Result {
         let c = &self.config;
         write!(
             w,
@@ -216,6 +239,11 @@ impl Report<'_> {
             ",\"resets\":{}",
             crate::reset::ResetJson(self.resets.as_ref())
         )?;
+        Ok(())
+    }
+
+    /// The driver's counters and the interrupts, ticks and waits the guest counted.
+    fn write_counters<W: Write>(&self, w: &mut W) -> fmt::Result {
         let k = &self.counters;
         for (name, value) in [
             ("tx_frames", k.tx_frames),
@@ -253,6 +281,11 @@ impl Report<'_> {
         ] {
             write!(w, ",\"{name}\":{value}")?;
         }
+        Ok(())
+    }
+
+    /// The device's statistics (totals) and each queue pair's counters.
+    fn write_queues<W: Write>(&self, w: &mut W) -> fmt::Result {
         match self.device_stats {
             Some(Ok(s)) => s.write_totals(w)?,
             Some(Err(e)) => write!(w, ",\"dev_stats_error\":{}", JsonStr(e))?,
@@ -289,16 +322,7 @@ impl Report<'_> {
             w.write_char('}')?;
         }
         w.write_char(']')?;
-        if let Some(khz) = self.tsc_khz {
-            write!(w, ",\"tsc_khz\":{khz}")?;
-        }
-        if let Some(ns) = self.elapsed_ns() {
-            write!(w, ",\"elapsed_ns\":{ns}")?;
-        }
-        if let Some(pps) = self.pps() {
-            write!(w, ",\"pps\":{pps}")?;
-        }
-        w.write_str("}}")
+        Ok(())
     }
 }
 
