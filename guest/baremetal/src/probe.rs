@@ -92,27 +92,8 @@ pub fn calibrate(
 ) -> Result<Calibration, &'static str> {
     let n = samples as usize;
     let spacing = ns_to_cycles(SPACING_NS, tsc_khz);
-
-    // The fenced TSC pair itself.
-    let mut empty = Vec::with_capacity(n);
-    for _ in 0..n {
-        let t0 = cpu::rdtsc_fenced();
-        let t1 = cpu::rdtsc_fenced();
-        empty.push(t1.wrapping_sub(t0));
-    }
-    let overhead = Percentiles::of(&mut empty).map_or(0, |p| p.median);
-
-    let mut exit = Vec::with_capacity(n);
-    let mut cpuid = Vec::with_capacity(n);
-    for _ in 0..n {
-        exit.push(timed(overhead, || {
-            apic::read_id();
-        }));
-        cpuid.push(timed(overhead, || {
-            cpu::cpuid(0);
-        }));
-    }
-
+    let overhead = tsc_overhead(n);
+    let (mut exit, mut cpuid) = exits(n, overhead);
     let mut kick = Vec::with_capacity(n);
     for _ in 0..n {
         spin(spacing);
@@ -121,84 +102,14 @@ pub fn calibrate(
             return Err("calibrate: timeout_ms passed while measuring kicks");
         }
     }
-
     let loop_cycles = loop_iteration();
-    let mut irq = Vec::with_capacity(n);
-    let mut latency = Vec::with_capacity(n);
-    let mut isr = Vec::with_capacity(n);
-    let mut irq_early = 0u32;
-    let size = o.frame_size;
-    let ramp = Ramp::new(size);
-    let mut frame = vec![0u8; size];
-    let src = net.mac().unwrap_or(FALLBACK_MAC);
-    let tx_size = usize::from(net.queue_sizes().1);
-    // Only the tx queue's completion may interrupt (best effort: the host sends nothing).
-    net.disable_interrupts(QueueId::Rx);
-    // Frames sent; a dropped sample is retried, up to MAX_ATTEMPTS × samples frames.
-    let mut seq = 0u32;
-    while irq.len() < n && seq < samples.saturating_mul(MAX_ATTEMPTS) {
-        seq += 1;
-        spin(spacing);
-        // Tx interrupts armed at the next used entry, the ring empty.
-        while net.enable_interrupts(QueueId::Tx) == Rearm::UsedPending {
-            net.reclaim_tx();
-        }
-        if !ramp.fill(&mut frame, o.dst, src, seq) {
-            return Err("calibrate: cannot build a frame of size=");
-        }
-        let irqs = DEVICE_IRQS.load(Ordering::Relaxed);
-        let ticks = TICKS.load(Ordering::Relaxed);
-        let kicks = net.counters().kicks;
-        let t0 = cpu::rdtsc_fenced();
-        match net.queue_tx(&frame) {
-            Ok(()) => {}
-            Err(TxError::RingFull) => return Err("calibrate: the tx ring is full"),
-            Err(_) => return Err("calibrate: the driver refused a frame"),
-        }
-        net.flush_tx();
-        let t_kicked = cpu::rdtsc_fenced();
-        let kicked = net.counters().kicks > kicks;
-        // Already interrupted: the worker ran on this vCPU's host core during the kick's exit
-        // and the interrupt was injected on the way back; it did not interrupt the loop.
-        let early = DEVICE_IRQS.load(Ordering::Relaxed) != irqs;
-        let limit = deadline.min(t0.saturating_add(ns_to_cycles(IRQ_WAIT_NS, tsc_khz)));
-        let Some((gap, at)) = wait_interrupt(&DEVICE_IRQS, irqs, limit) else {
-            return Err("calibrate: no device interrupt after a frame was sent");
-        };
-        let t1 = cpu::rdtsc_fenced();
-        net.handle_interrupt();
-        let t2 = cpu::rdtsc_fenced();
-        isr.push(t2.wrapping_sub(t1).saturating_sub(overhead));
-        if TICKS.load(Ordering::Relaxed) != ticks {
-            // The tick's gap may be the largest: drop the sample.
-        } else if early {
-            irq_early += 1;
-            // The interrupt was taken before the kick returned: its latency is at most the
-            // kick's duration.
-            if kicked {
-                latency.push(t_kicked.wrapping_sub(t0));
-            }
-        } else {
-            irq.push(gap.saturating_sub(loop_cycles));
-            if kicked {
-                latency.push(at.wrapping_sub(t0));
-            }
-        }
-        // The device used the buffer before it interrupted: reclaim it.
-        while net.tx_free_descriptors() < tx_size {
-            net.reclaim_tx();
-            if cpu::rdtsc() >= deadline {
-                return Err("calibrate: the device did not return a tx buffer");
-            }
-        }
-    }
-
-    let irq_samples = irq.len() as u32;
+    let mut d = device_interrupts(net, o, samples, tsc_khz, deadline, overhead, loop_cycles)?;
+    let irq_samples = d.irq.len() as u32;
     // Fewer than 10 % of the device's interrupts in the loop: the few that are left are the
     // odd ones (the worker scheduled late), not the interrupt's cost. Measure the local APIC
     // timer's interrupt instead: same injection, same kind of handler.
-    let irq_source = if irq.is_empty() || irq.len() * 10 < n {
-        irq = timer_interrupts(n, loop_cycles, tsc_khz, deadline)?;
+    let irq_source = if d.irq.is_empty() || d.irq.len() * 10 < n {
+        d.irq = timer_interrupts(n, loop_cycles, tsc_khz, deadline)?;
         IrqSource::ApicTimer
     } else {
         IrqSource::Device
@@ -210,16 +121,184 @@ pub fn calibrate(
         samples,
         kick: ns(&mut kick),
         exit: ns(&mut exit),
-        irq: ns(&mut irq),
-        irq_latency: ns(&mut latency),
-        isr: ns(&mut isr),
+        irq: ns(&mut d.irq),
+        irq_latency: ns(&mut d.latency),
+        isr: ns(&mut d.isr),
         cpuid: ns(&mut cpuid),
         loop_ns: cycles_to_ns(loop_cycles, tsc_khz),
         irq_samples,
         irq_source,
-        latency_samples: latency.len() as u32,
-        irq_early,
-        irq_attempts: seq,
+        latency_samples: d.latency.len() as u32,
+        irq_early: d.early,
+        irq_attempts: d.attempts,
+    })
+}
+
+/// The median of `n` fenced TSC pairs: what a timed sample subtracts.
+fn tsc_overhead(n: usize) -> u64 {
+    let mut empty = Vec::with_capacity(n);
+    for _ in 0..n {
+        let t0 = cpu::rdtsc_fenced();
+        let t1 = cpu::rdtsc_fenced();
+        empty.push(t1.wrapping_sub(t0));
+    }
+    Percentiles::of(&mut empty).map_or(0, |p| p.median)
+}
+
+/// `n` samples each of an exit (a local APIC register read) and of `cpuid`.
+fn exits(n: usize, overhead: u64) -> (Vec<u64>, Vec<u64>) {
+    let mut exit = Vec::with_capacity(n);
+    let mut cpuid = Vec::with_capacity(n);
+    for _ in 0..n {
+        exit.push(timed(overhead, || {
+            apic::read_id();
+        }));
+        cpuid.push(timed(overhead, || {
+            cpu::cpuid(0);
+        }));
+    }
+    (exit, cpuid)
+}
+
+/// The device interrupt's samples, in TSC cycles.
+struct IrqSamples {
+    /// The interrupt's cost (the timing loop's largest gap less an iteration).
+    irq: Vec<u64>,
+    /// From the kick to the interrupt.
+    latency: Vec<u64>,
+    /// The service routine.
+    isr: Vec<u64>,
+    /// Interrupts taken before the kick returned.
+    early: u32,
+    /// Frames sent.
+    attempts: u32,
+}
+
+/// Sends a frame at a time and times the device's tx interrupt for it, until `samples` are
+/// kept (or `MAX_ATTEMPTS` × `samples` frames are sent).
+fn device_interrupts(
+    net: &mut Net,
+    o: &Options,
+    samples: u32,
+    tsc_khz: u64,
+    deadline: u64,
+    overhead: u64,
+    loop_cycles: u64,
+) -> Result<IrqSamples, &'static str> {
+    let n = samples as usize;
+    let spacing = ns_to_cycles(SPACING_NS, tsc_khz);
+    let mut d = IrqSamples {
+        irq: Vec::with_capacity(n),
+        latency: Vec::with_capacity(n),
+        isr: Vec::with_capacity(n),
+        early: 0,
+        attempts: 0,
+    };
+    let size = o.frame_size;
+    let ramp = Ramp::new(size);
+    let mut frame = vec![0u8; size];
+    let src = net.mac().unwrap_or(FALLBACK_MAC);
+    let tx_size = usize::from(net.queue_sizes().1);
+    // Only the tx queue's completion may interrupt (best effort: the host sends nothing).
+    net.disable_interrupts(QueueId::Rx);
+    // A dropped sample is retried, up to MAX_ATTEMPTS × samples frames.
+    while d.irq.len() < n && d.attempts < samples.saturating_mul(MAX_ATTEMPTS) {
+        d.attempts += 1;
+        spin(spacing);
+        // Tx interrupts armed at the next used entry, the ring empty.
+        while net.enable_interrupts(QueueId::Tx) == Rearm::UsedPending {
+            net.reclaim_tx();
+        }
+        if !ramp.fill(&mut frame, o.dst, src, d.attempts) {
+            return Err("calibrate: cannot build a frame of size=");
+        }
+        let k = sample_interrupt(net, &frame, overhead, tsc_khz, deadline)?;
+        d.isr.push(k.isr);
+        if k.ticked {
+            // The tick's gap may be the largest: drop the sample.
+        } else if k.early {
+            d.early += 1;
+            // The interrupt was taken before the kick returned: its latency is at most the
+            // kick's duration.
+            if k.kicked {
+                d.latency.push(k.t_kicked.wrapping_sub(k.t0));
+            }
+        } else {
+            d.irq.push(k.gap.saturating_sub(loop_cycles));
+            if k.kicked {
+                d.latency.push(k.at.wrapping_sub(k.t0));
+            }
+        }
+        // The device used the buffer before it interrupted: reclaim it.
+        while net.tx_free_descriptors() < tx_size {
+            net.reclaim_tx();
+            if cpu::rdtsc() >= deadline {
+                return Err("calibrate: the device did not return a tx buffer");
+            }
+        }
+    }
+    Ok(d)
+}
+
+/// One frame's interrupt as [`sample_interrupt`] timed it (TSC values and cycles).
+struct IrqSample {
+    /// Before the frame was queued.
+    t0: u64,
+    /// After the flush (and its kick, if any) returned.
+    t_kicked: u64,
+    /// The flush kicked.
+    kicked: bool,
+    /// The interrupt came during the kick.
+    early: bool,
+    /// The timing loop's largest gap, and the TSC at its end.
+    gap: u64,
+    at: u64,
+    /// The service routine's cycles.
+    isr: u64,
+    /// The timer ticked meanwhile.
+    ticked: bool,
+}
+
+/// Queues `frame`, flushes, waits in the timing loop for the device's interrupt and runs the
+/// service routine, timing each.
+fn sample_interrupt(
+    net: &mut Net,
+    frame: &[u8],
+    overhead: u64,
+    tsc_khz: u64,
+    deadline: u64,
+) -> Result<IrqSample, &'static str> {
+    let irqs = DEVICE_IRQS.load(Ordering::Relaxed);
+    let ticks = TICKS.load(Ordering::Relaxed);
+    let kicks = net.counters().kicks;
+    let t0 = cpu::rdtsc_fenced();
+    match net.queue_tx(frame) {
+        Ok(()) => {}
+        Err(TxError::RingFull) => return Err("calibrate: the tx ring is full"),
+        Err(_) => return Err("calibrate: the driver refused a frame"),
+    }
+    net.flush_tx();
+    let t_kicked = cpu::rdtsc_fenced();
+    let kicked = net.counters().kicks > kicks;
+    // Already interrupted: the worker ran on this vCPU's host core during the kick's exit
+    // and the interrupt was injected on the way back; it did not interrupt the loop.
+    let early = DEVICE_IRQS.load(Ordering::Relaxed) != irqs;
+    let limit = deadline.min(t0.saturating_add(ns_to_cycles(IRQ_WAIT_NS, tsc_khz)));
+    let Some((gap, at)) = wait_interrupt(&DEVICE_IRQS, irqs, limit) else {
+        return Err("calibrate: no device interrupt after a frame was sent");
+    };
+    let t1 = cpu::rdtsc_fenced();
+    net.handle_interrupt();
+    let t2 = cpu::rdtsc_fenced();
+    Ok(IrqSample {
+        t0,
+        t_kicked,
+        kicked,
+        early,
+        gap,
+        at,
+        isr: t2.wrapping_sub(t1).saturating_sub(overhead),
+        ticked: TICKS.load(Ordering::Relaxed) != ticks,
     })
 }
 
