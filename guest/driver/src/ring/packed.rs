@@ -673,12 +673,12 @@ impl<Tok: Copy> PackedRing<Tok> {
         }
     }
 
-    /// With a delayed event armed: whether it still lies ahead of the next used position,
-    /// among the descriptors in flight (the device will cross it).
+    /// With a delayed event armed: whether it still lies ahead of the next used position, on
+    /// a descriptor in flight (the device crosses it by the time it has used them all).
     fn delayed_event_ahead(&self) -> bool {
         let in_flight = self.size - self.free_descs - self.unpublished_descs;
         let event = Pos::from_off_wrap(self.event_off_wrap);
-        matches!(self.last_used.distance_to(event, self.size), Some(d) if d > 0 && d <= in_flight)
+        matches!(self.last_used.distance_to(event, self.size), Some(d) if d > 0 && d < in_flight)
     }
 
     /// Writes the driver event structure: the offset first, then the flags that make the

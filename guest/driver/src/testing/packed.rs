@@ -191,6 +191,29 @@ impl DevPackedQueue {
             .store(flags, Ordering::Release);
     }
 
+    /// The `off_wrap` encoding of free-running position `abs`.
+    pub(crate) fn off_wrap_of(&self, abs: u64) -> u16 {
+        let off = (abs % u64::from(self.size)) as u16;
+        off | if wrap_at(abs, self.size) { 0x8000 } else { 0 }
+    }
+
+    /// Asks for a kick at the next descriptor made available (DESC with EVENT_IDX, else
+    /// ENABLE); true if one is already available (the device should go on instead of waiting).
+    pub(crate) fn enable_notifications(&mut self) -> bool {
+        if self.event_idx {
+            self.set_event(EV_DESC, self.off_wrap_of(self.avail_abs));
+        } else {
+            self.set_event(EV_ENABLE, 0);
+        }
+        fence(Ordering::SeqCst);
+        self.is_avail(self.avail_abs)
+    }
+
+    /// Asks for no kicks.
+    pub(crate) fn disable_notifications(&mut self) {
+        self.set_event(EV_DISABLE, 0);
+    }
+
     /// The driver event suppression structure: (flags, off_wrap).
     pub(crate) fn driver_event(&self) -> (u16, u16) {
         let flags = self.hal.atomic_u16(self.driver + 2).load(Ordering::Acquire);

@@ -2,6 +2,8 @@
 //! ([`DevPackedQueue`], written from the spec).
 
 use std::collections::BTreeMap;
+use std::sync::mpsc;
+use std::time::Duration;
 use std::vec;
 use std::vec::Vec;
 
@@ -821,4 +823,90 @@ fn ids_and_descriptors_are_accounted_per_chain() {
     let mut ids: Vec<u16> = std::iter::from_fn(|| dev.pop()).map(|c| c.id).collect();
     ids.sort_unstable();
     assert_eq!(ids, [0, 1, 2]);
+}
+
+/// How long either side waits for a notification before calling it lost.
+const LOST: Duration = Duration::from_secs(10);
+
+#[test]
+fn a_concurrent_device_sees_every_kick_and_the_driver_every_interrupt() {
+    // The device on its own thread: it takes what is available, returns it in random batches
+    // (out of order unless IN_ORDER), raises an interrupt when the driver's structure asks for
+    // one, and sleeps until a kick once the ring is empty, after re-enabling kicks. The driver
+    // publishes, kicks when the device's structure asks for it, reaps, and sleeps until an
+    // interrupt once nothing is used, after re-enabling interrupts. A suppressed notification
+    // that was needed leaves one side asleep: the test fails on the timeout.
+    const TOTAL: u32 = 20_000;
+    for (event_idx, in_order) in [(true, false), (false, false), (true, true), (false, true)] {
+        let (mut ring, mut dev, _hal) = ring(7, event_idx, in_order);
+        let (kick_tx, kick_rx) = mpsc::channel::<()>();
+        let (irq_tx, irq_rx) = mpsc::channel::<()>();
+        let device = std::thread::spawn(move || {
+            let mut rng = Rng(0x0bad_5eed);
+            let mut held: Vec<PackedChain> = Vec::new();
+            let mut returned = 0u32;
+            dev.disable_notifications();
+            while returned < TOTAL {
+                while let Some(c) = dev.pop() {
+                    held.push(c);
+                }
+                if !held.is_empty() {
+                    let k = 1 + rng.below(held.len());
+                    let batch: Vec<PackedChain> = held.drain(..k).collect();
+                    if in_order {
+                        dev.push_used_batch(&batch, 0);
+                    } else {
+                        for c in batch.iter().rev() {
+                            dev.push_used(c, 0);
+                        }
+                    }
+                    returned += k as u32;
+                    if dev.needs_interrupt() {
+                        irq_tx.send(()).expect("driver alive");
+                    }
+                    continue;
+                }
+                if dev.enable_notifications() {
+                    dev.disable_notifications();
+                    continue;
+                }
+                kick_rx.recv_timeout(LOST).expect("a kick was lost");
+                dev.disable_notifications();
+            }
+        });
+        let mut rng = Rng(0x5eed_0bad);
+        let (mut sent, mut got) = (0u32, Vec::new());
+        ring.enable_interrupts();
+        while got.len() < TOTAL as usize {
+            while sent < TOTAL {
+                let n = 1 + rng.below(2);
+                if ring.add(&chain(sent, n), sent).is_err() {
+                    break;
+                }
+                sent += 1;
+                if rng.below(3) == 0 {
+                    break;
+                }
+            }
+            ring.publish();
+            if ring.kick_decision() == Kick::Notify {
+                kick_tx.send(()).expect("device alive");
+            }
+            while let Some(used) = ring.pop_used().expect("valid") {
+                got.push(used.token);
+            }
+            let can_add = sent < TOTAL && ring.free_descriptors() >= 2;
+            if !can_add && got.len() < TOTAL as usize && !ring.enable_interrupts() {
+                irq_rx.recv_timeout(LOST).expect("an interrupt was lost");
+            }
+        }
+        device.join().expect("device thread");
+        if in_order {
+            assert!(got.windows(2).all(|w| w[0] + 1 == w[1]), "in order");
+        }
+        got.sort_unstable();
+        assert!(got.iter().copied().eq(0..TOTAL), "every token once");
+        assert!(!ring.is_broken());
+        assert_eq!(ring.free_descriptors(), 7);
+    }
 }
