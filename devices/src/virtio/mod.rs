@@ -62,6 +62,7 @@ mod common;
 pub mod irq;
 pub mod mmio;
 pub mod net;
+pub mod packed;
 pub mod pci;
 pub mod ring;
 pub mod vring;

@@ -1,0 +1,1031 @@
+//! The device side of a packed virtqueue (VIRTIO_F_RING_PACKED, virtio 1.1+ §2.8), over host
+//! pointers resolved once per activation. The datapath does not use it yet: the net queues
+//! speak the split ring ([`super::vring`]); this module has the same shape so that they can
+//! be made generic over the two.
+//!
+//! # Layout and positions
+//!
+//! The driver programs three addresses: the descriptor ring (`size` descriptors of 16 bytes:
+//! `le64 addr; le32 len; le16 id; le16 flags`, 16-aligned), the driver event suppression area
+//! (`le16 desc_event_off_wrap; le16 desc_event_flags`, written by the driver, read by the
+//! device, 4-aligned) and the device event suppression area (the same structure, written by
+//! the device). [`PackedVirtqueue::new`] checks that each lies inside one guest memory region,
+//! aligned, and that the three do not overlap (the device writes the descriptor ring and its
+//! own event area; an overlap would let a used descriptor rewrite what the driver asks, or the
+//! reverse). Any size from 1 to 32768 is accepted, powers of two or not.
+//!
+//! The device keeps two positions, each a ring offset and a wrap counter (both counters start
+//! at 1): where the next available chain starts (`next_avail`, the driver's avail wrap
+//! counter) and where the next used descriptor goes (`next_used`, the device's used wrap
+//! counter). A position moves by the number of descriptors a chain occupies in the ring (an
+//! indirect chain occupies 1) and flips its counter when it passes the end of the ring.
+//!
+//! # Guarantees
+//!
+//! - **Available**: a descriptor is available when its AVAIL flag equals the driver's wrap
+//!   counter and its USED flag differs from it; its flags are loaded with acquire before the
+//!   rest of the chain is read (the driver writes the head's flags last).
+//! - **Chains**: NEXT links the following ring slot (wrapping at the end). A chain's extent and
+//!   buffer id (that of its last descriptor) are fixed when it is popped, so a driver that
+//!   rewrites it afterwards cannot change what the device later marks used. A chain that runs
+//!   on for the whole ring, past [`MAX_CHAIN_DESCRIPTORS`] direct descriptors, or past what the
+//!   ring can still hold, or whose id is not below the ring size, cannot be returned and is a
+//!   [`PackedRingError`]: the device must stop and ask for a reset. Everything else wrong with
+//!   a chain (direction, buffers outside guest memory, bad indirect table, an INDIRECT
+//!   descriptor inside a NEXT list, too many segments or bytes) is a [`ChainError`]: the chain
+//!   is returned used with length 0 and the queue goes on, as with the split ring.
+//! - **Indirect tables**: a lone descriptor with INDIRECT; its table's length must be a whole,
+//!   non-zero number of descriptors, the table inside one region, at most
+//!   [`MAX_CHAIN_DESCRIPTORS`] − 1 entries, read in order (NEXT inside a table is reserved and
+//!   ignored); an INDIRECT entry inside a table is refused.
+//! - **Bounded work**: popping reads at most [`MAX_CHAIN_DESCRIPTORS`] descriptors' flags;
+//!   walking a chain visits at most [`MAX_CHAIN_DESCRIPTORS`] descriptors and charges them to
+//!   the call's `WalkBudget`, as the split ring does.
+//! - **Used**: the used descriptor goes at `next_used`: id and length first, then, after a
+//!   release fence, the flags (AVAIL and USED both equal to the used wrap counter, WRITE when
+//!   the length is meaningful). Positions advance only by what was popped: every completion
+//!   consumes a [`ChainHead`] the pop returned. With VIRTIO_F_IN_ORDER a batch of chains is
+//!   returned with one used descriptor carrying the last buffer id, and the position skips all
+//!   of their descriptors.
+//! - **Interrupts** (`RingOps::interrupt_decision`, once over everything published since the
+//!   previous decision): the driver's `desc_event_flags` ENABLE raises, DISABLE suppresses,
+//!   DESC (with VIRTIO_RING_F_EVENT_IDX) raises when the used position passed
+//!   `desc_event_off_wrap` in that range. Its wrap bit is compared with the used wrap counter as
+//!   QEMU does (a mismatch puts the offset a ring earlier) before `vring_need_event`, with the
+//!   old position tracked across the wrap; a range of a whole ring or more always raises.
+//! - **Kicks** (`RingOps::enable_notification` / `disable_notification`): the device writes its
+//!   own area: DISABLE, ENABLE, or with EVENT_IDX DESC with `next_avail` as off_wrap (off_wrap
+//!   stored, a full fence, then the flags, as QEMU does); enabling then re-checks the next
+//!   descriptor (the standard race) and says whether buffers arrived meanwhile.
+//!
+//! Soundness is the split ring's: the raw pointers stay valid because a [`PackedVirtqueue`] owns
+//! a clone of the `GuestMemoryMmap` they were resolved from, and they are private to this
+//! module. Guest memory is shared with the running guest, so every access is volatile or
+//! atomic, and nothing read from it is trusted without a check; no guest-controlled value can
+//! make this module panic.
+
+// Not wired into the datapath yet: until it is, only the tests drive the ring half.
+#![cfg_attr(not(test), allow(dead_code))]
+
+use std::ptr;
+use std::sync::atomic::{fence, AtomicU16, Ordering};
+
+use virtio_bindings::virtio_config::VIRTIO_F_IN_ORDER;
+use virtio_bindings::virtio_ring::{
+    VIRTIO_RING_F_EVENT_IDX, VRING_DESC_F_INDIRECT, VRING_DESC_F_NEXT, VRING_DESC_F_WRITE,
+    VRING_PACKED_DESC_F_AVAIL, VRING_PACKED_DESC_F_USED, VRING_PACKED_EVENT_FLAG_DESC,
+    VRING_PACKED_EVENT_FLAG_DISABLE, VRING_PACKED_EVENT_FLAG_ENABLE, VRING_PACKED_EVENT_F_WRAP_CTR,
+};
+use vm_memory::{
+    GuestAddress, GuestMemoryBackend, GuestMemoryError, GuestMemoryMmap, GuestMemoryRegion,
+    MemoryRegionAddress,
+};
+
+use super::chain::{ChainError, Direction};
+use super::vring::{vring_need_event, InterruptDecision, WalkBudget, MAX_CHAIN_DESCRIPTORS};
+use crate::iovec::{prefetch, IovecError, IovecList};
+
+/// Size of one descriptor.
+const DESC_SIZE: u64 = 16;
+/// Size of an event suppression structure.
+const EVENT_SIZE: u64 = 4;
+/// Byte offset of `desc_event_off_wrap` in an event suppression area.
+const OFF_WRAP: usize = 0;
+/// Byte offset of `desc_event_flags` in an event suppression area.
+const FLAGS: usize = 2;
+/// The largest packed ring (the off_wrap offset has 15 bits).
+pub const MAX_PACKED_SIZE: u16 = 32768;
+
+const NEXT: u16 = VRING_DESC_F_NEXT as u16;
+const WRITE: u16 = VRING_DESC_F_WRITE as u16;
+const INDIRECT: u16 = VRING_DESC_F_INDIRECT as u16;
+/// Descriptor flag: made available (compared with the driver's wrap counter).
+pub const DESC_F_AVAIL: u16 = 1 << VRING_PACKED_DESC_F_AVAIL;
+/// Descriptor flag: used (compared with the device's wrap counter).
+pub const DESC_F_USED: u16 = 1 << VRING_PACKED_DESC_F_USED;
+/// Event suppression flags: notify on every buffer.
+pub const EVENT_FLAG_ENABLE: u16 = VRING_PACKED_EVENT_FLAG_ENABLE as u16;
+/// Event suppression flags: do not notify.
+pub const EVENT_FLAG_DISABLE: u16 = VRING_PACKED_EVENT_FLAG_DISABLE as u16;
+/// Event suppression flags: notify when the position in off_wrap is reached (EVENT_IDX only).
+pub const EVENT_FLAG_DESC: u16 = VRING_PACKED_EVENT_FLAG_DESC as u16;
+/// The wrap counter's bit in off_wrap.
+pub const EVENT_WRAP_BIT: u16 = 1 << VRING_PACKED_EVENT_F_WRAP_CTR;
+
+/// A raw packed descriptor, as the driver lays it out (little endian).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+struct RawDesc {
+    addr: u64,
+    len: u32,
+    id: u16,
+    flags: u16,
+}
+
+/// Where the driver put a packed queue's three parts, and its size.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PackedLayout {
+    /// Queue size: descriptors in the ring (1..=32768).
+    pub size: u16,
+    /// Guest address of the descriptor ring (16-aligned).
+    pub desc: u64,
+    /// Guest address of the driver event suppression area (4-aligned).
+    pub driver_event: u64,
+    /// Guest address of the device event suppression area (4-aligned).
+    pub device_event: u64,
+}
+
+/// Which part of a packed queue was refused at activation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PackedPart {
+    /// The descriptor ring.
+    DescRing,
+    /// The driver event suppression area (the device reads it).
+    DriverEvent,
+    /// The device event suppression area (the device writes it).
+    DeviceEvent,
+}
+
+impl std::fmt::Display for PackedPart {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            PackedPart::DescRing => "descriptor ring",
+            PackedPart::DriverEvent => "driver event suppression area",
+            PackedPart::DeviceEvent => "device event suppression area",
+        })
+    }
+}
+
+/// An error that leaves a packed ring unusable: the device must stop and ask for a reset.
+#[derive(Debug, thiserror::Error)]
+pub enum PackedRingError {
+    /// The queue size is 0 or above 32768.
+    #[error("packed queue size {0} is invalid")]
+    InvalidSize(u16),
+    /// A part is not aligned as the spec requires (16 / 4 / 4 bytes).
+    #[error("the {0} is misaligned")]
+    Misaligned(PackedPart),
+    /// A part does not lie inside one guest memory region.
+    #[error("the {0} is outside guest memory")]
+    OutsideMemory(PackedPart),
+    /// Two parts overlap, one of which the device writes.
+    #[error("the {written} overlaps the {other}")]
+    Overlap {
+        /// The part the device writes.
+        written: PackedPart,
+        /// The part it overlaps.
+        other: PackedPart,
+    },
+    /// Resolving guest memory failed.
+    #[error("guest memory access to the ring failed")]
+    Memory(#[source] GuestMemoryError),
+    /// A chain's NEXT flags run on for the whole ring or past [`MAX_CHAIN_DESCRIPTORS`]
+    /// descriptors: its end (where its id is, and where the next chain starts) is unknown.
+    #[error("a descriptor chain runs on past {0} descriptors")]
+    ChainTooLong(u32),
+    /// The driver made more descriptors available than the ring holds with those the device
+    /// has not returned yet.
+    #[error("more descriptors available than the ring holds")]
+    Overrun,
+    /// A chain's buffer id is not below the queue size (it cannot be returned).
+    #[error("buffer id {0} is out of range")]
+    IdOutOfRange(u16),
+}
+
+/// One guest memory region's host mapping.
+#[derive(Clone, Copy, Debug)]
+struct HostRegion {
+    start: u64,
+    len: u64,
+    host: *mut u8,
+}
+
+/// Guest-physical → host translation for buffers and indirect tables, over the regions of one
+/// `GuestMemoryMmap` that the owning [`PackedVirtqueue`] keeps alive. The same translation as
+/// the split ring's view.
+#[derive(Debug)]
+pub(crate) struct GuestView<'m> {
+    mem: &'m GuestMemoryMmap,
+    regions: &'m [HostRegion],
+}
+
+impl<'m> GuestView<'m> {
+    /// The host address of `[addr, addr + len)` if it lies inside one region.
+    #[inline]
+    fn host_range(&self, addr: u64, len: u64) -> Option<*mut u8> {
+        for r in self.regions {
+            let off = addr.wrapping_sub(r.start);
+            if off < r.len {
+                if len <= r.len - off {
+                    // SAFETY: `off < r.len`, so the result stays inside the region's mapping.
+                    return Some(unsafe { r.host.add(off as usize) });
+                }
+                return None;
+            }
+        }
+        None
+    }
+
+    /// Appends the guest range `[addr, addr + len)` to `iovs`: one entry when it lies in one
+    /// region, else split by vm-memory where it crosses regions.
+    #[inline]
+    pub(crate) fn push_range(
+        &self,
+        iovs: &mut IovecList<'m>,
+        addr: u64,
+        len: u32,
+    ) -> Result<(), IovecError> {
+        if len == 0 {
+            return Ok(());
+        }
+        match self.host_range(addr, u64::from(len)) {
+            // SAFETY: the range lies inside one region of `self.mem`, which is borrowed for
+            // 'm, so it stays mapped and valid for reads and writes while the list lives.
+            Some(host) => unsafe { iovs.push_raw(host, len as usize) },
+            None => iovs.push_guest_range(self.mem, GuestAddress(addr), len),
+        }
+    }
+}
+
+/// A ring position: an offset below the queue size and a wrap counter.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Position {
+    /// Offset in the descriptor ring.
+    pub offset: u16,
+    /// Wrap counter.
+    pub wrap: bool,
+}
+
+impl Position {
+    /// The starting position of both sides: offset 0, wrap counter 1.
+    const START: Position = Position {
+        offset: 0,
+        wrap: true,
+    };
+
+    /// The position `n` descriptors further (`n ≤ size`), flipping the counter at the end.
+    #[inline]
+    fn advance(self, n: u16, size: u16) -> Position {
+        let next = u32::from(self.offset) + u32::from(n);
+        if next >= u32::from(size) {
+            Position {
+                offset: (next - u32::from(size)) as u16,
+                wrap: !self.wrap,
+            }
+        } else {
+            Position {
+                offset: next as u16,
+                wrap: self.wrap,
+            }
+        }
+    }
+
+    /// Descriptors from `self` forward to `later`, if `later` is at most a ring ahead.
+    #[inline]
+    fn distance_to(self, later: Position, size: u16) -> u32 {
+        let (from, to) = (u32::from(self.offset), u32::from(later.offset));
+        if self.wrap == later.wrap {
+            if to >= from {
+                to - from
+            } else {
+                // Two wraps ahead: not a distance this ring can have.
+                u32::MAX
+            }
+        } else {
+            to + u32::from(size) - from
+        }
+    }
+
+    /// The off_wrap encoding of the position.
+    #[inline]
+    pub fn off_wrap(self) -> u16 {
+        self.offset | if self.wrap { EVENT_WRAP_BIT } else { 0 }
+    }
+}
+
+/// A popped chain: what marking it used needs. Returned by `RingOps::pop_head`, consumed by
+/// `RingOps::add_used` (or put back with `RingOps::unpop`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ChainHead {
+    id: u16,
+    start: Position,
+    descs: u16,
+}
+
+impl ChainHead {
+    /// The buffer id (that of the chain's last descriptor).
+    pub fn id(&self) -> u16 {
+        self.id
+    }
+
+    /// Where the chain starts in the ring.
+    pub fn start(&self) -> Position {
+        self.start
+    }
+
+    /// How many ring descriptors the chain occupies (1 for an indirect chain).
+    pub fn descriptors(&self) -> u16 {
+        self.descs
+    }
+}
+
+/// The device side of one packed virtqueue for one activation (see the module docs).
+#[derive(Debug)]
+pub struct PackedVirtqueue {
+    /// Keeps every pointer in `ring` valid.
+    mem: GuestMemoryMmap,
+    regions: Vec<HostRegion>,
+    ring: RingState,
+}
+
+/// Ring pointers and positions. Private to this module: the pointers are only valid while the
+/// owning [`PackedVirtqueue`]'s memory lives, so the state never leaves it.
+#[derive(Debug)]
+struct RingState {
+    size: u16,
+    desc: *mut u8,
+    driver_event: *mut u8,
+    device_event: *mut u8,
+    event_idx: bool,
+    in_order: bool,
+    next_avail: Position,
+    next_used: Position,
+    /// Ring descriptors popped and not used yet (at most `size`).
+    in_flight: u32,
+    /// `next_used` at the last [`RingOps::publish_used`].
+    published: Position,
+    /// Descriptors used up to `published` since the last interrupt decision.
+    unsignalled: u32,
+    /// Descriptors used since the last publication.
+    unpublished: u32,
+    /// What the device event area's flags hold, as last written.
+    kick_flags: Option<u16>,
+    /// A full fence ran after the last used descriptor store: the interrupt decision needs none.
+    fenced: bool,
+}
+
+// SAFETY: the raw pointers point into guest memory owned (through `mem`) by the value itself;
+// nothing in it is tied to the thread that built it.
+unsafe impl Send for PackedVirtqueue {}
+
+impl PackedVirtqueue {
+    /// Resolves the rings of `layout` in `mem`, for the negotiated `features` (EVENT_IDX and
+    /// IN_ORDER are read from them). Refuses a size outside 1..=32768, a part outside one
+    /// memory region or misaligned, and parts that overlap (see the module docs).
+    pub fn new(
+        mem: &GuestMemoryMmap,
+        layout: &PackedLayout,
+        features: u64,
+    ) -> Result<PackedVirtqueue, PackedRingError> {
+        let size = layout.size;
+        if size == 0 || size > MAX_PACKED_SIZE {
+            return Err(PackedRingError::InvalidSize(size));
+        }
+        let parts = [
+            (
+                PackedPart::DescRing,
+                layout.desc,
+                DESC_SIZE * u64::from(size),
+                16,
+            ),
+            (PackedPart::DriverEvent, layout.driver_event, EVENT_SIZE, 4),
+            (PackedPart::DeviceEvent, layout.device_event, EVENT_SIZE, 4),
+        ];
+        let mut regions = Vec::new();
+        for region in mem.iter() {
+            let host = region
+                .get_host_address(MemoryRegionAddress(0))
+                .map_err(PackedRingError::Memory)?;
+            regions.push(HostRegion {
+                start: region.start_addr().0,
+                len: region.len(),
+                host,
+            });
+        }
+        let view = GuestView {
+            mem,
+            regions: &regions,
+        };
+        let mut hosts = [ptr::null_mut(); 3];
+        for (host, (part, addr, len, align)) in hosts.iter_mut().zip(parts) {
+            if !addr.is_multiple_of(align) {
+                return Err(PackedRingError::Misaligned(part));
+            }
+            *host = view
+                .host_range(addr, len)
+                .ok_or(PackedRingError::OutsideMemory(part))?;
+        }
+        // Each range lies inside a region, so `addr + len` does not overflow.
+        let overlaps = |a: (PackedPart, u64, u64, u64), b: (PackedPart, u64, u64, u64)| {
+            a.1 < b.1 + b.2 && b.1 < a.1 + a.2
+        };
+        for (written, other) in [(0, 1), (2, 0), (2, 1)] {
+            if overlaps(parts[written], parts[other]) {
+                return Err(PackedRingError::Overlap {
+                    written: parts[written].0,
+                    other: parts[other].0,
+                });
+            }
+        }
+        Ok(PackedVirtqueue {
+            mem: mem.clone(),
+            regions,
+            ring: RingState {
+                size,
+                desc: hosts[0],
+                driver_event: hosts[1],
+                device_event: hosts[2],
+                event_idx: features & (1 << VIRTIO_RING_F_EVENT_IDX) != 0,
+                in_order: features & (1 << VIRTIO_F_IN_ORDER) != 0,
+                next_avail: Position::START,
+                next_used: Position::START,
+                in_flight: 0,
+                published: Position::START,
+                unsignalled: 0,
+                unpublished: 0,
+                kick_flags: None,
+                fenced: false,
+            },
+        })
+    }
+
+    /// Queue size.
+    pub fn size(&self) -> u16 {
+        self.ring.size
+    }
+
+    /// Whether EVENT_IDX was negotiated.
+    pub fn event_idx(&self) -> bool {
+        self.ring.event_idx
+    }
+
+    /// Whether IN_ORDER was negotiated.
+    pub fn in_order(&self) -> bool {
+        self.ring.in_order
+    }
+
+    /// Where the next available chain starts (driver's wrap counter).
+    pub fn next_avail(&self) -> Position {
+        self.ring.next_avail
+    }
+
+    /// Where the next used descriptor goes (device's wrap counter).
+    pub fn next_used(&self) -> Position {
+        self.ring.next_used
+    }
+
+    /// Ring descriptors popped and not used yet.
+    pub fn in_flight(&self) -> u32 {
+        self.ring.in_flight
+    }
+
+    /// Whether the descriptor at `next_avail` is available: one load and no state change (the
+    /// busy-poll's probe).
+    #[inline]
+    pub fn avail_pending(&self) -> bool {
+        self.ring.in_flight < u32::from(self.ring.size)
+            && is_avail(
+                self.ring.load_flags(self.ring.next_avail.offset),
+                self.ring.next_avail.wrap,
+            )
+    }
+
+    /// Guest memory and ring, borrowed apart: iovecs into the former while the latter moves.
+    pub(crate) fn split(&mut self) -> (GuestView<'_>, RingOps<'_>) {
+        (
+            GuestView {
+                mem: &self.mem,
+                regions: &self.regions,
+            },
+            RingOps {
+                ring: &mut self.ring,
+            },
+        )
+    }
+}
+
+/// True when `flags` mark a descriptor available for the driver's wrap counter `wrap`.
+#[inline]
+fn is_avail(flags: u16, wrap: bool) -> bool {
+    let avail = flags & DESC_F_AVAIL != 0;
+    let used = flags & DESC_F_USED != 0;
+    avail == wrap && used != wrap
+}
+
+impl RingState {
+    /// Host address of descriptor `offset`'s first byte.
+    #[inline]
+    fn desc_ptr(&self, offset: u16) -> *mut u8 {
+        debug_assert!(offset < self.size);
+        // SAFETY: `offset < size` (every caller passes a `Position` offset or one reduced
+        // below `size`), so the result is inside the 16·size-byte ring checked in `new`.
+        unsafe { self.desc.add(usize::from(offset) * DESC_SIZE as usize) }
+    }
+
+    /// Descriptor `offset`'s flags, acquire: the rest of the chain is read after it.
+    #[inline]
+    fn load_flags(&self, offset: u16) -> u16 {
+        // SAFETY: the descriptor is inside the ring (desc_ptr), 16-aligned, so its u16 flags at
+        // byte 14 are 2-aligned; guest memory is plain shared memory, valid for atomic access.
+        let flags = unsafe { AtomicU16::from_ptr(self.desc_ptr(offset).add(14).cast()) };
+        u16::from_le(flags.load(Ordering::Acquire))
+    }
+
+    /// Descriptor `offset`'s flags (read after an acquire load of the chain's first flags).
+    #[inline]
+    fn read_flags(&self, offset: u16) -> u16 {
+        // SAFETY: the descriptor is inside the ring (desc_ptr), 16-aligned: its u16 flags at
+        // byte 14 are inside it and 2-aligned.
+        u16::from_le(unsafe { ptr::read_volatile(self.desc_ptr(offset).add(14).cast::<u16>()) })
+    }
+
+    /// Descriptor `offset`'s buffer id.
+    #[inline]
+    fn read_id(&self, offset: u16) -> u16 {
+        // SAFETY: the descriptor is inside the ring (desc_ptr), 16-aligned: its u16 id at
+        // byte 12 is inside it and 2-aligned.
+        u16::from_le(unsafe { ptr::read_volatile(self.desc_ptr(offset).add(12).cast::<u16>()) })
+    }
+
+    /// Descriptor `offset` (read after an acquire load of the chain's first flags).
+    #[inline]
+    fn read_desc(&self, offset: u16) -> RawDesc {
+        // SAFETY: the 16 bytes are inside the ring (desc_ptr), 16-aligned.
+        unsafe { ptr::read_volatile(self.desc_ptr(offset).cast::<RawDesc>()) }
+    }
+
+    /// A u16 of an event suppression area: the device's own (`device`) or the driver's; `word`
+    /// [`OFF_WRAP`] or [`FLAGS`].
+    #[inline]
+    fn event_word(&self, device: bool, word: usize) -> &AtomicU16 {
+        let area = if device {
+            self.device_event
+        } else {
+            self.driver_event
+        };
+        // SAFETY: both areas are 4 bytes inside mapped guest memory, 4-aligned (checked in
+        // `new`), and `word` is 0 or 2, so the u16 is inside and 2-aligned; guest memory is
+        // plain shared memory, valid for atomic access. The reference borrows `self`, and the
+        // memory stays mapped while the owning queue (hence `self`) lives.
+        unsafe { AtomicU16::from_ptr(area.add(word & 2).cast()) }
+    }
+}
+
+/// The ring half of a split [`PackedVirtqueue`] borrow: pops, walks chains, marks them used.
+#[derive(Debug)]
+pub(crate) struct RingOps<'m> {
+    ring: &'m mut RingState,
+}
+
+impl RingOps<'_> {
+    /// Pops the next available chain, or `None` when the descriptor at `next_avail` is not
+    /// available. Reads the flags of the chain's descriptors (at most
+    /// [`MAX_CHAIN_DESCRIPTORS`]) to find its end and its id; the buffers are walked later.
+    /// On error nothing moves.
+    #[inline]
+    pub(crate) fn pop_head(&mut self) -> Result<Option<ChainHead>, PackedRingError> {
+        let ring = &*self.ring;
+        let size = ring.size;
+        let start = ring.next_avail;
+        let room = u32::from(size) - ring.in_flight;
+        if room == 0 || !is_avail(ring.load_flags(start.offset), start.wrap) {
+            return Ok(None);
+        }
+        let limit = room.min(MAX_CHAIN_DESCRIPTORS);
+        let mut offset = start.offset;
+        let mut descs = 1u32;
+        while ring.read_flags(offset) & NEXT != 0 {
+            if descs == limit {
+                return Err(if descs == MAX_CHAIN_DESCRIPTORS || ring.in_flight == 0 {
+                    PackedRingError::ChainTooLong(descs)
+                } else {
+                    PackedRingError::Overrun
+                });
+            }
+            offset = if offset + 1 == size { 0 } else { offset + 1 };
+            descs += 1;
+        }
+        let id = ring.read_id(offset);
+        if id >= size {
+            return Err(PackedRingError::IdOutOfRange(id));
+        }
+        // `descs ≤ room ≤ size ≤ 32768`.
+        let descs = descs as u16;
+        self.ring.next_avail = start.advance(descs, size);
+        self.ring.in_flight += u32::from(descs);
+        Ok(Some(ChainHead { id, start, descs }))
+    }
+
+    /// Puts back `head` and every chain popped after it (they are popped again next time).
+    /// `head` must be popped and not used; anything else is ignored.
+    #[inline]
+    pub(crate) fn unpop(&mut self, head: &ChainHead) {
+        let back = head.start.distance_to(self.ring.next_avail, self.ring.size);
+        debug_assert!(
+            back <= self.ring.in_flight,
+            "unpop of a chain not in flight"
+        );
+        if back <= self.ring.in_flight {
+            self.ring.next_avail = head.start;
+            self.ring.in_flight -= back;
+        }
+    }
+
+    /// Warms the caches for the next chain, if it is available: its first descriptor's buffer
+    /// (the descriptor itself was just read by the pop's probe or will be).
+    #[inline]
+    pub(crate) fn prefetch_ahead(&self, guest: &GuestView<'_>) {
+        let next = self.ring.next_avail;
+        if !is_avail(self.ring.load_flags(next.offset), next.wrap) {
+            return;
+        }
+        let desc = self.ring.read_desc(next.offset);
+        let len = u64::from(u32::from_le(desc.len)).min(128);
+        if let Some(p) = guest.host_range(u64::from_le(desc.addr), len.max(1)) {
+            prefetch(p);
+            if len > 64 {
+                prefetch(p.wrapping_add(64));
+            }
+        }
+    }
+
+    /// Prefetches the ring lines holding the next `n` descriptors from `next_avail` (a batch's
+    /// worth), wrapping at the end of the ring.
+    #[inline]
+    pub(crate) fn prefetch_descriptors(&self, n: u16) {
+        let size = self.ring.size;
+        let n = n.min(size);
+        let mut offset = self.ring.next_avail.offset;
+        let mut left = n;
+        while left > 0 {
+            prefetch(self.ring.desc_ptr(offset));
+            // Four descriptors per 64-byte line; step to the next line.
+            let step = (4 - offset % 4).min(left);
+            left -= step;
+            offset = ((u32::from(offset) + u32::from(step)) % u32::from(size)) as u16;
+        }
+    }
+
+    /// Walks `head`'s buffers, appending them to `iovs` (those that follow each other in memory
+    /// as one entry), and returns their total length. On error `iovs` is left as it was. Every
+    /// descriptor visited is charged to `budget`.
+    #[inline]
+    pub(crate) fn walk_chain<'g>(
+        &self,
+        guest: &GuestView<'g>,
+        head: &ChainHead,
+        direction: Direction,
+        limit: u32,
+        iovs: &mut IovecList<'g>,
+        budget: &mut WalkBudget,
+    ) -> Result<u32, ChainError> {
+        let write_flag = match direction {
+            Direction::DeviceWrites => WRITE,
+            Direction::DeviceReads => 0,
+        };
+        let start = iovs.len();
+        let mut visited = 0u32;
+        let mut total = 0u32;
+        let result = self.traverse(guest, head, &mut visited, &mut |desc: &RawDesc| {
+            let flags = u16::from_le(desc.flags);
+            let addr = u64::from_le(desc.addr);
+            if flags & WRITE != write_flag {
+                return Err(ChainError::WrongDirection { addr });
+            }
+            total = add_len(total, u32::from_le(desc.len), limit)?;
+            guest.push_range(iovs, addr, u32::from_le(desc.len))?;
+            Ok(())
+        });
+        budget.charge(visited.max(1));
+        match result {
+            Ok(()) => {
+                if iovs.len() > start + 1 {
+                    iovs.merge_from(start + 1, start);
+                }
+                Ok(total)
+            }
+            Err(e) => {
+                iovs.truncate(start);
+                Err(e)
+            }
+        }
+    }
+
+    /// Walks a control-style chain: device-readable buffers first (appended to `readable`),
+    /// then device-writable ones (appended to `writable`); a readable buffer after a writable
+    /// one is refused, as are bad indirect tables, buffers outside guest memory, and parts of
+    /// more than `limit` bytes. Returns the (readable, writable) byte counts; on error both
+    /// lists are left as they were. Every descriptor visited is charged to `budget`.
+    pub(crate) fn walk_chain_split<'g>(
+        &self,
+        guest: &GuestView<'g>,
+        head: &ChainHead,
+        limit: u32,
+        readable: &mut IovecList<'g>,
+        writable: &mut IovecList<'g>,
+        budget: &mut WalkBudget,
+    ) -> Result<(u32, u32), ChainError> {
+        let starts = (readable.len(), writable.len());
+        let mut visited = 0u32;
+        let mut totals = (0u32, 0u32);
+        let mut seen_writable = false;
+        let result = self.traverse(guest, head, &mut visited, &mut |desc: &RawDesc| {
+            let flags = u16::from_le(desc.flags);
+            let addr = u64::from_le(desc.addr);
+            let len = u32::from_le(desc.len);
+            let (list, total) = if flags & WRITE != 0 {
+                seen_writable = true;
+                (&mut *writable, &mut totals.1)
+            } else if seen_writable {
+                return Err(ChainError::WrongDirection { addr });
+            } else {
+                (&mut *readable, &mut totals.0)
+            };
+            *total = add_len(*total, len, limit)?;
+            guest.push_range(list, addr, len)?;
+            Ok(())
+        });
+        budget.charge(visited.max(1));
+        match result {
+            Ok(()) => Ok(totals),
+            Err(e) => {
+                readable.truncate(starts.0);
+                writable.truncate(starts.1);
+                Err(e)
+            }
+        }
+    }
+
+    /// Visits `head`'s descriptors in order: its ring descriptors, or the entries of the
+    /// indirect table its lone descriptor points to.
+    fn traverse<F: FnMut(&RawDesc) -> Result<(), ChainError>>(
+        &self,
+        guest: &GuestView<'_>,
+        head: &ChainHead,
+        visited: &mut u32,
+        visit: &mut F,
+    ) -> Result<(), ChainError> {
+        let size = self.ring.size;
+        let mut offset = head.start.offset;
+        for i in 0..head.descs {
+            if i > 0 {
+                offset = if offset + 1 == size { 0 } else { offset + 1 };
+            }
+            let desc = self.ring.read_desc(offset);
+            *visited += 1;
+            if u16::from_le(desc.flags) & INDIRECT != 0 {
+                // Only a lone descriptor may point to a table (virtio 1.1 §2.8.19).
+                if head.descs != 1 {
+                    return Err(ChainError::BadIndirectTable);
+                }
+                return traverse_indirect(guest, desc, visited, visit);
+            }
+            visit(&desc)?;
+        }
+        Ok(())
+    }
+
+    /// Writes the used descriptor for `head` (`len` bytes written into its device-writable
+    /// buffers) at `next_used` and moves past the descriptors the chain occupies. Visible to
+    /// the driver at once; `publish_used` marks what the next interrupt decision covers.
+    #[inline]
+    pub(crate) fn add_used(&mut self, head: ChainHead, len: u32) {
+        self.write_used(head.id, len, head.descs);
+    }
+
+    /// Marks a batch of chains used, in the order they were popped (the first one starting at
+    /// `next_used`), the last one with `len`. With IN_ORDER this is one used descriptor
+    /// carrying the last chain's id, and the position skips the descriptors of them all;
+    /// without it, each chain gets its own (length 0 but the last).
+    pub(crate) fn add_used_batch(&mut self, batch: &[ChainHead], len: u32) {
+        let Some((last, rest)) = batch.split_last() else {
+            return;
+        };
+        if !self.ring.in_order {
+            for head in rest {
+                self.add_used(*head, 0);
+            }
+            self.add_used(*last, len);
+            return;
+        }
+        debug_assert_eq!(batch[0].start, self.ring.next_used, "batch out of order");
+        let descs: u32 = batch.iter().map(|h| u32::from(h.descs)).sum();
+        // What is in flight is at most `size` ≤ 32768 descriptors.
+        let descs = descs
+            .min(self.ring.in_flight)
+            .min(u32::from(self.ring.size)) as u16;
+        self.write_used(last.id, len, descs);
+    }
+
+    /// Writes one used descriptor at `next_used` and advances by `descs`.
+    #[inline]
+    fn write_used(&mut self, id: u16, len: u32, descs: u16) {
+        debug_assert!(
+            u32::from(descs) <= self.ring.in_flight,
+            "used more than popped"
+        );
+        // Never past what was popped: the position cannot overtake the driver's descriptors.
+        let descs = descs.min(self.ring.in_flight as u16);
+        if descs == 0 {
+            return;
+        }
+        let at = self.ring.next_used;
+        let mut flags = if at.wrap {
+            DESC_F_AVAIL | DESC_F_USED
+        } else {
+            0
+        };
+        if len > 0 {
+            // The spec reserves the length of a used descriptor without WRITE.
+            flags |= WRITE;
+        }
+        let p = self.ring.desc_ptr(at.offset);
+        // SAFETY: `p` is a 16-aligned descriptor inside the ring (desc_ptr): `len` at byte 8
+        // (4-aligned), `id` at byte 12 and `flags` at byte 14 (2-aligned) are inside it; guest
+        // memory is valid for volatile and atomic access.
+        unsafe {
+            ptr::write_volatile(p.add(8).cast::<u32>(), len.to_le());
+            ptr::write_volatile(p.add(12).cast::<u16>(), id.to_le());
+            // id and length must be visible before the flags that hand the descriptor over.
+            fence(Ordering::Release);
+            AtomicU16::from_ptr(p.add(14).cast()).store(flags.to_le(), Ordering::Relaxed);
+        }
+        self.ring.next_used = at.advance(descs, self.ring.size);
+        self.ring.in_flight -= u32::from(descs);
+        self.ring.unpublished += u32::from(descs);
+        self.ring.fenced = false;
+    }
+
+    /// Closes a burst: the used descriptors written so far are what the next interrupt
+    /// decision covers (each was visible to the driver as soon as it was written).
+    #[inline]
+    pub(crate) fn publish_used(&mut self) {
+        self.ring.published = self.ring.next_used;
+        self.ring.unsignalled = self
+            .ring
+            .unsignalled
+            .saturating_add(std::mem::take(&mut self.ring.unpublished));
+    }
+
+    /// Decides whether the used descriptors published since the last decision warrant an
+    /// interrupt, from the driver event suppression area (see the module docs). `None` when
+    /// nothing was published.
+    pub(crate) fn interrupt_decision(&mut self) -> Option<InterruptDecision> {
+        let delta = std::mem::take(&mut self.ring.unsignalled);
+        if delta == 0 {
+            return None;
+        }
+        // The used flags must be visible before we read the driver's event area (the driver
+        // writes that, then reads the used flags): a store→load barrier, unless one already ran
+        // after those stores (`enable_notification`).
+        if !std::mem::replace(&mut self.ring.fenced, false) {
+            fence(Ordering::SeqCst);
+        }
+        let flags = self.ring.event_word(false, FLAGS).load(Ordering::Acquire);
+        let flags = u16::from_le(flags) & 3;
+        Some(match flags {
+            EVENT_FLAG_DISABLE => InterruptDecision::SuppressedByFlag,
+            EVENT_FLAG_DESC if self.ring.event_idx => {
+                let off_wrap = self.ring.event_word(false, OFF_WRAP);
+                let off_wrap = u16::from_le(off_wrap.load(Ordering::Relaxed));
+                if packed_need_event(off_wrap, self.ring.published, delta, self.ring.size) {
+                    InterruptDecision::Raise
+                } else {
+                    InterruptDecision::SuppressedByEventIdx
+                }
+            }
+            // ENABLE, DESC without EVENT_IDX, and the reserved value: interrupt.
+            _ => InterruptDecision::Raise,
+        })
+    }
+
+    /// Asks the driver not to notify (DISABLE in the device event area).
+    #[inline]
+    pub(crate) fn disable_notification(&mut self) {
+        if self.ring.kick_flags != Some(EVENT_FLAG_DISABLE) {
+            self.store_kick_flags(EVENT_FLAG_DISABLE);
+        }
+    }
+
+    /// Asks the driver to notify for new buffers (with EVENT_IDX: once it makes `next_avail`
+    /// available), then re-checks the next descriptor (the standard race). Returns true if a
+    /// buffer arrived meanwhile: keep processing.
+    pub(crate) fn enable_notification(&mut self) -> bool {
+        if self.ring.event_idx {
+            let off_wrap = self.ring.next_avail.off_wrap();
+            self.ring
+                .event_word(true, OFF_WRAP)
+                .store(off_wrap.to_le(), Ordering::Relaxed);
+            // off_wrap must be visible before the flags that make the driver read it.
+            fence(Ordering::SeqCst);
+            if self.ring.kick_flags != Some(EVENT_FLAG_DESC) {
+                self.store_kick_flags(EVENT_FLAG_DESC);
+            }
+        } else if self.ring.kick_flags != Some(EVENT_FLAG_ENABLE) {
+            self.store_kick_flags(EVENT_FLAG_ENABLE);
+        }
+        // The enable must be visible before we re-read the ring (store→load); the same fence
+        // orders the used descriptors written before it.
+        fence(Ordering::SeqCst);
+        self.ring.fenced = true;
+        let next = self.ring.next_avail;
+        self.ring.in_flight < u32::from(self.ring.size)
+            && is_avail(self.ring.load_flags(next.offset), next.wrap)
+    }
+
+    fn store_kick_flags(&mut self, flags: u16) {
+        self.ring
+            .event_word(true, FLAGS)
+            .store(flags.to_le(), Ordering::Relaxed);
+        self.ring.kick_flags = Some(flags);
+    }
+}
+
+/// Adds a descriptor's length to a chain's total, refusing more than `limit`.
+#[inline]
+fn add_len(total: u32, len: u32, limit: u32) -> Result<u32, ChainError> {
+    total
+        .checked_add(len)
+        .filter(|t| *t <= limit)
+        .ok_or(ChainError::TooLong { limit })
+}
+
+/// Visits the entries of the indirect table `table` points to, in order: its length a whole,
+/// non-zero number of descriptors, inside one region, at most what the chain may still visit;
+/// no nested INDIRECT.
+#[inline(never)]
+fn traverse_indirect<F: FnMut(&RawDesc) -> Result<(), ChainError>>(
+    guest: &GuestView<'_>,
+    table: RawDesc,
+    visited: &mut u32,
+    visit: &mut F,
+) -> Result<(), ChainError> {
+    let table_len = u32::from_le(table.len);
+    let count = table_len / DESC_SIZE as u32;
+    if !table_len.is_multiple_of(DESC_SIZE as u32) || count == 0 {
+        return Err(ChainError::BadIndirectTable);
+    }
+    if count > MAX_CHAIN_DESCRIPTORS.saturating_sub(*visited) {
+        return Err(ChainError::TooManyDescriptors);
+    }
+    let base = guest
+        .host_range(u64::from_le(table.addr), u64::from(table_len))
+        .ok_or(ChainError::BadIndirectTable)?;
+    for index in 0..count as usize {
+        // SAFETY: `index < count`, so the 16 bytes are inside the table, which lies inside one
+        // mapped region (host_range above).
+        let desc = unsafe { read_desc_at(base.add(index * DESC_SIZE as usize)) };
+        *visited += 1;
+        if u16::from_le(desc.flags) & INDIRECT != 0 {
+            return Err(ChainError::BadIndirectTable);
+        }
+        visit(&desc)?;
+    }
+    Ok(())
+}
+
+/// Reads a descriptor at any alignment (indirect tables need not be aligned).
+///
+/// # Safety
+/// `p..p + 16` must be inside mapped guest memory.
+#[inline]
+unsafe fn read_desc_at(p: *const u8) -> RawDesc {
+    if (p as usize).is_multiple_of(std::mem::align_of::<RawDesc>()) {
+        // SAFETY: aligned, and in bounds per the caller's contract.
+        return unsafe { ptr::read_volatile(p.cast::<RawDesc>()) };
+    }
+    let mut bytes = [0u8; 16];
+    for (i, b) in bytes.iter_mut().enumerate() {
+        // SAFETY: `i < 16`, in bounds per the caller's contract.
+        *b = unsafe { ptr::read_volatile(p.add(i)) };
+    }
+    RawDesc {
+        addr: u64::from_ne_bytes(bytes[..8].try_into().unwrap_or_default()),
+        len: u32::from_ne_bytes(bytes[8..12].try_into().unwrap_or_default()),
+        id: u16::from_ne_bytes(bytes[12..14].try_into().unwrap_or_default()),
+        flags: u16::from_ne_bytes(bytes[14..].try_into().unwrap_or_default()),
+    }
+}
+
+/// Whether used descriptors written over the `delta` descriptors before `new` (the used
+/// position after them) reached the driver's `off_wrap`: the wrap bit compared with `new`'s
+/// counter as QEMU does (a mismatch puts the offset one ring earlier), then the spec's
+/// `vring_need_event` with the old position tracked across the wrap (`new − delta`, which may
+/// lie in the previous lap). A range of a whole ring or more always raises.
+pub fn packed_need_event(off_wrap: u16, new: Position, delta: u32, size: u16) -> bool {
+    if delta >= u32::from(size) {
+        return true;
+    }
+    let off = off_wrap & !EVENT_WRAP_BIT;
+    let event = if (off_wrap & EVENT_WRAP_BIT != 0) == new.wrap {
+        off
+    } else {
+        off.wrapping_sub(size)
+    };
+    // `delta < size ≤ 32768`.
+    let old = new.offset.wrapping_sub(delta as u16);
+    vring_need_event(event, new.offset, old)
+}
+
+#[cfg(test)]
+mod tests;
