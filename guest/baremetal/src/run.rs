@@ -256,13 +256,7 @@ fn finish<T: Transport>(
     tsc_khz: Option<u64>,
 ) -> ! {
     let deadline = deadline(o, tsc_khz);
-    let pause_cycles = match (o.pause, tsc_khz) {
-        (Some(p), Some(khz)) => ns_to_cycles(u64::from(p.pause_us) * 1000, khz),
-        (Some(p), None) if p.pause_us > 0 => fail_early(
-            "pause_us= needs the TSC frequency (neither tsc_early_khz= nor CPUID leaf 0x15 gives it)",
-        ),
-        _ => 0,
-    };
+    let pause_cycles = pause_cycles(o, tsc_khz);
     let pairs = net.queue_pairs();
     let mut d = Driver {
         net,
@@ -280,87 +274,127 @@ fn finish<T: Transport>(
         next_reset: o.reset.map_or(u64::MAX, |p| p.every),
         rx_check: None,
     };
-    let run = match (o.workload, &coalesce_error) {
-        (_, Some(_)) => Ok(Run::default()),
-        (Workload::Tx(n), None) => d.tx(n),
-        (Workload::Echo(n), None) => d.echo(n),
-        (Workload::Rx(n), None) => d.rx(n),
-        (Workload::Fwd { frames, window }, None) => d.fwd(frames, window),
-        (Workload::Idle | Workload::Calibrate(_), None) => Ok(Run::default()),
-    };
-    let (outcome, run) = match (run, &coalesce_error) {
-        (_, Some(e)) => (Outcome::Error(e.as_str()), Run::default()),
-        (Ok(run), None) if d.timed_out => (Outcome::Timeout, run),
-        (Ok(run), None) => (Outcome::Done, run),
-        (Err((e, run)), None) => (Outcome::Error(e), run),
-    };
+    let (outcome, run) = d.run_workload(coalesce_error.as_deref());
     // The device's counters, before the driver's are copied: the statistics commands count
     // in `ctrl_commands` as in the device's CVQ `command_num`.
     let device_stats = (d.net.features() & NET_F_DEVICE_STATS != 0)
         .then(|| devstats::read_settled(&mut d.net, || stats_pause(tsc_khz)));
-    let queues: alloc::vec::Vec<_> = (0..d.net.queue_pairs())
-        .filter_map(|p| d.net.pair_counters(p).ok())
-        .collect();
-    // MSI-X: per pair, its rx and tx queue's vector (entry q + 1 for queue q, read back).
-    let t = d.net.transport();
-    let queue_irqs: alloc::vec::Vec<[u64; 2]> = if d.msix {
-        (0..d.net.queue_pairs())
-            .map(|p| [2 * p, 2 * p + 1].map(|q| vector_irqs(t.queue_vector(q))))
-            .collect()
-    } else {
-        alloc::vec::Vec::new()
-    };
-    let msix_irqs = [
-        queue_irqs.iter().map(|q| q[0]).sum(),
-        queue_irqs.iter().map(|q| q[1]).sum(),
-        if d.msix {
-            vector_irqs(d.net.ctrl_queue_index().and_then(|q| t.queue_vector(q)))
-        } else {
-            0
-        },
-        if d.msix {
-            vector_irqs(t.config_vector())
-        } else {
-            0
-        },
-    ];
-    let report = Report {
-        outcome,
-        ring: o.ring,
-        wait: o.wait,
-        workload: o.workload,
-        done: run.done,
-        frame_size: o.frame_size,
-        config: *d.net.config(),
-        features: d.net.features(),
-        queue_sizes: d.net.queue_sizes(),
-        counters: d.net.counters(),
-        irqs_taken: DEVICE_IRQS.load(Ordering::Relaxed),
-        transport: o.transport,
-        msix_irqs,
-        queue_irqs: &queue_irqs,
-        ticks: TICKS.load(Ordering::Relaxed),
-        waits: d.halts,
-        foreign_frames: d.foreign,
-        cycles: run.cycles,
-        tsc_khz,
-        pause: o.pause,
-        pauses: d.pauses,
-        coalesce: o.coalesce,
-        queues: &queues,
-        resets: o.reset.map(|p| (p, d.net.reset_counters())),
-        rx_budget: o.rx_budget,
-        rx_check: d.rx_check,
-        device_stats: device_stats
-            .as_ref()
-            .map(|r| r.as_ref().map_err(String::as_str)),
-    };
-    let mut line = String::with_capacity(2048);
-    let _ = report.write_json(&mut line);
-    line.push('\n');
-    sys::write(line.as_bytes());
+    let device_stats = device_stats
+        .as_ref()
+        .map(|r| r.as_ref().map_err(String::as_str));
+    d.write_result(outcome, run, device_stats, tsc_khz);
     // The device is left running (not reset): the VMM prints its metrics as they are.
     sys::power_off()
+}
+
+/// TSC cycles of each pause of `burst=`/`pause_us=` (0: none); ends the run when a pause
+/// needs the TSC's frequency and it is not known.
+fn pause_cycles(o: &Options, tsc_khz: Option<u64>) -> u64 {
+    match (o.pause, tsc_khz) {
+        (Some(p), Some(khz)) => ns_to_cycles(u64::from(p.pause_us) * 1000, khz),
+        (Some(p), None) if p.pause_us > 0 => fail_early(
+            "pause_us= needs the TSC frequency (neither tsc_early_khz= nor CPUID leaf 0x15 gives it)",
+        ),
+        _ => 0,
+    }
+}
+
+impl<T: Transport> Driver<'_, T> {
+    /// Runs the workload, unless `coalesce=` was refused (then that is the run's error).
+    fn run_workload<'e>(&mut self, coalesce_error: Option<&'e str>) -> (Outcome<'e>, Run) {
+        let run = match (self.o.workload, coalesce_error) {
+            (_, Some(_)) => Ok(Run::default()),
+            (Workload::Tx(n), None) => self.tx(n),
+            (Workload::Echo(n), None) => self.echo(n),
+            (Workload::Rx(n), None) => self.rx(n),
+            (Workload::Fwd { frames, window }, None) => self.fwd(frames, window),
+            (Workload::Idle | Workload::Calibrate(_), None) => Ok(Run::default()),
+        };
+        match (run, coalesce_error) {
+            (_, Some(e)) => (Outcome::Error(e), Run::default()),
+            (Ok(run), None) if self.timed_out => (Outcome::Timeout, run),
+            (Ok(run), None) => (Outcome::Done, run),
+            (Err((e, run)), None) => (Outcome::Error(e), run),
+        }
+    }
+
+    /// MSI-X interrupts taken: per pair, on its rx and tx queue's vector (entry q + 1 for
+    /// queue q, read back; none on virtio-mmio), and in all on the rx queues', the tx
+    /// queues', the control queue's and the configuration vector.
+    fn msix_irqs(&self) -> (alloc::vec::Vec<[u64; 2]>, [u64; 4]) {
+        let t = self.net.transport();
+        let queue_irqs: alloc::vec::Vec<[u64; 2]> = if self.msix {
+            (0..self.net.queue_pairs())
+                .map(|p| [2 * p, 2 * p + 1].map(|q| vector_irqs(t.queue_vector(q))))
+                .collect()
+        } else {
+            alloc::vec::Vec::new()
+        };
+        let msix_irqs = [
+            queue_irqs.iter().map(|q| q[0]).sum(),
+            queue_irqs.iter().map(|q| q[1]).sum(),
+            if self.msix {
+                vector_irqs(self.net.ctrl_queue_index().and_then(|q| t.queue_vector(q)))
+            } else {
+                0
+            },
+            if self.msix {
+                vector_irqs(t.config_vector())
+            } else {
+                0
+            },
+        ];
+        (queue_irqs, msix_irqs)
+    }
+
+    /// Prints the result line.
+    fn write_result(
+        &self,
+        outcome: Outcome<'_>,
+        run: Run,
+        device_stats: Option<Result<&devstats::DevStats, &str>>,
+        tsc_khz: Option<u64>,
+    ) {
+        let o = self.o;
+        let net = &self.net;
+        let queues: alloc::vec::Vec<_> = (0..net.queue_pairs())
+            .filter_map(|p| net.pair_counters(p).ok())
+            .collect();
+        let (queue_irqs, msix_irqs) = self.msix_irqs();
+        let report = Report {
+            outcome,
+            ring: o.ring,
+            wait: o.wait,
+            workload: o.workload,
+            done: run.done,
+            frame_size: o.frame_size,
+            config: *net.config(),
+            features: net.features(),
+            queue_sizes: net.queue_sizes(),
+            counters: net.counters(),
+            irqs_taken: DEVICE_IRQS.load(Ordering::Relaxed),
+            transport: o.transport,
+            msix_irqs,
+            queue_irqs: &queue_irqs,
+            ticks: TICKS.load(Ordering::Relaxed),
+            waits: self.halts,
+            foreign_frames: self.foreign,
+            cycles: run.cycles,
+            tsc_khz,
+            pause: o.pause,
+            pauses: self.pauses,
+            coalesce: o.coalesce,
+            queues: &queues,
+            resets: o.reset.map(|p| (p, net.reset_counters())),
+            rx_budget: o.rx_budget,
+            rx_check: self.rx_check,
+            device_stats,
+        };
+        let mut line = String::with_capacity(2048);
+        let _ = report.write_json(&mut line);
+        line.push('\n');
+        sys::write(line.as_bytes());
+    }
 }
 
 /// The pause between two reads of the device's counters: 1 ms on the TSC (a fixed spin
