@@ -87,6 +87,16 @@ pub fn init() {
             &*addr_of_mut!(IRQ_STACK),
         )
     };
+    build_page_tables(pt);
+    build_gdt(t, stack);
+    build_idt(t);
+    // SAFETY: the tables were just built as `load` needs, and interrupts are off.
+    unsafe { load(pt, t) };
+}
+
+/// Identity-maps the first 4 GiB in 2 MiB pages, user-accessible, uncached from
+/// `MMIO_START` up.
+fn build_page_tables(pt: &mut PageTables) {
     let flags = PTE_PRESENT | PTE_WRITE | PTE_USER;
     for (gib, pd) in pt.pd.iter_mut().enumerate() {
         for (i, entry) in pd.iter_mut().enumerate() {
@@ -101,7 +111,11 @@ pub fn init() {
         pt.pdpt[gib] = pd.as_ptr() as u64 | flags;
     }
     pt.pml4[0] = pt.pdpt.as_ptr() as u64 | flags;
+}
 
+/// The GDT (kernel and user segments, the TSS's descriptor) and the TSS, whose RSP0 is the
+/// top of `stack`.
+fn build_gdt(t: &mut Tables, stack: &Stack) {
     t.gdt = [
         0,
         0x00cf_9b00_0000_ffff, // 0x08: 32-bit kernel code (Linux's KERNEL32_CS, unused)
@@ -127,7 +141,11 @@ pub fn init() {
         | (((limit >> 16) & 0xf) << 48)
         | (((base >> 24) & 0xff) << 56);
     t.gdt[9] = base >> 32;
+}
 
+/// The IDT: the exception stubs, the device's, the MSI-X vectors', the timer's and the
+/// spurious vector's entries.
+fn build_idt(t: &mut Tables) {
     // SAFETY: `exception_stubs` is an immutable table of 32 code addresses in the image.
     let stubs = unsafe { &entry::exception_stubs };
     for (vector, &stub) in stubs.iter().enumerate() {
@@ -141,7 +159,15 @@ pub fn init() {
     }
     t.idt[usize::from(TIMER_VECTOR)] = gate(entry::irq_timer as *const () as u64);
     t.idt[usize::from(SPURIOUS_VECTOR)] = gate(entry::irq_spurious as *const () as u64);
+}
 
+/// Loads the page tables, GDT, IDT and TSS, and reloads the segment registers.
+///
+/// # Safety
+///
+/// `pt` and `t` are the tables `build_page_tables`, `build_gdt` and `build_idt` built, in
+/// statics (they stay in use), and interrupts are off.
+unsafe fn load(pt: &PageTables, t: &Tables) {
     let gdtr = DescriptorPointer {
         limit: (core::mem::size_of_val(&t.gdt) - 1) as u16,
         base: t.gdt.as_ptr() as u64,
