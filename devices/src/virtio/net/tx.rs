@@ -21,7 +21,7 @@ use super::rate_limiter::{Limit, QueueLimiter, RateLimiterConfig};
 use super::{BurstLog, CountInterrupts, MAX_FRAME_LEN, USED_PUBLISH_BATCH, VNET_HDR_LEN};
 use crate::backend::{NetBackend, MAX_TX_BATCH};
 use crate::iovec::IovecList;
-use crate::virtio::chain::Direction;
+use crate::virtio::chain::{ChainError, Direction};
 use crate::virtio::ring::RingError;
 use crate::virtio::vring::{GuestView, RingOps, Virtqueue, WalkBudget};
 
@@ -336,14 +336,7 @@ fn drain<'g, B: NetBackend, const LIMITED: bool>(
                     Err(e) => count_refused(counters, errors, label, &e),
                 }
             }
-            Ok(len) => {
-                debug!("virtio-net {label} tx: chain {head} of {len} bytes holds no frame");
-                counters.malformed_chains += 1;
-            }
-            Err(e) => {
-                debug!("virtio-net {label} tx: chain {head} refused: {e}");
-                counters.malformed_chains += 1;
-            }
+            walked => malformed(counters, label, head, walked),
         }
         ring.add_used(head, 0);
         call.sent += 1;
@@ -368,6 +361,16 @@ struct Pending {
 }
 
 impl Pending {
+    /// Adds a walked frame: its chain, where its iovecs end, its Ethernet bytes.
+    #[inline(always)]
+    fn push(&mut self, head: u16, end: usize, bytes: u64) {
+        let i = self.len;
+        self.heads[i] = head;
+        self.ends[i] = end;
+        self.bytes[i] = bytes;
+        self.len += 1;
+    }
+
     fn new() -> Pending {
         Pending {
             heads: [0; MAX_TX_BATCH],
@@ -435,10 +438,7 @@ fn drain_batched<'g, B: NetBackend>(
                 // The kernel copies the frame once the batch is submitted, a few µs from now:
                 // its lines (the driver's CPU wrote them) are requested now.
                 iovs.prefetch_from(if i == 0 { 0 } else { pending.ends[i - 1] });
-                pending.heads[i] = head;
-                pending.ends[i] = iovs.len();
-                pending.bytes[i] = u64::from(len) - VNET_HDR_LEN as u64;
-                pending.len += 1;
+                pending.push(head, iovs.len(), u64::from(len) - VNET_HDR_LEN as u64);
                 // Keep the list well inside MAX_IOVECS so that a long chain never fails for
                 // the frames before it.
                 if pending.len == pending.cap || iovs.len() > crate::iovec::MAX_IOVECS / 2 {
@@ -457,24 +457,25 @@ fn drain_batched<'g, B: NetBackend>(
                     return Ok(stop);
                 }
             }
-            Ok(len) => {
-                debug!(
-                    "virtio-net {} tx: chain {head} of {len} bytes holds no frame",
-                    out.label
-                );
-                out.counters.malformed_chains += 1;
+            walked => {
+                // Nothing is pending: the list holds only what this chain's walk left.
+                malformed(out.counters, out.label, head, walked);
                 iovs.clear();
-                ring.add_used(head, 0);
-                *sent += 1;
-            }
-            Err(e) => {
-                debug!("virtio-net {} tx: chain {head} refused: {e}", out.label);
-                out.counters.malformed_chains += 1;
                 ring.add_used(head, 0);
                 *sent += 1;
             }
         }
     }
+}
+
+/// Counts and logs a chain that holds no frame (`Ok`: its length) or that the walk refused.
+#[cold]
+fn malformed(counters: &mut TxCounters, label: &str, head: u16, walked: Result<u32, ChainError>) {
+    match walked {
+        Ok(len) => debug!("virtio-net {label} tx: chain {head} of {len} bytes holds no frame"),
+        Err(e) => debug!("virtio-net {label} tx: chain {head} refused: {e}"),
+    }
+    counters.malformed_chains += 1;
 }
 
 /// Hands the pending frames to the backend, returns their chains (publishing them), and
