@@ -1,25 +1,20 @@
 //! `cotune --quick` end to end: every preset runs, the CSV has one row per point with the
 //! required columns, and the plot is drawn.
 
-use std::process::Command;
+mod common;
+
+use common::{cotune, run_ok, temp_dir};
 
 #[test]
 fn quick_run_of_every_preset_writes_csv_and_plot() {
-    let dir = std::env::temp_dir().join(format!("cotune-cli-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = temp_dir("cli");
     let (csv, svg) = (dir.join("quick.csv"), dir.join("quick.svg"));
-    let out = Command::new(env!("CARGO_BIN_EXE_cotune"))
-        .args(["--quick", "--csv"])
-        .arg(&csv)
-        .arg("--plot")
-        .arg(&svg)
-        .output()
-        .expect("run cotune");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
+    let stdout = run_ok(
+        cotune()
+            .args(["--quick", "--csv"])
+            .arg(&csv)
+            .arg("--plot")
+            .arg(&svg),
     );
     let table = stdout.lines().filter(|l| !l.starts_with('#')).count();
     let csv_text = std::fs::read_to_string(&csv).unwrap();
@@ -116,13 +111,13 @@ fn quick_run_of_every_preset_writes_csv_and_plot() {
 
 #[test]
 fn bad_arguments_are_refused_with_a_message() {
-    let out = Command::new(env!("CARGO_BIN_EXE_cotune"))
+    let out = cotune()
         .args(["--duration", "0"])
         .output()
         .expect("run cotune");
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("--duration"));
-    let out = Command::new(env!("CARGO_BIN_EXE_cotune"))
+    let out = cotune()
         .args(["no-such-preset"])
         .output()
         .expect("run cotune");
@@ -141,10 +136,7 @@ fn bad_arguments_are_refused_with_a_message() {
             "/nonexistent/vmm",
         ),
     ] {
-        let out = Command::new(env!("CARGO_BIN_EXE_cotune"))
-            .args(args)
-            .output()
-            .expect("run cotune");
+        let out = cotune().args(args).output().expect("run cotune");
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(!out.status.success(), "{args:?} was accepted");
         assert!(err.contains(says), "{args:?}: {err}");

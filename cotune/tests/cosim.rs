@@ -6,37 +6,19 @@
 use std::os::fd::AsRawFd;
 use std::time::{Duration, Instant};
 
+mod common;
+
+use common::{peer_frame, pump, rig_on};
 use cotune::frames::{check_frame, test_frame};
-use cotune::rig::{Rig, RigConfig};
+use cotune::rig::Rig;
 use cotune::transport::{CosimTransport, TransportKind};
-use devices::backend::{PairBackend, PairPeer};
+use devices::backend::PairPeer;
 use vnet_driver::{Config, Counters, QueueId, Transport, TxCompletion, XdpAction};
 
 const FRAMES: u32 = 2000;
 
 fn rig(config: Config) -> (Rig, PairPeer) {
     rig_on(config, TransportKind::Mmio)
-}
-
-fn rig_on(config: Config, transport: TransportKind) -> (Rig, PairPeer) {
-    let (backend, peer) = PairBackend::new().expect("socketpair");
-    peer.set_timeout(Duration::from_secs(5)).unwrap();
-    let rig = Rig::new(
-        backend,
-        &RigConfig {
-            driver: config,
-            device: Default::default(),
-            kick_cost_ns: 0,
-            irq_cost_ns: 0,
-            transport,
-        },
-    )
-    .expect("rig");
-    (rig, peer)
-}
-
-fn vnet_hdr() -> Vec<u8> {
-    vec![0u8; vnet_driver::VNET_HDR_LEN]
 }
 
 /// Driver → device → peer: every frame arrives intact and in order.
@@ -77,29 +59,24 @@ fn transmit_and_check(rig: &mut Rig, peer: &PairPeer, size: usize) {
 /// Peer → device → driver: every frame arrives intact and in order.
 fn receive_and_check(rig: &mut Rig, peer: &PairPeer, size: usize) {
     let mut received = 0u32;
-    let mut sent = 0u32;
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while received < FRAMES {
-        assert!(
-            Instant::now() < deadline,
-            "only {received} of {FRAMES} frames received"
-        );
-        // Keep a bounded number in flight so nothing is dropped for lack of buffers.
-        while sent < FRAMES && sent - received < 64 {
-            let mut f = vnet_hdr();
-            f.extend_from_slice(&test_frame(size, sent));
-            peer.send_frame(&f).unwrap();
-            sent += 1;
-        }
-        rig.take_interrupt(1);
-        rig.net.poll_rx(64, &mut |frame: &[u8]| {
-            assert_eq!(frame.len(), size);
-            assert_eq!(check_frame(frame), Some(received), "rx frame #{received}");
-            received += 1;
-            XdpAction::Drop
-        });
-        let _ = rig.net.enable_interrupts(QueueId::Rx);
-    }
+    // Keep a bounded number in flight so nothing is dropped for lack of buffers.
+    pump(
+        FRAMES,
+        64,
+        |seq| peer.send_frame(&peer_frame(size, seq)).unwrap(),
+        || {
+            rig.take_interrupt(1);
+            rig.net.poll_rx(64, &mut |frame: &[u8]| {
+                assert_eq!(frame.len(), size);
+                assert_eq!(check_frame(frame), Some(received), "rx frame #{received}");
+                received += 1;
+                XdpAction::Drop
+            });
+            let _ = rig.net.enable_interrupts(QueueId::Rx);
+            received
+        },
+        |received| format!("only {received} of {FRAMES} frames received"),
+    );
 }
 
 fn each_knob_setting() -> Vec<Config> {
@@ -159,33 +136,28 @@ fn xdp_tx_bounces_every_frame_with_bulk_1_and_16() {
             tx_completion: TxCompletion::CleanFromRx,
             ..Config::default()
         });
-        let mut sent = 0u32;
         let mut back = 0u32;
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while back < FRAMES {
-            assert!(
-                Instant::now() < deadline,
-                "xdp_bulk={xdp_bulk}: {back} of {FRAMES} bounced"
-            );
-            while sent < FRAMES && sent - back < 32 {
-                let mut f = vnet_hdr();
-                f.extend_from_slice(&test_frame(64, sent));
-                peer.send_frame(&f).unwrap();
-                sent += 1;
-            }
-            rig.take_interrupt(1);
-            rig.net.poll_rx_mut(64, &mut |frame: &mut [u8]| {
-                vnet_driver::xdp::swap_macs(frame);
-                XdpAction::Tx
-            });
-            let _ = rig.net.enable_interrupts(QueueId::Rx);
-            while let Some(frame) = peer.try_recv_frame().unwrap() {
-                let eth = &frame[vnet_driver::VNET_HDR_LEN..];
-                assert_eq!(eth[0..6], cotune::frames::SRC_MAC, "MACs swapped");
-                assert_eq!(check_frame(eth), Some(back));
-                back += 1;
-            }
-        }
+        pump(
+            FRAMES,
+            32,
+            |seq| peer.send_frame(&peer_frame(64, seq)).unwrap(),
+            || {
+                rig.take_interrupt(1);
+                rig.net.poll_rx_mut(64, &mut |frame: &mut [u8]| {
+                    vnet_driver::xdp::swap_macs(frame);
+                    XdpAction::Tx
+                });
+                let _ = rig.net.enable_interrupts(QueueId::Rx);
+                while let Some(frame) = peer.try_recv_frame().unwrap() {
+                    let eth = &frame[vnet_driver::VNET_HDR_LEN..];
+                    assert_eq!(eth[0..6], cotune::frames::SRC_MAC, "MACs swapped");
+                    assert_eq!(check_frame(eth), Some(back));
+                    back += 1;
+                }
+                back
+            },
+            |back| format!("xdp_bulk={xdp_bulk}: {back} of {FRAMES} bounced"),
+        );
         rig.quiesce();
         rig.consistency().unwrap();
         let d = rig.net.counters();

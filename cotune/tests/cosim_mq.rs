@@ -6,10 +6,14 @@
 
 use std::time::{Duration, Instant};
 
+mod common;
+
+use common::{peer_frame, pump};
+
 use cotune::frames::{check_frame, test_frame};
-use cotune::rig::{Rig, RigConfig};
+use cotune::rig::Rig;
 use cotune::transport::TransportKind;
-use devices::backend::{PairBackend, PairPeer};
+use devices::backend::PairPeer;
 use vnet_driver::{Config, QueueId, XdpAction};
 
 const FRAMES: u32 = 1000;
@@ -19,27 +23,11 @@ const SIZE: usize = 200;
 const SEQ_BASE: u32 = 100_000;
 
 fn rig(transport: TransportKind) -> (Rig, Vec<PairPeer>) {
-    let (backends, peers): (Vec<_>, Vec<_>) = (0..PAIRS)
-        .map(|_| PairBackend::new().expect("socketpair"))
-        .unzip();
-    for peer in &peers {
-        peer.set_timeout(Duration::from_secs(5)).unwrap();
-    }
-    let rig = Rig::with_backends(
-        backends,
-        &RigConfig {
-            driver: Config {
-                queue_pairs: PAIRS,
-                ..Config::default()
-            },
-            device: Default::default(),
-            kick_cost_ns: 0,
-            irq_cost_ns: 0,
-            transport,
-        },
-    )
-    .expect("rig");
-    (rig, peers)
+    let driver = Config {
+        queue_pairs: PAIRS,
+        ..Config::default()
+    };
+    common::rig_with_peers(driver, transport)
 }
 
 /// Pair `pair` transmits FRAMES frames; its peer gets every one in order, the others none.
@@ -83,31 +71,30 @@ fn transmit_on(rig: &mut Rig, peers: &[PairPeer], pair: u16) {
 /// Pair `pair`'s peer sends FRAMES frames; they arrive on that pair's rx queue only.
 fn receive_on(rig: &mut Rig, peers: &[PairPeer], pair: u16) {
     let base = u32::from(pair) * SEQ_BASE;
-    let (mut sent, mut received) = (0u32, 0u32);
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while received < FRAMES {
-        assert!(
-            Instant::now() < deadline,
-            "pair {pair}: {received} received"
-        );
-        while sent < FRAMES && sent - received < 64 {
-            let mut f = vec![0u8; vnet_driver::VNET_HDR_LEN];
-            f.extend_from_slice(&test_frame(SIZE, base + sent));
+    let mut received = 0u32;
+    pump(
+        FRAMES,
+        64,
+        |seq| {
+            let f = peer_frame(SIZE, base + seq);
             peers[usize::from(pair)].send_frame(&f).unwrap();
-            sent += 1;
-        }
-        rig.take_interrupt(1);
-        for p in 0..PAIRS {
-            let net = rig.net.on_pair(p).expect("pair");
-            net.poll_rx(64, &mut |frame: &[u8]| {
-                assert_eq!(p, pair, "a frame of pair {pair} on pair {p}");
-                assert_eq!(check_frame(frame), Some(base + received), "pair {pair} rx");
-                received += 1;
-                XdpAction::Drop
-            });
-            let _ = net.enable_interrupts(QueueId::Rx);
-        }
-    }
+        },
+        || {
+            rig.take_interrupt(1);
+            for p in 0..PAIRS {
+                let net = rig.net.on_pair(p).expect("pair");
+                net.poll_rx(64, &mut |frame: &[u8]| {
+                    assert_eq!(p, pair, "a frame of pair {pair} on pair {p}");
+                    assert_eq!(check_frame(frame), Some(base + received), "pair {pair} rx");
+                    received += 1;
+                    XdpAction::Drop
+                });
+                let _ = net.enable_interrupts(QueueId::Rx);
+            }
+            received
+        },
+        |received| format!("pair {pair}: {received} received"),
+    );
 }
 
 #[test]

@@ -3,7 +3,9 @@
 //! point and metric. The calibrate line the driver guest prints parses.
 
 use std::collections::HashMap;
-use std::process::Command;
+mod common;
+
+use common::{cotune, run_ok, temp_dir};
 
 fn csv_rows(text: &str) -> Vec<HashMap<String, String>> {
     let mut lines = text.lines();
@@ -23,27 +25,20 @@ fn csv_rows(text: &str) -> Vec<HashMap<String, String>> {
 
 #[test]
 fn completion_coalesce_quick_has_both_sides_knobs_and_a_heatmap() {
-    let dir = std::env::temp_dir().join(format!("cotune-2d-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = temp_dir("2d");
     let (csv, svg) = (dir.join("cc.csv"), dir.join("cc.svg"));
-    let out = Command::new(env!("CARGO_BIN_EXE_cotune"))
-        .args([
-            "--quick",
-            "--backend",
-            "pair",
-            "completion-coalesce",
-            "--csv",
-        ])
-        .arg(&csv)
-        .arg("--plot")
-        .arg(&svg)
-        .output()
-        .expect("run cotune");
-    assert!(
-        out.status.success(),
-        "{}\n{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
+    run_ok(
+        cotune()
+            .args([
+                "--quick",
+                "--backend",
+                "pair",
+                "completion-coalesce",
+                "--csv",
+            ])
+            .arg(&csv)
+            .arg("--plot")
+            .arg(&svg),
     );
     let text = std::fs::read_to_string(&csv).unwrap();
     let rows = csv_rows(&text);

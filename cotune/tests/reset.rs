@@ -4,10 +4,14 @@
 
 use std::time::{Duration, Instant};
 
+#[macro_use]
+mod common;
+
+use common::peer_frame;
 use cotune::frames::{check_frame, test_frame};
-use cotune::rig::{Rig, RigConfig};
+use cotune::rig::Rig;
 use cotune::transport::TransportKind;
-use devices::backend::{PairBackend, PairPeer};
+use devices::backend::PairPeer;
 use vnet_driver::features::F_RING_RESET;
 use vnet_driver::{Config, QueueId, XdpAction};
 
@@ -15,19 +19,7 @@ const FRAMES: u32 = 3000;
 const SIZE: usize = 100;
 
 fn rig_on(transport: TransportKind) -> (Rig, PairPeer) {
-    let (backend, peer) = PairBackend::new().expect("socketpair");
-    peer.set_timeout(Duration::from_secs(5)).unwrap();
-    let rig = Rig::new(
-        backend,
-        &RigConfig {
-            driver: Config::default(),
-            device: Default::default(),
-            kick_cost_ns: 0,
-            irq_cost_ns: 0,
-            transport,
-        },
-    )
-    .expect("rig");
+    let (rig, peer) = common::rig_on(Config::default(), transport);
     assert_ne!(
         rig.net.features() & F_RING_RESET,
         0,
@@ -66,6 +58,25 @@ fn collect_tx(peer: &PairPeer, out: &mut Vec<u32>) {
     }
 }
 
+/// Polls tx until frame `last` has arrived (`late` says what did not, if it never does), then
+/// drains the ring, quiesces the rig and collects the rest: every frame arrived in order, once.
+fn finish_tx(rig: &mut Rig, peer: &PairPeer, arrived: &mut Vec<u32>, last: u32, late: &str) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while arrived.last() != Some(&last) {
+        assert!(Instant::now() < deadline, "{late}");
+        rig.take_interrupt(1);
+        rig.tx_poll();
+        collect_tx(peer, arrived);
+    }
+    drain_tx(rig);
+    rig.quiesce();
+    collect_tx(peer, arrived);
+    assert!(
+        arrived.windows(2).all(|w| w[0] < w[1]),
+        "out of order or twice"
+    );
+}
+
 /// The rx queue is reset every 150 frames sent while the tx queue carries 3000 frames and the
 /// peer sends frames the other way: every tx frame arrives, intact and in order; the received
 /// frames are in order (frames the device had written but not polled at a reset are dropped
@@ -93,9 +104,7 @@ fn rx_resets_while_tx_flows(transport: TransportKind) {
             }
         }
         if peer_sent < FRAMES {
-            let mut f = vec![0u8; vnet_driver::VNET_HDR_LEN];
-            f.extend_from_slice(&test_frame(SIZE, peer_sent));
-            peer.send_frame(&f).unwrap();
+            peer.send_frame(&peer_frame(SIZE, peer_sent)).unwrap();
             peer_sent += 1;
         }
         rig.take_interrupt(0);
@@ -123,15 +132,10 @@ fn rx_resets_while_tx_flows(transport: TransportKind) {
     );
 }
 
-#[test]
-fn rx_resets_while_tx_flows_over_mmio() {
-    rx_resets_while_tx_flows(TransportKind::Mmio);
-}
-
-#[test]
-fn rx_resets_while_tx_flows_over_pci() {
-    rx_resets_while_tx_flows(TransportKind::Pci);
-}
+over_both_transports!(rx_resets_while_tx_flows:
+    rx_resets_while_tx_flows_over_mmio,
+    rx_resets_while_tx_flows_over_pci
+);
 
 /// The tx queue is reset with frames in flight (no drain first): every frame is either
 /// received by the peer or counted as not sent, none twice; frames after each reset flow.
@@ -154,19 +158,12 @@ fn tx_resets_mid_flight(transport: TransportKind) {
     for seq in 2000..2100 {
         send(&mut rig, seq);
     }
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while arrived.last() != Some(&2099) {
-        assert!(Instant::now() < deadline, "the last round did not arrive");
-        rig.take_interrupt(1);
-        rig.tx_poll();
-        collect_tx(&peer, &mut arrived);
-    }
-    drain_tx(&mut rig);
-    rig.quiesce();
-    collect_tx(&peer, &mut arrived);
-    assert!(
-        arrived.windows(2).all(|w| w[0] < w[1]),
-        "out of order or twice"
+    finish_tx(
+        &mut rig,
+        &peer,
+        &mut arrived,
+        2099,
+        "the last round did not arrive",
     );
     let r = rig.net.reset_counters();
     let c = rig.net.counters();
@@ -182,15 +179,10 @@ fn tx_resets_mid_flight(transport: TransportKind) {
     );
 }
 
-#[test]
-fn tx_resets_mid_flight_over_mmio() {
-    tx_resets_mid_flight(TransportKind::Mmio);
-}
-
-#[test]
-fn tx_resets_mid_flight_over_pci() {
-    tx_resets_mid_flight(TransportKind::Pci);
-}
+over_both_transports!(tx_resets_mid_flight:
+    tx_resets_mid_flight_over_mmio,
+    tx_resets_mid_flight_over_pci
+);
 
 /// The peer stops reading, so the device's backend refuses frames (EAGAIN) and the tx ring
 /// fills with chains the device cannot send; a tx reset then hands them back as not sent.
@@ -234,22 +226,13 @@ fn tx_reset_with_a_stalled_backend(transport: TransportKind) {
             rig.tx_poll();
         }
     }
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while arrived.last() != Some(&(stuck + 499)) {
-        assert!(
-            Instant::now() < deadline,
-            "frames after the reset did not arrive"
-        );
-        rig.take_interrupt(1);
-        rig.tx_poll();
-        collect_tx(&peer, &mut arrived);
-    }
-    drain_tx(&mut rig);
-    rig.quiesce();
-    collect_tx(&peer, &mut arrived);
-    assert!(
-        arrived.windows(2).all(|w| w[0] < w[1]),
-        "out of order or twice"
+    let last = stuck + 499;
+    finish_tx(
+        &mut rig,
+        &peer,
+        &mut arrived,
+        last,
+        "frames after the reset did not arrive",
     );
     let r = rig.net.reset_counters();
     let c = rig.net.counters();
@@ -268,12 +251,7 @@ fn tx_reset_with_a_stalled_backend(transport: TransportKind) {
     eprintln!("{transport:?}: {stuck} queued before the stall, {r:?}");
 }
 
-#[test]
-fn tx_reset_with_a_stalled_backend_over_mmio() {
-    tx_reset_with_a_stalled_backend(TransportKind::Mmio);
-}
-
-#[test]
-fn tx_reset_with_a_stalled_backend_over_pci() {
-    tx_reset_with_a_stalled_backend(TransportKind::Pci);
-}
+over_both_transports!(tx_reset_with_a_stalled_backend:
+    tx_reset_with_a_stalled_backend_over_mmio,
+    tx_reset_with_a_stalled_backend_over_pci
+);

@@ -7,6 +7,10 @@ use std::collections::HashMap;
 use std::path::Path;
 use std::process::Command;
 
+mod common;
+
+use common::run_ok;
+
 #[test]
 fn quick_vm_and_sim_points_side_by_side() {
     // SAFETY: geteuid has no preconditions and cannot fail.
@@ -24,27 +28,21 @@ fn quick_vm_and_sim_points_side_by_side() {
         return;
     }
     let csv = std::env::temp_dir().join(format!("cotune-vm-{}.csv", std::process::id()));
-    let out = Command::new(exe)
-        .args([
-            "--quick",
-            "--target",
-            "both",
-            "--backend",
-            "tap",
-            "--vm-frames",
-            "5000",
-        ])
-        .args(["xsk-zc", "xdp-bulk", "--csv"])
-        .arg(&csv)
-        .arg("--vmm")
-        .arg(&vmm)
-        .output()
-        .expect("run cotune");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
+    run_ok(
+        Command::new(exe)
+            .args([
+                "--quick",
+                "--target",
+                "both",
+                "--backend",
+                "tap",
+                "--vm-frames",
+                "5000",
+            ])
+            .args(["xsk-zc", "xdp-bulk", "--csv"])
+            .arg(&csv)
+            .arg("--vmm")
+            .arg(&vmm),
     );
     let text = std::fs::read_to_string(&csv).unwrap();
     std::fs::remove_file(&csv).unwrap();
