@@ -2,13 +2,18 @@
 //!
 //! Chain walking and the iovec builder are crate-private; this exposes exactly one driver of
 //! them, [`walk_avail`], which pops every published head of a queue and walks its chain as the
-//! datapath does, reporting what each walk produced.
+//! datapath does, reporting what each walk produced; and one driver of the packed ring,
+//! [`run_packed`], which runs a sequence of ring operations and reports each.
+
+use std::collections::VecDeque;
 
 use virtio_queue::Queue;
 use vm_memory::GuestMemoryMmap;
 
 use crate::iovec::IovecList;
 pub use crate::virtio::chain::{ChainError, Direction};
+use crate::virtio::packed::{ChainHead, PackedVirtqueue};
+pub use crate::virtio::packed::{PackedLayout, PackedRingError, Position};
 use crate::virtio::ring::RingError;
 use crate::virtio::vring::{Virtqueue, WalkBudget};
 pub use crate::virtio::vring::{CALL_DESCRIPTOR_BUDGET, MAX_CHAIN_DESCRIPTORS};
@@ -97,4 +102,187 @@ pub fn walk_avail(
         list_bytes: list.total_bytes(),
         list_sum,
     })
+}
+
+/// One step of [`run_packed`].
+#[derive(Clone, Copy, Debug)]
+pub enum PackedOp {
+    /// Pops a chain and walks it in one direction (device-writable when `writes`), up to
+    /// `limit` bytes.
+    Pop {
+        /// Walk as receive (device-writable) rather than transmit.
+        writes: bool,
+        /// Byte limit of the walk.
+        limit: u32,
+    },
+    /// Pops a chain and walks it control-style (readable, then writable).
+    PopSplit,
+    /// Marks the oldest popped chain used with this length.
+    Complete(u32),
+    /// Marks up to this many of the oldest popped chains used as one batch, the last with the
+    /// length.
+    CompleteBatch(u8, u32),
+    /// Puts the newest popped chain back.
+    Unpop,
+    /// Closes a burst of used descriptors.
+    Publish,
+    /// Takes the interrupt decision.
+    Decide,
+    /// Enables kicks (and re-checks the ring).
+    Enable,
+    /// Disables kicks.
+    Disable,
+    /// Hands control to the caller's driver (which may rewrite guest memory).
+    Driver(u8),
+}
+
+/// A chain [`run_packed`] popped and walked.
+#[derive(Debug)]
+pub struct PackedChain {
+    /// Buffer id, start and descriptors in the ring, as the pop returned them.
+    pub id: u16,
+    /// Where the chain starts.
+    pub start: Position,
+    /// Ring descriptors it occupies.
+    pub descriptors: u16,
+    /// The walk's result (for a control-style walk, the readable and writable byte counts
+    /// added up).
+    pub result: Result<u32, ChainError>,
+    /// The (host address, length) entries the walk produced (none on error).
+    pub iovecs: Vec<(usize, usize)>,
+    /// Descriptors charged to the walk's budget.
+    pub charged: u32,
+}
+
+/// What one [`PackedOp`] did, and the ring's positions after it.
+#[derive(Debug)]
+pub struct PackedStep {
+    /// The operation.
+    pub op: PackedOp,
+    /// The chain a pop took, if any.
+    pub popped: Option<PackedChain>,
+    /// Ring descriptors the operation marked used.
+    pub completed: u32,
+    /// Where the next available chain starts.
+    pub next_avail: Position,
+    /// Where the next used descriptor goes.
+    pub next_used: Position,
+    /// Ring descriptors popped and not used.
+    pub in_flight: u32,
+}
+
+/// Runs `ops` on a packed queue laid out as `layout` in `mem`, with the negotiated
+/// `features`, completing chains oldest first; stops at the first ring error, which it returns
+/// with the steps made before it.
+pub fn run_packed(
+    mem: &GuestMemoryMmap,
+    layout: &PackedLayout,
+    features: u64,
+    ops: &[PackedOp],
+    mut driver: impl FnMut(u8),
+) -> Result<(Vec<PackedStep>, Option<PackedRingError>), PackedRingError> {
+    let mut vq = PackedVirtqueue::new(mem, layout, features)?;
+    let mut popped: VecDeque<ChainHead> = VecDeque::new();
+    let mut steps = Vec::new();
+    for &op in ops {
+        let (guest, mut ring) = vq.split();
+        let mut chain = None;
+        let mut completed = 0;
+        match op {
+            PackedOp::Pop { .. } | PackedOp::PopSplit => {
+                let head = match ring.pop_head() {
+                    Ok(Some(head)) => head,
+                    Ok(None) => {
+                        steps.push(step(&vq, op, None, 0));
+                        continue;
+                    }
+                    Err(e) => return Ok((steps, Some(e))),
+                };
+                let mut budget = WalkBudget::per_call();
+                let left = budget.remaining();
+                let mut list = IovecList::new();
+                let mut second = IovecList::new();
+                let result = match op {
+                    PackedOp::Pop { writes, limit } => {
+                        let direction = if writes {
+                            Direction::DeviceWrites
+                        } else {
+                            Direction::DeviceReads
+                        };
+                        ring.walk_chain(&guest, &head, direction, limit, &mut list, &mut budget)
+                    }
+                    _ => ring
+                        .walk_chain_split(
+                            &guest,
+                            &head,
+                            u32::MAX,
+                            &mut list,
+                            &mut second,
+                            &mut budget,
+                        )
+                        .map(|(r, w)| r.saturating_add(w)),
+                };
+                let iovecs = list
+                    .as_iovecs()
+                    .as_raw()
+                    .iter()
+                    .chain(second.as_iovecs().as_raw())
+                    .map(|iov| (iov.iov_base as usize, iov.iov_len))
+                    .collect();
+                chain = Some(PackedChain {
+                    id: head.id(),
+                    start: head.start(),
+                    descriptors: head.descriptors(),
+                    result,
+                    iovecs,
+                    charged: left - budget.remaining(),
+                });
+                popped.push_back(head);
+            }
+            PackedOp::Complete(len) => {
+                if let Some(head) = popped.pop_front() {
+                    completed = u32::from(head.descriptors());
+                    ring.add_used(head, len);
+                }
+            }
+            PackedOp::CompleteBatch(n, len) => {
+                let n = usize::from(n).min(popped.len());
+                let batch: Vec<ChainHead> = popped.drain(..n).collect();
+                completed = batch.iter().map(|h| u32::from(h.descriptors())).sum();
+                ring.add_used_batch(&batch, len);
+            }
+            PackedOp::Unpop => {
+                if let Some(head) = popped.pop_back() {
+                    ring.unpop(&head);
+                }
+            }
+            PackedOp::Publish => ring.publish_used(),
+            PackedOp::Decide => {
+                ring.interrupt_decision();
+            }
+            PackedOp::Enable => {
+                ring.enable_notification();
+            }
+            PackedOp::Disable => ring.disable_notification(),
+            PackedOp::Driver(n) => driver(n),
+        }
+        steps.push(step(&vq, op, chain, completed));
+    }
+    Ok((steps, None))
+}
+
+fn step(
+    vq: &PackedVirtqueue,
+    op: PackedOp,
+    popped: Option<PackedChain>,
+    completed: u32,
+) -> PackedStep {
+    PackedStep {
+        op,
+        popped,
+        completed,
+        next_avail: vq.next_avail(),
+        next_used: vq.next_used(),
+        in_flight: vq.in_flight(),
+    }
 }
