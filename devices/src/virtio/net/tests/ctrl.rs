@@ -11,9 +11,11 @@ use virtio_bindings::virtio_net::*;
 use vm_memory::{GuestAddress, GuestMemoryMmap};
 
 use super::support::{frame, guest_mem, wire, GuestQueue, INDIRECT, NEXT, WRITE};
-use super::worker::{kick, queues, rig, take_interrupt, Rig, TIMEOUT, VERSION_1};
+use super::worker::{
+    kick, no_interrupt, queues, rig, send_one, take_interrupt, Rig, TIMEOUT, VERSION_1,
+};
 use crate::backend::Offloads;
-use crate::test_utils::mmio::{wait_eventfd, wait_until, Registers};
+use crate::test_utils::mmio::{wait_until, Registers};
 use crate::virtio::net::ctrl::{ACK_ERR, ACK_OK, CTRL_QUEUE_SIZE};
 use crate::virtio::net::{
     CoalescingSource, InterruptCoalescing, NetTuningUpdate, CTRL_QUEUE, RX_QUEUE, TX_QUEUE,
@@ -154,18 +156,6 @@ fn vq_get(rig: &Rig, q: &mut GuestQueue, vqn: u16) -> (u32, u32) {
     )
 }
 
-fn send_frame(rig: &Rig, tx: &mut GuestQueue, seed: u8) {
-    let used = tx.used_idx();
-    tx.push_tx(&wire(&frame(64, seed)), &[]);
-    kick(&rig.transport, TX_QUEUE);
-    rig.peer.recv_frame().expect("frame");
-    assert!(wait_until(TIMEOUT, || tx.used_idx() == used.wrapping_add(1)));
-}
-
-fn no_interrupt(t: &MmioTransport) -> bool {
-    wait_eventfd(t.irqfd(), Duration::from_millis(50)) == 0
-}
-
 #[test]
 fn the_control_features_are_offered_and_need_ctrl_vq() {
     let mem = guest_mem();
@@ -242,10 +232,10 @@ fn notf_coal_tx_set_holds_tx_interrupts_until_max_packets() {
     assert_eq!(in_force.rx.source, CoalescingSource::Operator);
 
     for seed in 0..3 {
-        send_frame(&rig, &mut tx, seed);
+        send_one(&rig, &mut tx, seed);
     }
     assert!(no_interrupt(&rig.transport), "held: 3 of 4 tx frames");
-    send_frame(&rig, &mut tx, 3);
+    send_one(&rig, &mut tx, 3);
     take_interrupt(&mut rig.transport);
     assert!(wait_until(TIMEOUT, || rig
         .metrics
@@ -260,7 +250,7 @@ fn notf_coal_tx_set_holds_tx_interrupts_until_max_packets() {
     let reply = send(&rig, &mut ctrl, NOTF_COAL, TX_SET, &coal(0, 0), 1);
     assert_eq!(reply.ack(), Some(ACK_OK));
     take_interrupt(&mut rig.transport);
-    send_frame(&rig, &mut tx, 9);
+    send_one(&rig, &mut tx, 9);
     take_interrupt(&mut rig.transport);
 }
 
@@ -506,8 +496,8 @@ fn malformed_commands_are_refused_counted_and_the_worker_keeps_running() {
         send(&rig, &mut ctrl, NOTF_COAL, TX_SET, &coal(2, 100_000), 1).ack(),
         Some(ACK_OK)
     );
-    send_frame(&rig, &mut tx, 1);
-    send_frame(&rig, &mut tx, 2);
+    send_one(&rig, &mut tx, 1);
+    send_one(&rig, &mut tx, 2);
     assert!(wait_until(TIMEOUT, || rig
         .metrics
         .coalesce_packet_releases
@@ -737,7 +727,7 @@ mod device_stats {
         let mut ctrl = ctrl_queue(&mem);
         start_ctrl(&mut rig.transport, STATS, &rx, &tx, &ctrl);
         for seed in 0..3 {
-            send_frame(&rig, &mut tx, seed);
+            send_one(&rig, &mut tx, seed);
         }
         let class = VIRTIO_NET_CTRL_STATS;
         let reply = send(&rig, &mut ctrl, class, VIRTIO_NET_CTRL_STATS_QUERY, &[], 9);
@@ -821,7 +811,7 @@ mod device_stats {
         let (rx, mut tx) = queues(&mem);
         let mut ctrl = ctrl_queue(&mem);
         start_ctrl(&mut rig.transport, STATS, &rx, &tx, &ctrl);
-        send_frame(&rig, &mut tx, 1);
+        send_one(&rig, &mut tx, 1);
         // The second frame waits for the ops bucket (one frame a second).
         tx.push_tx(&wire(&frame(64, 2)), &[]);
         kick(&rig.transport, TX_QUEUE);

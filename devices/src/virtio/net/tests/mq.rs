@@ -10,12 +10,12 @@ use virtio_bindings::virtio_mmio::VIRTIO_MMIO_STATUS;
 use virtio_bindings::virtio_net::*;
 use vm_memory::{GuestAddress, GuestMemoryMmap};
 
-use super::support::{frame, guest_mem, wire, GuestQueue, WRITE};
-use super::worker::{kick, TIMEOUT, VERSION_1};
+use super::support::{frame, guest_mem, wire, GuestQueue};
+use super::worker::{ctrl_command, kick, multi_queue_device, TIMEOUT, VERSION_1};
 use crate::backend::{PairBackend, PairPeer};
 use crate::test_utils::mmio::{wait_until, Registers};
 use crate::virtio::net::ctrl::{ACK_ERR, ACK_OK, CTRL_QUEUE_SIZE};
-use crate::virtio::net::{MacAddr, NetDevice, NetMetrics};
+use crate::virtio::net::{NetDevice, NetMetrics};
 use crate::virtio::{MmioTransport, VirtioDevice};
 
 const fn bit(feature: u32) -> u64 {
@@ -28,11 +28,7 @@ const MQ_CLASS: u8 = VIRTIO_NET_CTRL_MQ as u8;
 const VQ_PAIRS_SET: u8 = VIRTIO_NET_CTRL_MQ_VQ_PAIRS_SET as u8;
 
 fn device(pairs: usize) -> (NetDevice<PairBackend>, Vec<PairPeer>) {
-    let (backends, peers) = (0..pairs)
-        .map(|_| PairBackend::new().expect("socketpair"))
-        .unzip();
-    let device = NetDevice::with_backends(backends, MacAddr::new([2, 0, 0, 0, 0, 1]), 256);
-    (device, peers)
+    multi_queue_device(pairs)
 }
 
 #[test]
@@ -100,31 +96,11 @@ fn start_mq(t: &mut MmioTransport, r: &Rings) {
     assert_eq!(t.status() & 0xff, 0xf, "running, not NEEDS_RESET");
 }
 
-/// Sends `class.command` with `data` on the control queue `index`; returns (used len, ack).
+/// Sends `class.command` with `data` on the control queue `index`; returns the ack.
 fn send(t: &MmioTransport, q: &mut GuestQueue, index: usize, cmd: [u8; 2], data: &[u8]) -> u8 {
-    let mut readable = cmd.to_vec();
-    readable.extend_from_slice(data);
-    let first = q.next_slot();
-    let out = q.alloc(&readable);
-    let ack = q.alloc(&[0xAA]);
-    let head = q.write_descs(&[
-        (
-            out,
-            readable.len() as u32,
-            super::support::NEXT,
-            (first + 1) % CTRL_QUEUE_SIZE,
-        ),
-        (ack, 1, WRITE, 0),
-    ])[0];
-    let used = q.used_idx();
-    q.publish(head);
-    kick(t, index);
-    assert!(
-        wait_until(TIMEOUT, || q.used_idx() == used.wrapping_add(1)),
-        "the control chain came back"
-    );
-    assert_eq!(q.used(used), (u32::from(head), 1));
-    q.read(ack, 1)[0]
+    let (ack, used, head) = ctrl_command(t, q, index, cmd, data);
+    assert_eq!(used, (u32::from(head), 1));
+    ack
 }
 
 fn pairs_set(t: &MmioTransport, r: &mut Rings, pairs: u16) -> u8 {

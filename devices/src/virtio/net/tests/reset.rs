@@ -11,8 +11,8 @@ use virtio_bindings::virtio_mmio::{VIRTIO_MMIO_QUEUE_READY, VIRTIO_MMIO_QUEUE_SE
 use virtio_bindings::virtio_net::*;
 use vm_memory::{GuestAddress, GuestMemoryMmap};
 
-use super::support::{frame, guest_mem, wire, GuestQueue, NEXT, WRITE};
-use super::worker::{kick, TIMEOUT, VERSION_1};
+use super::support::{frame, guest_mem, wire, GuestQueue};
+use super::worker::{ctrl_command, kick, multi_queue_device, TIMEOUT, VERSION_1};
 use crate::backend::{NetBackend, PairBackend, PairPeer};
 use crate::test_utils::mmio::{wait_until, Registers};
 use crate::virtio::mmio::QUEUE_RESET_OFFSET;
@@ -32,13 +32,10 @@ const QSIZE: u16 = 256;
 const RESET_BOUND: Duration = Duration::from_secs(1);
 
 fn device(pairs: usize) -> (NetDevice<PairBackend>, Vec<PairPeer>) {
-    let (backends, peers): (Vec<_>, Vec<PairPeer>) = (0..pairs)
-        .map(|_| PairBackend::new().expect("socketpair"))
-        .unzip();
+    let (device, peers) = multi_queue_device(pairs);
     for peer in &peers {
         peer.set_timeout(TIMEOUT).expect("timeout");
     }
-    let device = NetDevice::with_backends(backends, MacAddr::new([2, 0, 0, 0, 0, 1]), QSIZE);
     (device, peers)
 }
 
@@ -81,21 +78,7 @@ fn numbered(seq: u32) -> Vec<u8> {
 
 /// Sends `cmd` with `data` on the control queue (queue `index`); returns the ack.
 fn ctrl_send(t: &MmioTransport, q: &mut GuestQueue, index: usize, cmd: [u8; 2], data: &[u8]) -> u8 {
-    let mut readable = cmd.to_vec();
-    readable.extend_from_slice(data);
-    let first = q.next_slot();
-    let out = q.alloc(&readable);
-    let ack = q.alloc(&[0xAA]);
-    let size = CTRL_QUEUE_SIZE;
-    let head = q.write_descs(&[
-        (out, readable.len() as u32, NEXT, (first + 1) % size),
-        (ack, 1, WRITE, 0),
-    ])[0];
-    let used = q.used_idx();
-    q.publish(head);
-    kick(t, index);
-    assert!(wait_until(TIMEOUT, || q.used_idx() == used.wrapping_add(1)));
-    q.read(ack, 1)[0]
+    ctrl_command(t, q, index, cmd, data).0
 }
 
 /// Pushes `frames` numbered frames on `tx` (kicking `kick` each time), waiting for used

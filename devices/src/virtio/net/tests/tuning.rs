@@ -12,10 +12,12 @@ use virtio_bindings::virtio_mmio::{VIRTIO_MMIO_INT_CONFIG, VIRTIO_MMIO_INT_VRING
 use virtio_bindings::virtio_ring::VIRTIO_RING_F_EVENT_IDX;
 
 use super::support::{frame, guest_mem, wire, GuestQueue};
-use super::worker::{kick, queues, rig, rig_with, start, take_interrupt, Rig, TIMEOUT, VERSION_1};
-use crate::test_utils::mmio::{wait_eventfd, wait_until, Registers};
+use super::worker::{
+    kick, no_interrupt, queues, rig, rig_with, send_one, start, take_interrupt, Rig, TIMEOUT,
+    VERSION_1,
+};
+use crate::test_utils::mmio::{wait_until, Registers};
 use crate::virtio::net::{InterruptCoalescing, NetTuning};
-use crate::virtio::MmioTransport;
 
 fn coalescing(max_packets: u16, max_usecs: u32) -> NetTuning {
     NetTuning {
@@ -25,19 +27,6 @@ fn coalescing(max_packets: u16, max_usecs: u32) -> NetTuning {
         },
         ..NetTuning::default()
     }
-}
-
-/// Sends one frame from the guest and waits until the device has returned its buffer.
-fn send_one(rig: &Rig, tx: &mut GuestQueue, seed: u8) {
-    let used = tx.used_idx();
-    tx.push_tx(&wire(&frame(64, seed)), &[]);
-    kick(&rig.transport, 1);
-    rig.peer.recv_frame().expect("frame");
-    assert!(wait_until(TIMEOUT, || tx.used_idx() == used.wrapping_add(1)));
-}
-
-fn no_interrupt(t: &MmioTransport) -> bool {
-    wait_eventfd(t.irqfd(), Duration::from_millis(50)) == 0
 }
 
 #[test]

@@ -15,7 +15,8 @@ use vm_memory::{GuestAddress, GuestMemoryMmap};
 
 use crate::backend::{Offloads, PairBackend, PairPeer};
 use crate::test_utils::mmio::{wait_eventfd, wait_until, Registers};
-use crate::virtio::net::tests::support::{frame, guest_mem, wire, GuestQueue};
+use crate::virtio::net::ctrl::CTRL_QUEUE_SIZE;
+use crate::virtio::net::tests::support::{frame, guest_mem, wire, GuestQueue, NEXT, WRITE};
 use crate::virtio::net::LinkState;
 use crate::virtio::net::{LinkControl, MacAddr, NetDevice, NetMetrics, TuningControl};
 use crate::virtio::MmioTransport;
@@ -98,6 +99,57 @@ pub(super) fn queues_after_reset(mem: &GuestMemoryMmap) -> (GuestQueue, GuestQue
         GuestQueue::at(mem, GuestAddress(0x2_0000), 256, 0x60_0000),
         GuestQueue::at(mem, GuestAddress(0x3_0000), 256, 0x70_0000),
     )
+}
+
+/// Sends one frame from the guest on queue 1 and waits until the device has returned its
+/// buffer.
+pub(super) fn send_one(rig: &Rig, tx: &mut GuestQueue, seed: u8) {
+    let used = tx.used_idx();
+    tx.push_tx(&wire(&frame(64, seed)), &[]);
+    kick(&rig.transport, 1);
+    rig.peer.recv_frame().expect("frame");
+    assert!(wait_until(TIMEOUT, || tx.used_idx() == used.wrapping_add(1)));
+}
+
+/// No interrupt within 50 ms.
+pub(super) fn no_interrupt(t: &MmioTransport) -> bool {
+    wait_eventfd(t.irqfd(), Duration::from_millis(50)) == 0
+}
+
+/// A device with `pairs` queue pairs, a socket-pair backend each (MAC 02:00:00:00:00:01,
+/// 256-entry queues); the far ends in pair order.
+pub(super) fn multi_queue_device(pairs: usize) -> (NetDevice<PairBackend>, Vec<PairPeer>) {
+    let (backends, peers) = (0..pairs)
+        .map(|_| PairBackend::new().expect("socketpair"))
+        .unzip();
+    let device = NetDevice::with_backends(backends, MacAddr::new([2, 0, 0, 0, 0, 1]), 256);
+    (device, peers)
+}
+
+/// Sends `class.command` with `data` on the control queue `q` (queue `index`) and waits until
+/// the device returns the chain; returns the ack and the used entry.
+pub(super) fn ctrl_command(
+    t: &MmioTransport,
+    q: &mut GuestQueue,
+    index: usize,
+    cmd: [u8; 2],
+    data: &[u8],
+) -> (u8, (u32, u32), u16) {
+    let mut readable = cmd.to_vec();
+    readable.extend_from_slice(data);
+    let first = q.next_slot();
+    let out = q.alloc(&readable);
+    let ack = q.alloc(&[0xAA]);
+    let next = (first + 1) % CTRL_QUEUE_SIZE;
+    let head = q.write_descs(&[(out, readable.len() as u32, NEXT, next), (ack, 1, WRITE, 0)])[0];
+    let used = q.used_idx();
+    q.publish(head);
+    kick(t, index);
+    assert!(
+        wait_until(TIMEOUT, || q.used_idx() == used.wrapping_add(1)),
+        "the control chain came back"
+    );
+    (q.read(ack, 1)[0], q.used(used), head)
 }
 
 #[test]
