@@ -12,7 +12,7 @@ use vm_memory::{GuestAddress, GuestMemoryMmap};
 
 use super::support::{frame, guest_mem, wire, GuestQueue, INDIRECT, NEXT, WRITE};
 use super::worker::{
-    kick, no_interrupt, queues, rig, send_one, take_interrupt, Rig, TIMEOUT, VERSION_1,
+    kick, no_interrupt, queues, reaches, rig, send_one, take_interrupt, Rig, TIMEOUT, VERSION_1,
 };
 use crate::backend::Offloads;
 use crate::test_utils::mmio::{wait_until, Registers};
@@ -237,11 +237,7 @@ fn notf_coal_tx_set_holds_tx_interrupts_until_max_packets() {
     assert!(no_interrupt(&rig.transport), "held: 3 of 4 tx frames");
     send_one(&rig, &mut tx, 3);
     take_interrupt(&mut rig.transport);
-    assert!(wait_until(TIMEOUT, || rig
-        .metrics
-        .coalesce_packet_releases
-        .get()
-        == 1));
+    assert!(reaches(&rig.metrics.coalesce_packet_releases, 1));
     assert_eq!(rig.metrics.ctrl.coalescing_sets.get(), 1);
     assert_eq!(rig.metrics.ctrl.ok.get(), 1);
     assert_eq!(rig.metrics.ctrl.errors.get(), 0);
@@ -282,12 +278,7 @@ fn vq_get_returns_what_vq_set_set_and_the_operators_otherwise() {
     let reply = send(&rig, &mut ctrl, NOTF_COAL, RX_SET, &coal(32, 50), 1);
     assert_eq!(reply.ack(), Some(ACK_OK));
     assert_eq!(vq_get(&rig, &mut ctrl, 0), (32, 50), "RX_SET is queue 0's");
-    assert!(wait_until(TIMEOUT, || rig
-        .metrics
-        .ctrl
-        .coalescing_gets
-        .get()
-        == 4));
+    assert!(reaches(&rig.metrics.ctrl.coalescing_gets, 4));
     let in_force = rig.tuning.coalescing_in_force();
     assert_eq!(in_force.rx.source, CoalescingSource::Guest);
     assert_eq!((in_force.rx.max_packets, in_force.rx.max_usecs), (32, 50));
@@ -498,11 +489,7 @@ fn malformed_commands_are_refused_counted_and_the_worker_keeps_running() {
     );
     send_one(&rig, &mut tx, 1);
     send_one(&rig, &mut tx, 2);
-    assert!(wait_until(TIMEOUT, || rig
-        .metrics
-        .coalesce_packet_releases
-        .get()
-        == 1));
+    assert!(reaches(&rig.metrics.coalesce_packet_releases, 1));
     assert_eq!(rig.metrics.needs_reset_events.get(), 0);
     assert!(wait_until(TIMEOUT, || c.commands.get() == 19));
 }
@@ -930,11 +917,6 @@ mod device_stats {
         let class = VIRTIO_NET_CTRL_STATS;
         let reply = send(&rig, &mut ctrl, class, VIRTIO_NET_CTRL_STATS_QUERY, &[], 9);
         assert_eq!(reply.ack(), Some(ACK_ERR));
-        assert!(wait_until(TIMEOUT, || rig
-            .metrics
-            .ctrl
-            .not_negotiated
-            .get()
-            == 1));
+        assert!(reaches(&rig.metrics.ctrl.not_negotiated, 1));
     }
 }

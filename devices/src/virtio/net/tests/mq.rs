@@ -11,7 +11,7 @@ use virtio_bindings::virtio_net::*;
 use vm_memory::{GuestAddress, GuestMemoryMmap};
 
 use super::support::{frame, guest_mem, wire, GuestQueue};
-use super::worker::{ctrl_command, kick, multi_queue_device, TIMEOUT, VERSION_1};
+use super::worker::{ctrl_command, kick, multi_queue_device, reaches, TIMEOUT, VERSION_1};
 use crate::backend::{PairBackend, PairPeer};
 use crate::test_utils::mmio::{wait_until, Registers};
 use crate::virtio::net::ctrl::{ACK_ERR, ACK_OK, CTRL_QUEUE_SIZE};
@@ -84,6 +84,12 @@ fn rings(mem: &GuestMemoryMmap) -> Rings {
 
 /// Negotiates MQ and programs the five queues; the control queue is 4 (2 × pairs).
 fn start_mq(t: &mut MmioTransport, r: &Rings) {
+    start_mq_with_ctrl_at(t, r, 4);
+}
+
+/// Negotiates MQ and programs two pairs and the control queue, at `ctrl` (2 × the device's
+/// pairs; the queues between stay disabled).
+fn start_mq_with_ctrl_at(t: &mut MmioTransport, r: &Rings, ctrl: u32) {
     assert!(t.negotiate(MQ), "FEATURES_OK accepted");
     for (index, q) in [&r.rx[0], &r.tx[0], &r.rx[1], &r.tx[1]]
         .into_iter()
@@ -91,7 +97,7 @@ fn start_mq(t: &mut MmioTransport, r: &Rings) {
     {
         t.setup_queue(index as u32, 256, q.ring_addrs());
     }
-    t.setup_queue(4, CTRL_QUEUE_SIZE, r.ctrl.ring_addrs());
+    t.setup_queue(ctrl, CTRL_QUEUE_SIZE, r.ctrl.ring_addrs());
     t.driver_ok();
     assert_eq!(t.status() & 0xff, 0xf, "running, not NEEDS_RESET");
 }
@@ -485,10 +491,7 @@ fn the_guests_coalescing_applies_to_every_pair() {
     transmit(&t, &mut r, 1, 3);
     peers[1].recv_frame().expect("frame on pair 1");
     assert!(crate::test_utils::mmio::wait_eventfd(t.irqfd(), TIMEOUT) > 0);
-    assert!(wait_until(TIMEOUT, || metrics
-        .coalesce_packet_releases
-        .get()
-        == 1));
+    assert!(reaches(&metrics.coalesce_packet_releases, 1));
     assert_eq!(metrics.queues[1].tx.frames.get(), 4);
 }
 
@@ -502,17 +505,8 @@ fn a_driver_may_set_up_fewer_pairs_than_the_device_has() {
     let metrics: std::sync::Arc<NetMetrics> = three.metrics();
     let mut t = MmioTransport::new(mem.clone(), Box::new(three)).expect("transport");
     let mut r = rings(&mem);
-    assert!(t.negotiate(MQ), "FEATURES_OK accepted");
-    for (index, q) in [&r.rx[0], &r.tx[0], &r.rx[1], &r.tx[1]]
-        .into_iter()
-        .enumerate()
-    {
-        t.setup_queue(index as u32, 256, q.ring_addrs());
-    }
     // The control queue is at 2 × max_virtqueue_pairs = 6; queues 4 and 5 stay disabled.
-    t.setup_queue(6, CTRL_QUEUE_SIZE, r.ctrl.ring_addrs());
-    t.driver_ok();
-    assert_eq!(t.status() & 0xff, 0xf, "running, not NEEDS_RESET");
+    start_mq_with_ctrl_at(&mut t, &r, 6);
     let set = |t: &MmioTransport, r: &mut Rings, pairs: u16| {
         send(
             t,

@@ -77,7 +77,13 @@ impl Ring {
     /// A second 16-entry queue in the same guest memory, clear of this one's rings and
     /// buffers (the rx side of a test that started on tx).
     pub fn second(&self) -> Ring {
-        let driver = GuestQueue::at(&self.mem, GuestAddress(0x8000), 16, 0x40_0000);
+        self.beside(0x8000, 16, 0x40_0000)
+    }
+
+    /// Another `size`-entry queue in the same guest memory, its rings from `start` and its
+    /// buffers from `data_start` (see [`GuestQueue::at`]).
+    pub fn beside(&self, start: u64, size: u16, data_start: u64) -> Ring {
+        let driver = GuestQueue::at(&self.mem, GuestAddress(start), size, data_start);
         Ring::over(self.mem.clone(), driver)
     }
 

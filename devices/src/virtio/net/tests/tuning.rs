@@ -10,14 +10,17 @@ use seccompiler::{SeccompAction, SeccompFilter, TargetArch};
 use virtio_bindings::virtio_config::VIRTIO_CONFIG_S_NEEDS_RESET;
 use virtio_bindings::virtio_mmio::{VIRTIO_MMIO_INT_CONFIG, VIRTIO_MMIO_INT_VRING};
 use virtio_bindings::virtio_ring::VIRTIO_RING_F_EVENT_IDX;
+use vm_memory::GuestMemoryMmap;
 
 use super::support::{frame, guest_mem, wire, GuestQueue};
 use super::worker::{
-    kick, no_interrupt, queues, rig, rig_with, send_one, start, take_interrupt, Rig, TIMEOUT,
-    VERSION_1,
+    kick, no_interrupt, queues, reaches, rig, rig_with, send_one, start, start_on_queues,
+    take_interrupt, Rig, TIMEOUT, VERSION_1,
 };
 use crate::test_utils::mmio::{wait_until, Registers};
 use crate::virtio::net::{InterruptCoalescing, NetTuning};
+
+const EVENT_IDX: u64 = 1 << VIRTIO_RING_F_EVENT_IDX;
 
 fn coalescing(max_packets: u16, max_usecs: u32) -> NetTuning {
     NetTuning {
@@ -29,24 +32,33 @@ fn coalescing(max_packets: u16, max_usecs: u32) -> NetTuning {
     }
 }
 
+/// A rig started with VERSION_1 whose device coalesces interrupts from the start; returns
+/// the rig and the driver's tx queue.
+fn coalescing_from_the_start(
+    mem: &GuestMemoryMmap,
+    max_packets: u16,
+    max_usecs: u32,
+) -> (Rig, GuestQueue) {
+    let mut rig = rig(mem);
+    rig.tuning
+        .set(coalescing(max_packets, max_usecs))
+        .expect("valid");
+    let (rx, tx) = queues(mem);
+    start(&mut rig.transport, VERSION_1, &rx, &tx);
+    (rig, tx)
+}
+
 #[test]
 fn coalescing_holds_the_interrupt_until_max_packets() {
     let mem = guest_mem();
-    let mut rig = rig(&mem);
-    rig.tuning.set(coalescing(4, 1_000_000)).expect("valid");
-    let (rx, mut tx) = queues(&mem);
-    start(&mut rig.transport, VERSION_1, &rx, &tx);
+    let (mut rig, mut tx) = coalescing_from_the_start(&mem, 4, 1_000_000);
     for seed in 0..3 {
         send_one(&rig, &mut tx, seed);
     }
     assert!(no_interrupt(&rig.transport), "held: 3 of 4 packets");
     send_one(&rig, &mut tx, 3);
     assert_eq!(take_interrupt(&mut rig.transport), VIRTIO_MMIO_INT_VRING);
-    assert!(wait_until(TIMEOUT, || rig
-        .metrics
-        .coalesce_packet_releases
-        .get()
-        == 1));
+    assert!(reaches(&rig.metrics.coalesce_packet_releases, 1));
     assert_eq!(rig.metrics.interrupts_held.get(), 3);
     assert_eq!(rig.metrics.irqfd_signals.get(), 1);
     assert_eq!(
@@ -74,11 +86,7 @@ fn coalescing_releases_a_held_interrupt_after_max_usecs() {
         "{:?}",
         sent.elapsed()
     );
-    assert!(wait_until(TIMEOUT, || rig
-        .metrics
-        .coalesce_timer_releases
-        .get()
-        == 1));
+    assert!(reaches(&rig.metrics.coalesce_timer_releases, 1));
     assert_eq!(rig.metrics.interrupts_held.get(), 1);
     assert_eq!(rig.metrics.irqfd_signals.get(), 1);
 }
@@ -86,10 +94,7 @@ fn coalescing_releases_a_held_interrupt_after_max_usecs() {
 #[test]
 fn switching_coalescing_off_releases_the_held_interrupt() {
     let mem = guest_mem();
-    let mut rig = rig(&mem);
-    rig.tuning.set(coalescing(0, 1_000_000)).expect("valid");
-    let (rx, mut tx) = queues(&mem);
-    start(&mut rig.transport, VERSION_1, &rx, &tx);
+    let (mut rig, mut tx) = coalescing_from_the_start(&mem, 0, 1_000_000);
     send_one(&rig, &mut tx, 1);
     assert!(no_interrupt(&rig.transport), "held for up to 1 s");
     let switched = Instant::now();
@@ -106,13 +111,7 @@ fn switching_coalescing_off_releases_the_held_interrupt() {
 fn event_idx_suppression_can_be_switched_off() {
     let mem = guest_mem();
     let mut rig = rig(&mem);
-    let (rx, mut tx) = queues(&mem);
-    start(
-        &mut rig.transport,
-        VERSION_1 | 1 << VIRTIO_RING_F_EVENT_IDX,
-        &rx,
-        &tx,
-    );
+    let (_rx, mut tx) = start_on_queues(&mut rig.transport, &mem, VERSION_1 | EVENT_IDX);
     rig.tuning
         .set(NetTuning {
             event_idx: false,
@@ -259,13 +258,7 @@ fn busy_poll_window_ends_with_notifications_back_on() {
             ..NetTuning::default()
         })
         .expect("valid");
-    let (rx, mut tx) = queues(&mem);
-    start(
-        &mut rig.transport,
-        VERSION_1 | 1 << VIRTIO_RING_F_EVENT_IDX,
-        &rx,
-        &tx,
-    );
+    let (_rx, mut tx) = start_on_queues(&mut rig.transport, &mem, VERSION_1 | EVENT_IDX);
     // The windows at activation (which also see the tuning change) end first.
     std::thread::sleep(Duration::from_millis(30));
     let (polls0, found0) = (

@@ -16,6 +16,7 @@ use vm_memory::{GuestAddress, GuestMemoryMmap};
 use crate::backend::{Offloads, PairBackend, PairPeer};
 use crate::test_utils::mmio::{wait_eventfd, wait_until, Registers};
 use crate::virtio::net::ctrl::CTRL_QUEUE_SIZE;
+use crate::virtio::net::metrics::Counter;
 use crate::virtio::net::tests::support::{frame, guest_mem, wire, GuestQueue, NEXT, WRITE};
 use crate::virtio::net::LinkState;
 use crate::virtio::net::{LinkControl, MacAddr, NetDevice, NetMetrics, TuningControl};
@@ -72,6 +73,17 @@ pub(super) fn start(t: &mut MmioTransport, features: u64, rx: &GuestQueue, tx: &
     );
 }
 
+/// [`start`] on the rings of [`queues`]; returns them.
+pub(super) fn start_on_queues(
+    t: &mut MmioTransport,
+    mem: &GuestMemoryMmap,
+    features: u64,
+) -> (GuestQueue, GuestQueue) {
+    let (rx, tx) = queues(mem);
+    start(t, features, &rx, &tx);
+    (rx, tx)
+}
+
 /// Plays KVM: the guest wrote `queue` to QueueNotify, the ioeventfd fires.
 pub(super) fn kick(t: &MmioTransport, queue: usize) {
     t.ioeventfds(MMIO_BASE)[queue].0.write(1).expect("kick");
@@ -109,6 +121,11 @@ pub(super) fn send_one(rig: &Rig, tx: &mut GuestQueue, seed: u8) {
     kick(&rig.transport, 1);
     rig.peer.recv_frame().expect("frame");
     assert!(wait_until(TIMEOUT, || tx.used_idx() == used.wrapping_add(1)));
+}
+
+/// Waits (up to [`TIMEOUT`]) until `counter` reads `value`; false if it never does.
+pub(super) fn reaches(counter: &Counter, value: u64) -> bool {
+    wait_until(TIMEOUT, || counter.get() == value)
 }
 
 /// No interrupt within 50 ms.
