@@ -420,6 +420,55 @@ pub fn final_metrics(stderr: &str) -> Option<serde_json::Value> {
         .and_then(|l| serde_json::from_str(l).ok())
 }
 
+/// [`final_metrics`] of a run that must have printed them.
+pub fn metrics_of(out: &RunOutput) -> serde_json::Value {
+    final_metrics(&out.stderr).unwrap_or_else(|| panic!("no metrics line\n{out}"))
+}
+
+/// The driver guest's counters `d` against the device's metrics `dev` of one run: kicks each
+/// way, frames each way (the guest's tx including its XDP_TX), no device error and no
+/// malformed tx chain. `ctx` describes the run for a failure.
+pub fn assert_guest_counters_match_device(
+    d: &serde_json::Value,
+    dev: &serde_json::Value,
+    ctx: impl Fn() -> String,
+) {
+    let n = json_u64;
+    for (what, guest, device) in [
+        ("tx kicks", n(d, "kicks"), n(&dev["tx"], "kicks")),
+        ("rx kicks", n(d, "rx_kicks"), n(&dev["rx"], "kicks")),
+        (
+            "tx frames",
+            n(d, "tx_frames") + n(d, "xdp_tx"),
+            n(&dev["tx"], "frames"),
+        ),
+        ("rx frames", n(d, "rx_frames"), n(&dev["rx"], "frames")),
+        ("device errors", n(d, "device_errors"), 0),
+        ("malformed tx chains", n(&dev["tx"], "malformed_chains"), 0),
+    ] {
+        assert_eq!(guest, device, "{what}: {}", ctx());
+    }
+}
+
+/// The frames the host received from the driver guest's `tx=` workload are its test frames
+/// 0, 1, … of `size` bytes from `src` to `dst`, each intact and in order. `ctx` describes the
+/// run for a failure.
+pub fn assert_guest_frames(
+    frames: &[Vec<u8>],
+    (dst, src): ([u8; 6], [u8; 6]),
+    size: usize,
+    ctx: &str,
+) {
+    for (seq, f) in frames.iter().enumerate() {
+        assert!(
+            f == &packet::frame(dst, src, seq as u32, size),
+            "frame #{seq} differs ({} bytes): {:02x?}\n{ctx}",
+            f.len(),
+            &f[..f.len().min(32)]
+        );
+    }
+}
+
 /// A network namespace with tap `tap` in it, up, and IPv6 off (so that the host sends nothing
 /// of its own on the tap).
 pub fn namespace_with_tap(tag: &str, tap: &str) -> devices::test_utils::netns::NetNs {

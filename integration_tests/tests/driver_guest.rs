@@ -11,9 +11,10 @@
 use std::time::{Duration, Instant};
 
 use devices::test_utils::netns::NetNs;
-use integration_tests::packet::{self, collect_frames, frame, guest_mac, mac_string, PacketSocket};
+use integration_tests::packet::{self, collect_frames, guest_mac, mac_string, PacketSocket};
 use integration_tests::{
-    driver_result, final_metrics, guest_lock, json_u64 as n, RunOutput, VmmProcess,
+    assert_guest_counters_match_device, assert_guest_frames, driver_result, guest_lock,
+    json_u64 as n, metrics_of, RunOutput, VmmProcess,
 };
 use serde_json::Value;
 
@@ -42,28 +43,13 @@ fn check_counters(d: &Value, m: &Value, out: &RunOutput) -> (u64, u64) {
     let dev = &m["net"][TAP];
     let ctx = || format!("driver {d}\ndevice {dev}\n{out}");
     assert_eq!(d["status"], "done", "{}", ctx());
-    assert_eq!(n(d, "kicks"), n(&dev["tx"], "kicks"), "tx kicks: {}", ctx());
-    assert_eq!(
-        n(d, "rx_kicks"),
-        n(&dev["rx"], "kicks"),
-        "rx kicks: {}",
-        ctx()
-    );
+    assert_guest_counters_match_device(d, dev, ctx);
     assert_eq!(
         n(d, "kicks") + n(d, "kicks_suppressed") + n(d, "kicks_suppressed_no_notify"),
         n(d, "tx_publishes"),
         "one kick decision per publish: {}",
         ctx()
     );
-    assert_eq!(
-        n(d, "tx_frames") + n(d, "xdp_tx"),
-        n(&dev["tx"], "frames"),
-        "{}",
-        ctx()
-    );
-    assert_eq!(n(d, "rx_frames"), n(&dev["rx"], "frames"), "{}", ctx());
-    assert_eq!(n(d, "device_errors"), 0, "{}", ctx());
-    assert_eq!(n(&dev["tx"], "malformed_chains"), 0, "{}", ctx());
     let (taken, signalled) = (n(d, "irqs_taken"), n(dev, "irqfd_signals"));
     assert!(
         taken <= signalled,
@@ -138,16 +124,8 @@ fn run_tx_on(
         "frames the host received: {}\n{out}",
         frames.len()
     );
-    for (seq, f) in frames.iter().enumerate() {
-        let want = frame(tap_mac, src, seq as u32, size);
-        assert!(
-            f == &want,
-            "frame #{seq} differs ({} bytes): {:02x?}",
-            f.len(),
-            &f[..f.len().min(32)]
-        );
-    }
-    let m = final_metrics(&out.stderr).unwrap_or_else(|| panic!("no metrics line\n{out}"));
+    assert_guest_frames(&frames, (tap_mac, src), size, "");
+    let m = metrics_of(&out);
     let (_, signalled) = check_counters(&d, &m, &out);
     assert_eq!(n(&d, "tx_frames"), count);
     eprintln!("{}", summary(&d, signalled));
@@ -170,7 +148,7 @@ fn run_echo(tag: &str, count: u64, size: usize, knobs: &str) -> Value {
         Duration::from_secs(180),
     );
     let d = driver_result(&out);
-    let m = final_metrics(&out.stderr).unwrap_or_else(|| panic!("no metrics line\n{out}"));
+    let m = metrics_of(&out);
     let (_, signalled) = check_counters(&d, &m, &out);
     assert_eq!((n(&d, "xdp_tx"), n(&d, "rx_frames")), (count, count), "{d}");
     assert_eq!(n(&d, "xdp_tx_errors"), 0, "{d}");
@@ -335,7 +313,7 @@ fn calibrate_reports_plausible_costs() {
     // Latency samples: every kicked frame without a tick, early or not.
     let latency = n(c, "latency_samples");
     assert!((SAMPLES / 2..=attempts).contains(&latency), "{c}");
-    let m = final_metrics(&out.stderr).unwrap_or_else(|| panic!("no metrics line\n{out}"));
+    let m = metrics_of(&out);
     let dev = &m["net"][TAP];
     // One frame and one interrupt per attempt.
     assert_eq!(n(&dev["tx"], "frames"), attempts, "{dev}");
@@ -419,7 +397,7 @@ fn hostile_overlapping_used_ring_is_refused_and_the_vmm_exits() {
     assert_eq!(n(&d, "status_after_reset"), 0, "{d}\n{out}");
     // Nothing was written over the avail ring: the device never used the queue.
     assert_eq!(n(&d, "tx_avail_idx"), 1, "{d}\n{out}");
-    let m = final_metrics(&out.stderr).unwrap_or_else(|| panic!("no metrics line\n{out}"));
+    let m = metrics_of(&out);
     let dev = &m["net"][TAP];
     assert!(
         n(dev, "needs_reset_events") >= 1,
@@ -558,7 +536,7 @@ fn guest_notf_coal_bounds_interrupts_like_the_operator_knob() {
     assert_eq!(d["status"], "error", "{d}");
     let why = d["error"].as_str().unwrap_or_default();
     assert!(why.contains("coalesce") && why.contains("refused"), "{d}");
-    let m = final_metrics(&out.stderr).unwrap_or_else(|| panic!("no metrics line\n{out}"));
+    let m = metrics_of(&out);
     assert_eq!(n(&m["net"][TAP]["ctrl"], "errors"), 1, "{m}");
     assert_eq!(n(&m["net"][TAP]["tx"], "frames"), 0, "{m}");
 }
@@ -578,7 +556,7 @@ fn run_on_backend(net: &str, cmdline: &str) -> (Value, Value, RunOutput) {
     let out = VmmProcess::spawn(&mut cmd).finish(Duration::from_secs(120));
     assert!(out.success(), "{out}");
     let d = driver_result(&out);
-    let m = final_metrics(&out.stderr).unwrap_or_else(|| panic!("no metrics line\n{out}"));
+    let m = metrics_of(&out);
     let backend = net
         .strip_prefix("backend=")
         .and_then(|b| b.split(',').next())

@@ -7,11 +7,10 @@
 
 use std::time::Duration;
 
-use integration_tests::packet::{
-    collect_frames, frame, mac_string, parse_mac, tap_socket, PacketSocket,
-};
+use integration_tests::packet::{collect_frames, guest_mac, mac_string, tap_socket, PacketSocket};
 use integration_tests::{
-    driver_result, final_metrics, guest_lock, json_u64 as n, RunOutput, VmmProcess,
+    assert_guest_counters_match_device, assert_guest_frames, driver_result, guest_lock,
+    json_u64 as n, metrics_of, RunOutput, VmmProcess,
 };
 use serde_json::Value;
 
@@ -42,8 +41,7 @@ fn start_pci_guest(ns: &devices::test_utils::netns::NetNs, cmdline: &str) -> Vmm
 /// arriving while the previous one is pending merges with it, so the guest may take fewer),
 /// none through the config one. Returns the device's metrics.
 fn check(d: &Value, out: &RunOutput) -> Value {
-    let m = final_metrics(&out.stderr).unwrap_or_else(|| panic!("no metrics line\n{out}"));
-    let dev = m["net"][TAP].clone();
+    let dev = metrics_of(out)["net"][TAP].clone();
     let ctx = || format!("driver {d}\ndevice {dev}\n{out}");
     assert_eq!(d["status"], "done", "{}", ctx());
     assert_eq!(d["transport"], "pci", "{}", ctx());
@@ -53,22 +51,7 @@ fn check(d: &Value, out: &RunOutput) -> Value {
         "{}",
         ctx()
     );
-    assert_eq!(n(d, "kicks"), n(&dev["tx"], "kicks"), "tx kicks: {}", ctx());
-    assert_eq!(
-        n(d, "rx_kicks"),
-        n(&dev["rx"], "kicks"),
-        "rx kicks: {}",
-        ctx()
-    );
-    assert_eq!(
-        n(d, "tx_frames") + n(d, "xdp_tx"),
-        n(&dev["tx"], "frames"),
-        "{}",
-        ctx()
-    );
-    assert_eq!(n(d, "rx_frames"), n(&dev["rx"], "frames"), "{}", ctx());
-    assert_eq!(n(d, "device_errors"), 0, "{}", ctx());
-    assert_eq!(n(&dev["tx"], "malformed_chains"), 0, "{}", ctx());
+    assert_guest_counters_match_device(d, &dev, ctx);
     let (rx, tx, ctrl, config) = (
         n(d, "irqs_rx"),
         n(d, "irqs_tx"),
@@ -101,21 +84,9 @@ fn pci_guest_transmits_frames_intact_over_msix() {
     let frames = reader.join().expect("reader thread");
     assert!(out.success(), "{out}");
     let d = driver_result(&out);
-    let src = out
-        .stdout
-        .lines()
-        .find(|l| l.starts_with("driver-guest: ready"))
-        .and_then(|l| l.split_whitespace().find_map(|w| w.strip_prefix("mac=")))
-        .and_then(parse_mac)
-        .unwrap_or_else(|| panic!("no ready line\n{out}"));
+    let src = guest_mac(&out.stdout).unwrap_or_else(|| panic!("no ready line\n{out}"));
     assert_eq!(frames.len() as u64, count, "{out}");
-    for (seq, f) in frames.iter().enumerate() {
-        assert!(
-            f == &frame(tap_mac, src, seq as u32, size),
-            "frame #{seq} differs: {:02x?}",
-            &f[..f.len().min(32)]
-        );
-    }
+    assert_guest_frames(&frames, (tap_mac, src), size, "");
     let dev = check(&d, &out);
     assert_eq!(
         (n(&d, "tx_frames"), n(&d, "tx_reclaimed")),

@@ -6,8 +6,10 @@
 
 use std::time::Duration;
 
-use integration_tests::packet::{collect_frames, frame, mac_string, parse_mac, tap_socket};
-use integration_tests::{driver_result, final_metrics, guest_lock, json_u64 as n};
+use integration_tests::packet::{collect_frames, guest_mac, mac_string, tap_socket};
+use integration_tests::{
+    assert_guest_frames, driver_result, guest_lock, json_u64 as n, metrics_of,
+};
 use serde_json::Value;
 
 const TAP: &str = "vmmtap0";
@@ -55,27 +57,13 @@ fn tx_with_resets(
     let frames = reader.join().expect("reader thread");
     assert!(out.success(), "{out}");
     let d = driver_result(&out);
-    let m = final_metrics(&out.stderr).unwrap_or_else(|| panic!("no metrics line\n{out}"));
-    let dev = m["net"][TAP].clone();
+    let dev = metrics_of(&out)["net"][TAP].clone();
     let ctx = || format!("driver {d}\ndevice {dev}\n{out}");
     assert_eq!(d["status"], "done", "{}", ctx());
     assert_eq!(d["transport"], transport, "{}", ctx());
-    let src = out
-        .stdout
-        .lines()
-        .find(|l| l.starts_with("driver-guest: ready"))
-        .and_then(|l| l.split_whitespace().find_map(|w| w.strip_prefix("mac=")))
-        .and_then(parse_mac)
-        .unwrap_or_else(|| panic!("no ready line\n{out}"));
+    let src = guest_mac(&out.stdout).unwrap_or_else(|| panic!("no ready line\n{out}"));
     // Every frame, intact and in order, none twice.
-    for (seq, f) in frames.iter().enumerate() {
-        assert!(
-            f == &frame(tap_mac, src, seq as u32, size),
-            "frame #{seq} differs: {:02x?}\n{}",
-            &f[..f.len().min(32)],
-            ctx()
-        );
-    }
+    assert_guest_frames(&frames, (tap_mac, src), size, &ctx());
     assert_eq!(frames.len() as u64, count, "{}", ctx());
     // The guest's resets: as planned, none failed, and the device carried out as many.
     let r = &d["resets"];
@@ -183,8 +171,7 @@ fn pci_echo_with_tx_resets_returns_every_frame() {
         Duration::from_secs(120),
     );
     let d = driver_result(&out);
-    let m = final_metrics(&out.stderr).unwrap_or_else(|| panic!("no metrics line\n{out}"));
-    let dev = m["net"][TAP].clone();
+    let dev = metrics_of(&out)["net"][TAP].clone();
     let ctx = || format!("driver {d}\ndevice {dev}\n{out}");
     assert_eq!(d["status"], "done", "{}", ctx());
     assert_eq!(
