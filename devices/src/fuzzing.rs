@@ -12,7 +12,9 @@ use vm_memory::GuestMemoryMmap;
 
 use crate::iovec::IovecList;
 pub use crate::virtio::chain::{ChainError, Direction};
-use crate::virtio::packed::{ChainHead, PackedVirtqueue};
+use crate::virtio::packed::{
+    ChainHead, GuestView as PackedGuest, PackedVirtqueue, RingOps as PackedRing,
+};
 pub use crate::virtio::packed::{PackedLayout, PackedRingError, Position};
 use crate::virtio::ring::RingError;
 use crate::virtio::vring::{Virtqueue, WalkBudget};
@@ -198,45 +200,7 @@ pub fn run_packed(
                     }
                     Err(e) => return Ok((steps, Some(e))),
                 };
-                let mut budget = WalkBudget::per_call();
-                let left = budget.remaining();
-                let mut list = IovecList::new();
-                let mut second = IovecList::new();
-                let result = match op {
-                    PackedOp::Pop { writes, limit } => {
-                        let direction = if writes {
-                            Direction::DeviceWrites
-                        } else {
-                            Direction::DeviceReads
-                        };
-                        ring.walk_chain(&guest, &head, direction, limit, &mut list, &mut budget)
-                    }
-                    _ => ring
-                        .walk_chain_split(
-                            &guest,
-                            &head,
-                            u32::MAX,
-                            &mut list,
-                            &mut second,
-                            &mut budget,
-                        )
-                        .map(|(r, w)| r.saturating_add(w)),
-                };
-                let iovecs = list
-                    .as_iovecs()
-                    .as_raw()
-                    .iter()
-                    .chain(second.as_iovecs().as_raw())
-                    .map(|iov| (iov.iov_base as usize, iov.iov_len))
-                    .collect();
-                chain = Some(PackedChain {
-                    id: head.id(),
-                    start: head.start(),
-                    descriptors: head.descriptors(),
-                    result,
-                    iovecs,
-                    charged: left - budget.remaining(),
-                });
+                chain = Some(walk_packed(&guest, &ring, &head, op));
                 popped.push_back(head);
             }
             PackedOp::Complete(len) => {
@@ -269,6 +233,47 @@ pub fn run_packed(
         steps.push(step(&vq, op, chain, completed));
     }
     Ok((steps, None))
+}
+
+/// Walks a popped chain as `op` says (one direction, or control-style).
+fn walk_packed(
+    guest: &PackedGuest<'_>,
+    ring: &PackedRing<'_>,
+    head: &ChainHead,
+    op: PackedOp,
+) -> PackedChain {
+    let mut budget = WalkBudget::per_call();
+    let left = budget.remaining();
+    let mut list = IovecList::new();
+    let mut second = IovecList::new();
+    let result = match op {
+        PackedOp::Pop { writes, limit } => {
+            let direction = if writes {
+                Direction::DeviceWrites
+            } else {
+                Direction::DeviceReads
+            };
+            ring.walk_chain(guest, head, direction, limit, &mut list, &mut budget)
+        }
+        _ => ring
+            .walk_chain_split(guest, head, u32::MAX, &mut list, &mut second, &mut budget)
+            .map(|(r, w)| r.saturating_add(w)),
+    };
+    let iovecs = list
+        .as_iovecs()
+        .as_raw()
+        .iter()
+        .chain(second.as_iovecs().as_raw())
+        .map(|iov| (iov.iov_base as usize, iov.iov_len))
+        .collect();
+    PackedChain {
+        id: head.id(),
+        start: head.start(),
+        descriptors: head.descriptors(),
+        result,
+        iovecs,
+        charged: left - budget.remaining(),
+    }
 }
 
 fn step(
