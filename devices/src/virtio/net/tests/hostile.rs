@@ -300,7 +300,7 @@ fn random_rings_never_panic() {
         for _ in 0..(next() % 20) {
             driver.publish((next() % 18) as u16);
         }
-        if next() % 8 == 0 {
+        if next().is_multiple_of(8) {
             driver.set_avail_idx(next() as u16);
         }
         peer.try_send_frame(&wire(&frame(100, round as u8))).ok();
