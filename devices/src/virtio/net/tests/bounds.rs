@@ -169,9 +169,7 @@ fn overlapping_rings_make_the_device_need_a_reset_not_spin() {
 fn a_burst_publishes_the_used_index_in_batches_and_decides_once() {
     let mut ring = Ring::new(256);
     let frames: Vec<Vec<u8>> = (0..100).map(|i| wire(&frame(60, i as u8))).collect();
-    for f in &frames {
-        ring.driver.push_tx(f, &[]);
-    }
+    ring.push_frames(&frames);
     let (mut backend, peer) = pair();
     let mut counters = TxCounters::default();
     let outcome = ring.tx(&mut backend, &mut counters);

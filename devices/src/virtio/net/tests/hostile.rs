@@ -42,6 +42,14 @@ fn assert_returned_empty(driver: &GuestQueue, heads: &[u16]) {
     }
 }
 
+/// [`tx_after`], asserting that every chain of `heads` was refused: each counted malformed
+/// and returned with length 0, in order.
+fn assert_refused(ring: &mut Ring, heads: &[u16]) {
+    let counters = tx_after(ring);
+    assert_eq!(counters.malformed_chains, heads.len() as u64);
+    assert_returned_empty(&ring.driver, heads);
+}
+
 #[test]
 fn descriptor_loop() {
     let mut ring = Ring::new(16);
@@ -57,9 +65,7 @@ fn descriptor_loop() {
     let slot = ring.driver.write_descs(&[(buf, 22, NEXT, self_loop)])[0];
     ring.driver.publish(slot);
 
-    let counters = tx_after(&mut ring);
-    assert_eq!(counters.malformed_chains, 2);
-    assert_returned_empty(&ring.driver, &[slots[0], slot]);
+    assert_refused(&mut ring, &[slots[0], slot]);
 }
 
 #[test]
@@ -68,9 +74,7 @@ fn next_index_out_of_range() {
     let buf = ring.driver.alloc(&wire(&frame(10, 0)));
     let slot = ring.driver.write_descs(&[(buf, 22, NEXT, 500)])[0];
     ring.driver.publish(slot);
-    let counters = tx_after(&mut ring);
-    assert_eq!(counters.malformed_chains, 1);
-    assert_returned_empty(&ring.driver, &[slot]);
+    assert_refused(&mut ring, &[slot]);
 }
 
 #[test]
@@ -86,9 +90,7 @@ fn buffer_outside_guest_memory() {
     ] {
         heads.push(ring.driver.add_chain(&[(hdr, 12), (addr, len)], 0));
     }
-    let counters = tx_after(&mut ring);
-    assert_eq!(counters.malformed_chains, 4);
-    assert_returned_empty(&ring.driver, &heads);
+    assert_refused(&mut ring, &heads);
 }
 
 #[test]
@@ -97,9 +99,7 @@ fn wrong_direction() {
     let buf = ring.driver.alloc(&wire(&frame(50, 0)));
     // tx: a device-writable descriptor.
     let head = ring.driver.add_chain(&[(buf, 12), (buf + 12, 50)], WRITE);
-    let counters = tx_after(&mut ring);
-    assert_eq!(counters.malformed_chains, 1);
-    assert_returned_empty(&ring.driver, &[head]);
+    assert_refused(&mut ring, &[head]);
 
     // rx: a device-readable descriptor. It is returned empty and the frame waits for a good
     // buffer.
@@ -128,9 +128,7 @@ fn zero_length_frames() {
         ring.driver.add_chain(&[(hdr, 0)], 0),  // zero-length descriptor
         ring.driver.add_chain(&[(hdr, 12), (hdr + 64, 0)], 0), // header + empty buffer
     ];
-    let counters = tx_after(&mut ring);
-    assert_eq!(counters.malformed_chains, 4);
-    assert_returned_empty(&ring.driver, &heads);
+    assert_refused(&mut ring, &heads);
 }
 
 #[test]
@@ -182,9 +180,7 @@ fn malformed_indirect_tables() {
     ring.driver.publish(slots[0]);
     heads.push(slots[0]);
 
-    let counters = tx_after(&mut ring);
-    assert_eq!(counters.malformed_chains, heads.len() as u64);
-    assert_returned_empty(&ring.driver, &heads);
+    assert_refused(&mut ring, &heads);
 }
 
 #[test]

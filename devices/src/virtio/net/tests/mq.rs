@@ -4,6 +4,7 @@
 //! when the driver goes back to one pair, frames intact on both pairs, per-pair counters, and
 //! malformed MQ commands acked ERR.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use virtio_bindings::virtio_mmio::VIRTIO_MMIO_STATUS;
@@ -80,6 +81,18 @@ fn rings(mem: &GuestMemoryMmap) -> Rings {
         tx: [q(1, 256), q(3, 256)],
         ctrl: q(4, CTRL_QUEUE_SIZE),
     }
+}
+
+/// A device of `pairs` pairs behind the MMIO transport and the driver's rings for two pairs
+/// and the control queue; also the backends' far ends and the device's metrics.
+fn mq_transport(
+    mem: &GuestMemoryMmap,
+    pairs: usize,
+) -> (MmioTransport, Rings, Vec<PairPeer>, Arc<NetMetrics>) {
+    let (device, peers) = device(pairs);
+    let metrics = device.metrics();
+    let t = MmioTransport::new(mem.clone(), Box::new(device)).expect("transport");
+    (t, rings(mem), peers, metrics)
 }
 
 /// Negotiates MQ and programs the five queues; the control queue is 4 (2 × pairs).
@@ -272,10 +285,7 @@ fn pair_1_carries_frames_only_after_vq_pairs_set() {
 #[test]
 fn a_driver_without_mq_gets_one_pair_and_the_control_queue_at_2() {
     let mem = guest_mem();
-    let (device, peers) = device(2);
-    let metrics = device.metrics();
-    let mut t = MmioTransport::new(mem.clone(), Box::new(device)).expect("transport");
-    let mut r = rings(&mem);
+    let (mut t, mut r, peers, metrics) = mq_transport(&mem, 2);
     assert!(t.negotiate(CTRL), "FEATURES_OK accepted");
     t.setup_queue(0, 256, r.rx[0].ring_addrs());
     t.setup_queue(1, 256, r.tx[0].ring_addrs());
@@ -451,10 +461,7 @@ fn drain_interrupts(t: &mut MmioTransport) {
 #[test]
 fn the_guests_coalescing_applies_to_every_pair() {
     let mem = guest_mem();
-    let (device, peers) = device(2);
-    let metrics = device.metrics();
-    let mut t = MmioTransport::new(mem.clone(), Box::new(device)).expect("transport");
-    let mut r = rings(&mem);
+    let (mut t, mut r, peers, metrics) = mq_transport(&mem, 2);
     let features = MQ | bit(VIRTIO_NET_F_NOTF_COAL);
     assert!(t.negotiate(features), "FEATURES_OK accepted");
     for (index, q) in [&r.rx[0], &r.tx[0], &r.rx[1], &r.tx[1]]
@@ -501,10 +508,7 @@ fn the_guests_coalescing_applies_to_every_pair() {
 #[test]
 fn a_driver_may_set_up_fewer_pairs_than_the_device_has() {
     let mem = guest_mem();
-    let (three, peers) = device(3);
-    let metrics: std::sync::Arc<NetMetrics> = three.metrics();
-    let mut t = MmioTransport::new(mem.clone(), Box::new(three)).expect("transport");
-    let mut r = rings(&mem);
+    let (mut t, mut r, peers, metrics) = mq_transport(&mem, 3);
     // The control queue is at 2 × max_virtqueue_pairs = 6; queues 4 and 5 stay disabled.
     start_mq_with_ctrl_at(&mut t, &r, 6);
     let set = |t: &MmioTransport, r: &mut Rings, pairs: u16| {
@@ -525,9 +529,7 @@ fn a_driver_may_set_up_fewer_pairs_than_the_device_has() {
     assert_eq!(metrics.ctrl.mq_pairs_sets.get(), 1);
     assert_eq!(metrics.needs_reset_events.get(), 0);
     // A half-set-up pair counts as not set up: one pair only.
-    let (three, _peers) = device(3);
-    let mut t = MmioTransport::new(mem.clone(), Box::new(three)).expect("transport");
-    let mut r = rings(&mem);
+    let (mut t, mut r, _peers, _) = mq_transport(&mem, 3);
     assert!(t.negotiate(MQ));
     for (index, q) in [&r.rx[0], &r.tx[0], &r.rx[1]].into_iter().enumerate() {
         t.setup_queue(index as u32, 256, q.ring_addrs());

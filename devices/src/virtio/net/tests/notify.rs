@@ -155,9 +155,7 @@ fn no_interrupt_flag_is_honoured_without_event_idx() {
 fn driver_notifications_are_off_while_the_device_is_busy() {
     let mut ring = Ring::new(256);
     let bytes = wire(&frame(8000, 4));
-    for _ in 0..100 {
-        ring.driver.push_tx(&bytes, &[]);
-    }
+    ring.push_copies(&bytes, 100);
     let (mut backend, peer) = pair();
     let mut counters = TxCounters::default();
 

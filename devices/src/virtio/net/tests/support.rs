@@ -92,6 +92,20 @@ impl Ring {
         Ring { mem, driver, queue }
     }
 
+    /// Queues each of `frames` for transmission, each in one descriptor.
+    pub fn push_frames(&mut self, frames: &[Vec<u8>]) {
+        for bytes in frames {
+            self.driver.push_tx(bytes, &[]);
+        }
+    }
+
+    /// Queues `n` copies of `bytes` for transmission, each in one descriptor.
+    pub fn push_copies(&mut self, bytes: &[u8], n: usize) {
+        for _ in 0..n {
+            self.driver.push_tx(bytes, &[]);
+        }
+    }
+
     /// The worker's receive queue over this ring, gathering for frames without GSO.
     pub fn rx_queue(&self, mode: RxMode) -> RxQueue {
         let vq = Virtqueue::new(&self.queue, &self.mem).expect("ring");

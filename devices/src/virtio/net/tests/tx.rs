@@ -61,9 +61,7 @@ fn frames_leave_in_ring_order_including_indirect_chains() {
 fn full_backend_keeps_the_chain_queued_until_it_drains() {
     let mut ring = Ring::new(256);
     let bytes = wire(&frame(8000, 4));
-    for _ in 0..200 {
-        ring.driver.push_tx(&bytes, &[]);
-    }
+    ring.push_copies(&bytes, 200);
     let (mut backend, peer) = pair();
     let mut counters = TxCounters::default();
 
@@ -107,9 +105,7 @@ fn full_backend_keeps_the_chain_queued_until_it_drains() {
 fn budget_bounds_one_call() {
     let mut ring = Ring::new(512);
     let bytes = wire(&frame(20, 5));
-    for _ in 0..TX_BUDGET + 10 {
-        ring.driver.push_tx(&bytes, &[]);
-    }
+    ring.push_copies(&bytes, TX_BUDGET + 10);
     let (mut backend, peer) = pair();
     let mut counters = TxCounters::default();
 
@@ -126,9 +122,7 @@ fn budget_bounds_one_call() {
 fn tuned_budget_and_parking() {
     let mut ring = Ring::new(16);
     let bytes = wire(&frame(20, 5));
-    for _ in 0..10 {
-        ring.driver.push_tx(&bytes, &[]);
-    }
+    ring.push_copies(&bytes, 10);
     let (mut backend, peer) = pair();
     let mut counters = TxCounters::default();
     let mut txq = ring.tx_queue();
@@ -345,9 +339,7 @@ fn buffers_that_follow_each_other_become_one_segment() {
 fn fewer_frames_than_a_batch_is_worth_go_one_by_one() {
     let mut ring = Ring::new(16);
     let sent: Vec<Vec<u8>> = (0..3).map(|i| wire(&frame(70, i))).collect();
-    for bytes in &sent {
-        ring.driver.push_tx(bytes, &[]);
-    }
+    ring.push_frames(&sent);
     let mut backend = Batching::new(&[]);
     backend.min = 4;
     let mut counters = TxCounters::default();
@@ -399,9 +391,7 @@ fn a_backlog_that_builds_during_a_call_goes_out_in_batches() {
 fn a_full_backend_gets_the_rest_of_a_batch_back_in_order_on_the_next_call() {
     let mut ring = Ring::new(16);
     let sent: Vec<Vec<u8>> = (0..10).map(|i| wire(&frame(80, i))).collect();
-    for bytes in &sent {
-        ring.driver.push_tx(bytes, &[]);
-    }
+    ring.push_frames(&sent);
     let mut script = vec![None; 4];
     script.extend([WOULD_BLOCK; 6]);
     let mut backend = Batching::new(&script);
@@ -429,9 +419,7 @@ fn a_full_backend_gets_the_rest_of_a_batch_back_in_order_on_the_next_call() {
 fn a_frame_that_blocked_before_one_that_went_is_tried_again_alone() {
     let mut ring = Ring::new(16);
     let sent: Vec<Vec<u8>> = (0..4).map(|i| wire(&frame(80, i))).collect();
-    for bytes in &sent {
-        ring.driver.push_tx(bytes, &[]);
-    }
+    ring.push_frames(&sent);
     // Frame 1 would block but frame 2 goes: the backend had room again. Frame 1 is retried
     // on its own (and taken: the script has no more failures).
     let mut backend = Batching::new(&[None, WOULD_BLOCK, None, None]);
@@ -454,9 +442,7 @@ fn a_frame_that_blocked_before_one_that_went_is_tried_again_alone() {
     assert_eq!(counters.backend_full, 1);
 
     // Blocked again on its retry: dropped and counted, the others still go.
-    for bytes in &sent {
-        ring.driver.push_tx(bytes, &[]);
-    }
+    ring.push_frames(&sent);
     let mut backend = Batching::new(&[WOULD_BLOCK, None, None, None, WOULD_BLOCK]);
     let outcome = ring.tx(&mut backend, &mut counters);
     assert_eq!(outcome.stop, TxStop::Drained);
