@@ -469,6 +469,117 @@ pub fn assert_guest_frames(
     }
 }
 
+/// The `vmm` command inside `ns` that boots `kernel` with `initrd` and `cmdline`, its net
+/// device given by `net` (the `--net` value).
+pub fn linux_guest_command(
+    ns: &devices::test_utils::netns::NetNs,
+    (kernel, initrd): (&Path, &Path),
+    cmdline: &str,
+    net: &str,
+) -> Command {
+    let mut cmd = ns.command(&vmm_binary().to_string_lossy());
+    cmd.arg("--kernel")
+        .arg(kernel)
+        .arg("--initrd")
+        .arg(initrd)
+        .args(["--cmdline", cmdline, "--net", net]);
+    cmd
+}
+
+/// The device's frame counters `dev` against tap `tap`'s in `ns`: what the tap sent the
+/// device received or dropped for want of buffers, and what the device sent the tap received.
+/// `m` (the whole metrics line) is shown on failure.
+pub fn assert_tap_counters_match(
+    ns: &devices::test_utils::netns::NetNs,
+    tap: &str,
+    dev: &serde_json::Value,
+    m: &serde_json::Value,
+) {
+    let counter = |dir: &str, field: &str| dev[dir][field].as_u64().unwrap();
+    assert_eq!(
+        counter("rx", "frames") + counter("rx", "dropped_no_buffer"),
+        tap_counter(ns, tap, "tx_packets"),
+        "{m}"
+    );
+    assert_eq!(
+        counter("tx", "frames"),
+        tap_counter(ns, tap, "rx_packets"),
+        "{m}"
+    );
+}
+
+/// A TCP exchange of `bytes` each way used segmentation offload: the device's byte counters
+/// `dev` cover it, frames longer than the MTU went both ways (the guest's TSO on tx, the host's
+/// GSO on rx; frame counts alone are a weak sign, the emulated guest ACKs slowly, so the host
+/// often sends single segments), and tx took fewer frames than `mss`-byte segments would.
+/// `m` (the whole metrics line) is shown on failure.
+pub fn assert_tcp_offloads(
+    dev: &serde_json::Value,
+    m: &serde_json::Value,
+    bytes: usize,
+    mss: usize,
+) {
+    let counter = |dir: &str, field: &str| dev[dir][field].as_u64().unwrap() as usize;
+    assert!(counter("rx", "bytes") >= bytes, "{m}");
+    assert!(counter("tx", "bytes") >= bytes, "{m}");
+    assert!(
+        counter("tx", "large_frames") > 0,
+        "guest TSO not in use: {m}"
+    );
+    assert!(
+        counter("rx", "large_frames") > 0,
+        "host GSO to the guest not in use: {m}"
+    );
+    assert!(
+        counter("tx", "frames") < bytes / mss,
+        "guest TSO not in use: {m}"
+    );
+}
+
+/// The bytes each way of the guest's TCP stream tests (`vmm.tcp=`).
+pub const TCP_STREAM_BYTES: usize = 4 << 20;
+/// The TCP segment size at MTU 1500 (IPv4, timestamps).
+pub const TCP_MSS: usize = 1448;
+
+/// Lets the host open TCP connections on `subnet` (through `tap` in `ns`) with a 100-segment
+/// initial window: the guest's emulated kernel ACKs slowly, so an ACK-clocked host would send
+/// one MSS at a time; a large initial window makes it send GSO bursts the device must deliver.
+pub fn raise_initial_window(ns: &devices::test_utils::netns::NetNs, subnet: &str, tap: &str) {
+    ns.ip(&["route", "change", subnet, "dev", tap, "initcwnd", "100"])
+        .unwrap();
+}
+
+/// The host side of the guest's `vmm.tcp=` test: waits for the guest's TCP server (at
+/// `guest_ip:port`), sends and receives `bytes` each way with every byte checked ([`tcp_exchange`]), lets the VMM finish and
+/// asserts that the guest got every byte too and the VMM exited cleanly. Returns the VMM's
+/// output and how long the exchange took.
+pub fn tcp_through_guest(
+    ns: &devices::test_utils::netns::NetNs,
+    mut vmm: VmmProcess,
+    (guest_ip, port): (&str, u16),
+    bytes: usize,
+) -> (RunOutput, Duration) {
+    let ready = vmm.wait_for_console("nettest: tcp listening", Duration::from_secs(180));
+    let t = Instant::now();
+    let result = if ready {
+        let ip = guest_ip.to_owned();
+        ns.run(move || tcp_exchange(&ip, port, bytes))
+            .expect("run in namespace")
+    } else {
+        Err("the guest never started its TCP server".into())
+    };
+    let took = t.elapsed();
+    let out = vmm.finish(Duration::from_secs(120));
+    result.unwrap_or_else(|e| panic!("{e}\n{out}"));
+    assert!(
+        out.stdout
+            .contains(&format!("nettest: tcp received={bytes} bad=0 sent={bytes}")),
+        "{out}"
+    );
+    assert!(out.success(), "{out}");
+    (out, took)
+}
+
 /// A network namespace with tap `tap` in it, up, and IPv6 off (so that the host sends nothing
 /// of its own on the tap).
 pub fn namespace_with_tap(tag: &str, tap: &str) -> devices::test_utils::netns::NetNs {

@@ -14,8 +14,8 @@ use std::time::Duration;
 
 use integration_tests::api::Client;
 use integration_tests::{
-    artifacts, guest_lock, initrd_variant, namespace_with_tap, test_cmdline, vmm_binary, RunOutput,
-    VmmProcess,
+    artifacts, guest_lock, initrd_variant, linux_guest_command, namespace_with_tap, test_cmdline,
+    RunOutput, VmmProcess,
 };
 use serde_json::Value;
 
@@ -142,15 +142,9 @@ fn ethtool_in_the_guest_shows_the_device_metrics() {
         "{} vmm.ip={GUEST_IP}/24 vmm.peer={HOST_IP} vmm.peermac={HOST_MAC} vmm.pings={PINGS}",
         test_cmdline("device_stats")
     );
-    let mut cmd = ns.command(&vmm_binary().to_string_lossy());
-    cmd.arg("--kernel")
-        .arg(&kernel)
-        .arg("--initrd")
-        .arg(initrd)
-        .args(["--cmdline", &cmdline])
-        .args(["--net", &format!("tap={TAP},mac={GUEST_MAC}")])
-        .arg("--api-sock")
-        .arg(&sock);
+    let net = format!("tap={TAP},mac={GUEST_MAC}");
+    let mut cmd = linux_guest_command(&ns, (&kernel, initrd), &cmdline, &net);
+    cmd.arg("--api-sock").arg(&sock);
     let mut vmm = VmmProcess::spawn(&mut cmd);
     let api = Client::new(&sock);
 

@@ -8,8 +8,9 @@ use std::time::{Duration, Instant};
 use devices::test_utils::netns::NetNs;
 use integration_tests::udp;
 use integration_tests::{
-    artifacts, final_metrics, guest_lock, tap_counter, tcp_exchange, test_cmdline, vmm_binary,
-    VmmProcess,
+    artifacts, assert_tap_counters_match, assert_tcp_offloads, final_metrics, guest_lock,
+    linux_guest_command, raise_initial_window, tcp_through_guest, test_cmdline, VmmProcess,
+    TCP_MSS, TCP_STREAM_BYTES,
 };
 
 const TAP: &str = "vmmtap0";
@@ -38,12 +39,8 @@ fn start_guest(tag: &str, mtu: u32, extra: &str) -> (NetNs, VmmProcess) {
         "{} vmm.ip={GUEST_IP}/24 vmm.peer={HOST_IP} vmm.mtu={mtu} vmm.port={PORT} {extra}",
         test_cmdline("net")
     );
-    let mut cmd = ns.command(&vmm_binary().to_string_lossy());
-    cmd.args(["--kernel"])
-        .arg(&kernel)
-        .arg("--initrd")
-        .arg(&initrd);
-    cmd.args(["--cmdline", &cmdline, "--net", &format!("tap={TAP}")]);
+    let net = format!("tap={TAP}");
+    let mut cmd = linux_guest_command(&ns, (&kernel, &initrd), &cmdline, &net);
     let vmm = VmmProcess::spawn(&mut cmd);
     (ns, vmm)
 }
@@ -96,14 +93,8 @@ fn guest_pings_host_and_echoes_udp_with_every_byte_checked() {
     let m = final_metrics(&out.stderr).unwrap_or_else(|| panic!("no metrics line: {out}"));
     let dev = &m["net"][TAP];
     let rx_frames = dev["rx"]["frames"].as_u64().unwrap();
-    let rx_dropped = dev["rx"]["dropped_no_buffer"].as_u64().unwrap();
     let tx_frames = dev["tx"]["frames"].as_u64().unwrap();
-    assert_eq!(
-        rx_frames + rx_dropped,
-        tap_counter(&ns, TAP, "tx_packets"),
-        "{m}"
-    );
-    assert_eq!(tx_frames, tap_counter(&ns, TAP, "rx_packets"), "{m}");
+    assert_tap_counters_match(&ns, TAP, dev, &m);
     assert!(
         rx_frames >= count as u64 && tx_frames >= count as u64,
         "{m}"
@@ -119,45 +110,16 @@ fn guest_pings_host_and_echoes_udp_with_every_byte_checked() {
 /// tap's virtio-net header): far fewer frames than MTU-sized segments would need.
 #[test]
 fn tcp_stream_both_ways_uses_segmentation_offload() {
-    const BYTES: usize = 4 << 20;
-    const MSS: usize = 1448;
     let _guest = guest_lock();
-    let (ns, mut vmm) = start_guest("tcp", 1500, &format!("vmm.tcp={BYTES}"));
-    // The guest's emulated kernel ACKs slowly, so an ACK-clocked host would send one MSS at a
-    // time; a large initial window makes the host send GSO bursts the device must deliver.
-    ns.ip(&[
-        "route",
-        "change",
-        "10.200.0.0/24",
-        "dev",
-        TAP,
-        "initcwnd",
-        "100",
-    ])
-    .unwrap();
+    let (ns, vmm) = start_guest("tcp", 1500, &format!("vmm.tcp={TCP_STREAM_BYTES}"));
+    raise_initial_window(&ns, "10.200.0.0/24", TAP);
     let sysctl = ns
         .command("sysctl")
         .args(["-qw", "net.ipv4.tcp_min_tso_segs=16"])
         .status()
         .expect("run sysctl");
     assert!(sysctl.success());
-    let ready = vmm.wait_for_console("nettest: tcp listening", Duration::from_secs(180));
-    let t = Instant::now();
-    let result = if ready {
-        ns.run(move || tcp_exchange(GUEST_IP, PORT, BYTES))
-            .expect("run in namespace")
-    } else {
-        Err("the guest never started its TCP server".into())
-    };
-    let took = t.elapsed();
-    let out = vmm.finish(Duration::from_secs(120));
-    result.unwrap_or_else(|e| panic!("{e}\n{out}"));
-    assert!(
-        out.stdout
-            .contains(&format!("nettest: tcp received={BYTES} bad=0 sent={BYTES}")),
-        "{out}"
-    );
-    assert!(out.success(), "{out}");
+    let (out, took) = tcp_through_guest(&ns, vmm, (GUEST_IP, PORT), TCP_STREAM_BYTES);
     let m = final_metrics(&out.stderr).unwrap_or_else(|| panic!("no metrics line: {out}"));
     let dev = &m["net"][TAP];
     let (rx_frames, tx_frames) = (
@@ -165,23 +127,10 @@ fn tcp_stream_both_ways_uses_segmentation_offload() {
         dev["tx"]["frames"].as_u64().unwrap() as usize,
     );
     eprintln!(
-        "TCP {BYTES} bytes each way in {took:.1?}: {rx_frames} rx frames, {tx_frames} tx frames"
+        "TCP {TCP_STREAM_BYTES} bytes each way in {took:.1?}: {rx_frames} rx frames, {tx_frames} tx frames"
     );
-    assert!(
-        dev["rx"]["bytes"].as_u64().unwrap() as usize >= BYTES,
-        "{m}"
-    );
-    assert!(
-        dev["tx"]["bytes"].as_u64().unwrap() as usize >= BYTES,
-        "{m}"
-    );
-    // Frames longer than the MTU exist only through segmentation offload: the guest's TSO on
-    // tx, the host's GSO on rx. (Frame counts alone are a weak sign: the emulated guest ACKs
-    // slowly, so the host often sends single segments.)
-    let large = |dir: &str| dev[dir]["large_frames"].as_u64().unwrap();
-    assert!(large("tx") > 0, "guest TSO not in use: {m}");
-    assert!(large("rx") > 0, "host GSO to the guest not in use: {m}");
-    assert!(tx_frames < BYTES / MSS, "guest TSO not in use: {m}");
+    // Frames longer than the MTU exist only through segmentation offload.
+    assert_tcp_offloads(dev, &m, TCP_STREAM_BYTES, TCP_MSS);
     assert_eq!(dev["tx"]["malformed_chains"], 0, "{m}");
     assert_eq!(dev["tx"]["backend_errors"], 0, "{m}");
 }

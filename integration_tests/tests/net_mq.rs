@@ -12,7 +12,8 @@ use std::time::Duration;
 use devices::test_utils::netns::NetNs;
 use integration_tests::udp;
 use integration_tests::{
-    artifacts, final_metrics, guest_lock, tap_counter, test_cmdline, vmm_binary, VmmProcess,
+    artifacts, assert_tap_counters_match, final_metrics, guest_lock, linux_guest_command,
+    test_cmdline, VmmProcess,
 };
 
 const TAP: &str = "vmmmqtap0";
@@ -78,13 +79,8 @@ fn a_linux_guest_uses_two_queue_pairs_on_a_multi_queue_tap() {
         "{} vmm.ip={GUEST_IP}/24 vmm.peer={HOST_IP} vmm.port={PORT} vmm.echo={count}",
         test_cmdline("net")
     );
-    let mut cmd = ns.command(&vmm_binary().to_string_lossy());
-    cmd.arg("--kernel")
-        .arg(&kernel)
-        .arg("--initrd")
-        .arg(&initrd)
-        .args(["--cmdline", &cmdline])
-        .args(["--net", &format!("tap={TAP},queues=2")]);
+    let net = format!("tap={TAP},queues=2");
+    let mut cmd = linux_guest_command(&ns, (&kernel, &initrd), &cmdline, &net);
     let mut vmm = VmmProcess::spawn(&mut cmd);
 
     let ready = vmm.wait_for_console("nettest: listening", Duration::from_secs(180));
@@ -122,17 +118,7 @@ fn a_linux_guest_uses_two_queue_pairs_on_a_multi_queue_tap() {
         }
     }
     let rx_frames = dev["rx"]["frames"].as_u64().unwrap();
-    let rx_dropped = dev["rx"]["dropped_no_buffer"].as_u64().unwrap();
-    assert_eq!(
-        rx_frames + rx_dropped,
-        tap_counter(&ns, TAP, "tx_packets"),
-        "{m}"
-    );
-    assert_eq!(
-        dev["tx"]["frames"].as_u64().unwrap(),
-        tap_counter(&ns, TAP, "rx_packets"),
-        "{m}"
-    );
+    assert_tap_counters_match(&ns, TAP, dev, &m);
     assert!(rx_frames >= count as u64, "{m}");
     // Everything went through pair 0; pair 1 was never polled.
     assert_eq!(pairs[0]["rx"]["frames"].as_u64().unwrap(), rx_frames, "{m}");

@@ -16,8 +16,9 @@ use std::time::Duration;
 use devices::test_utils::netns::NetNs;
 use integration_tests::udp;
 use integration_tests::{
-    artifacts, final_metrics, guest_lock, kernel_variant, tap_counter, tcp_exchange, test_cmdline,
-    vmm_binary, RunOutput, VmmProcess,
+    artifacts, assert_tcp_offloads, final_metrics, guest_lock, kernel_variant, linux_guest_command,
+    raise_initial_window, tap_counter, tcp_through_guest, test_cmdline, RunOutput, VmmProcess,
+    TCP_MSS, TCP_STREAM_BYTES,
 };
 
 const PORT: u16 = 7777;
@@ -90,13 +91,8 @@ fn start_on(
         "{} vmm.ip={guest_ip}/24 vmm.peer={host_ip} vmm.port={PORT} vmm.irqs=1 {guest_args}",
         test_cmdline("net")
     );
-    let mut cmd = ns.command(&vmm_binary().to_string_lossy());
-    cmd.arg("--kernel")
-        .arg(kernel)
-        .arg("--initrd")
-        .arg(&initrd)
-        .args(["--cmdline", &cmdline])
-        .args(["--net", &format!("tap={tap},transport=pci{net_extra}")]);
+    let net = format!("tap={tap},transport=pci{net_extra}");
+    let mut cmd = linux_guest_command(&ns, (kernel, &initrd), &cmdline, &net);
     let vmm = VmmProcess::spawn(&mut cmd);
     PciGuest {
         ns,
@@ -208,57 +204,18 @@ fn a_linux_guest_on_virtio_pci_pings_echoes_udp_with_a_vector_per_queue() {
 /// checked, with guest TSO and host GSO through the device (fewer frames than segments).
 #[test]
 fn tcp_stream_both_ways_over_virtio_pci() {
-    const BYTES: usize = 4 << 20;
-    const MSS: usize = 1448;
     let _guest = guest_lock();
-    let mut g = start("pcitcp", 2, &[], "", &format!("vmm.tcp={BYTES}"));
-    g.ns.ip(&[
-        "route",
-        "change",
-        "10.202.2.0/24",
-        "dev",
-        &g.tap,
-        "initcwnd",
-        "100",
-    ])
-    .unwrap();
-    let ready = g
-        .vmm
-        .wait_for_console("nettest: tcp listening", Duration::from_secs(180));
-    let result = if ready {
-        let gu = g.guest_ip.clone();
-        g.ns.run(move || tcp_exchange(&gu, PORT, BYTES))
-            .expect("run in namespace")
-    } else {
-        Err("the guest never started its TCP server".into())
-    };
-    let out = g.vmm.finish(Duration::from_secs(120));
-    result.unwrap_or_else(|e| panic!("{e}\n{out}"));
-    assert!(
-        out.stdout
-            .contains(&format!("nettest: tcp received={BYTES} bad=0 sent={BYTES}")),
-        "{out}"
-    );
-    assert!(out.success(), "{out}");
+    let g = start("pcitcp", 2, &[], "", &format!("vmm.tcp={TCP_STREAM_BYTES}"));
+    raise_initial_window(&g.ns, "10.202.2.0/24", &g.tap);
+    let (out, _) = tcp_through_guest(&g.ns, g.vmm, (&g.guest_ip, PORT), TCP_STREAM_BYTES);
     assert_found_on_pci(&out);
     let m = final_metrics(&out.stderr).unwrap_or_else(|| panic!("no metrics line: {out}"));
     let dev = &m["net"][g.tap.as_str()];
     let rx_frames = dev["rx"]["frames"].as_u64().unwrap() as usize;
     let tx_frames = dev["tx"]["frames"].as_u64().unwrap() as usize;
     eprintln!("TCP over virtio-pci: {rx_frames} rx frames, {tx_frames} tx frames");
-    assert!(
-        dev["rx"]["bytes"].as_u64().unwrap() as usize >= BYTES,
-        "{m}"
-    );
-    assert!(
-        dev["tx"]["bytes"].as_u64().unwrap() as usize >= BYTES,
-        "{m}"
-    );
-    // Frames longer than the MTU exist only through segmentation offload (see net.rs).
-    let large = |dir: &str| dev[dir]["large_frames"].as_u64().unwrap();
-    assert!(large("tx") > 0, "guest TSO not in use: {m}");
-    assert!(large("rx") > 0, "host GSO not in use: {m}");
-    assert!(tx_frames < BYTES / MSS, "guest TSO not in use: {m}");
+    // Frames longer than the MTU exist only through segmentation offload.
+    assert_tcp_offloads(dev, &m, TCP_STREAM_BYTES, TCP_MSS);
     let irqs = guest_interrupts(&out);
     assert!(
         msix_count(&irqs, "virtio0-input.0").is_some_and(|n| n > 0),
