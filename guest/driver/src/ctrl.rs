@@ -23,8 +23,9 @@ use core::fmt;
 use crate::error::CtrlError;
 use crate::features::{NET_F_CTRL_RX, NET_F_CTRL_VQ, NET_F_NOTF_COAL, NET_F_VQ_NOTF_COAL};
 use crate::hal::{DmaRegion, Hal};
-use crate::ring::{Access, Buffer, Kick, SplitRing};
+use crate::ring::{Access, Buffer, Kick};
 use crate::transport::Transport;
+use crate::vring::Vring;
 use crate::VirtioNet;
 
 /// The device accepted the command.
@@ -144,7 +145,7 @@ pub(crate) struct CtrlStats {
 
 /// The control virtqueue and its command buffer.
 pub(crate) struct ControlQueue {
-    pub(crate) ring: SplitRing<()>,
+    pub(crate) ring: Vring<()>,
     /// One page: header, data, reply and ack of the command in flight.
     buf: DmaRegion,
     /// A command is queued and not yet returned by the device.
@@ -155,7 +156,7 @@ pub(crate) struct ControlQueue {
 impl ControlQueue {
     /// A control queue over `ring` (interrupts off from the start) and `buf` (at least
     /// [`CTRL_BUF_BYTES`]).
-    pub(crate) fn new(mut ring: SplitRing<()>, buf: DmaRegion) -> ControlQueue {
+    pub(crate) fn new(mut ring: Vring<()>, buf: DmaRegion) -> ControlQueue {
         debug_assert!(buf.len() >= CTRL_BUF_BYTES);
         ring.disable_interrupts();
         ControlQueue {

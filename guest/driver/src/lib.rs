@@ -81,6 +81,7 @@ pub mod spsc;
 pub mod stats;
 pub mod transport;
 mod tx;
+mod vring;
 pub mod xdp;
 pub mod xsk;
 

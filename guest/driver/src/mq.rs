@@ -29,14 +29,14 @@ use alloc::vec::Vec;
 use crate::config::{Config, TxCompletion, MAX_QUEUE_PAIRS};
 use crate::ctrl::{CLASS_MQ, MQ_VQ_PAIRS_SET};
 use crate::error::{CtrlError, InitError, PairError};
-use crate::features::{NET_F_MQ, RING_F_EVENT_IDX};
+use crate::features::NET_F_MQ;
 use crate::hal::{DmaRegion, Hal};
 use crate::net::{queue_size, VirtioNet};
 use crate::queue::{ReceiveQueue, ReceiveStats, SendQueue, SendStats};
-use crate::ring::{RingLayout, SplitRing};
 use crate::rx::RxPool;
 use crate::transport::Transport;
 use crate::tx::TxPool;
+use crate::vring::{RingMode, Vring};
 
 /// Configuration space offset of `max_virtqueue_pairs` (le16, valid with MQ).
 const MAX_PAIRS_OFFSET: u32 = 8;
@@ -109,14 +109,15 @@ impl Pair {
     pub(crate) fn alloc<H: Hal>(
         hal: &H,
         config: &Config,
+        mode: RingMode,
         sizes: (u16, u16),
     ) -> Option<[DmaRegion; 4]> {
         let rx_count = Self::rx_buffers(config, sizes);
         DmaRegion::alloc_all(
             hal,
             [
-                RingLayout::new(sizes.0).bytes,
-                RingLayout::new(sizes.1).bytes,
+                mode.bytes(sizes.0),
+                mode.bytes(sizes.1),
                 rx_count as usize * config.rx_buf_size as usize,
                 usize::from(sizes.1) * config.tx_buf_size as usize,
             ],
@@ -128,18 +129,18 @@ impl Pair {
     pub(crate) fn new(
         memory: [DmaRegion; 4],
         config: &Config,
+        mode: RingMode,
         (rx, tx): (u16, u16),
         sizes: (u16, u16),
-        event_idx: bool,
     ) -> Pair {
         let [rx_ring, tx_ring, rx_bufs, tx_bufs] = memory;
         Pair {
             rq: ReceiveQueue::new(
-                SplitRing::new(rx, sizes.0, rx_ring, event_idx),
+                Vring::new(mode, rx, sizes.0, rx_ring),
                 RxPool::new(rx_bufs, config.rx_buf_size, Self::rx_buffers(config, sizes)),
             ),
             sq: SendQueue::new(
-                SplitRing::new(tx, sizes.1, tx_ring, event_idx),
+                Vring::new(mode, tx, sizes.1, tx_ring),
                 TxPool::new(tx_bufs, config.tx_buf_size, sizes.1),
                 config.xdp_bulk,
             ),
@@ -336,15 +337,15 @@ impl<H: Hal, T: Transport> VirtioNet<H, T> {
     /// Sets up pairs 1..`pairs` (queues 2..2·`pairs`): their sizes, memory and queue
     /// registers, with interrupt suppression as for pair 0. Before DRIVER_OK, after pair 0.
     pub(crate) fn add_pairs(&mut self, pairs: u16) -> Result<(), InitError> {
-        let event_idx = self.features & RING_F_EVENT_IDX != 0;
+        let mode = RingMode::of(self.features);
         let config = self.config;
         for pair in 1..pairs {
             let (rx, tx) = (rx_queue(pair), tx_queue(pair));
             let rx_size = queue_size(&mut self.transport, rx, config.rx_queue_size)?;
             let tx_size = queue_size(&mut self.transport, tx, config.tx_queue_size)?;
             let sizes = (rx_size, tx_size);
-            let memory = Pair::alloc(&self.hal, &config, sizes).ok_or(InitError::DmaAlloc)?;
-            let mut p = Pair::new(memory, &config, (rx, tx), sizes, event_idx);
+            let memory = Pair::alloc(&self.hal, &config, mode, sizes).ok_or(InitError::DmaAlloc)?;
+            let mut p = Pair::new(memory, &config, mode, (rx, tx), sizes);
             p.rq.ring.enable_interrupts();
             match config.tx_completion {
                 TxCompletion::TxInterrupt => {

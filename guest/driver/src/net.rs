@@ -7,13 +7,12 @@ use crate::counters::Counters;
 use crate::ctrl::CTRL_QUEUE_SIZE;
 use crate::ctrl::{ControlQueue, CtrlStats, CtrlWait, CTRL_BUF_BYTES, CTRL_MAX_CHAIN};
 use crate::error::InitError;
-use crate::features::RING_F_EVENT_IDX;
 use crate::features::{self, NET_F_CTRL_VQ, NET_F_MAC, NET_F_MRG_RXBUF, NET_F_STATUS};
 use crate::hal::{DmaRegion, Hal};
 use crate::mq::{self, Pair, Pairs};
 use crate::queue::{ReceiveQueue, ReceiveStats, SendQueue, SendStats};
-use crate::ring::{RingLayout, SplitRing};
 use crate::transport::{status, QueueSetup, Transport, INT_CONFIG_CHANGE, INT_USED_BUFFER};
+use crate::vring::{RingMode, Vring};
 
 /// Virtio device ID of a network card.
 const DEVICE_ID_NET: u32 = 1;
@@ -113,15 +112,15 @@ impl<H: Hal, T: Transport> VirtioNet<H, T> {
                 return Err(e);
             }
         };
-        let event_idx = features & RING_F_EVENT_IDX != 0;
-        let Some(pair_memory) = Pair::alloc(&hal, &config, (rx_size, tx_size)) else {
+        let mode = RingMode::of(features);
+        let Some(pair_memory) = Pair::alloc(&hal, &config, mode, (rx_size, tx_size)) else {
             set_status(&mut transport, status::FAILED);
             return Err(InitError::DmaAlloc);
         };
         let cq = match ctrl_size {
             None => None,
             Some(size) => {
-                let Some(cq) = alloc_ctrl(&hal, layout.ctrl_queue, size, event_idx) else {
+                let Some(cq) = alloc_ctrl(&hal, mode, layout.ctrl_queue, size) else {
                     for region in &pair_memory {
                         // SAFETY: allocated just above from `hal`, never shown to the device.
                         unsafe { region.dealloc(&hal) };
@@ -135,9 +134,9 @@ impl<H: Hal, T: Transport> VirtioNet<H, T> {
         let Pair { rq, sq } = Pair::new(
             pair_memory,
             &config,
+            mode,
             (RX_QUEUE, TX_QUEUE),
             (rx_size, tx_size),
-            event_idx,
         );
         let mut net = VirtioNet {
             rq,
@@ -530,11 +529,8 @@ fn negotiate_layout<T: Transport>(
 
 /// The control queue `index` of `size` entries and its command buffer; `None` if the memory
 /// cannot be had.
-fn alloc_ctrl<H: Hal>(hal: &H, index: u16, size: u16, event_idx: bool) -> Option<ControlQueue> {
-    let sizes = [RingLayout::new(size).bytes, CTRL_BUF_BYTES];
+fn alloc_ctrl<H: Hal>(hal: &H, mode: RingMode, index: u16, size: u16) -> Option<ControlQueue> {
+    let sizes = [mode.bytes(size), CTRL_BUF_BYTES];
     let [ring, buf] = DmaRegion::alloc_all(hal, sizes)?;
-    Some(ControlQueue::new(
-        SplitRing::new(index, size, ring, event_idx),
-        buf,
-    ))
+    Some(ControlQueue::new(Vring::new(mode, index, size, ring), buf))
 }

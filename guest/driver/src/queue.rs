@@ -29,10 +29,11 @@ use alloc::vec::Vec;
 
 use crate::hal::Hal;
 use crate::reset::ResetStats;
-use crate::ring::{Buffer, Kick, SplitRing};
+use crate::ring::{Buffer, Kick};
 use crate::rx::{RxAssembly, RxPool};
 use crate::transport::Transport;
 use crate::tx::{TxPool, TxToken};
+use crate::vring::Vring;
 use crate::xsk::XskPort;
 
 /// A send queue's counters; [`crate::VirtioNet::counters`] reports them as the `tx_*`, kick,
@@ -92,7 +93,7 @@ pub(crate) struct ReceiveStats {
 /// One transmit virtqueue and everything the driver keeps for it (Linux: `send_queue`).
 pub(crate) struct SendQueue {
     /// The tx virtqueue.
-    pub(crate) ring: SplitRing<TxToken>,
+    pub(crate) ring: Vring<TxToken>,
     /// The driver-owned buffers of copy transmit, one per descriptor.
     pub(crate) pool: TxPool,
     /// Frames added to the ring since the last publish (published at `kick_threshold`).
@@ -111,7 +112,7 @@ pub(crate) struct SendQueue {
 /// One receive virtqueue and everything the driver keeps for it (Linux: `receive_queue`).
 pub(crate) struct ReceiveQueue {
     /// The rx virtqueue.
-    pub(crate) ring: SplitRing<u32>,
+    pub(crate) ring: Vring<u32>,
     /// The rx buffers: posted on the ring, lent to the tx ring (XDP_TX), or free.
     pub(crate) pool: RxPool,
     /// A mergeable frame whose buffers have not all been returned yet.
@@ -125,7 +126,7 @@ pub(crate) struct ReceiveQueue {
 
 impl SendQueue {
     /// A send queue over `ring` and `pool`, with room for `xdp_bulk` queued XDP_TX frames.
-    pub(crate) fn new(ring: SplitRing<TxToken>, pool: TxPool, xdp_bulk: u16) -> SendQueue {
+    pub(crate) fn new(ring: Vring<TxToken>, pool: TxPool, xdp_bulk: u16) -> SendQueue {
         SendQueue {
             ring,
             pool,
@@ -177,7 +178,7 @@ impl SendQueue {
 
 impl ReceiveQueue {
     /// A receive queue over `ring` and `pool`.
-    pub(crate) fn new(ring: SplitRing<u32>, pool: RxPool) -> ReceiveQueue {
+    pub(crate) fn new(ring: Vring<u32>, pool: RxPool) -> ReceiveQueue {
         ReceiveQueue {
             ring,
             pool,
