@@ -132,10 +132,7 @@ fn rx_resets_while_tx_flows(transport: TransportKind) {
     );
 }
 
-over_both_transports!(rx_resets_while_tx_flows:
-    rx_resets_while_tx_flows_over_mmio,
-    rx_resets_while_tx_flows_over_pci
-);
+over_both_transports!(rx_resets_while_tx_flows);
 
 /// The tx queue is reset with frames in flight (no drain first): every frame is either
 /// received by the peer or counted as not sent, none twice; frames after each reset flow.
@@ -179,10 +176,7 @@ fn tx_resets_mid_flight(transport: TransportKind) {
     );
 }
 
-over_both_transports!(tx_resets_mid_flight:
-    tx_resets_mid_flight_over_mmio,
-    tx_resets_mid_flight_over_pci
-);
+over_both_transports!(tx_resets_mid_flight);
 
 /// The peer stops reading, so the device's backend refuses frames (EAGAIN) and the tx ring
 /// fills with chains the device cannot send; a tx reset then hands them back as not sent.
@@ -251,7 +245,4 @@ fn tx_reset_with_a_stalled_backend(transport: TransportKind) {
     eprintln!("{transport:?}: {stuck} queued before the stall, {r:?}");
 }
 
-over_both_transports!(tx_reset_with_a_stalled_backend:
-    tx_reset_with_a_stalled_backend_over_mmio,
-    tx_reset_with_a_stalled_backend_over_pci
-);
+over_both_transports!(tx_reset_with_a_stalled_backend);

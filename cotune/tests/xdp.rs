@@ -48,6 +48,18 @@ fn start(ns: &NetNs, tap: &str, program: XdpProgram) -> (Child, String) {
     (child, line)
 }
 
+/// As root: a new namespace `tag` with tap `tap` in it, and `tap-xdp` started on it with
+/// `program` (the child and its "attached" line). None, the test skipped, otherwise.
+fn on_a_new_tap(tag: &str, tap: &str, program: XdpProgram) -> Option<(NetNs, Child, String)> {
+    if !is_root() {
+        return None;
+    }
+    let ns = NetNs::new(tag).unwrap();
+    tap_in(&ns, tap);
+    let (child, line) = start(&ns, tap, program);
+    Some((ns, child, line))
+}
+
 /// Waits (up to 2 s) until nothing is attached to `tap`.
 fn wait_detached(ns: &NetNs, tap: &str) -> Option<u32> {
     let deadline = Instant::now() + Duration::from_secs(2);
@@ -62,12 +74,9 @@ fn wait_detached(ns: &NetNs, tap: &str) -> Option<u32> {
 
 #[test]
 fn sigkill_detaches() {
-    if !is_root() {
+    let Some((ns, mut child, line)) = on_a_new_tap("xdp-kill", "xdptap2", XdpProgram::Drop) else {
         return;
-    }
-    let ns = NetNs::new("xdp-kill").unwrap();
-    tap_in(&ns, "xdptap2");
-    let (mut child, line) = start(&ns, "xdptap2", XdpProgram::Drop);
+    };
     assert!(
         line.starts_with("attached xdp-drop to xdptap2 (ifindex "),
         "unexpected output {line:?}"
@@ -88,12 +97,10 @@ fn sigkill_detaches() {
 
 #[test]
 fn sigint_detaches_and_exits_0() {
-    if !is_root() {
+    let Some((ns, mut child, line)) = on_a_new_tap("xdp-int", "xdptap3", XdpProgram::Reflect)
+    else {
         return;
-    }
-    let ns = NetNs::new("xdp-int").unwrap();
-    tap_in(&ns, "xdptap3");
-    let (mut child, line) = start(&ns, "xdptap3", XdpProgram::Reflect);
+    };
     assert!(
         line.starts_with("attached xdp-reflect to xdptap3"),
         "{line:?}"

@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use integration_tests::{artifacts, guest_lock, run_vmm, test_cmdline};
+use integration_tests::{artifacts, guest_lock, run_vmm, test_cmdline, RunOutput};
 
 const BOOT_DEADLINE: Duration = Duration::from_secs(180);
 
@@ -10,21 +10,24 @@ fn path(key: &str) -> String {
     artifacts().get(key).to_string_lossy().into_owned()
 }
 
-fn assert_boots_to_init_and_exits_zero(kernel_key: &str) {
+/// Boots the kernel `kernel_key` with the test initramfs running its `test` test.
+fn boot_test(kernel_key: &str, test: &str) -> RunOutput {
     let (kernel, initrd) = (path(kernel_key), path("initrd"));
+    let cmdline = test_cmdline(test);
+    let args = [
+        "--kernel",
+        &kernel,
+        "--initrd",
+        &initrd,
+        "--cmdline",
+        &cmdline,
+    ];
+    run_vmm(&args, BOOT_DEADLINE)
+}
+
+fn assert_boots_to_init_and_exits_zero(kernel_key: &str) {
     let _guest = guest_lock();
-    let cmdline = test_cmdline("poweroff");
-    let out = run_vmm(
-        &[
-            "--kernel",
-            &kernel,
-            "--initrd",
-            &initrd,
-            "--cmdline",
-            &cmdline,
-        ],
-        BOOT_DEADLINE,
-    );
+    let out = boot_test(kernel_key, "poweroff");
     assert!(out.stdout.contains("vmm-guest: init started"), "{out}");
     assert!(out.stdout.contains("vmm-guest: marker-ok"), "{out}");
     assert!(out.stdout.contains("vmm-guest: done"), "{out}");
@@ -65,20 +68,8 @@ fn default_cmdline_boots_and_the_vmm_adds_what_the_host_needs() {
 
 #[test]
 fn a_guest_that_halts_with_interrupts_off_is_reported() {
-    let (kernel, initrd) = (path("kernel"), path("initrd"));
     let _guest = guest_lock();
-    let cmdline = test_cmdline("halt");
-    let out = run_vmm(
-        &[
-            "--kernel",
-            &kernel,
-            "--initrd",
-            &initrd,
-            "--cmdline",
-            &cmdline,
-        ],
-        BOOT_DEADLINE,
-    );
+    let out = boot_test("kernel", "halt");
     assert!(out.stdout.contains("vmm-guest: halting"), "{out}");
     assert!(
         out.status.is_some(),

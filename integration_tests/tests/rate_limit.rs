@@ -28,6 +28,16 @@ fn namespace(tag: &str) -> NetNs {
     namespace_with_tap(tag, TAP)
 }
 
+/// [`namespace`] and a packet socket on its tap.
+fn namespace_and_socket(tag: &str) -> (NetNs, PacketSocket) {
+    let ns = namespace(tag);
+    let sock = ns
+        .run(|| PacketSocket::open(TAP, ETHERTYPE))
+        .expect("namespace")
+        .expect("packet socket");
+    (ns, sock)
+}
+
 fn start(ns: &NetNs, cmdline: &str, net: &str, sock: &std::path::Path) -> VmmProcess {
     ready_driver_guest(ns, cmdline, net, Some(sock))
 }
@@ -81,11 +91,7 @@ fn temp_sock(tag: &str) -> std::path::PathBuf {
 #[test]
 fn a_tx_limit_holds_and_lifting_it_restores_the_rate() {
     let _guest = guest_lock();
-    let ns = namespace("rltx");
-    let sock = ns
-        .run(|| PacketSocket::open(TAP, ETHERTYPE))
-        .expect("namespace")
-        .expect("packet socket");
+    let (ns, sock) = namespace_and_socket("rltx");
     let stop = Arc::new(AtomicBool::new(false));
     let (count, reader) = counter(sock, stop.clone());
     let api = temp_sock("tx");
@@ -132,11 +138,7 @@ fn a_tx_limit_holds_and_lifting_it_restores_the_rate() {
 #[test]
 fn an_rx_limit_holds_against_a_faster_sender() {
     let _guest = guest_lock();
-    let ns = namespace("rlrx");
-    let sock = ns
-        .run(|| PacketSocket::open(TAP, ETHERTYPE))
-        .expect("namespace")
-        .expect("packet socket");
+    let (ns, sock) = namespace_and_socket("rlrx");
     let api = temp_sock("rx");
     let mut vmm = start(
         &ns,

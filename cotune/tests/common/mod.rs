@@ -95,18 +95,20 @@ pub fn temp_dir(tag: &str) -> PathBuf {
     dir
 }
 
-/// Two tests of one scenario, `$scenario(transport)`: `$mmio` over virtio-mmio and `$pci`
-/// over virtio-pci.
+/// Two tests of the scenario `$scenario(transport)`, in a module of its name: `over_mmio`
+/// (virtio-mmio) and `over_pci` (virtio-pci).
 macro_rules! over_both_transports {
-    ($scenario:ident: $mmio:ident, $pci:ident) => {
-        #[test]
-        fn $mmio() {
-            $scenario(cotune::transport::TransportKind::Mmio);
-        }
+    ($scenario:ident) => {
+        mod $scenario {
+            #[test]
+            fn over_mmio() {
+                super::$scenario(cotune::transport::TransportKind::Mmio);
+            }
 
-        #[test]
-        fn $pci() {
-            $scenario(cotune::transport::TransportKind::Pci);
+            #[test]
+            fn over_pci() {
+                super::$scenario(cotune::transport::TransportKind::Pci);
+            }
         }
     };
 }
