@@ -82,6 +82,16 @@ pub struct Config {
     /// device must offer MQ and at least that many `max_virtqueue_pairs` (see [`crate::mq`]).
     /// 1 (the default) drives one pair exactly as without multiqueue, MQ not negotiated.
     pub queue_pairs: u16,
+    /// Negotiate VIRTIO_F_RING_PACKED if offered: every queue on the packed virtqueue layout
+    /// (virtio 1.2 §2.8) instead of the split one, with the same batching, kick suppression
+    /// and completion modes. Queue sizes are then the configured ones lowered to the device's
+    /// maximum, which need not be a power of two. Off by default.
+    pub packed: bool,
+    /// Negotiate VIRTIO_F_IN_ORDER if offered: the device uses buffers in the order they were
+    /// made available and may return a batch with one used entry (split: one used element
+    /// carrying the last chain's head; packed: one used descriptor), from which the driver
+    /// reclaims every earlier buffer in order. Off by default.
+    pub in_order: bool,
 }
 
 impl Default for Config {
@@ -101,6 +111,8 @@ impl Default for Config {
             ctrl_rx: false,
             device_stats: true,
             queue_pairs: 1,
+            packed: false,
+            in_order: false,
         }
     }
 }

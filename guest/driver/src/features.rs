@@ -31,11 +31,11 @@ pub const F_RING_RESET: u64 = 1 << 40;
 /// CTRL_VQ).
 pub const NET_F_VQ_NOTF_COAL: u64 = 1 << 52;
 
-/// The packed virtqueue layout (virtio 1.2 §2.8) instead of the split one. Known, not
-/// negotiated yet: the driver's queues run on split rings.
+/// The packed virtqueue layout (virtio 1.2 §2.8) instead of the split one (negotiated with
+/// [`Config::packed`](crate::Config::packed)).
 pub const F_RING_PACKED: u64 = 1 << 34;
 /// The device uses buffers in the order they were made available (and may return a batch with
-/// one used entry). Known, not negotiated yet.
+/// one used entry; negotiated with [`Config::in_order`](crate::Config::in_order)).
 pub const F_IN_ORDER: u64 = 1 << 35;
 
 /// Control class STATS: QUERY and GET, the device's per-queue counters (requires CTRL_VQ).
@@ -46,7 +46,8 @@ pub const NET_F_DEVICE_STATS: u64 = 1 << 50;
 /// queue (CTRL_VQ) with NOTF_COAL and VQ_NOTF_COAL, CTRL_RX if `config.ctrl_rx` too and
 /// DEVICE_STATS if `config.device_stats` (each only if CTRL_VQ is offered: the spec makes them
 /// depend on it); with `config.queue_pairs` > 1
-/// also MQ (likewise only with CTRL_VQ). Nothing else (no indirect
+/// also MQ (likewise only with CTRL_VQ); RING_PACKED with `config.packed` and IN_ORDER with
+/// `config.in_order`. Nothing else (no indirect
 /// descriptors, no receive offloads: received frames never carry partial checksums).
 pub fn acknowledged(offered: u64, config: &Config) -> u64 {
     let mut wanted = F_VERSION_1 | NET_F_MAC | NET_F_STATUS | F_RING_RESET;
@@ -58,6 +59,12 @@ pub fn acknowledged(offered: u64, config: &Config) -> u64 {
     }
     if config.csum {
         wanted |= NET_F_CSUM;
+    }
+    if config.packed {
+        wanted |= F_RING_PACKED;
+    }
+    if config.in_order {
+        wanted |= F_IN_ORDER;
     }
     if config.ctrl_vq && offered & NET_F_CTRL_VQ != 0 {
         wanted |= NET_F_CTRL_VQ | NET_F_NOTF_COAL | NET_F_VQ_NOTF_COAL;

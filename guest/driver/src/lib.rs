@@ -1,6 +1,6 @@
 //! The guest half of the virtio-net datapath: a `no_std` + `alloc` virtio-net driver for the
-//! virtio-mmio (virtio 1.x, register layout version 2) and modern virtio-pci transports and the
-//! split virtqueue.
+//! virtio-mmio (virtio 1.x, register layout version 2) and modern virtio-pci transports, on the
+//! split virtqueue or, negotiated with [`Config::packed`], the packed one.
 //!
 //! The same code runs in two places:
 //! - on a host thread against the VMM's device model (co-simulation): guest memory is a shared
@@ -73,7 +73,7 @@ pub mod pci;
 mod queue;
 pub mod reset;
 mod ring;
-// The packed virtqueue layout beside the split one in `ring`; the queues do not use it yet.
+// The packed virtqueue layout beside the split one in `ring`; `vring` drives either.
 #[path = "ring/packed.rs"]
 mod packed_ring;
 mod rx;

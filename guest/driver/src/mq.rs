@@ -341,8 +341,8 @@ impl<H: Hal, T: Transport> VirtioNet<H, T> {
         let config = self.config;
         for pair in 1..pairs {
             let (rx, tx) = (rx_queue(pair), tx_queue(pair));
-            let rx_size = queue_size(&mut self.transport, rx, config.rx_queue_size)?;
-            let tx_size = queue_size(&mut self.transport, tx, config.tx_queue_size)?;
+            let rx_size = queue_size(&mut self.transport, self.features, rx, config.rx_queue_size)?;
+            let tx_size = queue_size(&mut self.transport, self.features, tx, config.tx_queue_size)?;
             let sizes = (rx_size, tx_size);
             let memory = Pair::alloc(&self.hal, &config, mode, sizes).ok_or(InitError::DmaAlloc)?;
             let mut p = Pair::new(memory, &config, mode, (rx, tx), sizes);

@@ -478,12 +478,24 @@ fn negotiate<T: Transport>(t: &mut T, config: &Config) -> Result<u64, InitError>
     Ok(acked)
 }
 
-/// The size to use for `queue`: `wanted`, lowered to the largest power of two the device allows.
+/// The size to use for `queue`: `wanted`, lowered to the largest power of two the device allows
+/// (packed rings, VIRTIO_F_RING_PACKED in `features`: to the device's maximum, any size).
 pub(crate) fn queue_size<T: Transport>(
     t: &mut T,
+    features: u64,
     queue: u16,
     wanted: u16,
 ) -> Result<u16, InitError> {
+    let size = split_queue_size(t, queue, wanted)?;
+    if features & features::F_RING_PACKED == 0 {
+        return Ok(size);
+    }
+    // Checked above: at least 2, at most `wanted` ≤ 32768.
+    Ok(t.queue_max_size(queue).min(u32::from(wanted)) as u16)
+}
+
+/// The size of split `queue`: `wanted`, lowered to the largest power of two the device allows.
+fn split_queue_size<T: Transport>(t: &mut T, queue: u16, wanted: u16) -> Result<u16, InitError> {
     if t.queue_enabled(queue) {
         return Err(InitError::QueueUnavailable(queue));
     }
@@ -505,8 +517,8 @@ fn negotiate_layout<T: Transport>(
     transport.setup_config_vector()?;
     let layout = mq::layout(transport, features, config)?;
     let sizes = [
-        queue_size(transport, RX_QUEUE, config.rx_queue_size)?,
-        queue_size(transport, TX_QUEUE, config.tx_queue_size)?,
+        queue_size(transport, features, RX_QUEUE, config.rx_queue_size)?,
+        queue_size(transport, features, TX_QUEUE, config.tx_queue_size)?,
     ];
     if features & NET_F_MRG_RXBUF == 0 && config.rx_buf_size < MIN_RX_BUF_WITHOUT_MRG {
         return Err(InitError::RxBufTooSmall {
@@ -516,7 +528,7 @@ fn negotiate_layout<T: Transport>(
     }
     let ctrl_queue = layout.ctrl_queue;
     let ctrl_size = if features & NET_F_CTRL_VQ != 0 {
-        let size = queue_size(transport, ctrl_queue, CTRL_QUEUE_SIZE)?;
+        let size = queue_size(transport, features, ctrl_queue, CTRL_QUEUE_SIZE)?;
         if size < CTRL_MAX_CHAIN {
             return Err(InitError::QueueUnavailable(ctrl_queue));
         }

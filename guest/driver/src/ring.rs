@@ -17,7 +17,15 @@
 //!
 //! The driver never trusts device-writable memory for its own bookkeeping: the free list, chain
 //! links and per-chain tokens live in private vectors; used ids are checked against them.
+//!
+//! With VIRTIO_F_IN_ORDER the driver takes descriptors in ring order (descriptor `x` links to
+//! `x + 1`, the last one to 0) and the device uses chains in the order they were made
+//! available. The device may then return a batch with one used element that carries the head
+//! of the batch's last chain and moves `used.idx` on by the batch's size: the ring returns
+//! every chain added before that one, in order, the earlier ones with the full length of their
+//! device-writable buffers (the spec assumes them used completely).
 
+use alloc::collections::VecDeque;
 use alloc::vec;
 use alloc::vec::Vec;
 use core::sync::atomic::{fence, AtomicU16, Ordering};
@@ -111,6 +119,13 @@ pub(crate) enum UsedError {
     NotInFlight(u16),
     /// `used.idx` ran more than the queue size ahead: the ring is unusable from now on.
     IndexJump,
+    /// Packed ring: a written length beyond the chain's device-writable buffers.
+    LenOutOfRange {
+        /// The chain's buffer id.
+        id: u16,
+        /// The length the device reported.
+        len: u32,
+    },
 }
 
 /// Whether interrupts for this queue are wanted.
@@ -149,12 +164,35 @@ pub(crate) struct SplitRing<Tok> {
     /// Last value written to `used_event`.
     used_event: u16,
     broken: bool,
+    /// VIRTIO_F_IN_ORDER: descriptors in ring order, batches returned with one used element.
+    in_order: bool,
+    /// With `in_order`: the next descriptor to take.
+    next_desc: u16,
+    /// With `in_order`: the heads in flight, in the order they were added.
+    order: VecDeque<u16>,
+    /// With `in_order`: total length of each chain's device-writable buffers, by head.
+    writable: Vec<u32>,
+    /// With `in_order`: the head of the last chain of the batch being returned, and its length.
+    batch: Option<(u16, u32)>,
 }
 
 impl<Tok: Copy> SplitRing<Tok> {
     /// A ring of `size` (a power of two ≤ 32768) entries in `region` (zeroed, at least
     /// `RingLayout::new(size).bytes` long), for queue `index`.
+    #[cfg(test)]
     pub(crate) fn new(index: u16, size: u16, region: DmaRegion, event_idx: bool) -> Self {
+        Self::with_order(index, size, region, event_idx, false)
+    }
+
+    /// [`Self::new`]; with `in_order` (VIRTIO_F_IN_ORDER negotiated) descriptors are taken in
+    /// ring order and a used element also returns every chain added before its own.
+    pub(crate) fn with_order(
+        index: u16,
+        size: u16,
+        region: DmaRegion,
+        event_idx: bool,
+        in_order: bool,
+    ) -> Self {
         let layout = RingLayout::new(size);
         debug_assert!(region.len() >= layout.bytes && size.is_power_of_two());
         SplitRing {
@@ -176,6 +214,11 @@ impl<Tok: Copy> SplitRing<Tok> {
             interrupts: Interrupts::Enabled,
             used_event: 0,
             broken: false,
+            in_order,
+            next_desc: 0,
+            order: VecDeque::with_capacity(if in_order { usize::from(size) } else { 0 }),
+            writable: vec![0; if in_order { usize::from(size) } else { 0 }],
+            batch: None,
         }
     }
 
@@ -274,6 +317,9 @@ impl<Tok: Copy> SplitRing<Tok> {
             return Err(RingFull);
         }
         let start = self.free.len() - n;
+        if self.in_order {
+            self.take_in_ring_order(start, bufs);
+        }
         let mut next = 0u16;
         // Last buffer first, so each descriptor can link to the one already written.
         for k in (0..n).rev() {
@@ -294,6 +340,9 @@ impl<Tok: Copy> SplitRing<Tok> {
         // n ≤ the free count ≤ size ≤ 32768.
         self.chain_len[usize::from(head)] = n as u16;
         self.tokens[usize::from(head)] = Some(token);
+        if self.in_order {
+            self.order.push_back(head);
+        }
         let entry = self
             .at(self.layout.avail + 4 + 2 * self.slot(self.avail_idx), 2)
             .cast::<u16>();
@@ -303,6 +352,22 @@ impl<Tok: Copy> SplitRing<Tok> {
         unsafe { entry.write_volatile(head.to_le()) };
         self.avail_idx = self.avail_idx.wrapping_add(1);
         Ok(())
+    }
+
+    /// With IN_ORDER: puts the next `bufs.len()` descriptors in ring order where `add` takes
+    /// its descriptors from (the free list above `start`; with IN_ORDER only its length
+    /// counts), and notes the chain's device-writable length.
+    fn take_in_ring_order(&mut self, start: usize, bufs: &[Buffer]) {
+        let mut writable = 0u32;
+        for (k, buf) in bufs.iter().enumerate() {
+            self.free[start + k] = self.next_desc & (self.size - 1);
+            self.next_desc = self.next_desc.wrapping_add(1);
+            if buf.access == Access::DeviceWrites {
+                writable = writable.saturating_add(buf.len);
+            }
+        }
+        // The chain's head is the first descriptor taken.
+        self.writable[usize::from(self.free[start])] = writable;
     }
 
     /// Makes the chains added since the last publish visible to the device. False if there
@@ -370,6 +435,9 @@ impl<Tok: Copy> SplitRing<Tok> {
         if self.broken {
             return Ok(None);
         }
+        if let Some((last, len)) = self.batch {
+            return Ok(self.pop_in_order(last, len));
+        }
         if self.used_seen == self.last_used
             && self.load_used_idx() == self.last_used
             && !self.rearm_used_event()
@@ -393,11 +461,18 @@ impl<Tok: Copy> SplitRing<Tok> {
                 u32::from_le(elem.add(4).cast::<u32>().read_volatile()),
             )
         };
-        self.last_used = self.last_used.wrapping_add(1);
         let head = match u16::try_from(id) {
             Ok(head) if head < self.size => head,
-            _ => return Err(UsedError::IdOutOfRange(id)),
+            _ => {
+                self.last_used = self.last_used.wrapping_add(1);
+                return Err(UsedError::IdOutOfRange(id));
+            }
         };
+        if self.in_order && self.tokens[usize::from(head)].is_some() {
+            self.batch = Some((head, len));
+            return Ok(self.pop_in_order(head, len));
+        }
+        self.last_used = self.last_used.wrapping_add(1);
         let Some(token) = self.tokens[usize::from(head)].take() else {
             return Err(UsedError::NotInFlight(head));
         };
@@ -407,6 +482,30 @@ impl<Tok: Copy> SplitRing<Tok> {
             d = self.next[usize::from(d)];
         }
         Ok(Some(Used { token, len }))
+    }
+
+    /// With IN_ORDER, during the batch ending with the chain headed by `last` (returned with
+    /// `len`): returns the earliest chain in flight, which takes one used index.
+    fn pop_in_order(&mut self, last: u16, len: u32) -> Option<Used<Tok>> {
+        let Some(head) = self.order.pop_front() else {
+            // `last` is in flight, so `order` holds it: not reached.
+            self.batch = None;
+            return None;
+        };
+        self.last_used = self.last_used.wrapping_add(1);
+        let len = if head == last {
+            self.batch = None;
+            len
+        } else {
+            // Chains before the last of a batch count as used completely.
+            self.writable[usize::from(head)]
+        };
+        let token = self.tokens[usize::from(head)].take()?;
+        for _ in 0..self.chain_len[usize::from(head)] {
+            // With IN_ORDER only the free list's length counts.
+            self.free.push(head);
+        }
+        Some(Used { token, len })
     }
 
     /// Called when the used ring looks empty: moves `used_event` to where it must be now.
@@ -487,6 +586,9 @@ impl<Tok: Copy> SplitRing<Tok> {
         self.used_seen = 0;
         self.used_event = 0;
         self.broken = false;
+        self.next_desc = 0;
+        self.order.clear();
+        self.batch = None;
         match self.interrupts {
             Interrupts::Enabled => {
                 self.enable_interrupts();

@@ -7,8 +7,9 @@
 
 use alloc::vec::Vec;
 
-use crate::features::RING_F_EVENT_IDX;
+use crate::features::{F_IN_ORDER, F_RING_PACKED, RING_F_EVENT_IDX};
 use crate::hal::{DmaRegion, Hal, PhysAddr};
+use crate::packed_ring::{PackedLayout, PackedRing, PackedUsedError};
 use crate::ring::{Buffer, Kick, RingFull, RingLayout, SplitRing, Used, UsedError};
 
 /// How the rings of a device are laid out and driven, from the negotiated features.
@@ -16,6 +17,10 @@ use crate::ring::{Buffer, Kick, RingFull, RingLayout, SplitRing, Used, UsedError
 pub(crate) struct RingMode {
     /// VIRTIO_RING_F_EVENT_IDX.
     pub(crate) event_idx: bool,
+    /// VIRTIO_F_RING_PACKED: packed rings instead of split ones.
+    pub(crate) packed: bool,
+    /// VIRTIO_F_IN_ORDER.
+    pub(crate) in_order: bool,
 }
 
 impl RingMode {
@@ -23,12 +28,18 @@ impl RingMode {
     pub(crate) fn of(features: u64) -> RingMode {
         RingMode {
             event_idx: features & RING_F_EVENT_IDX != 0,
+            packed: features & F_RING_PACKED != 0,
+            in_order: features & F_IN_ORDER != 0,
         }
     }
 
     /// Bytes of ring memory a queue of `size` entries needs.
     pub(crate) const fn bytes(self, size: u16) -> usize {
-        RingLayout::new(size).bytes
+        if self.packed {
+            PackedLayout::new(size).bytes
+        } else {
+            RingLayout::new(size).bytes
+        }
     }
 }
 
@@ -36,6 +47,8 @@ impl RingMode {
 pub(crate) enum Vring<Tok> {
     /// The split layout (virtio 1.2 §2.7).
     Split(SplitRing<Tok>),
+    /// The packed layout (virtio 1.2 §2.8).
+    Packed(PackedRing<Tok>),
 }
 
 /// Runs `$body` with `$ring` bound to the layout's ring.
@@ -43,6 +56,7 @@ macro_rules! on_ring {
     ($self:expr, $ring:ident => $body:expr) => {
         match $self {
             Vring::Split($ring) => $body,
+            Vring::Packed($ring) => $body,
         }
     };
 }
@@ -51,7 +65,18 @@ impl<Tok: Copy> Vring<Tok> {
     /// A ring for queue `index` of `size` entries in `region` (zeroed, at least
     /// `mode.bytes(size)` long).
     pub(crate) fn new(mode: RingMode, index: u16, size: u16, region: DmaRegion) -> Self {
-        Vring::Split(SplitRing::new(index, size, region, mode.event_idx))
+        let RingMode {
+            event_idx,
+            packed,
+            in_order,
+        } = mode;
+        if packed {
+            Vring::Packed(PackedRing::new(index, size, region, event_idx, in_order))
+        } else {
+            Vring::Split(SplitRing::with_order(
+                index, size, region, event_idx, in_order,
+            ))
+        }
     }
 
     /// The queue's index.
@@ -118,7 +143,10 @@ impl<Tok: Copy> Vring<Tok> {
     /// Pops the next used chain (`Ok(None)`: none, and interrupts re-armed if enabled).
     #[inline]
     pub(crate) fn pop_used(&mut self) -> Result<Option<Used<Tok>>, UsedError> {
-        on_ring!(self, r => r.pop_used())
+        match self {
+            Vring::Split(r) => r.pop_used(),
+            Vring::Packed(r) => r.pop_used().map_err(UsedError::from),
+        }
     }
 
     /// Asks for interrupts; true if used chains are already pending.
@@ -147,5 +175,15 @@ impl<Tok: Copy> Vring<Tok> {
     pub(crate) unsafe fn dealloc<H: Hal>(&self, hal: &H) {
         // SAFETY: forwarded from this function's contract.
         on_ring!(self, r => unsafe { r.dealloc(hal) })
+    }
+}
+
+impl From<PackedUsedError> for UsedError {
+    fn from(error: PackedUsedError) -> UsedError {
+        match error {
+            PackedUsedError::IdOutOfRange(id) => UsedError::IdOutOfRange(u32::from(id)),
+            PackedUsedError::NotInFlight(id) => UsedError::NotInFlight(id),
+            PackedUsedError::LenOutOfRange { id, len } => UsedError::LenOutOfRange { id, len },
+        }
     }
 }

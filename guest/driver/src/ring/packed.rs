@@ -40,9 +40,6 @@
 //! ([`PackedRing::is_broken`]) instead of guessing; a length beyond the chain's device-writable
 //! buffers does the same.
 
-// Not used by the queues yet: they run on split rings until they are generic over the layout.
-#![cfg_attr(not(test), allow(dead_code))]
-
 use alloc::collections::VecDeque;
 use alloc::vec::Vec;
 use core::sync::atomic::{fence, AtomicU16, Ordering};
