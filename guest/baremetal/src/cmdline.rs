@@ -252,6 +252,8 @@ const KEYS: &[(&str, Setter)] = &[
     }),
     ("event_idx", |w, v| set(&mut w.o.driver.event_idx, flag(v))),
     ("mrg_rxbuf", |w, v| set(&mut w.o.driver.mrg_rxbuf, flag(v))),
+    ("packed", |w, v| set(&mut w.o.driver.packed, flag(v))),
+    ("in_order", |w, v| set(&mut w.o.driver.in_order, flag(v))),
     ("ctrl_vq", |w, v| set(&mut w.o.driver.ctrl_vq, flag(v))),
     ("device_stats", |w, v| {
         set(&mut w.o.driver.device_stats, flag(v))
@@ -560,6 +562,13 @@ mod tests {
         .unwrap();
         assert_eq!(o.workload, Workload::Echo(5));
         assert!(!o.driver.event_idx && !o.driver.mrg_rxbuf);
+        assert!(
+            !o.driver.packed && !o.driver.in_order,
+            "split rings by default"
+        );
+        let packed = parse("packed=1 in_order=1").unwrap();
+        assert!(packed.driver.packed && packed.driver.in_order);
+        assert!(parse("packed=maybe").is_err() && parse("in_order=2").is_err());
         assert!(!o.driver.device_stats, "off by default");
         assert!(parse("device_stats=1").unwrap().driver.device_stats);
         assert!(parse("device_stats=maybe").is_err());

@@ -211,7 +211,7 @@ impl Report<'_> {
             w,
             ",\"kick_threshold\":{},\"tx_completion\":\"{}\",\"xdp_bulk\":{},\"event_idx\":{},\
              \"mrg_rxbuf\":{},\"ctrl_vq\":{},\"notf_coal\":{},\"device_stats\":{},\"features\":{},\
-             \"rx_queue_size\":{},\"tx_queue_size\":{}",
+             \"rx_queue_size\":{},\"tx_queue_size\":{},\"virtqueue\":\"{}\",\"in_order\":{}",
             c.kick_threshold,
             completion_name(c.tx_completion),
             c.xdp_bulk,
@@ -223,6 +223,12 @@ impl Report<'_> {
             self.features,
             self.queue_sizes.0,
             self.queue_sizes.1,
+            if self.features & vnet_driver::features::F_RING_PACKED != 0 {
+                "packed"
+            } else {
+                "split"
+            },
+            u8::from(self.features & vnet_driver::features::F_IN_ORDER != 0),
         )?;
         match self.coalesce {
             Some(c) => write!(w, ",\"coalesce\":\"{c}\"")?,
@@ -385,6 +391,7 @@ mod tests {
             "\"wait\":\"halt\",\"transport\":\"pci\",",
             "\"rx_frames\":0,",
             "\"event_idx\":1,",
+            "\"virtqueue\":\"split\",\"in_order\":0",
             "\"tx_completion\":\"tx-interrupt\"",
             "\"elapsed_ns\":2000000,",
             "\"pps\":50000}}",
