@@ -223,15 +223,19 @@ pub fn run_vmm(args: &[&str], deadline: Duration) -> RunOutput {
     run_command(Command::new(vmm_binary()).args(args), deadline)
 }
 
-/// Runs `cmd` with stdin closed, collecting its output, killing it after `deadline`.
-pub fn run_command(cmd: &mut Command, deadline: Duration) -> RunOutput {
-    let start = Instant::now();
-    let mut child = cmd
-        .stdin(Stdio::null())
+/// Starts `cmd` with stdin closed and stdout and stderr piped.
+fn spawn_piped(cmd: &mut Command) -> std::process::Child {
+    cmd.stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
-        .unwrap_or_else(|e| panic!("cannot start {cmd:?}: {e}"));
+        .unwrap_or_else(|e| panic!("cannot start {cmd:?}: {e}"))
+}
+
+/// Runs `cmd` with stdin closed, collecting its output, killing it after `deadline`.
+pub fn run_command(cmd: &mut Command, deadline: Duration) -> RunOutput {
+    let start = Instant::now();
+    let mut child = spawn_piped(cmd);
     let collect = |mut r: Box<dyn Read + Send>| {
         thread::spawn(move || {
             let mut buf = Vec::new();
@@ -278,12 +282,7 @@ pub struct VmmProcess {
 impl VmmProcess {
     /// Starts `cmd` (a `vmm` command line, possibly wrapped in `ip netns exec`).
     pub fn spawn(cmd: &mut Command) -> VmmProcess {
-        let mut child = cmd
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap_or_else(|e| panic!("cannot start {cmd:?}: {e}"));
+        let mut child = spawn_piped(cmd);
         let stdout = Arc::new(Mutex::new(String::new()));
         let stderr = Arc::new(Mutex::new(String::new()));
         let pump = |mut r: Box<dyn Read + Send>, sink: Arc<Mutex<String>>| {
