@@ -12,12 +12,10 @@ use vm_memory::GuestMemoryMmap;
 
 use crate::iovec::IovecList;
 pub use crate::virtio::chain::{ChainError, Direction};
-use crate::virtio::packed::{
-    ChainHead, GuestView as PackedGuest, PackedVirtqueue, RingOps as PackedRing,
-};
+use crate::virtio::packed::{ChainHead, PackedVirtqueue, RingOps as PackedRing};
 pub use crate::virtio::packed::{PackedLayout, PackedRingError, Position};
 use crate::virtio::ring::RingError;
-use crate::virtio::vring::{Virtqueue, WalkBudget};
+use crate::virtio::vring::{GuestView as PackedGuest, Virtqueue, WalkBudget};
 pub use crate::virtio::vring::{CALL_DESCRIPTOR_BUDGET, MAX_CHAIN_DESCRIPTORS};
 
 /// One walked chain.

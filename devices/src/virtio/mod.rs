@@ -59,6 +59,7 @@
 
 pub mod chain;
 mod common;
+mod guest;
 pub mod irq;
 pub mod mmio;
 pub mod net;

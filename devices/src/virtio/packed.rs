@@ -64,9 +64,6 @@
 //! atomic, and nothing read from it is trusted without a check; no guest-controlled value can
 //! make this module panic.
 
-// Not wired into the datapath yet: until it is, only the tests drive the ring half.
-#![cfg_attr(not(test), allow(dead_code))]
-
 use std::ptr;
 use std::sync::atomic::{fence, AtomicU16, Ordering};
 
@@ -76,14 +73,13 @@ use virtio_bindings::virtio_ring::{
     VRING_PACKED_DESC_F_AVAIL, VRING_PACKED_DESC_F_USED, VRING_PACKED_EVENT_FLAG_DESC,
     VRING_PACKED_EVENT_FLAG_DISABLE, VRING_PACKED_EVENT_FLAG_ENABLE, VRING_PACKED_EVENT_F_WRAP_CTR,
 };
-use vm_memory::{
-    GuestAddress, GuestMemoryBackend, GuestMemoryError, GuestMemoryMmap, GuestMemoryRegion,
-    MemoryRegionAddress,
-};
+use vm_memory::{GuestMemoryError, GuestMemoryMmap};
 
 use super::chain::{ChainError, Direction};
-use super::vring::{vring_need_event, InterruptDecision, WalkBudget, MAX_CHAIN_DESCRIPTORS};
-use crate::iovec::{prefetch, IovecError, IovecList};
+use super::guest::{
+    host_regions, vring_need_event, GuestView, InterruptDecision, WalkBudget, MAX_CHAIN_DESCRIPTORS,
+};
+use crate::iovec::{prefetch, IovecList};
 
 /// Size of one descriptor.
 const DESC_SIZE: u64 = 16;
@@ -192,61 +188,6 @@ pub enum PackedRingError {
     IdOutOfRange(u16),
 }
 
-/// One guest memory region's host mapping.
-#[derive(Clone, Copy, Debug)]
-struct HostRegion {
-    start: u64,
-    len: u64,
-    host: *mut u8,
-}
-
-/// Guest-physical → host translation for buffers and indirect tables, over the regions of one
-/// `GuestMemoryMmap` that the owning [`PackedVirtqueue`] keeps alive. The same translation as
-/// the split ring's view.
-#[derive(Debug)]
-pub(crate) struct GuestView<'m> {
-    mem: &'m GuestMemoryMmap,
-    regions: &'m [HostRegion],
-}
-
-impl<'m> GuestView<'m> {
-    /// The host address of `[addr, addr + len)` if it lies inside one region.
-    #[inline]
-    fn host_range(&self, addr: u64, len: u64) -> Option<*mut u8> {
-        for r in self.regions {
-            let off = addr.wrapping_sub(r.start);
-            if off < r.len {
-                if len <= r.len - off {
-                    // SAFETY: `off < r.len`, so the result stays inside the region's mapping.
-                    return Some(unsafe { r.host.add(off as usize) });
-                }
-                return None;
-            }
-        }
-        None
-    }
-
-    /// Appends the guest range `[addr, addr + len)` to `iovs`: one entry when it lies in one
-    /// region, else split by vm-memory where it crosses regions.
-    #[inline]
-    pub(crate) fn push_range(
-        &self,
-        iovs: &mut IovecList<'m>,
-        addr: u64,
-        len: u32,
-    ) -> Result<(), IovecError> {
-        if len == 0 {
-            return Ok(());
-        }
-        match self.host_range(addr, u64::from(len)) {
-            // SAFETY: the range lies inside one region of `self.mem`, which is borrowed for
-            // 'm, so it stays mapped and valid for reads and writes while the list lives.
-            Some(host) => unsafe { iovs.push_raw(host, len as usize) },
-            None => iovs.push_guest_range(self.mem, GuestAddress(addr), len),
-        }
-    }
-}
-
 /// A ring position: an offset below the queue size and a wrap counter.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Position {
@@ -312,6 +253,18 @@ pub struct ChainHead {
     descs: u16,
 }
 
+impl Default for ChainHead {
+    /// A placeholder (no chain: zero descriptors at the start position) for storage that is
+    /// filled with popped heads before it is read.
+    fn default() -> ChainHead {
+        ChainHead {
+            id: 0,
+            start: Position::START,
+            descs: 0,
+        }
+    }
+}
+
 impl ChainHead {
     /// The buffer id (that of the chain's last descriptor).
     pub fn id(&self) -> u16 {
@@ -334,7 +287,7 @@ impl ChainHead {
 pub struct PackedVirtqueue {
     /// Keeps every pointer in `ring` valid.
     mem: GuestMemoryMmap,
-    regions: Vec<HostRegion>,
+    regions: Vec<super::guest::HostRegion>,
     ring: RingState,
 }
 
@@ -391,21 +344,8 @@ impl PackedVirtqueue {
             (PackedPart::DriverEvent, layout.driver_event, EVENT_SIZE, 4),
             (PackedPart::DeviceEvent, layout.device_event, EVENT_SIZE, 4),
         ];
-        let mut regions = Vec::new();
-        for region in mem.iter() {
-            let host = region
-                .get_host_address(MemoryRegionAddress(0))
-                .map_err(PackedRingError::Memory)?;
-            regions.push(HostRegion {
-                start: region.start_addr().0,
-                len: region.len(),
-                host,
-            });
-        }
-        let view = GuestView {
-            mem,
-            regions: &regions,
-        };
+        let regions = host_regions(mem).map_err(PackedRingError::Memory)?;
+        let view = GuestView::new(mem, &regions);
         let mut hosts = [ptr::null_mut(); 3];
         for (host, (part, addr, len, align)) in hosts.iter_mut().zip(parts) {
             if !addr.is_multiple_of(align) {
@@ -493,10 +433,7 @@ impl PackedVirtqueue {
     /// Guest memory and ring, borrowed apart: iovecs into the former while the latter moves.
     pub(crate) fn split(&mut self) -> (GuestView<'_>, RingOps<'_>) {
         (
-            GuestView {
-                mem: &self.mem,
-                regions: &self.regions,
-            },
+            GuestView::new(&self.mem, &self.regions),
             RingOps {
                 ring: &mut self.ring,
             },
@@ -629,6 +566,23 @@ impl RingOps<'_> {
             self.ring.next_avail = head.start;
             self.ring.in_flight -= back;
         }
+    }
+
+    /// Whether the descriptor `n − 1` slots after `next_avail` is available (one load): at
+    /// least `n` descriptors, hence probably `n` chains, wait to be popped. True for `n` 0;
+    /// false past what the ring can hold with the chains in flight.
+    #[inline]
+    pub(crate) fn pending_at_least(&self, n: usize) -> bool {
+        let room = (u32::from(self.ring.size) - self.ring.in_flight) as usize;
+        if n == 0 {
+            return true;
+        }
+        if n > room {
+            return false;
+        }
+        // `n − 1 < room ≤ size`.
+        let at = self.ring.next_avail.advance((n - 1) as u16, self.ring.size);
+        is_avail(self.ring.load_flags(at.offset), at.wrap)
     }
 
     /// Warms the caches for the next chain, if it is available: its first descriptor's buffer

@@ -35,22 +35,19 @@ use virtio_bindings::virtio_ring::{
     VRING_USED_F_NO_NOTIFY,
 };
 use virtio_queue::{Queue, QueueT};
-use vm_memory::{
-    GuestAddress, GuestMemoryBackend, GuestMemoryError, GuestMemoryMmap, GuestMemoryRegion,
-    MemoryRegionAddress,
-};
+use vm_memory::{GuestMemoryError, GuestMemoryMmap};
 
 use super::chain::{ChainError, Direction};
-use crate::iovec::{prefetch, IovecError, IovecList, MAX_IOVECS};
+use super::guest::{host_regions, HostRegion};
+pub use super::guest::{
+    vring_need_event, InterruptDecision, CALL_DESCRIPTOR_BUDGET, MAX_CHAIN_DESCRIPTORS,
+};
+pub(crate) use super::guest::{GuestView, WalkBudget};
+use super::packed::PackedRingError;
+use crate::iovec::{prefetch, IovecList};
 
 /// Size of one descriptor.
 const DESC_SIZE: u64 = 16;
-/// Most descriptors one chain may link, direct and indirect together, empty ones included.
-/// A frame needs at most [`MAX_IOVECS`] non-empty segments; Linux uses at most
-/// `MAX_SKB_FRAGS + 2` (19).
-pub const MAX_CHAIN_DESCRIPTORS: u32 = MAX_IOVECS as u32 + 1;
-/// Descriptors one datapath call may visit before it yields (plus the chain in progress).
-pub const CALL_DESCRIPTOR_BUDGET: u32 = 4096;
 
 /// A raw split-ring descriptor, as the driver lays it out (little endian).
 #[repr(C)]
@@ -81,102 +78,6 @@ impl std::fmt::Display for RingPart {
             RingPart::UsedRing => "used ring",
         })
     }
-}
-
-/// One guest memory region's host mapping.
-#[derive(Clone, Copy, Debug)]
-struct HostRegion {
-    start: u64,
-    len: u64,
-    host: *mut u8,
-}
-
-/// Guest-physical → host translation for buffers, over the regions of one `GuestMemoryMmap`.
-///
-/// Built from memory that the owning [`Virtqueue`] keeps alive.
-#[derive(Debug)]
-pub(crate) struct GuestView<'m> {
-    mem: &'m GuestMemoryMmap,
-    regions: &'m [HostRegion],
-}
-
-impl<'m> GuestView<'m> {
-    /// The host address of `[addr, addr + len)` if it lies inside one region.
-    #[inline]
-    fn host_range(&self, addr: u64, len: u64) -> Option<*mut u8> {
-        for r in self.regions {
-            let off = addr.wrapping_sub(r.start);
-            if off < r.len {
-                if len <= r.len - off {
-                    // SAFETY: `off < r.len`, so the result stays inside the region's mapping.
-                    return Some(unsafe { r.host.add(off as usize) });
-                }
-                return None;
-            }
-        }
-        None
-    }
-
-    /// Appends the guest range `[addr, addr + len)` to `iovs`: one entry when it lies in one
-    /// region (the fast path), else split by vm-memory where it crosses regions.
-    #[inline]
-    pub(crate) fn push_range(
-        &self,
-        iovs: &mut IovecList<'m>,
-        addr: u64,
-        len: u32,
-    ) -> Result<(), IovecError> {
-        if len == 0 {
-            return Ok(());
-        }
-        match self.host_range(addr, u64::from(len)) {
-            // SAFETY: the range lies inside one region of `self.mem`, which is borrowed for
-            // 'm, so it stays mapped and valid for reads and writes while the list lives.
-            Some(host) => unsafe { iovs.push_raw(host, len as usize) },
-            None => iovs.push_guest_range(self.mem, GuestAddress(addr), len),
-        }
-    }
-}
-
-/// What the datapath may still visit in one call.
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct WalkBudget {
-    descriptors: u32,
-}
-
-impl WalkBudget {
-    /// A fresh per-call budget of [`CALL_DESCRIPTOR_BUDGET`] descriptors.
-    pub(crate) fn per_call() -> WalkBudget {
-        WalkBudget {
-            descriptors: CALL_DESCRIPTOR_BUDGET,
-        }
-    }
-
-    /// True once the call has visited its share.
-    pub(crate) fn exhausted(&self) -> bool {
-        self.descriptors == 0
-    }
-
-    /// Descriptors the call may still visit.
-    pub(crate) fn remaining(&self) -> u32 {
-        self.descriptors
-    }
-
-    /// Charges `n` units of ring work (a pop that found nothing, a notification re-check).
-    pub(crate) fn charge(&mut self, n: u32) {
-        self.descriptors = self.descriptors.saturating_sub(n);
-    }
-}
-
-/// Whether to interrupt the driver after adding used entries, and if not, why.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum InterruptDecision {
-    /// Interrupt the driver.
-    Raise,
-    /// EVENT_IDX: `used_event` says the driver does not want one yet.
-    SuppressedByEventIdx,
-    /// No EVENT_IDX: the driver set `VRING_AVAIL_F_NO_INTERRUPT`.
-    SuppressedByFlag,
 }
 
 /// The device side of one split virtqueue for one activation (see the module docs).
@@ -246,21 +147,8 @@ impl Virtqueue {
             (RingPart::AvailRing, queue.avail_ring(), 6 + 2 * n, 2),
             (RingPart::UsedRing, queue.used_ring(), 6 + 8 * n, 4),
         ];
-        let mut regions = Vec::new();
-        for region in mem.iter() {
-            let host = region
-                .get_host_address(MemoryRegionAddress(0))
-                .map_err(RingError::Memory)?;
-            regions.push(HostRegion {
-                start: region.start_addr().0,
-                len: region.len(),
-                host,
-            });
-        }
-        let view = GuestView {
-            mem,
-            regions: &regions,
-        };
+        let regions = host_regions(mem).map_err(RingError::Memory)?;
+        let view = GuestView::new(mem, &regions);
         let mut hosts = [ptr::null_mut(); 3];
         for (host, (part, addr, len, align)) in hosts.iter_mut().zip(parts) {
             if !addr.is_multiple_of(align) {
@@ -334,10 +222,7 @@ impl Virtqueue {
     /// Guest memory and ring, borrowed apart: iovecs into the former while the latter moves.
     pub(crate) fn split(&mut self) -> (GuestView<'_>, RingOps<'_>) {
         (
-            GuestView {
-                mem: &self.mem,
-                regions: &self.regions,
-            },
+            GuestView::new(&self.mem, &self.regions),
             RingOps {
                 ring: &mut self.ring,
             },
@@ -646,6 +531,19 @@ impl RingOps<'_> {
         self.ring.next_used += 1;
     }
 
+    /// Marks the chains `heads` (popped in this order, the first at the next used slot) used
+    /// with one used element (VIRTIO_F_IN_ORDER, virtio 1.3 §2.7.9): the last head with `len`,
+    /// written at the slot of the batch's last buffer; the used index moves past them all.
+    #[inline]
+    pub(crate) fn add_used_in_order(&mut self, heads: &[u16], len: u32) {
+        let Some((&last, rest)) = heads.split_last() else {
+            return;
+        };
+        // At most the chains popped and not used: fewer than the ring size.
+        self.ring.next_used += rest.len() as u16;
+        self.add_used(last, len);
+    }
+
     /// Makes every used element written so far visible to the driver (one release store).
     #[inline]
     pub(crate) fn publish_used(&mut self) {
@@ -856,6 +754,9 @@ pub enum RingError {
     /// Resolving guest memory failed.
     #[error("guest memory access to the ring failed")]
     Memory(#[source] GuestMemoryError),
+    /// A packed ring (VIRTIO_F_RING_PACKED) refused at activation or broken by the driver.
+    #[error("packed ring: {0}")]
+    Packed(#[from] PackedRingError),
 }
 
 /// Reads a descriptor at any alignment (indirect tables need not be aligned).
@@ -879,10 +780,4 @@ unsafe fn read_desc_at(p: *const u8) -> RawDesc {
         flags: u16::from_ne_bytes(bytes[12..14].try_into().unwrap_or_default()),
         next: u16::from_ne_bytes(bytes[14..].try_into().unwrap_or_default()),
     }
-}
-
-/// The spec's `vring_need_event`: should the device notify, given the other side's event index
-/// and that the index moved from `old` to `new`? Wrap-around safe.
-pub fn vring_need_event(event_idx: u16, new: u16, old: u16) -> bool {
-    new.wrapping_sub(event_idx).wrapping_sub(1) < new.wrapping_sub(old)
 }

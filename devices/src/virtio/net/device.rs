@@ -32,7 +32,7 @@ const ALL_QUEUES: usize = CTRL_QUEUE + 1;
 use crate::backend::{
     LoopBackend, NetBackend, Offloads, SinkBackend, SourceBackend, Tap, TapError,
 };
-use crate::virtio::vring::Virtqueue;
+use crate::virtio::ring::AnyRing;
 use crate::virtio::{
     ActivateError, ActivationContext, FeatureDependencyError, QueueResetState, VirtioDevice,
 };
@@ -101,6 +101,8 @@ struct RunLayout {
     pairs: usize,
     /// Guest memory, for checking the rings of a queue enabled again.
     mem: GuestMemoryMmap,
+    /// The negotiated features (the ring kind, EVENT_IDX, IN_ORDER of a queue enabled again).
+    acked: u64,
 }
 
 impl<B: NetBackend> fmt::Debug for NetDevice<B> {
@@ -497,7 +499,7 @@ impl<B: NetBackend> VirtioDevice for NetDevice<B> {
         }
     }
 
-    /// Checks the rings exactly as at activation ([`Virtqueue::new`]: alignment, inside one
+    /// Checks the rings exactly as at activation ([`AnyRing::new`]: alignment, inside one
     /// memory region, the used ring overlapping nothing the device reads), then hands the ring
     /// to the worker without waiting for it.
     fn enable_queue(&mut self, index: usize, queue: Queue) -> Result<(), ActivateError> {
@@ -526,7 +528,7 @@ impl<B: NetBackend> NetDevice<B> {
         if self.pending_resets.get(index).is_some_and(Option::is_some) {
             return Err(ActivateError::QueueReset);
         }
-        let vq = Virtqueue::new(queue, &run.mem).map_err(ActivateError::Ring)?;
+        let vq = AnyRing::new(queue, &run.mem, run.acked).map_err(ActivateError::Ring)?;
         match self.workers.get(pair) {
             Some(WorkerSlot::Started(thread)) => thread
                 .enable_queue(which, vq)
@@ -545,6 +547,7 @@ impl<B: NetBackend> NetDevice<B> {
         }
         let mem = ctx.mem.clone();
         let interrupt = ctx.interrupt.clone();
+        let acked = ctx.acked_features;
         let activations = self.activations(
             ctx.queues,
             ctx.kicks,
@@ -573,7 +576,11 @@ impl<B: NetBackend> NetDevice<B> {
             }
         }
         self.metrics.activations.add(1);
-        self.run = Some(RunLayout { pairs: usable, mem });
+        self.run = Some(RunLayout {
+            pairs: usable,
+            mem,
+            acked,
+        });
         self.link.attach(Some(interrupt));
         Ok(())
     }

@@ -29,8 +29,9 @@ use super::{CountInterrupts, MAX_FRAME_LEN, USED_PUBLISH_BATCH, VNET_HDR_LEN};
 use crate::backend::NetBackend;
 use crate::iovec::{IovecList, Iovecs, MAX_IOVECS};
 use crate::virtio::chain::Direction;
-use crate::virtio::ring::RingError;
-use crate::virtio::vring::{GuestView, RingOps, Virtqueue, WalkBudget};
+use crate::virtio::packed::ChainHead;
+use crate::virtio::ring::{AnyRing, InterruptDecision, Ring, RingError};
+use crate::virtio::vring::{GuestView, Virtqueue, WalkBudget};
 
 /// Most frames one [`RxQueue::process`] call reads before yielding to other work.
 pub const RX_BUDGET: usize = 256;
@@ -110,11 +111,13 @@ pub struct RxOutcome {
 #[derive(Debug)]
 pub struct RxQueue {
     /// The ring; `None` while the queue is reset (VIRTIO_F_RING_RESET).
-    vq: Option<Virtqueue>,
+    vq: Option<AnyRing>,
     mode: RxMode,
     /// Buffer bytes gathered before a read in mergeable mode: what one frame can need.
     gather: u64,
-    pool: PoolState,
+    /// The pool on a split ring, and on a packed one (the other stays empty).
+    pool: PoolState<u16>,
+    packed_pool: PoolState<ChainHead>,
     /// The device's name in log lines.
     label: Arc<str>,
     /// The rx rate limiter (disabled: no clock is read).
@@ -172,12 +175,13 @@ impl RxQueue {
     /// A receive queue over `vq`. In mergeable mode a read is posted over at least
     /// `max_frame` bytes of buffers (header included) when the driver has them: the largest
     /// frame the backend can hand over for the negotiated offloads.
-    pub fn new(vq: Virtqueue, mode: RxMode, max_frame: u64) -> RxQueue {
+    pub fn new(vq: impl Into<AnyRing>, mode: RxMode, max_frame: u64) -> RxQueue {
         RxQueue {
-            vq: Some(vq),
+            vq: Some(vq.into()),
             mode,
             gather: max_frame,
             pool: PoolState::default(),
+            packed_pool: PoolState::default(),
             label: Arc::from("virtio-net"),
             limiter: QueueLimiter::default(),
             sparse: SparseReads::default(),
@@ -213,14 +217,19 @@ impl RxQueue {
         self
     }
 
-    /// The ring (`None` while detached).
+    /// The split ring (`None` while detached, or on a packed ring).
     pub fn virtqueue(&self) -> Option<&Virtqueue> {
+        self.vq.as_ref().and_then(AnyRing::split_ring)
+    }
+
+    /// The ring, of either kind (`None` while detached).
+    pub fn ring(&self) -> Option<&AnyRing> {
         self.vq.as_ref()
     }
 
     /// Whether the driver has posted buffers not taken yet (false while detached).
     pub fn avail_pending(&self) -> bool {
-        self.vq.as_ref().is_some_and(Virtqueue::avail_pending)
+        self.vq.as_ref().is_some_and(AnyRing::avail_pending)
     }
 
     /// Per-queue reset: stops using the ring, drops the pool and forgets the ring's host
@@ -232,14 +241,16 @@ impl RxQueue {
     pub fn detach(&mut self) -> usize {
         let pooled = self.pooled_chains();
         self.pool = PoolState::default();
+        self.packed_pool = PoolState::default();
         self.vq = None;
         pooled
     }
 
     /// Uses `vq` (the queue enabled again after its reset), with an empty pool.
-    pub fn attach(&mut self, vq: Virtqueue) {
+    pub fn attach(&mut self, vq: impl Into<AnyRing>) {
         self.pool = PoolState::default();
-        self.vq = Some(vq);
+        self.packed_pool = PoolState::default();
+        self.vq = Some(vq.into());
     }
 
     /// False between [`RxQueue::detach`] and [`RxQueue::attach`].
@@ -249,7 +260,7 @@ impl RxQueue {
 
     /// Chains popped and waiting for frames.
     pub fn pooled_chains(&self) -> usize {
-        self.pool.chains.len() - self.pool.first
+        self.pool.unused() + self.packed_pool.unused()
     }
 
     /// Moves frames from `backend` into the rx buffers the driver posted (nothing while
@@ -284,15 +295,10 @@ impl RxQueue {
             });
         };
         let mut limit = self.limiter.for_call();
-        let (guest, mut ring) = vq.split();
         let skip_probe = self.sparse.skip_probe();
         let mut reads = 0;
-        // The mode and whether a limiter is configured are constants of the loop below, so
-        // that each case carries only its own code.
-        let mut call = Call {
-            guest: &guest,
-            ring: &mut ring,
-            state: &mut self.pool,
+        let sides = Sides {
+            mode: self.mode,
             gather: self.gather,
             backend,
             counters,
@@ -300,6 +306,64 @@ impl RxQueue {
             limit: &mut limit,
             skip_probe,
             reads: &mut reads,
+        };
+        // The ring kind is picked once per call; below, each has its own code.
+        let result = match vq {
+            AnyRing::Split(vq) => {
+                let (guest, mut ring) = vq.split();
+                sides.run::<_, GIVE_BACK>(&guest, &mut ring, &mut self.pool)
+            }
+            AnyRing::Packed(vq) => {
+                let (guest, mut ring) = vq.split();
+                sides.run::<_, GIVE_BACK>(&guest, &mut ring, &mut self.packed_pool)
+            }
+        };
+        let (stop, decision) = result?;
+        self.sparse.after(stop, reads);
+        let (needs_interrupt, suppressed_by_event_idx) = counters.count_interrupt(decision);
+        Ok(RxOutcome {
+            needs_interrupt,
+            suppressed_by_event_idx,
+            stop,
+        })
+    }
+}
+
+/// What one [`RxQueue::run`] call needs besides the ring and its pool.
+struct Sides<'c, 'l, B> {
+    mode: RxMode,
+    gather: u64,
+    backend: &'c mut B,
+    counters: &'c mut RxCounters,
+    label: &'c str,
+    limit: &'c mut Limit<'l>,
+    skip_probe: bool,
+    reads: &'c mut usize,
+}
+
+impl<'c, B: NetBackend> Sides<'c, '_, B> {
+    /// The call on `ring` with its pool `state`: the loop for the mode and limiter, then one
+    /// publication and the interrupt decision.
+    #[inline(always)]
+    fn run<R: Ring, const GIVE_BACK: bool>(
+        self,
+        guest: &GuestView<'_>,
+        ring: &mut R,
+        state: &mut PoolState<R::Head>,
+    ) -> Result<(RxStop, Option<InterruptDecision>), RingError> {
+        // The mode and whether a limiter is configured are constants of the loop below, so
+        // that each case carries only its own code.
+        let mut call = Call {
+            guest,
+            ring: &mut *ring,
+            state,
+            gather: self.gather,
+            backend: self.backend,
+            counters: self.counters,
+            label: self.label,
+            limit: self.limit,
+            skip_probe: self.skip_probe,
+            reads: self.reads,
         };
         let result = match (self.mode, call.limit.is_active()) {
             (RxMode::SingleChain, false) => call.run::<false, false, GIVE_BACK>(),
@@ -309,33 +373,26 @@ impl RxQueue {
         };
         ring.publish_used();
         let stop = result?;
-        self.sparse.after(stop, reads);
-        let (needs_interrupt, suppressed_by_event_idx) =
-            counters.count_interrupt(ring.interrupt_decision());
-        Ok(RxOutcome {
-            needs_interrupt,
-            suppressed_by_event_idx,
-            stop,
-        })
+        Ok((stop, ring.interrupt_decision()))
     }
 }
 
 /// One call's borrows of an [`RxQueue`] and its ring.
-struct Call<'c, 'g, 'r, B> {
+struct Call<'c, 'g, 'l, B, R: Ring> {
     guest: &'c GuestView<'g>,
-    ring: &'c mut RingOps<'r>,
-    state: &'c mut PoolState,
+    ring: &'c mut R,
+    state: &'c mut PoolState<R::Head>,
     gather: u64,
     backend: &'c mut B,
     counters: &'c mut RxCounters,
     label: &'c str,
-    limit: &'c mut Limit<'r>,
+    limit: &'c mut Limit<'l>,
     skip_probe: bool,
     /// Backend reads made (the last one included).
     reads: &'c mut usize,
 }
 
-impl<'g, B: NetBackend> Call<'_, 'g, '_, B> {
+impl<'g, B: NetBackend, R: Ring> Call<'_, 'g, '_, B, R> {
     /// Takes the pool out of the queue, runs the loop, and puts the pool back (`GIVE_BACK`:
     /// with the chains it still holds handed back to the avail ring first).
     #[inline]
@@ -348,12 +405,14 @@ impl<'g, B: NetBackend> Call<'_, 'g, '_, B> {
         // keeps mapped for as long as `pool` lives; or it is the rest of such an entry
         // (`consume_front`) or two of them joined where one ends at the other's start
         // (`merge_from`), which covers the same mapped bytes.
-        let mut pool: RxPool<'g, MRG> =
+        let mut pool: RxPool<'g, R::Head, MRG> =
             unsafe { RxPool::resume(self.state, self.gather, GIVE_BACK) };
         let result = self.receive::<MRG, LIMITED>(&mut pool);
         if GIVE_BACK {
-            self.ring
-                .unpop(u16::try_from(pool.unused()).unwrap_or(u16::MAX));
+            if let Some(first) = pool.chains.get(pool.first) {
+                let count = u16::try_from(pool.unused()).unwrap_or(u16::MAX);
+                self.ring.unpop(&first.head, count);
+            }
             pool.clear();
         }
         pool.suspend(self.state);
@@ -365,7 +424,7 @@ impl<'g, B: NetBackend> Call<'_, 'g, '_, B> {
     /// (constants, so that each case carries none of the others' code).
     fn receive<const MRG: bool, const LIMITED: bool>(
         &mut self,
-        pool: &mut RxPool<'g, MRG>,
+        pool: &mut RxPool<'g, R::Head, MRG>,
     ) -> Result<RxStop, RingError> {
         let (guest, ring, counters) = (self.guest, &mut *self.ring, &mut *self.counters);
         let mut budget = WalkBudget::per_call();
@@ -449,7 +508,7 @@ pub fn process_rx<B: NetBackend>(
 ) -> Result<RxOutcome, RingError> {
     let mut rxq = RxQueue::new(Virtqueue::new(queue, mem)?, mode, RX_GATHER_BYTES);
     let result = rxq.run::<B, true>(backend, counters);
-    if let Some(vq) = &rxq.vq {
+    if let Some(AnyRing::Split(vq)) = &rxq.vq {
         vq.sync_to(queue);
     }
     result
@@ -457,14 +516,14 @@ pub fn process_rx<B: NetBackend>(
 
 #[cold]
 #[inline(never)]
-fn log_short_chain(head: u16, len: u32) {
-    debug!("virtio-net rx: chain {head} of {len} bytes cannot hold a header");
+fn log_short_chain<H: std::fmt::Debug>(head: H, len: u32) {
+    debug!("virtio-net rx: chain {head:?} of {len} bytes cannot hold a header");
 }
 
 #[cold]
 #[inline(never)]
-fn log_refused_chain(head: u16, e: &crate::virtio::chain::ChainError) {
-    debug!("virtio-net rx: chain {head} refused: {e}");
+fn log_refused_chain<H: std::fmt::Debug>(head: H, e: &crate::virtio::chain::ChainError) {
+    debug!("virtio-net rx: chain {head:?} refused: {e}");
 }
 
 #[cold]
@@ -475,8 +534,8 @@ fn log_read_failed(label: &str, e: &io::Error) {
 
 /// A popped, validated rx chain waiting for a frame.
 #[derive(Clone, Copy, Debug)]
-struct PooledChain {
-    head: u16,
+struct PooledChain<H> {
+    head: H,
     len: u32,
     /// Its iovecs (single-chain mode; in mergeable mode the pool's iovecs are merged across
     /// chains and this counts only the entries the chain added).
@@ -484,9 +543,9 @@ struct PooledChain {
 }
 
 /// The pool between calls: chains `first..` are unused; their iovecs are `iovecs[first_iov..]`.
-#[derive(Debug, Default)]
-struct PoolState {
-    chains: Vec<PooledChain>,
+#[derive(Debug)]
+struct PoolState<H> {
+    chains: Vec<PooledChain<H>>,
     first: usize,
     iovecs: Vec<libc::iovec>,
     iov_bytes: usize,
@@ -496,28 +555,48 @@ struct PoolState {
 
 // SAFETY: the iovecs point into the guest memory of the `RxQueue` that owns this state (see
 // `RxQueue::run`); they are only dereferenced by the kernel during a call on that queue.
-unsafe impl Send for PoolState {}
+unsafe impl<H: Send> Send for PoolState<H> {}
+
+impl<H> Default for PoolState<H> {
+    fn default() -> Self {
+        PoolState {
+            chains: Vec::new(),
+            first: 0,
+            iovecs: Vec::new(),
+            iov_bytes: 0,
+            first_iov: 0,
+            free_bytes: 0,
+        }
+    }
+}
+
+impl<H> PoolState<H> {
+    /// Chains popped and waiting for frames.
+    fn unused(&self) -> usize {
+        self.chains.len() - self.first
+    }
+}
 
 /// The pool during one call, its iovecs borrowed for the call's view of guest memory.
 /// `MRG`: mergeable mode (a frame may span chains), else one chain per frame.
-struct RxPool<'m, const MRG: bool> {
+struct RxPool<'m, H, const MRG: bool> {
     gather: u64,
     /// Keep the unused chains the tail of what was popped (they are handed back at the end).
     keep_order: bool,
-    chains: Vec<PooledChain>,
+    chains: Vec<PooledChain<H>>,
     first: usize,
     iovecs: IovecList<'m>,
     first_iov: usize,
     free_bytes: u64,
 }
 
-impl<'m, const MRG: bool> RxPool<'m, MRG> {
+impl<'m, H: Copy + std::fmt::Debug, const MRG: bool> RxPool<'m, H, MRG> {
     /// Takes the pool out of `state` for one call.
     ///
     /// # Safety
     /// Every iovec in `state` must point into guest memory that stays mapped during `'m`.
     #[inline]
-    unsafe fn resume(state: &mut PoolState, gather: u64, keep_order: bool) -> Self {
+    unsafe fn resume(state: &mut PoolState<H>, gather: u64, keep_order: bool) -> Self {
         let iovecs = std::mem::take(&mut state.iovecs);
         RxPool {
             gather,
@@ -533,7 +612,7 @@ impl<'m, const MRG: bool> RxPool<'m, MRG> {
 
     /// Puts the pool back into `state` for the next call.
     #[inline]
-    fn suspend(self, state: &mut PoolState) {
+    fn suspend(self, state: &mut PoolState<H>) {
         state.iov_bytes = self.iovecs.total_bytes();
         state.iovecs = self.iovecs.into_storage();
         state.chains = self.chains;
@@ -570,10 +649,10 @@ impl<'m, const MRG: bool> RxPool<'m, MRG> {
     /// Pops chains until the pool can take a maximal frame, the driver has no more, or the
     /// call's budget is spent. Malformed chains are returned to the driver (length 0).
     #[inline(always)]
-    fn fill(
+    fn fill<R: Ring<Head = H>>(
         &mut self,
         guest: &GuestView<'m>,
-        ring: &mut RingOps<'_>,
+        ring: &mut R,
         counters: &mut RxCounters,
         budget: &mut WalkBudget,
     ) -> Result<(), RingError> {
@@ -584,7 +663,7 @@ impl<'m, const MRG: bool> RxPool<'m, MRG> {
             let before = self.iovecs.len();
             let result = ring.walk_chain(
                 guest,
-                head,
+                &head,
                 Direction::DeviceWrites,
                 u32::MAX,
                 &mut self.iovecs,
@@ -619,11 +698,11 @@ impl<'m, const MRG: bool> RxPool<'m, MRG> {
     /// be kept, in which case it is put back and the fill stops (false).
     #[cold]
     #[inline(never)]
-    fn refuse(
+    fn refuse<R: Ring<Head = H>>(
         &mut self,
-        ring: &mut RingOps<'_>,
+        ring: &mut R,
         counters: &mut RxCounters,
-        head: u16,
+        head: H,
         before: usize,
         result: Result<u32, crate::virtio::chain::ChainError>,
     ) -> bool {
@@ -637,7 +716,7 @@ impl<'m, const MRG: bool> RxPool<'m, MRG> {
         if self.keep_order && !self.is_empty() {
             // Return it only once the chains popped before it are used, so that the
             // chains left in the pool always form the tail of what was popped.
-            ring.unpop(1);
+            ring.unpop(&head, 1);
             return false;
         }
         ring.add_used(head, 0);
@@ -669,7 +748,7 @@ impl<'m, const MRG: bool> RxPool<'m, MRG> {
     /// A frame of `n` bytes (≤ the window) was read: returns the chains holding it to the
     /// driver, with `num_buffers` set. Returns how many chains were used.
     #[inline(always)]
-    fn complete_frame(&mut self, ring: &mut RingOps<'_>, n: usize) -> usize {
+    fn complete_frame<R: Ring<Head = H>>(&mut self, ring: &mut R, n: usize) -> usize {
         if !MRG {
             // One chain, `num_buffers` 1.
             let chain = self.chains[self.first];

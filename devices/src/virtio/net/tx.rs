@@ -22,8 +22,9 @@ use super::{BurstLog, CountInterrupts, MAX_FRAME_LEN, USED_PUBLISH_BATCH, VNET_H
 use crate::backend::{NetBackend, MAX_TX_BATCH};
 use crate::iovec::IovecList;
 use crate::virtio::chain::{ChainError, Direction};
-use crate::virtio::ring::RingError;
-use crate::virtio::vring::{GuestView, RingOps, Virtqueue, WalkBudget};
+use crate::virtio::packed::ChainHead;
+use crate::virtio::ring::{AnyRing, InOrder, Ring, RingError};
+use crate::virtio::vring::{GuestView, Virtqueue, WalkBudget};
 
 /// Most frames one [`TxQueue::process`] call sends before yielding to other work, unless
 /// tuned otherwise ([`TxQueue::set_budget`]).
@@ -69,7 +70,10 @@ pub struct TxOutcome {
 #[derive(Debug)]
 pub struct TxQueue {
     /// The ring; `None` while the queue is reset (VIRTIO_F_RING_RESET).
-    vq: Option<Virtqueue>,
+    vq: Option<AnyRing>,
+    /// VIRTIO_F_IN_ORDER: the chains a call completes go back in one used entry per
+    /// publication.
+    in_order: bool,
     scratch: Vec<libc::iovec>,
     /// Backend write failures, logged once per burst.
     errors: BurstLog,
@@ -80,22 +84,32 @@ pub struct TxQueue {
     /// Frames per call.
     budget: usize,
     /// The batch being built for a batching backend (kept across calls: nothing to
-    /// initialise per call).
-    batch: Box<Pending>,
+    /// initialise per call), on a split ring and on a packed one.
+    batch: Box<Pending<u16>>,
+    packed_batch: Box<Pending<ChainHead>>,
 }
 
 impl TxQueue {
-    /// A transmit queue over `vq`.
-    pub fn new(vq: Virtqueue) -> TxQueue {
+    /// A transmit queue over `vq` (a split [`Virtqueue`] or an [`AnyRing`]).
+    pub fn new(vq: impl Into<AnyRing>) -> TxQueue {
         TxQueue {
-            vq: Some(vq),
+            vq: Some(vq.into()),
+            in_order: false,
             scratch: Vec::with_capacity(64),
             errors: BurstLog::default(),
             label: Arc::from("virtio-net"),
             limiter: QueueLimiter::default(),
             budget: TX_BUDGET,
             batch: Box::new(Pending::new()),
+            packed_batch: Box::new(Pending::new()),
         }
+    }
+
+    /// VIRTIO_F_IN_ORDER negotiated: each publication returns the chains completed since the
+    /// previous one in a single used entry carrying the last buffer's id (split: one used
+    /// element, the used index moved past them all; packed: one used descriptor).
+    pub fn set_in_order(&mut self, on: bool) {
+        self.in_order = on;
     }
 
     /// Frames one call sends at most (at least 1).
@@ -114,14 +128,19 @@ impl TxQueue {
         self
     }
 
-    /// The ring (`None` while detached).
+    /// The split ring (`None` while detached, or on a packed ring).
     pub fn virtqueue(&self) -> Option<&Virtqueue> {
+        self.vq.as_ref().and_then(AnyRing::split_ring)
+    }
+
+    /// The ring, of either kind (`None` while detached).
+    pub fn ring(&self) -> Option<&AnyRing> {
         self.vq.as_ref()
     }
 
     /// Whether the driver has queued frames not taken yet (false while detached).
     pub fn avail_pending(&self) -> bool {
-        self.vq.as_ref().is_some_and(Virtqueue::avail_pending)
+        self.vq.as_ref().is_some_and(AnyRing::avail_pending)
     }
 
     /// Per-queue reset: stops using the ring and forgets its host pointers. Every call
@@ -134,8 +153,8 @@ impl TxQueue {
     }
 
     /// Uses `vq` (the queue enabled again after its reset).
-    pub fn attach(&mut self, vq: Virtqueue) {
-        self.vq = Some(vq);
+    pub fn attach(&mut self, vq: impl Into<AnyRing>) {
+        self.vq = Some(vq.into());
     }
 
     /// False between [`TxQueue::detach`] and [`TxQueue::attach`].
@@ -177,7 +196,18 @@ impl TxQueue {
         counters: &mut TxCounters,
         park: bool,
     ) -> Result<TxOutcome, RingError> {
-        let Some(vq) = self.vq.as_mut() else {
+        let TxQueue {
+            vq,
+            in_order,
+            scratch,
+            errors,
+            label,
+            limiter,
+            budget,
+            batch,
+            packed_batch,
+        } = self;
+        let Some(vq) = vq.as_mut() else {
             return Ok(TxOutcome {
                 needs_interrupt: false,
                 suppressed_by_event_idx: false,
@@ -187,64 +217,109 @@ impl TxQueue {
         let mut out = Sink {
             backend,
             counters,
-            errors: &mut self.errors,
-            label: &self.label,
-            limit: self.limiter.for_call(),
-        };
-        let (guest, mut ring) = vq.split();
-        let mut iovs = IovecList::reuse(std::mem::take(&mut self.scratch));
-        // Batches need the whole batch paid at once; a rate limiter charges frame by frame.
-        let batch = if out.limit.is_active() {
-            1
-        } else {
-            out.backend.tx_batch().min(MAX_TX_BATCH)
+            errors,
+            label,
+            limit: limiter.for_call(),
         };
         let mut call = Call {
             budget: WalkBudget::per_call(),
             sent: 0,
-            frames: self.budget,
+            frames: *budget,
             park,
         };
-        let result = if batch > 1 {
-            // While fewer frames are queued than a batch is worth, they go one by one
-            // (building a batch costs ~30 ns per call); once that many are queued, in batches.
-            let min = out.backend.tx_batch_min();
-            let handed_over = if usize::from(ring.published()) < min {
-                drain::<B, false>(&guest, &mut ring, &mut iovs, &mut out, &mut call, min)
-            } else {
-                Ok(None)
-            };
-            match handed_over {
-                Ok(None) => {
-                    let pending = &mut *self.batch;
-                    pending.cap = batch;
-                    drain_batched(&guest, &mut ring, &mut iovs, &mut out, pending, &mut call)
+        // The ring kind and IN_ORDER are picked once per call; below, each has its own code.
+        match vq {
+            AnyRing::Split(vq) => {
+                let (guest, mut ring) = vq.split();
+                if *in_order {
+                    let mut ring = InOrder::new(&mut ring);
+                    run_on(&guest, &mut ring, scratch, &mut out, batch, &mut call)
+                } else {
+                    run_on(&guest, &mut ring, scratch, &mut out, batch, &mut call)
                 }
-                Ok(Some(stop)) => Ok(stop),
-                Err(e) => Err(e),
             }
-        } else {
-            // A limiter pays frame by frame; the path without one carries none of it.
-            let (g, r, i, o, c) = (&guest, &mut ring, &mut iovs, &mut out, &mut call);
-            if o.limit.is_active() {
-                drain::<B, true>(g, r, i, o, c, usize::MAX)
-            } else {
-                drain::<B, false>(g, r, i, o, c, usize::MAX)
+            AnyRing::Packed(vq) => {
+                let (guest, mut ring) = vq.split();
+                if *in_order {
+                    let mut ring = InOrder::new(&mut ring);
+                    run_on(
+                        &guest,
+                        &mut ring,
+                        scratch,
+                        &mut out,
+                        packed_batch,
+                        &mut call,
+                    )
+                } else {
+                    run_on(
+                        &guest,
+                        &mut ring,
+                        scratch,
+                        &mut out,
+                        packed_batch,
+                        &mut call,
+                    )
+                }
             }
-            .map(|stop| stop.unwrap_or(TxStop::Budget))
-        };
-        let counters = out.counters;
-        ring.publish_used();
-        self.scratch = iovs.into_storage();
-        let stop = result?;
-        let (needs_interrupt, suppressed_by_event_idx) =
-            counters.count_interrupt(ring.interrupt_decision());
-        Ok(TxOutcome {
-            needs_interrupt,
-            suppressed_by_event_idx,
-            stop,
-        })
+        }
     }
+}
+
+/// One [`TxQueue::run`] call on `ring`: frame by frame, or in batches for a batching backend
+/// (`pending`), then one publication and one interrupt decision.
+#[inline(always)]
+fn run_on<'g, B: NetBackend, R: Ring>(
+    guest: &GuestView<'g>,
+    ring: &mut R,
+    scratch: &mut Vec<libc::iovec>,
+    out: &mut Sink<'_, B>,
+    pending: &mut Pending<R::Head>,
+    call: &mut Call,
+) -> Result<TxOutcome, RingError> {
+    let mut iovs = IovecList::reuse(std::mem::take(scratch));
+    // Batches need the whole batch paid at once; a rate limiter charges frame by frame.
+    let batch = if out.limit.is_active() {
+        1
+    } else {
+        out.backend.tx_batch().min(MAX_TX_BATCH)
+    };
+    let result = if batch > 1 {
+        // While fewer frames are queued than a batch is worth, they go one by one
+        // (building a batch costs ~30 ns per call); once that many are queued, in batches.
+        let min = out.backend.tx_batch_min();
+        let handed_over = if !ring.pending_at_least(min) {
+            drain::<B, R, false>(guest, ring, &mut iovs, out, call, min)
+        } else {
+            Ok(None)
+        };
+        match handed_over {
+            Ok(None) => {
+                pending.cap = batch;
+                drain_batched(guest, ring, &mut iovs, out, pending, call)
+            }
+            Ok(Some(stop)) => Ok(stop),
+            Err(e) => Err(e),
+        }
+    } else {
+        // A limiter pays frame by frame; the path without one carries none of it.
+        let (g, i) = (guest, &mut iovs);
+        if out.limit.is_active() {
+            drain::<B, R, true>(g, ring, i, out, call, usize::MAX)
+        } else {
+            drain::<B, R, false>(g, ring, i, out, call, usize::MAX)
+        }
+        .map(|stop| stop.unwrap_or(TxStop::Budget))
+    };
+    ring.publish_used();
+    *scratch = iovs.into_storage();
+    let stop = result?;
+    let (needs_interrupt, suppressed_by_event_idx) =
+        out.counters.count_interrupt(ring.interrupt_decision());
+    Ok(TxOutcome {
+        needs_interrupt,
+        suppressed_by_event_idx,
+        stop,
+    })
 }
 
 /// Where one call's frames go, and what it counts and logs on the way.
@@ -270,9 +345,9 @@ struct Call {
 /// Sends frame by frame. `Ok(None)`: `hand_over` frames are known to be queued (the caller
 /// goes on in batches); else why the call stops. `LIMITED`: the call has a rate limiter to
 /// consult and charge (a constant, so that the path without one carries none of it).
-fn drain<'g, B: NetBackend, const LIMITED: bool>(
+fn drain<'g, B: NetBackend, R: Ring, const LIMITED: bool>(
     guest: &GuestView<'g>,
-    ring: &mut RingOps<'_>,
+    ring: &mut R,
     iovs: &mut IovecList<'g>,
     out: &mut Sink<'_, B>,
     call: &mut Call,
@@ -303,15 +378,15 @@ fn drain<'g, B: NetBackend, const LIMITED: bool>(
                 None => continue,
             }
         };
-        if usize::from(ring.known_pending()) + 1 >= hand_over {
+        if ring.known_pending_at_least(hand_over.saturating_sub(1)) {
             // A batch's worth is queued (counting this one): batches from here on.
-            ring.unpop(1);
+            ring.unpop(&head, 1);
             return Ok(None);
         }
         iovs.clear();
         match ring.walk_chain(
             guest,
-            head,
+            &head,
             Direction::DeviceReads,
             MAX_TX_CHAIN_LEN,
             iovs,
@@ -329,7 +404,7 @@ fn drain<'g, B: NetBackend, const LIMITED: bool>(
                         }
                     }
                     Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                        ring.unpop(1);
+                        ring.unpop(&head, 1);
                         counters.backend_full += 1;
                         return Ok(Some(TxStop::BackendFull));
                     }
@@ -349,8 +424,8 @@ fn drain<'g, B: NetBackend, const LIMITED: bool>(
 /// The frames walked but not yet handed to the backend: chain heads and where each frame's
 /// iovecs end in the call's list.
 #[derive(Debug)]
-struct Pending {
-    heads: [u16; MAX_TX_BATCH],
+struct Pending<H> {
+    heads: [H; MAX_TX_BATCH],
     ends: [usize; MAX_TX_BATCH],
     bytes: [u64; MAX_TX_BATCH],
     /// The backend's answer per frame.
@@ -360,10 +435,10 @@ struct Pending {
     cap: usize,
 }
 
-impl Pending {
+impl<H: Copy + Default> Pending<H> {
     /// Adds a walked frame: its chain, where its iovecs end, its Ethernet bytes.
     #[inline(always)]
-    fn push(&mut self, head: u16, end: usize, bytes: u64) {
+    fn push(&mut self, head: H, end: usize, bytes: u64) {
         let i = self.len;
         self.heads[i] = head;
         self.ends[i] = end;
@@ -371,9 +446,9 @@ impl Pending {
         self.len += 1;
     }
 
-    fn new() -> Pending {
+    fn new() -> Pending<H> {
         Pending {
-            heads: [0; MAX_TX_BATCH],
+            heads: [H::default(); MAX_TX_BATCH],
             ends: [0; MAX_TX_BATCH],
             bytes: [0; MAX_TX_BATCH],
             results: std::array::from_fn(|_| Ok(0)),
@@ -388,12 +463,12 @@ impl Pending {
 /// whenever the ring runs dry, the budget ends or a malformed chain comes). Same results as
 /// [`drain`]: every frame sent or counted in order, and a backend that would block gets the unsent frames
 /// back in the ring, in order. Used entries are published after each batch.
-fn drain_batched<'g, B: NetBackend>(
+fn drain_batched<'g, B: NetBackend, R: Ring>(
     guest: &GuestView<'g>,
-    ring: &mut RingOps<'_>,
+    ring: &mut R,
     iovs: &mut IovecList<'g>,
     out: &mut Sink<'_, B>,
-    pending: &mut Pending,
+    pending: &mut Pending<R::Head>,
     call: &mut Call,
 ) -> Result<TxStop, RingError> {
     let (budget, sent) = (&mut call.budget, &mut call.sent);
@@ -426,7 +501,7 @@ fn drain_batched<'g, B: NetBackend>(
         };
         let walked = ring.walk_chain(
             guest,
-            head,
+            &head,
             Direction::DeviceReads,
             MAX_TX_CHAIN_LEN,
             iovs,
@@ -452,7 +527,7 @@ fn drain_batched<'g, B: NetBackend>(
                 // (it may only have failed for their iovecs); it stays the last popped head,
                 // so a backend that blocks can put every unsent frame back in order.
                 iovs.truncate(pending.ends[pending.len - 1]);
-                ring.unpop(1);
+                ring.unpop(&head, 1);
                 if let Some(stop) = flush(ring, iovs, pending, out, sent) {
                     return Ok(stop);
                 }
@@ -470,10 +545,15 @@ fn drain_batched<'g, B: NetBackend>(
 
 /// Counts and logs a chain that holds no frame (`Ok`: its length) or that the walk refused.
 #[cold]
-fn malformed(counters: &mut TxCounters, label: &str, head: u16, walked: Result<u32, ChainError>) {
+fn malformed<H: std::fmt::Debug>(
+    counters: &mut TxCounters,
+    label: &str,
+    head: H,
+    walked: Result<u32, ChainError>,
+) {
     match walked {
-        Ok(len) => debug!("virtio-net {label} tx: chain {head} of {len} bytes holds no frame"),
-        Err(e) => debug!("virtio-net {label} tx: chain {head} refused: {e}"),
+        Ok(len) => debug!("virtio-net {label} tx: chain {head:?} of {len} bytes holds no frame"),
+        Err(e) => debug!("virtio-net {label} tx: chain {head:?} refused: {e}"),
     }
     counters.malformed_chains += 1;
 }
@@ -483,10 +563,10 @@ fn malformed(counters: &mut TxCounters, label: &str, head: u16, walked: Result<u
 /// that would block on are put back in the ring, unless a later one was taken (the backend
 /// had room again), in which case each blocked frame is tried once more on its own and
 /// dropped (counted as a backend error) if it still would block.
-fn flush<B: NetBackend>(
-    ring: &mut RingOps<'_>,
+fn flush<B: NetBackend, R: Ring>(
+    ring: &mut R,
     iovs: &mut IovecList<'_>,
-    pending: &mut Pending,
+    pending: &mut Pending<R::Head>,
     out: &mut Sink<'_, B>,
     sent: &mut usize,
 ) -> Option<TxStop> {
@@ -531,7 +611,7 @@ fn flush<B: NetBackend>(
     iovs.clear();
     if keep < n {
         // `keep..n` are the last heads popped (nothing is popped after a batch is pending).
-        ring.unpop((n - keep) as u16);
+        ring.unpop(&pending.heads[keep], (n - keep) as u16);
         out.counters.backend_full += 1;
         return Some(TxStop::BackendFull);
     }
@@ -543,7 +623,7 @@ fn flush<B: NetBackend>(
 /// more just before): `None` when it did (notifications off again, go on), else
 /// [`TxStop::Drained`]. Publishing first lets the enable's fence also order the used-index
 /// store before the interrupt decision reads `used_event`: one fence per call instead of two.
-fn ran_dry(ring: &mut RingOps<'_>, budget: &mut WalkBudget, park: bool) -> Option<TxStop> {
+fn ran_dry<R: Ring>(ring: &mut R, budget: &mut WalkBudget, park: bool) -> Option<TxStop> {
     if park {
         // The decision fences itself.
         ring.publish_used();
@@ -587,7 +667,7 @@ pub fn process_tx<B: NetBackend>(
 ) -> Result<TxOutcome, RingError> {
     let mut txq = TxQueue::new(Virtqueue::new(queue, mem)?);
     let result = txq.process(backend, counters);
-    if let Some(vq) = &txq.vq {
+    if let Some(AnyRing::Split(vq)) = &txq.vq {
         vq.sync_to(queue);
     }
     result

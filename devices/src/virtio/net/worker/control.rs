@@ -3,6 +3,18 @@
 
 use super::*;
 use crate::virtio::net::{ctrl, stats};
+use crate::virtio::ring::{AnyRing, Ring};
+use crate::virtio::vring::GuestView;
+
+/// What [`EventLoop::ctrl_chain`] did.
+enum CtrlStep {
+    /// A command was handled.
+    Handled,
+    /// None was queued, but one came as notifications were re-enabled: pop again.
+    Again,
+    /// None is queued (notifications enabled).
+    Drained,
+}
 
 /// What a control command came to.
 enum CtrlOutcome {
@@ -23,7 +35,7 @@ impl<'p, B: NetBackend> EventLoop<'p, B> {
             return Ok(());
         };
         let result = self.ctrl_chains(&mut ctrl);
-        let decision = ctrl.vq.split().1.interrupt_decision();
+        let decision = ctrl.vq.interrupt_decision();
         self.ctrl = Some(ctrl);
         result?;
         if decision == Some(InterruptDecision::Raise) {
@@ -42,58 +54,85 @@ impl<'p, B: NetBackend> EventLoop<'p, B> {
     }
 
     pub(super) fn ctrl_chains(&mut self, ctrl: &mut CtrlQueue) -> Result<(), WorkerError> {
-        let ring_error = |source| WorkerError::Ring {
-            queue: "control",
-            source,
-        };
         let mut budget = WalkBudget::per_call();
         let mut handled = 0;
         loop {
-            let (guest, mut ring) = ctrl.vq.split();
             if handled == CTRL_CHAINS_PER_CALL || budget.exhausted() {
                 self.ctrl_more = true;
                 return Ok(());
             }
-            let Some(head) = ring.pop_head().map_err(ring_error)? else {
-                if ring.enable_notification() {
-                    continue;
+            let CtrlQueue { vq, buffers, .. } = ctrl;
+            // The ring kind is picked per command; below, each has its own code.
+            let step = match vq {
+                AnyRing::Split(vq) => {
+                    let (guest, mut ring) = vq.split();
+                    self.ctrl_chain(&guest, &mut ring, buffers, &mut budget)?
                 }
-                return Ok(());
-            };
-            handled += 1;
-            self.ctrl_counters.commands += 1;
-            let mut readable = IovecList::reuse(std::mem::take(&mut ctrl.readable));
-            let mut writable = IovecList::reuse(std::mem::take(&mut ctrl.writable));
-            let walked = ring.walk_chain_split(
-                &guest,
-                head,
-                ctrl::MAX_CTRL_READABLE,
-                &mut readable,
-                &mut writable,
-                &mut budget,
-            );
-            let used_len = match walked {
-                Err(e) => {
-                    self.ctrl_counters.malformed_chains += 1;
-                    self.ctrl_refused(&format_args!("chain refused: {e}"));
-                    0
-                }
-                Ok((_, 0)) => {
-                    self.ctrl_counters.no_ack += 1;
-                    self.ctrl_refused(&"a command without a writable ack byte");
-                    0
-                }
-                Ok((_, writable_len)) => {
-                    let buffers = (&mut ctrl.request, &mut ctrl.reply);
-                    self.answer(&readable, &writable, writable_len, buffers)?;
-                    writable_len
+                AnyRing::Packed(vq) => {
+                    let (guest, mut ring) = vq.split();
+                    self.ctrl_chain(&guest, &mut ring, buffers, &mut budget)?
                 }
             };
-            ctrl.readable = readable.into_storage();
-            ctrl.writable = writable.into_storage();
-            ring.add_used(head, used_len);
-            ring.publish_used();
+            match step {
+                CtrlStep::Handled => handled += 1,
+                CtrlStep::Again => {}
+                CtrlStep::Drained => return Ok(()),
+            }
         }
+    }
+
+    /// Pops, walks, answers and returns one command chain of `ring`.
+    fn ctrl_chain<R: Ring>(
+        &mut self,
+        guest: &GuestView<'_>,
+        ring: &mut R,
+        buffers: &mut CtrlBuffers,
+        budget: &mut WalkBudget,
+    ) -> Result<CtrlStep, WorkerError> {
+        let ring_error = |source| WorkerError::Ring {
+            queue: "control",
+            source,
+        };
+        let Some(head) = ring.pop_head().map_err(ring_error)? else {
+            return Ok(if ring.enable_notification() {
+                CtrlStep::Again
+            } else {
+                CtrlStep::Drained
+            });
+        };
+        self.ctrl_counters.commands += 1;
+        let mut readable = IovecList::reuse(std::mem::take(&mut buffers.readable));
+        let mut writable = IovecList::reuse(std::mem::take(&mut buffers.writable));
+        let walked = ring.walk_chain_split(
+            guest,
+            &head,
+            ctrl::MAX_CTRL_READABLE,
+            &mut readable,
+            &mut writable,
+            budget,
+        );
+        let used_len = match walked {
+            Err(e) => {
+                self.ctrl_counters.malformed_chains += 1;
+                self.ctrl_refused(&format_args!("chain refused: {e}"));
+                0
+            }
+            Ok((_, 0)) => {
+                self.ctrl_counters.no_ack += 1;
+                self.ctrl_refused(&"a command without a writable ack byte");
+                0
+            }
+            Ok((_, writable_len)) => {
+                let reuse = (&mut buffers.request, &mut buffers.reply);
+                self.answer(&readable, &writable, writable_len, reuse)?;
+                writable_len
+            }
+        };
+        buffers.readable = readable.into_storage();
+        buffers.writable = writable.into_storage();
+        ring.add_used(head, used_len);
+        ring.publish_used();
+        Ok(CtrlStep::Handled)
     }
 
     /// Parses and carries out one command whose chain was walked into `readable` and

@@ -58,8 +58,9 @@ use super::VNET_HDR_LEN;
 use crate::backend::{NetBackend, Offloads};
 use crate::error_chain;
 use crate::iovec::IovecList;
+use crate::virtio::ring::AnyRing;
 use crate::virtio::ring::{InterruptDecision, RingError};
-use crate::virtio::vring::{Virtqueue, WalkBudget};
+use crate::virtio::vring::WalkBudget;
 use crate::virtio::{ActivateError, VirtioInterrupt};
 
 mod control;
@@ -208,7 +209,7 @@ enum Command {
     /// Per-queue reset during a run: stop using the queue, then answer.
     ResetQueue(PairQueue, SyncSender<()>),
     /// Use the reset queue again on this ring (validated by the device).
-    EnableQueue(PairQueue, Box<Virtqueue>),
+    EnableQueue(PairQueue, Box<AnyRing>),
 }
 
 /// Commands that may wait in the channel: a reset of each of the pair's queues, or a reset and
@@ -371,7 +372,7 @@ impl WorkerThread {
     pub(crate) fn enable_queue(
         &self,
         queue: PairQueue,
-        vq: Virtqueue,
+        vq: AnyRing,
     ) -> Result<(), WorkerThreadError> {
         self.send_now(Command::EnableQueue(queue, Box::new(vq)))
     }
@@ -453,8 +454,14 @@ fn thread_main<B: NetBackend>(
 
 /// The control queue of a run, and the storage its chain walks reuse.
 struct CtrlQueue {
-    vq: Virtqueue,
+    vq: AnyRing,
     kick: EventFd,
+    buffers: CtrlBuffers,
+}
+
+/// The storage the control queue's chain walks and commands reuse.
+#[derive(Default)]
+struct CtrlBuffers {
     readable: Vec<libc::iovec>,
     writable: Vec<libc::iovec>,
     /// The command's readable bytes, copied once out of guest memory (the driver cannot
@@ -758,7 +765,7 @@ impl<'p, B: NetBackend> EventLoop<'p, B> {
     /// The reset queue runs again on `vq` (its rings checked by the device, like at
     /// activation); kicks that came while it was reset are dropped, and whatever the driver
     /// queued is taken at once.
-    fn enable_queue(&mut self, queue: PairQueue, vq: Virtqueue) -> Result<(), WorkerError> {
+    fn enable_queue(&mut self, queue: PairQueue, vq: AnyRing) -> Result<(), WorkerError> {
         let attached = match queue {
             PairQueue::Rx => self.rx.is_attached(),
             PairQueue::Tx => self.tx.is_attached(),

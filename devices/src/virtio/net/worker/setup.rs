@@ -2,6 +2,7 @@
 //! driver's queues; the backend goes back to the device if any step fails.
 
 use super::*;
+use virtio_bindings::virtio_config::VIRTIO_F_IN_ORDER;
 
 /// What a run's event loop needs that activation can fail to make; the backend is
 /// configured (header size, offloads, queue enabled) on the way.
@@ -42,12 +43,9 @@ impl Setup {
         let ctrl = match &a.ctrl {
             None => None,
             Some((queue, kick)) => Some(CtrlQueue {
-                vq: Virtqueue::new(queue, &a.mem).map_err(ActivateError::Ring)?,
+                vq: AnyRing::new(queue, &a.mem, a.acked_features).map_err(ActivateError::Ring)?,
                 kick: kick.try_clone().map_err(ActivateError::EventLoop)?,
-                readable: Vec::new(),
-                writable: Vec::new(),
-                request: Vec::new(),
-                reply: Vec::new(),
+                buffers: CtrlBuffers::default(),
             }),
         };
         // A ring refused here is counted as a needs-reset event by the device.
@@ -180,8 +178,10 @@ impl<'p, B: NetBackend> EventLoop<'p, B> {
         } else {
             RX_GATHER_NO_GSO_BYTES
         };
-        let rx = RxQueue::new(Virtqueue::new(&a.rx, &a.mem)?, a.rx_mode, gather);
-        let tx = TxQueue::new(Virtqueue::new(&a.tx, &a.mem)?);
+        let acked = a.acked_features;
+        let rx = RxQueue::new(AnyRing::new(&a.rx, &a.mem, acked)?, a.rx_mode, gather);
+        let mut tx = TxQueue::new(AnyRing::new(&a.tx, &a.mem, acked)?);
+        tx.set_in_order(acked & 1 << VIRTIO_F_IN_ORDER != 0);
         Ok((rx, tx))
     }
 

@@ -1,0 +1,142 @@
+//! What both rings (the split [`super::vring`] and the packed [`super::packed`]) share below
+//! the datapath: guest-physical → host translation over the regions a queue keeps alive
+//! ([`GuestView`]), the bounds on the work a chain and a call may cost ([`WalkBudget`],
+//! [`MAX_CHAIN_DESCRIPTORS`], [`CALL_DESCRIPTOR_BUDGET`]), and the interrupt decision's
+//! vocabulary ([`InterruptDecision`], [`vring_need_event`]).
+
+use vm_memory::{
+    GuestAddress, GuestMemoryBackend, GuestMemoryError, GuestMemoryMmap, GuestMemoryRegion,
+    MemoryRegionAddress,
+};
+
+use crate::iovec::{IovecError, IovecList, MAX_IOVECS};
+
+/// Most descriptors one chain may link, direct and indirect together, empty ones included.
+/// A frame needs at most [`MAX_IOVECS`] non-empty segments; Linux uses at most
+/// `MAX_SKB_FRAGS + 2` (19).
+pub const MAX_CHAIN_DESCRIPTORS: u32 = MAX_IOVECS as u32 + 1;
+/// Descriptors one datapath call may visit before it yields (plus the chain in progress).
+pub const CALL_DESCRIPTOR_BUDGET: u32 = 4096;
+
+/// One guest memory region's host mapping.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct HostRegion {
+    start: u64,
+    len: u64,
+    host: *mut u8,
+}
+
+/// Guest-physical → host translation for buffers, over the regions of one `GuestMemoryMmap`.
+///
+/// Built from memory that the owning queue ([`super::vring::Virtqueue`] or
+/// [`super::packed::PackedVirtqueue`]) keeps alive.
+#[derive(Debug)]
+pub(crate) struct GuestView<'m> {
+    mem: &'m GuestMemoryMmap,
+    regions: &'m [HostRegion],
+}
+
+impl<'m> GuestView<'m> {
+    /// The view of `mem` through `regions` (made by [`host_regions`] from the same memory).
+    #[inline]
+    pub(crate) fn new(mem: &'m GuestMemoryMmap, regions: &'m [HostRegion]) -> GuestView<'m> {
+        GuestView { mem, regions }
+    }
+
+    /// The host address of `[addr, addr + len)` if it lies inside one region.
+    #[inline]
+    pub(crate) fn host_range(&self, addr: u64, len: u64) -> Option<*mut u8> {
+        for r in self.regions {
+            let off = addr.wrapping_sub(r.start);
+            if off < r.len {
+                if len <= r.len - off {
+                    // SAFETY: `off < r.len`, so the result stays inside the region's mapping.
+                    return Some(unsafe { r.host.add(off as usize) });
+                }
+                return None;
+            }
+        }
+        None
+    }
+
+    /// Appends the guest range `[addr, addr + len)` to `iovs`: one entry when it lies in one
+    /// region (the fast path), else split by vm-memory where it crosses regions.
+    #[inline]
+    pub(crate) fn push_range(
+        &self,
+        iovs: &mut IovecList<'m>,
+        addr: u64,
+        len: u32,
+    ) -> Result<(), IovecError> {
+        if len == 0 {
+            return Ok(());
+        }
+        match self.host_range(addr, u64::from(len)) {
+            // SAFETY: the range lies inside one region of `self.mem`, which is borrowed for
+            // 'm, so it stays mapped and valid for reads and writes while the list lives.
+            Some(host) => unsafe { iovs.push_raw(host, len as usize) },
+            None => iovs.push_guest_range(self.mem, GuestAddress(addr), len),
+        }
+    }
+}
+
+/// The host mapping of every region of `mem`, for a [`GuestView`] of it.
+pub(crate) fn host_regions(mem: &GuestMemoryMmap) -> Result<Vec<HostRegion>, GuestMemoryError> {
+    let mut regions = Vec::new();
+    for region in mem.iter() {
+        let host = region.get_host_address(MemoryRegionAddress(0))?;
+        regions.push(HostRegion {
+            start: region.start_addr().0,
+            len: region.len(),
+            host,
+        });
+    }
+    Ok(regions)
+}
+
+/// What the datapath may still visit in one call.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct WalkBudget {
+    descriptors: u32,
+}
+
+impl WalkBudget {
+    /// A fresh per-call budget of [`CALL_DESCRIPTOR_BUDGET`] descriptors.
+    pub(crate) fn per_call() -> WalkBudget {
+        WalkBudget {
+            descriptors: CALL_DESCRIPTOR_BUDGET,
+        }
+    }
+
+    /// True once the call has visited its share.
+    pub(crate) fn exhausted(&self) -> bool {
+        self.descriptors == 0
+    }
+
+    /// Descriptors the call may still visit.
+    pub(crate) fn remaining(&self) -> u32 {
+        self.descriptors
+    }
+
+    /// Charges `n` units of ring work (a pop that found nothing, a notification re-check).
+    pub(crate) fn charge(&mut self, n: u32) {
+        self.descriptors = self.descriptors.saturating_sub(n);
+    }
+}
+
+/// Whether to interrupt the driver after adding used entries, and if not, why.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum InterruptDecision {
+    /// Interrupt the driver.
+    Raise,
+    /// EVENT_IDX: `used_event` says the driver does not want one yet.
+    SuppressedByEventIdx,
+    /// No EVENT_IDX: the driver set `VRING_AVAIL_F_NO_INTERRUPT`.
+    SuppressedByFlag,
+}
+
+/// The spec's `vring_need_event`: should the device notify, given the other side's event index
+/// and that the index moved from `old` to `new`? Wrap-around safe.
+pub fn vring_need_event(event_idx: u16, new: u16, old: u16) -> bool {
+    new.wrapping_sub(event_idx).wrapping_sub(1) < new.wrapping_sub(old)
+}
