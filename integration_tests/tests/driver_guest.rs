@@ -483,8 +483,9 @@ fn device_busy_poll_saves_kicks_of_a_pausing_driver() {
     assert_eq!(n(&off_dev["busy_poll"], "polls"), 0, "{off_dev}");
     assert!(n(&on_dev["busy_poll"], "found_work") > 0, "{on_dev}");
     assert!(n(&on_dev["busy_poll"], "polled_us") > 0, "{on_dev}");
-    // Off: a sleeping worker needs a kick for a large share of the 1000 bursts.
-    assert!(k_off >= FRAMES / 8 / 4, "{off}");
+    // Off: a sleeping worker needs a kick for a good share of the 1000 bursts (a tenth at
+    // least: on a loaded host the worker is often still awake when the next burst comes).
+    assert!(k_off >= FRAMES / 8 / 10, "{off}");
     assert!(
         k_on * 4 <= k_off,
         "busy-poll left {k_on} kicks of {k_off}: {on_dev}"
