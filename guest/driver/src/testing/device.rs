@@ -7,8 +7,9 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::vec::Vec;
 
 use super::hal::TestHal;
+use super::packed::DevPackedQueue;
 use super::transport::{Regs, TestTransport};
-use crate::features::{NET_F_MRG_RXBUF, RING_F_EVENT_IDX};
+use crate::features::{F_RING_PACKED, NET_F_MRG_RXBUF, RING_F_EVENT_IDX};
 use crate::hal::PhysAddr;
 use crate::transport::{status, INT_USED_BUFFER};
 
@@ -50,6 +51,16 @@ pub(crate) struct DevQueue {
     pub(crate) used_idx: u16,
     /// `used_idx` at the last interrupt decision.
     signalled: u16,
+    /// VIRTIO_F_RING_PACKED: the packed queue behind the same operations (`pop`, `push_used`,
+    /// notifications, the interrupt decision); the split fields above are then unused.
+    pub(crate) packed: Option<PackedSide>,
+}
+
+/// A packed queue and the ring positions each buffer id in flight takes (to skip them when the
+/// chain is returned used).
+pub(crate) struct PackedSide {
+    pub(crate) q: DevPackedQueue,
+    descs: Vec<u16>,
 }
 
 impl DevQueue {
@@ -71,6 +82,35 @@ impl DevQueue {
             next_avail: 0,
             used_idx: 0,
             signalled: 0,
+            packed: None,
+        }
+    }
+
+    /// A packed queue at the three areas `(desc, driver, device)`.
+    pub(crate) fn new_packed(
+        hal: TestHal,
+        index: u16,
+        size: u16,
+        areas: (PhysAddr, PhysAddr, PhysAddr),
+        event_idx: bool,
+    ) -> DevQueue {
+        let q = DevPackedQueue::new(hal.clone(), size, areas, event_idx);
+        let mut queue = DevQueue::new(hal, index, size, areas, event_idx);
+        queue.packed = Some(PackedSide {
+            q,
+            descs: std::vec![1; usize::from(size)],
+        });
+        queue
+    }
+
+    /// Gives back `chains` (the last ones popped, in the order popped) for the next pops.
+    pub(crate) fn unpop(&mut self, chains: &[Chain]) {
+        match self.packed.as_mut() {
+            Some(p) => {
+                let descs: usize = chains.iter().map(|c| c.descs.len()).sum();
+                p.q.avail_abs -= descs as u64;
+            }
+            None => self.next_avail = self.next_avail.wrapping_sub(chains.len() as u16),
         }
     }
 
@@ -102,6 +142,9 @@ impl DevQueue {
 
     /// Chains published and not popped.
     pub(crate) fn pending(&self) -> u16 {
+        if let Some(p) = &self.packed {
+            return p.q.available_chains();
+        }
         self.avail_idx().wrapping_sub(self.next_avail)
     }
 
@@ -117,6 +160,15 @@ impl DevQueue {
 
     /// Pops the next published chain.
     pub(crate) fn pop(&mut self) -> Option<Chain> {
+        if let Some(p) = self.packed.as_mut() {
+            let chain = p.q.pop()?;
+            assert!(chain.id < self.size, "buffer id {} out of range", chain.id);
+            p.descs[usize::from(chain.id)] = chain.descs.len() as u16;
+            return Some(Chain {
+                head: chain.id,
+                descs: chain.descs,
+            });
+        }
         if self.pending() == 0 {
             return None;
         }
@@ -144,6 +196,11 @@ impl DevQueue {
 
     /// Writes a used element with any id (also invalid ones) and publishes it.
     pub(crate) fn push_used_raw(&mut self, id: u32, len: u32) {
+        if let Some(p) = self.packed.as_mut() {
+            let skip = p.descs.get(id as usize).copied().unwrap_or(1);
+            p.q.push_used_raw(id as u16, len, len > 0, skip);
+            return;
+        }
         let at = self.used + 4 + 8 * u64::from(self.used_idx % self.size);
         self.hal.write(at, &id.to_le_bytes());
         self.hal.write(at + 4, &len.to_le_bytes());
@@ -158,6 +215,26 @@ impl DevQueue {
         self.push_used_raw(u32::from(head), len);
     }
 
+    /// IN_ORDER: returns `heads` (chains popped in this order, the oldest first) with one used
+    /// entry carrying the last one's head and `len` (split: `used.idx` moves on by the batch's
+    /// size; packed: the used position skips every chain's descriptors).
+    pub(crate) fn push_used_batch(&mut self, heads: &[u16], len: u32) {
+        let last = *heads.last().expect("a batch");
+        if let Some(p) = self.packed.as_mut() {
+            let skip: u16 = heads.iter().map(|&h| p.descs[usize::from(h)]).sum();
+            p.q.push_used_raw(last, len, len > 0, skip);
+            return;
+        }
+        let at = self.used + 4 + 8 * u64::from(self.used_idx % self.size);
+        self.hal.write(at, &u32::from(last).to_le_bytes());
+        self.hal.write(at + 4, &len.to_le_bytes());
+        self.used_idx = self.used_idx.wrapping_add(heads.len() as u16);
+        fence(Ordering::Release);
+        self.hal
+            .atomic_u16(self.used + 2)
+            .store(self.used_idx, Ordering::Release);
+    }
+
     /// Overwrites `used.idx` (to fake a broken device).
     pub(crate) fn force_used_idx(&mut self, idx: u16) {
         self.used_idx = idx;
@@ -168,6 +245,9 @@ impl DevQueue {
 
     /// Re-enables notifications after draining; true if more was published meanwhile.
     pub(crate) fn enable_notifications(&mut self) -> bool {
+        if let Some(p) = self.packed.as_mut() {
+            return p.q.enable_notifications();
+        }
         if self.event_idx {
             self.set_avail_event(self.next_avail);
         } else {
@@ -180,6 +260,9 @@ impl DevQueue {
     /// Asks for no notifications (flag form; with EVENT_IDX the device just leaves
     /// `avail_event` behind).
     pub(crate) fn disable_notifications(&mut self) {
+        if let Some(p) = self.packed.as_mut() {
+            return p.q.disable_notifications();
+        }
         if !self.event_idx {
             self.set_used_flags(1);
         }
@@ -187,6 +270,9 @@ impl DevQueue {
 
     /// The device's interrupt decision after adding used entries.
     pub(crate) fn needs_interrupt(&mut self) -> bool {
+        if let Some(p) = self.packed.as_mut() {
+            return p.q.needs_interrupt();
+        }
         fence(Ordering::SeqCst);
         let (old, new) = (self.signalled, self.used_idx);
         self.signalled = new;
@@ -502,8 +588,13 @@ fn layout(regs: &Regs) -> (usize, usize) {
 
 fn dev_queue(hal: &TestHal, regs: &Regs, i: usize) -> DevQueue {
     let q = regs.queues[i];
-    assert_eq!(q.ready, 1);
-    DevQueue::new(
+    assert_eq!(q.ready, 1, "queue {i} not ready");
+    let new = if regs.driver_features & F_RING_PACKED != 0 {
+        DevQueue::new_packed
+    } else {
+        DevQueue::new
+    };
+    new(
         hal.clone(),
         u16::try_from(i).expect("queue index"),
         u16::try_from(q.num).expect("size"),
@@ -615,16 +706,8 @@ impl TestDevice {
     /// from 0.
     pub(crate) fn reattach(&mut self, q: usize) {
         let regs = self.transport.regs();
-        let r = regs.queues[q];
-        assert_eq!(r.ready, 1, "queue {q} not re-enabled");
-        let event_idx = regs.driver_features & RING_F_EVENT_IDX != 0;
-        let queue = DevQueue::new(
-            self.hal.clone(),
-            u16::try_from(q).expect("queue index"),
-            u16::try_from(r.num).expect("size"),
-            (r.desc, r.avail, r.used),
-            event_idx,
-        );
+        assert_eq!(regs.queues[q].ready, 1, "queue {q} not re-enabled");
+        let queue = dev_queue(&self.hal, &regs, q);
         drop(regs);
         if q.is_multiple_of(2) {
             self.rx = queue;
@@ -684,7 +767,7 @@ impl TestDevice {
         while capacity < data.len() {
             let Some(chain) = self.rx.pop() else {
                 // Not enough buffers: put back what was popped.
-                self.rx.next_avail = self.rx.next_avail.wrapping_sub(chains.len() as u16);
+                self.rx.unpop(&chains);
                 return None;
             };
             assert!(

@@ -148,6 +148,20 @@ impl DevPackedQueue {
         }
     }
 
+    /// Chains available from the next position to read, without taking them.
+    pub(crate) fn available_chains(&self) -> u16 {
+        let (mut abs, mut chains) = (self.avail_abs, 0u16);
+        while chains < self.size && self.is_avail(abs) {
+            let start = abs;
+            while self.flags(abs) & F_NEXT != 0 && abs - start < u64::from(self.size) {
+                abs += 1;
+            }
+            abs += 1;
+            chains += 1;
+        }
+        chains
+    }
+
     /// Writes a used descriptor with any id and length at the next used position, marks it
     /// used (WRITE if `write`), and moves the used position `skip` descriptors on.
     pub(crate) fn push_used_raw(&mut self, id: u16, len: u32, write: bool, skip: u16) {

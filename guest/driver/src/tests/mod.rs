@@ -4,6 +4,7 @@ mod concurrent;
 mod ctrl;
 mod init;
 mod mq;
+mod packed;
 mod pci;
 mod queue;
 mod reset;
