@@ -268,6 +268,14 @@ impl RunningVm {
         ready
     }
 
+    /// The attached device of interface `iface_id`.
+    fn net(&self, iface_id: &str) -> Result<&AttachedNet, crate::VmmActionError> {
+        self.nets
+            .iter()
+            .find(|n| n.iface_id == iface_id)
+            .ok_or_else(|| crate::VmmActionError::UnknownInterface(iface_id.into()))
+    }
+
     /// Changes the knobs of interface `iface_id` on the running device; returns the tuning
     /// now in force.
     pub fn update_tuning(
@@ -275,11 +283,7 @@ impl RunningVm {
         iface_id: &str,
         update: &NetTuningUpdate,
     ) -> Result<NetTuning, crate::VmmActionError> {
-        let net = self
-            .nets
-            .iter()
-            .find(|n| n.iface_id == iface_id)
-            .ok_or_else(|| crate::VmmActionError::UnknownInterface(iface_id.into()))?;
+        let net = self.net(iface_id)?;
         // `update` (not `set`): naming the coalescing takes it back from the guest.
         net.tuning
             .update(update)
@@ -304,11 +308,7 @@ impl RunningVm {
         rx: RateLimiterConfig,
         tx: RateLimiterConfig,
     ) -> Result<(), crate::VmmActionError> {
-        let net = self
-            .nets
-            .iter()
-            .find(|n| n.iface_id == iface_id)
-            .ok_or_else(|| crate::VmmActionError::UnknownInterface(iface_id.into()))?;
+        let net = self.net(iface_id)?;
         net.tuning
             .set_rate_limiters(rx, tx)
             .map_err(|source| crate::VmmActionError::RateLimiter {
