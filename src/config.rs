@@ -263,6 +263,12 @@ pub struct NetworkInterface {
     /// true); false: one `write` (or `writev`) per frame.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub io_uring: Option<bool>,
+    /// Extension: offer the packed virtqueue layout, VIRTIO_F_RING_PACKED (default false).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub packed: Option<bool>,
+    /// Extension: offer VIRTIO_F_IN_ORDER (default false).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub in_order: Option<bool>,
 }
 
 impl NetworkInterface {
@@ -287,6 +293,8 @@ impl NetworkInterface {
             tuning: config.tuning,
             transport: None,
             io_uring: (!config.io_uring).then_some(false),
+            packed: config.packed.then_some(true),
+            in_order: config.in_order.then_some(true),
         }
     }
 
@@ -323,7 +331,13 @@ impl NetworkInterface {
         NetConfig::with_backend_kind(self.backend(), name, mac, self.queue_size)
             .and_then(|c| c.with_backend_options(self.rate_pps, self.frame_size))
             .and_then(|c| c.with_queues(self.queues.unwrap_or(1)))
-            .map(|c| c.with_io_uring(self.io_uring.unwrap_or(true)))
+            .map(|c| {
+                c.with_io_uring(self.io_uring.unwrap_or(true))
+                    .with_ring_features(
+                        self.packed.unwrap_or(false),
+                        self.in_order.unwrap_or(false),
+                    )
+            })
             .and_then(|c| {
                 c.with_rate_limiters(
                     self.rx_rate_limiter.unwrap_or_default(),
@@ -695,6 +709,8 @@ mod tests {
             tuning: NetTuning::default(),
             transport: None,
             io_uring: None,
+            packed: None,
+            in_order: None,
         }
     }
 

@@ -236,6 +236,8 @@ fn openapi_document_matches_the_server() {
         tuning,
         transport: Some(crate::config::Transport::Pci),
         io_uring: Some(false),
+        packed: Some(true),
+        in_order: Some(true),
     };
     let boot = crate::config::BootSource {
         kernel_image_path: "/k".into(),
@@ -385,6 +387,8 @@ fn get_network_interface_names_the_interface() {
             tuning: NetTuning::default(),
             transport: None,
             io_uring: None,
+            packed: Some(true),
+            in_order: Some(true),
         },
         coalescing_in_force: devices::virtio::net::CoalescingInForce {
             rx: devices::virtio::net::DirectionCoalescing {

@@ -7,7 +7,7 @@
 use virtio_bindings::virtio_config::{
     VIRTIO_CONFIG_S_ACKNOWLEDGE, VIRTIO_CONFIG_S_DRIVER, VIRTIO_CONFIG_S_DRIVER_OK,
     VIRTIO_CONFIG_S_FAILED, VIRTIO_CONFIG_S_FEATURES_OK, VIRTIO_CONFIG_S_NEEDS_RESET,
-    VIRTIO_F_RING_RESET, VIRTIO_F_VERSION_1,
+    VIRTIO_F_RING_PACKED, VIRTIO_F_RING_RESET, VIRTIO_F_VERSION_1,
 };
 use virtio_bindings::virtio_ring::VIRTIO_RING_F_EVENT_IDX;
 use virtio_queue::{Queue, QueueT};
@@ -180,7 +180,16 @@ fn worker_queue(
     acked: u64,
     when: &str,
 ) -> Result<Queue, ActivationProblem> {
-    if !queue.is_valid(mem) {
+    // virtio-queue's validity check is the split ring's (ring sizes and alignments); a packed
+    // ring's three parts are checked by the device when it resolves them (`AnyRing::new`),
+    // which refuses a bad layout as it refuses a split ring the used ring of which overlaps.
+    let packed = acked & (1 << VIRTIO_F_RING_PACKED) != 0;
+    let usable = if packed {
+        queue.ready() && queue.size() != 0
+    } else {
+        queue.is_valid(mem)
+    };
+    if !usable {
         return Err(ActivationProblem::Guest(format!(
             "{when} with queue {index} not ready or outside guest memory"
         )));

@@ -3,7 +3,8 @@
 //! CLI form: `tap0`, or `tap=tap0,mac=02:00:00:00:00:01,queue_size=256` (keys in any order,
 //! `tap` required), plus rate limiters (`rx_bw`, `rx_ops`, `tx_bw`, `tx_ops`) and the device's
 //! runtime knobs (`coalesce_packets`, `coalesce_usecs`, `event_idx=on|off`, `tx_budget`,
-//! `busy_poll_us`, `rx_sparse_reads=on|off`; see [`NetTuning`]). The serde form is `{"tap": "tap0", "mac": "...", "queue_size": 256}` with
+//! `busy_poll_us`, `rx_sparse_reads=on|off`; see [`NetTuning`]) and the ring features offered
+//! (`packed=on|off`, `in_order=on|off`, both off by default). The serde form is `{"tap": "tap0", "mac": "...", "queue_size": 256}` with
 //! `mac` and `queue_size` optional; both forms are validated the same way.
 //!
 //! `backend=sink|source|loop` (serde `"backend"`) puts a **measurement** backend in place of
@@ -53,7 +54,7 @@ pub enum NetConfigError {
     #[error(
         "unknown key {0:?} (expected tap, backend, rate_pps, frame_size, mac, queue_size, \
          rx_bw, rx_ops, tx_bw, tx_ops, coalesce_packets, coalesce_usecs, event_idx, tx_budget, \
-         busy_poll_us, rx_sparse_reads, queues, io_uring)"
+         busy_poll_us, rx_sparse_reads, queues, io_uring, packed, in_order)"
     )]
     UnknownKey(String),
     /// `backend=` names no backend.
@@ -266,6 +267,18 @@ pub struct NetConfig {
     /// `write` (or `writev`) per frame, and the worker never enters io_uring).
     #[serde(skip_serializing_if = "is_true")]
     pub io_uring: bool,
+    /// Offer the packed virtqueue layout (VIRTIO_F_RING_PACKED; default off: split rings
+    /// only). A driver that accepts it runs every queue of the device on packed rings.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub packed: bool,
+    /// Offer VIRTIO_F_IN_ORDER (default off): the driver makes buffers available in order,
+    /// and the device returns each batch of transmitted frames with one used entry.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub in_order: bool,
+}
+
+fn is_false(on: &bool) -> bool {
+    !*on
 }
 
 fn is_tap(kind: &BackendKind) -> bool {
@@ -306,6 +319,8 @@ struct RawNetConfig {
     #[serde(default)]
     tuning: NetTuning,
     io_uring: Option<bool>,
+    packed: Option<bool>,
+    in_order: Option<bool>,
 }
 
 impl TryFrom<RawNetConfig> for NetConfig {
@@ -322,7 +337,10 @@ impl TryFrom<RawNetConfig> for NetConfig {
         .with_queues(raw.queues.unwrap_or(1))?
         .with_rate_limiters(raw.rx_rate_limiter, raw.tx_rate_limiter)?
         .with_tuning(raw.tuning)
-        .map(|c| c.with_io_uring(raw.io_uring.unwrap_or(true)))
+        .map(|c| {
+            c.with_io_uring(raw.io_uring.unwrap_or(true))
+                .with_ring_features(raw.packed.unwrap_or(false), raw.in_order.unwrap_or(false))
+        })
     }
 }
 
@@ -360,6 +378,8 @@ impl NetConfig {
             tx_rate_limiter: RateLimiterConfig::default(),
             tuning: NetTuning::default(),
             io_uring: true,
+            packed: false,
+            in_order: false,
         })
     }
 
@@ -455,6 +475,13 @@ impl NetConfig {
         self
     }
 
+    /// This config offering the packed ring (`packed`) and IN_ORDER (`in_order`) or not.
+    pub fn with_ring_features(mut self, packed: bool, in_order: bool) -> NetConfig {
+        self.packed = packed;
+        self.in_order = in_order;
+        self
+    }
+
     /// This config with `queues` queue pairs (1..=[`MAX_QUEUE_PAIRS`]).
     pub fn with_queues(mut self, queues: u16) -> Result<NetConfig, NetConfigError> {
         if !(1..=MAX_QUEUE_PAIRS).contains(&queues) {
@@ -534,7 +561,7 @@ impl FromStr for NetConfig {
         let (mut backend, mut rate_pps, mut frame_size) = (None, None, None);
         let (mut rx, mut tx) = (RateLimiterConfig::default(), RateLimiterConfig::default());
         let mut tuning = NetTuning::default();
-        let mut io_uring = None;
+        let (mut io_uring, mut packed, mut in_order) = (None, None, None);
         let mut seen: Vec<&str> = Vec::new();
         for item in s.split(',') {
             let (key, value) = item
@@ -563,6 +590,8 @@ impl FromStr for NetConfig {
                     queues.replace(n).is_some()
                 }
                 "io_uring" => io_uring.replace(on_off(key, value)?).is_some(),
+                "packed" => packed.replace(on_off(key, value)?).is_some(),
+                "in_order" => in_order.replace(on_off(key, value)?).is_some(),
                 "rx_bw" => rx.bandwidth.replace(parse_bucket(value)?).is_some(),
                 "rx_ops" => rx.ops.replace(parse_bucket(value)?).is_some(),
                 "tx_bw" => tx.bandwidth.replace(parse_bucket(value)?).is_some(),
@@ -598,7 +627,10 @@ impl FromStr for NetConfig {
             .with_queues(queues.unwrap_or(1))?
             .with_rate_limiters(rx, tx)?
             .with_tuning(tuning)
-            .map(|c| c.with_io_uring(io_uring.unwrap_or(true)))
+            .map(|c| {
+                c.with_io_uring(io_uring.unwrap_or(true))
+                    .with_ring_features(packed.unwrap_or(false), in_order.unwrap_or(false))
+            })
     }
 }
 
@@ -713,6 +745,29 @@ mod tests {
             "backend=source,frame_size=70000".parse::<NetConfig>(),
             Err(NetConfigError::InvalidValue { .. })
         ));
+    }
+
+    #[test]
+    fn packed_and_in_order_keys_and_fields() {
+        let default: NetConfig = "tap0".parse().expect("valid");
+        assert!(!default.packed && !default.in_order);
+        let on: NetConfig = "tap=t0,packed=on,in_order=on".parse().expect("valid");
+        assert!(on.packed && on.in_order);
+        let json = serde_json::to_string(&on).expect("json");
+        assert!(json.contains("\"packed\":true") && json.contains("\"in_order\":true"));
+        let back: NetConfig = serde_json::from_str(&json).expect("parse");
+        assert!(back.packed && back.in_order);
+        assert!(!serde_json::to_string(&default)
+            .expect("json")
+            .contains("packed"));
+        assert!(matches!(
+            "tap=t0,packed=yes".parse::<NetConfig>(),
+            Err(NetConfigError::InvalidValue { .. })
+        ));
+        assert_eq!(
+            "tap=t0,packed=on,packed=off".parse::<NetConfig>(),
+            Err(NetConfigError::DuplicateKey("packed".into()))
+        );
     }
 
     #[test]

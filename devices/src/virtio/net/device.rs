@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use log::{debug, error, warn};
 use seccompiler::BpfProgram;
-use virtio_bindings::virtio_config::VIRTIO_F_VERSION_1;
+use virtio_bindings::virtio_config::{VIRTIO_F_IN_ORDER, VIRTIO_F_RING_PACKED, VIRTIO_F_VERSION_1};
 use virtio_bindings::virtio_ids::VIRTIO_ID_NET;
 use virtio_bindings::virtio_net::*;
 use virtio_bindings::virtio_ring::{VIRTIO_RING_F_EVENT_IDX, VIRTIO_RING_F_INDIRECT_DESC};
@@ -175,7 +175,8 @@ impl<B: NetBackend> NetDevice<B> {
         // Validated with the config.
         let _ = tuning.set_rate_limiters(rx, tx);
         let mut device =
-            NetDevice::build(backends, config.mac, config.queue_size, tuning, &config.tap);
+            NetDevice::build(backends, config.mac, config.queue_size, tuning, &config.tap)
+                .with_ring_features(config.packed, config.in_order);
         device.start_threads()?;
         Ok(device)
     }
@@ -247,6 +248,22 @@ impl<B: NetBackend> NetDevice<B> {
             link: LinkControl::new(),
             tuning,
         }
+    }
+
+    /// This device offering the packed ring (VIRTIO_F_RING_PACKED) when `packed` and
+    /// VIRTIO_F_IN_ORDER when `in_order` (neither by default). Before activation only.
+    pub fn with_ring_features(mut self, packed: bool, in_order: bool) -> Self {
+        for (on, feature) in [
+            (packed, VIRTIO_F_RING_PACKED),
+            (in_order, VIRTIO_F_IN_ORDER),
+        ] {
+            if on {
+                self.features |= bit(feature);
+            } else {
+                self.features &= !bit(feature);
+            }
+        }
+        self
     }
 
     /// The device's queue pairs (`max_virtqueue_pairs`).
