@@ -85,6 +85,22 @@ impl GuestPackedQueue {
         }
     }
 
+    /// This queue with its buffers allocated from `addr` on (another queue's buffers in the
+    /// same memory start at [`DATA_START`]).
+    pub fn with_data_at(mut self, addr: u64) -> Self {
+        self.next_data = addr;
+        self
+    }
+
+    /// The three addresses to program (descriptor ring, driver area, device area).
+    pub fn ring_addrs(&self) -> (u64, u64, u64) {
+        (
+            self.layout.desc,
+            self.layout.driver_event,
+            self.layout.device_event,
+        )
+    }
+
     /// The layout to give the device.
     pub fn layout(&self) -> PackedLayout {
         self.layout

@@ -253,6 +253,12 @@ impl<B: NetBackend> NetDevice<B> {
     /// This device offering the packed ring (VIRTIO_F_RING_PACKED) when `packed` and
     /// VIRTIO_F_IN_ORDER when `in_order` (neither by default). Before activation only.
     pub fn with_ring_features(mut self, packed: bool, in_order: bool) -> Self {
+        self.offer_ring_features(packed, in_order);
+        self
+    }
+
+    /// As [`NetDevice::with_ring_features`], in place.
+    pub fn offer_ring_features(&mut self, packed: bool, in_order: bool) {
         for (on, feature) in [
             (packed, VIRTIO_F_RING_PACKED),
             (in_order, VIRTIO_F_IN_ORDER),
@@ -263,7 +269,6 @@ impl<B: NetBackend> NetDevice<B> {
                 self.features &= !bit(feature);
             }
         }
-        self
     }
 
     /// The device's queue pairs (`max_virtqueue_pairs`).

@@ -8,6 +8,7 @@ mod limits;
 mod measure;
 mod mq;
 mod notify;
+mod packed;
 mod reset;
 mod rx;
 pub(crate) mod support;
