@@ -26,6 +26,8 @@ LAYERS = [
     ("devices/src", "virtio::vring", "virtio::net"),
     ("devices/src", "virtio::chain", "virtio::net"),
     ("devices/src", "virtio::ring", "virtio::net"),
+    ("devices/src", "virtio::packed", "virtio::net"),
+    ("devices/src", "virtio::guest", "virtio::net"),
     ("devices/src", "virtio::irq", "virtio::net"),
 ]
 PATH = re.compile(r"\b(crate|super|self)((?:::[A-Za-z_][A-Za-z0-9_]*)+|::\{)")

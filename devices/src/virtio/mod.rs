@@ -26,8 +26,9 @@
 //! (virtio-net) a reset of the control queue; queue configuration writes and `queue_enable` of a
 //! queue whose reset is still ongoing. Rings given at re-enable get the activation's checks
 //! (transport: ready, aligned, inside guest memory, avail ring not at 0; device: the same
-//! [`vring::Virtqueue::new`] checks as at activation, so the used ring may not overlap what the
-//! device reads); unusable ones set DEVICE_NEEDS_RESET.
+//! [`ring::AnyRing::new`] checks as at activation, so the used ring may not overlap what the
+//! device reads, and a packed ring restarts at offset 0 with wrap counter 1); unusable ones set
+//! DEVICE_NEEDS_RESET.
 //!
 //! **Ack model.** The write runs on the vCPU thread and must not wait for the datapath for
 //! long. virtio-net sends the reset to the pair's worker over its command channel (an eventfd

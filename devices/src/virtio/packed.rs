@@ -1,7 +1,7 @@
 //! The device side of a packed virtqueue (VIRTIO_F_RING_PACKED, virtio 1.1+ §2.8), over host
-//! pointers resolved once per activation. The datapath does not use it yet: the net queues
-//! speak the split ring ([`super::vring`]); this module has the same shape so that they can
-//! be made generic over the two.
+//! pointers resolved once per activation, beside the split ring ([`super::vring`]) and with the
+//! same shape: the datapath runs on either through [`super::ring`] when the driver negotiated
+//! VIRTIO_F_RING_PACKED.
 //!
 //! # Layout and positions
 //!

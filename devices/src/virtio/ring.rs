@@ -1,12 +1,12 @@
 //! The ring layer as the datapath sees it: the public vocabulary (errors, the interrupt
 //! decision), a queue's ring of either kind ([`AnyRing`]: split, [`super::vring`], or packed,
 //! [`super::packed`], as the driver negotiated VIRTIO_F_RING_PACKED), and the one interface
-//! the transmit, receive and control paths run on ([`Ring`]).
+//! the transmit, receive and control paths run on (`Ring`).
 //!
 //! The datapath picks the ring kind once per call (one `match` on [`AnyRing`]) and runs
-//! functions generic over [`Ring`] below it: each kind gets its own monomorphized copy, with
+//! functions generic over `Ring` below it: each kind gets its own monomorphized copy, with
 //! no `dyn` and nothing added to the split ring's code. A chain is named by the ring's own
-//! [`Ring::Head`] (a `u16` head index on the split ring, a `ChainHead` on the packed one).
+//! `Ring::Head` (a `u16` head index on the split ring, a `ChainHead` on the packed one).
 //!
 //! This module depends on both rings, never the other way round.
 
