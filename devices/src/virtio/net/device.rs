@@ -6,7 +6,7 @@ use std::sync::mpsc::{Receiver, RecvTimeoutError, TryRecvError};
 use std::sync::Arc;
 use std::time::Duration;
 
-use log::{debug, error, warn};
+use log::{debug, error, info, warn};
 use seccompiler::BpfProgram;
 use virtio_bindings::virtio_config::{VIRTIO_F_IN_ORDER, VIRTIO_F_RING_PACKED, VIRTIO_F_VERSION_1};
 use virtio_bindings::virtio_ids::VIRTIO_ID_NET;
@@ -598,6 +598,20 @@ impl<B: NetBackend> NetDevice<B> {
             }
         }
         self.metrics.activations.add(1);
+        info!(
+            "virtio-net {}: the driver started {usable} queue pair(s) on {} rings{}",
+            self.label,
+            if acked & bit(VIRTIO_F_RING_PACKED) != 0 {
+                "packed"
+            } else {
+                "split"
+            },
+            if acked & bit(VIRTIO_F_IN_ORDER) != 0 {
+                ", IN_ORDER"
+            } else {
+                ""
+            }
+        );
         self.run = Some(RunLayout {
             pairs: usable,
             mem,
