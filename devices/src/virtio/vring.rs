@@ -533,15 +533,16 @@ impl RingOps<'_> {
 
     /// Marks the chains `heads` (popped in this order, the first at the next used slot) used
     /// with one used element (VIRTIO_F_IN_ORDER, virtio 1.3 §2.7.9): the last head with `len`,
-    /// written at the slot of the batch's last buffer; the used index moves past them all.
+    /// written at the batch's first slot, where the driver reads next (as Linux's and DPDK's
+    /// in-order drivers and vhost do); the used index moves past every buffer of the batch.
     #[inline]
     pub(crate) fn add_used_in_order(&mut self, heads: &[u16], len: u32) {
         let Some((&last, rest)) = heads.split_last() else {
             return;
         };
+        self.add_used(last, len);
         // At most the chains popped and not used: fewer than the ring size.
         self.ring.next_used += rest.len() as u16;
-        self.add_used(last, len);
     }
 
     /// Makes every used element written so far visible to the driver (one release store).
