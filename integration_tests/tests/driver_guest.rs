@@ -59,7 +59,11 @@ fn check_counters(d: &Value, m: &Value, out: &RunOutput) -> (u64, u64) {
     assert_eq!(taken == 0, signalled == 0, "{}", ctx());
     assert!(n(d, "interrupts") <= taken, "{}", ctx());
     if d["event_idx"] == 1 {
-        assert_eq!(n(d, "kicks_suppressed_no_notify"), 0, "{}", ctx());
+        // A packed ring's device may still say DISABLE with EVENT_IDX (while it works through
+        // the ring, as QEMU's does); a split ring's says nothing but `avail_event` then.
+        if d["virtqueue"] != "packed" {
+            assert_eq!(n(d, "kicks_suppressed_no_notify"), 0, "{}", ctx());
+        }
     } else {
         assert_eq!(n(d, "kicks_suppressed"), 0, "{}", ctx());
         assert_eq!(
@@ -683,4 +687,54 @@ fn fwd_on_loop_backend_circulates_the_window() {
     );
     assert!(n(&d, "pps") > 0, "{}", ctx());
     eprintln!("fwd on loop: {} pps (in guest)", d["pps"]);
+}
+
+/// The packed ring (`--net …,packed=on`, the guest's `packed=1`) and IN_ORDER (`in_order=on`,
+/// `in_order=1`) negotiated, on each ring: every frame reaches the host intact and in order, the
+/// counters agree as on the split ring, and the guest says what it negotiated.
+#[test]
+fn packed_rings_and_in_order_send_every_frame() {
+    for (tag, knobs, device, ring, in_order) in [
+        ("pk0", "ring=3 packed=1", ",packed=on", "packed", 0),
+        (
+            "pk1",
+            "ring=3 packed=1 in_order=1",
+            ",packed=on,in_order=on",
+            "packed",
+            1,
+        ),
+        ("io0", "ring=3 in_order=1", ",in_order=on", "split", 1),
+    ] {
+        let (d, _) = run_tx_on(tag, 20_000, 64, knobs, device);
+        assert_eq!(d["virtqueue"], ring, "{d}");
+        assert_eq!(n(&d, "in_order"), in_order, "{d}");
+    }
+}
+
+/// `fwd` through `backend=loop` on a packed ring with IN_ORDER: receive and transmit both run
+/// on packed rings, every frame forwarded, none lost or damaged by the device.
+#[test]
+fn fwd_on_a_packed_ring_circulates_the_window() {
+    const FRAMES: u64 = 50_000;
+    const WINDOW: u64 = 64;
+    let (d, dev, out) = run_on_backend(
+        "backend=loop,packed=on,in_order=on",
+        &format!(
+            "console=ttyS0 ring=3 fwd={FRAMES} window={WINDOW} size=64 packed=1 in_order=1 \
+             timeout_ms=60000"
+        ),
+    );
+    let ctx = || format!("driver {d}\ndevice {dev}\n{out}");
+    assert_eq!(d["status"], "done", "{}", ctx());
+    assert_eq!(d["virtqueue"], "packed", "{}", ctx());
+    assert_eq!(n(&d, "xdp_tx"), FRAMES, "{}", ctx());
+    assert_eq!(
+        (n(&d, "xdp_tx_errors"), n(&d, "device_errors")),
+        (0, 0),
+        "{}",
+        ctx()
+    );
+    assert_eq!(n(&dev["tx"], "frames"), WINDOW + FRAMES, "{}", ctx());
+    assert_eq!(n(&dev["tx"], "malformed_chains"), 0, "{}", ctx());
+    assert_eq!(n(&dev["rx"], "malformed_chains"), 0, "{}", ctx());
 }
