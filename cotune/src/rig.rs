@@ -416,18 +416,32 @@ impl Rig {
         let metrics = from_metrics(m);
         match &self.device_stats {
             Some(Ok(stats)) => {
-                // The device's answer is its metrics (nothing moved since the GETs).
+                // The device's answer is its metrics: what the driver moves (everything on
+                // tx, the rx kicks) has not moved since the GETs; the frames a peer delivers
+                // (and their interrupts) may have grown by those in flight when the rig
+                // quiesced (a tap's peer), never shrunk.
                 let read = DeviceCounters {
                     cvq: None,
                     ..*stats
                 };
-                if read != metrics {
+                let settled = DeviceCounters {
+                    rx_packets: read.rx_packets,
+                    rx_interrupts: read.rx_interrupts,
+                    ..metrics
+                };
+                if read != settled
+                    || read.rx_packets > metrics.rx_packets
+                    || read.rx_interrupts > metrics.rx_interrupts
+                {
                     return Err(format!(
                         "the device's statistics disagree with its metrics: read {read:?}, \
                          metrics {metrics:?}"
                     ));
                 }
-                Ok(*stats)
+                Ok(DeviceCounters {
+                    cvq: stats.cvq,
+                    ..metrics
+                })
             }
             Some(Err(e)) => Err(format!("device statistics: {e}")),
             None => Ok(metrics),
