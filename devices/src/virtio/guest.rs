@@ -11,6 +11,28 @@ use vm_memory::{
 
 use crate::iovec::{IovecError, IovecList, MAX_IOVECS};
 
+/// Reads a `T` at any alignment with volatile loads (indirect descriptor tables need not be
+/// aligned): one load when `p` is aligned, byte by byte otherwise.
+///
+/// # Safety
+/// `p..p + size_of::<T>()` must be inside mapped guest memory, and every bit pattern must be a
+/// valid `T` (a `#[repr(C)]` descriptor of plain integers).
+#[inline]
+pub(crate) unsafe fn read_unaligned_volatile<T: Copy>(p: *const u8) -> T {
+    if (p as usize).is_multiple_of(std::mem::align_of::<T>()) {
+        // SAFETY: aligned, and in bounds per the caller's contract.
+        return unsafe { std::ptr::read_volatile(p.cast::<T>()) };
+    }
+    let mut value = std::mem::MaybeUninit::<T>::uninit();
+    let dst = value.as_mut_ptr().cast::<u8>();
+    for i in 0..std::mem::size_of::<T>() {
+        // SAFETY: `i < size_of::<T>()`: in bounds of the caller's range and of `value`.
+        unsafe { dst.add(i).write(std::ptr::read_volatile(p.add(i))) };
+    }
+    // SAFETY: every byte was written, and any bit pattern is a valid `T` (caller's contract).
+    unsafe { value.assume_init() }
+}
+
 /// Most descriptors one chain may link, direct and indirect together, empty ones included.
 /// A frame needs at most [`MAX_IOVECS`] non-empty segments; Linux uses at most
 /// `MAX_SKB_FRAGS + 2` (19).

@@ -77,7 +77,8 @@ use vm_memory::{GuestMemoryError, GuestMemoryMmap};
 
 use super::chain::{ChainError, Direction};
 use super::guest::{
-    host_regions, vring_need_event, GuestView, InterruptDecision, WalkBudget, MAX_CHAIN_DESCRIPTORS,
+    host_regions, read_unaligned_volatile, vring_need_event, GuestView, InterruptDecision,
+    WalkBudget, MAX_CHAIN_DESCRIPTORS,
 };
 use crate::iovec::{prefetch, IovecList};
 
@@ -928,7 +929,8 @@ fn traverse_indirect<F: FnMut(&RawDesc) -> Result<(), ChainError>>(
     for index in 0..count as usize {
         // SAFETY: `index < count`, so the 16 bytes are inside the table, which lies inside one
         // mapped region (host_range above).
-        let desc = unsafe { read_desc_at(base.add(index * DESC_SIZE as usize)) };
+        let desc =
+            unsafe { read_unaligned_volatile::<RawDesc>(base.add(index * DESC_SIZE as usize)) };
         *visited += 1;
         if u16::from_le(desc.flags) & INDIRECT != 0 {
             return Err(ChainError::BadIndirectTable);
@@ -936,29 +938,6 @@ fn traverse_indirect<F: FnMut(&RawDesc) -> Result<(), ChainError>>(
         visit(&desc)?;
     }
     Ok(())
-}
-
-/// Reads a descriptor at any alignment (indirect tables need not be aligned).
-///
-/// # Safety
-/// `p..p + 16` must be inside mapped guest memory.
-#[inline]
-unsafe fn read_desc_at(p: *const u8) -> RawDesc {
-    if (p as usize).is_multiple_of(std::mem::align_of::<RawDesc>()) {
-        // SAFETY: aligned, and in bounds per the caller's contract.
-        return unsafe { ptr::read_volatile(p.cast::<RawDesc>()) };
-    }
-    let mut bytes = [0u8; 16];
-    for (i, b) in bytes.iter_mut().enumerate() {
-        // SAFETY: `i < 16`, in bounds per the caller's contract.
-        *b = unsafe { ptr::read_volatile(p.add(i)) };
-    }
-    RawDesc {
-        addr: u64::from_ne_bytes(bytes[..8].try_into().unwrap_or_default()),
-        len: u32::from_ne_bytes(bytes[8..12].try_into().unwrap_or_default()),
-        id: u16::from_ne_bytes(bytes[12..14].try_into().unwrap_or_default()),
-        flags: u16::from_ne_bytes(bytes[14..].try_into().unwrap_or_default()),
-    }
 }
 
 /// Whether used descriptors written over the `delta` descriptors before `new` (the used

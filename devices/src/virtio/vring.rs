@@ -38,7 +38,7 @@ use virtio_queue::{Queue, QueueT};
 use vm_memory::{GuestMemoryError, GuestMemoryMmap};
 
 use super::chain::{ChainError, Direction};
-use super::guest::{host_regions, HostRegion};
+use super::guest::{host_regions, read_unaligned_volatile, HostRegion};
 pub use super::guest::{
     vring_need_event, InterruptDecision, CALL_DESCRIPTOR_BUDGET, MAX_CHAIN_DESCRIPTORS,
 };
@@ -709,7 +709,7 @@ fn traverse_indirect<F: FnMut(&RawDesc) -> Result<(), ChainError>>(
     loop {
         // SAFETY: `index < count`, so the 16 bytes are inside the table, which lies inside one
         // mapped region (host_range above).
-        let desc = unsafe { read_desc_at(base.add(index as usize * 16)) };
+        let desc = unsafe { read_unaligned_volatile::<RawDesc>(base.add(index as usize * 16)) };
         *visited += 1;
         if *visited > MAX_CHAIN_DESCRIPTORS {
             return Err(ChainError::TooManyDescriptors);
@@ -758,27 +758,4 @@ pub enum RingError {
     /// A packed ring (VIRTIO_F_RING_PACKED) refused at activation or broken by the driver.
     #[error("packed ring: {0}")]
     Packed(#[from] PackedRingError),
-}
-
-/// Reads a descriptor at any alignment (indirect tables need not be aligned).
-///
-/// # Safety
-/// `p..p + 16` must be inside mapped guest memory.
-#[inline]
-unsafe fn read_desc_at(p: *const u8) -> RawDesc {
-    if (p as usize).is_multiple_of(std::mem::align_of::<RawDesc>()) {
-        // SAFETY: aligned, and in bounds per the caller's contract.
-        return unsafe { ptr::read_volatile(p.cast::<RawDesc>()) };
-    }
-    let mut bytes = [0u8; 16];
-    for (i, b) in bytes.iter_mut().enumerate() {
-        // SAFETY: `i < 16`, in bounds per the caller's contract.
-        *b = unsafe { ptr::read_volatile(p.add(i)) };
-    }
-    RawDesc {
-        addr: u64::from_ne_bytes(bytes[..8].try_into().unwrap_or_default()),
-        len: u32::from_ne_bytes(bytes[8..12].try_into().unwrap_or_default()),
-        flags: u16::from_ne_bytes(bytes[12..14].try_into().unwrap_or_default()),
-        next: u16::from_ne_bytes(bytes[14..].try_into().unwrap_or_default()),
-    }
 }
