@@ -32,6 +32,8 @@ const BPF_PROG_LOAD: libc::c_long = 5;
 const BPF_OBJ_GET_INFO_BY_FD: libc::c_long = 15;
 /// `BPF_LINK_CREATE` command of `bpf(2)`.
 const BPF_LINK_CREATE: libc::c_long = 28;
+/// `BPF_LINK_DETACH` command of `bpf(2)` (Linux 5.9+).
+const BPF_LINK_DETACH: libc::c_long = 34;
 /// `BPF_PROG_TYPE_XDP`.
 const BPF_PROG_TYPE_XDP: u32 = 6;
 /// `BPF_XDP`, the attach type of an XDP link.
@@ -108,9 +110,11 @@ impl fmt::Display for XdpMode {
     }
 }
 
-/// An XDP program attached to an interface through a bpf link. Dropping it closes the link
-/// and program fds, which detaches the program (the link is never pinned); the kernel does the
-/// same when the process dies.
+/// An XDP program attached to an interface through a bpf link. Dropping it detaches the
+/// program at once (`BPF_LINK_DETACH`: a copy of the link fd that a concurrently forked child
+/// holds until its `exec` would otherwise keep the link alive a little longer), then closes the
+/// link and program fds (the link is never pinned); the kernel detaches too when the process
+/// dies.
 #[derive(Debug)]
 pub struct XdpAttachment {
     // Declared first so that it is closed (detaching the program) before the program fd.
@@ -158,6 +162,32 @@ impl XdpAttachment {
     pub fn prog_fd(&self) -> RawFd {
         self.prog.as_raw_fd()
     }
+}
+
+impl Drop for XdpAttachment {
+    fn drop(&mut self) {
+        let mut attr = LinkDetachAttr {
+            link_fd: self.link.as_raw_fd() as u32,
+            _pad: [0; 60],
+        };
+        // SAFETY: `attr` is a BPF_LINK_DETACH attr with no pointers in it; the link fd is
+        // open (owned by `self`) for the whole call.
+        if let Err(e) = unsafe { bpf(BPF_LINK_DETACH, &mut attr) } {
+            // Closing the fd below still detaches once the last copy of it is closed.
+            log::warn!(
+                "cannot detach {} from {}: {e}",
+                self.program.name(),
+                self.ifname
+            );
+        }
+    }
+}
+
+/// The `BPF_LINK_DETACH` member of `union bpf_attr`, zero-padded.
+#[repr(C, align(8))]
+struct LinkDetachAttr {
+    link_fd: u32,
+    _pad: [u8; 60],
 }
 
 /// One eBPF instruction (`struct bpf_insn`).
