@@ -39,6 +39,8 @@ pub struct GuestQueue {
     next_desc: u16,
     next_data: u64,
     avail_idx: u16,
+    /// The used index up to which [`GuestQueue::take_used`] has read.
+    seen_used: u16,
 }
 
 impl GuestQueue {
@@ -81,6 +83,7 @@ impl GuestQueue {
             next_desc: 0,
             next_data: data_start,
             avail_idx: 0,
+            seen_used: 0,
         }
     }
 
@@ -114,6 +117,7 @@ impl GuestQueue {
     /// Moves the free-running indexes to `idx` on both sides (for wrap-around tests).
     pub fn start_at(&mut self, queue: &mut Queue, idx: u16) {
         self.avail_idx = idx;
+        self.seen_used = idx;
         self.store_u16(self.avail_addr + 2, idx);
         self.store_u16(self.used_addr + 2, idx);
         queue.set_next_avail(idx);
@@ -251,6 +255,22 @@ impl GuestQueue {
             .read_obj(GuestAddress(entry + 4))
             .expect("used entry");
         (u32::from_le(id), u32::from_le(len))
+    }
+
+    /// The next used entry the driver has not taken yet, if the device published one: (id,
+    /// length).
+    pub fn take_used(&mut self) -> Option<(u32, u32)> {
+        if self.used_idx() == self.seen_used {
+            return None;
+        }
+        let entry = self.used(self.seen_used);
+        self.seen_used = self.seen_used.wrapping_add(1);
+        Some(entry)
+    }
+
+    /// Queue size.
+    pub fn size(&self) -> u16 {
+        self.size
     }
 
     /// All used entries from index `from` up to the used index.

@@ -3,6 +3,7 @@
 
 mod bounds;
 mod ctrl;
+mod driver;
 mod hostile;
 mod limits;
 mod measure;

@@ -1,10 +1,15 @@
 //! Receive path: frames land in guest buffers, one chain or several (MRG_RXBUF), with
 //! num_buffers right; no buffer means backpressure, never a silent drop.
 
+use std::collections::HashMap;
+
 use virtio_queue::QueueT;
 
+use super::driver::DriverRing;
+use crate::test_utils::packed::GuestPackedQueue;
+
 use crate::virtio::net::metrics::RxCounters;
-use crate::virtio::net::tests::support::{frame, pair, wire, GuestQueue, Ring};
+use crate::virtio::net::tests::support::{frame, guest_mem, pair, wire, GuestQueue, Ring};
 use crate::virtio::net::{RxMode, RxStop, VNET_HDR_LEN};
 
 /// num_buffers of the header at `addr`.
@@ -165,8 +170,6 @@ fn closed_backend_is_reported() {
 /// order, in the chains the used ring names, with num_buffers right, call after call.
 #[test]
 fn a_kept_pool_delivers_frames_across_merged_and_separate_buffers() {
-    use std::collections::HashMap;
-
     let mut ring = Ring::new(64);
     // 512 and 1536 are multiples of 16 (the allocator's alignment): such buffers follow each
     // other; a 700-byte one leaves a gap after it.
@@ -227,14 +230,32 @@ fn a_kept_pool_delivers_frames_across_merged_and_separate_buffers() {
 /// reordered whichever way a call ends, and without the setting every call drains.
 #[test]
 fn sparse_reads_skip_the_empty_read_until_a_burst_comes() {
-    use crate::virtio::net::rx::SPARSE_PROBE_EVERY;
+    sparse_reads::<GuestQueue>();
+}
+
+#[test]
+fn sparse_reads_skip_the_empty_read_on_a_packed_ring() {
+    sparse_reads::<GuestPackedQueue>();
+}
+
+fn sparse_reads<Q: DriverRing>() {
+    use crate::test_utils::queue::DATA_START;
+    use crate::virtio::net::rx::{RX_GATHER_NO_GSO_BYTES, SPARSE_PROBE_EVERY};
     use crate::virtio::net::RxQueue;
 
-    let mut ring = Ring::new(256);
-    let bufs: Vec<u64> = (0..255)
-        .map(|_| ring.driver.push_rx(&[1536]).1[0])
+    let mem = guest_mem();
+    let mut driver = Q::at(&mem, 0, 256, DATA_START);
+    let bufs: HashMap<u32, u64> = (0..255)
+        .map(|_| {
+            let (id, addrs) = driver.offer_rx(&[1536]);
+            (u32::from(id), addrs[0])
+        })
         .collect();
-    let mut rxq = ring.rx_queue(RxMode::SingleChain);
+    let mut rxq = RxQueue::new(
+        driver.device_ring(0),
+        RxMode::SingleChain,
+        RX_GATHER_NO_GSO_BYTES,
+    );
     let (mut backend, peer) = pair();
     let mut counters = RxCounters::default();
     let mut sent = 0u8;
@@ -250,11 +271,9 @@ fn sparse_reads_skip_the_empty_read_until_a_burst_comes() {
         let before = counters.frames;
         let stop = rxq.process(&mut backend, counters).expect("ring ok").stop;
         for _ in before..counters.frames {
-            let (id, len) = ring.driver.used(delivered);
+            let (id, len) = driver.next_used().expect("a used entry per frame");
             assert_eq!(len as usize, VNET_HDR_LEN + 60);
-            let got = ring
-                .driver
-                .read(bufs[id as usize] + VNET_HDR_LEN as u64, 60);
+            let got = driver.peek(bufs[&id] + VNET_HDR_LEN as u64, 60);
             assert_eq!(
                 got,
                 frame(60, delivered as u8),
@@ -306,5 +325,8 @@ fn sparse_reads_skip_the_empty_read_until_a_burst_comes() {
     send(2);
     assert_eq!(call(&mut rxq, &mut counters), (RxStop::BackendEmpty, 2));
     assert_eq!(counters.frames, u64::from(sent));
-    assert_eq!(ring.driver.used_idx(), delivered);
+    assert!(
+        driver.next_used().is_none(),
+        "{delivered} delivered, no more"
+    );
 }

@@ -1,6 +1,6 @@
 //! Runtime knobs end to end through the worker: interrupt coalescing (packet and time bounds,
-//! switched off while an interrupt is held), EVENT_IDX suppression switched off, and the
-//! worker's seccomp filter.
+//! switched off while an interrupt is held), busy-poll, EVENT_IDX suppression switched off,
+//! and the worker's seccomp filter. Coalescing and busy-poll run on split and packed rings.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -12,12 +12,14 @@ use virtio_bindings::virtio_mmio::{VIRTIO_MMIO_INT_CONFIG, VIRTIO_MMIO_INT_VRING
 use virtio_bindings::virtio_ring::VIRTIO_RING_F_EVENT_IDX;
 use vm_memory::GuestMemoryMmap;
 
+use super::driver::{rig_for, send_frame, start_rings, DriverRing};
 use super::support::{frame, guest_mem, wire, GuestQueue};
 use super::worker::{
-    kick, no_interrupt, queues, reaches, rig, rig_with, send_one, start, start_on_queues,
-    take_interrupt, Rig, TIMEOUT, VERSION_1,
+    kick, no_interrupt, queues, reaches, rig, rig_with, send_one, start_on_queues, take_interrupt,
+    Rig, TIMEOUT, VERSION_1,
 };
 use crate::test_utils::mmio::{wait_until, Registers};
+use crate::test_utils::packed::GuestPackedQueue;
 use crate::virtio::net::{InterruptCoalescing, NetTuning};
 
 const EVENT_IDX: u64 = 1 << VIRTIO_RING_F_EVENT_IDX;
@@ -34,29 +36,38 @@ fn coalescing(max_packets: u16, max_usecs: u32) -> NetTuning {
 
 /// A rig started with VERSION_1 whose device coalesces interrupts from the start; returns
 /// the rig and the driver's tx queue.
-fn coalescing_from_the_start(
+fn coalescing_from_the_start<Q: DriverRing>(
     mem: &GuestMemoryMmap,
     max_packets: u16,
     max_usecs: u32,
-) -> (Rig, GuestQueue) {
-    let mut rig = rig(mem);
+) -> (Rig, Q) {
+    let mut rig = rig_for::<Q>(mem, |_| {});
     rig.tuning
         .set(coalescing(max_packets, max_usecs))
         .expect("valid");
-    let (rx, tx) = queues(mem);
-    start(&mut rig.transport, VERSION_1, &rx, &tx);
+    let (rx, tx) = Q::pair(mem);
+    start_rings(&mut rig.transport, VERSION_1, &[&rx, &tx]);
     (rig, tx)
 }
 
 #[test]
 fn coalescing_holds_the_interrupt_until_max_packets() {
+    holds_until_max_packets::<GuestQueue>();
+}
+
+#[test]
+fn coalescing_holds_the_interrupt_until_max_packets_on_a_packed_ring() {
+    holds_until_max_packets::<GuestPackedQueue>();
+}
+
+fn holds_until_max_packets<Q: DriverRing>() {
     let mem = guest_mem();
-    let (mut rig, mut tx) = coalescing_from_the_start(&mem, 4, 1_000_000);
+    let (mut rig, mut tx) = coalescing_from_the_start::<Q>(&mem, 4, 1_000_000);
     for seed in 0..3 {
-        send_one(&rig, &mut tx, seed);
+        send_frame(&rig, &mut tx, seed);
     }
     assert!(no_interrupt(&rig.transport), "held: 3 of 4 packets");
-    send_one(&rig, &mut tx, 3);
+    send_frame(&rig, &mut tx, 3);
     assert_eq!(take_interrupt(&mut rig.transport), VIRTIO_MMIO_INT_VRING);
     assert!(reaches(&rig.metrics.coalesce_packet_releases, 1));
     assert_eq!(rig.metrics.interrupts_held.get(), 3);
@@ -71,15 +82,24 @@ fn coalescing_holds_the_interrupt_until_max_packets() {
 
 #[test]
 fn coalescing_releases_a_held_interrupt_after_max_usecs() {
+    released_after_max_usecs::<GuestQueue>();
+}
+
+#[test]
+fn coalescing_releases_a_held_interrupt_after_max_usecs_on_a_packed_ring() {
+    released_after_max_usecs::<GuestPackedQueue>();
+}
+
+fn released_after_max_usecs<Q: DriverRing>() {
     let mem = guest_mem();
-    let mut rig = rig(&mem);
-    let (rx, mut tx) = queues(&mem);
-    start(&mut rig.transport, VERSION_1, &rx, &tx);
+    let mut rig = rig_for::<Q>(&mem, |_| {});
+    let (rx, mut tx) = Q::pair(&mem);
+    start_rings(&mut rig.transport, VERSION_1, &[&rx, &tx]);
     // Changed at run time, while the worker runs.
     rig.tuning.set(coalescing(64, 30_000)).expect("valid");
     std::thread::sleep(Duration::from_millis(20));
     let sent = Instant::now();
-    send_one(&rig, &mut tx, 1);
+    send_frame(&rig, &mut tx, 1);
     assert_eq!(take_interrupt(&mut rig.transport), VIRTIO_MMIO_INT_VRING);
     assert!(
         sent.elapsed() >= Duration::from_millis(30),
@@ -94,7 +114,7 @@ fn coalescing_releases_a_held_interrupt_after_max_usecs() {
 #[test]
 fn switching_coalescing_off_releases_the_held_interrupt() {
     let mem = guest_mem();
-    let (mut rig, mut tx) = coalescing_from_the_start(&mem, 0, 1_000_000);
+    let (mut rig, mut tx) = coalescing_from_the_start::<GuestQueue>(&mem, 0, 1_000_000);
     send_one(&rig, &mut tx, 1);
     assert!(no_interrupt(&rig.transport), "held for up to 1 s");
     let switched = Instant::now();
@@ -166,36 +186,25 @@ fn the_worker_applies_its_seccomp_filter_before_running() {
     assert_eq!(rig.metrics.needs_reset_events.get(), 1);
 }
 
-/// `vring_need_event`: the driver kicks when its new avail index passes `avail_event`.
-fn needs_kick(tx: &GuestQueue, event_idx: bool, old: u16, new: u16) -> bool {
-    if event_idx {
-        let event = tx.avail_event();
-        new.wrapping_sub(event).wrapping_sub(1) < new.wrapping_sub(old)
-    } else {
-        tx.used_flags() & 1 == 0
-    }
-}
-
 /// A driver that queues one frame, kicks only when the ring asks for it, waits for the frame
 /// to be sent, and pauses `pause` before the next. Returns the kicks it wrote.
-fn paced_driver(
+fn paced_driver<Q: DriverRing>(
     rig: &Rig,
-    tx: &mut GuestQueue,
+    tx: &mut Q,
     event_idx: bool,
     frames: u8,
     pause: Duration,
 ) -> u32 {
     let mut kicks = 0;
     for seed in 0..frames {
-        let used = tx.used_idx();
-        let old = tx.avail_idx();
-        tx.push_tx(&wire(&frame(64, seed)), &[]);
-        if needs_kick(tx, event_idx, old, tx.avail_idx()) {
+        let out = wire(&frame(64, seed));
+        let id = tx.offer_tx(&out, &[]);
+        if tx.wants_kick(1, event_idx) {
             kick(&rig.transport, 1);
             kicks += 1;
         }
-        rig.peer.recv_frame().expect("frame");
-        assert!(wait_until(TIMEOUT, || tx.used_idx() == used.wrapping_add(1)));
+        assert_eq!(rig.peer.recv_frame().expect("frame"), out);
+        assert_eq!(tx.wait_used(), (u32::from(id), 0));
         std::thread::sleep(pause);
     }
     kicks
@@ -203,6 +212,15 @@ fn paced_driver(
 
 #[test]
 fn busy_poll_saves_the_kicks_of_a_driver_that_pauses_less_than_the_window() {
+    busy_poll_saves_kicks::<GuestQueue>();
+}
+
+#[test]
+fn busy_poll_saves_the_kicks_of_a_driver_on_a_packed_ring() {
+    busy_poll_saves_kicks::<GuestPackedQueue>();
+}
+
+fn busy_poll_saves_kicks<Q: DriverRing>() {
     for event_idx in [true, false] {
         let features = VERSION_1
             | if event_idx {
@@ -213,15 +231,15 @@ fn busy_poll_saves_the_kicks_of_a_driver_that_pauses_less_than_the_window() {
         let mut kicks = Vec::new();
         for busy_poll_us in [0, 5_000] {
             let mem = guest_mem();
-            let mut rig = rig(&mem);
+            let mut rig = rig_for::<Q>(&mem, |_| {});
             rig.tuning
                 .set(NetTuning {
                     busy_poll_us,
                     ..NetTuning::default()
                 })
                 .expect("valid");
-            let (rx, mut tx) = queues(&mem);
-            start(&mut rig.transport, features, &rx, &tx);
+            let (rx, mut tx) = Q::pair(&mem);
+            start_rings(&mut rig.transport, features, &[&rx, &tx]);
             // Pauses of 0.5 ms, well inside a 5 ms window.
             let n = paced_driver(&rig, &mut tx, event_idx, 20, Duration::from_micros(500));
             let found = rig.metrics.busy_poll.found_work.get();
