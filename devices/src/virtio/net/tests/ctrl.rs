@@ -10,12 +10,14 @@ use virtio_bindings::virtio_mmio::{VIRTIO_MMIO_CONFIG_GENERATION, VIRTIO_MMIO_ST
 use virtio_bindings::virtio_net::*;
 use vm_memory::{GuestAddress, GuestMemoryMmap};
 
+use super::driver::{rig_for, send_frame, DriverRing};
 use super::support::{frame, guest_mem, wire, GuestQueue, INDIRECT, NEXT, WRITE};
 use super::worker::{
     kick, no_interrupt, queues, reaches, rig, send_one, take_interrupt, Rig, TIMEOUT, VERSION_1,
 };
 use crate::backend::Offloads;
 use crate::test_utils::mmio::{wait_until, Registers};
+use crate::test_utils::packed::GuestPackedQueue;
 use crate::virtio::net::ctrl::{ACK_ERR, ACK_OK, CTRL_QUEUE_SIZE};
 use crate::virtio::net::{
     CoalescingSource, InterruptCoalescing, NetTuningUpdate, CTRL_QUEUE, RX_QUEUE, TX_QUEUE,
@@ -41,21 +43,24 @@ const VQ_SET: u8 = VIRTIO_NET_CTRL_NOTF_COAL_VQ_SET as u8;
 const VQ_GET: u8 = VIRTIO_NET_CTRL_NOTF_COAL_VQ_GET as u8;
 
 fn ctrl_queue(mem: &GuestMemoryMmap) -> GuestQueue {
-    GuestQueue::at(mem, GuestAddress(0x2_0000), CTRL_QUEUE_SIZE, 0x70_0000)
+    ctrl_ring(mem)
 }
 
-/// Negotiates `features`, programs the three queues and sets DRIVER_OK.
-fn start_ctrl(
-    t: &mut MmioTransport,
-    features: u64,
-    rx: &GuestQueue,
-    tx: &GuestQueue,
-    ctrl: &GuestQueue,
-) {
-    assert!(t.negotiate(features), "FEATURES_OK accepted");
-    t.setup_queue(RX_QUEUE as u32, 256, rx.ring_addrs());
-    t.setup_queue(TX_QUEUE as u32, 256, tx.ring_addrs());
-    t.setup_queue(CTRL_QUEUE as u32, CTRL_QUEUE_SIZE, ctrl.ring_addrs());
+/// The control queue's ring, of either kind.
+fn ctrl_ring<Q: DriverRing>(mem: &GuestMemoryMmap) -> Q {
+    Q::at(mem, 0x2_0000, CTRL_QUEUE_SIZE, 0x70_0000)
+}
+
+/// Negotiates `features` (and `Q`'s ring kind), programs the three queues and sets
+/// DRIVER_OK.
+fn start_ctrl<Q: DriverRing>(t: &mut MmioTransport, features: u64, rx: &Q, tx: &Q, ctrl: &Q) {
+    assert!(
+        t.negotiate(features | Q::RING_FEATURES),
+        "FEATURES_OK accepted"
+    );
+    rx.program(t, RX_QUEUE as u32);
+    tx.program(t, TX_QUEUE as u32);
+    ctrl.program(t, CTRL_QUEUE as u32);
     t.driver_ok();
     assert_eq!(t.status() & 0xff, 0xf, "running, not NEEDS_RESET");
 }
@@ -76,50 +81,36 @@ impl Reply {
     }
 }
 
-/// Publishes a chain of raw descriptors (buffer bytes, flags) and kicks the control queue;
-/// returns what the device wrote once it returned the chain.
-fn send_raw(rig: &Rig, q: &mut GuestQueue, bufs: &[(Vec<u8>, u16)]) -> Reply {
-    let first = q.next_slot();
+/// Makes a chain of buffers (bytes, flags) available and kicks the control queue; returns
+/// what the device wrote once it returned the chain.
+fn send_raw<Q: DriverRing>(rig: &Rig, q: &mut Q, bufs: &[(Vec<u8>, u16)]) -> Reply {
     let mut writable = Vec::new();
     let descs: Vec<_> = bufs
         .iter()
-        .enumerate()
-        .map(|(i, (bytes, flags))| {
-            let addr = q.alloc(bytes);
+        .map(|(bytes, flags)| {
+            let addr = q.put(bytes);
             if flags & WRITE != 0 {
                 writable.push((addr, bytes.len()));
             }
-            let last = i + 1 == bufs.len();
-            let next = (first + i as u16 + 1) % CTRL_QUEUE_SIZE;
-            (
-                addr,
-                bytes.len() as u32,
-                if last { *flags } else { flags | NEXT },
-                next,
-            )
+            (addr, bytes.len() as u32, *flags)
         })
         .collect();
-    let head = q.write_descs(&descs)[0];
-    let used = q.used_idx();
-    q.publish(head);
+    q.skip_used();
+    let id = q.offer(&descs);
     kick(&rig.transport, CTRL_QUEUE);
-    assert!(
-        wait_until(TIMEOUT, || q.used_idx() == used.wrapping_add(1)),
-        "the control chain came back"
-    );
-    let (id, len) = q.used(used);
-    assert_eq!(id, u32::from(head));
+    let (used_id, len) = q.wait_used();
+    assert_eq!(used_id, u32::from(id), "the control chain came back");
     let written = writable
         .iter()
-        .flat_map(|&(addr, n)| q.read(addr, n))
+        .flat_map(|&(addr, n)| q.peek(addr, n))
         .collect();
     Reply { len, written }
 }
 
 /// Sends `class.command` with `data` and `writable` bytes for the reply and ack.
-fn send(
+fn send<Q: DriverRing>(
     rig: &Rig,
-    q: &mut GuestQueue,
+    q: &mut Q,
     class: u8,
     command: u8,
     data: &[u8],
@@ -143,7 +134,7 @@ fn vq_coal(vqn: u16, max_packets: u32, max_usecs: u32) -> Vec<u8> {
     data
 }
 
-fn vq_get(rig: &Rig, q: &mut GuestQueue, vqn: u16) -> (u32, u32) {
+fn vq_get<Q: DriverRing>(rig: &Rig, q: &mut Q, vqn: u16) -> (u32, u32) {
     let mut data = vqn.to_le_bytes().to_vec();
     data.extend_from_slice(&[0, 0]);
     let reply = send(rig, q, NOTF_COAL, VQ_GET, &data, 9);
@@ -208,13 +199,31 @@ fn the_control_features_are_offered_and_need_ctrl_vq() {
 
 #[test]
 fn notf_coal_tx_set_holds_tx_interrupts_until_max_packets() {
-    let mem = guest_mem();
-    let mut rig = rig(&mem);
-    let (rx, mut tx) = queues(&mem);
-    let mut ctrl = ctrl_queue(&mem);
-    start_ctrl(&mut rig.transport, ALL, &rx, &tx, &ctrl);
+    guest_set_tx_coalescing::<GuestQueue>(false);
+}
 
-    let reply = send(&rig, &mut ctrl, NOTF_COAL, TX_SET, &coal(4, 1_000_000), 1);
+#[test]
+fn notf_coal_vq_set_holds_tx_interrupts_on_a_packed_ring() {
+    guest_set_tx_coalescing::<GuestPackedQueue>(true);
+}
+
+/// The guest's tx coalescing, set with TX_SET or (`per_queue`) VQ_SET on queue 1.
+fn guest_set_tx_coalescing<Q: DriverRing>(per_queue: bool) {
+    let mem = guest_mem();
+    let mut rig = rig_for::<Q>(&mem, |_| {});
+    let (rx, mut tx) = Q::pair(&mem);
+    let mut ctrl = ctrl_ring::<Q>(&mem);
+    start_ctrl(&mut rig.transport, ALL, &rx, &tx, &ctrl);
+    let set = |max_packets, max_usecs| {
+        if per_queue {
+            (VQ_SET, vq_coal(1, max_packets, max_usecs))
+        } else {
+            (TX_SET, coal(max_packets, max_usecs))
+        }
+    };
+
+    let (command, data) = set(4, 1_000_000);
+    let reply = send(&rig, &mut ctrl, NOTF_COAL, command, &data, 1);
     assert_eq!(
         reply,
         Reply {
@@ -232,10 +241,10 @@ fn notf_coal_tx_set_holds_tx_interrupts_until_max_packets() {
     assert_eq!(in_force.rx.source, CoalescingSource::Operator);
 
     for seed in 0..3 {
-        send_one(&rig, &mut tx, seed);
+        send_frame(&rig, &mut tx, seed);
     }
     assert!(no_interrupt(&rig.transport), "held: 3 of 4 tx frames");
-    send_one(&rig, &mut tx, 3);
+    send_frame(&rig, &mut tx, 3);
     take_interrupt(&mut rig.transport);
     assert!(reaches(&rig.metrics.coalesce_packet_releases, 1));
     assert_eq!(rig.metrics.ctrl.coalescing_sets.get(), 1);
@@ -243,10 +252,11 @@ fn notf_coal_tx_set_holds_tx_interrupts_until_max_packets() {
     assert_eq!(rig.metrics.ctrl.errors.get(), 0);
 
     // Linux turns it off with 0/0: every frame interrupts again.
-    let reply = send(&rig, &mut ctrl, NOTF_COAL, TX_SET, &coal(0, 0), 1);
+    let (command, data) = set(0, 0);
+    let reply = send(&rig, &mut ctrl, NOTF_COAL, command, &data, 1);
     assert_eq!(reply.ack(), Some(ACK_OK));
     take_interrupt(&mut rig.transport);
-    send_one(&rig, &mut tx, 9);
+    send_frame(&rig, &mut tx, 9);
     take_interrupt(&mut rig.transport);
 }
 
@@ -708,13 +718,29 @@ mod device_stats {
 
     #[test]
     fn query_and_get_answer_what_the_metrics_say() {
+        query_and_get::<GuestQueue>();
+    }
+
+    #[test]
+    fn query_and_get_answer_what_the_metrics_say_on_packed_rings() {
+        query_and_get::<GuestPackedQueue>();
+    }
+
+    fn query_and_get<Q: DriverRing>() {
         let mem = guest_mem();
-        let mut rig = rig(&mem);
-        let (rx, mut tx) = queues(&mem);
-        let mut ctrl = ctrl_queue(&mem);
+        let mut rig = rig_for::<Q>(&mem, |_| {});
+        let (mut rx, mut tx) = Q::pair(&mem);
+        let mut ctrl = ctrl_ring::<Q>(&mem);
         start_ctrl(&mut rig.transport, STATS, &rx, &tx, &ctrl);
         for seed in 0..3 {
-            send_one(&rig, &mut tx, seed);
+            send_frame(&rig, &mut tx, seed);
+        }
+        // And two frames in.
+        for seed in 0..2 {
+            rx.offer_rx(&[2048]);
+            kick(&rig.transport, RX_QUEUE);
+            rig.peer.send_frame(&wire(&frame(100, seed))).expect("send");
+            assert_eq!(rx.wait_used().1, 12 + 100);
         }
         let class = VIRTIO_NET_CTRL_STATS;
         let reply = send(&rig, &mut ctrl, class, VIRTIO_NET_CTRL_STATS_QUERY, &[], 9);
@@ -770,6 +796,9 @@ mod device_stats {
         assert!(tx_basic[0] >= 1, "the kicks were counted");
         let rx_basic = &blocks[0].2;
         assert_eq!(rx_basic[1], m.rx.frames.get(), "rx_packets");
+        assert_eq!(rx_basic[1], 2);
+        assert_eq!(rx_basic[2], m.rx.bytes.get(), "rx_bytes");
+        assert_eq!(rx_basic[2], 2 * 100);
         assert_eq!(
             blocks[4].2,
             [3, 2],

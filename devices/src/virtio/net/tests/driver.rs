@@ -81,6 +81,11 @@ pub(super) trait DriverRing: Sized {
         (id, bufs.iter().map(|b| b.0).collect())
     }
 
+    /// Takes every used entry the device has published so far, unread.
+    fn skip_used(&mut self) {
+        while self.next_used().is_some() {}
+    }
+
     /// Waits (up to [`TIMEOUT`]) for the next used entry.
     fn wait_used(&mut self) -> (u32, u32) {
         let mut used = None;
