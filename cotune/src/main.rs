@@ -12,9 +12,18 @@ use cotune::calib::Calibration;
 use cotune::cost::{DEFAULT_IRQ_COST_NS, DEFAULT_KICK_COST_NS};
 use cotune::noise::{loadavg1, BUSY_LOADAVG};
 use cotune::report::{plot, to_csv, to_table, Row};
-use cotune::sweep::{run_preset, BackendKind, HostPath, Options, Preset, Target};
+use cotune::sweep::{run_preset, BackendKind, HostPath, Options, Preset, RingLayout, Target};
 use cotune::transport::TransportKind;
 use cotune::vm::{self, VmEnv};
+
+/// `--ring`: the virtqueue layout.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+enum RingArg {
+    /// The split virtqueue (descriptor table, avail ring, used ring).
+    Split,
+    /// The packed virtqueue (VIRTIO_F_RING_PACKED).
+    Packed,
+}
 
 /// An exit cost: nanoseconds, or `auto` (measured by the driver guest in a VM on this host).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -87,6 +96,13 @@ struct Cli {
     /// the raw write loop too, and is detached when cotune exits, however it exits.
     #[arg(long, value_enum, default_value_t = HostPath::Stack)]
     host_path: HostPath,
+    /// The virtqueue layout of every point, offered by the device and requested by the driver
+    /// (`vmm --net …,packed=on`, the guest's `packed=1`); the ring-layout preset sweeps it.
+    #[arg(long, value_enum, default_value_t = RingArg::Split)]
+    ring: RingArg,
+    /// VIRTIO_F_IN_ORDER on both sides (with `--ring`).
+    #[arg(long)]
+    in_order: bool,
     /// The raw backend write loop's system call (`write`, the cheapest; `writev` of one
     /// iovec, as a device with a scatter-gather list makes it).
     #[arg(long, value_enum, default_value_t = BareSyscall::Write)]
@@ -236,6 +252,10 @@ fn options(
         transport: cli.transport,
         bare: cli.baseline_syscall,
         host_path: cli.host_path,
+        ring: RingLayout {
+            packed: cli.ring == RingArg::Packed,
+            in_order: cli.in_order,
+        },
     }
 }
 
@@ -311,7 +331,9 @@ fn header(
         )
     });
     format!(
-        "# target={target}{sim}{vm} duration={:?} repeat={} pin={} loadavg1_at_start={load:.2}",
+        "# target={target}{sim}{vm} ring={} duration={:?} repeat={} pin={} \
+         loadavg1_at_start={load:.2}",
+        opts.ring.name(),
         opts.duration,
         opts.repeat,
         opts.pin.map_or_else(

@@ -136,6 +136,52 @@ impl HostPath {
     }
 }
 
+/// The virtqueue layout of a point, offered by the device (`--net …,packed=on,in_order=on`)
+/// and requested by the driver (`Config::packed`, `Config::in_order`; the driver guest's
+/// `packed=1 in_order=1`): both sides the same, so a point runs on the layout it names.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RingLayout {
+    /// VIRTIO_F_RING_PACKED (false: the split ring).
+    pub packed: bool,
+    /// VIRTIO_F_IN_ORDER: a batch completed with one used entry.
+    pub in_order: bool,
+}
+
+impl RingLayout {
+    /// The split ring, buffers completed one by one (the default).
+    pub const SPLIT: RingLayout = RingLayout {
+        packed: false,
+        in_order: false,
+    };
+    /// The packed ring.
+    pub const PACKED: RingLayout = RingLayout {
+        packed: true,
+        in_order: false,
+    };
+    /// The packed ring with IN_ORDER.
+    pub const PACKED_IN_ORDER: RingLayout = RingLayout {
+        packed: true,
+        in_order: true,
+    };
+
+    /// The layout as a sweep value: `split`, `packed`, `split+in_order`, `packed+in_order`.
+    pub fn name(self) -> &'static str {
+        match (self.packed, self.in_order) {
+            (false, false) => "split",
+            (true, false) => "packed",
+            (false, true) => "split+in_order",
+            (true, true) => "packed+in_order",
+        }
+    }
+
+    /// Whether a driver's negotiated `features` run this layout.
+    pub fn negotiated_in(self, features: u64) -> bool {
+        use vnet_driver::features::{F_IN_ORDER, F_RING_PACKED};
+        (features & F_RING_PACKED != 0) == self.packed
+            && (features & F_IN_ORDER != 0) == self.in_order
+    }
+}
+
 /// The device-side knobs of a point.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct DevKnobs {
@@ -151,6 +197,8 @@ pub struct DevKnobs {
     pub busy_poll_us: u32,
     /// Sparse rx reads (skip the read that finds the backend empty when frames come singly).
     pub rx_sparse_reads: bool,
+    /// The ring layout the device offers (the driver's request is in the point's config).
+    pub ring: RingLayout,
 }
 
 impl Default for DevKnobs {
@@ -163,6 +211,7 @@ impl Default for DevKnobs {
             tx_budget: t.tx_budget,
             busy_poll_us: t.busy_poll_us,
             rx_sparse_reads: t.rx_sparse_reads,
+            ring: RingLayout::SPLIT,
         }
     }
 }
@@ -213,6 +262,12 @@ impl DevKnobs {
                 ",rx_sparse_reads=off"
             };
         }
+        if self.ring.packed {
+            s += ",packed=on";
+        }
+        if self.ring.in_order {
+            s += ",in_order=on";
+        }
         s
     }
 }
@@ -236,6 +291,19 @@ pub struct Point {
 }
 
 impl Point {
+    /// This point on `ring`, on both sides: the device offers it and the driver requests it.
+    pub fn on_ring(mut self, ring: RingLayout) -> Point {
+        self.dev.ring = ring;
+        self.config.packed = ring.packed;
+        self.config.in_order = ring.in_order;
+        self
+    }
+
+    /// The ring layout the point runs on.
+    pub fn ring(&self) -> RingLayout {
+        self.dev.ring
+    }
+
     pub(crate) fn label(&self) -> String {
         self.axes
             .iter()

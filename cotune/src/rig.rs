@@ -40,6 +40,8 @@ pub struct RigConfig {
     pub irq_cost_ns: u64,
     /// The device transport (virtio-mmio, or virtio-pci with MSI-X).
     pub transport: TransportKind,
+    /// The ring layout the device offers (what the driver asks for is in `driver`).
+    pub ring: crate::point::RingLayout,
 }
 
 /// Why a rig could not be built.
@@ -109,7 +111,8 @@ impl Rig {
             .map_err(RigError::Memory)?;
         let queue_size = config.driver.rx_queue_size.max(config.driver.tx_queue_size);
         let device =
-            NetDevice::with_backends(backends, MacAddr::derived_from("cotune"), queue_size);
+            NetDevice::with_backends(backends, MacAddr::derived_from("cotune"), queue_size)
+                .with_ring_features(config.ring.packed, config.ring.in_order);
         let metrics = device.metrics();
         device
             .tuning_control()

@@ -20,7 +20,7 @@ use crate::baseline::{raw_read_loop, raw_write_loop, BareSyscall, BaselineResult
 use crate::env::Sink;
 use crate::injector::{Injector, InjectorStats};
 use crate::noise::{cpu_pct, loadavg1};
-pub use crate::point::{BackendKind, DevKnobs, HostPath, Measured, Point};
+pub use crate::point::{BackendKind, DevKnobs, HostPath, Measured, Point, RingLayout};
 use crate::report::Row;
 use crate::rig::{Rig, RigConfig};
 use crate::transport::TransportKind;
@@ -89,11 +89,15 @@ pub enum Preset {
     /// Receive at rate from a `source`, with the device's interrupt coalescing max_packets
     /// 0 / 8 / 32 / 128 (max_usecs 100).
     RxCoalesce,
+    /// The virtqueue layout (split / packed / packed + IN_ORDER, on both sides) × the tx
+    /// completion modes: transmit on a tap or a `sink`, receive from a `source`, forwarding
+    /// through a `loop`.
+    RingLayout,
 }
 
 impl Preset {
     /// All presets, in report order.
-    pub const ALL: [Preset; 16] = [
+    pub const ALL: [Preset; 17] = [
         Preset::Baseline,
         Preset::KickThreshold,
         Preset::TxCompletion,
@@ -110,6 +114,7 @@ impl Preset {
         Preset::SeedTxCompletion,
         Preset::SeedXdpBulk,
         Preset::RxCoalesce,
+        Preset::RingLayout,
     ];
 
     /// The seed presets, in seed order.
@@ -150,6 +155,7 @@ impl Preset {
             Preset::SeedTxCompletion => "seed-tx-completion",
             Preset::SeedXdpBulk => "seed-xdp-bulk",
             Preset::RxCoalesce => "rx-coalesce",
+            Preset::RingLayout => "ring-layout",
         }
     }
 }
@@ -187,11 +193,14 @@ pub struct Options {
     pub bare: BareSyscall,
     /// The tap's host path (with `--backend tap` and in VMs on a tap).
     pub host_path: HostPath,
+    /// The ring layout of every point (both sides), except the ring-layout preset's, which
+    /// sweeps it.
+    pub ring: RingLayout,
 }
 
 /// The points of `preset`.
 pub fn points(preset: Preset, opts: &Options) -> Vec<Point> {
-    match preset {
+    let pts = match preset {
         Preset::Baseline => Vec::new(),
         Preset::KickThreshold => kick_threshold_points(opts),
         Preset::TxCompletion => tx_completion_points(opts),
@@ -208,7 +217,49 @@ pub fn points(preset: Preset, opts: &Options) -> Vec<Point> {
         Preset::SeedTxCompletion => fwd_completion_points(opts),
         Preset::SeedXdpBulk => xdp_bulk_points(opts),
         Preset::RxCoalesce => rx_coalesce_points(opts),
+        Preset::RingLayout => return ring_layout_points(opts),
+    };
+    pts.into_iter().map(|p| p.on_ring(opts.ring)).collect()
+}
+
+/// The layouts the ring-layout preset compares.
+const RING_LAYOUTS: [RingLayout; 3] = [
+    RingLayout::SPLIT,
+    RingLayout::PACKED,
+    RingLayout::PACKED_IN_ORDER,
+];
+
+/// Each ring layout × each tx completion mode (lazy only with `--quick`), on the workload of
+/// the backend: receive from a source, forwarding through a loop, transmit elsewhere.
+fn ring_layout_points(opts: &Options) -> Vec<Point> {
+    let modes = if opts.quick {
+        &COMPLETIONS[2..]
+    } else {
+        &COMPLETIONS[..]
+    };
+    let workload = match opts.backend {
+        BackendKind::Source => Workload::Rx,
+        BackendKind::Loop => Workload::Fwd,
+        _ => Workload::XskTx(XskMode::ZeroCopy),
+    };
+    let mut v = Vec::new();
+    for &(mode, name) in modes {
+        for ring in RING_LAYOUTS {
+            let point = Point {
+                axes: vec![("ring", ring.name().into()), ("tx_completion", name.into())],
+                config: Config {
+                    tx_completion: mode,
+                    ..Config::default()
+                },
+                dev: DevKnobs::default(),
+                workload,
+                pace: None,
+                frame_size: opts.frame_size.unwrap_or(64),
+            };
+            v.push(point.on_ring(ring));
+        }
     }
+    v
 }
 
 /// Seed 000: N = 1..64, every N over 3..13 (the seed's median range), zero-copy transmit.
@@ -770,6 +821,7 @@ fn sim_trial(point: &Point, opts: &Options) -> io::Result<Measured> {
         kick_cost_ns: opts.kick_cost_ns,
         irq_cost_ns: opts.irq_cost_ns,
         transport: opts.transport,
+        ring: point.dev.ring,
     };
     let mut rig = match backend {
         Trial::Pair(b) => Rig::new(b, &rig_config),
@@ -779,6 +831,13 @@ fn sim_trial(point: &Point, opts: &Options) -> io::Result<Measured> {
         Trial::Loop(b) => Rig::new(b, &rig_config),
     }
     .map_err(|e| io::Error::other(format!("{e}: {:?}", std::error::Error::source(&e))))?;
+    if !point.ring().negotiated_in(rig.net.features()) {
+        return Err(io::Error::other(format!(
+            "the driver did not negotiate the {} ring (features {:#x})",
+            point.ring().name(),
+            rig.net.features()
+        )));
+    }
     let _pinned = opts.pin.map(pin_sim_threads).transpose()?;
     let sample = workloads::run(
         &mut rig,
@@ -1231,6 +1290,7 @@ mod tests {
             transport: TransportKind::Mmio,
             bare: BareSyscall::Write,
             host_path: HostPath::Stack,
+            ring: RingLayout::SPLIT,
         }
     }
 
@@ -1382,16 +1442,74 @@ mod tests {
             tx_budget: 64,
             busy_poll_us: 50,
             rx_sparse_reads: false,
+            ring: RingLayout::PACKED_IN_ORDER,
         };
         assert_eq!(
             k.net_spec_keys(),
             ",coalesce_packets=32,coalesce_usecs=100,event_idx=off,tx_budget=64,busy_poll_us=50,\
-             rx_sparse_reads=off"
+             rx_sparse_reads=off,packed=on,in_order=on"
         );
         // Every key it writes is one the device's --net parser takes, with the same meaning.
         let spec: devices::virtio::net::NetConfig = format!("tap=t0{}", k.net_spec_keys())
             .parse()
             .expect("the device parses what cotune writes");
         assert_eq!(spec.tuning, k.tuning());
+        assert!(spec.packed && spec.in_order);
+    }
+
+    #[test]
+    fn ring_layout_sweeps_both_sides_and_ring_applies_to_other_presets() {
+        let pts = points(Preset::RingLayout, &opts(false));
+        assert_eq!(pts.len(), RING_LAYOUTS.len() * COMPLETIONS.len());
+        for p in &pts {
+            let ring = p.ring();
+            assert_eq!(
+                (p.config.packed, p.config.in_order),
+                (ring.packed, ring.in_order)
+            );
+            assert_eq!(p.axes[0], ("ring", ring.name().to_string()));
+        }
+        let layouts: std::collections::HashSet<_> = pts.iter().map(|p| p.ring().name()).collect();
+        assert_eq!(layouts.len(), 3, "{layouts:?}");
+        assert_eq!(points(Preset::RingLayout, &opts(true)).len(), 3);
+        // The workload follows the backend's regime.
+        let on = |backend| {
+            let o = Options {
+                backend,
+                ..opts(true)
+            };
+            points(Preset::RingLayout, &o)[0].workload
+        };
+        assert_eq!(on(BackendKind::Source), Workload::Rx);
+        assert_eq!(on(BackendKind::Loop), Workload::Fwd);
+        assert!(matches!(on(BackendKind::Sink), Workload::XskTx(_)));
+        // --ring packed --in-order puts every other preset's points on that layout.
+        let o = Options {
+            ring: RingLayout::PACKED_IN_ORDER,
+            ..opts(true)
+        };
+        for p in points(Preset::KickThreshold, &o) {
+            assert_eq!(p.ring(), RingLayout::PACKED_IN_ORDER);
+            assert!(p.config.packed && p.config.in_order);
+        }
+    }
+
+    #[test]
+    fn ring_layouts_run_in_co_simulation() {
+        for backend in [BackendKind::Sink, BackendKind::Source, BackendKind::Loop] {
+            let o = Options {
+                backend,
+                ..opts(true)
+            };
+            for p in points(Preset::RingLayout, &o) {
+                let m = sim_trial(&p, &o).unwrap_or_else(|e| panic!("{}: {e}", p.label()));
+                assert!(
+                    m.packets > 0,
+                    "{} on {}: no packets",
+                    p.label(),
+                    backend.name()
+                );
+            }
+        }
     }
 }

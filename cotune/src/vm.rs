@@ -170,9 +170,15 @@ pub fn cmdline(point: &Point, frames: u64) -> String {
         vnet_driver::TxCompletion::CleanFromRx => "clean-from-rx",
         vnet_driver::TxCompletion::Lazy => "lazy",
     };
-    let pace = point.pace.map_or_else(String::new, |p| {
+    let mut pace = point.pace.map_or_else(String::new, |p| {
         format!(" burst={} pause_us={}", p.burst, p.pause_us)
     });
+    if c.packed {
+        pace += " packed=1";
+    }
+    if c.in_order {
+        pace += " in_order=1";
+    }
     format!(
         "console=ttyS0 {workload}={frames}{window} size={} ring=3 kick_threshold={} \
          tx_completion={completion} event_idx={} xdp_bulk={} device_stats={} \
@@ -659,6 +665,19 @@ fn vm_note(env: &VmEnv, point: &Point, report: &Value, echoed: Option<u64>) -> i
         (_, BackendKind::Source) => "vm: echo of the source's frames",
         _ => "vm: echo workload (host peer keeps 64 frames in flight)",
     });
+    // A guest that does not know packed= or in_order= runs the split ring: a point on
+    // another layout must not be reported as if it had run on it.
+    let ring = point.ring();
+    let virtqueue = report.get("virtqueue").and_then(Value::as_str);
+    let in_order = report.get("in_order").and_then(Value::as_u64).unwrap_or(0) != 0;
+    let expected = if ring.packed { "packed" } else { "split" };
+    if (virtqueue.unwrap_or("split"), in_order) != (expected, ring.in_order) {
+        return Err(io::Error::other(format!(
+            "driver guest ran virtqueue {virtqueue:?} in_order {in_order}, not the point's {}: \
+             {report}",
+            ring.name()
+        )));
+    }
     let on_tap = !env.backend.is_measurement();
     if point.workload == Workload::Rx {
         // A source loses nothing; a tap drops what the guest does not take in time (sequence

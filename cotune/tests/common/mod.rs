@@ -30,6 +30,11 @@ pub fn rig_with_peers(driver: Config, transport: TransportKind) -> (Rig, Vec<Pai
         kick_cost_ns: 0,
         irq_cost_ns: 0,
         transport,
+        // The device offers the layout the driver asks for.
+        ring: cotune::sweep::RingLayout {
+            packed: driver.packed,
+            in_order: driver.in_order,
+        },
     };
     (Rig::with_backends(backends, &config).expect("rig"), peers)
 }
