@@ -54,6 +54,8 @@ pub struct Row {
     pub busy_poll_us: u32,
     /// Device: sparse rx reads.
     pub rx_sparse_reads: bool,
+    /// Both sides: the virtqueue layout (`split`, `packed`, `packed+in_order`, ...).
+    pub ring: String,
     /// Packets per second (the workload's main direction; both directions for bidirectional).
     pub pps: f64,
     /// Driver kicks (notifications written) per packet.
@@ -95,7 +97,7 @@ pub struct Row {
 /// The CSV header (one column per field of [`Row`], in order).
 pub const CSV_HEADER: &str = "preset,target,knob,value,knob2,value2,workload,frame_size,\
 kick_threshold,tx_completion,event_idx,xdp_bulk,xsk_mode,burst,pause_us,\
-coalesce_packets,coalesce_usecs,dev_event_idx,tx_budget,busy_poll_us,rx_sparse_reads,\
+coalesce_packets,coalesce_usecs,dev_event_idx,tx_budget,busy_poll_us,rx_sparse_reads,ring,\
 pps,kicks_per_pkt,irqs_per_pkt,tx_irqs_per_pkt,kicks_suppressed_per_pkt,driver_ns_per_pkt,device_ns_per_pkt,\
 driver_cpu_pct,device_cpu_pct,busy_poll_found_per_pkt,busy_poll_pct,ratio_to_baseline,vm_sim_ratio,loadavg1,backend,kick_cost_ns,irq_cost_ns,note";
 
@@ -141,6 +143,7 @@ pub fn to_csv(rows: &[Row]) -> String {
             r.tx_budget.to_string(),
             r.busy_poll_us.to_string(),
             u8::from(r.rx_sparse_reads).to_string(),
+            field(&r.ring),
             num(r.pps, 0),
             num(r.kicks_per_pkt, 4),
             num(r.irqs_per_pkt, 4),
@@ -619,6 +622,7 @@ mod tests {
             tx_budget: 256,
             busy_poll_us: 0,
             rx_sparse_reads: true,
+            ring: "split".into(),
             pps,
             kicks_per_pkt: 0.125,
             irqs_per_pkt: 0.01,

@@ -973,6 +973,7 @@ fn point_row(
         tx_budget: point.dev.tx_budget,
         busy_poll_us: point.dev.busy_poll_us,
         rx_sparse_reads: point.dev.rx_sparse_reads,
+        ring: point.ring().name().into(),
         pps,
         kicks_per_pkt: per(m.map_or(0, |m| m.kicks)),
         irqs_per_pkt: per(m.map_or(0, |m| m.irqs)),
