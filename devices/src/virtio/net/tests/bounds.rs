@@ -6,51 +6,62 @@ use virtio_bindings::virtio_config::VIRTIO_CONFIG_S_NEEDS_RESET;
 use virtio_bindings::virtio_mmio::VIRTIO_MMIO_STATUS;
 use vm_memory::GuestAddress;
 
+use super::driver::DriverRing;
 use super::support::{
     desc_bytes, frame, guest_mem, pair, wire, GuestQueue, Ring, INDIRECT, MEM_SIZE, NEXT, WRITE,
 };
 use super::worker::{kick, queues, queues_after_reset, rig, start, TIMEOUT, VERSION_1};
 use crate::test_utils::mmio::{wait_until, Registers};
+use crate::test_utils::packed::GuestPackedQueue;
+use crate::test_utils::queue::DATA_START;
 use crate::virtio::net::metrics::{RxCounters, TxCounters};
+use crate::virtio::net::rx::RX_GATHER_NO_GSO_BYTES;
 use crate::virtio::net::{RxMode, RxStop, TxStop};
+use crate::virtio::net::{RxQueue, TxQueue};
 use crate::virtio::ring::{RingError, RingPart};
 use crate::virtio::vring::{Virtqueue, CALL_DESCRIPTOR_BUDGET, MAX_CHAIN_DESCRIPTORS};
 
-/// Publishes `chains` chains of `links` empty descriptors each (the last one without NEXT).
-fn publish_empty_chains(driver: &mut GuestQueue, chains: usize, links: u16, flags: u16) {
+/// Makes `chains` chains of `links` empty descriptors each available.
+fn publish_empty_chains<Q: DriverRing>(driver: &mut Q, chains: usize, links: u16, flags: u16) {
     for _ in 0..chains {
-        let first = driver.next_slot();
-        let descs: Vec<_> = (0..links)
-            .map(|i| {
-                let last = i + 1 == links;
-                (
-                    0x20_0000,
-                    0,
-                    if last { flags } else { flags | NEXT },
-                    first + i + 1,
-                )
-            })
-            .collect();
-        let heads = driver.write_descs(&descs);
-        driver.publish(heads[0]);
+        driver.offer(&vec![(0x20_0000, 0, flags); usize::from(links)]);
     }
+}
+
+/// A driver's 8192-entry ring of `Q`'s kind at the start of fresh guest memory.
+fn big_ring<Q: DriverRing>() -> Q {
+    Q::at(&guest_mem(), 0, 8192, DATA_START)
 }
 
 #[test]
 fn tx_call_is_bounded_by_descriptors_visited_not_frames() {
-    let mut ring = Ring::new(8192);
+    tx_call_bounded::<GuestQueue>();
+}
+
+#[test]
+fn tx_call_is_bounded_by_descriptors_visited_on_a_packed_ring() {
+    tx_call_bounded::<GuestPackedQueue>();
+}
+
+fn tx_call_bounded<Q: DriverRing>() {
+    let mut driver = big_ring::<Q>();
     // 60 chains of 100 empty descriptors: no frame in any of them.
-    publish_empty_chains(&mut ring.driver, 60, 100, 0);
+    publish_empty_chains(&mut driver, 60, 100, 0);
+    let mut txq = TxQueue::new(driver.device_ring(0));
     let (mut backend, _peer) = pair();
     let mut counters = TxCounters::default();
-    let outcome = ring.tx(&mut backend, &mut counters);
+    let mut tx = |counters: &mut TxCounters| txq.process(&mut backend, counters).expect("ring ok");
+    let outcome = tx(&mut counters);
     assert_eq!(outcome.stop, TxStop::Budget);
     let per_call = u64::from(CALL_DESCRIPTOR_BUDGET / 100 + 1);
     assert_eq!(counters.malformed_chains, per_call, "one call's share");
     // The rest comes in later calls; each is returned with length 0.
-    while ring.tx(&mut backend, &mut counters).stop == TxStop::Budget {}
+    while tx(&mut counters).stop == TxStop::Budget {}
     assert_eq!(counters.malformed_chains, 60);
-    assert_eq!(ring.driver.used_idx(), 60);
+    for _ in 0..60 {
+        assert_eq!(driver.next_used().expect("returned").1, 0);
+    }
+    assert!(driver.next_used().is_none());
 }
 
 #[test]
@@ -83,14 +94,29 @@ fn huge_indirect_tables_cost_a_bounded_walk() {
 
 #[test]
 fn rx_fill_is_bounded_when_every_chain_is_malformed() {
-    let mut ring = Ring::new(8192);
+    rx_fill_bounded::<GuestQueue>();
+}
+
+#[test]
+fn rx_fill_is_bounded_when_every_chain_is_malformed_on_a_packed_ring() {
+    rx_fill_bounded::<GuestPackedQueue>();
+}
+
+fn rx_fill_bounded<Q: DriverRing>() {
+    let mut driver = big_ring::<Q>();
     // Chains of 100 empty device-writable descriptors: walked to the end, then refused (no
     // room for a header).
-    publish_empty_chains(&mut ring.driver, 60, 100, WRITE);
+    publish_empty_chains(&mut driver, 60, 100, WRITE);
+    let mut rxq = RxQueue::new(
+        driver.device_ring(0),
+        RxMode::Mergeable,
+        RX_GATHER_NO_GSO_BYTES,
+    );
     let (mut backend, peer) = pair();
     peer.send_frame(&wire(&frame(64, 1))).expect("send");
     let mut counters = RxCounters::default();
-    let outcome = ring.rx(&mut backend, RxMode::Mergeable, &mut counters);
+    let mut rx = |counters: &mut RxCounters| rxq.process(&mut backend, counters).expect("ring ok");
+    let outcome = rx(&mut counters);
     assert_eq!(outcome.stop, RxStop::Budget);
     assert!(counters.malformed_chains < 60, "{counters:?}");
     assert_eq!(counters.frames, 0);
@@ -100,10 +126,14 @@ fn rx_fill_is_bounded_when_every_chain_is_malformed() {
         if stop != RxStop::Budget {
             break;
         }
-        stop = ring.rx(&mut backend, RxMode::Mergeable, &mut counters).stop;
+        stop = rx(&mut counters).stop;
     }
     assert_eq!(stop, RxStop::NoBuffers);
     assert_eq!(counters.malformed_chains, 60);
+    for _ in 0..60 {
+        assert_eq!(driver.next_used().expect("returned").1, 0);
+    }
+    assert!(driver.next_used().is_none());
 }
 
 #[test]
@@ -188,7 +218,6 @@ fn a_burst_publishes_the_used_index_in_batches_and_decides_once() {
 
 #[test]
 fn rx_queue_keeps_its_pool_across_calls() {
-    use crate::virtio::net::rx::RX_GATHER_NO_GSO_BYTES;
     let mut ring = Ring::new(64);
     let mut bufs = Vec::new();
     for _ in 0..64 {

@@ -19,7 +19,7 @@ use crate::virtio::vring::Virtqueue;
 use crate::virtio::MmioTransport;
 
 /// The driver's side of one queue, of either ring kind.
-pub(super) trait DriverRing: Sized {
+pub(super) trait DriverRing: Sized + Send {
     /// The feature bits that select this ring kind (VIRTIO_F_RING_PACKED, or none).
     const RING_FEATURES: u64;
 

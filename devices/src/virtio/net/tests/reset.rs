@@ -11,10 +11,12 @@ use virtio_bindings::virtio_mmio::{VIRTIO_MMIO_QUEUE_READY, VIRTIO_MMIO_QUEUE_SE
 use virtio_bindings::virtio_net::*;
 use vm_memory::{GuestAddress, GuestMemoryMmap};
 
+use super::driver::DriverRing;
 use super::support::{frame, guest_mem, wire, GuestQueue};
 use super::worker::{ctrl_command, kick, multi_queue_device, TIMEOUT, VERSION_1};
 use crate::backend::{NetBackend, PairBackend, PairPeer};
 use crate::test_utils::mmio::{wait_until, Registers};
+use crate::test_utils::packed::GuestPackedQueue;
 use crate::virtio::mmio::QUEUE_RESET_OFFSET;
 use crate::virtio::net::ctrl::{ACK_OK, CTRL_QUEUE_SIZE};
 use crate::virtio::net::{MacAddr, NetDevice};
@@ -42,12 +44,12 @@ fn device(pairs: usize) -> (NetDevice<PairBackend>, Vec<PairPeer>) {
 /// A queue of `size` in ring slot `slot` (rings at `slot` × 64 KiB, below 1 MiB; buffers in
 /// the slot's own 512 KiB from 1 MiB on). Slots 0..=13.
 fn ring(mem: &GuestMemoryMmap, slot: u64, size: u16) -> GuestQueue {
-    GuestQueue::at(
-        mem,
-        GuestAddress(slot * 0x1_0000),
-        size,
-        0x10_0000 + slot * 0x8_0000,
-    )
+    slot_ring(mem, slot, size)
+}
+
+/// [`ring`] of `Q`'s kind.
+fn slot_ring<Q: DriverRing>(mem: &GuestMemoryMmap, slot: u64, size: u16) -> Q {
+    Q::at(mem, slot * 0x1_0000, size, 0x10_0000 + slot * 0x8_0000)
 }
 
 fn needs_reset(t: &mut MmioTransport) -> bool {
@@ -77,45 +79,72 @@ fn numbered(seq: u32) -> Vec<u8> {
 }
 
 /// Sends `cmd` with `data` on the control queue (queue `index`); returns the ack.
-fn ctrl_send(t: &MmioTransport, q: &mut GuestQueue, index: usize, cmd: [u8; 2], data: &[u8]) -> u8 {
+fn ctrl_send<Q: DriverRing>(
+    t: &MmioTransport,
+    q: &mut Q,
+    index: usize,
+    cmd: [u8; 2],
+    data: &[u8],
+) -> u8 {
     ctrl_command(t, q, index, cmd, data).0
 }
 
 /// Pushes `frames` numbered frames on `tx` (kicking `kick` each time), waiting for used
-/// entries whenever the ring is full; returns the queue.
-fn send_numbered(
-    mut tx: GuestQueue,
+/// entries whenever the ring is full; returns the queue and the used entries it took.
+fn send_numbered<Q: DriverRing>(
+    mut tx: Q,
     kick: vmm_sys_util::eventfd::EventFd,
     frames: u32,
-) -> GuestQueue {
+) -> (Q, Vec<(u32, u32)>) {
     let deadline = Instant::now() + TIMEOUT * 3;
+    let mut used = Vec::new();
     for seq in 0..frames {
-        while tx.avail_idx().wrapping_sub(tx.used_idx()) >= QSIZE - 1 {
-            assert!(Instant::now() < deadline, "tx stalled at frame {seq}");
-            thread::sleep(Duration::from_micros(100));
+        while seq as usize - used.len() >= usize::from(QSIZE - 1) {
+            match tx.next_used() {
+                Some(entry) => used.push(entry),
+                None => {
+                    assert!(Instant::now() < deadline, "tx stalled at frame {seq}");
+                    thread::sleep(Duration::from_micros(100));
+                }
+            }
         }
-        tx.push_tx(&numbered(seq), &[]);
+        tx.offer_tx(&numbered(seq), &[]);
         kick.write(1).expect("kick");
     }
-    tx
+    (tx, used)
 }
 
 #[test]
 fn a_queue_reset_mid_traffic_loses_no_frame_on_the_other_queues() {
+    reset_mid_traffic::<GuestQueue>();
+}
+
+#[test]
+fn a_queue_reset_mid_traffic_loses_no_frame_on_packed_rings() {
+    reset_mid_traffic::<GuestPackedQueue>();
+}
+
+/// Two pairs and the control queue on rings of `Q`'s kind: pair 0's tx carries numbered
+/// frames while the other data queues are reset and moved to new rings again and again.
+fn reset_mid_traffic<Q: DriverRing>() {
     const FRAMES: u32 = 3000;
     const CYCLES: u64 = 20;
     let mem = guest_mem();
-    let (device, peers) = device(2);
+    let (mut device, peers) = device(2);
+    device.offer_ring_features(Q::RING_FEATURES != 0, false);
     let metrics = device.metrics();
     let mut t = MmioTransport::new(mem.clone(), Box::new(device)).expect("transport");
-    let tx0 = ring(&mem, 1, QSIZE);
-    let mut ctrl = ring(&mem, 4, CTRL_QUEUE_SIZE);
-    assert!(t.negotiate(MQ), "FEATURES_OK with RING_RESET");
+    let tx0 = slot_ring::<Q>(&mem, 1, QSIZE);
+    let mut ctrl = slot_ring::<Q>(&mem, 4, CTRL_QUEUE_SIZE);
+    assert!(
+        t.negotiate(MQ | Q::RING_FEATURES),
+        "FEATURES_OK with RING_RESET"
+    );
     for (index, slot) in [(0u32, 0u64), (2, 2), (3, 3)] {
-        t.setup_queue(index, QSIZE, ring(&mem, slot, QSIZE).ring_addrs());
+        slot_ring::<Q>(&mem, slot, QSIZE).program(&mut t, index);
     }
-    t.setup_queue(1, QSIZE, tx0.ring_addrs());
-    t.setup_queue(4, CTRL_QUEUE_SIZE, ctrl.ring_addrs());
+    tx0.program(&mut t, 1);
+    ctrl.program(&mut t, 4);
     t.driver_ok();
     assert!(!needs_reset(&mut t));
     let pairs = 2u16.to_le_bytes();
@@ -130,7 +159,7 @@ fn a_queue_reset_mid_traffic_loses_no_frame_on_the_other_queues() {
     // The queues reset every cycle, on fresh rings: pair 0's rx (the tx sender's own worker),
     // pair 1's tx and rx (the other worker).
     let mut moved = Vec::new();
-    let tx0 = thread::scope(|s| {
+    let (mut tx0, mut used) = thread::scope(|s| {
         let sender = s.spawn(|| send_numbered(tx0, tx0_kick, FRAMES));
         let receiver = s.spawn(|| {
             for seq in 0..FRAMES {
@@ -143,8 +172,8 @@ fn a_queue_reset_mid_traffic_loses_no_frame_on_the_other_queues() {
             moved.clear();
             for (k, index) in [0u32, 3, 2].into_iter().enumerate() {
                 slowest = slowest.max(queue_reset(&mut t, index));
-                let q = ring(&mem, base + k as u64, QSIZE);
-                t.setup_queue(index, QSIZE, q.ring_addrs());
+                let q = slot_ring::<Q>(&mem, base + k as u64, QSIZE);
+                q.program(&mut t, index);
                 assert_eq!(t.r32(VIRTIO_MMIO_QUEUE_READY), 1);
                 moved.push(q);
             }
@@ -156,9 +185,16 @@ fn a_queue_reset_mid_traffic_loses_no_frame_on_the_other_queues() {
     });
     assert!(slowest < RESET_BOUND, "a QueueReset write took {slowest:?}");
     // Every chain of the other queue completed exactly once, in order.
-    assert!(wait_until(TIMEOUT, || tx0.used_idx() == FRAMES as u16));
-    for i in 0..FRAMES as u16 {
-        assert_eq!(tx0.used(i), (u32::from(i % QSIZE), 0), "used entry {i}");
+    while used.len() < FRAMES as usize {
+        used.push(tx0.wait_used());
+    }
+    assert!(tx0.next_used().is_none());
+    for (i, &entry) in used.iter().enumerate() {
+        assert_eq!(
+            entry,
+            ((i % usize::from(QSIZE)) as u32, 0),
+            "used entry {i}"
+        );
     }
     assert!(
         peers[0].try_recv_frame().expect("recv").is_none(),
@@ -170,21 +206,30 @@ fn a_queue_reset_mid_traffic_loses_no_frame_on_the_other_queues() {
     assert_eq!(metrics.queues[0].tx.frames.get(), u64::from(FRAMES));
 
     // The reset queues carry traffic on their new rings.
-    let [mut rx0, mut tx1, mut rx1] = <[GuestQueue; 3]>::try_from(moved).ok().expect("3 rings");
+    let [mut rx0, mut tx1, mut rx1] = <[Q; 3]>::try_from(moved).ok().expect("3 rings");
     for (index, q, peer) in [(0usize, &mut rx0, &peers[0]), (2, &mut rx1, &peers[1])] {
-        let (head, addrs) = q.push_rx(&[2048]);
+        let (head, addrs) = q.offer_rx(&[2048]);
         kick(&t, index);
         let inbound = wire(&frame(200, index as u8));
         peer.send_frame(&inbound).expect("send");
-        assert!(wait_until(TIMEOUT, || q.used_idx() == 1), "queue {index}");
-        assert_eq!(q.used(0), (u32::from(head), inbound.len() as u32));
-        assert_eq!(q.read(addrs[0] + 12, 200), inbound[12..]);
+        assert_eq!(
+            q.wait_used(),
+            (u32::from(head), inbound.len() as u32),
+            "queue {index}"
+        );
+        assert_eq!(q.peek(addrs[0] + 12, 200), inbound[12..]);
     }
     let out = wire(&frame(300, 9));
-    tx1.push_tx(&out, &[12]);
+    let id = tx1.offer_tx(&out, &[12]);
     kick(&t, 3);
     assert_eq!(peers[1].recv_frame().expect("tx1 on its new ring"), out);
-    assert!(wait_until(TIMEOUT, || tx1.used_idx() == 1));
+    assert_eq!(tx1.wait_used(), (u32::from(id), 0));
+    assert_eq!(
+        metrics.queues[1].tx.frames.get(),
+        1,
+        "pair 1's own counters"
+    );
+    assert!(!needs_reset(&mut t));
 }
 
 #[test]

@@ -17,10 +17,9 @@ use vm_memory::{GuestAddress, GuestMemoryMmap};
 use crate::backend::{Offloads, PairBackend, PairPeer};
 use crate::test_utils::mmio::{wait_eventfd, wait_until, Registers};
 use crate::test_utils::packed::GuestPackedQueue;
-use crate::virtio::net::ctrl::CTRL_QUEUE_SIZE;
 use crate::virtio::net::metrics::Counter;
 use crate::virtio::net::tests::driver::{rig_for, start_rings, DriverRing};
-use crate::virtio::net::tests::support::{frame, guest_mem, wire, GuestQueue, NEXT, WRITE};
+use crate::virtio::net::tests::support::{frame, guest_mem, wire, GuestQueue, WRITE};
 use crate::virtio::net::LinkState;
 use crate::virtio::net::{LinkControl, MacAddr, NetDevice, NetMetrics, TuningControl};
 use crate::virtio::MmioTransport;
@@ -147,29 +146,23 @@ pub(super) fn multi_queue_device(pairs: usize) -> (NetDevice<PairBackend>, Vec<P
 }
 
 /// Sends `class.command` with `data` on the control queue `q` (queue `index`) and waits until
-/// the device returns the chain; returns the ack and the used entry.
-pub(super) fn ctrl_command(
+/// the device returns the chain; returns the ack, the used entry and the chain's id.
+pub(super) fn ctrl_command<Q: DriverRing>(
     t: &MmioTransport,
-    q: &mut GuestQueue,
+    q: &mut Q,
     index: usize,
     cmd: [u8; 2],
     data: &[u8],
 ) -> (u8, (u32, u32), u16) {
     let mut readable = cmd.to_vec();
     readable.extend_from_slice(data);
-    let first = q.next_slot();
-    let out = q.alloc(&readable);
-    let ack = q.alloc(&[0xAA]);
-    let next = (first + 1) % CTRL_QUEUE_SIZE;
-    let head = q.write_descs(&[(out, readable.len() as u32, NEXT, next), (ack, 1, WRITE, 0)])[0];
-    let used = q.used_idx();
-    q.publish(head);
+    let out = q.put(&readable);
+    let ack = q.put(&[0xAA]);
+    q.skip_used();
+    let id = q.offer(&[(out, readable.len() as u32, 0), (ack, 1, WRITE)]);
     kick(t, index);
-    assert!(
-        wait_until(TIMEOUT, || q.used_idx() == used.wrapping_add(1)),
-        "the control chain came back"
-    );
-    (q.read(ack, 1)[0], q.used(used), head)
+    let used = q.wait_used();
+    (q.peek(ack, 1)[0], used, id)
 }
 
 #[test]
