@@ -419,6 +419,22 @@ pub fn final_metrics(stderr: &str) -> Option<serde_json::Value> {
         .and_then(|l| serde_json::from_str(l).ok())
 }
 
+/// The rings the driver started the device on, as the VMM logged it when the driver set
+/// DRIVER_OK ("virtio-net TAP: the driver started N queue pair(s) on RINGS"): `split rings` or
+/// `packed rings`, followed by `, IN_ORDER` when the driver accepted VIRTIO_F_IN_ORDER. From
+/// the last such line; panics, showing the output, when there is none.
+pub fn rings_started(out: &RunOutput) -> &str {
+    out.stderr
+        .lines()
+        .rev()
+        .find_map(|l| {
+            let (head, rings) = l.split_once(" queue pair(s) on ")?;
+            head.contains("the driver started")
+                .then_some(rings.trim_end())
+        })
+        .unwrap_or_else(|| panic!("the VMM never logged the driver starting the device\n{out}"))
+}
+
 /// [`final_metrics`] of a run that must have printed them.
 pub fn metrics_of(out: &RunOutput) -> serde_json::Value {
     final_metrics(&out.stderr).unwrap_or_else(|| panic!("no metrics line\n{out}"))

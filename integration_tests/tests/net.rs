@@ -1,7 +1,8 @@
 //! virtio-net on a tap through the `vmm` binary: the guest pings the host and echoes UDP
 //! datagrams of 64, 1400 and 9000 bytes, every byte checked both ways; the device metrics agree
-//! with the tap's own counters. The tap, its address and the VMM live in a network namespace
-//! the test creates.
+//! with the tap's own counters. A TCP stream each way uses segmentation offloads. Each test
+//! runs on split rings and again with `packed=on` on packed rings. The tap, its address and
+//! the VMM live in a network namespace the test creates.
 
 use std::time::{Duration, Instant};
 
@@ -9,8 +10,8 @@ use devices::test_utils::netns::NetNs;
 use integration_tests::udp;
 use integration_tests::{
     artifacts, assert_tap_counters_match, assert_tcp_offloads, final_metrics, guest_lock,
-    linux_guest_command, raise_initial_window, tcp_through_guest, test_cmdline, VmmProcess,
-    TCP_MSS, TCP_STREAM_BYTES,
+    linux_guest_command, raise_initial_window, rings_started, tcp_through_guest, test_cmdline,
+    VmmProcess, TCP_MSS, TCP_STREAM_BYTES,
 };
 
 const TAP: &str = "vmmtap0";
@@ -23,12 +24,8 @@ const PER_SIZE: usize = 1000;
 const WINDOW: usize = 8;
 
 /// A namespace with the tap configured as the host end (HOST_IP, `mtu`), and the VMM started
-/// in it with the guest's net test and `extra` kernel parameters.
-fn start_guest(tag: &str, mtu: u32, extra: &str) -> (NetNs, VmmProcess) {
-    start_guest_with(tag, mtu, extra, "")
-}
-
-/// [`start_guest`] with `net_keys` added to the `--net` spec (`,key=value…`).
+/// in it with the guest's net test and `extra` kernel parameters, `net_keys` added to its
+/// `--net` spec (`,key=value…`).
 fn start_guest_with(tag: &str, mtu: u32, extra: &str, net_keys: &str) -> (NetNs, VmmProcess) {
     let a = artifacts();
     let (kernel, initrd) = (a.get("kernel").to_owned(), a.get("initrd").to_owned());
@@ -53,10 +50,7 @@ fn start_guest_with(tag: &str, mtu: u32, extra: &str, net_keys: &str) -> (NetNs,
 #[test]
 fn guest_pings_host_and_echoes_udp_with_every_byte_checked() {
     let out = ping_and_echo_udp("udp", "");
-    assert!(
-        out.stderr.contains("on split rings"),
-        "split rings by default: {out}"
-    );
+    assert_eq!(rings_started(&out), "split rings", "by default: {out}");
 }
 
 /// The same with `packed=on`: a Linux guest negotiates the packed ring when it is offered, and
@@ -64,10 +58,7 @@ fn guest_pings_host_and_echoes_udp_with_every_byte_checked() {
 #[test]
 fn guest_pings_host_and_echoes_udp_on_packed_rings() {
     let out = ping_and_echo_udp("udppk", ",packed=on");
-    assert!(
-        out.stderr.contains("on packed rings"),
-        "the guest negotiated the packed ring: {out}"
-    );
+    assert_eq!(rings_started(&out), "packed rings", "{out}");
 }
 
 /// Pings and echoes UDP through a guest whose `--net` spec has `net_keys` added, checks every
@@ -137,8 +128,23 @@ fn ping_and_echo_udp(tag: &str, net_keys: &str) -> integration_tests::RunOutput 
 /// tap's virtio-net header): far fewer frames than MTU-sized segments would need.
 #[test]
 fn tcp_stream_both_ways_uses_segmentation_offload() {
+    let out = tcp_stream_both_ways("tcp", "");
+    assert_eq!(rings_started(&out), "split rings", "{out}");
+}
+
+/// The same with `packed=on`: TSO frames of up to 64 KiB each way, as descriptor chains on
+/// the packed ring.
+#[test]
+fn tcp_stream_both_ways_uses_segmentation_offload_on_packed_rings() {
+    let out = tcp_stream_both_ways("tcppk", ",packed=on");
+    assert_eq!(rings_started(&out), "packed rings", "{out}");
+}
+
+/// Streams TCP each way through a guest whose `--net` spec has `net_keys` added, checks every
+/// byte, the ping and the offloads, and returns the VMM's output.
+fn tcp_stream_both_ways(tag: &str, net_keys: &str) -> integration_tests::RunOutput {
     let _guest = guest_lock();
-    let (ns, vmm) = start_guest("tcp", 1500, &format!("vmm.tcp={TCP_STREAM_BYTES}"));
+    let (ns, vmm) = start_guest_with(tag, 1500, &format!("vmm.tcp={TCP_STREAM_BYTES}"), net_keys);
     raise_initial_window(&ns, "10.200.0.0/24", TAP);
     let sysctl = ns
         .command("sysctl")
@@ -147,6 +153,10 @@ fn tcp_stream_both_ways_uses_segmentation_offload() {
         .expect("run sysctl");
     assert!(sysctl.success());
     let (out, took) = tcp_through_guest(&ns, vmm, (GUEST_IP, PORT), TCP_STREAM_BYTES);
+    assert!(
+        out.stdout.contains("3 packets received"),
+        "ping failed: {out}"
+    );
     let m = final_metrics(&out.stderr).unwrap_or_else(|| panic!("no metrics line: {out}"));
     let dev = &m["net"][TAP];
     let (rx_frames, tx_frames) = (
@@ -159,5 +169,7 @@ fn tcp_stream_both_ways_uses_segmentation_offload() {
     // Frames longer than the MTU exist only through segmentation offload.
     assert_tcp_offloads(dev, &m, TCP_STREAM_BYTES, TCP_MSS);
     assert_eq!(dev["tx"]["malformed_chains"], 0, "{m}");
+    assert_eq!(dev["rx"]["malformed_chains"], 0, "{m}");
     assert_eq!(dev["tx"]["backend_errors"], 0, "{m}");
+    out
 }

@@ -4,7 +4,8 @@
 //! test kernel being uniprocessor (CONFIG_SMP off). UDP datagrams over 16 flows (source
 //! ports) are echoed with every byte checked: the idle pair's tap queue is detached, so the
 //! host kernel steers every flow to pair 0 and none is lost on a queue nobody reads (the
-//! tap's counters equal the device's). The per-pair counters add up to the totals.
+//! tap's counters equal the device's). The per-pair counters add up to the totals. The test
+//! runs on split rings and again on packed rings (`packed=on`).
 
 use std::net::UdpSocket;
 use std::time::Duration;
@@ -13,7 +14,7 @@ use devices::test_utils::netns::NetNs;
 use integration_tests::udp;
 use integration_tests::{
     artifacts, assert_tap_counters_match, final_metrics, guest_lock, linux_guest_command,
-    test_cmdline, VmmProcess,
+    rings_started, test_cmdline, RunOutput, VmmProcess,
 };
 
 const TAP: &str = "vmmmqtap0";
@@ -57,10 +58,25 @@ fn udp_echo_flows() -> Result<usize, String> {
 
 #[test]
 fn a_linux_guest_uses_two_queue_pairs_on_a_multi_queue_tap() {
+    let out = two_queue_pairs_echo_udp("mq", "");
+    assert_eq!(rings_started(&out), "split rings", "{out}");
+}
+
+/// The same with `packed=on`: all five queues, the control queue's included, on packed rings.
+#[test]
+fn a_linux_guest_uses_two_queue_pairs_on_packed_rings() {
+    let out = two_queue_pairs_echo_udp("mqpk", ",packed=on");
+    assert_eq!(rings_started(&out), "packed rings", "{out}");
+}
+
+/// `--net tap=TAP,queues=2` plus `net_keys` (`,key=value…`): pings, echoes UDP over FLOWS
+/// flows with every byte checked, checks the control queue's VQ_PAIRS_SET and the per-pair
+/// counters, and returns the VMM's output.
+fn two_queue_pairs_echo_udp(tag: &str, net_keys: &str) -> RunOutput {
     let _guest = guest_lock();
     let a = artifacts();
     let (kernel, initrd) = (a.get("kernel").to_owned(), a.get("initrd").to_owned());
-    let ns = NetNs::new("mq").expect("create network namespace");
+    let ns = NetNs::new(tag).expect("create network namespace");
     ns.ip(&[
         "tuntap",
         "add",
@@ -79,7 +95,7 @@ fn a_linux_guest_uses_two_queue_pairs_on_a_multi_queue_tap() {
         "{} vmm.ip={GUEST_IP}/24 vmm.peer={HOST_IP} vmm.port={PORT} vmm.echo={count}",
         test_cmdline("net")
     );
-    let net = format!("tap={TAP},queues=2");
+    let net = format!("tap={TAP},queues=2{net_keys}");
     let mut cmd = linux_guest_command(&ns, (&kernel, &initrd), &cmdline, &net);
     let mut vmm = VmmProcess::spawn(&mut cmd);
 
@@ -93,6 +109,7 @@ fn a_linux_guest_uses_two_queue_pairs_on_a_multi_queue_tap() {
     let echoed = echo.unwrap_or_else(|e| panic!("{e}\n{out}"));
     assert_eq!(echoed, count);
     assert!(out.success(), "{out}");
+    assert!(out.stdout.contains("3 packets received"), "ping: {out}");
     assert!(
         out.stdout
             .contains(&format!("nettest: echo received={count} bad=0")),
@@ -131,4 +148,7 @@ fn a_linux_guest_uses_two_queue_pairs_on_a_multi_queue_tap() {
         pairs[1]["rx"]["frames"],
         pairs[1]["tx"]["frames"]
     );
+    assert_eq!(dev["tx"]["malformed_chains"], 0, "{m}");
+    assert_eq!(dev["rx"]["malformed_chains"], 0, "{m}");
+    out
 }
