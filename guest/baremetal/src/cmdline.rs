@@ -75,6 +75,16 @@ pub enum Workload {
         /// Test frames sent first (sequence numbers `0..window`).
         window: u32,
     },
+    /// Request/response latency (`pingpong=N window=W`): keep `window` test frames in
+    /// flight, each carrying its sequence number; time every frame's round trip (TSC) from
+    /// its send to its return, check it is one in flight and intact, and send the next in its
+    /// place (XDP_TX of the returned buffer, rewritten) until `frames` round trips.
+    PingPong {
+        /// Round trips to time.
+        frames: u64,
+        /// Frames in flight (1..=[`MAX_PINGPONG_WINDOW`]).
+        window: u32,
+    },
     /// Bring the device up and report (no traffic).
     Idle,
     /// Measure this host's notification and interrupt costs with this many samples of each
@@ -92,6 +102,10 @@ pub const MAX_PAUSE_US: u32 = 1_000_000;
 pub const DEFAULT_WINDOW: u32 = 256;
 /// Largest `window=`.
 pub const MAX_WINDOW: u32 = 4096;
+/// Default `window=` of `pingpong=`.
+pub const DEFAULT_PINGPONG_WINDOW: u32 = 1;
+/// Largest `window=` of `pingpong=`.
+pub const MAX_PINGPONG_WINDOW: u32 = 64;
 /// Default `rx_budget=`: frames per rx poll (NAPI budget).
 pub const DEFAULT_RX_BUDGET: usize = 64;
 /// Largest `rx_budget=`.
@@ -222,6 +236,7 @@ struct Words {
     echo: Option<u64>,
     rx: Option<u64>,
     fwd: Option<u64>,
+    pingpong: Option<u64>,
     calibrate: Option<u32>,
     window: Option<u32>,
     burst: Option<u32>,
@@ -278,6 +293,7 @@ const KEYS: &[(&str, Setter)] = &[
     ("echo", |w, v| set(&mut w.echo, number(v).map(Some))),
     ("rx", |w, v| set(&mut w.rx, number(v).map(Some))),
     ("fwd", |w, v| set(&mut w.fwd, number(v).map(Some))),
+    ("pingpong", |w, v| set(&mut w.pingpong, number(v).map(Some))),
     ("window", |w, v| {
         let n = number(v).filter(|n| (1..=MAX_WINDOW).contains(n));
         set(&mut w.window, n.map(Some))
@@ -412,33 +428,49 @@ impl Words {
         Ok(self.o)
     }
 
-    /// The workload: at most one of `tx=`, `echo=`, `rx=`, `fwd=` and `calibrate=`, and
-    /// `window=` only with `fwd=`.
+    /// The workload: at most one of `tx=`, `echo=`, `rx=`, `fwd=`, `pingpong=` and
+    /// `calibrate=`, and `window=` only with `fwd=` (1..=4096) or `pingpong=` (1..=64).
     fn workload(&self) -> Result<Workload, BadValue<'static>> {
-        let (tx, echo, rx, fwd, calibrate) =
-            (self.tx, self.echo, self.rx, self.fwd, self.calibrate);
-        let given = [tx, echo, rx, fwd, calibrate.map(u64::from)];
+        let (tx, echo, rx, fwd, pingpong, calibrate) = (
+            self.tx,
+            self.echo,
+            self.rx,
+            self.fwd,
+            self.pingpong,
+            self.calibrate,
+        );
+        let given = [tx, echo, rx, fwd, pingpong, calibrate.map(u64::from)];
         if given.iter().filter(|w| w.is_some()).count() > 1 {
             return Err(BadValue {
-                key: "tx/echo/rx/fwd/calibrate",
+                key: "tx/echo/rx/fwd/pingpong/calibrate",
                 value: "more than one given",
             });
         }
-        let workload = match (tx, echo, rx, fwd, calibrate) {
+        let workload = match (tx, echo, rx, fwd, pingpong, calibrate) {
             (Some(n), ..) => Workload::Tx(n),
             (_, Some(n), ..) => Workload::Echo(n),
             (_, _, Some(n), ..) => Workload::Rx(n),
-            (_, _, _, Some(frames), _) => Workload::Fwd {
+            (_, _, _, Some(frames), ..) => Workload::Fwd {
                 frames,
                 window: self.window.unwrap_or(DEFAULT_WINDOW),
             },
+            (_, _, _, _, Some(frames), _) => {
+                let window = self.window.unwrap_or(DEFAULT_PINGPONG_WINDOW);
+                if window > MAX_PINGPONG_WINDOW {
+                    return Err(BadValue {
+                        key: "window",
+                        value: "at most 64 with pingpong=",
+                    });
+                }
+                Workload::PingPong { frames, window }
+            }
             (.., Some(n)) => Workload::Calibrate(n),
             _ => Workload::Idle,
         };
-        if self.window.is_some() && fwd.is_none() {
+        if self.window.is_some() && fwd.is_none() && pingpong.is_none() {
             return Err(BadValue {
                 key: "window",
-                value: "only with fwd=",
+                value: "only with fwd= or pingpong=",
             });
         }
         Ok(workload)
@@ -644,7 +676,7 @@ mod tests {
         let e = parse("calibrate=0").unwrap_err();
         assert_eq!((e.key, e.value), ("calibrate", "0"));
         let e = parse("tx=1 calibrate=2").unwrap_err();
-        assert_eq!(e.key, "tx/echo/rx/fwd/calibrate");
+        assert_eq!(e.key, "tx/echo/rx/fwd/pingpong/calibrate");
     }
 
     #[test]
@@ -818,10 +850,10 @@ mod tests {
             ("window=256", "window"),
             ("rx=10 window=256", "window"),
             ("tx=10 window=256", "window"),
-            ("rx=1 tx=1", "tx/echo/rx/fwd/calibrate"),
-            ("rx=1 fwd=1", "tx/echo/rx/fwd/calibrate"),
-            ("fwd=1 echo=1", "tx/echo/rx/fwd/calibrate"),
-            ("fwd=1 calibrate=10", "tx/echo/rx/fwd/calibrate"),
+            ("rx=1 tx=1", "tx/echo/rx/fwd/pingpong/calibrate"),
+            ("rx=1 fwd=1", "tx/echo/rx/fwd/pingpong/calibrate"),
+            ("fwd=1 echo=1", "tx/echo/rx/fwd/pingpong/calibrate"),
+            ("fwd=1 calibrate=10", "tx/echo/rx/fwd/pingpong/calibrate"),
             ("rx=1 rx_budget=0", "rx_budget"),
             ("rx=1 rx_budget=4097", "rx_budget"),
             ("rx=1 rx_budget=lots", "rx_budget"),
@@ -835,6 +867,44 @@ mod tests {
         }
         let e = parse("fwd=10 window=0").unwrap_err();
         assert_eq!(alloc::format!("{e}"), "bad value for window: \"0\"");
+    }
+
+    #[test]
+    fn pingpong_workload() {
+        let o = parse("console=ttyS0 pingpong=10000 ring=3 wait=poll xdp_bulk=1").unwrap();
+        assert_eq!(
+            o.workload,
+            Workload::PingPong {
+                frames: 10_000,
+                window: DEFAULT_PINGPONG_WINDOW
+            }
+        );
+        assert_eq!((o.wait, o.driver.xdp_bulk), (Wait::Poll, 1));
+        assert_eq!(
+            parse("window=64 pingpong=0x10 packed=1").unwrap().workload,
+            Workload::PingPong {
+                frames: 16,
+                window: MAX_PINGPONG_WINDOW
+            }
+        );
+        for (line, key) in [
+            ("pingpong=x", "pingpong"),
+            ("pingpong=", "pingpong"),
+            ("pingpong=10 window=0", "window"),
+            ("pingpong=10 window=65", "window"),
+            ("pingpong=1 fwd=1", "tx/echo/rx/fwd/pingpong/calibrate"),
+            ("pingpong=1 tx=1", "tx/echo/rx/fwd/pingpong/calibrate"),
+            ("pingpong=10 burst=8", "burst"),
+            ("pingpong=10 reset_queue=tx reset_every=5", "reset_queue"),
+        ] {
+            let e = parse(line).unwrap_err();
+            assert_eq!(e.key, key, "{line}: {e}");
+        }
+        let e = parse("pingpong=10 window=65").unwrap_err();
+        assert_eq!(
+            alloc::format!("{e}"),
+            "bad value for window: \"at most 64 with pingpong=\""
+        );
     }
 
     #[test]

@@ -13,5 +13,6 @@ pub mod calibrate;
 pub mod cmdline;
 pub mod devstats;
 pub mod frames;
+pub mod latency;
 pub mod report;
 pub mod reset;

@@ -78,6 +78,9 @@ pub struct Report<'a> {
     /// The `rx=` workload's frame and sequence checks (reported with `rx=`, as 0s if the
     /// workload did not run).
     pub rx_check: Option<crate::frames::SeqCounts>,
+    /// `pingpong=`: the round trips' checks and percentiles (reported with `pingpong=`, as 0s
+    /// if the workload did not run).
+    pub round_trips: Option<crate::latency::RoundTrips>,
     /// The device's counters read after the workload (`None`: VIRTIO_NET_F_DEVICE_STATS not
     /// negotiated; an error: why they could not be read).
     pub device_stats: Option<Result<&'a crate::devstats::DevStats, &'a str>>,
@@ -109,6 +112,11 @@ fn completion_name(c: TxCompletion) -> &'static str {
     }
 }
 
+/// `cycles` of a TSC running at `khz` kHz (> 0), in nanoseconds.
+fn cycles_to_ns(cycles: u64, khz: u64) -> u64 {
+    u64::try_from(u128::from(cycles) * 1_000_000 / u128::from(khz)).unwrap_or(u64::MAX)
+}
+
 /// Writes the result line of a run that failed before it could count anything.
 pub fn write_error<W: Write>(w: &mut W, error: &str) -> fmt::Result {
     write!(
@@ -122,7 +130,7 @@ impl Report<'_> {
     /// Nanoseconds of the workload, if the TSC frequency is known.
     pub fn elapsed_ns(&self) -> Option<u64> {
         let khz = self.tsc_khz.filter(|&k| k > 0)?;
-        u64::try_from(u128::from(self.cycles) * 1_000_000 / u128::from(khz)).ok()
+        Some(cycles_to_ns(self.cycles, khz))
     }
 
     /// Workload frames per second, if the duration is known and not zero.
@@ -161,6 +169,7 @@ impl Report<'_> {
             Workload::Echo(n) => ("echo", n),
             Workload::Rx(n) => ("rx", n),
             Workload::Fwd { frames, .. } => ("fwd", frames),
+            Workload::PingPong { frames, .. } => ("pingpong", frames),
             Workload::Idle => ("idle", 0),
             Workload::Calibrate(n) => ("calibrate", u64::from(n)),
         };
@@ -198,6 +207,27 @@ impl Report<'_> {
             }
             Workload::Fwd { window, .. } => {
                 write!(w, ",\"window\":{window},\"rx_budget\":{}", self.rx_budget)?;
+            }
+            Workload::PingPong { window, .. } => {
+                let r = self.round_trips.unwrap_or_default();
+                write!(
+                    w,
+                    ",\"window\":{window},\"rx_budget\":{},\"rtt_samples\":{},\"rtt_bad\":{},\
+                     \"rtt_lost\":{}",
+                    self.rx_budget,
+                    r.cycles.map_or(0, |p| p.samples),
+                    r.bad,
+                    r.lost
+                )?;
+                if let (Some(p), Some(khz)) = (r.cycles, self.tsc_khz.filter(|&k| k > 0)) {
+                    let p = p.map(|c| cycles_to_ns(c, khz));
+                    write!(
+                        w,
+                        ",\"rtt_min_ns\":{},\"rtt_p50_ns\":{},\"rtt_p99_ns\":{},\
+                         \"rtt_p999_ns\":{},\"rtt_max_ns\":{}",
+                        p.min, p.p50, p.p99, p.p999, p.max
+                    )?;
+                }
             }
             _ => {}
         }
@@ -370,6 +400,7 @@ mod tests {
             resets: None,
             rx_budget: 64,
             rx_check: None,
+            round_trips: None,
             device_stats: None,
         }
     }
@@ -586,6 +617,65 @@ mod tests {
             "{s}"
         );
         assert!(!s.contains("rx_bad"), "{s}");
+    }
+
+    #[test]
+    fn pingpong_fields() {
+        let mut r = report();
+        r.workload = Workload::PingPong {
+            frames: 1000,
+            window: 4,
+        };
+        r.done = 1000;
+        // Without a run: zeros, no percentiles.
+        let mut s = String::new();
+        r.write_json(&mut s).unwrap();
+        assert!(
+            s.contains(
+                "\"workload\":\"pingpong\",\"requested\":1000,\"done\":1000,\"size\":64,\
+                 \"window\":4,\"rx_budget\":64,\"rtt_samples\":0,\"rtt_bad\":0,\"rtt_lost\":0,\
+                 \"kick_threshold\":"
+            ),
+            "{s}"
+        );
+        r.round_trips = Some(crate::latency::RoundTrips {
+            bad: 1,
+            lost: 2,
+            cycles: Some(crate::latency::Percentiles {
+                samples: 1000,
+                min: 10_000,
+                p50: 20_000,
+                p99: 30_000,
+                p999: 40_000,
+                max: 50_000,
+            }),
+        });
+        // A 2 GHz TSC: two cycles a nanosecond.
+        r.tsc_khz = Some(2_000_000);
+        let mut s = String::new();
+        r.write_json(&mut s).unwrap();
+        assert!(
+            s.contains(
+                "\"rtt_samples\":1000,\"rtt_bad\":1,\"rtt_lost\":2,\"rtt_min_ns\":5000,\
+                 \"rtt_p50_ns\":10000,\"rtt_p99_ns\":15000,\"rtt_p999_ns\":20000,\
+                 \"rtt_max_ns\":25000,\"kick_threshold\":"
+            ),
+            "{s}"
+        );
+        // Without the TSC's frequency: no nanoseconds.
+        r.tsc_khz = None;
+        let mut s = String::new();
+        r.write_json(&mut s).unwrap();
+        assert!(s.contains("\"rtt_lost\":2,\"kick_threshold\":"), "{s}");
+        assert!(!s.contains("rtt_p50_ns"), "{s}");
+        // Other workloads have none of these.
+        r.workload = Workload::Fwd {
+            frames: 1000,
+            window: 4,
+        };
+        let mut s = String::new();
+        r.write_json(&mut s).unwrap();
+        assert!(!s.contains("rtt_"), "{s}");
     }
 
     #[test]

@@ -18,12 +18,14 @@
 //! stay global, so the host can check that every frame arrived intact whatever the pair. The
 //! echo workload bounces each frame on the pair it arrived on (XDP_TX).
 //!
-//! `echo=`, `rx=` and `fwd=` share one receive loop ([`Driver::receive`]): `echo=` and `fwd=`
-//! bounce each test frame (XDP_TX), `fwd=` after sending its window of test frames first;
-//! `rx=` checks each frame (pattern and per-pair sequence number) and drops it.
+//! `echo=`, `rx=`, `fwd=` and `pingpong=` share one receive loop ([`Driver::receive`]):
+//! `echo=` and `fwd=` bounce each test frame (XDP_TX), `fwd=` after sending its window of test
+//! frames first; `rx=` checks each frame (pattern and per-pair sequence number) and drops it;
+//! `pingpong=` times each frame's round trip and sends the next in its place (XDP_TX).
 
 use alloc::string::String;
 use alloc::vec;
+use core::cell::RefCell;
 use core::fmt::Write;
 use core::ptr::NonNull;
 use core::sync::atomic::Ordering;
@@ -32,6 +34,7 @@ use vnet_baremetal::calibrate::ns_to_cycles;
 use vnet_baremetal::cmdline::{Coalesce, Options, Ring, TransportChoice, Wait, Workload};
 use vnet_baremetal::devstats;
 use vnet_baremetal::frames::{self, Ramp};
+use vnet_baremetal::latency::{Histogram, RoundTrips};
 use vnet_baremetal::report::{self, Outcome, Report};
 use vnet_driver::features::NET_F_DEVICE_STATS;
 use vnet_driver::transport::WINDOW_SIZE;
@@ -273,6 +276,7 @@ fn finish<T: Transport>(
         pauses: 0,
         next_reset: o.reset.map_or(u64::MAX, |p| p.every),
         rx_check: None,
+        round_trips: None,
     };
     let (outcome, run) = d.run_workload(coalesce_error.as_deref());
     // The device's counters, before the driver's are copied: the statistics commands count
@@ -308,6 +312,7 @@ impl<T: Transport> Driver<'_, T> {
             (Workload::Echo(n), None) => self.echo(n),
             (Workload::Rx(n), None) => self.rx(n),
             (Workload::Fwd { frames, window }, None) => self.fwd(frames, window),
+            (Workload::PingPong { frames, window }, None) => self.pingpong(frames, window),
             (Workload::Idle | Workload::Calibrate(_), None) => Ok(Run::default()),
         };
         match (run, coalesce_error) {
@@ -388,6 +393,7 @@ impl<T: Transport> Driver<'_, T> {
             resets: o.reset.map(|p| (p, net.reset_counters())),
             rx_budget: o.rx_budget,
             rx_check: self.rx_check,
+            round_trips: self.round_trips,
             device_stats,
         };
         let mut line = String::with_capacity(2048);
@@ -486,6 +492,8 @@ struct Driver<'o, T: Transport> {
     next_reset: u64,
     /// `rx=`: what the frame and sequence checks found.
     rx_check: Option<frames::SeqCounts>,
+    /// `pingpong=`: the round trips' checks and percentiles.
+    round_trips: Option<RoundTrips>,
 }
 
 impl<T: Transport> Driver<'_, T> {
@@ -781,10 +789,15 @@ impl<T: Transport> Driver<'_, T> {
     /// `fwd=` without a window. Against a device that loops frames back the `W` frames
     /// circulate.
     fn fwd(&mut self, n: u64, window: u32) -> Result<Run, (&'static str, Run)> {
-        let r = self.receive(n, window, |_, frame| {
-            xdp::swap_macs(frame);
-            XdpAction::Tx
-        })?;
+        let r = self.receive(
+            n,
+            window,
+            |_, frame| {
+                xdp::swap_macs(frame);
+                XdpAction::Tx
+            },
+            |_| {},
+        )?;
         self.drain_tx();
         Ok(r.through_drain())
     }
@@ -794,29 +807,101 @@ impl<T: Transport> Driver<'_, T> {
     /// to the `n`-th.
     fn rx(&mut self, n: u64) -> Result<Run, (&'static str, Run)> {
         let mut check = frames::SeqCheck::new(usize::from(self.pairs()));
-        let r = self.receive(n, 0, |pair, frame| {
-            check.frame(usize::from(pair), frame);
-            XdpAction::Drop
-        });
+        let r = self.receive(
+            n,
+            0,
+            |pair, frame| {
+                check.frame(usize::from(pair), frame);
+                XdpAction::Drop
+            },
+            |_| {},
+        );
         self.rx_check = Some(check.counts);
         Ok(r?.through_last_frame())
     }
 
-    /// The receive loop of `echo=`, `fwd=` and `rx=`: runs `on_frame(pair, frame)` on each of
-    /// the next `n` received test frames and carries out its verdict; other frames (and test
-    /// frames beyond the `n`-th) are dropped and counted as foreign. First sends `seed` test
-    /// frames (sequence numbers `0..seed`, round robin over the pairs), as many at a time as
-    /// the tx rings take, interleaved with the receive polls.
+    /// `pingpong=N window=W`: sends `min(W, N)` test frames (sequence numbers from 0), then,
+    /// for every test frame that comes back, takes its round trip from the TSC value kept for
+    /// its sequence number when it was queued, checks it is intact and one in flight, and
+    /// sends the next sequence number in its place (the returned buffer rewritten, XDP_TX)
+    /// until `n` frames were sent; ends at the `n`-th returned frame. Timed from the first send
+    /// to the `n`-th return.
+    fn pingpong(&mut self, n: u64, window: u32) -> Result<Run, (&'static str, Run)> {
+        let seed = u32::try_from(n.min(u64::from(window))).unwrap_or(window);
+        let ramp = Ramp::new(self.o.frame_size);
+        let (dst, src) = (self.o.dst, self.net.mac().unwrap_or(FALLBACK_MAC));
+        let flight = RefCell::new(InFlight {
+            slots: vec![None; window as usize],
+            sent: 0,
+            bad: 0,
+            rtt: Histogram::new(),
+        });
+        let start = cpu::rdtsc();
+        let r = self.receive(
+            n,
+            seed,
+            |_, frame| {
+                let now = cpu::rdtsc();
+                let f = &mut *flight.borrow_mut();
+                let slot = frames::check(frame).and_then(|seq| {
+                    f.slots
+                        .iter()
+                        .position(|s| s.is_some_and(|(q, _)| q == seq))
+                });
+                let Some(sent_at) = slot.and_then(|i| f.slots[i].take()).map(|(_, t)| t) else {
+                    f.bad += 1;
+                    return XdpAction::Drop;
+                };
+                f.rtt.record(now.saturating_sub(sent_at));
+                let seq = f.sent as u32;
+                if f.sent < n && ramp.fill(frame, dst, src, seq) {
+                    // `slot` is Some here: its entry was just taken.
+                    f.slots[slot.unwrap_or(0)] = Some((seq, cpu::rdtsc()));
+                    f.sent += 1;
+                    XdpAction::Tx
+                } else {
+                    XdpAction::Drop
+                }
+            },
+            |seq| {
+                let f = &mut *flight.borrow_mut();
+                if let Some(s) = f.slots.get_mut(seq as usize) {
+                    *s = Some((seq, cpu::rdtsc()));
+                    f.sent += 1;
+                }
+            },
+        );
+        let f = flight.into_inner();
+        self.round_trips = Some(RoundTrips {
+            bad: f.bad,
+            lost: f.slots.iter().filter(|s| s.is_some()).count() as u64,
+            cycles: f.rtt.percentiles(),
+        });
+        let r = r?;
+        self.drain_tx();
+        Ok(Run {
+            done: r.done,
+            cycles: r.last.map_or(0, |l| l.saturating_sub(start)),
+        })
+    }
+
+    /// The receive loop of `echo=`, `fwd=`, `rx=` and `pingpong=`: runs `on_frame(pair, frame)`
+    /// on each of the next `n` received test frames and carries out its verdict; other frames
+    /// (and test frames beyond the `n`-th) are dropped and counted as foreign. First sends
+    /// `seed` test frames (sequence numbers `0..seed`, round robin over the pairs), as many at
+    /// a time as the tx rings take, interleaved with the receive polls, calling
+    /// `on_seed(seq)` as each is queued.
     ///
     /// Rx notifications: with `wait=halt` an interrupt schedules every pair's rx poll (rx
     /// interrupts off) and the loop `hlt`s when there is nothing to do; with `wait=poll` the
     /// loop schedules a pair's poll when its used ring has entries. A poll takes at most
     /// `rx_budget=` frames; a short poll re-arms the pair's interrupts (NAPI).
-    fn receive<F: FnMut(u16, &mut [u8]) -> XdpAction>(
+    fn receive<F: FnMut(u16, &mut [u8]) -> XdpAction, S: FnMut(u32)>(
         &mut self,
         n: u64,
         seed: u32,
         mut on_frame: F,
+        mut on_seed: S,
     ) -> Result<Received, (&'static str, Run)> {
         let mut seeder = if seed > 0 {
             Some(Seeder::new(self, seed)?)
@@ -829,7 +914,7 @@ impl<T: Transport> Driver<'_, T> {
         let mut last = None;
         while done < n {
             if let Some(s) = seeder.as_mut() {
-                s.send(self);
+                s.send(self, &mut on_seed);
                 if s.seeded == s.window {
                     seeder = None;
                 }
@@ -921,6 +1006,19 @@ impl Received {
     }
 }
 
+/// `pingpong=`'s frames in flight and what came back.
+struct InFlight {
+    /// Per slot (`window=` of them): the sequence number in flight and the TSC when it was
+    /// queued.
+    slots: alloc::vec::Vec<Option<(u32, u64)>>,
+    /// Frames sent (the next sequence number).
+    sent: u64,
+    /// Frames back that were damaged or not in flight.
+    bad: u64,
+    /// Round trips, TSC cycles.
+    rtt: Histogram,
+}
+
 /// `fwd=`'s first frames: `window` test frames, round robin over the pairs, sent as the tx
 /// rings take them.
 struct Seeder {
@@ -949,8 +1047,8 @@ impl Seeder {
 
     /// Queues as many of the remaining frames as the tx rings take now (frame `i` on pair
     /// `i mod N`; it stops at the first full ring), then one flush (publish and kick decision)
-    /// per pair that got frames.
-    fn send<T: Transport>(&mut self, d: &mut Driver<'_, T>) {
+    /// per pair that got frames. `on_seed(seq)` runs as each frame is queued.
+    fn send<T: Transport, S: FnMut(u32)>(&mut self, d: &mut Driver<'_, T>, on_seed: &mut S) {
         let pairs = u32::from(d.pairs()).max(1);
         // Bit p: pair p has frames queued but not flushed (p < N ≤ 16).
         let mut queued = 0u32;
@@ -964,6 +1062,7 @@ impl Seeder {
             {
                 break;
             }
+            on_seed(self.seeded);
             self.seeded += 1;
             queued |= 1 << pair;
         }
