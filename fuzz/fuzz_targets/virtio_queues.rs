@@ -22,6 +22,23 @@
 //! fuzzed frame length, loop), chosen by the input.
 //! - kept rx: the chains popped and not returned are exactly the pool's;
 //! - no panic (and no sanitizer report).
+//!
+//! The first input byte picks the ring (0: split, as above): bit 1 VIRTIO_F_IN_ORDER (tx
+//! returns each call's chains in one used entry), bit 0 a packed ring, followed by both
+//! queues' driver event suppression areas (off_wrap, flags ENABLE/DISABLE/DESC or anything).
+//! A packed ring's queues are kept for the whole input, as the worker keeps them; driver-like,
+//! a driver makes chains available with its wrap counter (Publish: `n` more chains) and reads
+//! used descriptors back; arbitrary, Publish marks `n` descriptors available whatever they
+//! hold. Per call, on a packed ring:
+//! - it returns within [`CALL_BOUND`]; the device's in-flight descriptors are at most the
+//!   size and exactly those between its used and available positions; tx leaves none in
+//!   flight, rx only its pool's;
+//! - the interrupt decision follows the driver's flags (DISABLE never raises, ENABLE always,
+//!   DESC with EVENT_IDX as the driver's off_wrap asks, checked where the ring is clean); a
+//!   drained tx leaves notifications enabled in the device's area;
+//! - where no patch wrote the ring (driver-like): every used descriptor lies at the driver's
+//!   used position with an id it has in flight, the used positions agree, and what the device
+//!   holds is whole chains the driver made available.
 
 #![no_main]
 
@@ -29,13 +46,17 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use arbitrary::Arbitrary;
+use arbitrary::{Arbitrary, Unstructured};
 use devices::backend::{
     LoopBackend, NetBackend, PairBackend, PairPeer, SinkBackend, SourceBackend,
 };
 use devices::virtio::net::metrics::{RxCounters, TxCounters};
 use devices::virtio::net::rx::{RX_GATHER_BYTES, RX_GATHER_NO_GSO_BYTES};
-use devices::virtio::net::{process_rx, process_tx, RxMode, RxQueue};
+use devices::virtio::net::{process_rx, process_tx, RxMode, RxQueue, TxQueue, TxStop};
+use devices::virtio::packed::{
+    PackedLayout, PackedVirtqueue, Position, EVENT_FLAG_DESC, EVENT_FLAG_DISABLE,
+    EVENT_FLAG_ENABLE, EVENT_WRAP_BIT,
+};
 use devices::virtio::vring::Virtqueue;
 use libfuzzer_sys::fuzz_target;
 use virtio_queue::{Queue, QueueT};
@@ -156,21 +177,208 @@ macro_rules! with_backend {
     };
 }
 
+/// The ring kind, from the input's first byte (0: a split ring without IN_ORDER): bit 0 a
+/// packed ring, bit 1 VIRTIO_F_IN_ORDER (tx returns each call's chains in one used entry). A
+/// packed ring's driver event suppression areas follow (tx, rx).
+#[derive(Debug)]
+enum RingKind {
+    Split {
+        in_order: bool,
+    },
+    Packed {
+        in_order: bool,
+        tx_event: DriverEvent,
+        rx_event: DriverEvent,
+    },
+}
+
+impl<'a> Arbitrary<'a> for RingKind {
+    fn arbitrary(u: &mut Unstructured<'a>) -> arbitrary::Result<Self> {
+        let kind = u8::arbitrary(u)?;
+        let in_order = kind & 2 != 0;
+        Ok(if kind & 1 == 0 {
+            RingKind::Split { in_order }
+        } else {
+            RingKind::Packed {
+                in_order,
+                tx_event: u.arbitrary()?,
+                rx_event: u.arbitrary()?,
+            }
+        })
+    }
+}
+
+/// A packed ring's driver event suppression area: `desc_event_off_wrap`, `desc_event_flags`.
+#[derive(Arbitrary, Clone, Copy, Debug)]
+struct DriverEvent {
+    off_wrap: u16,
+    flags: u16,
+}
+
+impl DriverEvent {
+    /// Writes the area at `at` for a ring of `size`: mostly an offset inside the ring and
+    /// flags ENABLE, DISABLE, DESC or the reserved value; sometimes anything.
+    fn write(self, mem: &GuestMemoryMmap, at: u64, size: u16) {
+        let off_wrap = if self.off_wrap & 0x4000 != 0 {
+            self.off_wrap
+        } else {
+            (self.off_wrap & 0x7fff) % size.max(1) | (self.off_wrap & EVENT_WRAP_BIT)
+        };
+        let flags = if self.flags & 0x8000 != 0 {
+            self.flags
+        } else {
+            self.flags & 3
+        };
+        write_u16(mem, at, off_wrap);
+        write_u16(mem, at + 2, flags);
+    }
+}
+
 #[derive(Arbitrary, Debug)]
 struct Input {
+    ring: RingKind,
     layout: Layout,
     backend: BackendChoice,
     event_idx: bool,
-    /// rx through one kept `RxQueue` (mode and gather from the first rx op).
+    /// rx through one kept `RxQueue` (mode and gather from the first rx op; a packed ring's rx
+    /// always runs so).
     kept_rx: bool,
     mode: Mode,
     patches: Vec<Patch>,
     ops: Vec<Op>,
 }
 
+/// The queues of one input, of either kind.
+enum Rings {
+    Split {
+        tx: Queue,
+        rx: Queue,
+        in_order: bool,
+        kept: Kept,
+    },
+    Packed(Box<PackedRings>),
+}
+
+impl Rings {
+    fn new(input: &Input, mem: &GuestMemoryMmap) -> Rings {
+        match input.ring {
+            RingKind::Split { in_order } => {
+                let (tx, rx) = split_queues(input, mem);
+                Rings::Split {
+                    tx,
+                    rx,
+                    in_order,
+                    kept: Kept::NotYet,
+                }
+            }
+            RingKind::Packed {
+                in_order,
+                tx_event,
+                rx_event,
+            } => Rings::Packed(Box::new(PackedRings::new(
+                input,
+                mem,
+                in_order,
+                (tx_event, rx_event),
+            ))),
+        }
+    }
+
+    fn patched(&mut self, patch: &Patch) {
+        if let Rings::Packed(p) = self {
+            p.tx.patched(patch);
+            p.rx.patched(patch);
+        }
+    }
+}
+
 fuzz_target!(|input: Input| {
     let mem = input.layout.memory();
-    let (mut tx, mut rx) = match &input.mode {
+    let mut rings = Rings::new(&input, &mem);
+    for patch in input.patches.iter().take(64) {
+        patch.apply(&mem);
+        rings.patched(patch);
+    }
+    if let Rings::Packed(p) = &mut rings {
+        p.activate(&mem, input.event_idx);
+    }
+    let mut backend = Backend::new(&input.backend);
+    let mut tx_counters = TxCounters::default();
+    let mut rx_counters = RxCounters::default();
+    // Frames the pair's peer received; frames rx read from a loop.
+    let (mut peer_taken, mut loop_received) = (0u64, 0u64);
+    for op in input.ops.iter().take(64) {
+        match op {
+            Op::Tx => {
+                with_backend!(&mut backend, b => match &mut rings {
+                    Rings::Split { tx, in_order, .. } =>
+                        run_tx(&mem, tx, *in_order, b, &mut tx_counters),
+                    Rings::Packed(p) => p.tx(&mem, b, &mut tx_counters),
+                });
+                if let Some(taken) = backend.frames_taken(&mut peer_taken, loop_received) {
+                    assert_eq!(taken, tx_counters.frames, "tx frames counted vs taken");
+                }
+            }
+            Op::Rx { mergeable } => {
+                let mode = if *mergeable {
+                    RxMode::Mergeable
+                } else {
+                    RxMode::SingleChain
+                };
+                let queued_before = match &backend {
+                    Backend::Loop(lo) => lo.queued() as u64,
+                    _ => 0,
+                };
+                with_backend!(&mut backend, b => match &mut rings {
+                    Rings::Split { rx, kept, .. } => if input.kept_rx {
+                        run_rx_kept(&mem, rx, kept, b, mode, &mut rx_counters);
+                    } else {
+                        run_rx(&mem, rx, b, mode, &mut rx_counters);
+                    },
+                    Rings::Packed(p) => p.rx(&mem, b, mode, &mut rx_counters),
+                });
+                if let Backend::Loop(lo) = &backend {
+                    // What rx took out of the loop (delivered or dropped) left it.
+                    loop_received += queued_before - lo.queued() as u64;
+                }
+            }
+            Op::Send(lens) => {
+                if let Backend::Pair(_, Some(peer)) = &backend {
+                    for &len in lens.iter().take(32) {
+                        let frame = vec![0x5a; usize::from(len).max(1)];
+                        if peer.try_send_frame(&frame).is_err() {
+                            break;
+                        }
+                    }
+                }
+            }
+            Op::Publish { rx: is_rx, n } => match &mut rings {
+                Rings::Split { tx, rx, .. } => {
+                    let q = if *is_rx { rx } else { tx };
+                    let at = q.avail_ring() + 2;
+                    write_u16(&mem, at, read_u16(&mem, at).wrapping_add(*n));
+                }
+                Rings::Packed(p) => {
+                    let side = if *is_rx { &mut p.rx } else { &mut p.tx };
+                    side.publish(&mem, *n);
+                }
+            },
+            Op::Patch(patch) => {
+                patch.apply(&mem);
+                rings.patched(patch);
+            }
+            Op::ClosePeer => {
+                if let Backend::Pair(_, peer) = &mut backend {
+                    *peer = None;
+                }
+            }
+        }
+    }
+});
+
+/// The split queues of an input, laid out as its mode says.
+fn split_queues(input: &Input, mem: &GuestMemoryMmap) -> (Queue, Queue) {
+    match &input.mode {
         Mode::DriverLike {
             size_log2,
             tx_chains,
@@ -183,7 +391,7 @@ fuzz_target!(|input: Input| {
             let tx_rings = driver_rings(0, size);
             let rx_rings = driver_rings(0x4000, size);
             write_driver_chains(
-                &mem,
+                mem,
                 tx_rings,
                 size,
                 false,
@@ -194,19 +402,13 @@ fuzz_target!(|input: Input| {
                 tx_published % (size + 1),
             );
             write_driver_chains(
-                &mem,
+                mem,
                 rx_rings,
                 size,
                 true,
                 rx_chains,
                 0xc000,
-                // Up to the end of memory: in the two-region layouts buffers may cross.
-                0x4000
-                    + if matches!(input.layout, Layout::Adjacent) {
-                        0x2000
-                    } else {
-                        0
-                    },
+                rx_buffer_len(input.layout),
                 *start,
                 rx_published % (size + 1),
             );
@@ -231,68 +433,19 @@ fuzz_target!(|input: Input| {
             };
             (q(tx), q(rx))
         }
-    };
-    for patch in input.patches.iter().take(64) {
-        patch.apply(&mem);
     }
-    let mut backend = Backend::new(&input.backend);
-    let mut tx_counters = TxCounters::default();
-    let mut rx_counters = RxCounters::default();
-    let mut kept = Kept::NotYet;
-    // Frames the pair's peer received; frames rx read from a loop.
-    let (mut peer_taken, mut loop_received) = (0u64, 0u64);
-    for op in input.ops.iter().take(64) {
-        match op {
-            Op::Tx => {
-                with_backend!(&mut backend, b => run_tx(&mem, &mut tx, b, &mut tx_counters));
-                if let Some(taken) = backend.frames_taken(&mut peer_taken, loop_received) {
-                    assert_eq!(taken, tx_counters.frames, "tx frames counted vs taken");
-                }
-            }
-            Op::Rx { mergeable } => {
-                let mode = if *mergeable {
-                    RxMode::Mergeable
-                } else {
-                    RxMode::SingleChain
-                };
-                let queued_before = match &backend {
-                    Backend::Loop(lo) => lo.queued() as u64,
-                    _ => 0,
-                };
-                with_backend!(&mut backend, b => if input.kept_rx {
-                    run_rx_kept(&mem, &rx, &mut kept, b, mode, &mut rx_counters);
-                } else {
-                    run_rx(&mem, &mut rx, b, mode, &mut rx_counters);
-                });
-                if let Backend::Loop(lo) = &backend {
-                    // What rx took out of the loop (delivered or dropped) left it.
-                    loop_received += queued_before - lo.queued() as u64;
-                }
-            }
-            Op::Send(lens) => {
-                if let Backend::Pair(_, Some(peer)) = &backend {
-                    for &len in lens.iter().take(32) {
-                        let frame = vec![0x5a; usize::from(len).max(1)];
-                        if peer.try_send_frame(&frame).is_err() {
-                            break;
-                        }
-                    }
-                }
-            }
-            Op::Publish { rx: is_rx, n } => {
-                let q = if *is_rx { &rx } else { &tx };
-                let at = q.avail_ring() + 2;
-                write_u16(&mem, at, read_u16(&mem, at).wrapping_add(*n));
-            }
-            Op::Patch(patch) => patch.apply(&mem),
-            Op::ClosePeer => {
-                if let Backend::Pair(_, peer) = &mut backend {
-                    *peer = None;
-                }
-            }
+}
+
+/// Length of the driver-like rx buffer area at 0xc000: up to the end of memory (in the
+/// two-region layouts buffers may cross).
+fn rx_buffer_len(layout: Layout) -> u64 {
+    0x4000
+        + if matches!(layout, Layout::Adjacent) {
+            0x2000
+        } else {
+            0
         }
-    }
-});
+}
 
 /// Avail index in memory, positions before a call.
 fn snapshot(mem: &GuestMemoryMmap, q: &Queue) -> (u16, u16, u16) {
@@ -333,12 +486,24 @@ fn check_positions(
 fn run_tx<B: NetBackend>(
     mem: &GuestMemoryMmap,
     q: &mut Queue,
+    in_order: bool,
     backend: &mut B,
     counters: &mut TxCounters,
 ) {
     let before = snapshot(mem, q);
     let start = Instant::now();
-    let result = process_tx(q, mem, backend, counters);
+    let result = if in_order {
+        // As `process_tx`, with IN_ORDER negotiated.
+        Virtqueue::new(q, mem).and_then(|vq| {
+            let mut txq = TxQueue::new(vq);
+            txq.set_in_order(true);
+            let result = txq.process(backend, counters);
+            txq.virtqueue().expect("attached").sync_to(q);
+            result
+        })
+    } else {
+        process_tx(q, mem, backend, counters)
+    };
     let elapsed = start.elapsed();
     assert!(elapsed < CALL_BOUND, "process_tx took {elapsed:?}");
     if let Err(devices::virtio::ring::RingError::Overlap(_)) = &result {
@@ -441,4 +606,426 @@ fn run_rx_kept<B: NetBackend>(
         rxq.pooled_chains() as u64,
         "kept rx: the chains held are the pool's"
     );
+}
+
+/// The packed queues of one input: each side's layout and driver, and the device's queues,
+/// kept for the whole input (a packed ring's positions live in the device, as in the worker).
+struct PackedRings {
+    in_order: bool,
+    event_idx: bool,
+    tx: PackedSide,
+    rx: PackedSide,
+    txq: Option<TxQueue>,
+    rxq: Option<RxQueue>,
+    /// The rx ring (until the first rx call builds `rxq` with its mode).
+    rx_ring: Option<PackedVirtqueue>,
+}
+
+/// One packed queue as the driver sees it.
+struct PackedSide {
+    layout: PackedLayout,
+    /// Driver-like mode: the driver making chains available and reading used ones back.
+    driver: Option<PackedDriver>,
+    /// Arbitrary mode: where the next descriptor is made available.
+    cursor: (u16, bool),
+    /// No patch wrote the descriptor ring or the device event area, and the driver is
+    /// well-behaved: the driver's view and the device's must agree exactly.
+    clean: bool,
+    /// No patch wrote the device event area (what the device last wrote there is there).
+    device_area_clean: bool,
+    /// The ring was refused or broke: the device does not use it again (NEEDS_RESET).
+    broken: bool,
+    /// The driver reads used descriptors as IN_ORDER lets it (one may return every chain up
+    /// to its id). rx returns a chain it refuses at once, ahead of the chains still in its
+    /// pool, even under IN_ORDER; once rx has refused one, its used descriptors are read per
+    /// id.
+    in_order: bool,
+}
+
+impl PackedRings {
+    fn new(
+        input: &Input,
+        mem: &GuestMemoryMmap,
+        in_order: bool,
+        events: (DriverEvent, DriverEvent),
+    ) -> PackedRings {
+        let (tx, rx) = match &input.mode {
+            Mode::DriverLike {
+                size_log2,
+                tx_chains,
+                rx_chains,
+                tx_published,
+                rx_published,
+                start: _,
+            } => {
+                // Mostly small rings of any size (wraps happen), sometimes a power of two up
+                // to 256.
+                let size = if size_log2 & 0x80 != 0 {
+                    1u16 << (size_log2 % 9)
+                } else {
+                    u16::from(size_log2 % 32) + 1
+                };
+                let side = |base: u64, writes: bool, chains: &[ChainSpec], buf: (u64, u64)| {
+                    let layout = packed_layout(base, size);
+                    let mut driver =
+                        PackedDriver::new(mem, layout.desc, size, writes, chains, buf.0, buf.1);
+                    let published = if writes { rx_published } else { tx_published };
+                    driver.publish(mem, published % (size + 1));
+                    PackedSide::new(layout, Some(driver))
+                };
+                (
+                    side(0, false, tx_chains, (0x8000, 0x4000)),
+                    side(
+                        0x4000,
+                        true,
+                        rx_chains,
+                        (0xc000, rx_buffer_len(input.layout)),
+                    ),
+                )
+            }
+            Mode::Arbitrary { tx, rx } => {
+                let layout = |r: &RawQueue| PackedLayout {
+                    size: r.size % 1024,
+                    desc: (u64::from(r.desc) % (3 * REGION_A)) & !15,
+                    driver_event: (u64::from(r.avail) % (3 * REGION_A)) & !3,
+                    device_event: (u64::from(r.used) % (3 * REGION_A)) & !3,
+                };
+                (
+                    PackedSide::new(layout(tx), None),
+                    PackedSide::new(layout(rx), None),
+                )
+            }
+        };
+        events.0.write(mem, tx.layout.driver_event, tx.layout.size);
+        events.1.write(mem, rx.layout.driver_event, rx.layout.size);
+        let (mut tx, mut rx) = (tx, rx);
+        tx.in_order = in_order;
+        rx.in_order = in_order;
+        PackedRings {
+            in_order,
+            event_idx: false,
+            tx,
+            rx,
+            txq: None,
+            rxq: None,
+            rx_ring: None,
+        }
+    }
+
+    /// Builds the device's rings (after the input's first patches, as the driver programs
+    /// the queue and then sets DRIVER_OK).
+    fn activate(&mut self, mem: &GuestMemoryMmap, event_idx: bool) {
+        self.event_idx = event_idx;
+        let features = (u64::from(event_idx) << 29) | (u64::from(self.in_order) << 35);
+        match PackedVirtqueue::new(mem, &self.tx.layout, features) {
+            Ok(vq) => {
+                let mut txq = TxQueue::new(vq);
+                txq.set_in_order(self.in_order);
+                self.txq = Some(txq);
+            }
+            Err(_) => self.tx.broken = true,
+        }
+        match PackedVirtqueue::new(mem, &self.rx.layout, features) {
+            Ok(vq) => self.rx_ring = Some(vq),
+            Err(_) => self.rx.broken = true,
+        }
+    }
+
+    fn tx<B: NetBackend>(
+        &mut self,
+        mem: &GuestMemoryMmap,
+        backend: &mut B,
+        counters: &mut TxCounters,
+    ) {
+        if self.tx.broken {
+            return;
+        }
+        let txq = self.txq.as_mut().expect("tx ring");
+        let ring = |txq: &TxQueue| {
+            let ring = txq.ring().and_then(|r| r.packed_ring()).expect("packed");
+            snap(ring)
+        };
+        let before = ring(txq);
+        let irqs = interrupts(
+            counters.interrupts_raised,
+            counters.interrupts_suppressed_event_idx,
+            counters.interrupts_suppressed_no_interrupt,
+        );
+        let start = Instant::now();
+        let result = txq.process(backend, counters);
+        let elapsed = start.elapsed();
+        assert!(elapsed < CALL_BOUND, "packed tx took {elapsed:?}");
+        let after = ring(txq);
+        let irqs = irqs.delta(
+            counters.interrupts_raised,
+            counters.interrupts_suppressed_event_idx,
+            counters.interrupts_suppressed_no_interrupt,
+        );
+        let Ok(outcome) = result else {
+            self.tx.check_positions(&after, "tx");
+            self.tx.broken = true;
+            return;
+        };
+        assert_eq!(after.in_flight, 0, "tx kept chains in flight: {after:?}");
+        // tx writes no buffer: the driver's area is what the device read.
+        self.tx
+            .check_call(mem, &before, &after, irqs, self.event_idx, 0, "tx");
+        if outcome.stop == TxStop::Drained && self.tx.device_area_clean {
+            // Notifications re-enabled: ENABLE, or DESC at the next available position.
+            let at = self.tx.layout.device_event;
+            let flags = read_u16(mem, at + 2);
+            if self.event_idx {
+                assert_eq!(flags, EVENT_FLAG_DESC, "tx drained, device flags");
+                assert_eq!(
+                    read_u16(mem, at),
+                    after.next_avail.off_wrap(),
+                    "tx off_wrap"
+                );
+            } else {
+                assert_eq!(flags, EVENT_FLAG_ENABLE, "tx drained, device flags");
+            }
+        }
+    }
+
+    fn rx<B: NetBackend>(
+        &mut self,
+        mem: &GuestMemoryMmap,
+        backend: &mut B,
+        mode: RxMode,
+        counters: &mut RxCounters,
+    ) {
+        if self.rx.broken {
+            return;
+        }
+        if let Some(vq) = self.rx_ring.take() {
+            let gather = if mode == RxMode::Mergeable && vq.size() % 2 == 0 {
+                RX_GATHER_BYTES
+            } else {
+                RX_GATHER_NO_GSO_BYTES
+            };
+            let mut rxq = RxQueue::new(vq, mode, gather);
+            rxq.set_sparse_reads(true);
+            self.rxq = Some(rxq);
+        }
+        let rxq = self.rxq.as_mut().expect("rx ring");
+        let ring = |rxq: &RxQueue| {
+            let ring = rxq.ring().and_then(|r| r.packed_ring()).expect("packed");
+            snap(ring)
+        };
+        let before = ring(rxq);
+        let irqs = interrupts(
+            counters.interrupts_raised,
+            counters.interrupts_suppressed_event_idx,
+            counters.interrupts_suppressed_no_interrupt,
+        );
+        let start = Instant::now();
+        let result = rxq.process(backend, counters);
+        let elapsed = start.elapsed();
+        assert!(elapsed < CALL_BOUND, "packed rx took {elapsed:?}");
+        let after = ring(rxq);
+        let irqs = irqs.delta(
+            counters.interrupts_raised,
+            counters.interrupts_suppressed_event_idx,
+            counters.interrupts_suppressed_no_interrupt,
+        );
+        self.rx.check_positions(&after, "rx");
+        if result.is_err() {
+            self.rx.broken = true;
+            return;
+        }
+        if counters.malformed_chains > 0 {
+            self.rx.in_order = false;
+        }
+        let pooled = rxq.pooled_chains();
+        assert!(
+            pooled as u32 <= after.in_flight && (pooled == 0) == (after.in_flight == 0),
+            "rx: {pooled} chains pooled, {after:?}"
+        );
+        // rx writes buffers, which only a driver-like ring keeps clear of the driver's area.
+        if self.rx.clean {
+            self.rx
+                .check_call(mem, &before, &after, irqs, self.event_idx, pooled, "rx");
+        }
+    }
+}
+
+/// A packed layout at `base`: the ring, then the driver event area, then the device's.
+fn packed_layout(base: u64, size: u16) -> PackedLayout {
+    let ring = 16 * u64::from(size);
+    PackedLayout {
+        size,
+        desc: base,
+        driver_event: base + ring,
+        device_event: base + ring + 4,
+    }
+}
+
+/// The device's positions on a packed ring.
+#[derive(Debug)]
+struct Snap {
+    size: u16,
+    next_avail: Position,
+    next_used: Position,
+    in_flight: u32,
+}
+
+fn snap(ring: &PackedVirtqueue) -> Snap {
+    Snap {
+        size: ring.size(),
+        next_avail: ring.next_avail(),
+        next_used: ring.next_used(),
+        in_flight: ring.in_flight(),
+    }
+}
+
+fn pos(p: Position) -> (u16, bool) {
+    (p.offset, p.wrap)
+}
+
+/// Interrupt decisions counted: raised, suppressed by EVENT_IDX, suppressed by the flag.
+#[derive(Clone, Copy, Debug)]
+struct Interrupts(u64, u64, u64);
+
+fn interrupts(raised: u64, event_idx: u64, flag: u64) -> Interrupts {
+    Interrupts(raised, event_idx, flag)
+}
+
+impl Interrupts {
+    fn delta(self, raised: u64, event_idx: u64, flag: u64) -> Interrupts {
+        Interrupts(raised - self.0, event_idx - self.1, flag - self.2)
+    }
+}
+
+impl PackedSide {
+    fn new(layout: PackedLayout, driver: Option<PackedDriver>) -> PackedSide {
+        PackedSide {
+            layout,
+            clean: driver.is_some(),
+            driver,
+            cursor: (0, true),
+            device_area_clean: true,
+            broken: false,
+            in_order: false,
+        }
+    }
+
+    fn patched(&mut self, patch: &Patch) {
+        let ring = 16 * u64::from(self.layout.size);
+        if patch.touches(self.layout.device_event, 4) {
+            self.device_area_clean = false;
+            self.clean = false;
+        }
+        if patch.touches(self.layout.desc, ring) {
+            self.clean = false;
+        }
+    }
+
+    /// The driver makes `n` more chains available (driver-like), or marks `n` descriptors
+    /// available whatever they hold (arbitrary).
+    fn publish(&mut self, mem: &GuestMemoryMmap, n: u16) {
+        let size = self.layout.size;
+        if size == 0 {
+            return;
+        }
+        match &mut self.driver {
+            Some(driver) => {
+                if let Err(e) = driver.reap(mem, self.in_order) {
+                    assert!(!self.clean, "{e}");
+                    // A hostile ring: the driver starts over where it is.
+                    driver.used = driver.avail;
+                    driver.in_flight.clear();
+                }
+                driver.publish(mem, n % (size + 1));
+            }
+            None => {
+                for _ in 0..n % (size + 1) {
+                    let at = self.layout.desc + 16 * u64::from(self.cursor.0) + 14;
+                    let flags = read_u16(mem, at) & !(P_AVAIL | P_USED);
+                    write_u16(mem, at, flags | avail_bits(self.cursor.1));
+                    self.cursor = advance(self.cursor, 1, size);
+                }
+            }
+        }
+    }
+
+    /// The device's positions agree with each other: at most the ring in flight, exactly the
+    /// descriptors between the used and the available position.
+    fn check_positions(&self, s: &Snap, what: &str) {
+        assert!(s.in_flight <= u32::from(s.size), "{what}: {s:?}");
+        assert_eq!(
+            distance(pos(s.next_used), pos(s.next_avail), s.size),
+            s.in_flight % (2 * u32::from(s.size)),
+            "{what}: {s:?}"
+        );
+    }
+
+    /// Checks one successful call: positions, the interrupt decision against the driver's
+    /// event area, and (clean ring) the driver's view: every used descriptor at its used
+    /// position with an id it has in flight, its used position the device's, the device's
+    /// in-flight descriptors whole chains the driver made available (`pooled` of them).
+    #[allow(clippy::too_many_arguments)]
+    fn check_call(
+        &mut self,
+        mem: &GuestMemoryMmap,
+        before: &Snap,
+        after: &Snap,
+        irqs: Interrupts,
+        event_idx: bool,
+        pooled: usize,
+        what: &str,
+    ) {
+        self.check_positions(after, what);
+        let size = after.size;
+        let Interrupts(raised, by_event_idx, by_flag) = irqs;
+        assert!(raised + by_event_idx + by_flag <= 1, "{what}: {irqs:?}");
+        let flags = read_u16(mem, self.layout.driver_event + 2) & 3;
+        match flags {
+            EVENT_FLAG_DISABLE => assert_eq!(raised + by_event_idx, 0, "{what}: DISABLE"),
+            EVENT_FLAG_DESC if event_idx => assert_eq!(by_flag, 0, "{what}: DESC"),
+            _ => assert_eq!(by_event_idx + by_flag, 0, "{what}: ENABLE: {irqs:?}"),
+        }
+        if !self.clean {
+            return;
+        }
+        let driver = self.driver.as_mut().expect("driver");
+        if let Err(e) = driver.reap(mem, self.in_order) {
+            panic!("{what}: {e}");
+        }
+        assert_eq!(driver.used, pos(after.next_used), "{what}: used positions");
+        // The device's in-flight descriptors: the driver's oldest outstanding chains.
+        let (mut chains, mut descs) = (0, 0u32);
+        for &(_, d) in &driver.in_flight {
+            if descs + u32::from(d) > after.in_flight {
+                break;
+            }
+            chains += 1;
+            descs += u32::from(d);
+        }
+        assert_eq!(
+            (chains, descs),
+            (pooled, after.in_flight),
+            "{what}: device in flight {after:?} vs the driver's {:?}",
+            driver.in_flight
+        );
+        // Clean ring: this call used at most what was outstanding, less than two laps.
+        let used = distance(pos(before.next_used), pos(after.next_used), size);
+        if used > 0 {
+            assert_eq!(raised + by_event_idx + by_flag, 1, "{what}: no decision");
+        }
+        if used > 0 && flags == EVENT_FLAG_DESC && event_idx {
+            let off_wrap = read_u16(mem, self.layout.driver_event);
+            let event = (off_wrap & !EVENT_WRAP_BIT, off_wrap & EVENT_WRAP_BIT != 0);
+            if event.0 < size {
+                // The driver asked for an interrupt when the used descriptor at `event` is
+                // written: the call's used descriptors span [before, after).
+                let want =
+                    used >= u32::from(size) || distance(pos(before.next_used), event, size) < used;
+                assert_eq!(
+                    raised == 1,
+                    want,
+                    "{what}: DESC at {event:?}, {before:?} -> {after:?}"
+                );
+            }
+        }
+    }
 }
