@@ -18,13 +18,14 @@ use virtio_bindings::virtio_net::{
 use virtio_bindings::virtio_ring::VIRTIO_RING_F_EVENT_IDX;
 use vm_memory::{GuestAddress, GuestMemoryMmap};
 
+use super::driver::DriverRing;
 use super::support::{frame, guest_mem, wire, GuestQueue};
 use super::worker::{kick, no_interrupt, rig_with, take_interrupt, Rig, TIMEOUT, VERSION_1};
 use crate::test_utils::mmio::{wait_until, Registers};
-use crate::test_utils::packed::{GuestPackedQueue, WRITE};
+use crate::test_utils::packed::{GuestPackedQueue, NEXT, WRITE};
 use crate::virtio::mmio::QUEUE_RESET_OFFSET;
 use crate::virtio::net::ctrl::{ACK_ERR, ACK_OK, CTRL_QUEUE_SIZE};
-use crate::virtio::packed::{PackedLayout, EVENT_FLAG_DESC, EVENT_FLAG_DISABLE, EVENT_WRAP_BIT};
+use crate::virtio::packed::{EVENT_FLAG_DESC, EVENT_FLAG_DISABLE, EVENT_WRAP_BIT};
 use crate::virtio::MmioTransport;
 
 const fn bit(feature: u32) -> u64 {
@@ -42,14 +43,7 @@ fn packed_rig(mem: &GuestMemoryMmap, in_order: bool) -> Rig {
 /// A packed queue of `size` descriptors with its ring at `base` (both event areas right after
 /// it) and its buffers from `data` on.
 fn packed_queue(mem: &GuestMemoryMmap, base: u64, size: u16, data: u64) -> GuestPackedQueue {
-    let ring = 16 * u64::from(size);
-    let layout = PackedLayout {
-        size,
-        desc: base,
-        driver_event: base + ring,
-        device_event: base + ring + 4,
-    };
-    GuestPackedQueue::with_layout(mem, layout).with_data_at(data)
+    DriverRing::at(mem, base, size, data)
 }
 
 /// The rx and tx queues of pair 0.
@@ -357,4 +351,40 @@ fn a_hostile_packed_layout_sets_needs_reset() {
         std::thread::sleep(Duration::from_millis(10));
         assert_eq!(rig.metrics.rx.frames.get(), 0);
     }
+}
+
+/// The device's per-chain limit on a packed ring: an indirect table of more entries than a
+/// chain may have is refused and returned with length 0 (the queue goes on, as on a split
+/// ring); a direct chain whose NEXT flags run over the whole ring has no end the device can
+/// find, so it cannot be returned: the device asks for a reset.
+#[test]
+fn chains_past_the_per_chain_limit_are_refused_on_packed_rings() {
+    use crate::virtio::guest::MAX_CHAIN_DESCRIPTORS;
+
+    let mem = guest_mem();
+    let mut rig = packed_rig(&mem, false);
+    let (rx, mut tx) = pair_queues(&mem);
+    start_packed(&mut rig.transport, PACKED, &[&rx, &tx]);
+    let entries = MAX_CHAIN_DESCRIPTORS as usize + 1;
+    let bytes = wire(&frame(64, 1));
+    let buf = tx.alloc(&bytes);
+    let table = vec![(buf, 1, 0); entries];
+    let id = tx.add_indirect(&table);
+    kick(&rig.transport, 1);
+    assert!(wait_until(TIMEOUT, || tx.peek_used().is_some()));
+    assert_eq!(tx.take_used().map(|u| (u.id, u.len)), Some((id, 0)));
+    assert_eq!(rig.metrics.tx.malformed_chains.get(), 1);
+    assert!(
+        rig.peer.try_recv_frame().expect("recv").is_none(),
+        "nothing sent"
+    );
+    send_one(&rig, &mut tx, 2);
+
+    // NEXT on every descriptor of the ring.
+    let raw: Vec<_> = (0..QSIZE).map(|_| (buf, 1, 0, NEXT)).collect();
+    tx.write_raw(&raw);
+    kick(&rig.transport, 1);
+    assert!(wait_until(TIMEOUT, || needs_reset(&mut rig.transport)));
+    assert_eq!(rig.metrics.needs_reset_events.get(), 1);
+    assert_eq!(rig.metrics.tx.frames.get(), 1);
 }

@@ -437,26 +437,35 @@ fn dropping_the_transport_stops_the_worker() {
 
 #[test]
 fn a_full_ring_is_sent_in_budgeted_rounds_from_one_kick() {
+    full_ring_from_one_kick::<GuestQueue>();
+}
+
+#[test]
+fn a_full_ring_is_sent_in_budgeted_rounds_from_one_kick_on_a_packed_ring() {
+    full_ring_from_one_kick::<GuestPackedQueue>();
+}
+
+fn full_ring_from_one_kick<Q: DriverRing>() {
     let mem = guest_mem();
     let Rig {
         mut transport,
         peer,
         metrics,
         ..
-    } = rig(&mem);
-    let (rx, mut tx) = queues(&mem);
-    start(&mut transport, VERSION_1, &rx, &tx);
+    } = rig_for::<Q>(&mem, |_| {});
+    let (rx, mut tx) = Q::pair(&mem);
+    start_rings(&mut transport, VERSION_1, &[&rx, &tx]);
     let frames: Vec<_> = (0..256)
         .map(|i| wire(&frame(60 + i % 50, i as u8)))
         .collect();
-    for f in &frames {
-        tx.push_tx(f, &[]);
-    }
+    let ids: Vec<u16> = frames.iter().map(|f| tx.offer_tx(f, &[])).collect();
     kick(&transport, 1);
     for f in &frames {
         assert_eq!(peer.recv_frame().expect("frame"), *f);
     }
     assert!(wait_until(TIMEOUT, || metrics.tx.frames.get() == 256));
     assert_eq!(metrics.tx.kicks.get(), 1);
-    assert_eq!(tx.used_idx(), 256);
+    for id in ids {
+        assert_eq!(tx.wait_used(), (u32::from(id), 0));
+    }
 }
