@@ -1,5 +1,6 @@
-//! Transport tests: registers, the status state machine, feature refusal, validation of every
-//! guest write, and that no guest value panics.
+//! Transport tests: the register window as a table, one test that the registers drive the
+//! common status machine (tested itself in `virtio::common`), notifications, and that no
+//! guest access panics.
 
 use virtio_bindings::virtio_config::*;
 use virtio_bindings::virtio_mmio::*;
@@ -37,20 +38,75 @@ fn is_active(t: &MmioTransport) -> bool {
     t.device().is_active()
 }
 
-#[test]
-fn identity_registers() {
-    let mem = mem();
-    let (mut t, _peer) = net_transport(&mem);
-    assert_eq!(t.r32(VIRTIO_MMIO_MAGIC_VALUE), 0x7472_6976);
-    assert_eq!(t.r32(VIRTIO_MMIO_VERSION), 2);
-    assert_eq!(t.r32(VIRTIO_MMIO_DEVICE_ID), 1);
-    assert_eq!(t.r32(VIRTIO_MMIO_VENDOR_ID), MMIO_VENDOR_ID);
-    // rx, tx, and the control queue (its own size).
-    let ctrl = u32::from(crate::virtio::net::ctrl::CTRL_QUEUE_SIZE);
-    for (sel, max) in [(0, 64), (1, 64), (2, ctrl), (3, 0), (u32::MAX, 0)] {
-        t.w32(VIRTIO_MMIO_QUEUE_SEL, sel);
-        assert_eq!(t.r32(VIRTIO_MMIO_QUEUE_NUM_MAX), max, "queue {sel}");
+/// Where a row of [`register_table`] starts.
+#[derive(Clone, Copy, Debug)]
+enum Start {
+    Fresh,
+    /// VERSION_1 negotiated, FEATURES_OK set.
+    FeaturesOk,
+    /// Queues 0 and 1 of 32 entries at 0x1000 and 0x2000, DRIVER_OK set.
+    Running,
+    /// A used-buffer and a configuration interrupt pending.
+    Interrupts,
+}
+
+/// A guest write: a 32-bit register, or raw bytes at an offset.
+#[derive(Clone, Copy, Debug)]
+enum Write {
+    W32(u32, u32),
+    Raw(u64, &'static [u8]),
+}
+use Write::*;
+
+/// What a row looks at: a guest read of `len` bytes (prefilled with 0xee) at an offset, or
+/// queue 0 as the transport holds it (it has no register to read these back).
+#[derive(Clone, Copy, Debug)]
+enum Probe {
+    Read(u64, usize),
+    QueueSize,
+    DescTable,
+    UsedRing,
+}
+use Probe::*;
+
+fn start(t: &mut MmioTransport, start: Start) {
+    match start {
+        Start::Fresh => {}
+        Start::FeaturesOk => assert!(t.negotiate(VERSION_1)),
+        Start::Running => {
+            assert!(t.negotiate(VERSION_1));
+            t.setup_queue(0, 32, rings(0x1000));
+            t.setup_queue(1, 32, rings(0x2000));
+            t.driver_ok();
+            assert!(is_active(t));
+        }
+        Start::Interrupts => {
+            t.interrupt().signal_used_queue().expect("irq");
+            t.interrupt().signal_config_change().expect("irq");
+        }
     }
+}
+
+fn probe(t: &mut MmioTransport, probe: Probe) -> u64 {
+    match probe {
+        Read(offset, len) => {
+            let mut data = [0xeeu8; 8];
+            BusDevice::read(t, offset, &mut data[..len]);
+            u64::from_le_bytes(data) & (u64::MAX >> (64 - 8 * len))
+        }
+        QueueSize => t.state.queues[0].size().into(),
+        DescTable => t.state.queues[0].desc_table(),
+        UsedRing => t.state.queues[0].used_ring(),
+    }
+}
+
+/// The register window: every register's offset and width, read-only and write-only
+/// registers, reserved offsets, odd widths and misaligned accesses, the values each register
+/// accepts, and the device configuration space. Rows: (what, start, writes, probe, value).
+#[test]
+fn register_table() {
+    let mem = mem();
+    let (t, _peer) = net_transport(&mem);
     // The device's features, and RING_RESET (the net device resets queues; QueueReset).
     let features = t.device().features() | 1 << VIRTIO_F_RING_RESET;
     assert_eq!(
@@ -58,111 +114,120 @@ fn identity_registers() {
         0,
         "ACCESS_PLATFORM is PCI's"
     );
-    t.w32(VIRTIO_MMIO_DEVICE_FEATURES_SEL, 0);
-    assert_eq!(t.r32(VIRTIO_MMIO_DEVICE_FEATURES), features as u32);
-    t.w32(VIRTIO_MMIO_DEVICE_FEATURES_SEL, 1);
-    assert_eq!(t.r32(VIRTIO_MMIO_DEVICE_FEATURES), (features >> 32) as u32);
-    assert_eq!(
-        t.r32(VIRTIO_MMIO_DEVICE_FEATURES) & 1,
-        1,
-        "VERSION_1 offered"
-    );
-    t.w32(VIRTIO_MMIO_DEVICE_FEATURES_SEL, 7);
-    assert_eq!(t.r32(VIRTIO_MMIO_DEVICE_FEATURES), 0);
-    assert_eq!(t.r32(VIRTIO_MMIO_SHM_LEN_LOW), u32::MAX, "no shared memory");
-}
-
-#[test]
-fn config_space_holds_mac_and_status() {
-    let mem = mem();
-    let (mut t, _peer) = net_transport(&mem);
-    let mut mac = [0u8; 6];
-    for (i, byte) in mac.iter_mut().enumerate() {
-        let mut b = [0u8; 1];
-        BusDevice::read(&mut t, 0x100 + i as u64, &mut b);
-        *byte = b[0];
+    let generation = t.device().config_generation();
+    drop(t);
+    let ctrl = u64::from(crate::virtio::net::ctrl::CTRL_QUEUE_SIZE);
+    let status = |s: u32| W32(VIRTIO_MMIO_STATUS, s);
+    let sel = |q: u32| W32(VIRTIO_MMIO_QUEUE_SEL, q);
+    use Start::*;
+    #[rustfmt::skip]
+    let rows: &[(&str, Start, &[Write], Probe, u64)] = &[
+        // Identity.
+        ("MagicValue", Fresh, &[], Read(0x00, 4), 0x7472_6976),
+        ("Version", Fresh, &[], Read(0x04, 4), 2),
+        ("DeviceID: net", Fresh, &[], Read(0x08, 4), 1),
+        ("VendorID", Fresh, &[], Read(0x0c, 4), MMIO_VENDOR_ID.into()),
+        ("DeviceFeatures word 0", Fresh, &[W32(VIRTIO_MMIO_DEVICE_FEATURES_SEL, 0)], Read(0x10, 4), features & 0xffff_ffff),
+        ("DeviceFeatures word 1 (VERSION_1)", Fresh, &[W32(VIRTIO_MMIO_DEVICE_FEATURES_SEL, 1)], Read(0x10, 4), features >> 32),
+        ("DeviceFeatures word 7", Fresh, &[W32(VIRTIO_MMIO_DEVICE_FEATURES_SEL, 7)], Read(0x10, 4), 0),
+        ("QueueNumMax rx", Fresh, &[sel(0)], Read(0x34, 4), 64),
+        ("QueueNumMax tx", Fresh, &[sel(1)], Read(0x34, 4), 64),
+        ("QueueNumMax control queue", Fresh, &[sel(2)], Read(0x34, 4), ctrl),
+        ("QueueNumMax past the queues", Fresh, &[sel(3)], Read(0x34, 4), 0),
+        ("QueueNumMax queue u32::MAX", Fresh, &[sel(u32::MAX)], Read(0x34, 4), 0),
+        ("QueueReady", Fresh, &[], Read(0x44, 4), 0),
+        ("InterruptStatus", Interrupts, &[], Read(0x60, 4), 3),
+        ("InterruptACK clears the bits written", Interrupts, &[W32(VIRTIO_MMIO_INTERRUPT_ACK, VIRTIO_MMIO_INT_VRING)], Read(0x60, 4), VIRTIO_MMIO_INT_CONFIG.into()),
+        ("Status", FeaturesOk, &[], Read(0x70, 4), (ACK | DRIVER | FEATURES_OK).into()),
+        ("SHMLenLow: no shared memory", Fresh, &[W32(VIRTIO_MMIO_SHM_SEL, 0)], Read(0xb0, 4), u32::MAX.into()),
+        ("SHMLenHigh", Fresh, &[], Read(0xb4, 4), u32::MAX.into()),
+        ("SHMBaseLow", Fresh, &[], Read(0xb8, 4), u32::MAX.into()),
+        ("SHMBaseHigh", Fresh, &[], Read(0xbc, 4), u32::MAX.into()),
+        ("QueueReset", Running, &[], Read(QUEUE_RESET_OFFSET.into(), 4), 0),
+        ("ConfigGeneration", Fresh, &[], Read(0xfc, 4), generation.into()),
+        // Read-only registers keep their value.
+        ("MagicValue written", Fresh, &[W32(VIRTIO_MMIO_MAGIC_VALUE, 0)], Read(0x00, 4), 0x7472_6976),
+        ("DeviceID written", Fresh, &[W32(VIRTIO_MMIO_DEVICE_ID, 5)], Read(0x08, 4), 1),
+        ("DeviceFeatures written", Fresh, &[W32(VIRTIO_MMIO_DEVICE_FEATURES, 0)], Read(0x10, 4), features & 0xffff_ffff),
+        ("QueueNumMax written", Fresh, &[W32(VIRTIO_MMIO_QUEUE_NUM_MAX, 16)], Read(0x34, 4), 64),
+        ("InterruptStatus written", Interrupts, &[W32(VIRTIO_MMIO_INTERRUPT_STATUS, 0)], Read(0x60, 4), 3),
+        // Write-only registers and reserved offsets read 0.
+        ("QueueSel read", Fresh, &[sel(2)], Read(0x30, 4), 0),
+        ("QueueNum read", FeaturesOk, &[W32(VIRTIO_MMIO_QUEUE_NUM, 16)], Read(0x38, 4), 0),
+        ("DriverFeatures read", FeaturesOk, &[], Read(0x20, 4), 0),
+        ("QueueDescLow read", Running, &[], Read(0x80, 4), 0),
+        ("reserved 0x18", Fresh, &[], Read(0x18, 4), 0),
+        ("reserved 0x3c", Fresh, &[], Read(0x3c, 4), 0),
+        ("reserved 0xf0", Fresh, &[Raw(0xf0, &[1, 0, 0, 0])], Read(0xf0, 4), 0),
+        // Registers are aligned 32-bit words: anything else reads 0 and is not written.
+        ("a 1-byte read", Fresh, &[], Read(0x00, 1), 0),
+        ("a 2-byte read", Fresh, &[], Read(0x00, 2), 0),
+        ("an 8-byte read", Fresh, &[], Read(0x00, 8), 0),
+        ("a misaligned read", Fresh, &[], Read(0x02, 4), 0),
+        ("a 1-byte Status read", FeaturesOk, &[], Read(0x70, 1), 0),
+        ("a 2-byte QueueSel write", Fresh, &[Raw(0x30, &[3, 0])], Read(0x34, 4), 64),
+        ("an 8-byte QueueSel write", Fresh, &[Raw(0x30, &[3, 0, 0, 0, 0, 0, 0, 0])], Read(0x34, 4), 64),
+        ("a misaligned QueueSel write", Fresh, &[Raw(0x31, &[0, 3, 0, 0])], Read(0x34, 4), 64),
+        ("a 1-byte Status write", Fresh, &[Raw(0x70, &[ACK as u8])], Read(0x70, 4), 0),
+        // The values QueueNum, the ring addresses and QueueReady accept.
+        ("QueueNum 0", FeaturesOk, &[sel(0), W32(VIRTIO_MMIO_QUEUE_NUM, 0)], QueueSize, 64),
+        ("QueueNum 3 (not a power of two)", FeaturesOk, &[W32(VIRTIO_MMIO_QUEUE_NUM, 3)], QueueSize, 64),
+        ("QueueNum 100", FeaturesOk, &[W32(VIRTIO_MMIO_QUEUE_NUM, 100)], QueueSize, 64),
+        ("QueueNum 128 (past the maximum)", FeaturesOk, &[W32(VIRTIO_MMIO_QUEUE_NUM, 128)], QueueSize, 64),
+        ("QueueNum 65536 + 64 (not truncated)", FeaturesOk, &[W32(VIRTIO_MMIO_QUEUE_NUM, 65536 + 64)], QueueSize, 64),
+        ("QueueNum u32::MAX", FeaturesOk, &[W32(VIRTIO_MMIO_QUEUE_NUM, u32::MAX)], QueueSize, 64),
+        ("QueueNum 16", FeaturesOk, &[W32(VIRTIO_MMIO_QUEUE_NUM, 16)], QueueSize, 16),
+        ("QueueNum of the selected queue only", FeaturesOk, &[sel(1), W32(VIRTIO_MMIO_QUEUE_NUM, 16)], QueueSize, 64),
+        ("QueueNum before FEATURES_OK", Fresh, &[W32(VIRTIO_MMIO_QUEUE_NUM, 16)], QueueSize, 64),
+        ("QueueNum after DRIVER_OK", Running, &[sel(0), W32(VIRTIO_MMIO_QUEUE_NUM, 16)], QueueSize, 32),
+        ("QueueDescLow and High", FeaturesOk, &[W32(VIRTIO_MMIO_QUEUE_DESC_LOW, 0x1000), W32(VIRTIO_MMIO_QUEUE_DESC_HIGH, 1)], DescTable, 0x1_0000_1000),
+        ("QueueDescLow not 16-byte aligned", FeaturesOk, &[W32(VIRTIO_MMIO_QUEUE_DESC_LOW, 0x1008)], DescTable, 0),
+        ("QueueDescLow after DRIVER_OK", Running, &[sel(0), W32(VIRTIO_MMIO_QUEUE_DESC_LOW, 0x5000)], DescTable, 0x1000),
+        ("QueueUsedLow and High", FeaturesOk, &[W32(VIRTIO_MMIO_QUEUE_USED_HIGH, 2), W32(VIRTIO_MMIO_QUEUE_USED_LOW, 0x1004)], UsedRing, 0x2_0000_1004),
+        ("QueueUsedLow not 4-byte aligned", FeaturesOk, &[W32(VIRTIO_MMIO_QUEUE_USED_LOW, 0x1002)], UsedRing, 0),
+        ("QueueReady 1", FeaturesOk, &[W32(VIRTIO_MMIO_QUEUE_READY, 1)], Read(0x44, 4), 1),
+        ("QueueReady 7", FeaturesOk, &[W32(VIRTIO_MMIO_QUEUE_READY, 7)], Read(0x44, 4), 0),
+        ("QueueReady of a nonexistent queue", FeaturesOk, &[sel(9), W32(VIRTIO_MMIO_QUEUE_NUM, 16), W32(VIRTIO_MMIO_QUEUE_READY, 1)], Read(0x44, 4), 0),
+        ("QueueReady 0 after DRIVER_OK", Running, &[sel(0), W32(VIRTIO_MMIO_QUEUE_READY, 0)], Read(0x44, 4), 1),
+        ("Status 0 selects queue 0 again", FeaturesOk, &[sel(3), status(0)], Read(0x34, 4), 64),
+        // The device configuration space: bytes at any width, read-only.
+        ("config: MAC byte 0", Fresh, &[], Read(0x100, 1), 2),
+        ("config: MAC byte 5", Fresh, &[], Read(0x105, 1), 5),
+        ("config: MAC head as a word", Fresh, &[], Read(0x100, 4), 0x0302_0102),
+        ("config: MAC tail + STATUS=LINK_UP", Fresh, &[], Read(0x104, 4), 0x0001_0504),
+        ("config: past its end", Fresh, &[], Read(0x108, 8), 0),
+        ("config: the window's last byte", Fresh, &[], Read(0xfff, 1), 0),
+        ("config: written", Fresh, &[Raw(0x100, &[0xaa; 4])], Read(0x100, 4), 0x0302_0102),
+    ];
+    for &(what, from, writes, at, value) in rows {
+        let (mut t, _peer) = net_transport(&mem);
+        start(&mut t, from);
+        for &write in writes {
+            match write {
+                W32(offset, value) => t.w32(offset, value),
+                Raw(offset, bytes) => BusDevice::write(&mut t, offset, bytes),
+            }
+        }
+        assert_eq!(
+            probe(&mut t, at),
+            value,
+            "{what} (from {from:?}, {writes:x?})"
+        );
     }
-    assert_eq!(mac, [2, 1, 2, 3, 4, 5]);
-    let mut word = [0u8; 4];
-    BusDevice::read(&mut t, 0x104, &mut word);
-    assert_eq!(word, [4, 5, 1, 0], "MAC tail + STATUS=LINK_UP");
-    let mut beyond = [0xffu8; 8];
-    BusDevice::read(&mut t, 0x108, &mut beyond);
-    assert_eq!(beyond, [0; 8]);
-    BusDevice::read(&mut t, 0xfff, &mut beyond[..1]);
-    assert_eq!(beyond[0], 0);
-    BusDevice::write(&mut t, 0x100, &[0xaa; 4]);
-    BusDevice::read(&mut t, 0x100, &mut word);
-    assert_eq!(word, [2, 1, 2, 3], "config is read-only");
 }
 
+/// The registers reach the common status machine (see `virtio::common`): the status steps,
+/// FEATURES_OK checked with the acknowledged features (the net device's own dependencies
+/// too), activation with the queues as programmed, DEVICE_NEEDS_RESET and its interrupt, and
+/// reset.
 #[test]
-fn status_steps_must_come_in_order() {
+fn registers_drive_the_common_status_machine() {
     let mem = mem();
     let (mut t, _peer) = net_transport(&mem);
     t.w32(VIRTIO_MMIO_STATUS, DRIVER);
     assert_eq!(t.r32(VIRTIO_MMIO_STATUS), 0, "DRIVER before ACKNOWLEDGE");
-    t.w32(VIRTIO_MMIO_STATUS, ACK);
-    t.w32(VIRTIO_MMIO_STATUS, ACK | FEATURES_OK);
-    assert_eq!(t.r32(VIRTIO_MMIO_STATUS), ACK, "FEATURES_OK before DRIVER");
-    t.w32(VIRTIO_MMIO_STATUS, ACK | DRIVER);
-    t.w32(VIRTIO_MMIO_STATUS, ACK | DRIVER | DRIVER_OK);
-    assert_eq!(
-        t.r32(VIRTIO_MMIO_STATUS),
-        ACK | DRIVER,
-        "DRIVER_OK before FEATURES_OK"
-    );
-    t.w32(VIRTIO_MMIO_STATUS, ACK);
-    assert_eq!(
-        t.r32(VIRTIO_MMIO_STATUS),
-        ACK | DRIVER,
-        "bits cleared without reset"
-    );
-    t.w32(
-        VIRTIO_MMIO_STATUS,
-        ACK | DRIVER | VIRTIO_CONFIG_S_NEEDS_RESET,
-    );
-    assert_eq!(
-        t.r32(VIRTIO_MMIO_STATUS),
-        ACK | DRIVER,
-        "NEEDS_RESET is the device's"
-    );
-    t.w32(VIRTIO_MMIO_STATUS, ACK | DRIVER | VIRTIO_CONFIG_S_FAILED);
-    assert_eq!(
-        t.r32(VIRTIO_MMIO_STATUS),
-        ACK | DRIVER | VIRTIO_CONFIG_S_FAILED
-    );
-    t.w32(
-        VIRTIO_MMIO_STATUS,
-        ACK | DRIVER | VIRTIO_CONFIG_S_FAILED | FEATURES_OK,
-    );
-    assert_eq!(
-        t.r32(VIRTIO_MMIO_STATUS) & FEATURES_OK,
-        0,
-        "no progress after FAILED"
-    );
-    t.w32(VIRTIO_MMIO_STATUS, 0);
-    assert_eq!(t.r32(VIRTIO_MMIO_STATUS), 0);
-    // Several steps in one write are taken in order.
-    t.w32(VIRTIO_MMIO_DRIVER_FEATURES_SEL, 1);
-    t.w32(VIRTIO_MMIO_STATUS, ACK | DRIVER);
-    t.w32(VIRTIO_MMIO_DRIVER_FEATURES, 1);
-    t.w32(VIRTIO_MMIO_STATUS, 0);
-    t.w32(VIRTIO_MMIO_STATUS, ACK | DRIVER);
-    t.w32(VIRTIO_MMIO_DRIVER_FEATURES_SEL, 1);
-    t.w32(VIRTIO_MMIO_DRIVER_FEATURES, 1);
-    t.w32(VIRTIO_MMIO_STATUS, ACK | DRIVER | FEATURES_OK);
-    assert_eq!(t.r32(VIRTIO_MMIO_STATUS), ACK | DRIVER | FEATURES_OK);
-}
-
-#[test]
-fn features_ok_is_refused_for_bad_feature_sets() {
-    let mem = mem();
-    let (mut t, _peer) = net_transport(&mem);
     let offered = t.device().features();
-    let not_offered = 1u64 << 41;
-    assert_eq!(offered & not_offered, 0);
-    assert!(!t.negotiate(VERSION_1 | not_offered), "feature not offered");
+    assert!(!t.negotiate(VERSION_1 | 1 << 41), "feature not offered");
     assert!(!t.negotiate(0), "legacy driver (no VERSION_1)");
     if offered & (1 << VIRTIO_NET_F_HOST_TSO4) != 0 {
         assert!(
@@ -171,74 +236,37 @@ fn features_ok_is_refused_for_bad_feature_sets() {
         );
         assert!(t.negotiate(VERSION_1 | 1 << VIRTIO_NET_F_HOST_TSO4 | 1 << VIRTIO_NET_F_CSUM));
     }
-    assert!(t.negotiate(VERSION_1));
     assert!(t.negotiate(offered), "everything offered is acceptable");
-    // Features are frozen once FEATURES_OK is set.
+    assert_eq!(t.state.acked_features, offered);
     t.w32(VIRTIO_MMIO_DRIVER_FEATURES_SEL, 0);
     t.w32(VIRTIO_MMIO_DRIVER_FEATURES, 0);
-    assert_eq!(t.state.acked_features, offered);
-}
+    assert_eq!(t.state.acked_features, offered, "frozen after FEATURES_OK");
 
-#[test]
-fn queue_registers_are_validated() {
-    let mem = mem();
-    let (mut t, _peer) = net_transport(&mem);
-    // Before FEATURES_OK: ignored.
-    t.setup_queue(0, 64, rings(0x1000));
-    assert_eq!(t.r32(VIRTIO_MMIO_QUEUE_READY), 0);
+    // Activation with the queues as programmed.
     assert!(t.negotiate(VERSION_1));
-    t.w32(VIRTIO_MMIO_QUEUE_SEL, 0);
-    for bad in [0u32, 3, 100, 128, 65536 + 64, u32::MAX] {
-        t.w32(VIRTIO_MMIO_QUEUE_NUM, bad);
-        assert_eq!(t.state.queues[0].size(), 64, "QueueNum {bad} refused");
-    }
-    t.w32(VIRTIO_MMIO_QUEUE_NUM, 16);
-    assert_eq!(t.state.queues[0].size(), 16);
-    t.w32(VIRTIO_MMIO_QUEUE_DESC_LOW, 0x1008);
-    assert_ne!(
-        t.state.queues[0].desc_table(),
-        0x1008,
-        "descriptor table must be 16-aligned"
-    );
-    t.w32(VIRTIO_MMIO_QUEUE_USED_LOW, 0x1002);
-    assert_ne!(
-        t.state.queues[0].used_ring(),
-        0x1002,
-        "used ring must be 4-aligned"
-    );
-    t.w32(VIRTIO_MMIO_QUEUE_READY, 7);
-    assert_eq!(t.r32(VIRTIO_MMIO_QUEUE_READY), 0);
-    t.w32(VIRTIO_MMIO_QUEUE_SEL, 9);
-    t.w32(VIRTIO_MMIO_QUEUE_NUM, 16);
-    t.w32(VIRTIO_MMIO_QUEUE_READY, 1);
-    assert_eq!(t.r32(VIRTIO_MMIO_QUEUE_READY), 0, "nonexistent queue");
-    // Odd access sizes and unknown registers are ignored.
-    BusDevice::write(&mut t, u64::from(VIRTIO_MMIO_QUEUE_SEL), &[1, 0]);
-    BusDevice::write(&mut t, 0x31, &[0; 4]);
-    BusDevice::write(&mut t, 0xf0, &[0; 4]);
-    let mut two = [0xffu8; 2];
-    BusDevice::read(&mut t, 0, &mut two);
-    assert_eq!(two, [0, 0]);
-
-    t.setup_queue(0, 64, rings(0x1000));
-    t.setup_queue(1, 64, rings(0x2000));
+    t.setup_queue(0, 32, rings(0x1000));
+    t.setup_queue(1, 32, rings(0x2000));
     t.driver_ok();
+    assert_eq!(
+        t.r32(VIRTIO_MMIO_STATUS),
+        ACK | DRIVER | FEATURES_OK | DRIVER_OK
+    );
     assert!(is_active(&t));
-    // After DRIVER_OK the queue configuration is frozen.
-    t.w32(VIRTIO_MMIO_QUEUE_SEL, 0);
-    t.w32(VIRTIO_MMIO_QUEUE_NUM, 32);
-    t.w32(VIRTIO_MMIO_QUEUE_DESC_LOW, 0x5000);
-    t.w32(VIRTIO_MMIO_QUEUE_READY, 0);
-    assert_eq!(t.state.queues[0].size(), 64);
-    assert_eq!(t.state.queues[0].desc_table(), 0x1000);
-    assert_eq!(t.r32(VIRTIO_MMIO_QUEUE_READY), 1);
-}
 
-#[test]
-fn driver_ok_with_bad_rings_needs_reset() {
-    let mem = mem();
-    let (mut t, _peer) = net_transport(&mem);
-    // Queue 1 never made ready.
+    // Reset: back to the initial state.
+    t.interrupt().signal_used_queue().expect("irq");
+    t.w32(VIRTIO_MMIO_STATUS, 0);
+    assert!(!is_active(&t));
+    assert_eq!(t.r32(VIRTIO_MMIO_STATUS), 0);
+    assert_eq!(t.r32(VIRTIO_MMIO_INTERRUPT_STATUS), 0);
+    assert_eq!(t.state.acked_features, 0);
+    t.w32(VIRTIO_MMIO_QUEUE_SEL, 0);
+    assert_eq!(t.r32(VIRTIO_MMIO_QUEUE_READY), 0);
+    assert_eq!(t.state.queues[0].size(), 64);
+    // Drain what the interrupt above left on the line.
+    let _ = t.irqfd().read();
+
+    // A failed activation (queue 1 never made ready): DEVICE_NEEDS_RESET, told on the line.
     assert!(t.negotiate(VERSION_1));
     t.setup_queue(0, 64, rings(0x1000));
     t.driver_ok();
@@ -249,35 +277,8 @@ fn driver_ok_with_bad_rings_needs_reset() {
     assert!(wait_eventfd(t.irqfd(), std::time::Duration::from_secs(1)) > 0);
     assert_eq!(t.r32(VIRTIO_MMIO_INTERRUPT_STATUS), VIRTIO_MMIO_INT_CONFIG);
     assert!(!is_active(&t));
-
-    // Rings beyond the end of guest memory.
     assert!(t.negotiate(VERSION_1));
     assert_eq!(t.r32(VIRTIO_MMIO_STATUS) & VIRTIO_CONFIG_S_NEEDS_RESET, 0);
-    t.setup_queue(0, 64, rings(0x1000));
-    t.setup_queue(1, 64, rings(0xf_fc00));
-    t.driver_ok();
-    assert_ne!(t.r32(VIRTIO_MMIO_STATUS) & VIRTIO_CONFIG_S_NEEDS_RESET, 0);
-    assert!(!is_active(&t));
-}
-
-#[test]
-fn reset_returns_to_the_initial_state() {
-    let mem = mem();
-    let (mut t, _peer) = net_transport(&mem);
-    assert!(t.negotiate(VERSION_1));
-    t.setup_queue(0, 32, rings(0x1000));
-    t.setup_queue(1, 32, rings(0x2000));
-    t.driver_ok();
-    assert!(is_active(&t));
-    t.interrupt().signal_used_queue().expect("irq");
-    t.w32(VIRTIO_MMIO_STATUS, 0);
-    assert!(!is_active(&t));
-    assert_eq!(t.r32(VIRTIO_MMIO_STATUS), 0);
-    assert_eq!(t.r32(VIRTIO_MMIO_INTERRUPT_STATUS), 0);
-    assert_eq!(t.state.acked_features, 0);
-    t.w32(VIRTIO_MMIO_QUEUE_SEL, 0);
-    assert_eq!(t.r32(VIRTIO_MMIO_QUEUE_READY), 0);
-    assert_eq!(t.state.queues[0].size(), 64);
 }
 
 #[test]
@@ -297,17 +298,6 @@ fn ioeventfds_and_queue_notify_fallback() {
     t.w32(VIRTIO_MMIO_QUEUE_NOTIFY, 5);
     assert_eq!(t.ioeventfds(0)[1].0.read().expect("kicked"), 1);
     assert!(t.ioeventfds(0)[0].0.read().is_err(), "queue 0 not kicked");
-}
-
-#[test]
-fn interrupt_ack_clears_bits() {
-    let mem = mem();
-    let (mut t, _peer) = net_transport(&mem);
-    t.interrupt().signal_used_queue().expect("irq");
-    t.interrupt().signal_config_change().expect("irq");
-    assert_eq!(t.r32(VIRTIO_MMIO_INTERRUPT_STATUS), 3);
-    t.w32(VIRTIO_MMIO_INTERRUPT_ACK, VIRTIO_MMIO_INT_VRING);
-    assert_eq!(t.r32(VIRTIO_MMIO_INTERRUPT_STATUS), VIRTIO_MMIO_INT_CONFIG);
 }
 
 /// Hammers the window with pseudo-random accesses: nothing may panic or hang.
