@@ -3,6 +3,7 @@
 //! uses, and the `cotune` sweeps built on it.
 
 pub mod baseline;
+pub mod autotune;
 pub mod calib;
 pub mod check;
 pub mod cost;

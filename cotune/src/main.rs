@@ -7,6 +7,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::Parser;
+use cotune::autotune::{autotune, Objective};
 use cotune::baseline::BareSyscall;
 use cotune::calib::Calibration;
 use cotune::cost::{DEFAULT_IRQ_COST_NS, DEFAULT_KICK_COST_NS};
@@ -15,6 +16,27 @@ use cotune::report::{plot, to_csv, to_table, Row};
 use cotune::sweep::{run_preset, BackendKind, HostPath, Options, Preset, RingLayout, Target};
 use cotune::transport::TransportKind;
 use cotune::vm::{self, VmEnv};
+
+/// What else cotune does than sweep presets.
+#[derive(Debug, clap::Subcommand)]
+enum Command {
+    /// Search PRESET's knobs (both sides) for the best point of an objective with far fewer
+    /// trials than its grid (a compass search over the grid, one trial per point, then the two
+    /// best topped up to --repeat trials); prints the path and the best point. Takes the sweep
+    /// options (--target sim|vm, --backend, --repeat, ...) after the preset.
+    Autotune {
+        /// The preset whose grid is searched.
+        #[arg(value_enum)]
+        preset: Preset,
+        /// What to maximise.
+        #[arg(long, value_enum, default_value_t = Objective::Pps)]
+        objective: Objective,
+        /// Also measure the full grid (every point --repeat times) and say how close the search
+        /// came and with how many of the grid's trials.
+        #[arg(long)]
+        check_grid: bool,
+    },
+}
 
 /// `--ring`: the virtqueue layout.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -60,80 +82,83 @@ fn parse_cost(s: &str) -> Result<Cost, String> {
 #[derive(Debug, Parser)]
 #[command(version, about)]
 struct Cli {
+    /// `autotune PRESET`: search the preset's grid instead of sweeping it.
+    #[command(subcommand)]
+    command: Option<Command>,
     /// Presets to run (default: all).
     #[arg(value_enum)]
     presets: Vec<Preset>,
     /// Where each point is measured.
-    #[arg(long, value_enum, default_value_t = Target::Sim)]
+    #[arg(long, global = true, value_enum, default_value_t = Target::Sim)]
     target: Target,
     /// Measured seconds per co-simulation trial.
-    #[arg(long, default_value_t = 2.0)]
+    #[arg(long, global = true, default_value_t = 2.0)]
     duration: f64,
     /// Warm-up seconds per co-simulation trial.
-    #[arg(long, default_value_t = 0.5)]
+    #[arg(long, global = true, default_value_t = 0.5)]
     warmup: f64,
     /// Trials per point; the median is reported.
-    #[arg(long, default_value_t = 3)]
+    #[arg(long, global = true, default_value_t = 3)]
     repeat: usize,
     /// Ethernet frame size in bytes (overrides each preset's default).
-    #[arg(long)]
+    #[arg(long, global = true)]
     frame_size: Option<usize>,
     /// The device's backend: in co-simulation `pair` or `tap`, or one of the measurement
     /// backends `sink`, `source`, `loop` (a host side faster than the guest), which VMs then
     /// use too (`vmm --net backend=…`; the baseline stays the raw tap loop). Not given: `pair`,
     /// and the seed presets and rx-coalesce run on their own regimes (sink, loop, source);
     /// given, it applies to them too (e.g. `--backend tap seed-kick-threshold`: the plain tap).
-    #[arg(long, value_enum)]
+    #[arg(long, global = true, value_enum)]
     backend: Option<BackendKind>,
     /// Device transport, in co-simulation and in VMs: virtio-mmio (one interrupt line, the
     /// ISR read per interrupt) or virtio-pci with an MSI-X vector per queue (no ISR read).
-    #[arg(long, value_enum, default_value_t = TransportKind::Mmio)]
+    #[arg(long, global = true, value_enum, default_value_t = TransportKind::Mmio)]
     transport: TransportKind,
     /// What the host does with the frames written to the tap (`--backend tap` and VMs on a
     /// tap): the network stack, or a 2-instruction XDP program attached for the run
     /// (`xdp-drop`: a non-blocking writer's frames skip the skb; `xdp-reflect`: each frame
     /// comes back to the same fd, so receiving presets forward through the tap). It applies to
     /// the raw write loop too, and is detached when cotune exits, however it exits.
-    #[arg(long, value_enum, default_value_t = HostPath::Stack)]
+    #[arg(long, global = true, value_enum, default_value_t = HostPath::Stack)]
     host_path: HostPath,
     /// The virtqueue layout of every point, offered by the device and requested by the driver
     /// (`vmm --net …,packed=on`, the guest's `packed=1`); the ring-layout preset sweeps it.
-    #[arg(long, value_enum, default_value_t = RingArg::Split)]
+    #[arg(long, global = true, value_enum, default_value_t = RingArg::Split)]
     ring: RingArg,
     /// VIRTIO_F_IN_ORDER on both sides (with `--ring`).
-    #[arg(long)]
+    #[arg(long, global = true)]
     in_order: bool,
     /// The raw backend write loop's system call (`write`, the cheapest; `writev` of one
     /// iovec, as a device with a scatter-gather list makes it).
-    #[arg(long, value_enum, default_value_t = BareSyscall::Write)]
+    #[arg(long, global = true, value_enum, default_value_t = BareSyscall::Write)]
     baseline_syscall: BareSyscall,
     /// vCPU time charged per driver kick in co-simulation, ns (0 = raw co-simulation), or
     /// `auto`: measured once by the driver guest (calibrate=2000 ring=3) in a VM.
-    #[arg(long, value_parser = parse_cost, default_value_t = Cost::Ns(DEFAULT_KICK_COST_NS))]
+    #[arg(long, global = true, value_parser = parse_cost, default_value_t = Cost::Ns(DEFAULT_KICK_COST_NS))]
     kick_cost_ns: Cost,
     /// vCPU time charged per interrupt taken in co-simulation, ns, or `auto` (see above).
-    #[arg(long, value_parser = parse_cost, default_value_t = Cost::Ns(DEFAULT_IRQ_COST_NS))]
+    #[arg(long, global = true, value_parser = parse_cost, default_value_t = Cost::Ns(DEFAULT_IRQ_COST_NS))]
     irq_cost_ns: Cost,
     /// Pin the driver (vCPU) thread and the device worker to two separate CPUs.
-    #[arg(long)]
+    #[arg(long, global = true)]
     pin: bool,
     /// The vmm binary (default: `vmm` beside this executable, else target/release/vmm).
-    #[arg(long, value_name = "PATH")]
+    #[arg(long, global = true, value_name = "PATH")]
     vmm: Option<PathBuf>,
     /// The driver guest (default: what resources/build-guest.sh --driver-guest-only builds).
-    #[arg(long, value_name = "PATH")]
+    #[arg(long, global = true, value_name = "PATH")]
     guest: Option<PathBuf>,
     /// Frames per VM trial (default 300000; 30000 with --quick).
-    #[arg(long, value_name = "N")]
+    #[arg(long, global = true, value_name = "N")]
     vm_frames: Option<u64>,
     /// Write one CSV row per point to FILE.
-    #[arg(long, value_name = "FILE")]
+    #[arg(long, global = true, value_name = "FILE")]
     csv: Option<PathBuf>,
     /// Draw 1-D sweeps (pps and kicks/pkt against the knob) and 2-D sweeps (heatmaps) as SVG.
-    #[arg(long, value_name = "FILE.svg")]
+    #[arg(long, global = true, value_name = "FILE.svg")]
     plot: Option<PathBuf>,
     /// A short run for CI: fewer points (2-D sweeps 2x2), 0.3 s trials, one repeat.
-    #[arg(long)]
+    #[arg(long, global = true)]
     quick: bool,
 }
 
@@ -144,6 +169,14 @@ fn usage(msg: &str) -> ExitCode {
 
 /// The arguments' ranges and combinations, as a usage error.
 fn check_args(cli: &Cli) -> Result<(), String> {
+    if cli.command.is_some() {
+        if !cli.presets.is_empty() {
+            return Err("autotune takes one preset, after the word autotune".into());
+        }
+        if cli.target == Target::Both {
+            return Err("autotune searches one target: --target sim or --target vm".into());
+        }
+    }
     let duration_ok = cli.duration > 0.0 && cli.duration <= 600.0;
     if !duration_ok || !(0.0..=60.0).contains(&cli.warmup) {
         return Err("--duration must be in (0, 600] s and --warmup in [0, 60] s".into());
@@ -363,6 +396,35 @@ fn write_outputs(cli: &Cli, rows: &[Row]) -> Result<(), String> {
     Ok(())
 }
 
+/// `cotune autotune`: the search (and the grid) with progress on stderr, the report on stdout.
+fn run_autotune(
+    cli: &Cli,
+    preset: Preset,
+    objective: Objective,
+    check_grid: bool,
+    opts: &Options,
+    load: f64,
+) -> ExitCode {
+    let mut stderr = std::io::stderr();
+    let mut progress = |msg: &str| {
+        let _ = write!(stderr, "\r\x1b[K{msg}");
+        let _ = stderr.flush();
+    };
+    let tuned = autotune(preset, opts, objective, check_grid, &mut progress);
+    eprint!("\r\x1b[K");
+    match tuned {
+        Ok(t) => {
+            println!("{}", header(cli, opts, None, &[preset], load));
+            print!("{}", t.report());
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("cotune: autotune {}: {e}", preset.name());
+            ExitCode::FAILURE
+        }
+    }
+}
+
 fn main() -> ExitCode {
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn")).init();
     let cli = Cli::parse();
@@ -402,6 +464,14 @@ fn main() -> ExitCode {
         }
     }
     let opts = options(&cli, backend, pin, calibration.as_ref(), vm_env);
+    if let Some(Command::Autotune {
+        preset,
+        objective,
+        check_grid,
+    }) = cli.command
+    {
+        return run_autotune(&cli, preset, objective, check_grid, &opts, load);
+    }
     let presets = if cli.presets.is_empty() {
         Preset::ALL.to_vec()
     } else {

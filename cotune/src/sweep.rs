@@ -93,11 +93,14 @@ pub enum Preset {
     /// completion modes: transmit on a tap or a `sink`, receive from a `source`, forwarding
     /// through a `loop`.
     RingLayout,
+    /// Request/response latency: W = 1, 4, 16, 64 frames in flight, each round trip timed,
+    /// through a `loop` (`pingpong`; p50/p99/p99.9 columns).
+    Pingpong,
 }
 
 impl Preset {
     /// All presets, in report order.
-    pub const ALL: [Preset; 17] = [
+    pub const ALL: [Preset; 18] = [
         Preset::Baseline,
         Preset::KickThreshold,
         Preset::TxCompletion,
@@ -115,6 +118,7 @@ impl Preset {
         Preset::SeedXdpBulk,
         Preset::RxCoalesce,
         Preset::RingLayout,
+        Preset::Pingpong,
     ];
 
     /// The seed presets, in seed order.
@@ -130,7 +134,9 @@ impl Preset {
     pub fn backend(self) -> Option<BackendKind> {
         match self {
             Preset::SeedKickThreshold | Preset::SeedZc => Some(BackendKind::Sink),
-            Preset::SeedTxCompletion | Preset::SeedXdpBulk => Some(BackendKind::Loop),
+            Preset::SeedTxCompletion | Preset::SeedXdpBulk | Preset::Pingpong => {
+                Some(BackendKind::Loop)
+            }
             Preset::RxCoalesce => Some(BackendKind::Source),
             _ => None,
         }
@@ -156,6 +162,7 @@ impl Preset {
             Preset::SeedXdpBulk => "seed-xdp-bulk",
             Preset::RxCoalesce => "rx-coalesce",
             Preset::RingLayout => "ring-layout",
+            Preset::Pingpong => "pingpong",
         }
     }
 }
@@ -198,6 +205,31 @@ pub struct Options {
     pub ring: RingLayout,
 }
 
+#[cfg(test)]
+impl Options {
+    /// Options for unit tests: co-simulation on the pair backend, 100 ms trials, one repeat.
+    pub(crate) fn for_tests(quick: bool) -> Options {
+        Options {
+            duration: Duration::from_millis(100),
+            warmup: Duration::ZERO,
+            repeat: 1,
+            frame_size: None,
+            backend: BackendKind::Pair,
+            own_regimes: true,
+            kick_cost_ns: 0,
+            irq_cost_ns: 0,
+            quick,
+            target: Target::Sim,
+            pin: None,
+            vm: None,
+            transport: TransportKind::Mmio,
+            bare: BareSyscall::Write,
+            host_path: HostPath::Stack,
+            ring: RingLayout::SPLIT,
+        }
+    }
+}
+
 /// The points of `preset`.
 pub fn points(preset: Preset, opts: &Options) -> Vec<Point> {
     let pts = match preset {
@@ -217,6 +249,7 @@ pub fn points(preset: Preset, opts: &Options) -> Vec<Point> {
         Preset::SeedTxCompletion => fwd_completion_points(opts),
         Preset::SeedXdpBulk => xdp_bulk_points(opts),
         Preset::RxCoalesce => rx_coalesce_points(opts),
+        Preset::Pingpong => pingpong_points(opts),
         Preset::RingLayout => return ring_layout_points(opts),
     };
     pts.into_iter().map(|p| p.on_ring(opts.ring)).collect()
@@ -296,6 +329,26 @@ fn fwd_completion_points(opts: &Options) -> Vec<Point> {
             },
             dev: DevKnobs::default(),
             workload: Workload::Fwd,
+            pace: None,
+            frame_size: opts.frame_size.unwrap_or(64),
+        })
+        .collect()
+}
+
+/// Request/response with W = 1, 4, 16, 64 frames in flight (1 and 16 with `--quick`).
+fn pingpong_points(opts: &Options) -> Vec<Point> {
+    let windows: &[u32] = if opts.quick {
+        &[1, 16]
+    } else {
+        &[1, 4, 16, 64]
+    };
+    windows
+        .iter()
+        .map(|&w| Point {
+            axes: vec![("window", w.to_string())],
+            config: Config::default(),
+            dev: DevKnobs::default(),
+            workload: Workload::PingPong(w),
             pace: None,
             frame_size: opts.frame_size.unwrap_or(64),
         })
@@ -805,7 +858,7 @@ fn sim_trial(point: &Point, opts: &Options) -> io::Result<Measured> {
         _ if opts.host_path == HostPath::XdpReflect => Peers::None,
         Workload::Bidirectional | Workload::XdpBounce | Workload::Echo => Peers::Echo,
         Workload::Rx => Peers::Injector,
-        Workload::XskTx(_) | Workload::Fwd => Peers::None,
+        Workload::XskTx(_) | Workload::Fwd | Workload::PingPong(_) => Peers::None,
     };
     let window = (point.workload == Workload::Echo).then_some(workloads::ECHO_WINDOW);
     let (backend, mut peer) = make_trial(
@@ -851,6 +904,9 @@ fn sim_trial(point: &Point, opts: &Options) -> io::Result<Measured> {
     rig.quiesce();
     drop(peer);
     rig.consistency().map_err(io::Error::other)?;
+    if let Some(l) = &sample.latency {
+        l.check().map_err(io::Error::other)?;
+    }
     let mut m = Measured::from(sample);
     m.host_pps = host.map_or(0.0, |h| h.pps());
     Ok(m)
@@ -919,6 +975,7 @@ fn workload_name(w: Workload) -> &'static str {
         Workload::Echo => "echo",
         Workload::Rx => "rx",
         Workload::Fwd => "fwd",
+        Workload::PingPong(_) => "pingpong",
     }
 }
 
@@ -946,6 +1003,10 @@ fn point_row(
     let (knob, value) = axis(0);
     let (knob2, value2) = axis(1);
     let pps = m.map_or(nan, Measured::pps);
+    let rtt_us = |f: fn(&workloads::Latency) -> u64| {
+        m.and_then(|m| m.latency.as_ref())
+            .map_or(nan, |l| f(l) as f64 / 1000.0)
+    };
     let sim = target == "sim";
     // CPU times, when they were read.
     let cpu = m
@@ -975,6 +1036,9 @@ fn point_row(
         rx_sparse_reads: point.dev.rx_sparse_reads,
         ring: point.ring().name().into(),
         pps,
+        p50_us: rtt_us(|l| l.p50_ns),
+        p99_us: rtt_us(|l| l.p99_ns),
+        p999_us: rtt_us(|l| l.p999_ns),
         kicks_per_pkt: per(m.map_or(0, |m| m.kicks)),
         irqs_per_pkt: per(m.map_or(0, |m| m.irqs)),
         tx_irqs_per_pkt: per(m.map_or(0, |m| m.tx_irqs)),
@@ -1080,17 +1144,7 @@ pub fn run_preset(
     opts: &Options,
     progress: &mut dyn FnMut(&str),
 ) -> io::Result<Vec<Row>> {
-    // A preset with a regime of its own runs on its backend, in co-simulation and in VMs.
-    let backend = preset
-        .backend()
-        .filter(|_| opts.own_regimes)
-        .unwrap_or(opts.backend);
-    let mut opts = opts.clone();
-    opts.backend = backend;
-    if let Some(vm) = &mut opts.vm {
-        vm.backend = backend;
-    }
-    let opts = &opts;
+    let opts = &in_regime(preset, opts);
     let pts = preset_points(preset, opts)?;
     let mut rows = Vec::new();
     let baselines = run_baselines(preset, &pts, opts, progress, &mut rows)?;
@@ -1141,9 +1195,45 @@ pub fn run_preset(
     Ok(rows)
 }
 
+/// `opts` on the backend `preset` runs on: its own regime (a seed preset's sink, loop or
+/// source) unless `--backend` was given, else `opts.backend`; in co-simulation and in VMs.
+pub fn in_regime(preset: Preset, opts: &Options) -> Options {
+    let backend = preset
+        .backend()
+        .filter(|_| opts.own_regimes)
+        .unwrap_or(opts.backend);
+    let mut opts = opts.clone();
+    opts.backend = backend;
+    if let Some(vm) = &mut opts.vm {
+        vm.backend = backend;
+    }
+    opts
+}
+
+/// One trial of `point` on one target: in co-simulation, or (`vm`) by booting the driver guest
+/// (`opts.vm` set). `Ok(None)`: the target cannot run the point (the reason is the `Err` of
+/// [`crate::vm::unsupported`] or the guest's).
+pub fn trial(point: &Point, opts: &Options, vm: bool) -> io::Result<Result<Measured, String>> {
+    if !vm {
+        return sim_trial(point, opts).map(Ok);
+    }
+    let Some(env) = &opts.vm else {
+        return Ok(Err(
+            "no VM environment (the vmm and the driver guest)".into()
+        ));
+    };
+    if let Some(why) = crate::vm::unsupported(point, env.backend) {
+        return Ok(Err(why.into()));
+    }
+    Ok(match crate::vm::run_point(env, point, opts.pin)? {
+        crate::vm::VmRun::Measured(m, _) => Ok(m),
+        crate::vm::VmRun::Unsupported(why) => Err(why),
+    })
+}
+
 /// The preset's points, their workloads adapted to `opts`' backend and target; an
 /// `Unsupported` error when the backend cannot run one.
-fn preset_points(preset: Preset, opts: &Options) -> io::Result<Vec<Point>> {
+pub fn preset_points(preset: Preset, opts: &Options) -> io::Result<Vec<Point>> {
     let backend = opts.backend;
     let mut pts = points(preset, opts);
     for p in &mut pts {
@@ -1275,24 +1365,7 @@ mod tests {
     use super::*;
 
     fn opts(quick: bool) -> Options {
-        Options {
-            duration: Duration::from_millis(100),
-            warmup: Duration::ZERO,
-            repeat: 1,
-            frame_size: None,
-            backend: BackendKind::Pair,
-            own_regimes: true,
-            kick_cost_ns: 0,
-            irq_cost_ns: 0,
-            quick,
-            target: Target::Sim,
-            pin: None,
-            vm: None,
-            transport: TransportKind::Mmio,
-            bare: BareSyscall::Write,
-            host_path: HostPath::Stack,
-            ring: RingLayout::SPLIT,
-        }
+        Options::for_tests(quick)
     }
 
     #[test]
