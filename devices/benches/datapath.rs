@@ -24,10 +24,23 @@
 //!   over a benchmarking backend that reads each frame from the tap into host buffers (the
 //!   device's work with the tap's system calls around it); and bare io_uring batches of reads,
 //!   the last finding the tap empty, against `readv`s plus the probe.
+//! - packed ring (virtio 1.1), null backend, 256 frames per call, each row against the same
+//!   work over a split ring in the same run (the baseline column): `tx null 1-desc batch 256
+//!   packed` and `tx null 2-desc batch 256 packed` (baseline `split`), the same with
+//!   VIRTIO_F_IN_ORDER on both sides, `tx null 1-desc batch 256 packed in_order` and
+//!   `tx null 2-desc batch 256 packed in_order` (baseline `split in_order`), and
+//!   `rx null mrg off batch 256 packed` and `rx null mrg on batch 256 packed` (baseline
+//!   `split`; rx has no IN_ORDER rows: the device returns each rx chain with its own used entry
+//!   either way). `--only packed` runs them alone.
 //!
 //! The bench's driver side writes the avail ring as a guest driver does (stores and a release
 //! store of the index through a pointer resolved once): the tx rows time whole iterations,
-//! driver included, so its part must stay small next to the device's.
+//! driver included, so its part must stay small next to the device's. The packed ring's driver
+//! writes each chain's descriptors in place (the head's flags last, a release store) and reads
+//! the used descriptors back before it reuses their slots, as a packed driver must: more work
+//! per frame than the split driver's avail entry (it re-posts fixed chains without reading the
+//! used ring), which the packed tx rows' difference includes (the rx rows time the device's
+//! calls alone).
 //!
 //! The tap lives in a network namespace private to this process (`unshare(CLONE_NEWNET)`; needs
 //! root and /dev/net/tun, else only the null-backend rows run). Measure on an idle machine: the
@@ -46,14 +59,21 @@ use devices::backend::{
 };
 use devices::iovec::IovecList;
 use devices::test_utils::link::{link_up, PacketSocket};
+use devices::test_utils::packed::GuestPackedQueue;
 use devices::test_utils::queue::{GuestQueue, NEXT, WRITE};
 use devices::virtio::net::metrics::{RxCounters, TxCounters};
 use devices::virtio::net::rx::{RX_GATHER_BYTES, RX_GATHER_NO_GSO_BYTES};
 use devices::virtio::net::{
     BucketConfig, RateLimiterConfig, RxMode, RxQueue, TxQueue, VNET_HDR_LEN,
 };
+use devices::virtio::packed::{
+    PackedLayout, PackedVirtqueue, DESC_F_AVAIL, DESC_F_USED, EVENT_FLAG_DESC, EVENT_WRAP_BIT,
+};
+use devices::virtio::ring::AnyRing;
 use devices::virtio::vring::Virtqueue;
 use std::os::fd::AsRawFd;
+use virtio_bindings::virtio_config::VIRTIO_F_IN_ORDER;
+use virtio_bindings::virtio_ring::VIRTIO_RING_F_EVENT_IDX;
 use virtio_queue::{Queue, QueueT};
 use vm_memory::{
     Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion,
@@ -68,6 +88,89 @@ const DESC_AT: u64 = 0;
 const AVAIL_AT: u64 = 0x4000;
 const USED_AT: u64 = 0x8000;
 const BUFS_AT: u64 = 0x10_0000;
+
+/// A buffer of a chain as the bench's drivers make it available: guest address, length and
+/// flags (`WRITE` or 0; the drivers add `NEXT` where the chain goes on).
+type Buf = (u64, u32, u16);
+
+/// Guest memory for one bench queue (one 32 MiB region from guest address 0, its first 8 MiB,
+/// rings and buffers, faulted in as a running guest's memory is) and the host address of
+/// guest address 0.
+fn bench_memory() -> (GuestMemoryMmap, *mut u8) {
+    let mem = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 0x200_0000)]).expect("memory");
+    mem.write_slice(&vec![0u8; 0x80_0000], GuestAddress(0))
+        .expect("prefault");
+    let host = mem
+        .iter()
+        .next()
+        .expect("a region")
+        .get_host_address(MemoryRegionAddress(0))
+        .expect("in memory");
+    (mem, host)
+}
+
+/// The tx chains of a ring of `size` descriptors: `size / descs` chains of `descs` buffers
+/// (1: header + frame together; 2: header, then frame), chain `c`'s frame written into `mem`
+/// at `BUFS_AT + c·2048`.
+fn tx_chains(mem: &GuestMemoryMmap, size: u16, descs: u16, frame: &[u8]) -> Vec<Vec<Buf>> {
+    (0..size / descs)
+        .map(|c| {
+            let buf = BUFS_AT + u64::from(c) * 2048;
+            mem.write_slice(frame, GuestAddress(buf)).expect("frame");
+            let (len, hdr) = (frame.len() as u32, VNET_HDR_LEN as u32);
+            if descs == 1 {
+                vec![(buf, len, 0)]
+            } else {
+                vec![(buf, hdr, 0), (buf + u64::from(hdr), len - hdr, 0)]
+            }
+        })
+        .collect()
+}
+
+/// The rx chains of a ring of `size` descriptors: one device-writable 2 KiB buffer each.
+fn rx_chains(size: u16) -> Vec<Vec<Buf>> {
+    (0..size)
+        .map(|i| {
+            vec![(
+                BUFS_AT + u64::from(i) * u64::from(RX_BUF_LEN),
+                RX_BUF_LEN,
+                WRITE,
+            )]
+        })
+        .collect()
+}
+
+/// What the timed loops ask of the bench's driver side, over a split ring ([`Driver`]) or a
+/// packed one ([`PackedDriver`]).
+trait BenchDriver {
+    /// The device's view of the ring (`in_order`: VIRTIO_F_IN_ORDER negotiated).
+    fn ring(&self, in_order: bool) -> AnyRing;
+
+    /// Makes the next `n` chains available (tx).
+    fn publish(&mut self, n: usize);
+
+    /// Posts every buffer once (rx: a full ring).
+    fn fill(&mut self);
+
+    /// Re-posts every buffer the device returned (rx: keeps the ring full); returns how many.
+    fn repost_used(&mut self) -> usize;
+}
+
+/// The device's tx queue over `d`'s ring, with IN_ORDER or not.
+fn tx_queue(d: &impl BenchDriver, in_order: bool) -> TxQueue {
+    let mut txq = TxQueue::new(d.ring(in_order));
+    txq.set_in_order(in_order);
+    txq
+}
+
+/// `d` with every buffer posted (a full ring) and the device's rx queue over it, set up as the
+/// worker sets it (sparse reads on: it polls the backend level-triggered).
+fn rx_full<D: BenchDriver>(mut d: D, mode: RxMode, gather: u64) -> (D, RxQueue) {
+    d.fill();
+    let mut rxq = RxQueue::new(d.ring(false), mode, gather);
+    rxq.set_sparse_reads(true);
+    (d, rxq)
+}
 
 /// The driver side of one split queue in guest memory: fixed chains, made available in turn.
 ///
@@ -88,76 +191,49 @@ struct Driver {
 }
 
 impl Driver {
-    fn new(size: u16) -> Driver {
-        let mem = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 0x200_0000)]).expect("memory");
-        // Fault the rings and buffers in, as a running guest's memory is.
-        mem.write_slice(&vec![0u8; 0x80_0000], GuestAddress(0))
-            .expect("prefault");
+    /// A queue of `size` entries holding the chains `chains` builds in its memory.
+    fn new(size: u16, chains: impl FnOnce(&GuestMemoryMmap) -> Vec<Vec<Buf>>) -> Driver {
+        let (mem, host) = bench_memory();
         let q = GuestQueue::with_rings(&mem, size, (DESC_AT, AVAIL_AT, USED_AT), BUFS_AT);
-        // One region from guest address 0 (above).
-        let avail = mem
-            .iter()
-            .next()
-            .expect("a region")
-            .get_host_address(MemoryRegionAddress(AVAIL_AT))
-            .expect("avail ring in memory");
-        Driver {
+        let mut d = Driver {
             q,
-            avail,
+            avail: host.wrapping_add(AVAIL_AT as usize),
             size,
             avail_idx: 0,
             heads: Vec::new(),
             next_head: 0,
             used_seen: 0,
+        };
+        for chain in chains(&mem) {
+            let first = d.q.next_slot();
+            let descs: Vec<_> = (0u16..)
+                .zip(&chain)
+                .map(|(i, &(addr, len, flags))| {
+                    if i + 1 < chain.len() as u16 {
+                        (addr, len, flags | NEXT, first + i + 1)
+                    } else {
+                        (addr, len, flags, 0)
+                    }
+                })
+                .collect();
+            let head = d.q.write_descs(&descs)[0];
+            d.heads.push(head);
         }
+        d
     }
 
     fn mem(&self) -> &GuestMemoryMmap {
         self.q.mem()
     }
 
-    /// Tx chains of `descs` descriptors (1: header + frame together; 2: header, then frame).
+    /// Tx chains of `descs` descriptors ([`tx_chains`]).
     fn tx(size: u16, descs: u16, frame: &[u8]) -> Driver {
-        let mut d = Driver::new(size);
-        for c in 0..size / descs {
-            let buf = BUFS_AT + u64::from(c) * 2048;
-            d.mem()
-                .write_slice(frame, GuestAddress(buf))
-                .expect("frame");
-            let head = if descs == 1 {
-                d.q.write_descs(&[(buf, frame.len() as u32, 0, 0)])
-            } else {
-                let hdr = VNET_HDR_LEN as u32;
-                d.q.write_descs(&[
-                    (buf, hdr, NEXT, c * descs + 1),
-                    (buf + u64::from(hdr), frame.len() as u32 - hdr, 0, 0),
-                ])
-            }[0];
-            d.heads.push(head);
-        }
-        d
+        Driver::new(size, |mem| tx_chains(mem, size, descs, frame))
     }
 
     /// Rx: one device-writable 2 KiB buffer per descriptor.
     fn rx(size: u16) -> Driver {
-        let mut d = Driver::new(size);
-        for i in 0..size {
-            let buf = BUFS_AT + u64::from(i) * u64::from(RX_BUF_LEN);
-            let head = d.q.write_descs(&[(buf, RX_BUF_LEN, WRITE, 0)])[0];
-            d.heads.push(head);
-        }
-        d
-    }
-
-    /// Rx with every buffer posted (a full ring) and the device's queue over it, set up as
-    /// the worker sets it (sparse reads on: it polls the backend level-triggered).
-    fn rx_full(size: u16, mode: RxMode, gather: u64) -> (Driver, RxQueue) {
-        let mut d = Driver::rx(size);
-        d.fill();
-        let vq = Virtqueue::new(&d.queue(), d.mem()).expect("ring");
-        let mut rxq = RxQueue::new(vq, mode, gather);
-        rxq.set_sparse_reads(true);
-        (d, rxq)
+        Driver::new(size, |_| rx_chains(size))
     }
 
     fn queue(&self) -> Queue {
@@ -191,8 +267,16 @@ impl Driver {
         }
         self.publish_idx();
     }
+}
 
-    /// Makes the next `n` chains available (tx).
+impl BenchDriver for Driver {
+    /// The split ring (IN_ORDER is the tx queue's alone: [`TxQueue::set_in_order`]).
+    fn ring(&self, _in_order: bool) -> AnyRing {
+        Virtqueue::new(&self.queue(), self.mem())
+            .expect("ring")
+            .into()
+    }
+
     fn publish(&mut self, n: usize) {
         for _ in 0..n {
             let head = self.heads[self.next_head];
@@ -202,13 +286,11 @@ impl Driver {
         self.publish_idx();
     }
 
-    /// Posts every buffer once (rx: a full ring).
     fn fill(&mut self) {
         let heads = self.heads.clone();
         self.publish_heads(&heads);
     }
 
-    /// Re-posts every buffer the device returned (rx: keeps the ring full).
     fn repost_used(&mut self) -> usize {
         let from = self.used_seen;
         let n = self.q.used_idx().wrapping_sub(from);
@@ -219,6 +301,215 @@ impl Driver {
         self.publish_heads(&ids);
         self.used_seen = from.wrapping_add(n);
         usize::from(n)
+    }
+}
+
+/// The driver side of one packed queue in guest memory, laid out by [`GuestPackedQueue`] at
+/// [`Driver`]'s addresses (the descriptor ring at `DESC_AT`, the driver event area at
+/// `AVAIL_AT`, the device's at `USED_AT`): the same fixed chains, chain `c` with buffer id `c`,
+/// made available in turn.
+///
+/// The ring is written as a guest driver writes it, through a host pointer resolved once: each
+/// chain's descriptors in place from the avail position, with the AVAIL/USED bits of the
+/// driver's wrap counter (flipped at each wrap), the first descriptor's flags last with a
+/// release store. Before writing, it takes back what the device returned, reading used
+/// descriptors from its used position (under IN_ORDER one returns every chain up to its id), as
+/// a packed driver must before it reuses their slots. Its positions stay in registers while it
+/// works (`PackedDriver::push_next`, `PackedDriver::reclaim`), as a driver's do.
+struct PackedDriver {
+    q: GuestPackedQueue,
+    /// Host address of the descriptor ring (`DESC_AT`), inside `q`'s memory.
+    ring: *mut u8,
+    size: u16,
+    /// Where the next chain goes: (offset, the driver's wrap counter).
+    avail: (u16, bool),
+    /// Where the next used descriptor is expected: (offset, the used wrap counter).
+    used: (u16, bool),
+    /// Every chain's buffers, `per_chain` a chain (chain `c`'s from `c·per_chain`).
+    bufs: Vec<Buf>,
+    per_chain: u16,
+    chains: u16,
+    next_chain: u16,
+    /// Chains made available and not returned: the `outstanding` chains before `next_chain`.
+    outstanding: u16,
+}
+
+/// Ring position `pos` (offset, wrap counter) `n ≤ size` descriptors further.
+#[inline(always)]
+fn advance((offset, wrap): (u16, bool), n: u16, size: u16) -> (u16, bool) {
+    let next = u32::from(offset) + u32::from(n);
+    if next >= u32::from(size) {
+        ((next - u32::from(size)) as u16, !wrap)
+    } else {
+        (next as u16, wrap)
+    }
+}
+
+impl PackedDriver {
+    /// A queue of `size` descriptors holding the chains `chains` builds in its memory (all of
+    /// one length).
+    fn new(size: u16, chains: impl FnOnce(&GuestMemoryMmap) -> Vec<Vec<Buf>>) -> PackedDriver {
+        let (mem, host) = bench_memory();
+        let layout = PackedLayout {
+            size,
+            desc: DESC_AT,
+            driver_event: AVAIL_AT,
+            device_event: USED_AT,
+        };
+        let q = GuestPackedQueue::with_layout(&mem, layout);
+        // EVENT_IDX, an interrupt asked for at the start position (as the split driver's
+        // `used_event` stays 0).
+        q.set_driver_event(EVENT_WRAP_BIT, EVENT_FLAG_DESC);
+        let chains = chains(&mem);
+        let per_chain = chains[0].len() as u16;
+        assert!(chains.iter().all(|c| c.len() == usize::from(per_chain)));
+        PackedDriver {
+            q,
+            ring: host.wrapping_add(DESC_AT as usize),
+            size,
+            avail: (0, true),
+            used: (0, true),
+            per_chain,
+            chains: chains.len() as u16,
+            bufs: chains.concat(),
+            next_chain: 0,
+            outstanding: 0,
+        }
+    }
+
+    /// Tx chains of `descs` descriptors ([`tx_chains`]).
+    fn tx(size: u16, descs: u16, frame: &[u8]) -> PackedDriver {
+        PackedDriver::new(size, |mem| tx_chains(mem, size, descs, frame))
+    }
+
+    /// Rx: one device-writable 2 KiB buffer per descriptor.
+    fn rx(size: u16) -> PackedDriver {
+        PackedDriver::new(size, |_| rx_chains(size))
+    }
+
+    /// Makes the next `n` chains available: each written from the avail position, its head's
+    /// flags stored last (release).
+    fn push_next(&mut self, n: usize) {
+        let (ring, size, per) = (self.ring, self.size, usize::from(self.per_chain));
+        let total = usize::from(self.outstanding) + n;
+        assert!(total * per <= usize::from(size), "packed ring full");
+        let (mut at, mut c) = (self.avail, self.next_chain);
+        for _ in 0..n {
+            let head = at;
+            let mut head_flags = 0;
+            for (i, &(addr, len, flags)) in
+                self.bufs[usize::from(c) * per..][..per].iter().enumerate()
+            {
+                let next = if i + 1 < per { NEXT } else { 0 };
+                let flags = (flags | next | GuestPackedQueue::avail_bits(at.1)).to_le();
+                let p = ring.wrapping_add(16 * usize::from(at.0));
+                // SAFETY: `p` is descriptor `at.0 < size` of the 16·size-byte ring, 16-aligned
+                // (DESC_AT), inside the mapped memory `q` holds (so it outlives `self`). The
+                // slot is free (at most `size` descriptors are out, asserted above, and the
+                // device returned the others: `reclaim`); the device reads it again only after
+                // the head's release store below, inside `process` calls on this thread.
+                unsafe {
+                    std::ptr::write_volatile(p.cast::<u64>(), addr.to_le());
+                    std::ptr::write_volatile(p.add(8).cast::<u32>(), len.to_le());
+                    std::ptr::write_volatile(p.add(12).cast::<u16>(), c.to_le());
+                    if i > 0 {
+                        std::ptr::write_volatile(p.add(14).cast::<u16>(), flags);
+                    } else {
+                        head_flags = flags;
+                    }
+                }
+                at = advance(at, 1, size);
+            }
+            let p = ring.wrapping_add(16 * usize::from(head.0) + 14);
+            // SAFETY: the head's 2-aligned flags, inside the ring as above; guest memory is
+            // plain shared memory, valid for atomic access.
+            unsafe { AtomicU16::from_ptr(p.cast()) }.store(head_flags, Ordering::Release);
+            c = if c + 1 == self.chains { 0 } else { c + 1 };
+        }
+        (self.avail, self.next_chain) = (at, c);
+        self.outstanding = total as u16;
+    }
+
+    /// Takes back the chains the device returned: the used descriptors from the used position
+    /// (flags with acquire, then the id), each returning every outstanding chain up to its id
+    /// (one, unless IN_ORDER batched them). Returns how many chains.
+    fn reclaim(&mut self) -> usize {
+        let (ring, size, chains) = (self.ring, self.size, self.chains);
+        let (mut used, mut left) = (self.used, self.outstanding);
+        let mut oldest = (self.next_chain + chains - left) % chains;
+        while left > 0 {
+            let p = ring.wrapping_add(16 * usize::from(used.0));
+            let bits = if used.1 {
+                DESC_F_AVAIL | DESC_F_USED
+            } else {
+                0
+            };
+            // SAFETY: the 2-aligned flags of descriptor `used.0 < size`, inside the ring (see
+            // `push_next`); guest memory is plain shared memory, valid for atomic access.
+            let flags = unsafe { AtomicU16::from_ptr(p.add(14).cast()) }.load(Ordering::Acquire);
+            if u16::from_le(flags) & (DESC_F_AVAIL | DESC_F_USED) != bits {
+                break;
+            }
+            // SAFETY: the descriptor's 2-aligned id, inside the ring; the device wrote it
+            // before the flags loaded with acquire above.
+            let id = u16::from_le(unsafe { std::ptr::read_volatile(p.add(12).cast::<u16>()) });
+            // Chains up to `id`: one, unless IN_ORDER batched them. One is a branch (predicted)
+            // around a call, so the next used position does not wait for the load of `id`.
+            let back = if id == oldest {
+                1
+            } else {
+                in_order_batch(id, oldest, chains, left)
+            };
+            used = advance(used, back * self.per_chain, size);
+            oldest += back;
+            if oldest >= chains {
+                oldest -= chains;
+            }
+            left -= back;
+        }
+        let n = self.outstanding - left;
+        (self.used, self.outstanding) = (used, left);
+        usize::from(n)
+    }
+}
+
+/// How many chains a used descriptor with buffer id `id` returns under IN_ORDER: the
+/// outstanding ones (`left` of them, of `chains` made available in turn) from `oldest` up to
+/// `id`.
+#[cold]
+#[inline(never)]
+fn in_order_batch(id: u16, oldest: u16, chains: u16, left: u16) -> u16 {
+    let back = if id >= oldest {
+        id - oldest
+    } else {
+        id + chains - oldest
+    } + 1;
+    assert!(back <= left, "used id {id} not outstanding");
+    back
+}
+
+impl BenchDriver for PackedDriver {
+    /// The packed ring, EVENT_IDX negotiated.
+    fn ring(&self, in_order: bool) -> AnyRing {
+        let features = 1 << VIRTIO_RING_F_EVENT_IDX | u64::from(in_order) << VIRTIO_F_IN_ORDER;
+        PackedVirtqueue::new(self.q.mem(), &self.q.layout(), features)
+            .expect("packed ring")
+            .into()
+    }
+
+    fn publish(&mut self, n: usize) {
+        self.reclaim();
+        self.push_next(n);
+    }
+
+    fn fill(&mut self) {
+        self.push_next(usize::from(self.chains));
+    }
+
+    fn repost_used(&mut self) -> usize {
+        let n = self.reclaim();
+        self.push_next(n);
+        n
     }
 }
 
@@ -270,7 +561,7 @@ fn guest_bufs(d: &Driver, n: usize, stride: usize) -> impl Iterator<Item = &mut 
 
 /// ns per frame of `iters` batches of `batch` frames sent through `txq`.
 fn run_tx<B: NetBackend>(
-    d: &mut Driver,
+    d: &mut impl BenchDriver,
     txq: &mut TxQueue,
     backend: &mut B,
     batch: usize,
@@ -873,7 +1164,7 @@ fn inject(sock: &PacketSocket, frame: &[u8], n: usize) {
 /// ns per frame of `process_rx` calls of `batch` frames each (timed per call; the frames are
 /// injected before each call, the ring refilled after it).
 fn run_rx<B: NetBackend>(
-    d: &mut Driver,
+    d: &mut impl BenchDriver,
     rxq: &mut RxQueue,
     backend: &mut B,
     mut inject: impl FnMut(&mut B, usize),
@@ -1267,7 +1558,7 @@ fn main() {
             if !wanted(&name) {
                 continue;
             }
-            let (mut d, mut rxq) = Driver::rx_full(256, mode, gather);
+            let (mut d, mut rxq) = rx_full(Driver::rx(256), mode, gather);
             let mut null = NullBackend::new(wire.len()).expect("null backend");
             let pairs = alternate(rounds, |case| {
                 if case {
@@ -1285,6 +1576,52 @@ fn main() {
             });
             report(&name, "timer", &pairs);
         }
+    }
+    // The packed ring against the split one (each row's baseline), 256 frames per call: tx
+    // with VIRTIO_F_IN_ORDER on both sides or on neither, rx without (the device returns each
+    // rx chain with its own used entry either way).
+    let mut null = NullBackend::new(wire.len()).expect("null backend");
+    for descs in [1u16, 2] {
+        for in_order in [false, true] {
+            let order = if in_order { " in_order" } else { "" };
+            let name = format!("tx null {descs}-desc batch 256 packed{order}");
+            if !wanted(&name) {
+                continue;
+            }
+            let mut split = Driver::tx(512, descs, &wire);
+            let mut split_q = tx_queue(&split, in_order);
+            let mut packed = PackedDriver::tx(512, descs, &wire);
+            let mut packed_q = tx_queue(&packed, in_order);
+            let pairs = alternate(rounds, |case| {
+                if case {
+                    run_tx(&mut packed, &mut packed_q, &mut null, 256, frames)
+                } else {
+                    run_tx(&mut split, &mut split_q, &mut null, 256, frames)
+                }
+            });
+            report(&name, &format!("split{order}"), &pairs);
+        }
+    }
+    for (mode, label) in [
+        (RxMode::SingleChain, "mrg off"),
+        (RxMode::Mergeable, "mrg on"),
+    ] {
+        let name = format!("rx null {label} batch 256 packed");
+        if !wanted(&name) {
+            continue;
+        }
+        let (mut split, mut split_q) = rx_full(Driver::rx(256), mode, RX_GATHER_NO_GSO_BYTES);
+        let (mut packed, mut packed_q) =
+            rx_full(PackedDriver::rx(256), mode, RX_GATHER_NO_GSO_BYTES);
+        let feed = |b: &mut NullBackend, n: usize| b.queue_rx(n as u64);
+        let pairs = alternate(rounds, |case| {
+            if case {
+                run_rx(&mut packed, &mut packed_q, &mut null, feed, 256, frames)
+            } else {
+                run_rx(&mut split, &mut split_q, &mut null, feed, 256, frames)
+            }
+        });
+        report(&name, "split", &pairs);
     }
 
     // SAFETY: geteuid has no preconditions.
@@ -1523,7 +1860,8 @@ fn main() {
         if !wanted(row) {
             continue;
         }
-        let (mut d, mut rxq) = Driver::rx_full(256, RxMode::SingleChain, RX_GATHER_NO_GSO_BYTES);
+        let (mut d, mut rxq) =
+            rx_full(Driver::rx(256), RxMode::SingleChain, RX_GATHER_NO_GSO_BYTES);
         rxq.set_sparse_reads(false);
         let mut host_tap = HostBufTap::new(&rig.tap);
         let pairs = alternate(rounds, |case| {
@@ -1587,7 +1925,7 @@ fn main() {
             if !wanted(&format!("{name} {base_name}")) {
                 continue;
             }
-            let (mut d, mut rxq) = Driver::rx_full(256, mode, gather);
+            let (mut d, mut rxq) = rx_full(Driver::rx(256), mode, gather);
             let pairs = alternate(rounds, |case| {
                 if !case {
                     return readv_loop(&mut rig, &heap, &wire, batch, rx_frames, probe);
