@@ -636,9 +636,7 @@ struct PackedSide {
     /// The ring was refused or broke: the device does not use it again (NEEDS_RESET).
     broken: bool,
     /// The driver reads used descriptors as IN_ORDER lets it (one may return every chain up
-    /// to its id). rx returns a chain it refuses at once, ahead of the chains still in its
-    /// pool, even under IN_ORDER; once rx has refused one, its used descriptors are read per
-    /// id.
+    /// to its id), on rx too: a chain rx refuses waits behind the chains still in its pool.
     in_order: bool,
 }
 
@@ -805,6 +803,7 @@ impl PackedRings {
             };
             let mut rxq = RxQueue::new(vq, mode, gather);
             rxq.set_sparse_reads(true);
+            rxq.set_in_order(self.in_order);
             self.rxq = Some(rxq);
         }
         let rxq = self.rxq.as_mut().expect("rx ring");
@@ -832,9 +831,6 @@ impl PackedRings {
         if result.is_err() {
             self.rx.broken = true;
             return;
-        }
-        if counters.malformed_chains > 0 {
-            self.rx.in_order = false;
         }
         let pooled = rxq.pooled_chains();
         assert!(

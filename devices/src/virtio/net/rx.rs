@@ -123,6 +123,9 @@ pub struct RxQueue {
     /// The rx rate limiter (disabled: no clock is read).
     limiter: QueueLimiter,
     sparse: SparseReads,
+    /// VIRTIO_F_IN_ORDER negotiated: chains are returned in the order they were popped, a
+    /// refused one included.
+    in_order: bool,
 }
 
 /// Whether a call may stop after one frame instead of reading again to find the backend empty.
@@ -185,7 +188,15 @@ impl RxQueue {
             label: Arc::from("virtio-net"),
             limiter: QueueLimiter::default(),
             sparse: SparseReads::default(),
+            in_order: false,
         }
+    }
+
+    /// VIRTIO_F_IN_ORDER negotiated (or not): a driver then reads a used entry as returning
+    /// every chain made available before it, so a chain refused while chains popped before it
+    /// are still pooled waits until they are used (otherwise it is returned at once).
+    pub fn set_in_order(&mut self, on: bool) {
+        self.in_order = on;
     }
 
     /// Lets calls stop after one frame when traffic comes one frame at a time, skipping the
@@ -300,6 +311,7 @@ impl RxQueue {
         let sides = Sides {
             mode: self.mode,
             gather: self.gather,
+            keep_order: GIVE_BACK || self.in_order,
             backend,
             counters,
             label: &self.label,
@@ -333,6 +345,8 @@ impl RxQueue {
 struct Sides<'c, 'l, B> {
     mode: RxMode,
     gather: u64,
+    /// The pool's chains stay the tail of what was popped (see `RxPool::refuse`).
+    keep_order: bool,
     backend: &'c mut B,
     counters: &'c mut RxCounters,
     label: &'c str,
@@ -358,6 +372,7 @@ impl<'c, B: NetBackend> Sides<'c, '_, B> {
             ring: &mut *ring,
             state,
             gather: self.gather,
+            keep_order: self.keep_order,
             backend: self.backend,
             counters: self.counters,
             label: self.label,
@@ -383,6 +398,7 @@ struct Call<'c, 'g, 'l, B, R: Ring> {
     ring: &'c mut R,
     state: &'c mut PoolState<R::Head>,
     gather: u64,
+    keep_order: bool,
     backend: &'c mut B,
     counters: &'c mut RxCounters,
     label: &'c str,
@@ -406,7 +422,7 @@ impl<'g, B: NetBackend, R: Ring> Call<'_, 'g, '_, B, R> {
         // (`consume_front`) or two of them joined where one ends at the other's start
         // (`merge_from`), which covers the same mapped bytes.
         let mut pool: RxPool<'g, R::Head, MRG> =
-            unsafe { RxPool::resume(self.state, self.gather, GIVE_BACK) };
+            unsafe { RxPool::resume(self.state, self.gather, self.keep_order) };
         let result = self.receive::<MRG, LIMITED>(&mut pool);
         if GIVE_BACK {
             if let Some(first) = pool.chains.get(pool.first) {

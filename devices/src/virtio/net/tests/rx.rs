@@ -330,3 +330,63 @@ fn sparse_reads<Q: DriverRing>() {
         "{delivered} delivered, no more"
     );
 }
+
+#[test]
+fn in_order_returns_a_refused_rx_chain_after_the_pooled_ones_on_a_split_ring() {
+    in_order_keeps_a_refused_chain_in_order::<GuestQueue>();
+}
+
+#[test]
+fn in_order_returns_a_refused_rx_chain_after_the_pooled_ones_on_a_packed_ring() {
+    in_order_keeps_a_refused_chain_in_order::<GuestPackedQueue>();
+}
+
+/// With VIRTIO_F_IN_ORDER a driver reads a used entry as returning every chain made available
+/// before it. A chain the device refuses (here device-readable: it cannot take a frame),
+/// popped while a chain before it still waits in the pool for a frame, is returned only after
+/// that one, so the used entries come in the order the chains were made available.
+fn in_order_keeps_a_refused_chain_in_order<Q: DriverRing>() {
+    use crate::test_utils::queue::DATA_START;
+    use crate::virtio::net::rx::RX_GATHER_BYTES;
+    use crate::virtio::net::RxQueue;
+
+    let mem = guest_mem();
+    let mut driver = Q::at(&mem, 0, 256, DATA_START);
+    let (first, _) = driver.offer_rx(&[1536]);
+    let readable = driver.reserve(1536);
+    let refused = driver.offer(&[(readable, 1536, 0)]);
+    let (third, _) = driver.offer_rx(&[1536]);
+    // Mergeable mode pools chains until a maximal frame fits: it pops all three at once.
+    let mut rxq = RxQueue::new(driver.device_ring(0), RxMode::Mergeable, RX_GATHER_BYTES);
+    rxq.set_in_order(true);
+    let (mut backend, peer) = pair();
+    let mut counters = RxCounters::default();
+    rxq.process(&mut backend, &mut counters).expect("ring ok");
+    assert_eq!(
+        driver.next_used(),
+        None,
+        "the refused chain waits behind the pooled one"
+    );
+    let sent = wire(&frame(60, 1));
+    peer.send_frame(&sent).expect("send");
+    rxq.process(&mut backend, &mut counters).expect("ring ok");
+    assert_eq!(counters.frames, 1);
+    assert_eq!(
+        driver.next_used(),
+        Some((u32::from(first), sent.len() as u32)),
+        "the frame in the first chain"
+    );
+    assert_eq!(
+        driver.next_used(),
+        Some((u32::from(refused), 0)),
+        "then the refused chain, empty"
+    );
+    assert_eq!(counters.malformed_chains, 1);
+    assert_eq!(driver.next_used(), None, "the third chain is still pooled");
+    peer.send_frame(&sent).expect("send");
+    rxq.process(&mut backend, &mut counters).expect("ring ok");
+    assert_eq!(
+        driver.next_used(),
+        Some((u32::from(third), sent.len() as u32))
+    );
+}

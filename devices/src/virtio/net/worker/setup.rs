@@ -179,9 +179,11 @@ impl<'p, B: NetBackend> EventLoop<'p, B> {
             RX_GATHER_NO_GSO_BYTES
         };
         let acked = a.acked_features;
-        let rx = RxQueue::new(AnyRing::new(&a.rx, &a.mem, acked)?, a.rx_mode, gather);
+        let in_order = acked & 1 << VIRTIO_F_IN_ORDER != 0;
+        let mut rx = RxQueue::new(AnyRing::new(&a.rx, &a.mem, acked)?, a.rx_mode, gather);
+        rx.set_in_order(in_order);
         let mut tx = TxQueue::new(AnyRing::new(&a.tx, &a.mem, acked)?);
-        tx.set_in_order(acked & 1 << VIRTIO_F_IN_ORDER != 0);
+        tx.set_in_order(in_order);
         Ok((rx, tx))
     }
 
