@@ -11,16 +11,25 @@ pub const MIN_FRAME: usize = 14 + 4;
 
 /// A `size`-byte Ethernet frame carrying `seq` after the header and a pattern after that.
 pub fn test_frame(size: usize, seq: u32) -> Vec<u8> {
-    let size = size.max(MIN_FRAME);
-    let mut f = vec![0u8; size];
-    f[0..6].copy_from_slice(&DST_MAC);
-    f[6..12].copy_from_slice(&SRC_MAC);
-    f[12..14].copy_from_slice(&ETHERTYPE.to_be_bytes());
-    f[14..18].copy_from_slice(&seq.to_le_bytes());
-    for (i, b) in f.iter_mut().enumerate().skip(MIN_FRAME) {
+    let mut f = vec![0u8; size.max(MIN_FRAME)];
+    write_test_frame(&mut f, seq);
+    f
+}
+
+/// Makes `out` (at least [`MIN_FRAME`] bytes; false if shorter) the [`test_frame`] of its
+/// length carrying `seq`, in place.
+pub fn write_test_frame(out: &mut [u8], seq: u32) -> bool {
+    if out.len() < MIN_FRAME {
+        return false;
+    }
+    out[0..6].copy_from_slice(&DST_MAC);
+    out[6..12].copy_from_slice(&SRC_MAC);
+    out[12..14].copy_from_slice(&ETHERTYPE.to_be_bytes());
+    out[14..18].copy_from_slice(&seq.to_le_bytes());
+    for (i, b) in out.iter_mut().enumerate().skip(MIN_FRAME) {
         *b = (i as u32).wrapping_add(seq) as u8;
     }
-    f
+    true
 }
 
 /// The sequence number of a frame made by [`test_frame`], if it is one and intact.
@@ -50,5 +59,9 @@ mod tests {
         bad[40] ^= 1;
         assert_eq!(check_frame(&bad), None);
         assert_eq!(check_frame(&f[..10]), None);
+        let mut again = bad;
+        assert!(write_test_frame(&mut again, 78));
+        assert_eq!(again, test_frame(64, 78));
+        assert!(!write_test_frame(&mut [0u8; 10], 1));
     }
 }

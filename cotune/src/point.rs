@@ -67,6 +67,14 @@ impl BackendKind {
         if host_path == HostPath::XdpDrop && receives {
             return Some("the tap's xdp-drop host path returns nothing to receive");
         }
+        let loops = self == BackendKind::Loop
+            || (self == BackendKind::Tap && host_path == HostPath::XdpReflect);
+        if matches!(workload, Workload::PingPong(_)) && !loops {
+            return Some(
+                "pingpong needs every frame back: --backend loop, or --backend tap \
+                 --host-path xdp-reflect",
+            );
+        }
         match self {
             BackendKind::Sink if receives => Some("a sink has nothing to receive"),
             BackendKind::Loop if matches!(workload, Workload::Rx) => {
@@ -340,6 +348,8 @@ pub struct Measured {
     pub busy_poll_us: u64,
     /// The host injector's rate when one fed the point (receive on a tap), else 0.
     pub host_pps: f64,
+    /// Round-trip times, for a request/response workload ([`Workload::PingPong`]).
+    pub latency: Option<crate::workloads::Latency>,
 }
 
 impl Measured {
@@ -364,6 +374,7 @@ impl From<Sample> for Measured {
             busy_poll_found: m.dev_busy_poll_found,
             busy_poll_us: m.dev_busy_poll_us,
             host_pps: 0.0,
+            latency: m.latency,
         }
     }
 }

@@ -58,6 +58,13 @@ pub struct Row {
     pub ring: String,
     /// Packets per second (the workload's main direction; both directions for bidirectional).
     pub pps: f64,
+    /// Round trip, median, µs (request/response workloads; NaN, an empty CSV field, for the
+    /// others).
+    pub p50_us: f64,
+    /// Round trip, 99th percentile, µs.
+    pub p99_us: f64,
+    /// Round trip, 99.9th percentile, µs.
+    pub p999_us: f64,
     /// Driver kicks (notifications written) per packet.
     pub kicks_per_pkt: f64,
     /// Interrupts the driver took per packet.
@@ -98,7 +105,7 @@ pub struct Row {
 pub const CSV_HEADER: &str = "preset,target,knob,value,knob2,value2,workload,frame_size,\
 kick_threshold,tx_completion,event_idx,xdp_bulk,xsk_mode,burst,pause_us,\
 coalesce_packets,coalesce_usecs,dev_event_idx,tx_budget,busy_poll_us,rx_sparse_reads,ring,\
-pps,kicks_per_pkt,irqs_per_pkt,tx_irqs_per_pkt,kicks_suppressed_per_pkt,driver_ns_per_pkt,device_ns_per_pkt,\
+pps,p50_us,p99_us,p999_us,kicks_per_pkt,irqs_per_pkt,tx_irqs_per_pkt,kicks_suppressed_per_pkt,driver_ns_per_pkt,device_ns_per_pkt,\
 driver_cpu_pct,device_cpu_pct,busy_poll_found_per_pkt,busy_poll_pct,ratio_to_baseline,vm_sim_ratio,loadavg1,backend,kick_cost_ns,irq_cost_ns,note";
 
 /// `v` with `prec` decimals, or "" when it is not a number.
@@ -145,6 +152,9 @@ pub fn to_csv(rows: &[Row]) -> String {
             u8::from(r.rx_sparse_reads).to_string(),
             field(&r.ring),
             num(r.pps, 0),
+            num(r.p50_us, 3),
+            num(r.p99_us, 3),
+            num(r.p999_us, 3),
             num(r.kicks_per_pkt, 4),
             num(r.irqs_per_pkt, 4),
             num(r.tx_irqs_per_pkt, 4),
@@ -172,12 +182,14 @@ pub fn to_csv(rows: &[Row]) -> String {
 /// The rows as a fixed-width table.
 pub fn to_table(rows: &[Row]) -> String {
     let mut s = format!(
-        "{:<19} {:<3} {:<34} {:>5} {:>9} {:>8} {:>8} {:>8} {:>9} {:>9} {:>5} {:>5} {:>6} {:>6} {:>5}  {}\n",
+        "{:<19} {:<3} {:<34} {:>5} {:>9} {:>8} {:>8} {:>8} {:>8} {:>8} {:>9} {:>9} {:>5} {:>5} {:>6} {:>6} {:>5}  {}\n",
         "preset",
         "at",
         "knob=value",
         "size",
         "pps",
+        "p50 us",
+        "p99 us",
         "kick/pk",
         "irq/pk",
         "txirq/pk",
@@ -204,12 +216,14 @@ pub fn to_table(rows: &[Row]) -> String {
         };
         let _ = writeln!(
             s,
-            "{:<19} {:<3} {:<34} {:>5} {} {} {} {} {} {} {} {} {} {} {}  {}",
+            "{:<19} {:<3} {:<34} {:>5} {} {} {} {} {} {} {} {} {} {} {} {} {}  {}",
             r.preset,
             r.target,
             knob,
             r.frame_size,
             f(r.pps, 9, 0),
+            f(r.p50_us, 8, 1),
+            f(r.p99_us, 8, 1),
             f(r.kicks_per_pkt, 8, 4),
             f(r.irqs_per_pkt, 8, 4),
             f(r.tx_irqs_per_pkt, 8, 4),
@@ -624,6 +638,9 @@ mod tests {
             rx_sparse_reads: true,
             ring: "split".into(),
             pps,
+            p50_us: f64::NAN,
+            p99_us: f64::NAN,
+            p999_us: f64::NAN,
             kicks_per_pkt: 0.125,
             irqs_per_pkt: 0.01,
             tx_irqs_per_pkt: 0.01,
@@ -684,6 +701,21 @@ mod tests {
         assert_eq!(rows[1][col("pps")], "", "an unmeasured metric is empty");
         assert_eq!(rows[1][col("target")], "vm");
         assert_eq!(rows[0][col("kick_cost_ns")], "1500");
+        for c in ["p50_us", "p99_us", "p999_us"] {
+            assert_eq!(rows[0][col(c)], "", "{c}: empty without round trips");
+        }
+        let mut pp = row("4", 1e5);
+        (pp.p50_us, pp.p99_us, pp.p999_us) = (12.5, 40.25, 101.0);
+        let csv = to_csv(&[pp]);
+        let line: Vec<&str> = csv.lines().nth(1).unwrap().split(',').collect();
+        assert_eq!(
+            [
+                line[col("p50_us")],
+                line[col("p99_us")],
+                line[col("p999_us")]
+            ],
+            ["12.500", "40.250", "101.000"]
+        );
     }
 
     #[test]

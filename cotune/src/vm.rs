@@ -159,11 +159,12 @@ pub fn cmdline(point: &Point, frames: u64) -> String {
         Workload::Bidirectional | Workload::XdpBounce | Workload::Echo => "echo",
         Workload::Rx => "rx",
         Workload::Fwd => "fwd",
+        Workload::PingPong(_) => "pingpong",
     };
-    let window = if point.workload == Workload::Fwd {
-        format!(" window={}", crate::workloads::FWD_WINDOW)
-    } else {
-        String::new()
+    let window = match point.workload {
+        Workload::Fwd => format!(" window={}", crate::workloads::FWD_WINDOW),
+        Workload::PingPong(w) => format!(" window={w}"),
+        _ => String::new(),
     };
     let completion = match c.tx_completion {
         vnet_driver::TxCompletion::TxInterrupt => "tx-interrupt",
@@ -513,7 +514,10 @@ struct HostSide {
 
 impl HostSide {
     fn start(env: &VmEnv, point: &Point, ns: &NetNs) -> io::Result<HostSide> {
-        let echo = !matches!(point.workload, Workload::XskTx(_) | Workload::Rx);
+        let echo = !matches!(
+            point.workload,
+            Workload::XskTx(_) | Workload::Rx | Workload::PingPong(_)
+        );
         let on_tap = !env.backend.is_measurement();
         let injector = if point.workload == Workload::Rx && on_tap {
             let sock = ns.run(|| PacketSocket::open(TAP, ETHERTYPE))??;
@@ -648,6 +652,7 @@ impl RunOutput<'_> {
             busy_poll_found: num(&dev, &["busy_poll", "found_work"]),
             busy_poll_us: num(&dev, &["busy_poll", "polled_us"]),
             host_pps: self.host.map_or(0.0, |h| h.pps()),
+            latency: round_trips(&report),
         };
         Ok(VmRun::Measured(m, note))
     }
@@ -659,6 +664,7 @@ fn vm_note(env: &VmEnv, point: &Point, report: &Value, echoed: Option<u64>) -> i
     // Receiving points reach here as the echo workload (`run_preset` maps them, and runs the
     // same workload in co-simulation), so a packet is one echo on both sides.
     let mut note = String::from(match (point.workload, env.backend) {
+        (Workload::PingPong(_), _) => "vm: pingpong= (round trips timed on the guest's TSC)",
         (Workload::XskTx(_), _) => "vm: tx= copy batches",
         (Workload::Rx, _) => "vm: rx= (every frame checked)",
         (Workload::Fwd, _) => "vm: fwd= (256 frames in flight)",
@@ -694,12 +700,60 @@ fn vm_note(env: &VmEnv, point: &Point, report: &Value, echoed: Option<u64>) -> i
         }
     }
     let done = num(report, &["done"]);
+    if let Workload::PingPong(window) = point.workload {
+        check_round_trips(report, window)?;
+    }
     if let Some(e) = echoed {
         if e < done {
             note += &format!("; peer counted {e} of {done} echoes");
         }
     }
     Ok(note)
+}
+
+/// The round trips of a `pingpong=` result line (`None` for other workloads, or a line
+/// without them).
+fn round_trips(report: &Value) -> Option<crate::workloads::Latency> {
+    let field = |k: &str| report.get(k).and_then(Value::as_u64);
+    Some(crate::workloads::Latency {
+        samples: field("rtt_samples")?,
+        min_ns: field("rtt_min_ns")?,
+        p50_ns: field("rtt_p50_ns")?,
+        p99_ns: field("rtt_p99_ns")?,
+        p999_ns: field("rtt_p999_ns")?,
+        max_ns: field("rtt_max_ns")?,
+        bad: field("rtt_bad")?,
+        lost: field("rtt_lost")?,
+    })
+}
+
+/// A `pingpong=` trial's own checks: the guest ran the window asked for, timed every one of
+/// the round trips it was asked for, none came back damaged or unknown and none was lost,
+/// the percentiles are in order; and the device carried each frame once each way
+/// (`tx_frames` + `xdp_tx` = round trips, `rx_frames` ≥ round trips).
+fn check_round_trips(report: &Value, window: u32) -> io::Result<()> {
+    let err = |what: String| Err(io::Error::other(format!("pingpong: {what}: {report}")));
+    let Some(l) = round_trips(report) else {
+        return err("no round-trip times in the driver guest's line (an older guest?)".into());
+    };
+    let (requested, done) = (num(report, &["requested"]), num(report, &["done"]));
+    if num(report, &["window"]) != u64::from(window) {
+        return err(format!("the guest ran window={}", num(report, &["window"])));
+    }
+    if l.samples != requested || done != requested {
+        return err(format!(
+            "{} round trips timed and {done} frames back of {requested}",
+            l.samples
+        ));
+    }
+    let sent = num(report, &["tx_frames"]) + num(report, &["xdp_tx"]);
+    if sent != requested || num(report, &["rx_frames"]) < requested {
+        return err(format!(
+            "{sent} frames sent and {} received for {requested} round trips",
+            num(report, &["rx_frames"])
+        ));
+    }
+    l.check().map_err(io::Error::other)
 }
 
 /// Boots the driver guest once with `calibrate=2000 ring=3` and reads its exit costs.
@@ -792,6 +846,45 @@ mod tests {
         assert!(rx.contains(" rx=7 ") && !rx.contains("window="), "{rx}");
         let fwd = cmdline(&point(Workload::Fwd), 9);
         assert!(fwd.contains(" fwd=9 window=256 "), "{fwd}");
+        let pp = cmdline(&point(Workload::PingPong(16)), 9);
+        assert!(pp.contains(" pingpong=9 window=16 "), "{pp}");
+    }
+
+    #[test]
+    fn pingpong_result_lines_are_checked() {
+        let line = |samples: u64, bad: u64, p99: u64| {
+            serde_json::json!({
+                "status": "done", "workload": "pingpong", "requested": 100, "done": 100,
+                "window": 4, "rtt_samples": samples, "rtt_bad": bad, "rtt_lost": 0,
+                "rtt_min_ns": 10_000, "rtt_p50_ns": 20_000, "rtt_p99_ns": p99,
+                "rtt_p999_ns": 40_000, "rtt_max_ns": 50_000,
+                "tx_frames": 4, "xdp_tx": 96, "rx_frames": 100,
+            })
+        };
+        let good = line(100, 0, 30_000);
+        check_round_trips(&good, 4).unwrap();
+        let l = round_trips(&good).unwrap();
+        assert_eq!((l.samples, l.p50_ns, l.p999_ns), (100, 20_000, 40_000));
+        assert!(check_round_trips(&good, 16).is_err(), "another window");
+        assert!(
+            check_round_trips(&line(99, 0, 30_000), 4).is_err(),
+            "a round trip short"
+        );
+        assert!(
+            check_round_trips(&line(100, 1, 30_000), 4).is_err(),
+            "a bad frame"
+        );
+        assert!(
+            check_round_trips(&line(100, 0, 45_000), 4).is_err(),
+            "p99 > p99.9"
+        );
+        let mut resent = good.clone();
+        resent["xdp_tx"] = 97.into();
+        assert!(check_round_trips(&resent, 4).is_err(), "a frame sent twice");
+        let mut old = good;
+        old.as_object_mut().unwrap().remove("rtt_p50_ns");
+        assert!(round_trips(&old).is_none());
+        assert!(check_round_trips(&old, 4).is_err());
     }
 
     #[test]

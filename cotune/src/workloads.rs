@@ -11,7 +11,7 @@ use vnet_driver::xsk::{self, Umem, XdpDesc, XskConfig, XskMode};
 use vnet_driver::{Counters, Hal, TxCompletion, XdpAction};
 
 use crate::cost::{spin_for_ns, task_cpu_ns, threads_named};
-use crate::frames::test_frame;
+use crate::frames::{check_frame, test_frame, write_test_frame};
 use crate::rig::Rig;
 
 /// What one trial measured (deltas over the measured window).
@@ -38,6 +38,8 @@ pub struct Sample {
     pub dev_busy_poll_found: u64,
     /// Microseconds the device busy-polled.
     pub dev_busy_poll_us: u64,
+    /// Round-trip times of a request/response workload ([`Workload::PingPong`]).
+    pub latency: Option<Latency>,
 }
 
 impl Sample {
@@ -66,6 +68,86 @@ pub enum Workload {
     /// Forwarding at rate: the driver seeds [`FWD_WINDOW`] frames, then bounces every
     /// received frame with XDP_TX (the driver guest's `fwd= window=`), against a `loop`.
     Fwd,
+    /// Request/response (the driver guest's `pingpong= window=W`): this many test frames in
+    /// flight (1..=[`MAX_PINGPONG_WINDOW`]), each carrying its sequence number; every frame
+    /// that comes back is timed (host `Instant`s), checked to be one in flight and intact,
+    /// and replaced by the next (the returned buffer rewritten, XDP_TX). Against a `loop`, or
+    /// a tap whose XDP program reflects every frame.
+    PingPong(u32),
+}
+
+/// Most frames [`Workload::PingPong`] keeps in flight (as the driver guest's `window=`).
+pub const MAX_PINGPONG_WINDOW: u32 = 64;
+
+/// Round-trip times of a request/response workload, in nanoseconds: exact nearest-rank
+/// percentiles of every round trip measured (the `q`-quantile of `n` samples is the smallest
+/// with at least `ceil(q · n)` samples at or below it), and what the check of the returned
+/// frames found.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Latency {
+    /// Round trips timed.
+    pub samples: u64,
+    /// The fastest.
+    pub min_ns: u64,
+    /// The median.
+    pub p50_ns: u64,
+    /// The 99th percentile.
+    pub p99_ns: u64,
+    /// The 99.9th percentile.
+    pub p999_ns: u64,
+    /// The slowest.
+    pub max_ns: u64,
+    /// Frames that came back damaged or with a sequence number not in flight.
+    pub bad: u64,
+    /// Frames sent that had not come back when the workload ended (counted where it runs
+    /// to a number of round trips; a timed run ends with its window in flight).
+    pub lost: u64,
+}
+
+impl Latency {
+    /// The percentiles of `rtts` (sorted here); `None` when empty.
+    pub fn of(rtts: &mut [u64]) -> Option<Latency> {
+        rtts.sort_unstable();
+        let n = rtts.len() as u64;
+        let at = |num: u64| -> u64 {
+            let rank = (n * num).div_ceil(1000).max(1);
+            rtts[rank as usize - 1]
+        };
+        Some(Latency {
+            samples: n,
+            min_ns: *rtts.first()?,
+            p50_ns: at(500),
+            p99_ns: at(990),
+            p999_ns: at(999),
+            max_ns: *rtts.last()?,
+            bad: 0,
+            lost: 0,
+        })
+    }
+
+    /// Errors unless every frame came back intact and the percentiles are in order and
+    /// positive.
+    pub fn check(&self) -> Result<(), String> {
+        if self.bad > 0 || self.lost > 0 {
+            return Err(format!(
+                "pingpong: {} frames came back bad, {} never came back",
+                self.bad, self.lost
+            ));
+        }
+        let ordered = [
+            self.min_ns,
+            self.p50_ns,
+            self.p99_ns,
+            self.p999_ns,
+            self.max_ns,
+        ];
+        if self.samples == 0 || self.min_ns == 0 || ordered.windows(2).any(|w| w[0] > w[1]) {
+            return Err(format!(
+                "pingpong: round trips out of order or empty: {self:?}"
+            ));
+        }
+        Ok(())
+    }
 }
 
 /// Frames the echo peer keeps in flight (as the VM target's host peer does).
@@ -107,7 +189,11 @@ fn delta(a: &Mark, b: &Mark, workload: Workload) -> Sample {
     let dev_tx_frames = b.dev_tx - a.dev_tx;
     let dev_rx_frames = b.dev_rx - a.dev_rx;
     let packets = match workload {
-        Workload::XskTx(_) | Workload::XdpBounce | Workload::Echo | Workload::Fwd => dev_tx_frames,
+        Workload::XskTx(_)
+        | Workload::XdpBounce
+        | Workload::Echo
+        | Workload::Fwd
+        | Workload::PingPong(_) => dev_tx_frames,
         Workload::Bidirectional => dev_tx_frames + dev_rx_frames,
         Workload::Rx => dev_rx_frames,
     };
@@ -122,6 +208,7 @@ fn delta(a: &Mark, b: &Mark, workload: Workload) -> Sample {
         device_cpu_ns: b.dev_cpu.saturating_sub(a.dev_cpu),
         dev_busy_poll_found: b.busy_found - a.busy_found,
         dev_busy_poll_us: b.busy_us - a.busy_us,
+        latency: None,
     }
 }
 
@@ -174,7 +261,170 @@ pub fn run(
             seed(rig, frame_size, FWD_WINDOW);
             xdp_bounce(rig, frame_size, warmup, duration, workload)
         }
+        Workload::PingPong(window) => {
+            let mut pp = PingPong::new(window, frame_size, Instant::now() + warmup);
+            pp.seed(rig, u64::MAX);
+            let (a, b) = measure_window(rig, warmup, duration, &mut |rig| {
+                pp.step(rig, u64::MAX);
+            });
+            let mut sample = delta(&a, &b, workload);
+            sample.latency = pp.latency(false);
+            sample
+        }
     }
+}
+
+/// The request/response loop of [`Workload::PingPong`].
+pub struct PingPong {
+    /// Per slot (the window): the sequence number in flight and when it was queued.
+    slots: Vec<Option<(u32, Instant)>>,
+    /// Frames sent (the next sequence number).
+    sent: u64,
+    /// Frames back (intact and in flight).
+    returned: u64,
+    /// Frames back that were damaged or not in flight.
+    bad: u64,
+    /// Round trips of the frames that came back from `record_from` on, ns.
+    rtts: Vec<u64>,
+    record_from: Instant,
+    frame_size: usize,
+}
+
+impl PingPong {
+    /// `window` frames of `frame_size` bytes in flight (1..=[`MAX_PINGPONG_WINDOW`]); round
+    /// trips ending before `record_from` are not recorded (a warm-up).
+    pub fn new(window: u32, frame_size: usize, record_from: Instant) -> PingPong {
+        let window = window.clamp(1, MAX_PINGPONG_WINDOW) as usize;
+        PingPong {
+            slots: vec![None; window],
+            sent: 0,
+            returned: 0,
+            bad: 0,
+            rtts: Vec::new(),
+            record_from,
+            frame_size,
+        }
+    }
+
+    /// Sends the first frames: the window, or `limit` frames if fewer (waiting for ring space
+    /// as needed, at most a second).
+    pub fn seed(&mut self, rig: &mut Rig, limit: u64) {
+        let deadline = Instant::now() + Duration::from_secs(1);
+        let mut frame = test_frame(self.frame_size, 0);
+        for i in 0..self.slots.len() {
+            if self.sent >= limit {
+                break;
+            }
+            let seq = self.sent as u32;
+            write_test_frame(&mut frame, seq);
+            while rig.net.transmit(&frame).is_err() {
+                rig.net.reclaim_tx();
+                if Instant::now() >= deadline {
+                    return;
+                }
+            }
+            self.slots[i] = Some((seq, Instant::now()));
+            self.sent += 1;
+        }
+    }
+
+    /// One pass: takes an interrupt (waiting up to 1 ms for one), polls rx, times and checks
+    /// each returned frame and sends the next in its place while fewer than `limit` were sent,
+    /// and reclaims tx as the bounce loop does.
+    pub fn step(&mut self, rig: &mut Rig, limit: u64) {
+        let irq = rig.take_interrupt(1);
+        if irq || rig.net.rx_has_used() {
+            let errors = rig.net.counters().xdp_tx_errors;
+            // Slots answered with XDP_TX in this poll, in order.
+            let mut bounced = Vec::new();
+            rig.rx_poll(&mut |frame: &mut [u8]| {
+                let now = Instant::now();
+                let slot = check_frame(frame).and_then(|seq| {
+                    self.slots
+                        .iter()
+                        .position(|s| s.is_some_and(|(q, _)| q == seq))
+                });
+                let Some((i, (_, sent_at))) = slot.and_then(|i| Some((i, self.slots[i].take()?)))
+                else {
+                    self.bad += 1;
+                    return XdpAction::Drop;
+                };
+                self.returned += 1;
+                if now >= self.record_from {
+                    self.rtts.push((now - sent_at).as_nanos() as u64);
+                }
+                let seq = self.sent as u32;
+                if self.sent < limit && write_test_frame(frame, seq) {
+                    self.slots[i] = Some((seq, Instant::now()));
+                    self.sent += 1;
+                    bounced.push(i);
+                    XdpAction::Tx
+                } else {
+                    XdpAction::Drop
+                }
+            });
+            // Frames the tx ring had no room for (`xdp_tx_errors`: the last ones a flush
+            // added) are sent again by copy, so that the window stays whole.
+            let failed = (rig.net.counters().xdp_tx_errors - errors) as usize;
+            let mut frame = test_frame(self.frame_size, 0);
+            for &i in &bounced[bounced.len().saturating_sub(failed)..] {
+                let Some((seq, _)) = self.slots[i] else {
+                    continue;
+                };
+                write_test_frame(&mut frame, seq);
+                let deadline = Instant::now() + Duration::from_secs(1);
+                while rig.net.transmit(&frame).is_err() && Instant::now() < deadline {
+                    rig.net.reclaim_tx();
+                }
+                self.slots[i] = Some((seq, Instant::now()));
+            }
+        }
+        if rig.net.config().tx_completion != TxCompletion::CleanFromRx {
+            rig.net.reclaim_tx();
+        }
+    }
+
+    /// Frames that came back intact and in flight.
+    pub fn returned(&self) -> u64 {
+        self.returned
+    }
+
+    /// The recorded round trips' percentiles and the checks; `lost` counts the frames still
+    /// in flight as lost (a run to a number of round trips).
+    pub fn latency(&mut self, lost: bool) -> Option<Latency> {
+        let mut l = Latency::of(&mut self.rtts)?;
+        l.bad = self.bad;
+        if lost {
+            l.lost = self.slots.iter().filter(|s| s.is_some()).count() as u64;
+        }
+        Some(l)
+    }
+}
+
+/// Runs [`Workload::PingPong`] with `window` frames in flight until `n` round trips (or
+/// `timeout`), every round trip recorded: the percentiles, `bad` and `lost` (frames sent
+/// that did not come back), or `None` if no frame came back.
+pub fn pingpong_rounds(
+    rig: &mut Rig,
+    frame_size: usize,
+    window: u32,
+    n: u64,
+    timeout: Duration,
+) -> Option<Latency> {
+    let deadline = Instant::now() + timeout;
+    let mut pp = PingPong::new(window, frame_size, Instant::now());
+    pp.seed(rig, n);
+    while pp.returned() < n && Instant::now() < deadline {
+        pp.step(rig, n);
+    }
+    // Every tx buffer back, as the driver guest waits for them before it reports.
+    while rig.net.counters().tx_reclaimed < rig.net.counters().tx_frames + rig.net.counters().xdp_tx
+        && Instant::now() < deadline
+    {
+        rig.take_interrupt(1);
+        rig.net.reclaim_tx();
+    }
+    pp.latency(true)
 }
 
 /// Transmits `n` test frames (waiting for ring space as needed, at most a second).
@@ -435,4 +685,50 @@ pub fn peer_loop(
         }
     }
     (sent, received)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn nearest_rank_percentiles() {
+        assert_eq!(Latency::of(&mut []), None);
+        // 1..=1000 shuffled: p50 is the 500th, p99 the 990th, p99.9 the 999th.
+        let mut v: Vec<u64> = (1..=1000).map(|i| (i * 7919) % 1000 + 1).collect();
+        let l = Latency::of(&mut v).unwrap();
+        assert_eq!(
+            (l.samples, l.min_ns, l.p50_ns, l.p99_ns, l.p999_ns, l.max_ns),
+            (1000, 1, 500, 990, 999, 1000)
+        );
+        l.check().unwrap();
+        // Fewer samples than 1000: p99.9 is the largest; one sample is every percentile.
+        let l = Latency::of(&mut [30, 10, 20]).unwrap();
+        assert_eq!((l.p50_ns, l.p99_ns, l.p999_ns), (20, 30, 30));
+        let l = Latency::of(&mut [5]).unwrap();
+        assert_eq!((l.min_ns, l.p50_ns, l.p999_ns, l.max_ns), (5, 5, 5, 5));
+        // A slow tail of 2 in 1000 moves p99.9 and max only.
+        let mut v = vec![100u64; 998];
+        v.extend([9000, 9000]);
+        let l = Latency::of(&mut v).unwrap();
+        assert_eq!(
+            (l.p50_ns, l.p99_ns, l.p999_ns, l.max_ns),
+            (100, 100, 9000, 9000)
+        );
+    }
+
+    #[test]
+    fn check_refuses_loss_damage_and_disorder() {
+        let good = Latency::of(&mut [10, 20, 30]).unwrap();
+        good.check().unwrap();
+        for bad in [
+            Latency { bad: 1, ..good },
+            Latency { lost: 1, ..good },
+            Latency { min_ns: 0, ..good },
+            Latency { p99_ns: 5, ..good },
+            Latency::default(),
+        ] {
+            assert!(bad.check().is_err(), "{bad:?}");
+        }
+    }
 }

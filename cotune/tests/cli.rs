@@ -59,8 +59,9 @@ fn quick_run_of_every_preset_writes_csv_and_plot() {
     // baseline 1 + kick-threshold 3 + tx-completion 3 + xdp-bulk 2 + xsk-zc 2 + busy-poll 2
     // + tx-budget 2 + rx-sparse-reads 2
     // + three 2-D presets of 2x2
-    // + the four seed presets and rx-coalesce, 2 each, on their own backends.
-    assert_eq!(rows.len(), 39, "{csv_text}");
+    // + the four seed presets, rx-coalesce and pingpong, 2 each, on their own backends
+    // + ring-layout 3 (lazy on each layout).
+    assert_eq!(rows.len(), 44, "{csv_text}");
     assert_eq!(
         table,
         rows.len() + 1,
@@ -89,12 +90,30 @@ fn quick_run_of_every_preset_writes_csv_and_plot() {
         ("seed-tx-completion", "loop", "fwd"),
         ("seed-xdp-bulk", "loop", "fwd"),
         ("rx-coalesce", "source", "rx"),
+        ("pingpong", "loop", "pingpong"),
     ] {
         let mine: Vec<_> = rows.iter().filter(|r| r[0] == preset).collect();
         assert_eq!(mine.len(), 2, "{preset}: {csv_text}");
         for r in mine {
             assert_eq!((r[backend], r[workload]), (on, doing), "{preset}");
         }
+    }
+    // Round-trip percentiles: on the pingpong rows only, positive and in order.
+    let col = |name: &str| header.iter().position(|c| *c == name).unwrap();
+    for r in &rows {
+        let rtt: Vec<&str> = ["p50_us", "p99_us", "p999_us"]
+            .iter()
+            .map(|c| r[col(c)])
+            .collect();
+        if r[0] != "pingpong" {
+            assert_eq!(rtt, ["", "", ""], "{csv_text}");
+            continue;
+        }
+        let rtt: Vec<f64> = rtt.iter().map(|v| v.parse().unwrap()).collect();
+        assert!(
+            rtt[0] > 0.0 && rtt[0] <= rtt[1] && rtt[1] <= rtt[2],
+            "{csv_text}"
+        );
     }
     let pps = header.iter().position(|c| *c == "pps").unwrap();
     assert!(
