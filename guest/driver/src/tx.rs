@@ -245,7 +245,7 @@ impl SendQueue {
     /// Takes every chain the device has returned off the ring: frees copy buffers, recycles rx
     /// buffers lent to XDP_TX into `rx_pool`, completes AF_XDP frames. Returns the number of
     /// chains reclaimed and whether rx buffers came back (the caller re-posts them).
-    fn reclaim(&mut self, rx_pool: &mut RxPool) -> (usize, bool) {
+    pub(crate) fn reclaim(&mut self, rx_pool: &mut RxPool) -> (usize, bool) {
         self.stats.reclaim_polls += 1;
         let mut reclaimed = 0;
         let mut rx_returned = false;

@@ -59,13 +59,23 @@ impl<H: Hal, T: Transport> VirtioNet<H, T> {
         self.lazy_reclaim();
         let (sq, rx_pool) = (&mut self.sq, &mut self.rq.pool);
         let mut queued = 0u64;
-        for &first in &sq.xdp_queue {
+        let mut reclaimed = false;
+        let mut rx_returned = false;
+        let mut bounced = core::mem::take(&mut sq.xdp_queue);
+        for &first in &bounced {
             sq.chain.clear();
             sq.chain.extend(rx_pool.frame(first).map(|buf| Buffer {
                 addr: rx_pool.addr(buf),
                 len: rx_pool.used_len(buf),
                 access: Access::DeviceReads,
             }));
+            if sq.ring.free_descriptors() < sq.chain.len() && !reclaimed {
+                // As Linux's XDP transmit does in every completion mode: take back what the
+                // device has returned before giving up on room (in tx-interrupt mode the tx
+                // poll may not have run yet; a dropped bounce shrinks a forwarding window).
+                reclaimed = true;
+                rx_returned |= sq.reclaim(rx_pool).1;
+            }
             if sq.ring.add(&sq.chain, TxToken::XdpTx(first)).is_ok() {
                 queued += 1;
             } else {
@@ -74,11 +84,15 @@ impl<H: Hal, T: Transport> VirtioNet<H, T> {
                 rx_pool.recycle(first);
             }
         }
-        sq.xdp_queue.clear();
+        bounced.clear();
+        sq.xdp_queue = bounced;
         sq.stats.xdp_tx += queued;
         if queued > 0 {
             sq.stats.xdp_flushes += 1;
             sq.flush(&mut self.transport);
+        }
+        if rx_returned {
+            self.refill_rx();
         }
     }
 }

@@ -163,3 +163,30 @@ fn bounced_frames_without_tx_room_are_dropped_and_their_buffers_kept() {
     assert_eq!(h.dev.tx_drain().len(), 8);
     assert_eq!(h.net.reclaim_tx(), 8);
 }
+
+#[test]
+fn a_flush_reclaims_returned_tx_chains_before_dropping_a_bounce_in_tx_interrupt_mode() {
+    // A forwarding loop in tx-interrupt mode: the device has returned every tx chain of the
+    // last bulk, but the tx poll has not run yet when the next frames are bounced. The flush
+    // takes them back instead of dropping the frames (which would shrink the window for good).
+    let mut h = harness(Config {
+        tx_queue_size: 8,
+        xdp_bulk: 8,
+        tx_completion: TxCompletion::TxInterrupt,
+        ..Config::default()
+    });
+    for round in 0..3u32 {
+        for i in 0..8 {
+            assert!(h.dev.rx_deliver(&frame(round * 8 + i, 60)));
+        }
+        assert_eq!(h.net.poll_rx(64, &mut |_: &[u8]| XdpAction::Tx), 8);
+        assert_eq!(
+            h.dev.tx_drain().len(),
+            8,
+            "round {round}: the whole bulk sent"
+        );
+    }
+    let c = h.net.counters();
+    assert_eq!((c.xdp_tx, c.xdp_tx_errors, c.ring_full), (24, 0, 0));
+    assert_eq!(h.dev.rx.pending(), 256, "the lent rx buffers came back");
+}
