@@ -122,9 +122,10 @@ fn quick_run_of_every_preset_writes_csv_and_plot() {
     );
     let svg_text = std::fs::read_to_string(&svg).unwrap();
     assert!(svg_text.contains("<svg") && svg_text.contains("kick-threshold"));
-    // The 2-D presets go to a heatmap file beside it: 3 presets x 4 cells x 4 metrics.
+    // The 2-D presets go to a heatmap file beside it, 4 metrics each: three of 2x2 cells and
+    // ring-layout's 3 layouts x 1 completion mode.
     let heat = std::fs::read_to_string(dir.join("quick-heatmap.svg")).unwrap();
-    assert_eq!(heat.matches(r#"class="cell""#).count(), 3 * 4 * 4);
+    assert_eq!(heat.matches(r#"class="cell""#).count(), (3 * 4 + 3) * 4);
     std::fs::remove_dir_all(dir).unwrap();
 }
 
