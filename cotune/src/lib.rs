@@ -2,8 +2,8 @@
 //! (the same code the VMM runs), on host threads over the same eventfd kick/interrupt paths KVM
 //! uses, and the `cotune` sweeps built on it.
 
-pub mod baseline;
 pub mod autotune;
+pub mod baseline;
 pub mod calib;
 pub mod check;
 pub mod cost;
