@@ -144,51 +144,7 @@ impl HostPath {
     }
 }
 
-/// The virtqueue layout of a point, offered by the device (`--net …,packed=on,in_order=on`)
-/// and requested by the driver (`Config::packed`, `Config::in_order`; the driver guest's
-/// `packed=1 in_order=1`): both sides the same, so a point runs on the layout it names.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct RingLayout {
-    /// VIRTIO_F_RING_PACKED (false: the split ring).
-    pub packed: bool,
-    /// VIRTIO_F_IN_ORDER: a batch completed with one used entry.
-    pub in_order: bool,
-}
-
-impl RingLayout {
-    /// The split ring, buffers completed one by one (the default).
-    pub const SPLIT: RingLayout = RingLayout {
-        packed: false,
-        in_order: false,
-    };
-    /// The packed ring.
-    pub const PACKED: RingLayout = RingLayout {
-        packed: true,
-        in_order: false,
-    };
-    /// The packed ring with IN_ORDER.
-    pub const PACKED_IN_ORDER: RingLayout = RingLayout {
-        packed: true,
-        in_order: true,
-    };
-
-    /// The layout as a sweep value: `split`, `packed`, `split+in_order`, `packed+in_order`.
-    pub fn name(self) -> &'static str {
-        match (self.packed, self.in_order) {
-            (false, false) => "split",
-            (true, false) => "packed",
-            (false, true) => "split+in_order",
-            (true, true) => "packed+in_order",
-        }
-    }
-
-    /// Whether a driver's negotiated `features` run this layout.
-    pub fn negotiated_in(self, features: u64) -> bool {
-        use vnet_driver::features::{F_IN_ORDER, F_RING_PACKED};
-        (features & F_RING_PACKED != 0) == self.packed
-            && (features & F_IN_ORDER != 0) == self.in_order
-    }
-}
+pub use crate::rig::RingLayout;
 
 /// The device-side knobs of a point.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
