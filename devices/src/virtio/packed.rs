@@ -520,7 +520,7 @@ impl RingOps<'_> {
     /// available. Reads the flags of the chain's descriptors (at most
     /// [`MAX_CHAIN_DESCRIPTORS`]) to find its end and its id; the buffers are walked later.
     /// On error nothing moves.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn pop_head(&mut self) -> Result<Option<ChainHead>, PackedRingError> {
         let ring = &*self.ring;
         let size = ring.size;
@@ -624,7 +624,7 @@ impl RingOps<'_> {
     /// Walks `head`'s buffers, appending them to `iovs` (those that follow each other in memory
     /// as one entry), and returns their total length. On error `iovs` is left as it was. Every
     /// descriptor visited is charged to `budget`.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn walk_chain<'g>(
         &self,
         guest: &GuestView<'g>,
@@ -713,6 +713,7 @@ impl RingOps<'_> {
 
     /// Visits `head`'s descriptors in order: its ring descriptors, or the entries of the
     /// indirect table its lone descriptor points to.
+    #[inline(always)]
     fn traverse<F: FnMut(&RawDesc) -> Result<(), ChainError>>(
         &self,
         guest: &GuestView<'_>,

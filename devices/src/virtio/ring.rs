@@ -289,22 +289,22 @@ impl Ring for vring::RingOps<'_> {
 impl Ring for packed::RingOps<'_> {
     type Head = ChainHead;
 
-    #[inline]
+    #[inline(always)]
     fn pop_head(&mut self) -> Result<Option<ChainHead>, RingError> {
         Ok(packed::RingOps::pop_head(self)?)
     }
 
-    #[inline]
+    #[inline(always)]
     fn pending_at_least(&mut self, n: usize) -> bool {
         packed::RingOps::pending_at_least(self, n)
     }
 
-    #[inline]
+    #[inline(always)]
     fn known_pending_at_least(&self, n: usize) -> bool {
         packed::RingOps::pending_at_least(self, n)
     }
 
-    #[inline]
+    #[inline(always)]
     fn walk_chain<'g>(
         &self,
         guest: &GuestView<'g>,
@@ -317,7 +317,7 @@ impl Ring for packed::RingOps<'_> {
         packed::RingOps::walk_chain(self, guest, head, direction, limit, iovs, budget)
     }
 
-    #[inline]
+    #[inline(always)]
     fn walk_chain_split<'g>(
         &self,
         guest: &GuestView<'g>,
@@ -330,47 +330,47 @@ impl Ring for packed::RingOps<'_> {
         packed::RingOps::walk_chain_split(self, guest, head, limit, readable, writable, budget)
     }
 
-    #[inline]
+    #[inline(always)]
     fn add_used(&mut self, head: ChainHead, len: u32) {
         packed::RingOps::add_used(self, head, len);
     }
 
-    #[inline]
+    #[inline(always)]
     fn add_used_batch(&mut self, heads: &[ChainHead], len: u32) {
         packed::RingOps::add_used_batch(self, heads, len);
     }
 
-    #[inline]
+    #[inline(always)]
     fn publish_used(&mut self) {
         packed::RingOps::publish_used(self);
     }
 
-    #[inline]
+    #[inline(always)]
     fn interrupt_decision(&mut self) -> Option<InterruptDecision> {
         packed::RingOps::interrupt_decision(self)
     }
 
-    #[inline]
+    #[inline(always)]
     fn disable_notification(&mut self) {
         packed::RingOps::disable_notification(self);
     }
 
-    #[inline]
+    #[inline(always)]
     fn enable_notification(&mut self) -> bool {
         packed::RingOps::enable_notification(self)
     }
 
-    #[inline]
+    #[inline(always)]
     fn prefetch_ahead(&self, guest: &GuestView<'_>) {
         packed::RingOps::prefetch_ahead(self, guest);
     }
 
-    #[inline]
+    #[inline(always)]
     fn prefetch_descriptors(&self, n: u16) {
         packed::RingOps::prefetch_descriptors(self, n);
     }
 
-    #[inline]
+    #[inline(always)]
     fn unpop(&mut self, first: &ChainHead, _count: u16) {
         packed::RingOps::unpop(self, first);
     }
