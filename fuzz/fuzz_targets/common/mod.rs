@@ -130,6 +130,40 @@ pub struct ChainSpec {
     pub indirect: bool,
 }
 
+impl ChainSpec {
+    /// The chain's buffers (at most 64) inside `[buf_base, buf_base + buf_len)`, as
+    /// (address, length, flags): `dir` (0 or F_WRITE), the other way for a wrong-direction one.
+    pub fn buffers(&self, buf_base: u64, buf_len: u64, dir: u16) -> Vec<(u64, u32, u16)> {
+        self.segs
+            .iter()
+            .take(64)
+            .map(|s| {
+                let off = u64::from(s.offset) % buf_len.max(1);
+                let len = u64::from(s.len).min(buf_len - off) as u32;
+                let flags = if s.wrong_direction {
+                    dir ^ F_WRITE
+                } else {
+                    dir
+                };
+                (buf_base + off, len, flags)
+            })
+            .collect()
+    }
+}
+
+/// One chain walk's bounds: it charged 1..=MAX_CHAIN_DESCRIPTORS + 1 descriptors to the call's
+/// budget, and every iovec it made is non-empty and inside guest memory (`hosts`).
+pub fn check_walk(charged: u32, iovecs: &[(usize, usize)], hosts: &[(usize, usize)]) {
+    assert!(
+        (1..=devices::fuzzing::MAX_CHAIN_DESCRIPTORS + 1).contains(&charged),
+        "charged {charged}"
+    );
+    for &(addr, len) in iovecs {
+        assert!(len > 0, "empty iovec");
+        assert!(inside(hosts, addr, len), "iovec outside guest memory");
+    }
+}
+
 /// Writes chains the way a driver does: descriptors in the table (or in indirect tables in the
 /// buffer area), heads in the avail ring, cycling through the chains over every avail slot, and
 /// `avail.idx = next_avail + published`. Buffers live in `[buf_base, buf_base + buf_len)`.
@@ -152,30 +186,8 @@ pub fn write_driver_chains(
     let mut heads = Vec::new();
     // Indirect tables go at the end of the buffer area, 16-aligned, growing down.
     let mut table_top = (buf_base + buf_len) & !15;
-    let write_desc = |addr: u64, d: (u64, u32, u16, u16)| {
-        let mut raw = [0u8; 16];
-        raw[..8].copy_from_slice(&d.0.to_le_bytes());
-        raw[8..12].copy_from_slice(&d.1.to_le_bytes());
-        raw[12..14].copy_from_slice(&d.2.to_le_bytes());
-        raw[14..].copy_from_slice(&d.3.to_le_bytes());
-        let _ = mem.write_slice(&raw, GuestAddress(addr));
-    };
     for chain in chains.iter().take(usize::from(size)) {
-        let segs: Vec<(u64, u32, u16)> = chain
-            .segs
-            .iter()
-            .take(64)
-            .map(|s| {
-                let off = u64::from(s.offset) % buf_len.max(1);
-                let len = u64::from(s.len).min(buf_len - off) as u32;
-                let flags = if s.wrong_direction {
-                    dir ^ F_WRITE
-                } else {
-                    dir
-                };
-                (buf_base + off, len, flags)
-            })
-            .collect();
+        let segs = chain.buffers(buf_base, buf_len, dir);
         if segs.is_empty() {
             continue;
         }
@@ -191,9 +203,14 @@ pub fn write_driver_chains(
             for (i, &(addr, len, flags)) in segs.iter().enumerate() {
                 let last = i + 1 == segs.len();
                 let flags = if last { flags } else { flags | F_NEXT };
-                write_desc(table_top + 16 * i as u64, (addr, len, flags, i as u16 + 1));
+                write_desc(
+                    mem,
+                    table_top + 16 * i as u64,
+                    (addr, len, flags, i as u16 + 1),
+                );
             }
             write_desc(
+                mem,
                 desc + 16 * u64::from(slot),
                 (table_top, table_len as u32, F_INDIRECT, 0),
             );
@@ -208,6 +225,7 @@ pub fn write_driver_chains(
                 let last = i + 1 == segs.len();
                 let flags = if last { flags } else { flags | F_NEXT };
                 write_desc(
+                    mem,
                     desc + 16 * u64::from(slot),
                     (addr, len, flags, slot.wrapping_add(1)),
                 );
@@ -336,21 +354,7 @@ impl PackedDriver {
         let mut table_top = (buf_base + buf_len) & !15;
         let mut chains = Vec::new();
         for spec in specs.iter().take(64) {
-            let segs: Vec<(u64, u32, u16)> = spec
-                .segs
-                .iter()
-                .take(64)
-                .map(|s| {
-                    let off = u64::from(s.offset) % buf_len.max(1);
-                    let len = u64::from(s.len).min(buf_len - off) as u32;
-                    let flags = if s.wrong_direction {
-                        dir ^ F_WRITE
-                    } else {
-                        dir
-                    };
-                    (buf_base + off, len, flags)
-                })
-                .collect();
+            let segs = spec.buffers(buf_base, buf_len, dir);
             if segs.is_empty() {
                 continue;
             }
