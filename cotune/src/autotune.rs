@@ -12,7 +12,7 @@
 //! two best points seen are then measured until each has `repeat` trials and the best median
 //! wins (successive halving's last round).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::io;
 
 use crate::point::{Measured, Point};
@@ -98,7 +98,7 @@ fn median(v: &[f64]) -> f64 {
 struct Search<F> {
     measure: F,
     scores: HashMap<Pos, Vec<f64>>,
-    refused: HashMap<Pos, ()>,
+    refused: HashSet<Pos>,
     path: Vec<Visit>,
 }
 
@@ -114,15 +114,27 @@ impl<F: FnMut(&[usize]) -> io::Result<Option<f64>>> Search<F> {
         match score {
             Some(s) => self.scores.entry(pos.to_vec()).or_default().push(s),
             None => {
-                self.refused.insert(pos.to_vec(), ());
+                self.refused.insert(pos.to_vec());
             }
         }
         Ok(score)
     }
 
+    /// Every position with at least `min_trials` scores, with its median, best first.
+    fn ranked(&self, min_trials: usize) -> Vec<(Pos, f64)> {
+        let mut ranked: Vec<(Pos, f64)> = self
+            .scores
+            .iter()
+            .filter(|(_, v)| v.len() >= min_trials)
+            .map(|(p, v)| (p.clone(), median(v)))
+            .collect();
+        ranked.sort_by(|a, b| b.1.total_cmp(&a.1));
+        ranked
+    }
+
     /// `pos`'s screening score, measuring it once if it has none yet.
     fn screen(&mut self, pos: &[usize], why: &'static str) -> io::Result<Option<f64>> {
-        if self.refused.contains_key(pos) {
+        if self.refused.contains(pos) {
             return Ok(None);
         }
         if let Some(v) = self.scores.get(pos) {
@@ -146,7 +158,7 @@ pub fn search(
     let mut s = Search {
         measure,
         scores: HashMap::new(),
-        refused: HashMap::new(),
+        refused: HashSet::new(),
         path: Vec::new(),
     };
     let mut pos: Pos = dims.iter().map(|&n| (n - 1) / 2).collect();
@@ -183,18 +195,13 @@ pub fn search(
         }
     }
     confirm(&mut s, repeat)?;
+    // The best median among the positions confirmed to `repeat` trials (all of them with
+    // `--repeat 1`); among all measured ones if no confirmation could finish.
     let (best, best_score) = s
-        .scores
-        .iter()
-        .filter(|(_, v)| v.len() >= repeat.min(s.scores.len().max(1)))
-        .map(|(p, v)| (p.clone(), median(v)))
-        .max_by(|a, b| a.1.total_cmp(&b.1))
-        .or_else(|| {
-            s.scores
-                .iter()
-                .map(|(p, v)| (p.clone(), median(v)))
-                .max_by(|a, b| a.1.total_cmp(&b.1))
-        })
+        .ranked(repeat)
+        .into_iter()
+        .next()
+        .or_else(|| s.ranked(1).into_iter().next())
         .ok_or_else(|| io::Error::other("no point of the grid could run on this target"))?;
     let trials = s.path.len();
     Ok(Outcome {
@@ -222,13 +229,7 @@ fn confirm<F: FnMut(&[usize]) -> io::Result<Option<f64>>>(
     s: &mut Search<F>,
     repeat: usize,
 ) -> io::Result<()> {
-    let mut ranked: Vec<(Pos, f64)> = s
-        .scores
-        .iter()
-        .map(|(p, v)| (p.clone(), median(v)))
-        .collect();
-    ranked.sort_by(|a, b| b.1.total_cmp(&a.1));
-    for (pos, _) in ranked.into_iter().take(2) {
+    for (pos, _) in s.ranked(1).into_iter().take(2) {
         while s.scores.get(&pos).map_or(0, Vec::len) < repeat {
             if s.trial(&pos, "confirm")?.is_none() {
                 break;

@@ -1211,8 +1211,8 @@ pub fn in_regime(preset: Preset, opts: &Options) -> Options {
 }
 
 /// One trial of `point` on one target: in co-simulation, or (`vm`) by booting the driver guest
-/// (`opts.vm` set). `Ok(None)`: the target cannot run the point (the reason is the `Err` of
-/// [`crate::vm::unsupported`] or the guest's).
+/// (`opts.vm` set). `Ok(Err(why))`: the target cannot run the point (why: from
+/// [`crate::vm::unsupported`] or the guest).
 pub fn trial(point: &Point, opts: &Options, vm: bool) -> io::Result<Result<Measured, String>> {
     if !vm {
         return sim_trial(point, opts).map(Ok);
