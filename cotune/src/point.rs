@@ -5,7 +5,7 @@
 use std::io;
 
 use devices::test_utils::netns::NetNs;
-use devices::virtio::net::{InterruptCoalescing, NetTuning};
+use devices::virtio::net::{Adaptive, InterruptCoalescing, NetTuning};
 use vnet_driver::Config;
 
 use crate::workloads::{Pace, Sample, Workload};
@@ -163,6 +163,9 @@ pub struct DevKnobs {
     pub rx_sparse_reads: bool,
     /// The ring layout the device offers (the driver's request is in the point's config).
     pub ring: RingLayout,
+    /// Device-side adaptation (`adaptive=on`, default bounds): the device then chooses its
+    /// busy-poll window and interrupt coalescing itself.
+    pub adaptive: bool,
 }
 
 impl Default for DevKnobs {
@@ -176,6 +179,7 @@ impl Default for DevKnobs {
             busy_poll_us: t.busy_poll_us,
             rx_sparse_reads: t.rx_sparse_reads,
             ring: RingLayout::SPLIT,
+            adaptive: t.adaptive.enabled,
         }
     }
 }
@@ -192,6 +196,10 @@ impl DevKnobs {
             tx_budget: self.tx_budget,
             busy_poll_us: self.busy_poll_us,
             rx_sparse_reads: self.rx_sparse_reads,
+            adaptive: Adaptive {
+                enabled: self.adaptive,
+                ..Adaptive::default()
+            },
         }
     }
 
@@ -231,6 +239,9 @@ impl DevKnobs {
         }
         if self.ring.in_order {
             s += ",in_order=on";
+        }
+        if self.adaptive {
+            s += ",adaptive=on";
         }
         s
     }

@@ -1517,11 +1517,12 @@ mod tests {
             busy_poll_us: 50,
             rx_sparse_reads: false,
             ring: RingLayout::PACKED_IN_ORDER,
+            adaptive: true,
         };
         assert_eq!(
             k.net_spec_keys(),
             ",coalesce_packets=32,coalesce_usecs=100,event_idx=off,tx_budget=64,busy_poll_us=50,\
-             rx_sparse_reads=off,packed=on,in_order=on"
+             rx_sparse_reads=off,packed=on,in_order=on,adaptive=on"
         );
         // Every key it writes is one the device's --net parser takes, with the same meaning.
         let spec: devices::virtio::net::NetConfig = format!("tap=t0{}", k.net_spec_keys())

@@ -206,6 +206,10 @@ fn openapi_document_matches_the_server() {
         tx_budget: 64,
         busy_poll_us: 5,
         rx_sparse_reads: false,
+        adaptive: devices::virtio::net::Adaptive {
+            enabled: true,
+            ..Default::default()
+        },
     };
     let iface = crate::config::NetworkInterface {
         iface_id: "eth0".into(),
@@ -265,6 +269,7 @@ fn openapi_document_matches_the_server() {
             tx_budget: Some(tuning.tx_budget),
             busy_poll_us: Some(tuning.busy_poll_us),
             rx_sparse_reads: Some(tuning.rx_sparse_reads),
+            adaptive: Some(tuning.adaptive),
         }),
     };
     let info = InstanceInfo {
@@ -289,7 +294,7 @@ fn openapi_document_matches_the_server() {
         config: iface.clone(),
         coalescing_in_force: in_force,
     };
-    let checks: [(&str, Value); 14] = [
+    let checks: [(&str, Value); 15] = [
         (
             "NetworkInterfaceInfo",
             serde_json::to_value(&iface_info).unwrap(),
@@ -322,6 +327,7 @@ fn openapi_document_matches_the_server() {
             "InterruptCoalescing",
             serde_json::to_value(tuning.interrupt_coalescing).unwrap(),
         ),
+        ("Adaptive", serde_json::to_value(tuning.adaptive).unwrap()),
         ("FullVmConfiguration", serde_json::to_value(&full).unwrap()),
         ("InstanceInfo", serde_json::to_value(&info).unwrap()),
         (

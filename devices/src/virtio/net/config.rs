@@ -3,7 +3,9 @@
 //! CLI form: `tap0`, or `tap=tap0,mac=02:00:00:00:00:01,queue_size=256` (keys in any order,
 //! `tap` required), plus rate limiters (`rx_bw`, `rx_ops`, `tx_bw`, `tx_ops`) and the device's
 //! runtime knobs (`coalesce_packets`, `coalesce_usecs`, `event_idx=on|off`, `tx_budget`,
-//! `busy_poll_us`, `rx_sparse_reads=on|off`; see [`NetTuning`]) and the ring features offered
+//! `busy_poll_us`, `rx_sparse_reads=on|off`, `adaptive=on|off` with its bounds
+//! `adaptive_max_busy_poll_us`, `adaptive_max_coalesce_usecs` and `adaptive_interval_us`; see
+//! [`NetTuning`]) and the ring features offered
 //! (`packed=on|off`, `in_order=on|off`, both off by default). The serde form is `{"tap": "tap0", "mac": "...", "queue_size": 256}` with
 //! `mac` and `queue_size` optional; both forms are validated the same way.
 //!
@@ -54,7 +56,8 @@ pub enum NetConfigError {
     #[error(
         "unknown key {0:?} (expected tap, backend, rate_pps, frame_size, mac, queue_size, \
          rx_bw, rx_ops, tx_bw, tx_ops, coalesce_packets, coalesce_usecs, event_idx, tx_budget, \
-         busy_poll_us, rx_sparse_reads, queues, io_uring, packed, in_order)"
+         busy_poll_us, rx_sparse_reads, adaptive, adaptive_max_busy_poll_us, \
+         adaptive_max_coalesce_usecs, adaptive_interval_us, queues, io_uring, packed, in_order)"
     )]
     UnknownKey(String),
     /// `backend=` names no backend.
@@ -596,9 +599,28 @@ impl FromStr for NetConfig {
                 "rx_ops" => rx.ops.replace(parse_bucket(value)?).is_some(),
                 "tx_bw" => tx.bandwidth.replace(parse_bucket(value)?).is_some(),
                 "tx_ops" => tx.ops.replace(parse_bucket(value)?).is_some(),
-                "coalesce_packets" | "coalesce_usecs" | "event_idx" | "tx_budget"
-                | "busy_poll_us" | "rx_sparse_reads" => {
+                "coalesce_packets"
+                | "coalesce_usecs"
+                | "event_idx"
+                | "tx_budget"
+                | "busy_poll_us"
+                | "rx_sparse_reads"
+                | "adaptive"
+                | "adaptive_max_busy_poll_us"
+                | "adaptive_max_coalesce_usecs"
+                | "adaptive_interval_us" => {
+                    let adaptive = &mut tuning.adaptive;
                     match key {
+                        "adaptive" => adaptive.enabled = on_off(key, value)?,
+                        "adaptive_max_busy_poll_us" => {
+                            adaptive.max_busy_poll_us = knob(key, value, "microseconds")?
+                        }
+                        "adaptive_max_coalesce_usecs" => {
+                            adaptive.max_coalesce_usecs = knob(key, value, "microseconds")?
+                        }
+                        "adaptive_interval_us" => {
+                            adaptive.interval_us = knob(key, value, "microseconds")?
+                        }
                         "coalesce_packets" => {
                             tuning.interrupt_coalescing.max_packets =
                                 knob(key, value, "frames, 0..=65535")?
@@ -923,6 +945,67 @@ mod tests {
         )
         .expect("valid");
         assert_eq!(json.tx_rate_limiter.ops.map(|b| b.size), Some(5));
+    }
+
+    #[test]
+    fn adaptation_and_its_bounds_in_the_short_form_and_the_json_form() {
+        use crate::virtio::net::tuning::Adaptive;
+        let cfg: NetConfig = "tap=t0,adaptive=on,adaptive_max_busy_poll_us=200,\
+                              adaptive_max_coalesce_usecs=32,adaptive_interval_us=500"
+            .parse()
+            .expect("valid");
+        assert_eq!(
+            cfg.tuning.adaptive,
+            Adaptive {
+                enabled: true,
+                max_busy_poll_us: 200,
+                max_coalesce_usecs: 32,
+                interval_us: 500,
+            }
+        );
+        let defaults: NetConfig = "tap=t0,adaptive=on".parse().expect("valid");
+        assert_eq!(
+            defaults.tuning.adaptive,
+            Adaptive {
+                enabled: true,
+                ..Adaptive::default()
+            }
+        );
+        for (bad, error) in [
+            (
+                "tap=t0,adaptive=on,adaptive_max_busy_poll_us=10001",
+                NetConfigError::Tuning(TuningError::AdaptiveBusyPoll(10_001)),
+            ),
+            (
+                "tap=t0,adaptive_interval_us=50",
+                NetConfigError::Tuning(TuningError::AdaptiveInterval(50)),
+            ),
+            (
+                "tap=t0,adaptive=maybe",
+                NetConfigError::InvalidValue {
+                    key: "adaptive".into(),
+                    value: "maybe".into(),
+                    expected: "on or off",
+                },
+            ),
+            (
+                "tap=t0,adaptive=on,adaptive=off",
+                NetConfigError::DuplicateKey("adaptive".into()),
+            ),
+        ] {
+            assert_eq!(bad.parse::<NetConfig>(), Err(error), "{bad}");
+        }
+        let json: NetConfig = serde_json::from_str(
+            r#"{"tap":"t0","tuning":{"adaptive":{"enabled":true,"max_busy_poll_us":9}}}"#,
+        )
+        .expect("valid");
+        assert_eq!(
+            (
+                json.tuning.adaptive.max_busy_poll_us,
+                json.tuning.adaptive.interval_us
+            ),
+            (9, 1_000)
+        );
     }
 
     #[test]

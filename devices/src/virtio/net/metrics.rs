@@ -32,6 +32,28 @@ impl Serialize for Counter {
     }
 }
 
+/// A value that goes up and down (relaxed atomic; serialises as a number).
+#[derive(Debug, Default)]
+pub struct Gauge(AtomicU64);
+
+impl Gauge {
+    /// Sets the value.
+    pub fn set(&self, v: u64) {
+        self.0.store(v, Ordering::Relaxed);
+    }
+
+    /// The current value.
+    pub fn get(&self) -> u64 {
+        self.0.load(Ordering::Relaxed)
+    }
+}
+
+impl Serialize for Gauge {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_u64(self.get())
+    }
+}
+
 /// Declares a metrics struct of [`Counter`]s and its plain per-batch twin with `publish`.
 macro_rules! queue_metrics {
     (
@@ -228,6 +250,26 @@ macro_rules! throttled {
 }
 throttled!(RxCounters, TxCounters);
 
+/// Device-side adaptation (`adaptive=on`): what the device chose and how often it changed.
+/// The values are queue pair 0's (each pair adapts on its own); the counts cover all pairs.
+#[derive(Debug, Default, Serialize)]
+pub struct AdaptiveMetrics {
+    /// Adaptation is on.
+    pub enabled: Gauge,
+    /// The busy-poll window chosen (µs).
+    pub busy_poll_us: Gauge,
+    /// The interrupt coalescing time bound chosen (µs; 0: off).
+    pub coalesce_usecs: Gauge,
+    /// The interrupt coalescing packet bound chosen.
+    pub coalesce_packets: Gauge,
+    /// Intervals looked at (the interval stops while the device is idle).
+    pub intervals: Counter,
+    /// Changes of the busy-poll window.
+    pub busy_poll_changes: Counter,
+    /// Changes of the interrupt coalescing.
+    pub coalescing_changes: Counter,
+}
+
 /// One queue pair's datapath counters (multiqueue devices).
 #[derive(Debug, Default, Serialize)]
 pub struct PairMetrics {
@@ -276,6 +318,8 @@ pub struct NetMetrics {
     pub busy_poll: BusyPollMetrics,
     /// The control queue.
     pub ctrl: CtrlMetrics,
+    /// Device-side adaptation.
+    pub adaptive: AdaptiveMetrics,
 }
 
 impl NetMetrics {

@@ -9,6 +9,8 @@
 //! - [`tuning`] holds the runtime knobs (interrupt coalescing, EVENT_IDX suppression) and the
 //!   [`TuningControl`] that hands changes to the worker.
 //! - `worker` is the per-device thread and its epoll loop.
+//! - `adapt` moves the busy-poll window and the interrupt coalescing with the traffic
+//!   (`adaptive=on`), within the operator's bounds.
 //! - [`ctrl`] parses the control queue's commands (CTRL_VQ: RX mode, MAC, guest offloads and
 //!   NOTF_COAL, the guest's interrupt coalescing); the worker carries them out.
 //! - [`metrics`] holds the counters.
@@ -44,6 +46,7 @@
 //!
 //! [`NetBackend`]: crate::backend::NetBackend
 
+mod adapt;
 pub mod config;
 pub mod ctrl;
 pub mod device;
@@ -67,8 +70,8 @@ pub use metrics::NetMetrics;
 pub use rate_limiter::{BucketConfig, RateLimiterConfig, RateLimiterError};
 pub use rx::{process_rx, RxMode, RxOutcome, RxQueue, RxStop};
 pub use tuning::{
-    CoalescingInForce, CoalescingSource, DirectionCoalescing, InterruptCoalescing, NetTuning,
-    NetTuningUpdate, TuningControl, TuningError, DEFAULT_TX_BUDGET, MAX_BUSY_POLL_USECS,
+    Adaptive, CoalescingInForce, CoalescingSource, DirectionCoalescing, InterruptCoalescing,
+    NetTuning, NetTuningUpdate, TuningControl, TuningError, DEFAULT_TX_BUDGET, MAX_BUSY_POLL_USECS,
     MAX_TX_BUDGET,
 };
 pub use tx::{process_tx, TxOutcome, TxQueue, TxStop};

@@ -46,6 +46,15 @@ pub enum TuningError {
     /// A guest's NOTF_COAL `max_packets` above 65535.
     #[error("max_packets {0} is out of range (0..=65535)")]
     MaxPackets(u32),
+    /// `adaptive.max_busy_poll_us` above [`MAX_BUSY_POLL_USECS`].
+    #[error("adaptive.max_busy_poll_us {0} is out of range (0..={MAX_BUSY_POLL_USECS})")]
+    AdaptiveBusyPoll(u32),
+    /// `adaptive.max_coalesce_usecs` above [`MAX_COALESCE_USECS`].
+    #[error("adaptive.max_coalesce_usecs {0} is out of range (0..={MAX_COALESCE_USECS})")]
+    AdaptiveCoalesce(u32),
+    /// `adaptive.interval_us` outside 100..=1000000.
+    #[error("adaptive.interval_us {0} is out of range (100..=1000000)")]
+    AdaptiveInterval(u32),
 }
 
 /// Interrupt coalescing: after a batch the driver wants to hear about, the device holds the
@@ -104,6 +113,96 @@ impl InterruptCoalescing {
     }
 }
 
+/// Default adaptation interval.
+pub const DEFAULT_ADAPT_INTERVAL_US: u32 = 1_000;
+/// Shortest adaptation interval.
+pub const MIN_ADAPT_INTERVAL_US: u32 = 100;
+/// Longest adaptation interval.
+pub const MAX_ADAPT_INTERVAL_US: u32 = 1_000_000;
+/// Default bound on the busy-poll window.
+pub const DEFAULT_ADAPT_MAX_BUSY_POLL_US: u32 = 64;
+/// Default bound on the coalescing time.
+pub const DEFAULT_ADAPT_MAX_COALESCE_USECS: u32 = 64;
+
+/// Device-side adaptation and the operator's bounds (`--net …,adaptive=on`, the config file's
+/// and the API's `tuning.adaptive`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Adaptive {
+    /// Adapt (off by default). While on, the busy-poll window and the operator's interrupt
+    /// coalescing are the adapter's (`busy_poll_us` and `interrupt_coalescing` are ignored);
+    /// coalescing the guest sets over NOTF_COAL still wins.
+    #[serde(default)]
+    pub enabled: bool,
+    /// Longest busy-poll window the device may choose (µs, 0..=10000; 0: never poll).
+    #[serde(default = "default_max_busy_poll_us")]
+    pub max_busy_poll_us: u32,
+    /// Longest interrupt hold the device may choose (µs; 0: never coalesce). Only the
+    /// ladder's levels at or under it are used.
+    #[serde(default = "default_max_coalesce_usecs")]
+    pub max_coalesce_usecs: u32,
+    /// How often the device looks at what it saw and decides (µs, 100..=1000000).
+    #[serde(default = "default_interval_us")]
+    pub interval_us: u32,
+}
+
+fn default_max_busy_poll_us() -> u32 {
+    DEFAULT_ADAPT_MAX_BUSY_POLL_US
+}
+
+fn default_max_coalesce_usecs() -> u32 {
+    DEFAULT_ADAPT_MAX_COALESCE_USECS
+}
+
+fn default_interval_us() -> u32 {
+    DEFAULT_ADAPT_INTERVAL_US
+}
+
+impl Default for Adaptive {
+    fn default() -> Self {
+        Adaptive {
+            enabled: false,
+            max_busy_poll_us: DEFAULT_ADAPT_MAX_BUSY_POLL_US,
+            max_coalesce_usecs: DEFAULT_ADAPT_MAX_COALESCE_USECS,
+            interval_us: DEFAULT_ADAPT_INTERVAL_US,
+        }
+    }
+}
+
+impl Adaptive {
+    /// Checks the bounds.
+    pub fn validate(&self) -> Result<(), TuningError> {
+        if self.max_busy_poll_us > MAX_BUSY_POLL_USECS {
+            return Err(TuningError::AdaptiveBusyPoll(self.max_busy_poll_us));
+        }
+        if self.max_coalesce_usecs > MAX_COALESCE_USECS {
+            return Err(TuningError::AdaptiveCoalesce(self.max_coalesce_usecs));
+        }
+        if !(MIN_ADAPT_INTERVAL_US..=MAX_ADAPT_INTERVAL_US).contains(&self.interval_us) {
+            return Err(TuningError::AdaptiveInterval(self.interval_us));
+        }
+        Ok(())
+    }
+
+    /// Packs validated bounds into one word: bit 0 enabled, 1..15 max_busy_poll_us
+    /// (≤ 10 000), 15..35 max_coalesce_usecs (≤ 1 000 000), 35..55 interval_us (≤ 1 000 000).
+    pub(crate) fn pack(&self) -> u64 {
+        u64::from(self.enabled)
+            | u64::from(self.max_busy_poll_us & 0x3fff) << 1
+            | u64::from(self.max_coalesce_usecs & 0xf_ffff) << 15
+            | u64::from(self.interval_us & 0xf_ffff) << 35
+    }
+
+    pub(crate) fn unpack(word: u64) -> Adaptive {
+        Adaptive {
+            enabled: word & 1 != 0,
+            max_busy_poll_us: ((word >> 1) & 0x3fff) as u32,
+            max_coalesce_usecs: ((word >> 15) & 0xf_ffff) as u32,
+            interval_us: ((word >> 35) & 0xf_ffff) as u32,
+        }
+    }
+}
+
 /// The runtime knobs of one virtio-net device.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -135,6 +234,10 @@ pub struct NetTuning {
     /// the mode. With false every rx call reads until the backend is empty.
     #[serde(default = "default_rx_sparse_reads")]
     pub rx_sparse_reads: bool,
+    /// Device-side adaptation of the busy-poll window and the interrupt coalescing (off by
+    /// default; see [`Adaptive`]).
+    #[serde(default)]
+    pub adaptive: Adaptive,
 }
 
 fn default_event_idx() -> bool {
@@ -157,6 +260,7 @@ impl Default for NetTuning {
             tx_budget: DEFAULT_TX_BUDGET,
             busy_poll_us: 0,
             rx_sparse_reads: true,
+            adaptive: Adaptive::default(),
         }
     }
 }
@@ -171,7 +275,7 @@ impl NetTuning {
         if self.tx_budget == 0 || self.tx_budget > MAX_TX_BUDGET {
             return Err(TuningError::TxBudget(self.tx_budget));
         }
-        Ok(())
+        self.adaptive.validate()
     }
 
     /// This tuning with the fields `update` sets replaced.
@@ -184,12 +288,14 @@ impl NetTuning {
             tx_budget: update.tx_budget.unwrap_or(self.tx_budget),
             busy_poll_us: update.busy_poll_us.unwrap_or(self.busy_poll_us),
             rx_sparse_reads: update.rx_sparse_reads.unwrap_or(self.rx_sparse_reads),
+            adaptive: update.adaptive.unwrap_or(self.adaptive),
         }
     }
 
     /// Packs a validated tuning into one word: bits 0..20 max_usecs (≤ 1 000 000), 20..36
     /// max_packets, bit 36 event_idx, 37..51 busy_poll_us (≤ 10 000), bit 51
     /// rx_sparse_reads, 52..64 tx_budget − 1 (1..=4096).
+    /// (The adaptation bounds go in a second word, [`Adaptive::pack`].)
     fn pack(&self) -> u64 {
         u64::from(self.interrupt_coalescing.max_usecs & 0xf_ffff)
             | u64::from(self.interrupt_coalescing.max_packets) << 20
@@ -209,6 +315,7 @@ impl NetTuning {
             busy_poll_us: ((word >> 37) & 0x3fff) as u32,
             rx_sparse_reads: word & 1 << 51 != 0,
             tx_budget: ((word >> 52) & 0xfff) as u16 + 1,
+            adaptive: Adaptive::default(),
         }
     }
 }
@@ -232,6 +339,9 @@ pub struct NetTuningUpdate {
     /// New sparse rx reads setting.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rx_sparse_reads: Option<bool>,
+    /// New device-side adaptation setting and bounds (absent fields take their defaults).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub adaptive: Option<Adaptive>,
 }
 
 impl NetTuningUpdate {
@@ -284,6 +394,8 @@ pub struct TuningControl {
 #[derive(Debug)]
 pub(crate) struct TuningShared {
     word: AtomicU64,
+    /// The adaptation bounds ([`Adaptive::pack`]), stored before `word`.
+    adaptive: AtomicU64,
     /// Bumped by every operator change that names the interrupt coalescing: the worker then
     /// drops what the guest set (the last one set wins).
     operator_coalescing: AtomicU64,
@@ -322,6 +434,7 @@ impl TuningControl {
         Ok(TuningControl {
             shared: Arc::new(TuningShared {
                 word: AtomicU64::new(initial.pack()),
+                adaptive: AtomicU64::new(initial.adaptive.pack()),
                 operator_coalescing: AtomicU64::new(0),
                 guest: [AtomicU64::new(0), AtomicU64::new(0)],
                 limiters: Mutex::new(Limiters::default()),
@@ -334,6 +447,9 @@ impl TuningControl {
     /// Validates `tuning` and hands it to the device (and its worker, if one runs).
     pub fn set(&self, tuning: NetTuning) -> Result<(), TuningError> {
         tuning.validate()?;
+        self.shared
+            .adaptive
+            .store(tuning.adaptive.pack(), Ordering::Release);
         self.shared.word.store(tuning.pack(), Ordering::Release);
         self.shared.notify_except(usize::MAX);
         Ok(())
@@ -383,7 +499,7 @@ impl TuningControl {
 
     /// The tuning in force (or about to be picked up).
     pub fn get(&self) -> NetTuning {
-        NetTuning::unpack(self.shared.word.load(Ordering::Acquire))
+        self.shared.load()
     }
 
     pub(crate) fn shared(&self) -> &Arc<TuningShared> {
@@ -461,7 +577,9 @@ impl TuningShared {
     }
 
     pub(crate) fn load(&self) -> NetTuning {
-        NetTuning::unpack(self.word.load(Ordering::Acquire))
+        let mut tuning = NetTuning::unpack(self.word.load(Ordering::Acquire));
+        tuning.adaptive = Adaptive::unpack(self.adaptive.load(Ordering::Acquire));
+        tuning
     }
 
     pub(crate) fn limiters(&self) -> Limiters {
@@ -491,6 +609,7 @@ mod tests {
                 tx_budget: MAX_TX_BUDGET,
                 busy_poll_us: MAX_BUSY_POLL_USECS,
                 rx_sparse_reads: false,
+                adaptive: Adaptive::default(),
             },
             NetTuning {
                 interrupt_coalescing: InterruptCoalescing {
@@ -501,10 +620,12 @@ mod tests {
                 tx_budget: 1,
                 busy_poll_us: 1,
                 rx_sparse_reads: true,
+                adaptive: Adaptive::default(),
             },
             NetTuning {
                 tx_budget: 2048,
                 rx_sparse_reads: false,
+                adaptive: Adaptive::default(),
                 ..NetTuning::default()
             },
         ] {
@@ -569,6 +690,12 @@ mod tests {
             tx_budget: 32,
             busy_poll_us: 50,
             rx_sparse_reads: false,
+            adaptive: Adaptive {
+                enabled: true,
+                max_busy_poll_us: 10,
+                max_coalesce_usecs: 20,
+                interval_us: 300,
+            },
         };
         control.set(good).expect("valid");
         assert_eq!(control.get(), good);

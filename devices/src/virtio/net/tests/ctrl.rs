@@ -20,7 +20,8 @@ use crate::test_utils::mmio::{wait_until, Registers};
 use crate::test_utils::packed::GuestPackedQueue;
 use crate::virtio::net::ctrl::{ACK_ERR, ACK_OK, CTRL_QUEUE_SIZE};
 use crate::virtio::net::{
-    CoalescingSource, InterruptCoalescing, NetTuningUpdate, CTRL_QUEUE, RX_QUEUE, TX_QUEUE,
+    CoalescingSource, InterruptCoalescing, NetTuning, NetTuningUpdate, CTRL_QUEUE, RX_QUEUE,
+    TX_QUEUE,
 };
 use crate::virtio::MmioTransport;
 use crate::BusDevice;
@@ -948,4 +949,34 @@ mod device_stats {
         assert_eq!(reply.ack(), Some(ACK_ERR));
         assert!(reaches(&rig.metrics.ctrl.not_negotiated, 1));
     }
+}
+
+#[test]
+fn while_the_device_adapts_a_guests_coalescing_stays_within_the_operators_bound() {
+    let mem = guest_mem();
+    let mut rig = rig_for::<GuestQueue>(&mem, |_| {});
+    rig.tuning
+        .set(NetTuning {
+            adaptive: crate::virtio::net::Adaptive {
+                enabled: true,
+                max_coalesce_usecs: 32,
+                ..Default::default()
+            },
+            ..NetTuning::default()
+        })
+        .expect("valid");
+    let (rx, tx) = GuestQueue::pair(&mem);
+    let mut ctrl = ctrl_ring::<GuestQueue>(&mem);
+    start_ctrl(&mut rig.transport, ALL, &rx, &tx, &ctrl);
+    // A second's hold asked for on tx, within bounds on rx: tx is cut to the bound.
+    for (command, data) in [(TX_SET, coal(64, 1_000_000)), (RX_SET, coal(8, 20))] {
+        let reply = send(&rig, &mut ctrl, NOTF_COAL, command, &data, 1);
+        assert_eq!(reply.ack(), Some(ACK_OK));
+    }
+    let in_force = rig.tuning.coalescing_in_force();
+    assert_eq!(in_force.tx.source, CoalescingSource::Guest);
+    assert_eq!((in_force.tx.max_packets, in_force.tx.max_usecs), (64, 32));
+    assert_eq!((in_force.rx.max_packets, in_force.rx.max_usecs), (8, 20));
+    // The guest reads back what the device applies.
+    assert_eq!(vq_get(&rig, &mut ctrl, 1), (64, 32));
 }

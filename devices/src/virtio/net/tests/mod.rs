@@ -1,6 +1,7 @@
 //! virtio-net device tests: guest memory, a driver playing the other side of the rings
 //! (`support`), and the socket-pair backend. No KVM, no root.
 
+mod adaptive;
 mod bounds;
 mod ctrl;
 mod driver;

@@ -188,7 +188,7 @@ fn the_worker_applies_its_seccomp_filter_before_running() {
 
 /// A driver that queues one frame, kicks only when the ring asks for it, waits for the frame
 /// to be sent, and pauses `pause` before the next. Returns the kicks it wrote.
-fn paced_driver<Q: DriverRing>(
+pub(super) fn paced_driver<Q: DriverRing>(
     rig: &Rig,
     tx: &mut Q,
     event_idx: bool,

@@ -232,7 +232,7 @@ impl<'p, B: NetBackend> EventLoop<'p, B> {
             CtrlCommand::GetCoalescing(dir) => {
                 c.coalescing_gets += 1;
                 let bounds = self.guest_coalescing[dir & 1]
-                    .unwrap_or(self.tuning_shared.load().interrupt_coalescing);
+                    .unwrap_or_else(|| self.operator_coalescing(&self.tuning_shared.load()));
                 reply.extend_from_slice(&u32::from(bounds.max_packets).to_le_bytes());
                 reply.extend_from_slice(&bounds.max_usecs.to_le_bytes());
                 return Ok(CtrlOutcome::Done);
@@ -289,11 +289,12 @@ impl<'p, B: NetBackend> EventLoop<'p, B> {
         dir: usize,
         bounds: InterruptCoalescing,
     ) -> Result<(), WorkerError> {
+        let bounds = self.bounded_guest_coalescing(bounds);
         self.guest_coalescing[dir & 1] = Some(bounds);
         self.tuning_shared.set_guest(dir, Some(bounds));
         self.tuning_shared.notify_except(0);
         let tuning = self.tuning_shared.load();
-        let coalescing = self.coalescing(tuning.interrupt_coalescing);
+        let coalescing = self.coalescing(self.operator_coalescing(&tuning));
         let moderation = self.moderator.retune(tuning.event_idx, coalescing);
         self.apply(moderation)?;
         // Linux's adaptive coalescing (DIM) may send these often: not an info line.

@@ -46,12 +46,13 @@ use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 use vmm_sys_util::timerfd::TimerFd;
 
+use super::adapt::{Adapter, Observed};
 use super::ctrl::{CtrlCommand, CtrlError, ACK_ERR, ACK_OK, CTRL_CHAINS_PER_CALL};
 use super::link::{GuestMac, LinkControl, LinkState};
 use super::metrics::{BusyPollCounters, CtrlCounters, NetMetrics, RxCounters, TxCounters};
 use super::moderation::{Coalescing, Moderation, Moderator, TimerOp, RX, TX};
 use super::rx::{RxMode, RxQueue, RxStop, RX_GATHER_BYTES, RX_GATHER_NO_GSO_BYTES};
-use super::tuning::{InterruptCoalescing, TuningShared};
+use super::tuning::{InterruptCoalescing, NetTuning, TuningShared};
 use super::tx::{TxQueue, TxStop};
 use super::BurstLog;
 use super::VNET_HDR_LEN;
@@ -94,10 +95,12 @@ enum Token {
     CtrlKick,
     /// The device sent a command during the run (a per-queue reset or re-enable).
     Command,
+    /// An adaptation interval ended.
+    AdaptTimer,
 }
 
 impl Token {
-    const ALL: [Token; 11] = [
+    const ALL: [Token; 12] = [
         Token::TxKick,
         Token::RxKick,
         Token::Backend,
@@ -109,6 +112,7 @@ impl Token {
         Token::RxThrottle,
         Token::CtrlKick,
         Token::Command,
+        Token::AdaptTimer,
     ];
 
     fn data(self) -> u64 {
@@ -241,6 +245,8 @@ struct ThreadParts {
     tx_throttle: Throttle,
     rx_throttle: Throttle,
     tuning_changed: EventFd,
+    /// Ends each adaptation interval (periodic while adapting and not idle).
+    adapt_timer: TimerFd,
 }
 
 /// A queue stopped by its rate limiter: the timer that ends the stop, and when it began.
@@ -260,6 +266,7 @@ impl ThreadParts {
             command_ready: EventFd::new(EFD_NONBLOCK)?,
             stop: EventFd::new(EFD_NONBLOCK)?,
             timer: nonblocking_timerfd()?,
+            adapt_timer: nonblocking_timerfd()?,
             tx_throttle: Throttle::new()?,
             rx_throttle: Throttle::new()?,
             tuning_changed: tuning
@@ -547,6 +554,17 @@ struct EventLoop<'p, B> {
     /// The pair is in use (pair 0 always; pair i once the driver enabled more than i pairs
     /// with VQ_PAIRS_SET): a disabled pair's kicks and backend are not polled.
     enabled: bool,
+    /// Device-side adaptation (`adaptive=on`).
+    adapter: Option<Adapter>,
+    /// What the current adaptation interval showed so far.
+    seen: Observed,
+    /// When the current adaptation interval began (None: the interval timer is stopped).
+    interval_start: Option<Instant>,
+    /// The last busy-poll window ended with nothing found (the idle gap began before it).
+    window_ran_out: bool,
+    /// Adapting: when the device last ran out of work (a busy-poll window that ran out
+    /// included), until work wakes it.
+    idle_since: Option<Instant>,
 }
 
 impl<'p, B: NetBackend> EventLoop<'p, B> {
@@ -632,6 +650,7 @@ impl<'p, B: NetBackend> EventLoop<'p, B> {
         }
         // The timers must not fire into the next run.
         let _ = self.parts.timer.clear();
+        let _ = self.parts.adapt_timer.clear();
         self.parts.tx_throttle.reset();
         self.parts.rx_throttle.reset();
         self.backend
@@ -656,11 +675,17 @@ impl<'p, B: NetBackend> EventLoop<'p, B> {
                 -1
             };
             self.events_pending = false;
+            if timeout < 0 {
+                self.going_idle();
+            }
             let n = match self.epoll.wait(timeout, &mut events) {
                 Ok(n) => n,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                 Err(e) => return Err(WorkerError::Epoll(e)),
             };
+            if self.idle_since.is_some() {
+                self.woke(&events[..n]);
+            }
             for event in &events[..n] {
                 match Token::from_data(event.data()) {
                     Some(Token::Stop) => return Ok(()),
@@ -695,6 +720,7 @@ impl<'p, B: NetBackend> EventLoop<'p, B> {
                         self.run_ctrl()?;
                     }
                     Some(Token::Command) => self.commands()?,
+                    Some(Token::AdaptTimer) => self.adapt()?,
                     None => warn!(
                         "virtio-net {}: unknown epoll token {}",
                         self.label,

@@ -78,6 +78,10 @@ impl<'p, B: NetBackend> EventLoop<'p, B> {
     /// coalescing until its packet or time bound), counters published once.
     pub(super) fn flush(&mut self) -> Result<(), WorkerError> {
         let completed = [self.rx_counters.frames, self.tx_counters.frames];
+        self.seen.frames += completed[RX] + completed[TX];
+        if self.interval_start.is_none() && self.adapter.is_some() && self.seen.frames > 0 {
+            self.start_intervals()?;
+        }
         let moderation = self.moderator.end_round(completed, Instant::now);
         self.apply(moderation)?;
         self.publish();
@@ -99,7 +103,7 @@ impl<'p, B: NetBackend> EventLoop<'p, B> {
     /// Picks up new knobs; an interrupt held under bounds that no longer apply goes out now,
     /// and a queue stopped by a limiter that changed resumes under the new one.
     pub(super) fn retune(&mut self) -> Result<(), WorkerError> {
-        let tuning = self.tuning_shared.load();
+        let tuning = self.follow_adaptive(self.tuning_shared.load())?;
         self.tx.set_budget(tuning.tx_budget.into());
         self.rx.set_sparse_reads(tuning.rx_sparse_reads);
         // A parked queue under a window now zero is unparked by the next busy_poll.
@@ -139,10 +143,14 @@ impl<'p, B: NetBackend> EventLoop<'p, B> {
     }
 
     /// The coalescing in force: the operator's (`Shared`), unless the guest set a direction.
+    /// While adapting the guest's bounds are held within the operator's.
     pub(super) fn coalescing(&self, operator: InterruptCoalescing) -> Coalescing {
+        let guest = |c: Option<InterruptCoalescing>| {
+            c.map_or(operator, |c| self.bounded_guest_coalescing(c))
+        };
         match self.guest_coalescing {
             [None, None] => Coalescing::Shared(operator),
-            [rx, tx] => Coalescing::Split([rx.unwrap_or(operator), tx.unwrap_or(operator)]),
+            [rx, tx] => Coalescing::Split([guest(rx), guest(tx)]),
         }
     }
 
@@ -186,6 +194,7 @@ impl<'p, B: NetBackend> EventLoop<'p, B> {
         };
         timer.map_err(|e| WorkerError::Timer(io_err(e)))?;
         if moderation.signal {
+            self.seen.interrupts += 1;
             // This pair's queues that wanted it (their MSI-X vectors; the one line on mmio).
             let (rx, tx) = (2 * self.pair, 2 * self.pair + 1);
             match self.moderator.take_wanted() {
@@ -240,7 +249,10 @@ impl<'p, B: NetBackend> EventLoop<'p, B> {
             };
             self.polled_ns += u64::try_from(start.elapsed().as_nanos()).unwrap_or(u64::MAX);
             match found {
-                Found::Nothing => return self.unpark_tx(),
+                Found::Nothing => {
+                    self.window_ran_out = self.adapter.is_some();
+                    return self.unpark_tx();
+                }
                 Found::Event => {
                     self.poll_counters.found_work += 1;
                     self.events_pending = true;
@@ -269,5 +281,182 @@ impl<'p, B: NetBackend> EventLoop<'p, B> {
     pub(super) fn unpark_tx(&mut self) -> Result<(), WorkerError> {
         self.run_tx(false)?;
         self.flush()
+    }
+}
+
+impl<B: NetBackend> EventLoop<'_, B> {
+    /// The tuning in force with adaptation applied: starts, re-bounds or stops the adapter as
+    /// the operator's `adaptive` says, and puts its choices in place of the fixed
+    /// `busy_poll_us` and `interrupt_coalescing`.
+    pub(super) fn follow_adaptive(
+        &mut self,
+        mut tuning: NetTuning,
+    ) -> Result<NetTuning, WorkerError> {
+        let bounds = tuning.adaptive;
+        match (&mut self.adapter, bounds.enabled) {
+            (None, true) => self.adapter = Some(Adapter::new(bounds)),
+            // Values now outside the bounds come down; they are read back below.
+            (Some(adapter), true) => _ = adapter.set_bounds(bounds),
+            (Some(_), false) => {
+                self.adapter = None;
+                self.idle_since = None;
+                self.stop_intervals()?;
+            }
+            (None, false) => {}
+        }
+        if let Some(adapter) = &self.adapter {
+            tuning.busy_poll_us = adapter.busy_poll_us();
+            tuning.interrupt_coalescing = adapter.coalescing();
+        }
+        self.publish_adaptive();
+        Ok(tuning)
+    }
+
+    /// The operator's side of the coalescing: the adapter's choice while adapting, else the
+    /// fixed `interrupt_coalescing`.
+    pub(super) fn operator_coalescing(&self, tuning: &NetTuning) -> InterruptCoalescing {
+        self.adapter
+            .as_ref()
+            .map_or(tuning.interrupt_coalescing, Adapter::coalescing)
+    }
+
+    /// A guest's NOTF_COAL bounds as the device applies them: while adapting, the time bound
+    /// never exceeds the operator's `adaptive.max_coalesce_usecs` (0: coalescing off).
+    pub(super) fn bounded_guest_coalescing(
+        &self,
+        bounds: InterruptCoalescing,
+    ) -> InterruptCoalescing {
+        let Some(max) = self
+            .adapter
+            .as_ref()
+            .map(|_| self.tuning_shared.load().adaptive.max_coalesce_usecs)
+        else {
+            return bounds;
+        };
+        if bounds.max_usecs <= max {
+            bounds
+        } else if max == 0 {
+            InterruptCoalescing::OFF
+        } else {
+            InterruptCoalescing {
+                max_usecs: max,
+                ..bounds
+            }
+        }
+    }
+
+    /// Adapting: the worker is about to sleep; its idle gap began now, or when the busy-poll
+    /// window that just ran out began.
+    pub(super) fn going_idle(&mut self) {
+        if self.adapter.is_none() || self.idle_since.is_some() {
+            return;
+        }
+        let now = Instant::now();
+        let window = std::mem::take(&mut self.window_ran_out).then_some(self.busy_poll);
+        self.idle_since = Some(window.and_then(|w| now.checked_sub(w)).unwrap_or(now));
+    }
+
+    /// The worker woke while idle: a wake-up on work (a kick or the backend) ends the idle
+    /// gap and tells the adapter how long it was; other wake-ups (timers, the API) do not.
+    pub(super) fn woke(&mut self, events: &[EpollEvent]) {
+        let on_work = events.iter().any(|e| {
+            matches!(
+                Token::from_data(e.data()),
+                Some(Token::TxKick | Token::RxKick | Token::Backend)
+            )
+        });
+        let (true, Some(adapter), Some(since)) = (on_work, &self.adapter, self.idle_since) else {
+            return;
+        };
+        self.idle_since = None;
+        if since.elapsed() <= Duration::from_micros(adapter.gap_bound_us().into()) {
+            self.seen.short_gaps += 1;
+        } else {
+            self.seen.long_gaps += 1;
+        }
+    }
+
+    /// An adaptation interval ended: the adapter decides, the worker applies. An interval
+    /// that saw nothing stops the timer until work comes back.
+    pub(super) fn adapt(&mut self) -> Result<(), WorkerError> {
+        match self.parts.adapt_timer.wait() {
+            Ok(_) => {}
+            Err(e) if e.errno() == libc::EAGAIN => return Ok(()),
+            Err(e) => return Err(WorkerError::Timer(io_err(e))),
+        }
+        let (Some(adapter), Some(start)) = (&mut self.adapter, self.interval_start) else {
+            return Ok(());
+        };
+        let mut seen = std::mem::take(&mut self.seen);
+        seen.elapsed_us = u64::try_from(start.elapsed().as_micros()).unwrap_or(u64::MAX);
+        let decision = adapter.observe(seen);
+        if let Some(us) = decision.busy_poll_us {
+            self.busy_poll = Duration::from_micros(us.into());
+        }
+        if let Some(coalescing) = decision.coalescing {
+            let event_idx = self.tuning_shared.load().event_idx;
+            let moderation = self
+                .moderator
+                .retune(event_idx, self.coalescing(coalescing));
+            self.apply(moderation)?;
+        }
+        self.publish_adaptive();
+        if seen.frames == 0 && seen.short_gaps + seen.long_gaps == 0 {
+            self.stop_intervals()
+        } else {
+            self.interval_start = Some(Instant::now());
+            Ok(())
+        }
+    }
+
+    /// Starts the periodic interval timer (adapting, and work seen).
+    fn start_intervals(&mut self) -> Result<(), WorkerError> {
+        let Some(every) = self
+            .adapter
+            .as_ref()
+            .map(|_| Duration::from_micros(self.tuning_shared.load().adaptive.interval_us.into()))
+        else {
+            return Ok(());
+        };
+        self.parts
+            .adapt_timer
+            .reset(every, Some(every))
+            .map_err(|e| WorkerError::Timer(io_err(e)))?;
+        // What the interval saw so far (the idle gap that ended it) stays in it.
+        self.interval_start = Some(Instant::now());
+        Ok(())
+    }
+
+    /// Stops the interval timer (idle, or adaptation turned off).
+    fn stop_intervals(&mut self) -> Result<(), WorkerError> {
+        self.interval_start = None;
+        self.seen = Observed::default();
+        self.parts
+            .adapt_timer
+            .clear()
+            .map_err(|e| WorkerError::Timer(io_err(e)))
+    }
+
+    /// Publishes the adapter's choices (pair 0's) and its counts.
+    pub(super) fn publish_adaptive(&mut self) {
+        let m = &self.metrics.adaptive;
+        if let Some(adapter) = &mut self.adapter {
+            let c = std::mem::take(&mut adapter.counters);
+            m.intervals.add(c.intervals);
+            m.busy_poll_changes.add(c.busy_poll_changes);
+            m.coalescing_changes.add(c.coalescing_changes);
+        }
+        if self.pair == 0 {
+            let (busy_poll, coalescing) = self
+                .adapter
+                .as_ref()
+                .map_or((0, InterruptCoalescing::OFF), |a| {
+                    (a.busy_poll_us(), a.coalescing())
+                });
+            m.enabled.set(u64::from(self.adapter.is_some()));
+            m.busy_poll_us.set(busy_poll.into());
+            m.coalesce_usecs.set(coalescing.max_usecs.into());
+            m.coalesce_packets.set(coalescing.max_packets.into());
+        }
     }
 }

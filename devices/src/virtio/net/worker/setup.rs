@@ -30,10 +30,11 @@ impl Setup {
         // for commands that run never read (they were answered between runs).
         let _ = parts.stop.read();
         let _ = parts.command_ready.read();
-        parts
-            .timer
-            .clear()
-            .map_err(|e| ActivateError::EventLoop(io_err(e)))?;
+        for timer in [&mut parts.timer, &mut parts.adapt_timer] {
+            timer
+                .clear()
+                .map_err(|e| ActivateError::EventLoop(io_err(e)))?;
+        }
         let enabled = shared.pair == 0 || shared.pair < shared.tuning.active_pairs();
         backend
             .set_queue_enabled(enabled)
@@ -97,7 +98,16 @@ impl<'p, B: NetBackend> EventLoop<'p, B> {
             tx,
             enabled,
         } = setup;
-        let tuning = shared.tuning.load();
+        let mut tuning = shared.tuning.load();
+        let adapter = tuning
+            .adaptive
+            .enabled
+            .then(|| Adapter::new(tuning.adaptive));
+        if let Some(adapter) = &adapter {
+            // Adapting: the adapter's choices replace the operator's fixed ones.
+            tuning.busy_poll_us = adapter.busy_poll_us();
+            tuning.interrupt_coalescing = adapter.coalescing();
+        }
         let mut tx = tx.with_label(shared.label.clone());
         tx.set_budget(tuning.tx_budget.into());
         let mut rx = rx;
@@ -144,7 +154,13 @@ impl<'p, B: NetBackend> EventLoop<'p, B> {
             pairs: shared.pairs,
             usable_pairs: a.usable_pairs,
             enabled,
+            adapter,
+            seen: Observed::default(),
+            interval_start: None,
+            window_ran_out: false,
+            idle_since: None,
         };
+        event_loop.publish_adaptive();
         if shared.pair == 0 {
             // A new run starts from the operator's coalescing (a reset forgets the guest's).
             shared.tuning.set_guest(RX, None);
@@ -201,6 +217,7 @@ impl<'p, B: NetBackend> EventLoop<'p, B> {
             (parts.command_ready.as_raw_fd(), Token::Command),
             (parts.tuning_changed.as_raw_fd(), Token::Tuning),
             (parts.timer.as_raw_fd(), Token::CoalesceTimer),
+            (parts.adapt_timer.as_raw_fd(), Token::AdaptTimer),
             (parts.tx_throttle.timer.as_raw_fd(), Token::TxThrottle),
             (parts.rx_throttle.timer.as_raw_fd(), Token::RxThrottle),
         ] {

@@ -1,0 +1,220 @@
+//! Device-side adaptation (`adaptive=on`): the worker moves its own busy-poll window and
+//! interrupt coalescing from what it saw in the last interval, within the operator's bounds.
+//!
+//! - **Busy-poll** follows the driver's idle gaps, the rule of KVM's halt polling: a wake-up
+//!   (a kick or backend input) after an idle gap that a window at the bound would have covered
+//!   is a kick and a sleep the device could have saved, so the window doubles (from
+//!   [`BUSY_POLL_START_US`]); idle gaps longer than the bound are polling wasted, so it halves
+//!   (under the start value: off). A window that covers the driver's gaps sees no sleeps and
+//!   stays; a driver whose gaps exceed the bound keeps it off.
+//! - **Interrupt coalescing** climbs a ladder of levels ([`LEVELS_US`], with a packet bound
+//!   of [`LEVEL_PACKETS`]) while interrupts come faster than [`IRQ_HIGH_PER_S`] carrying fewer
+//!   than [`TARGET_FRAMES_PER_IRQ`] frames each. Each step up is on trial for one interval: if
+//!   the frames per interrupt did not grow by half, holding interrupts only added latency (a
+//!   request/response flow, where nothing completes while an interrupt waits), so the step is
+//!   undone and the ladder parks until the frame rate changes by more than 2×. A level is left
+//!   downwards when the frame rate falls below half the rate it was entered at, and at once
+//!   when an interval completes nothing.
+//!
+//! The [`Adapter`] owns no clock and no file descriptor: the worker counts, hands it one
+//! interval's [`Observed`] counts, and applies the [`Decision`]. Its tests are exact.
+
+use super::tuning::{Adaptive, InterruptCoalescing};
+
+/// First busy-poll window, in microseconds, when adaptation turns it on.
+pub const BUSY_POLL_START_US: u32 = 8;
+/// The coalescing ladder's time bounds (level 1 upwards; level 0 is off).
+pub const LEVELS_US: [u32; 7] = [8, 16, 32, 64, 128, 256, 512];
+/// The packet bound of every coalescing level: a quarter of a default 256-entry ring, so a
+/// held interrupt never leaves the driver short of buffers.
+pub const LEVEL_PACKETS: u16 = 64;
+/// Interrupt rate above which coalescing is worth a try.
+pub const IRQ_HIGH_PER_S: u64 = 16_000;
+/// Frames per interrupt that coalescing aims for.
+pub const TARGET_FRAMES_PER_IRQ: u64 = 16;
+/// What the worker saw in one interval.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Observed {
+    /// Frames completed (rx + tx).
+    pub(crate) frames: u64,
+    /// Interrupts sent.
+    pub(crate) interrupts: u64,
+    /// Wake-ups on work after an idle gap (busy-poll window included) of at most the bound.
+    pub(crate) short_gaps: u64,
+    /// Wake-ups on work after a longer idle gap.
+    pub(crate) long_gaps: u64,
+    /// The interval's length in microseconds.
+    pub(crate) elapsed_us: u64,
+}
+
+/// What changed after an interval (`None`: unchanged).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Decision {
+    pub(crate) busy_poll_us: Option<u32>,
+    pub(crate) coalescing: Option<InterruptCoalescing>,
+}
+
+/// Decisions counted, for the metrics.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct AdaptCounters {
+    pub(crate) intervals: u64,
+    pub(crate) busy_poll_changes: u64,
+    pub(crate) coalescing_changes: u64,
+}
+
+/// The adaptation state of one worker (see the module docs).
+#[derive(Clone, Debug)]
+pub(crate) struct Adapter {
+    bounds: Adaptive,
+    busy_poll_us: u32,
+    /// Coalescing ladder level (0: off).
+    level: usize,
+    /// The frame rate (per second) each level above 0 was entered at.
+    entered_at: [u64; LEVELS_US.len()],
+    /// A step up on trial: the frames per interrupt (×16) before it.
+    trial: Option<u64>,
+    /// Parked after a failed trial: the frame rate it failed at.
+    parked_at: Option<u64>,
+    pub(crate) counters: AdaptCounters,
+}
+
+impl Adapter {
+    /// An adapter with everything off, within `bounds`.
+    pub(crate) fn new(bounds: Adaptive) -> Adapter {
+        Adapter {
+            bounds,
+            busy_poll_us: 0,
+            level: 0,
+            entered_at: [0; LEVELS_US.len()],
+            trial: None,
+            parked_at: None,
+            counters: AdaptCounters::default(),
+        }
+    }
+
+    /// New bounds: values now outside them come down at once.
+    pub(crate) fn set_bounds(&mut self, bounds: Adaptive) -> Decision {
+        self.bounds = bounds;
+        let mut d = Decision::default();
+        if self.busy_poll_us > bounds.max_busy_poll_us {
+            d.busy_poll_us = Some(self.set_busy_poll(bounds.max_busy_poll_us));
+        }
+        if self.level > self.top_level() {
+            d.coalescing = Some(self.set_level(self.top_level()));
+        }
+        d
+    }
+
+    /// The busy-poll window chosen (µs).
+    pub(crate) fn busy_poll_us(&self) -> u32 {
+        self.busy_poll_us
+    }
+
+    /// The coalescing chosen.
+    pub(crate) fn coalescing(&self) -> InterruptCoalescing {
+        level_bounds(self.level)
+    }
+
+    /// The bound on the idle gaps a busy-poll window may cover (µs).
+    pub(crate) fn gap_bound_us(&self) -> u32 {
+        self.bounds.max_busy_poll_us
+    }
+
+    /// One interval's counts in; what changed out.
+    pub(crate) fn observe(&mut self, seen: Observed) -> Decision {
+        self.counters.intervals += 1;
+        let busy_poll = self.next_busy_poll(seen);
+        let level = self.next_level(seen);
+        Decision {
+            busy_poll_us: (busy_poll != self.busy_poll_us).then(|| self.set_busy_poll(busy_poll)),
+            coalescing: (level != self.level).then(|| self.set_level(level)),
+        }
+    }
+
+    fn set_busy_poll(&mut self, us: u32) -> u32 {
+        self.busy_poll_us = us;
+        self.counters.busy_poll_changes += 1;
+        us
+    }
+
+    fn set_level(&mut self, level: usize) -> InterruptCoalescing {
+        self.level = level;
+        self.counters.coalescing_changes += 1;
+        level_bounds(level)
+    }
+
+    /// The highest ladder level within the bound.
+    fn top_level(&self) -> usize {
+        LEVELS_US
+            .iter()
+            .take_while(|&&us| us <= self.bounds.max_coalesce_usecs)
+            .count()
+    }
+
+    fn next_busy_poll(&self, seen: Observed) -> u32 {
+        let bound = self.bounds.max_busy_poll_us;
+        let now = self.busy_poll_us;
+        if seen.short_gaps > seen.long_gaps {
+            (now.saturating_mul(2)).max(BUSY_POLL_START_US).min(bound)
+        } else if seen.long_gaps > seen.short_gaps {
+            let half = now / 2;
+            if half < BUSY_POLL_START_US.min(bound) {
+                0
+            } else {
+                half
+            }
+        } else {
+            now
+        }
+    }
+
+    fn next_level(&mut self, seen: Observed) -> usize {
+        if seen.frames == 0 {
+            // Nothing to batch: no interrupt is worth holding.
+            self.trial = None;
+            return 0;
+        }
+        let per_s = |n: u64| n.saturating_mul(1_000_000) / seen.elapsed_us.max(1);
+        let rate = per_s(seen.frames);
+        let frames_per_irq16 = seen.frames.saturating_mul(16) / seen.interrupts.max(1);
+        if let Some(before) = self.trial.take() {
+            if frames_per_irq16 < before.saturating_add(before / 2) {
+                // Holding the interrupt did not batch more frames: undo, and stop trying
+                // until the load changes.
+                self.parked_at = Some(rate);
+                return self.level.saturating_sub(1);
+            }
+        }
+        if let Some(parked) = self.parked_at {
+            if rate <= parked.saturating_mul(2) && rate >= parked / 2 {
+                return self.level;
+            }
+            self.parked_at = None;
+        }
+        if self.level > 0 && rate < self.entered_at[self.level - 1] / 2 {
+            return self.level - 1;
+        }
+        let interrupts_heavy = per_s(seen.interrupts) > IRQ_HIGH_PER_S
+            && frames_per_irq16 < TARGET_FRAMES_PER_IRQ * 16;
+        if interrupts_heavy && self.level < self.top_level() {
+            self.entered_at[self.level] = rate;
+            self.trial = Some(frames_per_irq16);
+            return self.level + 1;
+        }
+        self.level
+    }
+}
+
+/// The coalescing of ladder level `level` (0: off).
+fn level_bounds(level: usize) -> InterruptCoalescing {
+    match level.checked_sub(1).and_then(|i| LEVELS_US.get(i)) {
+        Some(&max_usecs) => InterruptCoalescing {
+            max_packets: LEVEL_PACKETS,
+            max_usecs,
+        },
+        None => InterruptCoalescing::OFF,
+    }
+}
+
+#[cfg(test)]
+mod tests;

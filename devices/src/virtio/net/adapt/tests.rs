@@ -1,0 +1,353 @@
+use super::*;
+use crate::virtio::net::tuning::{
+    TuningError, MAX_ADAPT_INTERVAL_US, MAX_BUSY_POLL_USECS, MAX_COALESCE_USECS,
+};
+
+const INTERVAL_US: u64 = 1_000;
+
+fn bounds(max_busy_poll_us: u32, max_coalesce_usecs: u32) -> Adaptive {
+    Adaptive {
+        enabled: true,
+        max_busy_poll_us,
+        max_coalesce_usecs,
+        interval_us: INTERVAL_US as u32,
+    }
+}
+
+/// A workload: what one interval shows under the adapter's current choices.
+trait Workload {
+    fn interval(
+        &self,
+        busy_poll_us: u32,
+        coalescing: InterruptCoalescing,
+        gap_bound: u32,
+    ) -> Observed;
+}
+
+/// Many frames in flight: `rate` frames/s whatever the device does; without coalescing an
+/// interrupt per `frames_per_irq` frames, with it at most one per hold; the driver never
+/// leaves the device idle.
+struct Flood {
+    rate: u64,
+    frames_per_irq: u64,
+}
+
+impl Workload for Flood {
+    fn interval(&self, _: u32, c: InterruptCoalescing, _: u32) -> Observed {
+        let frames = self.rate * INTERVAL_US / 1_000_000;
+        let mut interrupts = frames / self.frames_per_irq;
+        if c.is_enabled() {
+            interrupts = interrupts.min(INTERVAL_US / u64::from(c.max_usecs));
+        }
+        Observed {
+            frames,
+            interrupts,
+            elapsed_us: INTERVAL_US,
+            ..Observed::default()
+        }
+    }
+}
+
+/// One frame in flight: each round trip (two frames, one interrupt) takes `rtt_us` plus
+/// any interrupt hold; the driver's turnaround leaves the device idle `gap_us` per trip.
+struct PingPong {
+    rtt_us: u64,
+    gap_us: u64,
+}
+
+impl Workload for PingPong {
+    fn interval(&self, busy_poll_us: u32, c: InterruptCoalescing, gap_bound: u32) -> Observed {
+        let trips = INTERVAL_US / (self.rtt_us + u64::from(c.max_usecs));
+        let (mut short_gaps, mut long_gaps) = (0, 0);
+        if u64::from(busy_poll_us) < self.gap_us {
+            if self.gap_us <= u64::from(gap_bound) {
+                short_gaps = trips;
+            } else {
+                long_gaps = trips;
+            }
+        }
+        Observed {
+            frames: 2 * trips,
+            interrupts: trips,
+            short_gaps,
+            long_gaps,
+            elapsed_us: INTERVAL_US,
+        }
+    }
+}
+
+/// Runs `intervals` intervals; returns the intervals after which something changed.
+fn run(a: &mut Adapter, w: &dyn Workload, intervals: usize) -> Vec<usize> {
+    let mut changed = Vec::new();
+    for i in 0..intervals {
+        let seen = w.interval(a.busy_poll_us(), a.coalescing(), a.gap_bound_us());
+        let d = a.observe(seen);
+        assert_eq!(d.busy_poll_us.unwrap_or(a.busy_poll_us()), a.busy_poll_us());
+        assert_eq!(d.coalescing.unwrap_or(a.coalescing()), a.coalescing());
+        if d != Decision::default() {
+            changed.push(i);
+        }
+    }
+    changed
+}
+
+/// Intervals a workload needs to settle from any start.
+const SETTLE: usize = 8;
+
+fn assert_settles(a: &mut Adapter, w: &dyn Workload, what: &str) {
+    let changes = run(a, w, SETTLE);
+    assert!(
+        changes.len() < SETTLE,
+        "{what}: changed every interval {changes:?}"
+    );
+    let state = (a.busy_poll_us(), a.coalescing());
+    let later = run(a, w, 100);
+    assert!(
+        later.is_empty(),
+        "{what}: changed again after settling at {state:?}: intervals {later:?}"
+    );
+}
+
+#[test]
+fn a_flood_climbs_the_ladder_while_it_batches_then_stays() {
+    let mut a = Adapter::new(bounds(64, 64));
+    let flood = Flood {
+        rate: 1_000_000,
+        frames_per_irq: 4,
+    };
+    assert_settles(&mut a, &flood, "flood");
+    // 8 µs doubles the frames per interrupt (4 → 8), 16 µs again (→ 16, the target).
+    assert_eq!(a.coalescing().max_usecs, 16);
+    assert_eq!(a.coalescing().max_packets, LEVEL_PACKETS);
+    assert_eq!(a.busy_poll_us(), 0, "no idle gaps: nothing to poll for");
+}
+
+#[test]
+fn a_ping_pong_gets_a_window_that_covers_its_gaps_and_no_coalescing() {
+    let mut a = Adapter::new(bounds(64, 64));
+    let pp = PingPong {
+        rtt_us: 20,
+        gap_us: 12,
+    };
+    assert_settles(&mut a, &pp, "ping-pong");
+    assert_eq!(
+        a.busy_poll_us(),
+        16,
+        "8 µs missed the 12 µs gaps, 16 covers them"
+    );
+    assert_eq!(
+        a.coalescing(),
+        InterruptCoalescing::OFF,
+        "holding an interrupt batches nothing when one frame is in flight"
+    );
+    assert_eq!(a.counters.coalescing_changes, 2, "one trial, undone");
+}
+
+#[test]
+fn gaps_longer_than_the_bound_keep_polling_off() {
+    let mut a = Adapter::new(bounds(64, 64));
+    let trickle = PingPong {
+        rtt_us: 200,
+        gap_us: 150,
+    };
+    assert_settles(&mut a, &trickle, "trickle");
+    assert_eq!(
+        (a.busy_poll_us(), a.coalescing()),
+        (0, InterruptCoalescing::OFF)
+    );
+    assert_eq!(a.counters.busy_poll_changes, 0);
+}
+
+#[test]
+fn a_step_from_flood_to_ping_pong_and_back_is_followed_within_a_few_intervals() {
+    let mut a = Adapter::new(bounds(64, 64));
+    let flood = Flood {
+        rate: 1_000_000,
+        frames_per_irq: 4,
+    };
+    let pp = PingPong {
+        rtt_us: 20,
+        gap_us: 12,
+    };
+    for round in 0..3 {
+        let changes = run(&mut a, &flood, 20);
+        assert!(
+            changes.iter().all(|&i| i < 4),
+            "round {round}: flood {changes:?}"
+        );
+        assert_eq!(a.coalescing().max_usecs, 16, "round {round}");
+        let changes = run(&mut a, &pp, 20);
+        assert!(
+            changes.iter().all(|&i| i < 6),
+            "round {round}: ping-pong {changes:?}"
+        );
+        assert_eq!(a.coalescing(), InterruptCoalescing::OFF, "round {round}");
+        assert_eq!(a.busy_poll_us(), 16, "round {round}");
+    }
+}
+
+#[test]
+fn an_idle_interval_releases_coalescing_at_once() {
+    let mut a = Adapter::new(bounds(64, 64));
+    run(
+        &mut a,
+        &Flood {
+            rate: 1_000_000,
+            frames_per_irq: 4,
+        },
+        10,
+    );
+    assert!(a.coalescing().is_enabled());
+    let d = a.observe(Observed {
+        elapsed_us: INTERVAL_US,
+        ..Observed::default()
+    });
+    assert_eq!(d.coalescing, Some(InterruptCoalescing::OFF));
+}
+
+#[test]
+fn zero_bounds_keep_everything_off() {
+    let mut a = Adapter::new(bounds(0, 0));
+    run(
+        &mut a,
+        &Flood {
+            rate: 5_000_000,
+            frames_per_irq: 1,
+        },
+        20,
+    );
+    run(
+        &mut a,
+        &PingPong {
+            rtt_us: 20,
+            gap_us: 12,
+        },
+        20,
+    );
+    assert_eq!(
+        (a.busy_poll_us(), a.coalescing()),
+        (0, InterruptCoalescing::OFF)
+    );
+    assert_eq!(
+        a.counters.busy_poll_changes + a.counters.coalescing_changes,
+        0
+    );
+}
+
+#[test]
+fn arbitrary_observations_never_leave_the_bounds() {
+    let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+    let mut next = move || {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed
+    };
+    let extremes = [
+        0,
+        1,
+        2,
+        15,
+        16,
+        17,
+        u64::from(u32::MAX),
+        u64::MAX / 2,
+        u64::MAX,
+    ];
+    for (max_poll, max_coal) in [
+        (0, 0),
+        (5, 7),
+        (8, 8),
+        (64, 64),
+        (10_000, 1_000_000),
+        (9, 300),
+    ] {
+        let mut a = Adapter::new(bounds(max_poll, max_coal));
+        for _ in 0..5_000 {
+            let mut pick = || {
+                let r = next();
+                if r & 1 == 0 {
+                    extremes[(r >> 1) as usize % extremes.len()]
+                } else {
+                    r >> (r & 63)
+                }
+            };
+            let seen = Observed {
+                frames: pick(),
+                interrupts: pick(),
+                short_gaps: pick(),
+                long_gaps: pick(),
+                elapsed_us: pick(),
+            };
+            let d = a.observe(seen);
+            let c = a.coalescing();
+            assert!(a.busy_poll_us() <= max_poll, "{seen:?}");
+            assert!(c.max_usecs <= max_coal, "{seen:?}");
+            assert!(c.validate().is_ok());
+            assert!(d.busy_poll_us.is_none_or(|b| b == a.busy_poll_us()));
+        }
+    }
+}
+
+#[test]
+fn lowered_bounds_bring_the_values_down_at_once() {
+    let mut a = Adapter::new(bounds(64, 512));
+    // 40 µs gaps: the window doubles 8 → 16 → 32 in three intervals.
+    run(
+        &mut a,
+        &PingPong {
+            rtt_us: 20,
+            gap_us: 40,
+        },
+        3,
+    );
+    // 400 k frames/s, an interrupt each: the ladder climbs to 64 µs (15.6 k interrupts/s).
+    run(
+        &mut a,
+        &Flood {
+            rate: 400_000,
+            frames_per_irq: 1,
+        },
+        20,
+    );
+    assert_eq!((a.busy_poll_us(), a.coalescing().max_usecs), (32, 64));
+    let d = a.set_bounds(bounds(16, 16));
+    assert_eq!(d.busy_poll_us, Some(16));
+    assert_eq!(d.coalescing.map(|c| c.max_usecs), Some(16));
+    assert_eq!((a.busy_poll_us(), a.coalescing().max_usecs), (16, 16));
+}
+
+#[test]
+fn bounds_pack_round_trips_and_validate() {
+    for b in [
+        Adaptive::default(),
+        bounds(MAX_BUSY_POLL_USECS, MAX_COALESCE_USECS),
+        Adaptive {
+            interval_us: MAX_ADAPT_INTERVAL_US,
+            ..bounds(0, 0)
+        },
+    ] {
+        assert_eq!(Adaptive::unpack(b.pack()), b);
+        assert_eq!(b.validate(), Ok(()));
+    }
+    let bad = [
+        (
+            bounds(MAX_BUSY_POLL_USECS + 1, 0),
+            TuningError::AdaptiveBusyPoll(MAX_BUSY_POLL_USECS + 1),
+        ),
+        (
+            bounds(0, MAX_COALESCE_USECS + 1),
+            TuningError::AdaptiveCoalesce(MAX_COALESCE_USECS + 1),
+        ),
+        (
+            Adaptive {
+                interval_us: 99,
+                ..bounds(0, 0)
+            },
+            TuningError::AdaptiveInterval(99),
+        ),
+    ];
+    for (b, e) in bad {
+        assert_eq!(b.validate(), Err(e));
+    }
+}

@@ -1,0 +1,120 @@
+//! Device-side adaptation end to end through the worker: the busy-poll window grows to cover
+//! a driver's pauses and saves its kicks, adaptation turns on and off at run time with its
+//! values published, and a guest's coalescing stays within the operator's bound (in `ctrl`).
+
+use std::time::Duration;
+
+use super::driver::{rig_for, start_rings, DriverRing};
+use super::support::{guest_mem, GuestQueue};
+use super::tuning::paced_driver;
+use super::worker::{Rig, VERSION_1};
+use crate::test_utils::mmio::wait_until;
+use crate::virtio::net::{Adaptive, NetTuning, NetTuningUpdate};
+
+fn adaptive(max_busy_poll_us: u32, max_coalesce_usecs: u32) -> Adaptive {
+    Adaptive {
+        enabled: true,
+        max_busy_poll_us,
+        max_coalesce_usecs,
+        interval_us: 500,
+    }
+}
+
+/// A rig whose device adapts within `bounds` from the start; returns the driver's tx queue.
+fn adapting_rig<Q: DriverRing>(mem: &vm_memory::GuestMemoryMmap, bounds: Adaptive) -> (Rig, Q) {
+    let mut rig = rig_for::<Q>(mem, |_| {});
+    rig.tuning
+        .set(NetTuning {
+            adaptive: bounds,
+            ..NetTuning::default()
+        })
+        .expect("valid");
+    let (rx, tx) = Q::pair(mem);
+    start_rings(&mut rig.transport, VERSION_1, &[&rx, &tx]);
+    (rig, tx)
+}
+
+#[test]
+fn the_window_grows_to_cover_a_drivers_pauses_and_then_saves_its_kicks() {
+    let mem = guest_mem();
+    let (rig, mut tx) = adapting_rig::<GuestQueue>(&mem, adaptive(4_000, 0));
+    let a = &rig.metrics.adaptive;
+    assert_eq!(a.enabled.get(), 1);
+    // 0.3 ms pauses: the window doubles from 8 µs each interval that saw them, up to 512.
+    let first = paced_driver(&rig, &mut tx, false, 40, Duration::from_micros(300));
+    let window = a.busy_poll_us.get();
+    assert!(
+        (512..=4_000).contains(&window),
+        "window {window} µs after 40 pauses"
+    );
+    assert!(a.busy_poll_changes.get() >= 7, "8 → 512 is seven doublings");
+    assert_eq!(a.coalesce_usecs.get(), 0, "bound 0: no coalescing");
+    let polls_found = rig.metrics.busy_poll.found_work.get();
+    let later = paced_driver(&rig, &mut tx, false, 20, Duration::from_micros(300));
+    assert!(
+        later <= 3,
+        "the window covers the pauses, yet {later} kicks for 20 frames (first 40: {first})"
+    );
+    assert!(rig.metrics.busy_poll.found_work.get() >= polls_found + 15);
+    assert!(a.intervals.get() > 0);
+}
+
+#[test]
+fn pauses_longer_than_the_bound_keep_the_window_off() {
+    let mem = guest_mem();
+    let (rig, mut tx) = adapting_rig::<GuestQueue>(&mem, adaptive(50, 0));
+    let kicks = paced_driver(&rig, &mut tx, false, 15, Duration::from_millis(2));
+    // The first frame follows the driver's set-up closely: one short gap may open a window
+    // for a frame or two; the 2 ms gaps close it.
+    assert!(kicks >= 13, "{kicks} kicks for 15 frames");
+    assert_eq!(rig.metrics.adaptive.busy_poll_us.get(), 0);
+    assert!(rig.metrics.busy_poll.polls.get() <= 2);
+}
+
+#[test]
+fn adaptation_turns_on_and_off_at_run_time_and_hands_back_the_fixed_knobs() {
+    let mem = guest_mem();
+    let mut rig = rig_for::<GuestQueue>(&mem, |_| {});
+    let (rx, mut tx) = GuestQueue::pair(&mem);
+    start_rings(&mut rig.transport, VERSION_1, &[&rx, &tx]);
+    let a = rig.metrics.adaptive.enabled.get();
+    assert_eq!(a, 0);
+    let on = NetTuningUpdate {
+        adaptive: Some(adaptive(4_000, 64)),
+        ..NetTuningUpdate::default()
+    };
+    assert!(rig.tuning.update(&on).expect("valid").adaptive.enabled);
+    assert!(wait_until(Duration::from_secs(5), || rig
+        .metrics
+        .adaptive
+        .enabled
+        .get()
+        == 1));
+    paced_driver(&rig, &mut tx, false, 30, Duration::from_micros(300));
+    assert!(rig.metrics.adaptive.busy_poll_us.get() > 0);
+    // Off: the fixed window (0 here) is back, every frame kicks again.
+    let off = NetTuningUpdate {
+        adaptive: Some(Adaptive::default()),
+        ..NetTuningUpdate::default()
+    };
+    rig.tuning.update(&off).expect("valid");
+    assert!(wait_until(Duration::from_secs(5), || rig
+        .metrics
+        .adaptive
+        .enabled
+        .get()
+        == 0));
+    assert_eq!(rig.metrics.adaptive.busy_poll_us.get(), 0);
+    let kicks = paced_driver(&rig, &mut tx, false, 10, Duration::from_micros(300));
+    assert_eq!(kicks, 10);
+    // Bounds out of range are refused with the field named.
+    let bad = NetTuningUpdate {
+        adaptive: Some(Adaptive {
+            interval_us: 5,
+            ..adaptive(1, 1)
+        }),
+        ..NetTuningUpdate::default()
+    };
+    let e = rig.tuning.update(&bad).expect_err("refused");
+    assert!(e.to_string().contains("adaptive.interval_us"), "{e}");
+}
