@@ -11,6 +11,7 @@ pub mod env;
 pub mod frames;
 pub mod hal;
 pub mod injector;
+pub mod mixed;
 pub mod noise;
 pub mod point;
 pub mod report;

@@ -69,9 +69,9 @@ impl BackendKind {
         }
         let loops = self == BackendKind::Loop
             || (self == BackendKind::Tap && host_path == HostPath::XdpReflect);
-        if matches!(workload, Workload::PingPong(_)) && !loops {
+        if workload.round_trips() && !loops {
             return Some(
-                "pingpong needs every frame back: --backend loop, or --backend tap \
+                "pingpong and mixed need every frame back: --backend loop, or --backend tap \
                  --host-path xdp-reflect",
             );
         }
@@ -315,14 +315,18 @@ pub struct Measured {
     pub busy_poll_us: u64,
     /// The host injector's rate when one fed the point (receive on a tap), else 0.
     pub host_pps: f64,
-    /// Round-trip times, for a request/response workload ([`Workload::PingPong`]).
+    /// Round-trip times, for a request/response workload ([`Workload::PingPong`]; the
+    /// trickle phases' of [`Workload::Mixed`]).
     pub latency: Option<crate::workloads::Latency>,
+    /// [`Workload::Mixed`]: the flood phases' round trips per second.
+    pub flood_pps: Option<f64>,
 }
 
 impl Measured {
-    /// Packets per second.
+    /// Packets per second; of [`Workload::Mixed`], the flood phases' round trips per second.
     pub fn pps(&self) -> f64 {
-        self.packets as f64 / self.secs.max(1e-9)
+        self.flood_pps
+            .unwrap_or_else(|| self.packets as f64 / self.secs.max(1e-9))
     }
 }
 
@@ -342,6 +346,7 @@ impl From<Sample> for Measured {
             busy_poll_us: m.dev_busy_poll_us,
             host_pps: 0.0,
             latency: m.latency,
+            flood_pps: m.flood_pps,
         }
     }
 }

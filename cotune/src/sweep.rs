@@ -96,11 +96,16 @@ pub enum Preset {
     /// Request/response latency: W = 1, 4, 16, 64 frames in flight, each round trip timed,
     /// through a `loop` (`pingpong`; p50/p99/p99.9 columns).
     Pingpong,
+    /// A workload that changes under the knobs: request/response alternating 10 ms floods
+    /// (64 frames in flight) and 10 ms trickles (one), through a `loop`, with the device's
+    /// interrupt coalescing max_packets 0 / 8 / 32 / 128 (max_usecs 100): `pps` is the floods'
+    /// rate, p50/p99/p99.9 the trickles' round trips (`mixed`).
+    Mixed,
 }
 
 impl Preset {
     /// All presets, in report order.
-    pub const ALL: [Preset; 18] = [
+    pub const ALL: [Preset; 19] = [
         Preset::Baseline,
         Preset::KickThreshold,
         Preset::TxCompletion,
@@ -119,6 +124,7 @@ impl Preset {
         Preset::RxCoalesce,
         Preset::RingLayout,
         Preset::Pingpong,
+        Preset::Mixed,
     ];
 
     /// The seed presets, in seed order.
@@ -134,7 +140,7 @@ impl Preset {
     pub fn backend(self) -> Option<BackendKind> {
         match self {
             Preset::SeedKickThreshold | Preset::SeedZc => Some(BackendKind::Sink),
-            Preset::SeedTxCompletion | Preset::SeedXdpBulk | Preset::Pingpong => {
+            Preset::SeedTxCompletion | Preset::SeedXdpBulk | Preset::Pingpong | Preset::Mixed => {
                 Some(BackendKind::Loop)
             }
             Preset::RxCoalesce => Some(BackendKind::Source),
@@ -163,6 +169,7 @@ impl Preset {
             Preset::RxCoalesce => "rx-coalesce",
             Preset::RingLayout => "ring-layout",
             Preset::Pingpong => "pingpong",
+            Preset::Mixed => "mixed",
         }
     }
 }
@@ -250,6 +257,7 @@ pub fn points(preset: Preset, opts: &Options) -> Vec<Point> {
         Preset::SeedXdpBulk => xdp_bulk_points(opts),
         Preset::RxCoalesce => rx_coalesce_points(opts),
         Preset::Pingpong => pingpong_points(opts),
+        Preset::Mixed => mixed_points(opts),
         Preset::RingLayout => return ring_layout_points(opts),
     };
     pts.into_iter().map(|p| p.on_ring(opts.ring)).collect()
@@ -349,6 +357,36 @@ fn pingpong_points(opts: &Options) -> Vec<Point> {
             config: Config::default(),
             dev: DevKnobs::default(),
             workload: Workload::PingPong(w),
+            pace: None,
+            frame_size: opts.frame_size.unwrap_or(64),
+        })
+        .collect()
+}
+
+/// Frames in flight during the `mixed` preset's floods.
+pub const MIXED_WINDOW: u32 = 64;
+/// How long each of the `mixed` preset's phases lasts.
+pub const MIXED_PHASE: Duration = Duration::from_millis(10);
+
+/// Floods of [`MIXED_WINDOW`] alternating with trickles, phases of [`MIXED_PHASE`], with the
+/// device's coalescing max_packets 0, 8, 32, 128 (0 and 32 with `--quick`): coalescing that
+/// helps the floods' rate costs the trickles' latency.
+fn mixed_points(opts: &Options) -> Vec<Point> {
+    let packets: &[u16] = if opts.quick {
+        &[0, 32]
+    } else {
+        &[0, 8, 32, 128]
+    };
+    packets
+        .iter()
+        .map(|&p| Point {
+            axes: vec![("coalesce_packets", p.to_string())],
+            config: Config::default(),
+            dev: coalescing(p),
+            workload: Workload::Mixed {
+                window: MIXED_WINDOW,
+                phase: MIXED_PHASE,
+            },
             pace: None,
             frame_size: opts.frame_size.unwrap_or(64),
         })
@@ -858,7 +896,9 @@ fn sim_trial(point: &Point, opts: &Options) -> io::Result<Measured> {
         _ if opts.host_path == HostPath::XdpReflect => Peers::None,
         Workload::Bidirectional | Workload::XdpBounce | Workload::Echo => Peers::Echo,
         Workload::Rx => Peers::Injector,
-        Workload::XskTx(_) | Workload::Fwd | Workload::PingPong(_) => Peers::None,
+        Workload::XskTx(_) | Workload::Fwd | Workload::PingPong(_) | Workload::Mixed { .. } => {
+            Peers::None
+        }
     };
     let window = (point.workload == Workload::Echo).then_some(workloads::ECHO_WINDOW);
     let (backend, mut peer) = make_trial(
@@ -905,7 +945,8 @@ fn sim_trial(point: &Point, opts: &Options) -> io::Result<Measured> {
     drop(peer);
     rig.consistency().map_err(io::Error::other)?;
     if let Some(l) = &sample.latency {
-        l.check().map_err(io::Error::other)?;
+        l.check()
+            .map_err(|e| io::Error::other(format!("{}: {e}", workload_name(point.workload))))?;
     }
     let mut m = Measured::from(sample);
     m.host_pps = host.map_or(0.0, |h| h.pps());
@@ -976,6 +1017,7 @@ fn workload_name(w: Workload) -> &'static str {
         Workload::Rx => "rx",
         Workload::Fwd => "fwd",
         Workload::PingPong(_) => "pingpong",
+        Workload::Mixed { .. } => "mixed",
     }
 }
 
@@ -1567,6 +1609,50 @@ mod tests {
             assert_eq!(p.ring(), RingLayout::PACKED_IN_ORDER);
             assert!(p.config.packed && p.config.in_order);
         }
+    }
+
+    #[test]
+    fn mixed_runs_floods_and_trickles_in_co_simulation() {
+        let o = Options {
+            backend: BackendKind::Loop,
+            duration: Duration::from_millis(300),
+            ..opts(true)
+        };
+        let pts = points(Preset::Mixed, &o);
+        assert_eq!(pts.len(), 2);
+        assert_eq!(Preset::Mixed.backend(), Some(BackendKind::Loop));
+        assert!(BackendKind::Sink
+            .refuses(HostPath::Stack, pts[0].workload)
+            .is_some());
+        assert!(BackendKind::Loop
+            .refuses(HostPath::Stack, pts[0].workload)
+            .is_none());
+        // Short phases, so that a 300 ms trial holds many of each.
+        let mut p = pts[0].clone();
+        p.workload = Workload::Mixed {
+            window: 32,
+            phase: Duration::from_millis(5),
+        };
+        let m = sim_trial(&p, &o).expect("trial");
+        let l = m.latency.expect("trickle round trips");
+        let flood = m.flood_pps.expect("a flood rate");
+        // Every packet is a round trip of one phase or the other; the trickle's are timed.
+        assert!(l.samples > 10 && l.samples < m.packets, "{m:?}");
+        assert!(
+            l.min_ns > 0 && l.p50_ns <= l.p99_ns && l.p99_ns <= l.p999_ns,
+            "{l:?}"
+        );
+        assert_eq!((l.bad, l.lost), (0, 0));
+        // The CSV's pps is the floods' rate, and 32 frames in flight beat one at a time.
+        assert_eq!(m.pps(), flood);
+        let trickle_pps = 1e9 / l.p50_ns as f64;
+        assert!(
+            flood > trickle_pps,
+            "flood {flood} pps, trickle {trickle_pps}"
+        );
+        let row = point_row(Preset::Mixed, "sim", &p, Some(&m), f64::NAN, 0.0, &o);
+        assert_eq!((row.workload.as_str(), row.pps), ("mixed", flood));
+        assert_eq!(row.p50_us, l.p50_ns as f64 / 1000.0);
     }
 
     #[test]

@@ -160,10 +160,14 @@ pub fn cmdline(point: &Point, frames: u64) -> String {
         Workload::Rx => "rx",
         Workload::Fwd => "fwd",
         Workload::PingPong(_) => "pingpong",
+        Workload::Mixed { .. } => "mixed",
     };
     let window = match point.workload {
         Workload::Fwd => format!(" window={}", crate::workloads::FWD_WINDOW),
         Workload::PingPong(w) => format!(" window={w}"),
+        Workload::Mixed { window, phase } => {
+            format!(" window={window} phase_us={}", phase.as_micros())
+        }
         _ => String::new(),
     };
     let completion = match c.tx_completion {
@@ -514,10 +518,8 @@ struct HostSide {
 
 impl HostSide {
     fn start(env: &VmEnv, point: &Point, ns: &NetNs) -> io::Result<HostSide> {
-        let echo = !matches!(
-            point.workload,
-            Workload::XskTx(_) | Workload::Rx | Workload::PingPong(_)
-        );
+        let echo = !matches!(point.workload, Workload::XskTx(_) | Workload::Rx)
+            && !point.workload.round_trips();
         let on_tap = !env.backend.is_measurement();
         let injector = if point.workload == Workload::Rx && on_tap {
             let sock = ns.run(|| PacketSocket::open(TAP, ETHERTYPE))??;
@@ -653,6 +655,7 @@ impl RunOutput<'_> {
             busy_poll_us: num(&dev, &["busy_poll", "polled_us"]),
             host_pps: self.host.map_or(0.0, |h| h.pps()),
             latency: round_trips(&report),
+            flood_pps: report.get("flood_pps").and_then(Value::as_f64),
         };
         Ok(VmRun::Measured(m, note))
     }
@@ -665,6 +668,9 @@ fn vm_note(env: &VmEnv, point: &Point, report: &Value, echoed: Option<u64>) -> i
     // same workload in co-simulation), so a packet is one echo on both sides.
     let mut note = String::from(match (point.workload, env.backend) {
         (Workload::PingPong(_), _) => "vm: pingpong= (round trips timed on the guest's TSC)",
+        (Workload::Mixed { .. }, _) => {
+            "vm: mixed= (phases and round trips timed on the guest's TSC; pps: the floods')"
+        }
         (Workload::XskTx(_), _) => "vm: tx= copy batches",
         (Workload::Rx, _) => "vm: rx= (every frame checked)",
         (Workload::Fwd, _) => "vm: fwd= (256 frames in flight)",
@@ -700,9 +706,7 @@ fn vm_note(env: &VmEnv, point: &Point, report: &Value, echoed: Option<u64>) -> i
         }
     }
     let done = num(report, &["done"]);
-    if let Workload::PingPong(window) = point.workload {
-        check_round_trips(report, window)?;
-    }
+    check_round_trips(report, point.workload)?;
     if let Some(e) = echoed {
         if e < done {
             note += &format!("; peer counted {e} of {done} echoes");
@@ -711,8 +715,8 @@ fn vm_note(env: &VmEnv, point: &Point, report: &Value, echoed: Option<u64>) -> i
     Ok(note)
 }
 
-/// The round trips of a `pingpong=` result line (`None` for other workloads, or a line
-/// without them).
+/// The round trips of a `pingpong=` result line, or of a `mixed=` line's trickle phases
+/// (`None` for other workloads, or a line without them).
 fn round_trips(report: &Value) -> Option<crate::workloads::Latency> {
     let field = |k: &str| report.get(k).and_then(Value::as_u64);
     Some(crate::workloads::Latency {
@@ -727,12 +731,19 @@ fn round_trips(report: &Value) -> Option<crate::workloads::Latency> {
     })
 }
 
-/// A `pingpong=` trial's own checks: the guest ran the window asked for, timed every one of
-/// the round trips it was asked for, none came back damaged or unknown and none was lost,
-/// the percentiles are in order; and the device carried each frame once each way
-/// (`tx_frames` + `xdp_tx` = round trips, `rx_frames` ≥ round trips).
-fn check_round_trips(report: &Value, window: u32) -> io::Result<()> {
-    let err = |what: String| Err(io::Error::other(format!("pingpong: {what}: {report}")));
+/// A `pingpong=` or `mixed=` trial's own checks (nothing for other workloads): the guest ran
+/// the window (and phase length) asked for, accounted for every one of the round trips it was
+/// asked for (`mixed=`: flood frames + trickle samples), none came back damaged or unknown and
+/// none was lost, the percentiles are in order (`mixed=`: it reached a trickle and reports a
+/// flood rate); and the device carried each frame once each way (`tx_frames` + `xdp_tx` =
+/// round trips, `rx_frames` ≥ round trips).
+fn check_round_trips(report: &Value, workload: Workload) -> io::Result<()> {
+    let (name, window) = match workload {
+        Workload::PingPong(w) => ("pingpong", w),
+        Workload::Mixed { window, .. } => ("mixed", window),
+        _ => return Ok(()),
+    };
+    let err = |what: String| Err(io::Error::other(format!("{name}: {what}: {report}")));
     let Some(l) = round_trips(report) else {
         return err("no round-trip times in the driver guest's line (an older guest?)".into());
     };
@@ -740,10 +751,29 @@ fn check_round_trips(report: &Value, window: u32) -> io::Result<()> {
     if num(report, &["window"]) != u64::from(window) {
         return err(format!("the guest ran window={}", num(report, &["window"])));
     }
-    if l.samples != requested || done != requested {
+    let mut timed = l.samples;
+    if let Workload::Mixed { phase, .. } = workload {
+        if u128::from(num(report, &["phase_us"])) != phase.as_micros() {
+            return err(format!(
+                "the guest ran phase_us={}",
+                num(report, &["phase_us"])
+            ));
+        }
+        if num(report, &["phases"]) < 2 || l.samples == 0 {
+            return err("no trickle phase (too few round trips for the phase length)".into());
+        }
+        if !report
+            .get("flood_pps")
+            .and_then(Value::as_f64)
+            .is_some_and(|p| p > 0.0)
+        {
+            return err("no flood rate".into());
+        }
+        timed += num(report, &["flood_frames"]);
+    }
+    if timed != requested || done != requested {
         return err(format!(
-            "{} round trips timed and {done} frames back of {requested}",
-            l.samples
+            "{timed} round trips accounted for and {done} frames back of {requested}"
         ));
     }
     let sent = num(report, &["tx_frames"]) + num(report, &["xdp_tx"]);
@@ -753,7 +783,7 @@ fn check_round_trips(report: &Value, window: u32) -> io::Result<()> {
             num(report, &["rx_frames"])
         ));
     }
-    l.check().map_err(io::Error::other)
+    l.check().or_else(err)
 }
 
 /// Boots the driver guest once with `calibrate=2000 ring=3` and reads its exit costs.
@@ -862,29 +892,87 @@ mod tests {
             })
         };
         let good = line(100, 0, 30_000);
-        check_round_trips(&good, 4).unwrap();
+        check_round_trips(&good, Workload::PingPong(4)).unwrap();
         let l = round_trips(&good).unwrap();
         assert_eq!((l.samples, l.p50_ns, l.p999_ns), (100, 20_000, 40_000));
-        assert!(check_round_trips(&good, 16).is_err(), "another window");
         assert!(
-            check_round_trips(&line(99, 0, 30_000), 4).is_err(),
+            check_round_trips(&good, Workload::PingPong(16)).is_err(),
+            "another window"
+        );
+        assert!(
+            check_round_trips(&line(99, 0, 30_000), Workload::PingPong(4)).is_err(),
             "a round trip short"
         );
         assert!(
-            check_round_trips(&line(100, 1, 30_000), 4).is_err(),
+            check_round_trips(&line(100, 1, 30_000), Workload::PingPong(4)).is_err(),
             "a bad frame"
         );
         assert!(
-            check_round_trips(&line(100, 0, 45_000), 4).is_err(),
+            check_round_trips(&line(100, 0, 45_000), Workload::PingPong(4)).is_err(),
             "p99 > p99.9"
         );
         let mut resent = good.clone();
         resent["xdp_tx"] = 97.into();
-        assert!(check_round_trips(&resent, 4).is_err(), "a frame sent twice");
+        assert!(
+            check_round_trips(&resent, Workload::PingPong(4)).is_err(),
+            "a frame sent twice"
+        );
         let mut old = good;
         old.as_object_mut().unwrap().remove("rtt_p50_ns");
         assert!(round_trips(&old).is_none());
-        assert!(check_round_trips(&old, 4).is_err());
+        assert!(check_round_trips(&old, Workload::PingPong(4)).is_err());
+    }
+
+    #[test]
+    fn mixed_command_line_and_result_lines() {
+        let mixed = Workload::Mixed {
+            window: 64,
+            phase: Duration::from_millis(10),
+        };
+        let c = cmdline(&point(mixed), 30_000);
+        assert!(
+            c.contains(" mixed=30000 window=64 phase_us=10000 size=128 "),
+            "{c}"
+        );
+        // 900 flood round trips and 100 trickle ones (timed) of 1000, in 7 phases.
+        let good = serde_json::json!({
+            "status": "done", "workload": "mixed", "requested": 1000, "done": 1000,
+            "window": 64, "phase_us": 10_000, "phases": 7, "flood_frames": 900,
+            "flood_ns": 3_000_000, "flood_pps": 300_000,
+            "rtt_samples": 100, "rtt_bad": 0, "rtt_lost": 0,
+            "rtt_min_ns": 10_000, "rtt_p50_ns": 20_000, "rtt_p99_ns": 30_000,
+            "rtt_p999_ns": 40_000, "rtt_max_ns": 50_000,
+            "tx_frames": 64 * 4, "xdp_tx": 1000 - 64 * 4, "rx_frames": 1000,
+        });
+        check_round_trips(&good, mixed).unwrap();
+        let l = round_trips(&good).unwrap();
+        assert_eq!((l.samples, l.p50_ns, l.p99_ns), (100, 20_000, 30_000));
+        let other_phase = Workload::Mixed {
+            window: 64,
+            phase: Duration::from_millis(1),
+        };
+        assert!(check_round_trips(&good, other_phase).is_err());
+        let other_window = Workload::Mixed {
+            window: 16,
+            phase: Duration::from_millis(10),
+        };
+        assert!(check_round_trips(&good, other_window).is_err());
+        for (key, value, why) in [
+            ("flood_frames", 899, "a round trip unaccounted for"),
+            ("phases", 1, "never reached a trickle"),
+            ("rtt_lost", 1, "a frame lost"),
+            ("xdp_tx", 745, "a frame short"),
+        ] {
+            let mut bad = good.clone();
+            bad[key] = value.into();
+            let e = check_round_trips(&bad, mixed).unwrap_err().to_string();
+            assert!(e.starts_with("mixed: "), "{why}: {e}");
+        }
+        let mut no_rate = good.clone();
+        no_rate.as_object_mut().unwrap().remove("flood_pps");
+        assert!(check_round_trips(&no_rate, mixed).is_err(), "no flood rate");
+        // The pingpong check does not ask for mixed's fields.
+        assert!(check_round_trips(&good, Workload::Fwd).is_ok());
     }
 
     #[test]

@@ -12,6 +12,7 @@ use vnet_driver::{Counters, Hal, TxCompletion, XdpAction};
 
 use crate::cost::{spin_for_ns, task_cpu_ns, threads_named};
 use crate::frames::{check_frame, test_frame, write_test_frame};
+use crate::mixed::Phases;
 use crate::rig::Rig;
 
 /// What one trial measured (deltas over the measured window).
@@ -38,8 +39,11 @@ pub struct Sample {
     pub dev_busy_poll_found: u64,
     /// Microseconds the device busy-polled.
     pub dev_busy_poll_us: u64,
-    /// Round-trip times of a request/response workload ([`Workload::PingPong`]).
+    /// Round-trip times of a request/response workload ([`Workload::PingPong`]; the trickle
+    /// phases' of [`Workload::Mixed`]).
     pub latency: Option<Latency>,
+    /// [`Workload::Mixed`]: the flood phases' round trips per second.
+    pub flood_pps: Option<f64>,
 }
 
 impl Sample {
@@ -74,6 +78,26 @@ pub enum Workload {
     /// and replaced by the next (the returned buffer rewritten, XDP_TX). Against a `loop`, or
     /// a tap whose XDP program reflects every frame.
     PingPong(u32),
+    /// The request/response loop of [`Workload::PingPong`] alternating between a flood
+    /// (`window` frames in flight, 1..=[`MAX_PINGPONG_WINDOW`]) and a trickle (one frame in
+    /// flight), each phase lasting `phase` on the host clock: the driver guest's `mixed=N
+    /// window=W phase_us=P` (the phases' rules: [`crate::mixed`]). Its figures are the
+    /// floods' round trips per second ([`Sample::flood_pps`]) and the trickles' round-trip
+    /// times ([`Sample::latency`]). Against a `loop`, or a tap whose XDP program reflects
+    /// every frame.
+    Mixed {
+        /// Frames in flight during a flood.
+        window: u32,
+        /// How long each phase lasts.
+        phase: Duration,
+    },
+}
+
+impl Workload {
+    /// A request/response workload: every frame must come back.
+    pub fn round_trips(self) -> bool {
+        matches!(self, Workload::PingPong(_) | Workload::Mixed { .. })
+    }
 }
 
 /// Most frames [`Workload::PingPong`] keeps in flight (as the driver guest's `window=`).
@@ -130,7 +154,7 @@ impl Latency {
     pub fn check(&self) -> Result<(), String> {
         if self.bad > 0 || self.lost > 0 {
             return Err(format!(
-                "pingpong: {} frames came back bad, {} never came back",
+                "{} frames came back bad, {} never came back",
                 self.bad, self.lost
             ));
         }
@@ -142,9 +166,7 @@ impl Latency {
             self.max_ns,
         ];
         if self.samples == 0 || self.min_ns == 0 || ordered.windows(2).any(|w| w[0] > w[1]) {
-            return Err(format!(
-                "pingpong: round trips out of order or empty: {self:?}"
-            ));
+            return Err(format!("round trips out of order or empty: {self:?}"));
         }
         Ok(())
     }
@@ -193,7 +215,8 @@ fn delta(a: &Mark, b: &Mark, workload: Workload) -> Sample {
         | Workload::XdpBounce
         | Workload::Echo
         | Workload::Fwd
-        | Workload::PingPong(_) => dev_tx_frames,
+        | Workload::PingPong(_)
+        | Workload::Mixed { .. } => dev_tx_frames,
         Workload::Bidirectional => dev_tx_frames + dev_rx_frames,
         Workload::Rx => dev_rx_frames,
     };
@@ -209,6 +232,7 @@ fn delta(a: &Mark, b: &Mark, workload: Workload) -> Sample {
         dev_busy_poll_found: b.busy_found - a.busy_found,
         dev_busy_poll_us: b.busy_us - a.busy_us,
         latency: None,
+        flood_pps: None,
     }
 }
 
@@ -262,32 +286,60 @@ pub fn run(
             xdp_bounce(rig, frame_size, warmup, duration, workload)
         }
         Workload::PingPong(window) => {
-            let mut pp = PingPong::new(window, frame_size, Instant::now() + warmup);
-            pp.seed(rig, u64::MAX);
-            let (a, b) = measure_window(rig, warmup, duration, &mut |rig| {
-                pp.step(rig, u64::MAX);
-            });
-            let mut sample = delta(&a, &b, workload);
-            sample.latency = pp.latency(false);
-            sample
+            let pp = PingPong::new(window, frame_size, Instant::now() + warmup);
+            request_response(rig, pp, workload, warmup, duration)
+        }
+        Workload::Mixed { window, phase } => {
+            let pp = PingPong::mixed(window, phase, frame_size, Instant::now() + warmup);
+            request_response(rig, pp, workload, warmup, duration)
         }
     }
 }
 
-/// The request/response loop of [`Workload::PingPong`].
+/// Runs the loop of `pp` (seeded here) for `warmup`, then measures it for `duration`.
+fn request_response(
+    rig: &mut Rig,
+    mut pp: PingPong,
+    workload: Workload,
+    warmup: Duration,
+    duration: Duration,
+) -> Sample {
+    pp.seed(rig, u64::MAX);
+    let (a, b) = measure_window(rig, warmup, duration, &mut |rig| {
+        pp.step(rig, u64::MAX);
+    });
+    let mut sample = delta(&a, &b, workload);
+    sample.latency = pp.latency(false);
+    sample.flood_pps = pp.flood_pps();
+    sample
+}
+
+/// One frame in flight: its sequence number, when it was queued, and whether it was sent
+/// during a flood of [`Workload::Mixed`] (always for [`Workload::PingPong`]).
+#[derive(Clone, Copy, Debug)]
+struct Slot {
+    seq: u32,
+    sent_at: Instant,
+    flood: bool,
+}
+
+/// The request/response loop of [`Workload::PingPong`] and [`Workload::Mixed`].
 pub struct PingPong {
-    /// Per slot (the window): the sequence number in flight and when it was queued.
-    slots: Vec<Option<(u32, Instant)>>,
+    /// Per slot (the window): the frame in flight.
+    slots: Vec<Option<Slot>>,
     /// Frames sent (the next sequence number).
     sent: u64,
     /// Frames back (intact and in flight).
     returned: u64,
     /// Frames back that were damaged or not in flight.
     bad: u64,
-    /// Round trips of the frames that came back from `record_from` on, ns.
+    /// Round trips of the frames that came back from `record_from` on (of [`Workload::Mixed`]:
+    /// the trickle's), ns.
     rtts: Vec<u64>,
     record_from: Instant,
     frame_size: usize,
+    /// [`Workload::Mixed`]'s phases.
+    phases: Option<Phases>,
 }
 
 impl PingPong {
@@ -303,7 +355,52 @@ impl PingPong {
             rtts: Vec::new(),
             record_from,
             frame_size,
+            phases: None,
         }
+    }
+
+    /// [`Workload::Mixed`]: floods of `window` frames (1..=[`MAX_PINGPONG_WINDOW`]) and
+    /// trickles of one, phases of `phase`, starting with a flood now; as [`PingPong::new`]
+    /// otherwise (only the trickles' round trips are recorded).
+    pub fn mixed(
+        window: u32,
+        phase: Duration,
+        frame_size: usize,
+        record_from: Instant,
+    ) -> PingPong {
+        let window = window.clamp(1, MAX_PINGPONG_WINDOW);
+        let mut pp = PingPong::new(window, frame_size, record_from);
+        pp.phases = Some(Phases::new(window, phase, Instant::now(), record_from));
+        pp
+    }
+
+    /// A frame sent now belongs to a flood (of [`Workload::Mixed`]; always otherwise).
+    fn flooding(&self) -> bool {
+        self.phases.as_ref().is_none_or(Phases::flooding)
+    }
+
+    /// Sends the next frame by copy into a free slot (waiting for ring space until
+    /// `deadline`); false if there is no free slot or no room in time.
+    fn send_copy(&mut self, rig: &mut Rig, frame: &mut [u8], deadline: Instant) -> bool {
+        let Some(i) = self.slots.iter().position(Option::is_none) else {
+            return false;
+        };
+        let seq = self.sent as u32;
+        write_test_frame(frame, seq);
+        while rig.net.transmit(frame).is_err() {
+            rig.net.reclaim_tx();
+            if Instant::now() >= deadline {
+                return false;
+            }
+        }
+        let flood = self.flooding();
+        self.slots[i] = Some(Slot {
+            seq,
+            sent_at: Instant::now(),
+            flood,
+        });
+        self.sent += 1;
+        true
     }
 
     /// Sends the first frames: the window, or `limit` frames if fewer (waiting for ring space
@@ -311,26 +408,31 @@ impl PingPong {
     pub fn seed(&mut self, rig: &mut Rig, limit: u64) {
         let deadline = Instant::now() + Duration::from_secs(1);
         let mut frame = test_frame(self.frame_size, 0);
-        for i in 0..self.slots.len() {
-            if self.sent >= limit {
-                break;
+        while self.sent < limit && self.send_copy(rig, &mut frame, deadline) {}
+    }
+
+    /// A frame came back at `now` intact and in flight (its slot taken): records it and says
+    /// whether to answer it with the next frame while fewer than `limit` were sent.
+    fn record(&mut self, slot: Slot, now: Instant, limit: u64) -> bool {
+        self.returned += 1;
+        let more = self.sent < limit;
+        let Some(phases) = self.phases.as_mut() else {
+            if now >= self.record_from {
+                self.rtts.push((now - slot.sent_at).as_nanos() as u64);
             }
-            let seq = self.sent as u32;
-            write_test_frame(&mut frame, seq);
-            while rig.net.transmit(&frame).is_err() {
-                rig.net.reclaim_tx();
-                if Instant::now() >= deadline {
-                    return;
-                }
-            }
-            self.slots[i] = Some((seq, Instant::now()));
-            self.sent += 1;
+            return more;
+        };
+        if !slot.flood && now >= self.record_from {
+            self.rtts.push((now - slot.sent_at).as_nanos() as u64);
         }
+        let in_flight = self.slots.iter().filter(|s| s.is_some()).count();
+        phases.returned(slot.flood, in_flight, now, more)
     }
 
     /// One pass: takes an interrupt (waiting up to 1 ms for one), polls rx, times and checks
-    /// each returned frame and sends the next in its place while fewer than `limit` were sent,
-    /// and reclaims tx as the bounce loop does.
+    /// each returned frame and sends the next in its place while fewer than `limit` were sent
+    /// (of [`Workload::Mixed`]: as its phase says, and a new flood's top-up by copy), and
+    /// reclaims tx as the bounce loop does.
     pub fn step(&mut self, rig: &mut Rig, limit: u64) {
         let irq = rig.take_interrupt(1);
         if irq || rig.net.rx_has_used() {
@@ -342,45 +444,67 @@ impl PingPong {
                 let slot = check_frame(frame).and_then(|seq| {
                     self.slots
                         .iter()
-                        .position(|s| s.is_some_and(|(q, _)| q == seq))
+                        .position(|s| s.is_some_and(|s| s.seq == seq))
                 });
-                let Some((i, (_, sent_at))) = slot.and_then(|i| Some((i, self.slots[i].take()?)))
-                else {
+                let Some((i, slot)) = slot.and_then(|i| Some((i, self.slots[i].take()?))) else {
                     self.bad += 1;
                     return XdpAction::Drop;
                 };
-                self.returned += 1;
-                if now >= self.record_from {
-                    self.rtts.push((now - sent_at).as_nanos() as u64);
+                if !self.record(slot, now, limit) {
+                    return XdpAction::Drop;
                 }
                 let seq = self.sent as u32;
-                if self.sent < limit && write_test_frame(frame, seq) {
-                    self.slots[i] = Some((seq, Instant::now()));
-                    self.sent += 1;
-                    bounced.push(i);
-                    XdpAction::Tx
-                } else {
-                    XdpAction::Drop
+                if !write_test_frame(frame, seq) {
+                    if let Some(p) = self.phases.as_mut() {
+                        p.owe();
+                    }
+                    return XdpAction::Drop;
                 }
+                let flood = self.flooding();
+                self.slots[i] = Some(Slot {
+                    seq,
+                    sent_at: Instant::now(),
+                    flood,
+                });
+                self.sent += 1;
+                bounced.push(i);
+                XdpAction::Tx
             });
             // Frames the tx ring had no room for (`xdp_tx_errors`: the last ones a flush
             // added) are sent again by copy, so that the window stays whole.
             let failed = (rig.net.counters().xdp_tx_errors - errors) as usize;
             let mut frame = test_frame(self.frame_size, 0);
             for &i in &bounced[bounced.len().saturating_sub(failed)..] {
-                let Some((seq, _)) = self.slots[i] else {
+                let Some(slot) = self.slots[i].as_mut() else {
                     continue;
                 };
-                write_test_frame(&mut frame, seq);
+                write_test_frame(&mut frame, slot.seq);
                 let deadline = Instant::now() + Duration::from_secs(1);
                 while rig.net.transmit(&frame).is_err() && Instant::now() < deadline {
                     rig.net.reclaim_tx();
                 }
-                self.slots[i] = Some((seq, Instant::now()));
+                slot.sent_at = Instant::now();
             }
+            self.top_up(rig, limit);
         }
         if rig.net.config().tx_completion != TxCompletion::CleanFromRx {
             rig.net.reclaim_tx();
+        }
+    }
+
+    /// [`Workload::Mixed`]: sends a new flood's frames due by copy (at most a second waiting
+    /// for ring space).
+    fn top_up(&mut self, rig: &mut Rig, limit: u64) {
+        let owed = self.phases.as_mut().map_or(0, Phases::take_owed);
+        if owed == 0 {
+            return;
+        }
+        let deadline = Instant::now() + Duration::from_secs(1);
+        let mut frame = test_frame(self.frame_size, 0);
+        for _ in 0..owed {
+            if self.sent >= limit || !self.send_copy(rig, &mut frame, deadline) {
+                break;
+            }
         }
     }
 
@@ -398,6 +522,17 @@ impl PingPong {
             l.lost = self.slots.iter().filter(|s| s.is_some()).count() as u64;
         }
         Some(l)
+    }
+
+    /// [`Workload::Mixed`]: the floods' round trips per second (`None` for
+    /// [`Workload::PingPong`], or before a flood frame came back).
+    pub fn flood_pps(&self) -> Option<f64> {
+        self.phases.as_ref()?.flood_pps()
+    }
+
+    /// [`Workload::Mixed`]: phases begun (0 for [`Workload::PingPong`]).
+    pub fn phases(&self) -> u64 {
+        self.phases.as_ref().map_or(0, Phases::phases)
     }
 }
 

@@ -59,9 +59,9 @@ fn quick_run_of_every_preset_writes_csv_and_plot() {
     // baseline 1 + kick-threshold 3 + tx-completion 3 + xdp-bulk 2 + xsk-zc 2 + busy-poll 2
     // + tx-budget 2 + rx-sparse-reads 2
     // + three 2-D presets of 2x2
-    // + the four seed presets, rx-coalesce and pingpong, 2 each, on their own backends
+    // + the four seed presets, rx-coalesce, pingpong and mixed, 2 each, on their own backends
     // + ring-layout 3 (lazy on each layout).
-    assert_eq!(rows.len(), 44, "{csv_text}");
+    assert_eq!(rows.len(), 46, "{csv_text}");
     assert_eq!(
         table,
         rows.len() + 1,
@@ -91,6 +91,7 @@ fn quick_run_of_every_preset_writes_csv_and_plot() {
         ("seed-xdp-bulk", "loop", "fwd"),
         ("rx-coalesce", "source", "rx"),
         ("pingpong", "loop", "pingpong"),
+        ("mixed", "loop", "mixed"),
     ] {
         let mine: Vec<_> = rows.iter().filter(|r| r[0] == preset).collect();
         assert_eq!(mine.len(), 2, "{preset}: {csv_text}");
@@ -98,14 +99,15 @@ fn quick_run_of_every_preset_writes_csv_and_plot() {
             assert_eq!((r[backend], r[workload]), (on, doing), "{preset}");
         }
     }
-    // Round-trip percentiles: on the pingpong rows only, positive and in order.
+    // Round-trip percentiles: on the pingpong and mixed rows only (mixed: its trickles'),
+    // positive and in order.
     let col = |name: &str| header.iter().position(|c| *c == name).unwrap();
     for r in &rows {
         let rtt: Vec<&str> = ["p50_us", "p99_us", "p999_us"]
             .iter()
             .map(|c| r[col(c)])
             .collect();
-        if r[0] != "pingpong" {
+        if r[0] != "pingpong" && r[0] != "mixed" {
             assert_eq!(rtt, ["", "", ""], "{csv_text}");
             continue;
         }

@@ -808,3 +808,84 @@ fn pingpong_on_loop_backend_times_every_round_trip() {
         );
     }
 }
+
+/// `mixed=N window=W phase_us=P` through `backend=loop`: floods of W frames in flight
+/// alternating with trickles of one, 1 ms each on the guest's TSC. Every round trip counts
+/// toward one phase (flood frames + trickle samples = N), none is bad or lost, the device
+/// carries each frame once each way, each flood after the first tops the window up by copy
+/// (W − 1 frames), the trickle's percentiles are in order, and W frames in flight carry more
+/// round trips per second than one.
+#[test]
+fn mixed_on_loop_backend_alternates_floods_and_trickles() {
+    const FRAMES: u64 = 40_000;
+    const WINDOW: u64 = 32;
+    let (d, dev, out) = run_on_backend(
+        "backend=loop",
+        &format!(
+            "console=ttyS0 ring=3 mixed={FRAMES} window={WINDOW} phase_us=1000 size=64 \
+             timeout_ms=60000"
+        ),
+    );
+    let ctx = || format!("driver {d}\ndevice {dev}\n{out}");
+    assert_eq!(d["status"], "done", "{}", ctx());
+    assert_eq!(d["workload"], "mixed", "{}", ctx());
+    assert_eq!(
+        (n(&d, "requested"), n(&d, "done")),
+        (FRAMES, FRAMES),
+        "{}",
+        ctx()
+    );
+    assert_eq!(
+        (n(&d, "window"), n(&d, "phase_us")),
+        (WINDOW, 1000),
+        "{}",
+        ctx()
+    );
+    for key in [
+        "rtt_bad",
+        "rtt_lost",
+        "foreign_frames",
+        "xdp_tx_errors",
+        "device_errors",
+    ] {
+        assert_eq!(n(&d, key), 0, "{key}: {}", ctx());
+    }
+    let (phases, flood) = (n(&d, "phases"), n(&d, "flood_frames"));
+    let samples = n(&d, "rtt_samples");
+    assert!(phases >= 3 && samples > 0, "{}", ctx());
+    assert_eq!(flood + samples, FRAMES, "{}", ctx());
+    // Phases go flood, trickle, flood, …: the first flood's window and each later flood's
+    // top-up by copy (the last one cut short if fewer frames were left), every other frame
+    // an XDP_TX answer.
+    let full = WINDOW + (phases.div_ceil(2) - 1) * (WINDOW - 1);
+    let copies = n(&d, "tx_frames");
+    assert!(copies <= full && copies + (WINDOW - 1) > full, "{}", ctx());
+    assert_eq!(n(&d, "tx_frames") + n(&d, "xdp_tx"), FRAMES, "{}", ctx());
+    assert_eq!(n(&dev["tx"], "frames"), FRAMES, "{}", ctx());
+    assert_eq!(n(&dev["rx"], "frames"), FRAMES, "{}", ctx());
+    let rtt: Vec<u64> = [
+        "rtt_min_ns",
+        "rtt_p50_ns",
+        "rtt_p99_ns",
+        "rtt_p999_ns",
+        "rtt_max_ns",
+    ]
+    .iter()
+    .map(|k| n(&d, k))
+    .collect();
+    assert!(rtt[0] > 0, "{}", ctx());
+    assert!(rtt.windows(2).all(|w| w[0] <= w[1]), "{rtt:?}: {}", ctx());
+    let flood_pps = n(&d, "flood_pps");
+    assert!(n(&d, "flood_ns") > 0 && flood_pps > 0, "{}", ctx());
+    let trickle_pps = 1_000_000_000 / rtt[1];
+    assert!(
+        flood_pps > trickle_pps,
+        "floods {flood_pps} pps, trickle {trickle_pps}: {}",
+        ctx()
+    );
+    eprintln!(
+        "mixed (window={WINDOW} phase_us=1000): {phases} phases, floods {flood_pps} pps, \
+         trickle p50 {} ns, p99 {} ns, p99.9 {} ns",
+        rtt[1], rtt[2], rtt[3]
+    );
+}

@@ -85,6 +85,17 @@ pub enum Workload {
         /// Frames in flight (1..=[`MAX_PINGPONG_WINDOW`]).
         window: u32,
     },
+    /// The request/response loop of `pingpong=` alternating between a flood (`window`
+    /// frames in flight) and a trickle (one in flight), each phase lasting `phase_us`
+    /// (`mixed=N window=W phase_us=P`; the phases' rules: [`crate::mixed`]).
+    Mixed {
+        /// Round trips in all.
+        frames: u64,
+        /// Frames in flight during a flood (1..=[`MAX_PINGPONG_WINDOW`]).
+        window: u32,
+        /// Microseconds each phase lasts ([`MIN_PHASE_US`]..=[`MAX_PHASE_US`]).
+        phase_us: u32,
+    },
     /// Bring the device up and report (no traffic).
     Idle,
     /// Measure this host's notification and interrupt costs with this many samples of each
@@ -106,6 +117,14 @@ pub const MAX_WINDOW: u32 = 4096;
 pub const DEFAULT_PINGPONG_WINDOW: u32 = 1;
 /// Largest `window=` of `pingpong=`.
 pub const MAX_PINGPONG_WINDOW: u32 = 64;
+/// Default `window=` of `mixed=`: frames in flight during a flood.
+pub const DEFAULT_MIXED_WINDOW: u32 = 64;
+/// Default `phase_us=` of `mixed=`.
+pub const DEFAULT_PHASE_US: u32 = 10_000;
+/// Shortest `phase_us=`.
+pub const MIN_PHASE_US: u32 = 100;
+/// Longest `phase_us=` (one second).
+pub const MAX_PHASE_US: u32 = 1_000_000;
 /// Default `rx_budget=`: frames per rx poll (NAPI budget).
 pub const DEFAULT_RX_BUDGET: usize = 64;
 /// Largest `rx_budget=`.
@@ -237,8 +256,10 @@ struct Words {
     rx: Option<u64>,
     fwd: Option<u64>,
     pingpong: Option<u64>,
+    mixed: Option<u64>,
     calibrate: Option<u32>,
     window: Option<u32>,
+    phase_us: Option<u32>,
     burst: Option<u32>,
     pause_us: Option<u32>,
     reset: crate::reset::ResetWords,
@@ -294,6 +315,11 @@ const KEYS: &[(&str, Setter)] = &[
     ("rx", |w, v| set(&mut w.rx, number(v).map(Some))),
     ("fwd", |w, v| set(&mut w.fwd, number(v).map(Some))),
     ("pingpong", |w, v| set(&mut w.pingpong, number(v).map(Some))),
+    ("mixed", |w, v| set(&mut w.mixed, number(v).map(Some))),
+    ("phase_us", |w, v| {
+        let p = number(v).filter(|p| (MIN_PHASE_US..=MAX_PHASE_US).contains(p));
+        set(&mut w.phase_us, p.map(Some))
+    }),
     ("window", |w, v| {
         let n = number(v).filter(|n| (1..=MAX_WINDOW).contains(n));
         set(&mut w.window, n.map(Some))
@@ -428,54 +454,79 @@ impl Words {
         Ok(self.o)
     }
 
-    /// The workload: at most one of `tx=`, `echo=`, `rx=`, `fwd=`, `pingpong=` and
-    /// `calibrate=`, and `window=` only with `fwd=` (1..=4096) or `pingpong=` (1..=64).
+    /// The workload: at most one of `tx=`, `echo=`, `rx=`, `fwd=`, `pingpong=`, `mixed=` and
+    /// `calibrate=`; `window=` only with `fwd=` (1..=4096), `pingpong=` or `mixed=` (1..=64),
+    /// `phase_us=` only with `mixed=`.
     fn workload(&self) -> Result<Workload, BadValue<'static>> {
-        let (tx, echo, rx, fwd, pingpong, calibrate) = (
+        let given = [
             self.tx,
             self.echo,
             self.rx,
             self.fwd,
             self.pingpong,
-            self.calibrate,
-        );
-        let given = [tx, echo, rx, fwd, pingpong, calibrate.map(u64::from)];
+            self.mixed,
+            self.calibrate.map(u64::from),
+        ];
         if given.iter().filter(|w| w.is_some()).count() > 1 {
             return Err(BadValue {
-                key: "tx/echo/rx/fwd/pingpong/calibrate",
+                key: WORKLOAD_KEYS,
                 value: "more than one given",
             });
         }
-        let workload = match (tx, echo, rx, fwd, pingpong, calibrate) {
-            (Some(n), ..) => Workload::Tx(n),
-            (_, Some(n), ..) => Workload::Echo(n),
-            (_, _, Some(n), ..) => Workload::Rx(n),
-            (_, _, _, Some(frames), ..) => Workload::Fwd {
-                frames,
-                window: self.window.unwrap_or(DEFAULT_WINDOW),
-            },
-            (_, _, _, _, Some(frames), _) => {
-                let window = self.window.unwrap_or(DEFAULT_PINGPONG_WINDOW);
-                if window > MAX_PINGPONG_WINDOW {
-                    return Err(BadValue {
-                        key: "window",
-                        value: "at most 64 with pingpong=",
-                    });
-                }
-                Workload::PingPong { frames, window }
-            }
-            (.., Some(n)) => Workload::Calibrate(n),
-            _ => Workload::Idle,
+        let small_window = |name| match self.window {
+            Some(w) if w > MAX_PINGPONG_WINDOW => Err(BadValue {
+                key: "window",
+                value: name,
+            }),
+            w => Ok(w),
         };
-        if self.window.is_some() && fwd.is_none() && pingpong.is_none() {
+        let workload = if let Some(n) = self.tx {
+            Workload::Tx(n)
+        } else if let Some(n) = self.echo {
+            Workload::Echo(n)
+        } else if let Some(n) = self.rx {
+            Workload::Rx(n)
+        } else if let Some(frames) = self.fwd {
+            let window = self.window.unwrap_or(DEFAULT_WINDOW);
+            Workload::Fwd { frames, window }
+        } else if let Some(frames) = self.pingpong {
+            let window = small_window("at most 64 with pingpong=")?;
+            let window = window.unwrap_or(DEFAULT_PINGPONG_WINDOW);
+            Workload::PingPong { frames, window }
+        } else if let Some(frames) = self.mixed {
+            let window = small_window("at most 64 with mixed=")?;
+            Workload::Mixed {
+                frames,
+                window: window.unwrap_or(DEFAULT_MIXED_WINDOW),
+                phase_us: self.phase_us.unwrap_or(DEFAULT_PHASE_US),
+            }
+        } else if let Some(n) = self.calibrate {
+            Workload::Calibrate(n)
+        } else {
+            Workload::Idle
+        };
+        let windowed = matches!(
+            workload,
+            Workload::Fwd { .. } | Workload::PingPong { .. } | Workload::Mixed { .. }
+        );
+        if self.window.is_some() && !windowed {
             return Err(BadValue {
                 key: "window",
-                value: "only with fwd= or pingpong=",
+                value: "only with fwd=, pingpong= or mixed=",
+            });
+        }
+        if self.phase_us.is_some() && !matches!(workload, Workload::Mixed { .. }) {
+            return Err(BadValue {
+                key: "phase_us",
+                value: "only with mixed=",
             });
         }
         Ok(workload)
     }
 }
+
+/// The key an error of two workloads names.
+const WORKLOAD_KEYS: &str = "tx/echo/rx/fwd/pingpong/mixed/calibrate";
 
 /// `TXP/TXU/RXP/RXU`: four numbers (decimal or `0x` hex, each fitting 32 bits).
 pub fn parse_coalesce(value: &str) -> Option<Coalesce> {
@@ -676,7 +727,7 @@ mod tests {
         let e = parse("calibrate=0").unwrap_err();
         assert_eq!((e.key, e.value), ("calibrate", "0"));
         let e = parse("tx=1 calibrate=2").unwrap_err();
-        assert_eq!(e.key, "tx/echo/rx/fwd/pingpong/calibrate");
+        assert_eq!(e.key, WORKLOAD_KEYS);
     }
 
     #[test]
@@ -850,10 +901,13 @@ mod tests {
             ("window=256", "window"),
             ("rx=10 window=256", "window"),
             ("tx=10 window=256", "window"),
-            ("rx=1 tx=1", "tx/echo/rx/fwd/pingpong/calibrate"),
-            ("rx=1 fwd=1", "tx/echo/rx/fwd/pingpong/calibrate"),
-            ("fwd=1 echo=1", "tx/echo/rx/fwd/pingpong/calibrate"),
-            ("fwd=1 calibrate=10", "tx/echo/rx/fwd/pingpong/calibrate"),
+            ("rx=1 tx=1", "tx/echo/rx/fwd/pingpong/mixed/calibrate"),
+            ("rx=1 fwd=1", "tx/echo/rx/fwd/pingpong/mixed/calibrate"),
+            ("fwd=1 echo=1", "tx/echo/rx/fwd/pingpong/mixed/calibrate"),
+            (
+                "fwd=1 calibrate=10",
+                "tx/echo/rx/fwd/pingpong/mixed/calibrate",
+            ),
             ("rx=1 rx_budget=0", "rx_budget"),
             ("rx=1 rx_budget=4097", "rx_budget"),
             ("rx=1 rx_budget=lots", "rx_budget"),
@@ -892,8 +946,11 @@ mod tests {
             ("pingpong=", "pingpong"),
             ("pingpong=10 window=0", "window"),
             ("pingpong=10 window=65", "window"),
-            ("pingpong=1 fwd=1", "tx/echo/rx/fwd/pingpong/calibrate"),
-            ("pingpong=1 tx=1", "tx/echo/rx/fwd/pingpong/calibrate"),
+            (
+                "pingpong=1 fwd=1",
+                "tx/echo/rx/fwd/pingpong/mixed/calibrate",
+            ),
+            ("pingpong=1 tx=1", "tx/echo/rx/fwd/pingpong/mixed/calibrate"),
             ("pingpong=10 burst=8", "burst"),
             ("pingpong=10 reset_queue=tx reset_every=5", "reset_queue"),
         ] {
@@ -905,6 +962,72 @@ mod tests {
             alloc::format!("{e}"),
             "bad value for window: \"at most 64 with pingpong=\""
         );
+    }
+
+    #[test]
+    fn mixed_workload() {
+        let o = parse("console=ttyS0 mixed=100000 ring=3 wait=poll").unwrap();
+        assert_eq!(
+            o.workload,
+            Workload::Mixed {
+                frames: 100_000,
+                window: DEFAULT_MIXED_WINDOW,
+                phase_us: DEFAULT_PHASE_US
+            }
+        );
+        assert_eq!(
+            parse("phase_us=100 window=1 mixed=0x10").unwrap().workload,
+            Workload::Mixed {
+                frames: 16,
+                window: 1,
+                phase_us: MIN_PHASE_US
+            }
+        );
+        assert_eq!(
+            parse("mixed=5 window=64 phase_us=1000000")
+                .unwrap()
+                .workload,
+            Workload::Mixed {
+                frames: 5,
+                window: MAX_PINGPONG_WINDOW,
+                phase_us: MAX_PHASE_US
+            }
+        );
+        for (line, key) in [
+            ("mixed=x", "mixed"),
+            ("mixed=", "mixed"),
+            ("mixed=-1", "mixed"),
+            ("mixed=10 window=0", "window"),
+            ("mixed=10 window=65", "window"),
+            ("mixed=10 phase_us=99", "phase_us"),
+            ("mixed=10 phase_us=1000001", "phase_us"),
+            ("mixed=10 phase_us=", "phase_us"),
+            ("mixed=10 phase_us=10ms", "phase_us"),
+            ("phase_us=1000", "phase_us"),
+            ("pingpong=10 phase_us=1000", "phase_us"),
+            ("fwd=10 phase_us=1000", "phase_us"),
+            ("mixed=1 pingpong=1", WORKLOAD_KEYS),
+            ("mixed=1 fwd=1", WORKLOAD_KEYS),
+            ("tx=1 mixed=1", WORKLOAD_KEYS),
+            ("mixed=1 calibrate=10", WORKLOAD_KEYS),
+            ("mixed=10 burst=8", "burst"),
+            ("mixed=10 reset_queue=tx reset_every=5", "reset_queue"),
+        ] {
+            let e = parse(line).unwrap_err();
+            assert_eq!(e.key, key, "{line}: {e}");
+        }
+        let e = parse("mixed=10 window=65").unwrap_err();
+        assert_eq!(
+            alloc::format!("{e}"),
+            "bad value for window: \"at most 64 with mixed=\""
+        );
+        let e = parse("phase_us=500").unwrap_err();
+        assert_eq!(
+            alloc::format!("{e}"),
+            "bad value for phase_us: \"only with mixed=\""
+        );
+        let e = parse("mixed=10 phase_us=50").unwrap_err();
+        assert_eq!(alloc::format!("{e}"), "bad value for phase_us: \"50\"");
     }
 
     #[test]

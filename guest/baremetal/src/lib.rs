@@ -14,5 +14,6 @@ pub mod cmdline;
 pub mod devstats;
 pub mod frames;
 pub mod latency;
+pub mod mixed;
 pub mod report;
 pub mod reset;

@@ -81,6 +81,9 @@ pub struct Report<'a> {
     /// `pingpong=`: the round trips' checks and percentiles (reported with `pingpong=`, as 0s
     /// if the workload did not run).
     pub round_trips: Option<crate::latency::RoundTrips>,
+    /// `mixed=`: what the flood phases did (reported with `mixed=`, as 0s if the workload
+    /// did not run); its trickle phases' round trips are in `round_trips`.
+    pub flood: Option<crate::mixed::Flood>,
     /// The device's counters read after the workload (`None`: VIRTIO_NET_F_DEVICE_STATS not
     /// negotiated; an error: why they could not be read).
     pub device_stats: Option<Result<&'a crate::devstats::DevStats, &'a str>>,
@@ -170,6 +173,7 @@ impl Report<'_> {
             Workload::Rx(n) => ("rx", n),
             Workload::Fwd { frames, .. } => ("fwd", frames),
             Workload::PingPong { frames, .. } => ("pingpong", frames),
+            Workload::Mixed { frames, .. } => ("mixed", frames),
             Workload::Idle => ("idle", 0),
             Workload::Calibrate(n) => ("calibrate", u64::from(n)),
         };
@@ -195,7 +199,13 @@ impl Report<'_> {
              \"done\":{},\"size\":{}",
             self.done, self.frame_size
         )?;
-        // The new workloads' own fields (the other workloads' lines are unchanged).
+        self.write_workload_fields(w)
+    }
+
+    /// The fields of `rx=`, `fwd=`, `pingpong=` and `mixed=` (the other workloads' lines
+    /// have none).
+    fn write_workload_fields<W: Write>(&self, w: &mut W) -> fmt::Result {
+        let khz = self.tsc_khz.filter(|&k| k > 0);
         match self.workload {
             Workload::Rx(_) => {
                 let k = self.rx_check.unwrap_or_default();
@@ -203,33 +213,58 @@ impl Report<'_> {
                     w,
                     ",\"rx_budget\":{},\"rx_bad\":{},\"rx_lost\":{},\"rx_reordered\":{}",
                     self.rx_budget, k.bad, k.lost, k.reordered
-                )?;
+                )
             }
             Workload::Fwd { window, .. } => {
-                write!(w, ",\"window\":{window},\"rx_budget\":{}", self.rx_budget)?;
+                write!(w, ",\"window\":{window},\"rx_budget\":{}", self.rx_budget)
             }
             Workload::PingPong { window, .. } => {
-                let r = self.round_trips.unwrap_or_default();
+                write!(w, ",\"window\":{window},\"rx_budget\":{}", self.rx_budget)?;
+                self.write_round_trips(w, khz)
+            }
+            Workload::Mixed {
+                window, phase_us, ..
+            } => {
+                let f = self.flood.unwrap_or_default();
                 write!(
                     w,
-                    ",\"window\":{window},\"rx_budget\":{},\"rtt_samples\":{},\"rtt_bad\":{},\
-                     \"rtt_lost\":{}",
-                    self.rx_budget,
-                    r.cycles.map_or(0, |p| p.samples),
-                    r.bad,
-                    r.lost
+                    ",\"window\":{window},\"phase_us\":{phase_us},\"rx_budget\":{},\
+                     \"phases\":{},\"flood_frames\":{}",
+                    self.rx_budget, f.phases, f.frames
                 )?;
-                if let (Some(p), Some(khz)) = (r.cycles, self.tsc_khz.filter(|&k| k > 0)) {
-                    let p = p.map(|c| cycles_to_ns(c, khz));
-                    write!(
-                        w,
-                        ",\"rtt_min_ns\":{},\"rtt_p50_ns\":{},\"rtt_p99_ns\":{},\
-                         \"rtt_p999_ns\":{},\"rtt_max_ns\":{}",
-                        p.min, p.p50, p.p99, p.p999, p.max
-                    )?;
+                if let Some(khz) = khz {
+                    let ns = cycles_to_ns(f.cycles, khz);
+                    write!(w, ",\"flood_ns\":{ns}")?;
+                    if ns > 0 {
+                        let pps = u128::from(f.frames) * 1_000_000_000 / u128::from(ns);
+                        write!(w, ",\"flood_pps\":{pps}")?;
+                    }
                 }
+                self.write_round_trips(w, khz)
             }
-            _ => {}
+            _ => Ok(()),
+        }
+    }
+
+    /// The round trips' checks and, with the TSC's frequency, percentiles (`pingpong=`, and
+    /// the trickle phases of `mixed=`).
+    fn write_round_trips<W: Write>(&self, w: &mut W, khz: Option<u64>) -> fmt::Result {
+        let r = self.round_trips.unwrap_or_default();
+        write!(
+            w,
+            ",\"rtt_samples\":{},\"rtt_bad\":{},\"rtt_lost\":{}",
+            r.cycles.map_or(0, |p| p.samples),
+            r.bad,
+            r.lost
+        )?;
+        if let (Some(p), Some(khz)) = (r.cycles, khz) {
+            let p = p.map(|c| cycles_to_ns(c, khz));
+            write!(
+                w,
+                ",\"rtt_min_ns\":{},\"rtt_p50_ns\":{},\"rtt_p99_ns\":{},\
+                 \"rtt_p999_ns\":{},\"rtt_max_ns\":{}",
+                p.min, p.p50, p.p99, p.p999, p.max
+            )?;
         }
         Ok(())
     }
@@ -401,6 +436,7 @@ mod tests {
             rx_budget: 64,
             rx_check: None,
             round_trips: None,
+            flood: None,
             device_stats: None,
         }
     }
@@ -676,6 +712,77 @@ mod tests {
         let mut s = String::new();
         r.write_json(&mut s).unwrap();
         assert!(!s.contains("rtt_"), "{s}");
+    }
+
+    #[test]
+    fn mixed_fields() {
+        let mut r = report();
+        r.workload = Workload::Mixed {
+            frames: 10_000,
+            window: 64,
+            phase_us: 10_000,
+        };
+        r.done = 10_000;
+        // Without a run: zeros, no rates, no percentiles.
+        let mut s = String::new();
+        r.write_json(&mut s).unwrap();
+        assert!(
+            s.contains(
+                "\"workload\":\"mixed\",\"requested\":10000,\"done\":10000,\"size\":64,\
+                 \"window\":64,\"phase_us\":10000,\"rx_budget\":64,\"phases\":0,\
+                 \"flood_frames\":0,\"flood_ns\":0,\"rtt_samples\":0,\"rtt_bad\":0,\
+                 \"rtt_lost\":0,\"kick_threshold\":"
+            ),
+            "{s}"
+        );
+        assert!(!s.contains("flood_pps"), "{s}");
+        r.flood = Some(crate::mixed::Flood {
+            phases: 7,
+            frames: 9_000,
+            cycles: 6_000_000,
+        });
+        r.round_trips = Some(crate::latency::RoundTrips {
+            bad: 0,
+            lost: 1,
+            cycles: Some(crate::latency::Percentiles {
+                samples: 999,
+                min: 10_000,
+                p50: 20_000,
+                p99: 30_000,
+                p999: 40_000,
+                max: 50_000,
+            }),
+        });
+        // A 2 GHz TSC: 9000 flood round trips in 3 ms.
+        r.tsc_khz = Some(2_000_000);
+        let mut s = String::new();
+        r.write_json(&mut s).unwrap();
+        assert!(
+            s.contains(
+                "\"phases\":7,\"flood_frames\":9000,\"flood_ns\":3000000,\
+                 \"flood_pps\":3000000,\"rtt_samples\":999,\"rtt_bad\":0,\"rtt_lost\":1,\
+                 \"rtt_min_ns\":5000,\"rtt_p50_ns\":10000,\"rtt_p99_ns\":15000,\
+                 \"rtt_p999_ns\":20000,\"rtt_max_ns\":25000,\"kick_threshold\":"
+            ),
+            "{s}"
+        );
+        // Without the TSC's frequency: counts only.
+        r.tsc_khz = None;
+        let mut s = String::new();
+        r.write_json(&mut s).unwrap();
+        assert!(
+            s.contains("\"flood_frames\":9000,\"rtt_samples\":999,"),
+            "{s}"
+        );
+        assert!(!s.contains("flood_ns") && !s.contains("rtt_p50_ns"), "{s}");
+        // pingpong= has no flood fields.
+        r.workload = Workload::PingPong {
+            frames: 1000,
+            window: 4,
+        };
+        let mut s = String::new();
+        r.write_json(&mut s).unwrap();
+        assert!(!s.contains("flood") && !s.contains("phase"), "{s}");
     }
 
     #[test]

@@ -18,10 +18,12 @@
 //! stay global, so the host can check that every frame arrived intact whatever the pair. The
 //! echo workload bounces each frame on the pair it arrived on (XDP_TX).
 //!
-//! `echo=`, `rx=`, `fwd=` and `pingpong=` share one receive loop ([`Driver::receive`]):
-//! `echo=` and `fwd=` bounce each test frame (XDP_TX), `fwd=` after sending its window of test
-//! frames first; `rx=` checks each frame (pattern and per-pair sequence number) and drops it;
-//! `pingpong=` times each frame's round trip and sends the next in its place (XDP_TX).
+//! `echo=`, `rx=`, `fwd=`, `pingpong=` and `mixed=` share one receive loop
+//! ([`Driver::receive`]): `echo=` and `fwd=` bounce each test frame (XDP_TX), `fwd=` after
+//! sending its window of test frames first; `rx=` checks each frame (pattern and per-pair
+//! sequence number) and drops it; `pingpong=` times each frame's round trip and sends the next
+//! in its place (XDP_TX); `mixed=` does the same in alternating flood and trickle phases
+//! ([`vnet_baremetal::mixed`]).
 
 use alloc::string::String;
 use alloc::vec;
@@ -35,6 +37,7 @@ use vnet_baremetal::cmdline::{Coalesce, Options, Ring, TransportChoice, Wait, Wo
 use vnet_baremetal::devstats;
 use vnet_baremetal::frames::{self, Ramp};
 use vnet_baremetal::latency::{Histogram, RoundTrips};
+use vnet_baremetal::mixed::{Flood, Mixed};
 use vnet_baremetal::report::{self, Outcome, Report};
 use vnet_driver::features::NET_F_DEVICE_STATS;
 use vnet_driver::transport::WINDOW_SIZE;
@@ -260,6 +263,7 @@ fn finish<T: Transport>(
 ) -> ! {
     let deadline = deadline(o, tsc_khz);
     let pause_cycles = pause_cycles(o, tsc_khz);
+    let phase_cycles = phase_cycles(o, tsc_khz);
     let pairs = net.queue_pairs();
     let mut d = Driver {
         net,
@@ -274,9 +278,11 @@ fn finish<T: Transport>(
         timed_out: false,
         pause_cycles,
         pauses: 0,
+        phase_cycles,
         next_reset: o.reset.map_or(u64::MAX, |p| p.every),
         rx_check: None,
         round_trips: None,
+        flood: None,
     };
     let (outcome, run) = d.run_workload(coalesce_error.as_deref());
     // The device's counters, before the driver's are copied: the statistics commands count
@@ -303,6 +309,20 @@ fn pause_cycles(o: &Options, tsc_khz: Option<u64>) -> u64 {
     }
 }
 
+/// TSC cycles of each phase of `mixed=` (0 for the other workloads); ends the run when the
+/// TSC's frequency is not known.
+fn phase_cycles(o: &Options, tsc_khz: Option<u64>) -> u64 {
+    let Workload::Mixed { phase_us, .. } = o.workload else {
+        return 0;
+    };
+    match tsc_khz.filter(|&k| k > 0) {
+        Some(khz) => ns_to_cycles(u64::from(phase_us) * 1000, khz),
+        None => fail_early(
+            "mixed= needs the TSC frequency (neither tsc_early_khz= nor CPUID leaf 0x15 gives it)",
+        ),
+    }
+}
+
 impl<T: Transport> Driver<'_, T> {
     /// Runs the workload, unless `coalesce=` was refused (then that is the run's error).
     fn run_workload<'e>(&mut self, coalesce_error: Option<&'e str>) -> (Outcome<'e>, Run) {
@@ -313,6 +333,7 @@ impl<T: Transport> Driver<'_, T> {
             (Workload::Rx(n), None) => self.rx(n),
             (Workload::Fwd { frames, window }, None) => self.fwd(frames, window),
             (Workload::PingPong { frames, window }, None) => self.pingpong(frames, window),
+            (Workload::Mixed { frames, window, .. }, None) => self.mixed(frames, window),
             (Workload::Idle | Workload::Calibrate(_), None) => Ok(Run::default()),
         };
         match (run, coalesce_error) {
@@ -394,6 +415,7 @@ impl<T: Transport> Driver<'_, T> {
             rx_budget: o.rx_budget,
             rx_check: self.rx_check,
             round_trips: self.round_trips,
+            flood: self.flood,
             device_stats,
         };
         let mut line = String::with_capacity(2048);
@@ -488,12 +510,16 @@ struct Driver<'o, T: Transport> {
     pause_cycles: u64,
     /// Pauses made.
     pauses: u64,
+    /// TSC cycles of each phase of `mixed=`.
+    phase_cycles: u64,
     /// Frames done at which the next `reset_queue=` reset is due (`u64::MAX`: none planned).
     next_reset: u64,
     /// `rx=`: what the frame and sequence checks found.
     rx_check: Option<frames::SeqCounts>,
-    /// `pingpong=`: the round trips' checks and percentiles.
+    /// `pingpong=`: the round trips' checks and percentiles (`mixed=`: its trickle phases').
     round_trips: Option<RoundTrips>,
+    /// `mixed=`: what its flood phases did.
+    flood: Option<Flood>,
 }
 
 impl<T: Transport> Driver<'_, T> {
@@ -789,15 +815,10 @@ impl<T: Transport> Driver<'_, T> {
     /// `fwd=` without a window. Against a device that loops frames back the `W` frames
     /// circulate.
     fn fwd(&mut self, n: u64, window: u32) -> Result<Run, (&'static str, Run)> {
-        let r = self.receive(
-            n,
-            window,
-            |_, frame| {
-                xdp::swap_macs(frame);
-                XdpAction::Tx
-            },
-            |_| {},
-        )?;
+        let r = self.receive(n, &mut Window::new(window, |_| {}), |_, frame| {
+            xdp::swap_macs(frame);
+            XdpAction::Tx
+        })?;
         self.drain_tx();
         Ok(r.through_drain())
     }
@@ -807,15 +828,10 @@ impl<T: Transport> Driver<'_, T> {
     /// to the `n`-th.
     fn rx(&mut self, n: u64) -> Result<Run, (&'static str, Run)> {
         let mut check = frames::SeqCheck::new(usize::from(self.pairs()));
-        let r = self.receive(
-            n,
-            0,
-            |pair, frame| {
-                check.frame(usize::from(pair), frame);
-                XdpAction::Drop
-            },
-            |_| {},
-        );
+        let r = self.receive(n, &mut Window::new(0, |_| {}), |pair, frame| {
+            check.frame(usize::from(pair), frame);
+            XdpAction::Drop
+        });
         self.rx_check = Some(check.counts);
         Ok(r?.through_last_frame())
     }
@@ -837,40 +853,36 @@ impl<T: Transport> Driver<'_, T> {
             rtt: Histogram::new(),
         });
         let start = cpu::rdtsc();
-        let r = self.receive(
-            n,
-            seed,
-            |_, frame| {
-                let now = cpu::rdtsc();
-                let f = &mut *flight.borrow_mut();
-                let slot = frames::check(frame).and_then(|seq| {
-                    f.slots
-                        .iter()
-                        .position(|s| s.is_some_and(|(q, _)| q == seq))
-                });
-                let Some(sent_at) = slot.and_then(|i| f.slots[i].take()).map(|(_, t)| t) else {
-                    f.bad += 1;
-                    return XdpAction::Drop;
-                };
-                f.rtt.record(now.saturating_sub(sent_at));
-                let seq = f.sent as u32;
-                if f.sent < n && ramp.fill(frame, dst, src, seq) {
-                    // `slot` is Some here: its entry was just taken.
-                    f.slots[slot.unwrap_or(0)] = Some((seq, cpu::rdtsc()));
-                    f.sent += 1;
-                    XdpAction::Tx
-                } else {
-                    XdpAction::Drop
-                }
-            },
-            |seq| {
-                let f = &mut *flight.borrow_mut();
-                if let Some(s) = f.slots.get_mut(seq as usize) {
-                    *s = Some((seq, cpu::rdtsc()));
-                    f.sent += 1;
-                }
-            },
-        );
+        let mut seeds = Window::new(seed, |seq| {
+            let f = &mut *flight.borrow_mut();
+            if let Some(s) = f.slots.get_mut(seq as usize) {
+                *s = Some((seq, cpu::rdtsc()));
+                f.sent += 1;
+            }
+        });
+        let r = self.receive(n, &mut seeds, |_, frame| {
+            let now = cpu::rdtsc();
+            let f = &mut *flight.borrow_mut();
+            let slot = frames::check(frame).and_then(|seq| {
+                f.slots
+                    .iter()
+                    .position(|s| s.is_some_and(|(q, _)| q == seq))
+            });
+            let Some(sent_at) = slot.and_then(|i| f.slots[i].take()).map(|(_, t)| t) else {
+                f.bad += 1;
+                return XdpAction::Drop;
+            };
+            f.rtt.record(now.saturating_sub(sent_at));
+            let seq = f.sent as u32;
+            if f.sent < n && ramp.fill(frame, dst, src, seq) {
+                // `slot` is Some here: its entry was just taken.
+                f.slots[slot.unwrap_or(0)] = Some((seq, cpu::rdtsc()));
+                f.sent += 1;
+                XdpAction::Tx
+            } else {
+                XdpAction::Drop
+            }
+        });
         let f = flight.into_inner();
         self.round_trips = Some(RoundTrips {
             bad: f.bad,
@@ -885,39 +897,67 @@ impl<T: Transport> Driver<'_, T> {
         })
     }
 
-    /// The receive loop of `echo=`, `fwd=`, `rx=` and `pingpong=`: runs `on_frame(pair, frame)`
-    /// on each of the next `n` received test frames and carries out its verdict; other frames
-    /// (and test frames beyond the `n`-th) are dropped and counted as foreign. First sends
-    /// `seed` test frames (sequence numbers `0..seed`, round robin over the pairs), as many at
-    /// a time as the tx rings take, interleaved with the receive polls, calling
-    /// `on_seed(seq)` as each is queued.
+    /// `mixed=N window=W phase_us=P`: the loop of `pingpong=` in alternating flood (W frames in
+    /// flight) and trickle (one) phases of P each, on the TSC ([`Mixed`]: the first window
+    /// and each flood's top-up go by copy, every other frame in the buffer of the one it
+    /// answers, XDP_TX). Ends at the `n`-th returned frame; timed from the first send to it.
+    fn mixed(&mut self, n: u64, window: u32) -> Result<Run, (&'static str, Run)> {
+        let ramp = Ramp::new(self.o.frame_size);
+        let (dst, src) = (self.o.dst, self.net.mac().unwrap_or(FALLBACK_MAC));
+        let start = cpu::rdtsc();
+        let m = RefCell::new(Mixed::new(window, self.phase_cycles, n, start));
+        let r = self.receive(n, &mut MixedSeeds(&m), |_, frame| {
+            let m = &mut *m.borrow_mut();
+            let Some(seq) = m.returned(frames::check(frame), cpu::rdtsc()) else {
+                return XdpAction::Drop;
+            };
+            if ramp.fill(frame, dst, src, seq) {
+                m.queued(seq, cpu::rdtsc(), false);
+                XdpAction::Tx
+            } else {
+                m.send_by_copy();
+                XdpAction::Drop
+            }
+        });
+        let m = m.into_inner();
+        self.round_trips = Some(m.trickle());
+        self.flood = Some(m.flood());
+        let r = r?;
+        self.drain_tx();
+        Ok(Run {
+            done: r.done,
+            cycles: r.last.map_or(0, |l| l.saturating_sub(start)),
+        })
+    }
+
+    /// The receive loop of `echo=`, `fwd=`, `rx=`, `pingpong=` and `mixed=`: runs
+    /// `on_frame(pair, frame)` on each of the next `n` received test frames and carries out
+    /// its verdict; other frames (and test frames beyond the `n`-th) are dropped and counted as
+    /// foreign. Sends the frames `seeds` asks for by copy (round robin over the pairs), as many
+    /// at a time as the tx rings take, interleaved with the receive polls.
     ///
     /// Rx notifications: with `wait=halt` an interrupt schedules every pair's rx poll (rx
     /// interrupts off) and the loop `hlt`s when there is nothing to do; with `wait=poll` the
     /// loop schedules a pair's poll when its used ring has entries. A poll takes at most
     /// `rx_budget=` frames; a short poll re-arms the pair's interrupts (NAPI).
-    fn receive<F: FnMut(u16, &mut [u8]) -> XdpAction, S: FnMut(u32)>(
+    fn receive<F: FnMut(u16, &mut [u8]) -> XdpAction>(
         &mut self,
         n: u64,
-        seed: u32,
+        seeds: &mut dyn Seeds,
         mut on_frame: F,
-        mut on_seed: S,
     ) -> Result<Received, (&'static str, Run)> {
-        let mut seeder = if seed > 0 {
-            Some(Seeder::new(self, seed)?)
-        } else {
-            None
-        };
+        let mut seeder: Option<Seeder> = None;
         let mut done = 0u64;
         let mut foreign = 0u64;
         let mut start = None;
         let mut last = None;
         while done < n {
-            if let Some(s) = seeder.as_mut() {
-                s.send(self, &mut on_seed);
-                if s.seeded == s.window {
-                    seeder = None;
-                }
+            if seeds.due().is_some() {
+                let s = match seeder.as_mut() {
+                    Some(s) => s,
+                    None => seeder.insert(Seeder::new(self)?),
+                };
+                s.send(self, seeds);
             }
             let irq = self.take_interrupt();
             let before = done;
@@ -1019,18 +1059,71 @@ struct InFlight {
     rtt: Histogram,
 }
 
-/// `fwd=`'s first frames: `window` test frames, round robin over the pairs, sent as the tx
-/// rings take them.
+/// The frames [`Driver::receive`] sends by copy (the answers to returned frames go in their
+/// buffers, XDP_TX): the first window of `fwd=` and `pingpong=`, the first window and each
+/// flood's top-up of `mixed=`.
+trait Seeds {
+    /// The sequence number of the next frame to queue now, if one is due.
+    fn due(&mut self) -> Option<u32>;
+    /// The frame of `seq` (the number `due` gave) was queued; one the ring did not take stays
+    /// due.
+    fn queued(&mut self, seq: u32);
+}
+
+/// Sequence numbers `0..window`, each passed to `on_seed` as it is queued (`fwd=`,
+/// `pingpong=`; none for `echo=` and `rx=`).
+struct Window<S> {
+    next: u32,
+    window: u32,
+    on_seed: S,
+}
+
+impl<S: FnMut(u32)> Window<S> {
+    fn new(window: u32, on_seed: S) -> Window<S> {
+        Window {
+            next: 0,
+            window,
+            on_seed,
+        }
+    }
+}
+
+impl<S: FnMut(u32)> Seeds for Window<S> {
+    fn due(&mut self) -> Option<u32> {
+        (self.next < self.window).then_some(self.next)
+    }
+
+    fn queued(&mut self, seq: u32) {
+        self.next += 1;
+        (self.on_seed)(seq);
+    }
+}
+
+/// `mixed=`'s frames by copy: what its [`Mixed`] says is due.
+struct MixedSeeds<'a>(&'a RefCell<Mixed>);
+
+impl Seeds for MixedSeeds<'_> {
+    fn due(&mut self) -> Option<u32> {
+        self.0.borrow().due()
+    }
+
+    fn queued(&mut self, seq: u32) {
+        self.0.borrow_mut().queued(seq, cpu::rdtsc(), true);
+    }
+}
+
+/// Sends the frames [`Seeds`] asks for by copy, round robin over the pairs, as the tx rings
+/// take them.
 struct Seeder {
     ramp: Ramp,
     frame: alloc::vec::Vec<u8>,
     src: [u8; 6],
-    window: u32,
+    /// Frames queued (the next one goes to pair `seeded mod N`).
     seeded: u32,
 }
 
 impl Seeder {
-    fn new<T: Transport>(d: &Driver<'_, T>, window: u32) -> Result<Seeder, (&'static str, Run)> {
+    fn new<T: Transport>(d: &Driver<'_, T>) -> Result<Seeder, (&'static str, Run)> {
         let size = d.o.frame_size;
         let max = d.net.config().tx_buf_size as usize - vnet_driver::VNET_HDR_LEN;
         if size > max {
@@ -1040,30 +1133,27 @@ impl Seeder {
             ramp: Ramp::new(size),
             frame: vec![0u8; size],
             src: d.net.mac().unwrap_or(FALLBACK_MAC),
-            window,
             seeded: 0,
         })
     }
 
-    /// Queues as many of the remaining frames as the tx rings take now (frame `i` on pair
-    /// `i mod N`; it stops at the first full ring), then one flush (publish and kick decision)
-    /// per pair that got frames. `on_seed(seq)` runs as each frame is queued.
-    fn send<T: Transport, S: FnMut(u32)>(&mut self, d: &mut Driver<'_, T>, on_seed: &mut S) {
+    /// Queues as many of the frames due as the tx rings take now (the i-th on pair `i mod N`;
+    /// it stops at the first full ring), then one flush (publish and kick decision) per pair
+    /// that got frames.
+    fn send<T: Transport>(&mut self, d: &mut Driver<'_, T>, seeds: &mut dyn Seeds) {
         let pairs = u32::from(d.pairs()).max(1);
         // Bit p: pair p has frames queued but not flushed (p < N ≤ 16).
         let mut queued = 0u32;
-        while self.seeded < self.window {
+        while let Some(seq) = seeds.due() {
             let pair = self.seeded % pairs;
             if !d.select(pair as u16)
-                || !self
-                    .ramp
-                    .fill(&mut self.frame, d.o.dst, self.src, self.seeded)
+                || !self.ramp.fill(&mut self.frame, d.o.dst, self.src, seq)
                 || d.net.queue_tx(&self.frame).is_err()
             {
                 break;
             }
-            on_seed(self.seeded);
-            self.seeded += 1;
+            seeds.queued(seq);
+            self.seeded = self.seeded.wrapping_add(1);
             queued |= 1 << pair;
         }
         for pair in 0..pairs {
