@@ -60,6 +60,7 @@ extern crate alloc;
 #[cfg(test)]
 extern crate std;
 
+pub mod adapt;
 pub mod config;
 pub mod counters;
 pub mod ctrl;
@@ -80,6 +81,7 @@ mod rx;
 pub mod spsc;
 pub mod stats;
 pub mod transport;
+mod tune;
 mod tx;
 mod vring;
 pub mod xdp;

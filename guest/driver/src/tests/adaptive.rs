@@ -1,0 +1,1 @@
+//! Adaptation through the driver.
