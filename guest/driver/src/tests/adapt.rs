@@ -31,7 +31,7 @@ fn tx_interval(n: u16, batch: u32, device: Device) -> TxSample {
     let n = u32::from(n);
     let batches = frames / batch;
     let cuts_per_batch = batch / n;
-    let decisions_per_batch = cuts_per_batch + u32::from(batch % n != 0);
+    let decisions_per_batch = cuts_per_batch + u32::from(!batch.is_multiple_of(n));
     let kicks_per_batch = match device {
         Device::Sleeps => decisions_per_batch,
         Device::Polls => 0,
