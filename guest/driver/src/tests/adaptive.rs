@@ -238,3 +238,34 @@ fn adaptive_rx_coalescing_stays_off_without_a_coalescing_feature() {
         (0, 0, 0)
     );
 }
+
+/// The fake clock of [`adaptive_rx_rates_are_per_tick_with_a_clock`].
+static NOW: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+fn fake_now() -> u64 {
+    NOW.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+#[test]
+fn adaptive_rx_rates_are_per_tick_with_a_clock() {
+    use std::sync::atomic::Ordering::Relaxed;
+    // Without a clock, the same frames per interval of polls is the same rate: level 1 parks.
+    let mut h = ctrl_harness(NET_F_NOTF_COAL);
+    rx_interval(&mut h, 1);
+    rx_interval(&mut h, 1);
+    assert_eq!(h.dev.ctrl().log.len(), 1);
+    assert_eq!(h.net.counters().rx_coal_level, 1);
+
+    // With one, the same frames over twice the ticks is half the rate: worse, back to 0.
+    let mut h = ctrl_harness(NET_F_NOTF_COAL);
+    h.net.set_adapt_clock(Some(fake_now));
+    NOW.fetch_add(1_000, Relaxed);
+    rx_interval(&mut h, 1);
+    NOW.fetch_add(2_000, Relaxed);
+    rx_interval(&mut h, 1);
+    let log = h.dev.ctrl().log.clone();
+    assert_eq!(log.len(), 2);
+    assert_eq!(log[1].data, coal_bytes(0));
+    let c = h.net.counters();
+    assert_eq!((c.rx_coal_level, c.rx_coal_changes), (0, 2));
+}
