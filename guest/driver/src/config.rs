@@ -96,9 +96,12 @@ pub struct Config {
     /// Adapt the transmit kick threshold, the XDP_TX bulk and (where the device offers
     /// VIRTIO_NET_F_NOTF_COAL or VIRTIO_NET_F_VQ_NOTF_COAL over the control queue) its rx
     /// interrupt coalescing online, from what the datapath observes ([`crate::adapt`]).
-    /// `kick_threshold` and `xdp_bulk` are then the starting values. The values in use and
-    /// their changes are in [`crate::Counters`]. Off by default: every knob stays as
-    /// configured.
+    /// `kick_threshold` and `xdp_bulk` are then the starting values. A coalescing change is
+    /// one synchronous control command sent from the rx poll that closes its interval (at
+    /// most one per interval); the first one the device refuses or leaves unanswered stops the
+    /// rx adaptation. The values in use and their changes are in [`crate::Counters`]. Off by
+    /// default: every knob stays as configured and the datapath behaves exactly as without
+    /// this field.
     pub adaptive: bool,
     /// With `adaptive`: the largest kick threshold it may choose (1..=64; it also stays at or
     /// below half the tx ring).
