@@ -8,6 +8,7 @@
 
 use core::fmt;
 
+use vnet_driver::adapt::KICK_THRESHOLD_CAP;
 use vnet_driver::{Coalescing, Config, TxCompletion};
 
 /// Largest frame the workloads send (a tap with the default 1500-byte MTU takes 1514 bytes).
@@ -280,6 +281,11 @@ const KEYS: &[(&str, Setter)] = &[
         set(&mut w.o.driver.kick_threshold, number(v))
     }),
     ("xdp_bulk", |w, v| set(&mut w.o.driver.xdp_bulk, number(v))),
+    ("adaptive", |w, v| set(&mut w.o.driver.adaptive, flag(v))),
+    ("kick_threshold_max", |w, v| {
+        let n = number(v).filter(|n| (1..=KICK_THRESHOLD_CAP).contains(n));
+        set(&mut w.o.driver.kick_threshold_max, n)
+    }),
     ("queue_size", |w, v| {
         let size = number(v)?;
         w.o.driver.rx_queue_size = size;
@@ -449,6 +455,12 @@ impl Words {
             return Err(BadValue {
                 key: "coalesce",
                 value: "needs ctrl_vq=1",
+            });
+        }
+        if o.coalesce.is_some() && o.driver.adaptive {
+            return Err(BadValue {
+                key: "coalesce",
+                value: "not with adaptive=1, which sets the rx coalescing itself",
             });
         }
         Ok(self.o)
@@ -669,6 +681,34 @@ mod tests {
             parse("hostile=overlap-used").unwrap().hostile,
             Some(Hostile::OverlapUsed)
         );
+    }
+
+    #[test]
+    fn adaptive_words() {
+        let o = parse("tx=10").unwrap();
+        assert!(!o.driver.adaptive, "off by default");
+        assert_eq!(o.driver.kick_threshold_max, 64);
+        let o = parse("tx=10 adaptive=1 kick_threshold_max=12 kick_threshold=4").unwrap();
+        assert!(o.driver.adaptive);
+        assert_eq!(
+            (o.driver.kick_threshold_max, o.driver.kick_threshold),
+            (12, 4)
+        );
+        assert_eq!(o.driver.validate(), Ok(()));
+        assert!(!parse("adaptive=0").unwrap().driver.adaptive);
+        for (line, key) in [
+            ("adaptive=2", "adaptive"),
+            ("adaptive=yes", "adaptive"),
+            ("kick_threshold_max=0", "kick_threshold_max"),
+            ("kick_threshold_max=65", "kick_threshold_max"),
+            ("kick_threshold_max=x", "kick_threshold_max"),
+            ("adaptive=1 coalesce=1/2/3/4", "coalesce"),
+        ] {
+            let e = parse(line).unwrap_err();
+            assert_eq!(e.key, key, "{line}: {e}");
+        }
+        // Coalescing set once by the guest stays possible without adaptation.
+        assert!(parse("adaptive=0 coalesce=1/2/3/4").is_ok());
     }
 
     #[test]

@@ -310,6 +310,35 @@ impl Report<'_> {
             ",\"resets\":{}",
             crate::reset::ResetJson(self.resets.as_ref())
         )?;
+        if c.adaptive {
+            self.write_adaptive(w)?;
+        }
+        Ok(())
+    }
+
+    /// With `adaptive=1`: the knobs' final values and how often each changed.
+    fn write_adaptive<W: Write>(&self, w: &mut W) -> fmt::Result {
+        let k = &self.counters;
+        write!(w, ",\"adaptive\":1")?;
+        for (name, value) in [
+            (
+                "kick_threshold_max",
+                u64::from(self.config.kick_threshold_max),
+            ),
+            ("kick_threshold_now", k.kick_threshold_now),
+            ("xdp_bulk_now", k.xdp_bulk_now),
+            ("rx_coal_level", k.rx_coal_level),
+            ("kick_threshold_changes", k.kick_threshold_changes),
+            ("xdp_bulk_changes", k.xdp_bulk_changes),
+            ("rx_coal_changes", k.rx_coal_changes),
+            ("rx_coal_errors", k.rx_coal_errors),
+            (
+                "adapt_changes",
+                k.kick_threshold_changes + k.xdp_bulk_changes + k.rx_coal_changes,
+            ),
+        ] {
+            write!(w, ",\"{name}\":{value}")?;
+        }
         Ok(())
     }
 
@@ -590,6 +619,29 @@ mod tests {
             s.contains(",\"burst\":8,\"pause_us\":50,\"pauses\":12,"),
             "{s}"
         );
+    }
+
+    #[test]
+    fn adaptive_values_are_reported_only_when_on() {
+        let mut s = String::new();
+        report().write_json(&mut s).unwrap();
+        assert!(!s.contains("adaptive") && !s.contains("_now"), "{s}");
+        let mut r = report();
+        r.config.adaptive = true;
+        r.counters.kick_threshold_now = 32;
+        r.counters.xdp_bulk_now = 4;
+        r.counters.rx_coal_level = 2;
+        r.counters.kick_threshold_changes = 2;
+        r.counters.xdp_bulk_changes = 1;
+        r.counters.rx_coal_changes = 3;
+        r.counters.rx_coal_errors = 1;
+        let mut s = String::new();
+        r.write_json(&mut s).unwrap();
+        let field = "\"resets\":null,\"adaptive\":1,\"kick_threshold_max\":64,\
+                     \"kick_threshold_now\":32,\"xdp_bulk_now\":4,\"rx_coal_level\":2,\
+                     \"kick_threshold_changes\":2,\"xdp_bulk_changes\":1,\"rx_coal_changes\":3,\
+                     \"rx_coal_errors\":1,\"adapt_changes\":6,\"tx_frames\":100,";
+        assert!(s.contains(field), "{field} missing in {s}");
     }
 
     #[test]

@@ -235,6 +235,11 @@ fn start<T: Transport>(
         sys::write(line.as_bytes());
     }
 
+    if o.driver.adaptive {
+        // Rates per TSC cycle: the loop may halt between interrupts, so its polls do not
+        // measure time (the frequency is not needed to compare two rates).
+        net.set_adapt_clock(Some(cpu::rdtsc));
+    }
     if let Some(khz) = tsc_khz.filter(|&k| k > 0) {
         net.set_ctrl_wait(CtrlWait::Clock {
             now: cpu::rdtsc,

@@ -1,5 +1,6 @@
 //! [`Config`]: the driver's knobs, validated once at [`crate::VirtioNet::new`].
 
+use crate::adapt::{KICK_THRESHOLD_CAP, XDP_BULK_MAX};
 use crate::error::ConfigError;
 use crate::header::VNET_HDR_LEN;
 
@@ -92,6 +93,19 @@ pub struct Config {
     /// carrying the last chain's head; packed: one used descriptor), from which the driver
     /// reclaims every earlier buffer in order. Off by default.
     pub in_order: bool,
+    /// Adapt the transmit kick threshold, the XDP_TX bulk and (where the device offers
+    /// VIRTIO_NET_F_NOTF_COAL or VIRTIO_NET_F_VQ_NOTF_COAL over the control queue) its rx
+    /// interrupt coalescing online, from what the datapath observes ([`crate::adapt`]).
+    /// `kick_threshold` and `xdp_bulk` are then the starting values. A coalescing change is
+    /// one synchronous control command sent from the rx poll that closes its interval (at
+    /// most one per interval); the first one the device refuses or leaves unanswered stops the
+    /// rx adaptation. The values in use and their changes are in [`crate::Counters`]. Off by
+    /// default: every knob stays as configured and the datapath behaves exactly as without
+    /// this field.
+    pub adaptive: bool,
+    /// With `adaptive`: the largest kick threshold it may choose (1..=64; it also stays at or
+    /// below half the tx ring).
+    pub kick_threshold_max: u16,
 }
 
 impl Default for Config {
@@ -113,6 +127,8 @@ impl Default for Config {
             queue_pairs: 1,
             packed: false,
             in_order: false,
+            adaptive: false,
+            kick_threshold_max: KICK_THRESHOLD_CAP,
         }
     }
 }
@@ -138,6 +154,9 @@ impl Config {
         if self.xdp_bulk == 0 {
             return Err(ConfigError::XdpBulk(self.xdp_bulk));
         }
+        if !(1..=KICK_THRESHOLD_CAP).contains(&self.kick_threshold_max) {
+            return Err(ConfigError::KickThresholdMax(self.kick_threshold_max));
+        }
         if !(1..=MAX_QUEUE_PAIRS).contains(&self.queue_pairs) {
             return Err(ConfigError::QueuePairs(self.queue_pairs));
         }
@@ -145,6 +164,16 @@ impl Config {
             return Err(ConfigError::MqNeedsCtrlVq);
         }
         Ok(())
+    }
+
+    /// XDP_TX frames a send queue may hold for a flush: `xdp_bulk`, or the adaptive bulk's
+    /// upper bound if that is larger.
+    pub(crate) fn xdp_bulk_capacity(&self) -> u16 {
+        if self.adaptive {
+            self.xdp_bulk.max(XDP_BULK_MAX)
+        } else {
+            self.xdp_bulk
+        }
     }
 }
 
@@ -155,6 +184,12 @@ mod tests {
     #[test]
     fn validation() {
         assert_eq!(Config::default().validate(), Ok(()));
+        let adaptive = Config {
+            adaptive: true,
+            kick_threshold_max: 1,
+            ..Config::default()
+        };
+        assert_eq!(adaptive.validate(), Ok(()));
         let bad = [
             (
                 Config {
@@ -183,6 +218,21 @@ mod tests {
                     ..Config::default()
                 },
                 ConfigError::XdpBulk(0),
+            ),
+            (
+                Config {
+                    kick_threshold_max: 0,
+                    ..Config::default()
+                },
+                ConfigError::KickThresholdMax(0),
+            ),
+            (
+                Config {
+                    kick_threshold_max: 65,
+                    adaptive: true,
+                    ..Config::default()
+                },
+                ConfigError::KickThresholdMax(65),
             ),
             (
                 Config {

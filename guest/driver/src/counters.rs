@@ -1,7 +1,8 @@
 //! [`Counters`]: what the driver did, as plain numbers (the driver is single-threaded; copy them
 //! out with [`crate::VirtioNet::counters`]).
 
-/// Driver counters. All start at 0 and only grow.
+/// Driver counters. All start at 0 and only grow, except the three values in use
+/// (`kick_threshold_now`, `xdp_bulk_now`, `rx_coal_level`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Counters {
     /// Frames queued by the transmit paths (copy transmit and AF_XDP); XDP_TX is in `xdp_tx`.
@@ -56,6 +57,23 @@ pub struct Counters {
     /// Control commands the device did not answer within the wait bound (also in
     /// `ctrl_failed`).
     pub ctrl_timeouts: u64,
+    /// The kick threshold in use on the current pair ([`crate::Config::kick_threshold`], or
+    /// the adaptive one with [`crate::Config::adaptive`]).
+    pub kick_threshold_now: u64,
+    /// The XDP_TX bulk in use on the current pair (as above, [`crate::Config::xdp_bulk`]).
+    pub xdp_bulk_now: u64,
+    /// The rx coalescing level in use on the device, an index into
+    /// [`crate::adapt::RX_COAL_PROFILES`] (0, the device's default, unless adaptive).
+    pub rx_coal_level: u64,
+    /// Changes of the adaptive kick threshold (all pairs).
+    pub kick_threshold_changes: u64,
+    /// Changes of the adaptive XDP_TX bulk (all pairs).
+    pub xdp_bulk_changes: u64,
+    /// Rx coalescing levels the device accepted from the adaptation.
+    pub rx_coal_changes: u64,
+    /// Rx coalescing commands that failed (refused or unanswered); the first one stops the
+    /// rx adaptation.
+    pub rx_coal_errors: u64,
 }
 
 impl Counters {

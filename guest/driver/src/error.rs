@@ -15,6 +15,8 @@ pub enum ConfigError {
     KickThreshold(u16),
     /// An XDP bulk size of 0.
     XdpBulk(u16),
+    /// A largest adaptive kick threshold outside 1..=64.
+    KickThresholdMax(u16),
     /// A queue pair count outside 1..=0x8000.
     QueuePairs(u16),
     /// More than one queue pair without the control queue (MQ needs CTRL_VQ).
@@ -31,6 +33,9 @@ impl fmt::Display for ConfigError {
             ConfigError::TxBufSize(s) => write!(f, "tx buffer size {s} out of range"),
             ConfigError::KickThreshold(n) => write!(f, "kick threshold {n} (must be at least 1)"),
             ConfigError::XdpBulk(n) => write!(f, "XDP bulk size {n} (must be at least 1)"),
+            ConfigError::KickThresholdMax(n) => {
+                write!(f, "largest kick threshold {n} (must be 1..=64)")
+            }
             ConfigError::QueuePairs(n) => write!(f, "{n} queue pairs (must be 1..=32768)"),
             ConfigError::MqNeedsCtrlVq => {
                 write!(

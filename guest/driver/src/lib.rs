@@ -19,7 +19,9 @@
 //! What it adds over a plain driver are the knobs this project co-tunes with the device
 //! ([`Config`]): the transmit kick threshold, the transmit completion strategy, the XDP_TX bulk
 //! size, EVENT_IDX and mergeable rx buffers on or off, plus an AF_XDP-style zero-copy transmit
-//! path over a caller-owned umem ([`xsk`]) and plain counters ([`Counters`]). Devices that
+//! path over a caller-owned umem ([`xsk`]) and plain counters ([`Counters`]). With
+//! [`Config::adaptive`] the kick threshold, the XDP_TX bulk and the device's rx coalescing
+//! follow what the datapath observes ([`adapt`]). Devices that
 //! offer a control queue get synchronous control commands, notification coalescing set from
 //! the guest among them ([`ctrl`]), and the device's own per-queue counters ([`stats`]);
 //! devices that offer multiqueue get several queue pairs
@@ -60,6 +62,7 @@ extern crate alloc;
 #[cfg(test)]
 extern crate std;
 
+pub mod adapt;
 pub mod config;
 pub mod counters;
 pub mod ctrl;
@@ -80,6 +83,7 @@ mod rx;
 pub mod spsc;
 pub mod stats;
 pub mod transport;
+mod tune;
 mod tx;
 mod vring;
 pub mod xdp;

@@ -101,7 +101,7 @@ impl Pair {
     /// Rx buffers of a pair with rings of these sizes: a full rx ring, plus what the tx ring
     /// and the XDP bulk queue can hold lent out for zero-copy XDP_TX.
     fn rx_buffers(config: &Config, (rx_size, tx_size): (u16, u16)) -> u32 {
-        u32::from(rx_size) + u32::from(tx_size) + u32::from(config.xdp_bulk)
+        u32::from(rx_size) + u32::from(tx_size) + u32::from(config.xdp_bulk_capacity())
     }
 
     /// A pair's memory for rings of `sizes` (rx, tx): the two rings, then the rx and tx
@@ -142,7 +142,7 @@ impl Pair {
             sq: SendQueue::new(
                 Vring::new(mode, tx, sizes.1, tx_ring),
                 TxPool::new(tx_bufs, config.tx_buf_size, sizes.1),
-                config.xdp_bulk,
+                config,
             ),
         }
     }
@@ -178,7 +178,7 @@ impl Pairs {
     }
 
     /// The parked pairs (every pair but the current one).
-    fn parked(&self) -> impl Iterator<Item = &Pair> {
+    pub(crate) fn parked(&self) -> impl Iterator<Item = &Pair> {
         self.slots.iter().flatten()
     }
 

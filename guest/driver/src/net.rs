@@ -12,6 +12,7 @@ use crate::hal::{DmaRegion, Hal};
 use crate::mq::{self, Pair, Pairs};
 use crate::queue::{ReceiveQueue, ReceiveStats, SendQueue, SendStats};
 use crate::transport::{status, QueueSetup, Transport, INT_CONFIG_CHANGE, INT_USED_BUFFER};
+use crate::tune::RxTuning;
 use crate::vring::{RingMode, Vring};
 
 /// Virtio device ID of a network card.
@@ -91,6 +92,10 @@ pub struct VirtioNet<H: Hal, T: Transport> {
     pub(crate) ctrl_wait: CtrlWait,
     /// The other queue pairs (multiqueue, [`crate::mq`]); `rq`/`sq` are the current pair.
     pub(crate) mq: Pairs,
+    /// The rx coalescing adaptation ([`Config::adaptive`] on a device that can take it).
+    pub(crate) rx_tuning: Option<RxTuning>,
+    /// The clock of the rx adaptation intervals ([`Self::set_adapt_clock`]).
+    pub(crate) adapt_clock: Option<fn() -> u64>,
 }
 
 impl<H: Hal, T: Transport> VirtioNet<H, T> {
@@ -152,6 +157,12 @@ impl<H: Hal, T: Transport> VirtioNet<H, T> {
             cq,
             ctrl_wait: CtrlWait::default(),
             mq: Pairs::single(),
+            rx_tuning: if config.adaptive {
+                RxTuning::new(features)
+            } else {
+                None
+            },
+            adapt_clock: None,
         };
         // From here on, dropping `net` resets the device and frees the memory.
         net.program_queue(RX_QUEUE)?;
@@ -347,6 +358,9 @@ impl<H: Hal, T: Transport> VirtioNet<H, T> {
             timeouts: ctrl_timeouts,
             device_errors: ctrl_device_errors,
         } = self.cq.as_ref().map_or(CtrlStats::default(), |cq| cq.stats);
+        let ([kick_threshold_now, xdp_bulk_now], rx_coal_level, changes, rx_coal_errors) =
+            self.adapt_counters();
+        let [kick_threshold_changes, xdp_bulk_changes, rx_coal_changes] = changes;
         Counters {
             tx_frames,
             tx_bytes,
@@ -372,6 +386,13 @@ impl<H: Hal, T: Transport> VirtioNet<H, T> {
             ctrl_commands,
             ctrl_failed,
             ctrl_timeouts,
+            kick_threshold_now: u64::from(kick_threshold_now),
+            xdp_bulk_now: u64::from(xdp_bulk_now),
+            rx_coal_level: u64::from(rx_coal_level),
+            kick_threshold_changes,
+            xdp_bulk_changes,
+            rx_coal_changes,
+            rx_coal_errors,
         }
     }
 

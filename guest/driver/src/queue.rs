@@ -27,11 +27,13 @@
 
 use alloc::vec::Vec;
 
+use crate::config::Config;
 use crate::hal::Hal;
 use crate::reset::ResetStats;
 use crate::ring::{Buffer, Kick};
 use crate::rx::{RxAssembly, RxPool};
 use crate::transport::Transport;
+use crate::tune::TxTuning;
 use crate::tx::{TxPool, TxToken};
 use crate::vring::Vring;
 use crate::xsk::XskPort;
@@ -98,6 +100,12 @@ pub(crate) struct SendQueue {
     pub(crate) pool: TxPool,
     /// Frames added to the ring since the last publish (published at `kick_threshold`).
     pub(crate) pending: u16,
+    /// The kick threshold in use ([`Config::kick_threshold`], or the adaptive one).
+    pub(crate) kick_threshold: u16,
+    /// The XDP_TX bulk in use ([`Config::xdp_bulk`], or the adaptive one).
+    pub(crate) xdp_bulk: u16,
+    /// The adaptation of `kick_threshold` and `xdp_bulk` ([`Config::adaptive`]).
+    pub(crate) tuning: Option<TxTuning>,
     /// First rx buffer of each XDP_TX frame waiting for the bulk flush.
     pub(crate) xdp_queue: Vec<u32>,
     /// Reused chain description for multi-buffer transmits.
@@ -125,13 +133,20 @@ pub(crate) struct ReceiveQueue {
 }
 
 impl SendQueue {
-    /// A send queue over `ring` and `pool`, with room for `xdp_bulk` queued XDP_TX frames.
-    pub(crate) fn new(ring: Vring<TxToken>, pool: TxPool, xdp_bulk: u16) -> SendQueue {
+    /// A send queue over `ring` and `pool` with the knobs of `config`, with room for the
+    /// XDP_TX frames a bulk may hold.
+    pub(crate) fn new(ring: Vring<TxToken>, pool: TxPool, config: &Config) -> SendQueue {
+        let tuning = config.adaptive.then(|| TxTuning::new(config, ring.size()));
         SendQueue {
+            pending: 0,
+            kick_threshold: tuning
+                .as_ref()
+                .map_or(config.kick_threshold, TxTuning::kick_threshold),
+            xdp_bulk: tuning.as_ref().map_or(config.xdp_bulk, TxTuning::xdp_bulk),
+            tuning,
+            xdp_queue: Vec::with_capacity(usize::from(config.xdp_bulk_capacity())),
             ring,
             pool,
-            pending: 0,
-            xdp_queue: Vec::with_capacity(usize::from(xdp_bulk)),
             chain: Vec::new(),
             xsk: None,
             stats: SendStats::default(),

@@ -199,6 +199,9 @@ impl<H: Hal, T: Transport> VirtioNet<H, T> {
         }
         self.xdp_flush();
         self.refill_rx();
+        if self.config.adaptive {
+            self.tune_after_poll();
+        }
         frames
     }
 

@@ -161,8 +161,7 @@ impl<H: Hal, T: Transport> VirtioNet<H, T> {
             });
         }
         self.lazy_reclaim();
-        self.sq
-            .add_copy(&mut self.transport, frame, self.config.kick_threshold)
+        self.sq.add_copy(&mut self.transport, frame)
     }
 
     /// Ends a batch: publishes what was queued and makes one kick decision.
@@ -194,13 +193,8 @@ impl<H: Hal, T: Transport> VirtioNet<H, T> {
 
 impl SendQueue {
     /// Copies `frame` (non-empty, at most [`TxPool::max_frame`] bytes) into a driver tx buffer
-    /// and adds it to the ring; publishes and kick-decides at `kick_threshold`.
-    fn add_copy<T: Transport>(
-        &mut self,
-        transport: &mut T,
-        frame: &[u8],
-        kick_threshold: u16,
-    ) -> Result<(), TxError> {
+    /// and adds it to the ring; publishes and kick-decides at the kick threshold.
+    fn add_copy<T: Transport>(&mut self, transport: &mut T, frame: &[u8]) -> Result<(), TxError> {
         if self.ring.free_descriptors() == 0 {
             return Err(self.ring_full(transport));
         }
@@ -217,20 +211,27 @@ impl SendQueue {
         }
         self.stats.frames += 1;
         self.stats.bytes += frame.len() as u64;
-        self.frame_added(transport, kick_threshold);
+        self.frame_added(transport);
         Ok(())
     }
 
-    /// Ends a batch: publishes what was queued and makes one kick decision.
+    /// Ends a batch: publishes what was queued and makes one kick decision. With
+    /// [`crate::Config::adaptive`], also closes the adaptation interval when it is complete.
     pub(crate) fn flush<T: Transport>(&mut self, transport: &mut T) {
         self.pending = 0;
         self.publish_and_kick(transport);
+        if self.tuning.is_some() {
+            self.tune_tx();
+        }
     }
 
-    /// Counts a frame added to the ring; publishes and kick-decides at `kick_threshold`.
-    pub(crate) fn frame_added<T: Transport>(&mut self, transport: &mut T, kick_threshold: u16) {
+    /// Counts a frame added to the ring; publishes and kick-decides at the kick threshold.
+    pub(crate) fn frame_added<T: Transport>(&mut self, transport: &mut T) {
         self.pending += 1;
-        if self.pending >= kick_threshold {
+        if self.pending >= self.kick_threshold {
+            if let Some(tuning) = self.tuning.as_mut() {
+                tuning.threshold_cuts += 1;
+            }
             self.flush(transport);
         }
     }

@@ -46,7 +46,10 @@ impl<H: Hal, T: Transport> VirtioNet<H, T> {
         // no other reference into the pool is live.
         unsafe { self.rq.pool.bytes_mut(first, 0, VNET_HDR_LEN) }.fill(0);
         self.sq.xdp_queue.push(first);
-        if self.sq.xdp_queue.len() >= usize::from(self.config.xdp_bulk) {
+        if let Some(tuning) = self.sq.tuning.as_mut() {
+            tuning.bounced += 1;
+        }
+        if self.sq.xdp_queue.len() >= usize::from(self.sq.xdp_bulk) {
             self.xdp_flush();
         }
     }

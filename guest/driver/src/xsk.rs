@@ -321,7 +321,6 @@ impl<H: Hal, T: Transport> VirtioNet<H, T> {
             return 0;
         };
         let (sq, transport) = (&mut self.sq, &mut self.transport);
-        let kick_threshold = self.config.kick_threshold;
         let room = port.completion.free().saturating_sub(port.in_flight) as usize;
         let mut sent = 0;
         while sent < budget.min(room) {
@@ -350,7 +349,7 @@ impl<H: Hal, T: Transport> VirtioNet<H, T> {
             sent += 1;
             sq.stats.frames += 1;
             sq.stats.bytes += u64::from(desc.len);
-            sq.frame_added(transport, kick_threshold);
+            sq.frame_added(transport);
         }
         port.tx.release();
         sq.xsk = Some(port);

@@ -1,5 +1,7 @@
 //! Driver tests against the in-crate test device ([`crate::testing`]): no KVM, no devices crate.
 
+mod adapt;
+mod adaptive;
 mod concurrent;
 mod ctrl;
 mod init;

@@ -62,6 +62,14 @@ fn counters_report_each_queue_counter_in_its_field() {
             ctrl_commands: 0,
             ctrl_failed: 0,
             ctrl_timeouts: 0,
+            // Adaptive off: the configured values, no changes.
+            kick_threshold_now: 8,
+            xdp_bulk_now: 16,
+            rx_coal_level: 0,
+            kick_threshold_changes: 0,
+            xdp_bulk_changes: 0,
+            rx_coal_changes: 0,
+            rx_coal_errors: 0,
         }
     );
 }

@@ -1,0 +1,424 @@
+//! Online adaptation of the driver's knobs ([`crate::Config::adaptive`]): the transmit kick
+//! threshold, the XDP_TX bulk size and the device's rx interrupt coalescing.
+//!
+//! The decisions are made here, by three small controllers that hold no clock, allocate
+//! nothing and see the datapath only through per-interval counts. The datapath counts (a
+//! counter increment per frame at most) and hands a sample over once per interval:
+//!
+//! - [`KickController`], once per [`TX_INTERVAL_FRAMES`] transmitted frames (copy, AF_XDP and
+//!   XDP_TX together), from the kick decisions of that interval ([`TxSample`]):
+//!   - *raise* (double) the threshold when at least half of the decisions notified the device
+//!     (each one an exit: the device had drained what it had and went to sleep) and at least
+//!     half of the publishes were cut by the threshold rather than by the end of the caller's
+//!     batch (a larger threshold would merge them), and the ring never filled up;
+//!   - *lower* (halve) it when more than half of the decisions were suppressed by the device
+//!     (EVENT_IDX or NO_NOTIFY: it is polling the ring, so notifications cost nothing, and
+//!     every frame held back for the threshold is a frame the polling device waits for);
+//!   - otherwise hold. Turning back (a raise after a lower or the other way round) needs the
+//!     opposite verdict on two intervals in a row, so a device that changes its mind on every
+//!     interval does not make the threshold flap.
+//!
+//!   The threshold stays within `1..=min(64, ring size / 2, kick_threshold_max)`.
+//! - [`BulkController`], once per [`BULK_INTERVAL_POLLS`] rx polls that bounced frames, from
+//!   the XDP_TX frames per such poll ([`BulkSample`]): the bulk rises to the next power of two
+//!   at or above the average when the average exceeds it (one flush per poll instead of
+//!   several), and falls to the power of two at or above the average when the average is a
+//!   quarter of the bulk or less (the gap between the two rules keeps an average sitting on a
+//!   power of two from flapping). Within `1..=64`.
+//! - [`RxDim`], once per [`RX_INTERVAL_POLLS`] rx polls, from the frames received, the
+//!   interrupts taken and the time elapsed ([`RxSample`]), in the way of Linux's dynamic
+//!   interrupt moderation: one step through [`RX_COAL_PROFILES`] per interval at most, in the
+//!   same direction while the rx rate improves (or, at an equal rate, interrupts per frame
+//!   fall), back one step and park when it got worse, park where it stops changing, and leave
+//!   the parking place when the rate moves away from the one measured there (up: more
+//!   coalescing, down: less; the other way where the table ends).
+//!
+//! Without a clock the interval's poll count stands in for its duration (which suits a guest
+//! that polls in a loop); with one ([`crate::VirtioNet::set_adapt_clock`]) rates are per tick.
+
+use crate::ctrl::Coalescing;
+
+/// Upper bound of the adaptive kick threshold (Linux found AF_XDP zero-copy transmit best
+/// around 8 and erratic above 13 on some devices; 64 leaves room for devices that sleep).
+pub const KICK_THRESHOLD_CAP: u16 = 64;
+/// Upper bound of the adaptive XDP_TX bulk.
+pub const XDP_BULK_MAX: u16 = 64;
+/// Frames transmitted per kick-threshold interval.
+pub const TX_INTERVAL_FRAMES: u64 = 256;
+/// Rx polls that bounced frames per XDP-bulk interval.
+pub const BULK_INTERVAL_POLLS: u32 = 16;
+/// Rx polls per rx-coalescing interval.
+pub const RX_INTERVAL_POLLS: u32 = 64;
+
+/// The rx coalescing levels [`RxDim`] moves through, least coalescing first: level 0 asks
+/// for an interrupt per used buffer, the others for one per `max_packets` buffers or after
+/// `usecs` microseconds, whichever comes first.
+pub const RX_COAL_PROFILES: [Coalescing; 5] = [
+    Coalescing {
+        max_packets: 0,
+        usecs: 0,
+    },
+    Coalescing {
+        max_packets: 8,
+        usecs: 8,
+    },
+    Coalescing {
+        max_packets: 16,
+        usecs: 32,
+    },
+    Coalescing {
+        max_packets: 32,
+        usecs: 64,
+    },
+    Coalescing {
+        max_packets: 64,
+        usecs: 128,
+    },
+];
+/// Highest level of [`RX_COAL_PROFILES`].
+pub const RX_MAX_LEVEL: u8 = RX_COAL_PROFILES.len() as u8 - 1;
+
+/// What the transmit paths did over one interval.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TxSample {
+    /// Frames added to the ring.
+    pub frames: u32,
+    /// Kick decisions made (publishes of at least one frame).
+    pub decisions: u32,
+    /// Decisions that notified the device (the rest were suppressed by it).
+    pub kicks: u32,
+    /// Publishes triggered by the threshold (the others ended a batch or met a full ring).
+    pub threshold_cuts: u32,
+    /// Times a transmit path found the ring full.
+    pub ring_full: u32,
+}
+
+/// The direction of a change.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Move {
+    Up,
+    Down,
+}
+
+/// The kick threshold's controller (see the module documentation for its rules).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct KickController {
+    value: u16,
+    max: u16,
+    /// The direction of the last change.
+    last: Option<Move>,
+    /// The previous interval asked to turn back; one more such interval turns.
+    turn_pending: bool,
+}
+
+impl KickController {
+    /// Starts at `start`, bounded by `1..=min(64, ring_size / 2, max)` (at least 1).
+    pub fn new(start: u16, ring_size: u16, max: u16) -> KickController {
+        let max = max.min(KICK_THRESHOLD_CAP).min(ring_size / 2).max(1);
+        KickController {
+            value: start.clamp(1, max),
+            max,
+            last: None,
+            turn_pending: false,
+        }
+    }
+
+    /// The threshold in use.
+    pub fn value(&self) -> u16 {
+        self.value
+    }
+
+    /// The largest threshold it may choose.
+    pub fn max(&self) -> u16 {
+        self.max
+    }
+
+    /// Takes one interval's sample; returns true if the threshold changed.
+    pub fn observe(&mut self, s: &TxSample) -> bool {
+        let decisions = u64::from(s.decisions);
+        if decisions == 0 {
+            return false;
+        }
+        // A hostile sample may claim more kicks or cuts than decisions: they are capped.
+        let kicks = u64::from(s.kicks).min(decisions);
+        let suppressed = decisions - kicks;
+        let cuts = u64::from(s.threshold_cuts).min(decisions);
+        let verdict = if 2 * kicks >= decisions && 2 * cuts >= decisions && s.ring_full == 0 {
+            Some(Move::Up)
+        } else if 2 * suppressed > decisions {
+            Some(Move::Down)
+        } else {
+            None
+        };
+        let Some(wanted) = verdict else {
+            self.turn_pending = false;
+            return false;
+        };
+        if self.last.is_some_and(|last| last != wanted) && !self.turn_pending {
+            self.turn_pending = true;
+            return false;
+        }
+        self.turn_pending = false;
+        let next = match wanted {
+            Move::Up => self.value.saturating_mul(2).min(self.max),
+            Move::Down => (self.value / 2).max(1),
+        };
+        if next == self.value {
+            return false;
+        }
+        self.value = next;
+        self.last = Some(wanted);
+        true
+    }
+}
+
+/// What the XDP_TX path did over one interval.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct BulkSample {
+    /// Rx polls that bounced at least one frame.
+    pub polls: u32,
+    /// Frames bounced in those polls.
+    pub frames: u32,
+}
+
+/// The XDP_TX bulk's controller (see the module documentation for its rules).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BulkController {
+    value: u16,
+}
+
+impl BulkController {
+    /// Starts at `start`, bounded by `1..=64`.
+    pub fn new(start: u16) -> BulkController {
+        BulkController {
+            value: start.clamp(1, XDP_BULK_MAX),
+        }
+    }
+
+    /// The bulk in use.
+    pub fn value(&self) -> u16 {
+        self.value
+    }
+
+    /// Takes one interval's sample; returns true if the bulk changed.
+    pub fn observe(&mut self, s: &BulkSample) -> bool {
+        if s.polls == 0 {
+            return false;
+        }
+        let average = u64::from(s.frames).div_ceil(u64::from(s.polls));
+        let target = average
+            .clamp(1, u64::from(XDP_BULK_MAX))
+            .next_power_of_two() as u16;
+        let value = u64::from(self.value);
+        let next = if average > value || 4 * average <= value {
+            target
+        } else {
+            self.value
+        };
+        let changed = next != self.value;
+        self.value = next;
+        changed
+    }
+}
+
+/// What the receive path saw over one interval.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RxSample {
+    /// Frames received.
+    pub frames: u64,
+    /// Interrupts taken.
+    pub interrupts: u64,
+    /// The interval's duration: clock ticks, or rx polls without a clock (0 is taken as 1).
+    pub elapsed: u64,
+}
+
+/// How one interval compares with the reference one.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Verdict {
+    /// A significantly higher rate, or at the same rate fewer interrupts per frame.
+    Better,
+    /// Neither better nor worse.
+    Same,
+    /// A significantly lower rate, or at the same rate more interrupts per frame.
+    Worse,
+}
+
+/// `a` against `b` with more than a 10 % difference counting (relative to `b`).
+fn significant(a: u128, b: u128) -> core::cmp::Ordering {
+    let diff = a.abs_diff(b);
+    // `diff > b / 10` is `10 · diff > b` without the overflow (the products of two u64).
+    if diff > b / 10 && diff > 0 {
+        a.cmp(&b)
+    } else {
+        core::cmp::Ordering::Equal
+    }
+}
+
+/// The rate of `curr` against that of `prev` (frames per elapsed, cross-multiplied).
+fn rate_order(curr: &RxSample, prev: &RxSample) -> core::cmp::Ordering {
+    let (ce, pe) = (
+        u128::from(curr.elapsed.max(1)),
+        u128::from(prev.elapsed.max(1)),
+    );
+    significant(u128::from(curr.frames) * pe, u128::from(prev.frames) * ce)
+}
+
+fn compare(curr: &RxSample, prev: &RxSample) -> Verdict {
+    use core::cmp::Ordering::*;
+    match rate_order(curr, prev) {
+        Greater => return Verdict::Better,
+        Less => return Verdict::Worse,
+        Equal => {}
+    }
+    if curr.frames == 0 || prev.frames == 0 {
+        return Verdict::Same;
+    }
+    // Interrupts per frame, cross-multiplied; fewer is better.
+    match significant(
+        u128::from(curr.interrupts) * u128::from(prev.frames),
+        u128::from(prev.interrupts) * u128::from(curr.frames),
+    ) {
+        Less => Verdict::Better,
+        Greater => Verdict::Worse,
+        Equal => Verdict::Same,
+    }
+}
+
+/// Where [`RxDim`] is in its search.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Search {
+    /// No sample yet: the next one becomes the reference.
+    Start,
+    /// Stepping through the levels in one direction.
+    Moving { dir: Move },
+    /// Stepped back after a worse interval: the next sample, measured at the restored level,
+    /// becomes the parking reference.
+    Settling,
+    /// Parked at a level, against the sample measured there.
+    Parked,
+}
+
+/// The rx coalescing controller: Linux-style dynamic interrupt moderation over
+/// [`RX_COAL_PROFILES`] (see the module documentation for its rules).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RxDim {
+    level: u8,
+    search: Search,
+    /// The sample compared against: the previous one while moving, the one measured at the
+    /// parking level while parked.
+    reference: RxSample,
+}
+
+impl Default for RxDim {
+    fn default() -> Self {
+        RxDim::new()
+    }
+}
+
+impl RxDim {
+    /// Starts at level 0 (no coalescing, the device's default), before any sample.
+    pub fn new() -> RxDim {
+        RxDim {
+            level: 0,
+            search: Search::Start,
+            reference: RxSample::default(),
+        }
+    }
+
+    /// The current level (an index into [`RX_COAL_PROFILES`]).
+    pub fn level(&self) -> u8 {
+        self.level
+    }
+
+    /// The coalescing of the current level.
+    pub fn profile(&self) -> Coalescing {
+        RX_COAL_PROFILES[usize::from(self.level.min(RX_MAX_LEVEL))]
+    }
+
+    /// True while parked (settled).
+    pub fn is_parked(&self) -> bool {
+        self.search == Search::Parked
+    }
+
+    /// Takes one interval's sample (measured at the current level); returns true if the level
+    /// changed (at most by one).
+    pub fn observe(&mut self, curr: &RxSample) -> bool {
+        let before = self.level;
+        match self.search {
+            Search::Start => {
+                // Nothing to compare with yet: try more coalescing first (from level 0).
+                self.reference = *curr;
+                self.search = Search::Moving { dir: Move::Up };
+                self.step(Move::Up, curr);
+            }
+            Search::Moving { dir } => match compare(curr, &self.reference) {
+                Verdict::Better => self.step(dir, curr),
+                Verdict::Same => self.park(curr),
+                Verdict::Worse => {
+                    // The level before was better: go back to it and park there.
+                    let back = match dir {
+                        Move::Up => Move::Down,
+                        Move::Down => Move::Up,
+                    };
+                    self.move_level(back);
+                    self.search = Search::Settling;
+                }
+            },
+            Search::Settling => self.park(curr),
+            Search::Parked => {
+                let wanted = match rate_order(curr, &self.reference) {
+                    core::cmp::Ordering::Greater => Some(Move::Up),
+                    core::cmp::Ordering::Less => Some(Move::Down),
+                    core::cmp::Ordering::Equal => match compare(curr, &self.reference) {
+                        Verdict::Same => None,
+                        _ => Some(Move::Down),
+                    },
+                };
+                if let Some(dir) = wanted {
+                    self.leave_parking(self.open_direction(dir), curr);
+                }
+            }
+        }
+        self.level != before
+    }
+
+    /// `dir`, or the other way when the table ends in that direction.
+    fn open_direction(&self, dir: Move) -> Move {
+        match dir {
+            Move::Up if self.level == RX_MAX_LEVEL => Move::Down,
+            Move::Down if self.level == 0 => Move::Up,
+            _ => dir,
+        }
+    }
+
+    fn leave_parking(&mut self, dir: Move, curr: &RxSample) {
+        self.search = Search::Moving { dir };
+        self.step(dir, curr);
+    }
+
+    fn park(&mut self, curr: &RxSample) {
+        self.reference = *curr;
+        self.search = Search::Parked;
+    }
+
+    /// One step in `dir` with `curr` as the new reference; parks at the edge of the table.
+    /// A search only moves one way from where it left parking, so it parks after at most
+    /// [`RX_MAX_LEVEL`] steps.
+    fn step(&mut self, dir: Move, curr: &RxSample) {
+        if self.move_level(dir) {
+            self.reference = *curr;
+        } else {
+            self.park(curr);
+        }
+    }
+
+    /// Moves one level in `dir`; false at the edge.
+    fn move_level(&mut self, dir: Move) -> bool {
+        match dir {
+            Move::Up if self.level < RX_MAX_LEVEL => self.level += 1,
+            Move::Down if self.level > 0 => self.level -= 1,
+            _ => return false,
+        }
+        true
+    }
+}

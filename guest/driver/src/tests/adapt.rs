@@ -1,0 +1,344 @@
+//! The adaptation controllers ([`crate::adapt`]) on synthetic workloads: where they settle,
+//! how fast, how they answer a step change of the workload, and that no observation takes a
+//! value out of its bounds.
+//!
+//! Bounds proved here: the kick threshold settles within 8 intervals (3 from the default 8 to
+//! either end) and reaches the other end within 8 after a step; the XDP bulk within 1; the rx
+//! coalescing level parks within 6 intervals, from the start and after a step. Each then holds
+//! for 100 more intervals of the same workload.
+
+use crate::adapt::{
+    BulkController, BulkSample, KickController, RxDim, RxSample, TxSample, RX_COAL_PROFILES,
+    RX_MAX_LEVEL, TX_INTERVAL_FRAMES, XDP_BULK_MAX,
+};
+
+/// How the simulated device treats the driver's kicks.
+#[derive(Clone, Copy, Debug)]
+enum Device {
+    /// Drains every batch at once and sleeps: every kick decision notifies.
+    Sleeps,
+    /// Busy-polls the ring: every kick decision is suppressed.
+    Polls,
+    /// Wakes on the first kick of a caller's batch and works through the batch (EVENT_IDX not
+    /// re-armed meanwhile): the later decisions of the batch are suppressed.
+    WakesPerBatch,
+}
+
+/// One interval ([`TX_INTERVAL_FRAMES`] frames) of a caller sending batches of `batch` frames
+/// with threshold `n` to `device`, counted as the driver's tx path counts it.
+fn tx_interval(n: u16, batch: u32, device: Device) -> TxSample {
+    let frames = TX_INTERVAL_FRAMES as u32;
+    let n = u32::from(n);
+    let batches = frames / batch;
+    let cuts_per_batch = batch / n;
+    let decisions_per_batch = cuts_per_batch + u32::from(!batch.is_multiple_of(n));
+    let kicks_per_batch = match device {
+        Device::Sleeps => decisions_per_batch,
+        Device::Polls => 0,
+        Device::WakesPerBatch => 1,
+    };
+    TxSample {
+        frames,
+        decisions: batches * decisions_per_batch,
+        kicks: batches * kicks_per_batch,
+        threshold_cuts: batches * cuts_per_batch,
+        ring_full: 0,
+    }
+}
+
+/// Runs `c` on the workload until it has not changed for 100 intervals; returns the number of
+/// intervals after which it last changed (0: never).
+fn kick_settle(c: &mut KickController, batch: u32, device: Device) -> usize {
+    let mut last_change = 0;
+    for i in 1..=200 {
+        let sample = tx_interval(c.value(), batch, device);
+        if c.observe(&sample) {
+            last_change = i;
+        }
+        if i >= last_change + 100 {
+            return last_change;
+        }
+    }
+    panic!("kick threshold still changing after 200 intervals: {c:?}");
+}
+
+#[test]
+fn kick_threshold_settles_within_8_intervals_and_then_holds() {
+    let cases = [
+        // A sleeping device and long batches: every kick is an exit, batch as much as allowed.
+        (256, Device::Sleeps, 64),
+        // Batches of 20: the threshold stops growing once the end of the batch cuts it.
+        (20, Device::Sleeps, 32),
+        // A polling device: kicks are free, publish every frame.
+        (256, Device::Polls, 1),
+        // A device woken once per batch works through it: the rest of its kicks are free.
+        (64, Device::WakesPerBatch, 1),
+    ];
+    for (batch, device, settled) in cases {
+        let mut c = KickController::new(8, 256, 64);
+        let when = kick_settle(&mut c, batch, device);
+        assert!(when <= 8, "{batch} {device:?}: last change at {when}");
+        assert_eq!(c.value(), settled, "{batch} {device:?}");
+    }
+}
+
+#[test]
+fn kick_threshold_follows_a_step_of_the_workload_within_8_intervals() {
+    let mut c = KickController::new(8, 256, 64);
+    kick_settle(&mut c, 256, Device::Sleeps);
+    assert_eq!(c.value(), 64);
+    // Flood to a sleeping device → the device starts polling → back.
+    for (device, target) in [(Device::Polls, 1), (Device::Sleeps, 64), (Device::Polls, 1)] {
+        let when = kick_settle(&mut c, 256, device);
+        assert!(when <= 8, "{device:?}: last change at {when}");
+        assert_eq!(c.value(), target, "{device:?}");
+    }
+}
+
+#[test]
+fn kick_threshold_turns_back_only_on_two_intervals_in_a_row() {
+    let mut c = KickController::new(8, 256, 64);
+    assert!(c.observe(&tx_interval(8, 256, Device::Sleeps)));
+    assert_eq!(c.value(), 16);
+    // One polling interval between sleeping ones changes nothing...
+    assert!(!c.observe(&tx_interval(16, 256, Device::Polls)));
+    assert_eq!(c.value(), 16);
+    assert!(c.observe(&tx_interval(16, 256, Device::Sleeps)));
+    assert_eq!(c.value(), 32);
+    // ...two in a row turn it.
+    assert!(!c.observe(&tx_interval(32, 256, Device::Polls)));
+    assert!(c.observe(&tx_interval(32, 256, Device::Polls)));
+    assert_eq!(c.value(), 16);
+    // A ring that filled up stops the growth; an interval without decisions changes nothing.
+    let mut full = tx_interval(16, 256, Device::Sleeps);
+    full.ring_full = 1;
+    assert!(!c.observe(&full));
+    assert!(!c.observe(&TxSample::default()));
+    assert_eq!(c.value(), 16);
+}
+
+#[test]
+fn kick_threshold_bounds_come_from_the_ring_and_the_config() {
+    assert_eq!(KickController::new(8, 8, 64).max(), 4, "half the ring");
+    assert_eq!(KickController::new(8, 8, 64).value(), 4);
+    assert_eq!(
+        KickController::new(8, 256, 12).max(),
+        12,
+        "kick_threshold_max"
+    );
+    assert_eq!(KickController::new(8, 1024, 500).max(), 64, "the cap");
+    assert_eq!(KickController::new(0, 2, 0).value(), 1, "never below 1");
+    let mut c = KickController::new(8, 256, 12);
+    kick_settle(&mut c, 256, Device::Sleeps);
+    assert_eq!(c.value(), 12);
+}
+
+/// xorshift64*: reproducible pseudo-random numbers without a crate.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+
+    /// 0, 1, u32::MAX, u32::MAX - 1 or a random value, equally often.
+    fn hostile_u32(&mut self) -> u32 {
+        match self.next() % 5 {
+            0 => 0,
+            1 => 1,
+            2 => u32::MAX,
+            3 => u32::MAX - 1,
+            _ => self.next() as u32 >> (self.next() % 32),
+        }
+    }
+
+    fn hostile_u64(&mut self) -> u64 {
+        match self.next() % 4 {
+            0 => 0,
+            1 => u64::MAX,
+            2 => u64::from(self.hostile_u32()),
+            _ => self.next(),
+        }
+    }
+}
+
+#[test]
+fn no_observation_takes_a_value_out_of_its_bounds() {
+    let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
+    for round in 0..200 {
+        let ring = 1u16 << (1 + rng.next() % 15);
+        let max = rng.next() as u16;
+        let mut kick = KickController::new(rng.next() as u16, ring, max);
+        let hi = kick.max();
+        assert!((1..=64).contains(&hi) && hi <= (ring / 2).max(1) && hi <= max.max(1));
+        let mut bulk = BulkController::new(rng.next() as u16);
+        let mut dim = RxDim::new();
+        for i in 0..500 {
+            // Odd rounds alternate between the extremes, even ones are random.
+            let extreme = round % 2 == 1;
+            let pick = |rng: &mut Rng| match (extreme, i % 2) {
+                (true, 0) => 0,
+                (true, _) => u32::MAX,
+                _ => rng.hostile_u32(),
+            };
+            let tx = TxSample {
+                frames: pick(&mut rng),
+                decisions: pick(&mut rng),
+                kicks: pick(&mut rng),
+                threshold_cuts: pick(&mut rng),
+                ring_full: pick(&mut rng),
+            };
+            kick.observe(&tx);
+            assert!((1..=hi).contains(&kick.value()), "{tx:?} → {kick:?}");
+            let b = BulkSample {
+                polls: pick(&mut rng),
+                frames: pick(&mut rng),
+            };
+            bulk.observe(&b);
+            assert!((1..=XDP_BULK_MAX).contains(&bulk.value()), "{b:?}");
+            let rx = if extreme {
+                let v = if i % 2 == 0 { 0 } else { u64::MAX };
+                RxSample {
+                    frames: v,
+                    interrupts: v,
+                    elapsed: u64::MAX - v,
+                }
+            } else {
+                RxSample {
+                    frames: rng.hostile_u64(),
+                    interrupts: rng.hostile_u64(),
+                    elapsed: rng.hostile_u64(),
+                }
+            };
+            let before = dim.level();
+            dim.observe(&rx);
+            assert!(dim.level() <= RX_MAX_LEVEL);
+            assert!(dim.level().abs_diff(before) <= 1, "one level per interval");
+            assert_eq!(dim.profile(), RX_COAL_PROFILES[usize::from(dim.level())]);
+        }
+    }
+}
+
+#[test]
+fn xdp_bulk_follows_the_frames_per_poll_within_one_interval() {
+    let sample = |per_poll: u32| BulkSample {
+        polls: 16,
+        frames: 16 * per_poll,
+    };
+    let mut b = BulkController::new(16);
+    // From the default: a steady 40 per poll → 64 (one flush per poll), held for 100.
+    for (per_poll, settled) in [(40, 64), (3, 4), (1, 1), (12, 16), (64, 64), (5, 8)] {
+        assert!(b.observe(&sample(per_poll)), "{per_poll}");
+        assert_eq!(b.value(), settled, "{per_poll}");
+        for _ in 0..100 {
+            assert!(!b.observe(&sample(per_poll)));
+        }
+    }
+    // An average wobbling across a power of two does not make it flap.
+    let mut b = BulkController::new(16);
+    assert!(b.observe(&sample(17)));
+    assert_eq!(b.value(), 32);
+    for i in 0..100 {
+        assert!(!b.observe(&sample(16 + i % 2)));
+    }
+    assert!(!b.observe(&BulkSample::default()), "no bounces, no change");
+}
+
+/// The receive workloads of the rx coalescing tests.
+#[derive(Clone, Copy, Debug)]
+enum RxLoad {
+    /// The device offers 10 frames per µs; the guest spends 1 µs per frame and 20 µs per
+    /// interrupt, so its rate grows with the frames each interrupt brings.
+    Flood,
+    /// One frame in flight (request/response over a 10 µs round trip): the coalescing delay
+    /// adds to every round trip.
+    PingPong,
+}
+
+/// One interval (1 ms, in ns ticks) of `load` at coalescing `level`.
+fn rx_interval(level: u8, load: RxLoad) -> RxSample {
+    const T: u64 = 1_000_000;
+    let p = RX_COAL_PROFILES[usize::from(level)];
+    let (frames, per_irq) = match load {
+        RxLoad::Flood => {
+            let per_irq = u64::from(p.max_packets.min(10 * p.usecs)).max(1);
+            (T * per_irq / (1_000 * per_irq + 20_000), per_irq)
+        }
+        RxLoad::PingPong => (T / (10_000 + 1_000 * u64::from(p.usecs)), 1),
+    };
+    RxSample {
+        frames,
+        interrupts: frames.div_ceil(per_irq),
+        elapsed: T,
+    }
+}
+
+/// Runs `dim` on `load` until it is parked and has held for 100 intervals; returns the
+/// interval at which it parked.
+fn dim_settle(dim: &mut RxDim, load: RxLoad) -> usize {
+    let mut parked_at = None;
+    for i in 1..=200 {
+        let changed = dim.observe(&rx_interval(dim.level(), load));
+        match parked_at {
+            None if dim.is_parked() => parked_at = Some(i),
+            None => {}
+            Some(at) => {
+                assert!(
+                    !changed && dim.is_parked(),
+                    "{load:?}: moved at {i} after parking"
+                );
+                if i >= at + 100 {
+                    return at;
+                }
+            }
+        }
+    }
+    panic!("{load:?}: not settled: {dim:?}");
+}
+
+#[test]
+fn rx_coalescing_settles_within_6_intervals_and_then_holds() {
+    for (load, level) in [(RxLoad::Flood, RX_MAX_LEVEL), (RxLoad::PingPong, 0)] {
+        let mut dim = RxDim::new();
+        let parked = dim_settle(&mut dim, load);
+        assert!(parked <= 6, "{load:?}: parked at {parked}");
+        assert_eq!(dim.level(), level, "{load:?}");
+    }
+}
+
+#[test]
+fn rx_coalescing_follows_a_step_of_the_workload_within_6_intervals() {
+    let mut dim = RxDim::new();
+    dim_settle(&mut dim, RxLoad::Flood);
+    for (load, level) in [
+        (RxLoad::PingPong, 0),
+        (RxLoad::Flood, RX_MAX_LEVEL),
+        (RxLoad::PingPong, 0),
+    ] {
+        let parked = dim_settle(&mut dim, load);
+        assert!(parked <= 6, "{load:?}: parked at {parked}");
+        assert_eq!(dim.level(), level, "{load:?}");
+    }
+}
+
+#[test]
+fn rx_coalescing_steps_back_and_parks_when_a_step_made_it_worse() {
+    let mut dim = RxDim::new();
+    // The first interval has nothing to compare with: it tries more coalescing.
+    assert!(dim.observe(&rx_interval(0, RxLoad::PingPong)));
+    assert_eq!(dim.level(), 1);
+    // Worse at level 1: back to 0, whose next interval becomes the parking reference.
+    assert!(dim.observe(&rx_interval(1, RxLoad::PingPong)));
+    assert_eq!(dim.level(), 0);
+    assert!(!dim.is_parked());
+    assert!(!dim.observe(&rx_interval(0, RxLoad::PingPong)));
+    assert!(dim.is_parked());
+    // Within 10 % of the reference: still parked.
+    let mut s = rx_interval(0, RxLoad::PingPong);
+    s.frames += s.frames / 20;
+    assert!(!dim.observe(&s));
+    assert!(dim.is_parked());
+}
