@@ -25,6 +25,12 @@ pub enum Objective {
     Pps,
     /// Packets per CPU-second of the driver (vCPU) thread and the device worker together.
     PpsPerCpu,
+    /// Round trips' 99th percentile, lower is better: scored as its inverse (per second), so
+    /// ratios of scores are ratios of latencies (request/response workloads).
+    P99,
+    /// Packets per second over the round trips' 99th percentile in µs: throughput and tail
+    /// latency at once (the `mixed` workload: floods' rate, trickles' latency).
+    PpsPerP99,
 }
 
 impl Objective {
@@ -33,6 +39,8 @@ impl Objective {
         match self {
             Objective::Pps => "pps",
             Objective::PpsPerCpu => "pps-per-cpu",
+            Objective::P99 => "p99",
+            Objective::PpsPerP99 => "pps-per-p99",
         }
     }
 
@@ -51,7 +59,17 @@ impl Objective {
                 }
                 Ok(m.packets as f64 / cpu_s)
             }
+            Objective::P99 => Ok(1e9 / p99_ns(m)?),
+            Objective::PpsPerP99 => Ok(m.pps() / (p99_ns(m)? / 1e3)),
         }
+    }
+}
+
+/// A trial's round-trip p99 in ns, or why it has none.
+fn p99_ns(m: &Measured) -> Result<f64, String> {
+    match &m.latency {
+        Some(l) if l.p99_ns > 0 => Ok(l.p99_ns as f64),
+        _ => Err("a latency objective needs a request/response workload (pingpong, mixed)".into()),
     }
 }
 
@@ -679,5 +697,15 @@ mod tests {
             ..m
         };
         assert!(Objective::PpsPerCpu.score(&no_cpu).is_err());
+        assert!(Objective::P99.score(&m).is_err(), "no round trips timed");
+        let timed = Measured {
+            latency: Some(crate::workloads::Latency {
+                p99_ns: 50_000,
+                ..Default::default()
+            }),
+            ..m
+        };
+        assert_eq!(Objective::P99.score(&timed), Ok(20_000.0));
+        assert_eq!(Objective::PpsPerP99.score(&timed), Ok(1e6 / 50.0));
     }
 }

@@ -485,6 +485,10 @@ fn main() -> ExitCode {
         header(&cli, &opts, calibration.as_ref(), &presets, load)
     );
     print!("{}", to_table(&rows));
+    let comparison = cotune::report::comparison_table(&rows);
+    if !comparison.is_empty() {
+        println!("\nadaptive against fixed knobs (per workload, its objective):\n{comparison}");
+    }
     if let Err(e) = write_outputs(&cli, &rows) {
         eprintln!("{e}");
         return ExitCode::FAILURE;

@@ -7,6 +7,10 @@ use std::path::{Path, PathBuf};
 use plotters::prelude::*;
 use serde::Serialize;
 
+mod compare;
+
+pub use compare::{comparison_table, comparisons, Comparison, ADAPTIVE_SETTING, DEFAULT_SETTING};
+
 /// One measured point (the median of its repeats): every knob of both sides, where it was
 /// measured, and the metrics. A metric that was not measured (a skipped point) is NaN and an
 /// empty CSV field.
@@ -56,6 +60,10 @@ pub struct Row {
     pub rx_sparse_reads: bool,
     /// Both sides: the virtqueue layout (`split`, `packed`, `packed+in_order`, ...).
     pub ring: String,
+    /// Device: adapts its busy-poll window and coalescing (`adaptive=on`).
+    pub dev_adaptive: bool,
+    /// Driver: adapts its kick threshold, XDP bulk and rx coalescing (`adaptive=1`).
+    pub drv_adaptive: bool,
     /// Packets per second (the workload's main direction; both directions for bidirectional).
     pub pps: f64,
     /// Round trip, median, µs (request/response workloads; NaN, an empty CSV field, for the
@@ -105,7 +113,7 @@ pub struct Row {
 pub const CSV_HEADER: &str = "preset,target,knob,value,knob2,value2,workload,frame_size,\
 kick_threshold,tx_completion,event_idx,xdp_bulk,xsk_mode,burst,pause_us,\
 coalesce_packets,coalesce_usecs,dev_event_idx,tx_budget,busy_poll_us,rx_sparse_reads,ring,\
-pps,p50_us,p99_us,p999_us,kicks_per_pkt,irqs_per_pkt,tx_irqs_per_pkt,kicks_suppressed_per_pkt,driver_ns_per_pkt,device_ns_per_pkt,\
+dev_adaptive,drv_adaptive,pps,p50_us,p99_us,p999_us,kicks_per_pkt,irqs_per_pkt,tx_irqs_per_pkt,kicks_suppressed_per_pkt,driver_ns_per_pkt,device_ns_per_pkt,\
 driver_cpu_pct,device_cpu_pct,busy_poll_found_per_pkt,busy_poll_pct,ratio_to_baseline,vm_sim_ratio,loadavg1,backend,kick_cost_ns,irq_cost_ns,note";
 
 /// `v` with `prec` decimals, or "" when it is not a number.
@@ -151,6 +159,8 @@ pub fn to_csv(rows: &[Row]) -> String {
             r.busy_poll_us.to_string(),
             u8::from(r.rx_sparse_reads).to_string(),
             field(&r.ring),
+            u8::from(r.dev_adaptive).to_string(),
+            u8::from(r.drv_adaptive).to_string(),
             num(r.pps, 0),
             num(r.p50_us, 3),
             num(r.p99_us, 3),
@@ -613,6 +623,11 @@ fn plot_err<E: std::fmt::Display>(e: E) -> io::Error {
 mod tests {
     use super::*;
 
+    /// A row of the kick-threshold preset (for other modules' tests).
+    pub(super) fn sample_row() -> Row {
+        row("8", 1e6)
+    }
+
     fn row(value: &str, pps: f64) -> Row {
         Row {
             preset: "kick-threshold".into(),
@@ -637,6 +652,8 @@ mod tests {
             busy_poll_us: 0,
             rx_sparse_reads: true,
             ring: "split".into(),
+            dev_adaptive: false,
+            drv_adaptive: false,
             pps,
             p50_us: f64::NAN,
             p99_us: f64::NAN,

@@ -141,6 +141,14 @@ pub struct Rig {
     pub device_stats: Option<Result<crate::check::DeviceCounters, String>>,
 }
 
+/// Nanoseconds on the host's monotonic clock since the first call: the co-simulated driver's
+/// adaptation clock.
+fn monotonic_ns() -> u64 {
+    static START: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+    let start = START.get_or_init(std::time::Instant::now);
+    u64::try_from(start.elapsed().as_nanos()).unwrap_or(u64::MAX)
+}
+
 impl Rig {
     /// Builds memory, device (with `backend`), transport and driver, and brings the device up.
     pub fn new<B: NetBackend>(backend: B, config: &RigConfig) -> Result<Rig, RigError> {
@@ -182,7 +190,11 @@ impl Rig {
             .ok_or_else(|| layout(DRIVER_DMA_START, UMEM_START))?;
         let umem_hal = GuestMemHal::new(mem, UMEM_START, MEM_SIZE)
             .ok_or_else(|| layout(UMEM_START, MEM_SIZE))?;
-        let net = VirtioNet::new(hal, transport, config.driver).map_err(RigError::Driver)?;
+        let mut net = VirtioNet::new(hal, transport, config.driver).map_err(RigError::Driver)?;
+        if config.driver.adaptive {
+            // The driver guest's clock is its TSC; here the host's monotonic clock.
+            net.set_adapt_clock(Some(monotonic_ns));
+        }
         // MSI-X: the vectors the driver assigned to its queues first (rx's first), then the
         // configuration vector; unused vectors are not waited on.
         if config.transport == TransportKind::Pci {

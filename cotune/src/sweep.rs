@@ -101,11 +101,16 @@ pub enum Preset {
     /// interrupt coalescing max_packets 0 / 8 / 32 / 128 (max_usecs 100): `pps` is the floods'
     /// rate, p50/p99/p99.9 the trickles' round trips (`mixed`).
     Mixed,
+    /// Adaptation against fixed knobs, per workload of the backend (a `loop`: forwarding,
+    /// ping-pong with one frame in flight and `mixed`; a `sink`: zero-copy transmit): the
+    /// defaults, a grid of fixed points (device busy-poll × coalescing × driver kick
+    /// threshold) and both sides adaptive (`adaptive`; the comparison follows the table).
+    Adaptive,
 }
 
 impl Preset {
     /// All presets, in report order.
-    pub const ALL: [Preset; 19] = [
+    pub const ALL: [Preset; 20] = [
         Preset::Baseline,
         Preset::KickThreshold,
         Preset::TxCompletion,
@@ -125,6 +130,7 @@ impl Preset {
         Preset::RingLayout,
         Preset::Pingpong,
         Preset::Mixed,
+        Preset::Adaptive,
     ];
 
     /// The seed presets, in seed order.
@@ -140,9 +146,11 @@ impl Preset {
     pub fn backend(self) -> Option<BackendKind> {
         match self {
             Preset::SeedKickThreshold | Preset::SeedZc => Some(BackendKind::Sink),
-            Preset::SeedTxCompletion | Preset::SeedXdpBulk | Preset::Pingpong | Preset::Mixed => {
-                Some(BackendKind::Loop)
-            }
+            Preset::SeedTxCompletion
+            | Preset::SeedXdpBulk
+            | Preset::Pingpong
+            | Preset::Mixed
+            | Preset::Adaptive => Some(BackendKind::Loop),
             Preset::RxCoalesce => Some(BackendKind::Source),
             _ => None,
         }
@@ -170,6 +178,7 @@ impl Preset {
             Preset::RingLayout => "ring-layout",
             Preset::Pingpong => "pingpong",
             Preset::Mixed => "mixed",
+            Preset::Adaptive => "adaptive",
         }
     }
 }
@@ -258,6 +267,7 @@ pub fn points(preset: Preset, opts: &Options) -> Vec<Point> {
         Preset::RxCoalesce => rx_coalesce_points(opts),
         Preset::Pingpong => pingpong_points(opts),
         Preset::Mixed => mixed_points(opts),
+        Preset::Adaptive => adaptive_points(opts),
         Preset::RingLayout => return ring_layout_points(opts),
     };
     pts.into_iter().map(|p| p.on_ring(opts.ring)).collect()
@@ -391,6 +401,100 @@ fn mixed_points(opts: &Options) -> Vec<Point> {
             frame_size: opts.frame_size.unwrap_or(64),
         })
         .collect()
+}
+
+/// The adaptive preset's workloads on `backend`.
+fn adaptive_workloads(backend: BackendKind) -> Vec<Workload> {
+    match backend {
+        BackendKind::Loop => vec![
+            Workload::Fwd,
+            Workload::PingPong(1),
+            Workload::Mixed {
+                window: MIXED_WINDOW,
+                phase: MIXED_PHASE,
+            },
+        ],
+        _ => vec![Workload::XskTx(XskMode::ZeroCopy)],
+    }
+}
+
+/// The adaptive preset's fixed grid: (device busy-poll µs, coalescing on, kick threshold).
+fn adaptive_grid(quick: bool) -> Vec<(u32, bool, u16)> {
+    let (polls, coalescing, kicks): (&[u32], &[bool], &[u16]) = if quick {
+        (&[0, 64], &[false], &[1, 32])
+    } else {
+        (&[0, 16, 64], &[false, true], &[1, 8, 32])
+    };
+    let mut grid = Vec::new();
+    for &b in polls {
+        for &c in coalescing {
+            for &k in kicks {
+                grid.push((b, c, k));
+            }
+        }
+    }
+    grid
+}
+
+/// Per workload: the defaults, each fixed grid point and both sides adaptive.
+fn adaptive_points(opts: &Options) -> Vec<Point> {
+    let defaults = (0, false, Config::default().kick_threshold);
+    let mut settings: Vec<(String, DevKnobs, Config)> = Vec::new();
+    let mut grid = adaptive_grid(opts.quick);
+    if !grid.contains(&defaults) {
+        grid.insert(0, defaults);
+    }
+    for (b, c, k) in grid {
+        let label = if (b, c, k) == defaults {
+            crate::report::DEFAULT_SETTING.to_owned()
+        } else {
+            format!("bp{b}{}-kt{k}", if c { "-coal32" } else { "" })
+        };
+        let dev = DevKnobs {
+            busy_poll_us: b,
+            coalesce_packets: if c { 64 } else { 0 },
+            coalesce_usecs: if c { 32 } else { 0 },
+            ..DevKnobs::default()
+        };
+        let config = Config {
+            kick_threshold: k,
+            ..Config::default()
+        };
+        settings.push((label, dev, config));
+    }
+    // Each side alone, then both.
+    for (label, dev, drv) in [
+        ("adaptive-device", true, false),
+        ("adaptive-driver", false, true),
+        (crate::report::ADAPTIVE_SETTING, true, true),
+    ] {
+        let dev = DevKnobs {
+            adaptive: dev,
+            ..DevKnobs::default()
+        };
+        let config = Config {
+            adaptive: drv,
+            ..Config::default()
+        };
+        settings.push((label.to_owned(), dev, config));
+    }
+    let mut v = Vec::new();
+    for workload in adaptive_workloads(opts.backend) {
+        for (label, dev, config) in &settings {
+            v.push(Point {
+                axes: vec![
+                    ("workload", workload_name(workload).into()),
+                    ("setting", label.clone()),
+                ],
+                config: *config,
+                dev: *dev,
+                workload,
+                pace: None,
+                frame_size: opts.frame_size.unwrap_or(64),
+            });
+        }
+    }
+    v
 }
 
 /// Receive from a source with the device's coalescing max_packets (max_usecs 100).
@@ -1077,6 +1181,8 @@ fn point_row(
         busy_poll_us: point.dev.busy_poll_us,
         rx_sparse_reads: point.dev.rx_sparse_reads,
         ring: point.ring().name().into(),
+        dev_adaptive: point.dev.adaptive,
+        drv_adaptive: point.config.adaptive,
         pps,
         p50_us: rtt_us(|l| l.p50_ns),
         p99_us: rtt_us(|l| l.p99_ns),

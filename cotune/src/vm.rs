@@ -184,6 +184,9 @@ pub fn cmdline(point: &Point, frames: u64) -> String {
     if c.in_order {
         pace += " in_order=1";
     }
+    if c.adaptive {
+        pace += " adaptive=1";
+    }
     format!(
         "console=ttyS0 {workload}={frames}{window} size={} ring=3 kick_threshold={} \
          tx_completion={completion} event_idx={} xdp_bulk={} device_stats={} \
