@@ -320,6 +320,9 @@ pub struct Measured {
     pub latency: Option<crate::workloads::Latency>,
     /// [`Workload::Mixed`]: the flood phases' round trips per second.
     pub flood_pps: Option<f64>,
+    /// Where adaptation left the knobs (co-simulation: exact; VMs: from the result line and
+    /// the device's metrics).
+    pub adapted: crate::workloads::Adapted,
 }
 
 impl Measured {
@@ -347,6 +350,7 @@ impl From<Sample> for Measured {
             host_pps: 0.0,
             latency: m.latency,
             flood_pps: m.flood_pps,
+            adapted: m.adapted,
         }
     }
 }

@@ -1210,12 +1210,25 @@ fn point_row(
         ),
         kick_cost_ns: if sim { Some(opts.kick_cost_ns) } else { None },
         irq_cost_ns: if sim { Some(opts.irq_cost_ns) } else { None },
-        note: m.map_or_else(String::new, host_note),
+        note: m.map_or_else(String::new, |m| notes(point, m)),
     }
 }
 
 /// The note of a point a host injector fed: its rate, flagged when it ran within 1.5 × of the
 /// guest's (then the injector, not the guest, may be what bounds the point).
+/// A measured row's note: where adaptation left the knobs, and the host injector.
+fn notes(point: &Point, m: &Measured) -> String {
+    let adapted = m
+        .adapted
+        .describe(point.dev.adaptive, point.config.adaptive);
+    let host = host_note(m);
+    match (adapted.is_empty(), host.is_empty()) {
+        (true, _) => host,
+        (false, true) => adapted,
+        (false, false) => format!("{adapted}; {host}"),
+    }
+}
+
 fn host_note(m: &Measured) -> String {
     if m.host_pps <= 0.0 {
         return String::new();
@@ -1374,7 +1387,7 @@ pub fn trial(point: &Point, opts: &Options, vm: bool) -> io::Result<Result<Measu
         return Ok(Err(why.into()));
     }
     Ok(match crate::vm::run_point(env, point, opts.pin)? {
-        crate::vm::VmRun::Measured(m, _) => Ok(m),
+        crate::vm::VmRun::Measured(m, _) => Ok(*m),
         crate::vm::VmRun::Unsupported(why) => Err(why),
     })
 }
@@ -1481,7 +1494,7 @@ fn vm_point_row(
         say("vm", r);
         match crate::vm::run_point(env, p, opts.pin)? {
             crate::vm::VmRun::Measured(m, n) => {
-                runs.push(m);
+                runs.push(*m);
                 note = n;
             }
             crate::vm::VmRun::Unsupported(why) => skipped = Some(why),

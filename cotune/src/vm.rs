@@ -388,7 +388,7 @@ fn num(v: &Value, path: &[&str]) -> u64 {
 #[derive(Debug)]
 pub enum VmRun {
     /// The counters, and a note on how they map to the co-simulation's.
-    Measured(Measured, String),
+    Measured(Box<Measured>, String),
     /// This guest cannot run the point (why).
     Unsupported(String),
 }
@@ -659,8 +659,18 @@ impl RunOutput<'_> {
             host_pps: self.host.map_or(0.0, |h| h.pps()),
             latency: round_trips(&report),
             flood_pps: report.get("flood_pps").and_then(Value::as_f64),
+            adapted: crate::workloads::Adapted {
+                kick_threshold: num(&report, &["kick_threshold_now"]),
+                xdp_bulk: num(&report, &["xdp_bulk_now"]),
+                rx_coal_level: num(&report, &["rx_coal_level"]),
+                driver_changes: num(&report, &["adapt_changes"]),
+                busy_poll_us: num(&dev, &["adaptive", "busy_poll_us"]),
+                coalesce_usecs: num(&dev, &["adaptive", "coalesce_usecs"]),
+                device_changes: num(&dev, &["adaptive", "busy_poll_changes"])
+                    + num(&dev, &["adaptive", "coalescing_changes"]),
+            },
         };
-        Ok(VmRun::Measured(m, note))
+        Ok(VmRun::Measured(Box::new(m), note))
     }
 }
 

@@ -44,6 +44,48 @@ pub struct Sample {
     pub latency: Option<Latency>,
     /// [`Workload::Mixed`]: the flood phases' round trips per second.
     pub flood_pps: Option<f64>,
+    /// Where adaptation left both sides' knobs at the end of the trial.
+    pub adapted: Adapted,
+}
+
+/// Where adaptation left the knobs at the end of a trial, and how often it moved them (over
+/// the whole run, warm-up included). Meaningful for the side that adapts.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Adapted {
+    /// Driver: kick threshold in use.
+    pub kick_threshold: u64,
+    /// Driver: XDP_TX bulk in use.
+    pub xdp_bulk: u64,
+    /// Driver: rx coalescing level requested (0: none).
+    pub rx_coal_level: u64,
+    /// Driver: changes of the three.
+    pub driver_changes: u64,
+    /// Device: busy-poll window chosen (µs).
+    pub busy_poll_us: u64,
+    /// Device: interrupt coalescing chosen (µs; 0: off).
+    pub coalesce_usecs: u64,
+    /// Device: changes of the two.
+    pub device_changes: u64,
+}
+
+impl Adapted {
+    /// One line for a row's note: the sides that adapt (`device`, `driver`).
+    pub fn describe(&self, device: bool, driver: bool) -> String {
+        let mut parts = Vec::new();
+        if driver {
+            parts.push(format!(
+                "driver ended at kick_threshold {} xdp_bulk {} rx_coal level {} ({} changes)",
+                self.kick_threshold, self.xdp_bulk, self.rx_coal_level, self.driver_changes
+            ));
+        }
+        if device {
+            parts.push(format!(
+                "device ended at busy_poll {} µs coalescing {} µs ({} changes)",
+                self.busy_poll_us, self.coalesce_usecs, self.device_changes
+            ));
+        }
+        parts.join("; ")
+    }
 }
 
 impl Sample {
@@ -187,6 +229,8 @@ struct Mark {
     dev_cpu: u64,
     busy_found: u64,
     busy_us: u64,
+    /// The device's adaptation: busy-poll µs, coalescing µs, changes.
+    device: [u64; 3],
 }
 
 fn device_worker_tid() -> Option<i32> {
@@ -204,6 +248,14 @@ fn mark(rig: &Rig, dev_tid: Option<i32>) -> Mark {
         dev_cpu: dev_tid.and_then(task_cpu_ns).unwrap_or(0),
         busy_found: rig.metrics.busy_poll.found_work.get(),
         busy_us: rig.metrics.busy_poll.polled_us.get(),
+        device: {
+            let a = &rig.metrics.adaptive;
+            [
+                a.busy_poll_us.get(),
+                a.coalesce_usecs.get(),
+                a.busy_poll_changes.get() + a.coalescing_changes.get(),
+            ]
+        },
     }
 }
 
@@ -233,6 +285,22 @@ fn delta(a: &Mark, b: &Mark, workload: Workload) -> Sample {
         dev_busy_poll_us: b.busy_us - a.busy_us,
         latency: None,
         flood_pps: None,
+        adapted: adapted(&b.driver, &b.device),
+    }
+}
+
+/// The adaptation state from the driver's counters and the device's metrics.
+fn adapted(driver: &Counters, device: &[u64; 3]) -> Adapted {
+    Adapted {
+        kick_threshold: driver.kick_threshold_now,
+        xdp_bulk: driver.xdp_bulk_now,
+        rx_coal_level: driver.rx_coal_level,
+        driver_changes: driver.kick_threshold_changes
+            + driver.xdp_bulk_changes
+            + driver.rx_coal_changes,
+        busy_poll_us: device[0],
+        coalesce_usecs: device[1],
+        device_changes: device[2],
     }
 }
 
