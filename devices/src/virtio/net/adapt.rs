@@ -1,13 +1,12 @@
 //! Device-side adaptation (`adaptive=on`): the worker moves its own busy-poll window and
 //! interrupt coalescing from what it saw in the last interval, within the operator's bounds.
 //!
-//! - **Busy-poll** follows the driver's idle gaps, the rule of KVM's halt polling: when the
-//!   device slept before work (a kick or backend input) and the interval's length over those
-//!   sleeps (an upper bound on the mean idle gap) is within the bound, a longer window would
-//!   have saved kicks and wake-ups, so the window doubles (from [`BUSY_POLL_START_US`]); when
-//!   it exceeds the bound, polling is wasted, so it halves (under the start value: off). A
-//!   window that covers the driver's gaps sees no sleeps and stays; a driver whose gaps exceed
-//!   the bound keeps it off. Counting sleeps costs the worker no clock read.
+//! - **Busy-poll** follows the driver's idle gaps, the rule of KVM's halt polling: a wake-up
+//!   (a kick or backend input) after an idle gap that a window at the bound would have covered
+//!   is a kick and a sleep the device could have saved, so the window doubles (from
+//!   [`BUSY_POLL_START_US`]); idle gaps longer than the bound are polling wasted, so it halves
+//!   (under the start value: off). A window that covers the driver's gaps sees no sleeps and
+//!   stays; a driver whose gaps exceed the bound keeps it off.
 //! - **Interrupt coalescing** climbs a ladder of levels ([`LEVELS_US`], with a packet bound
 //!   of [`LEVEL_PACKETS`]) while interrupts come faster than [`IRQ_HIGH_PER_S`] carrying fewer
 //!   than [`TARGET_FRAMES_PER_IRQ`] frames each. Each step up is on trial for one interval: if
@@ -40,8 +39,10 @@ pub(crate) struct Observed {
     pub(crate) frames: u64,
     /// Interrupts sent.
     pub(crate) interrupts: u64,
-    /// Sleeps that ended on work (a kick or backend input).
-    pub(crate) sleeps: u64,
+    /// Wake-ups on work after an idle gap (busy-poll window included) of at most the bound.
+    pub(crate) short_gaps: u64,
+    /// Wake-ups on work after a longer idle gap.
+    pub(crate) long_gaps: u64,
     /// The interval's length in microseconds.
     pub(crate) elapsed_us: u64,
 }
@@ -114,6 +115,11 @@ impl Adapter {
         level_bounds(self.level)
     }
 
+    /// The bound on the idle gaps a busy-poll window may cover (µs).
+    pub(crate) fn gap_bound_us(&self) -> u32 {
+        self.bounds.max_busy_poll_us
+    }
+
     /// One interval's counts in; what changed out.
     pub(crate) fn observe(&mut self, seen: Observed) -> Decision {
         self.counters.intervals += 1;
@@ -148,19 +154,17 @@ impl Adapter {
     fn next_busy_poll(&self, seen: Observed) -> u32 {
         let bound = self.bounds.max_busy_poll_us;
         let now = self.busy_poll_us;
-        if seen.sleeps == 0 {
-            return now;
-        }
-        let mean_gap_us = seen.elapsed_us / seen.sleeps;
-        if mean_gap_us <= u64::from(bound) {
+        if seen.short_gaps > seen.long_gaps {
             (now.saturating_mul(2)).max(BUSY_POLL_START_US).min(bound)
-        } else {
+        } else if seen.long_gaps > seen.short_gaps {
             let half = now / 2;
             if half < BUSY_POLL_START_US.min(bound) {
                 0
             } else {
                 half
             }
+        } else {
+            now
         }
     }
 

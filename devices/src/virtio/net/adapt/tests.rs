@@ -16,7 +16,12 @@ fn bounds(max_busy_poll_us: u32, max_coalesce_usecs: u32) -> Adaptive {
 
 /// A workload: what one interval shows under the adapter's current choices.
 trait Workload {
-    fn interval(&self, busy_poll_us: u32, coalescing: InterruptCoalescing) -> Observed;
+    fn interval(
+        &self,
+        busy_poll_us: u32,
+        coalescing: InterruptCoalescing,
+        gap_bound: u32,
+    ) -> Observed;
 }
 
 /// Many frames in flight: `rate` frames/s whatever the device does; without coalescing an
@@ -28,7 +33,7 @@ struct Flood {
 }
 
 impl Workload for Flood {
-    fn interval(&self, _: u32, c: InterruptCoalescing) -> Observed {
+    fn interval(&self, _: u32, c: InterruptCoalescing, _: u32) -> Observed {
         let frames = self.rate * INTERVAL_US / 1_000_000;
         let mut interrupts = frames / self.frames_per_irq;
         if c.is_enabled() {
@@ -51,18 +56,21 @@ struct PingPong {
 }
 
 impl Workload for PingPong {
-    fn interval(&self, busy_poll_us: u32, c: InterruptCoalescing) -> Observed {
+    fn interval(&self, busy_poll_us: u32, c: InterruptCoalescing, gap_bound: u32) -> Observed {
         let trips = INTERVAL_US / (self.rtt_us + u64::from(c.max_usecs));
-        // A window shorter than the gap runs out: the device sleeps once per trip.
-        let sleeps = if u64::from(busy_poll_us) < self.gap_us {
-            trips
-        } else {
-            0
-        };
+        let (mut short_gaps, mut long_gaps) = (0, 0);
+        if u64::from(busy_poll_us) < self.gap_us {
+            if self.gap_us <= u64::from(gap_bound) {
+                short_gaps = trips;
+            } else {
+                long_gaps = trips;
+            }
+        }
         Observed {
             frames: 2 * trips,
             interrupts: trips,
-            sleeps,
+            short_gaps,
+            long_gaps,
             elapsed_us: INTERVAL_US,
         }
     }
@@ -72,7 +80,7 @@ impl Workload for PingPong {
 fn run(a: &mut Adapter, w: &dyn Workload, intervals: usize) -> Vec<usize> {
     let mut changed = Vec::new();
     for i in 0..intervals {
-        let seen = w.interval(a.busy_poll_us(), a.coalescing());
+        let seen = w.interval(a.busy_poll_us(), a.coalescing(), a.gap_bound_us());
         let d = a.observe(seen);
         assert_eq!(d.busy_poll_us.unwrap_or(a.busy_poll_us()), a.busy_poll_us());
         assert_eq!(d.coalescing.unwrap_or(a.coalescing()), a.coalescing());
@@ -267,7 +275,8 @@ fn arbitrary_observations_never_leave_the_bounds() {
             let seen = Observed {
                 frames: pick(),
                 interrupts: pick(),
-                sleeps: pick(),
+                short_gaps: pick(),
+                long_gaps: pick(),
                 elapsed_us: pick(),
             };
             let d = a.observe(seen);

@@ -560,6 +560,11 @@ struct EventLoop<'p, B> {
     seen: Observed,
     /// When the current adaptation interval began (None: the interval timer is stopped).
     interval_start: Option<Instant>,
+    /// The last busy-poll window ended with nothing found (the idle gap began before it).
+    window_ran_out: bool,
+    /// Adapting: when the device last ran out of work (a busy-poll window that ran out
+    /// included), until work wakes it.
+    idle_since: Option<Instant>,
 }
 
 impl<'p, B: NetBackend> EventLoop<'p, B> {
@@ -670,12 +675,15 @@ impl<'p, B: NetBackend> EventLoop<'p, B> {
                 -1
             };
             self.events_pending = false;
+            if timeout < 0 {
+                self.going_idle();
+            }
             let n = match self.epoll.wait(timeout, &mut events) {
                 Ok(n) => n,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                 Err(e) => return Err(WorkerError::Epoll(e)),
             };
-            if timeout < 0 && self.adapter.is_some() {
+            if self.idle_since.is_some() {
                 self.woke(&events[..n]);
             }
             for event in &events[..n] {

@@ -249,7 +249,10 @@ impl<'p, B: NetBackend> EventLoop<'p, B> {
             };
             self.polled_ns += u64::try_from(start.elapsed().as_nanos()).unwrap_or(u64::MAX);
             match found {
-                Found::Nothing => return self.unpark_tx(),
+                Found::Nothing => {
+                    self.window_ran_out = self.adapter.is_some();
+                    return self.unpark_tx();
+                }
                 Found::Event => {
                     self.poll_counters.found_work += 1;
                     self.events_pending = true;
@@ -296,6 +299,7 @@ impl<B: NetBackend> EventLoop<'_, B> {
             (Some(adapter), true) => _ = adapter.set_bounds(bounds),
             (Some(_), false) => {
                 self.adapter = None;
+                self.idle_since = None;
                 self.stop_intervals()?;
             }
             (None, false) => {}
@@ -341,8 +345,19 @@ impl<B: NetBackend> EventLoop<'_, B> {
         }
     }
 
-    /// Adapting: the worker woke from a sleep; one that ended on work (a kick or the
-    /// backend) counts for the busy-poll (timers and the API do not).
+    /// Adapting: the worker is about to sleep; its idle gap began now, or when the busy-poll
+    /// window that just ran out began.
+    pub(super) fn going_idle(&mut self) {
+        if self.adapter.is_none() || self.idle_since.is_some() {
+            return;
+        }
+        let now = Instant::now();
+        let window = std::mem::take(&mut self.window_ran_out).then_some(self.busy_poll);
+        self.idle_since = Some(window.and_then(|w| now.checked_sub(w)).unwrap_or(now));
+    }
+
+    /// The worker woke while idle: a wake-up on work (a kick or the backend) ends the idle
+    /// gap and tells the adapter how long it was; other wake-ups (timers, the API) do not.
     pub(super) fn woke(&mut self, events: &[EpollEvent]) {
         let on_work = events.iter().any(|e| {
             matches!(
@@ -350,7 +365,15 @@ impl<B: NetBackend> EventLoop<'_, B> {
                 Some(Token::TxKick | Token::RxKick | Token::Backend)
             )
         });
-        self.seen.sleeps += u64::from(on_work);
+        let (true, Some(adapter), Some(since)) = (on_work, &self.adapter, self.idle_since) else {
+            return;
+        };
+        self.idle_since = None;
+        if since.elapsed() <= Duration::from_micros(adapter.gap_bound_us().into()) {
+            self.seen.short_gaps += 1;
+        } else {
+            self.seen.long_gaps += 1;
+        }
     }
 
     /// An adaptation interval ended: the adapter decides, the worker applies. An interval
@@ -378,7 +401,7 @@ impl<B: NetBackend> EventLoop<'_, B> {
             self.apply(moderation)?;
         }
         self.publish_adaptive();
-        if seen.frames == 0 && seen.sleeps == 0 {
+        if seen.frames == 0 && seen.short_gaps + seen.long_gaps == 0 {
             self.stop_intervals()
         } else {
             self.interval_start = Some(Instant::now());

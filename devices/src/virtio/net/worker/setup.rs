@@ -157,6 +157,8 @@ impl<'p, B: NetBackend> EventLoop<'p, B> {
             adapter,
             seen: Observed::default(),
             interval_start: None,
+            window_ran_out: false,
+            idle_since: None,
         };
         event_loop.publish_adaptive();
         if shared.pair == 0 {
