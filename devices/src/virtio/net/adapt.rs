@@ -10,9 +10,11 @@
 //! - **Interrupt coalescing** climbs a ladder of levels ([`LEVELS_US`], with a packet bound
 //!   of [`LEVEL_PACKETS`]) while interrupts come faster than [`IRQ_HIGH_PER_S`] carrying fewer
 //!   than [`TARGET_FRAMES_PER_IRQ`] frames each. Each step up is on trial for one interval: if
-//!   the frames per interrupt did not grow by half, holding interrupts only added latency (a
-//!   request/response flow, where nothing completes while an interrupt waits), so the step is
-//!   undone and the ladder parks until the frame rate changes by more than 2×. A level is left
+//!   the frames per interrupt did not grow by half, or the frame rate fell by a tenth, holding
+//!   interrupts only added latency (a request/response flow, where nothing completes while an
+//!   interrupt waits), so the step is undone and the ladder parks: for [`PARK_INTERVALS`]
+//!   intervals at least (doubling with each failed trial in a row, up to
+//!   [`MAX_PARK_INTERVALS`]), and then until the frame rate has changed by more than 2×. A level is left
 //!   downwards when the frame rate falls below half the rate it was entered at, and at once
 //!   when an interval completes nothing.
 //!
@@ -28,6 +30,10 @@ pub const LEVELS_US: [u32; 7] = [8, 16, 32, 64, 128, 256, 512];
 /// The packet bound of every coalescing level: a quarter of a default 256-entry ring, so a
 /// held interrupt never leaves the driver short of buffers.
 pub const LEVEL_PACKETS: u16 = 64;
+/// Shortest park after a failed coalescing trial, in intervals.
+pub const PARK_INTERVALS: u32 = 16;
+/// Longest park after failed trials in a row.
+pub const MAX_PARK_INTERVALS: u32 = 1024;
 /// Interrupt rate above which coalescing is worth a try.
 pub const IRQ_HIGH_PER_S: u64 = 16_000;
 /// Frames per interrupt that coalescing aims for.
@@ -71,10 +77,14 @@ pub(crate) struct Adapter {
     level: usize,
     /// The frame rate (per second) each level above 0 was entered at.
     entered_at: [u64; LEVELS_US.len()],
-    /// A step up on trial: the frames per interrupt (×16) before it.
-    trial: Option<u64>,
+    /// A step up on trial: the frames per interrupt (×16) and the frame rate before it.
+    trial: Option<(u64, u64)>,
     /// Parked after a failed trial: the frame rate it failed at.
     parked_at: Option<u64>,
+    /// Intervals left before a park may end.
+    park_left: u32,
+    /// The next park's length (doubles with each failed trial in a row).
+    park_next: u32,
     pub(crate) counters: AdaptCounters,
 }
 
@@ -88,6 +98,8 @@ impl Adapter {
             entered_at: [0; LEVELS_US.len()],
             trial: None,
             parked_at: None,
+            park_left: 0,
+            park_next: PARK_INTERVALS,
             counters: AdaptCounters::default(),
         }
     }
@@ -177,15 +189,24 @@ impl Adapter {
         let per_s = |n: u64| n.saturating_mul(1_000_000) / seen.elapsed_us.max(1);
         let rate = per_s(seen.frames);
         let frames_per_irq16 = seen.frames.saturating_mul(16) / seen.interrupts.max(1);
-        if let Some(before) = self.trial.take() {
-            if frames_per_irq16 < before.saturating_add(before / 2) {
-                // Holding the interrupt did not batch more frames: undo, and stop trying
-                // until the load changes.
+        if let Some((fpi_before, rate_before)) = self.trial.take() {
+            let batched = frames_per_irq16 >= fpi_before.saturating_add(fpi_before / 2);
+            let kept_rate = rate >= rate_before.saturating_sub(rate_before / 10);
+            if !(batched && kept_rate) {
+                // Holding the interrupt did not batch more frames, or slowed the flow: undo,
+                // and stop trying for a while, then until the load changes.
                 self.parked_at = Some(rate);
+                self.park_left = self.park_next;
+                self.park_next = self.park_next.saturating_mul(2).min(MAX_PARK_INTERVALS);
                 return self.level.saturating_sub(1);
             }
+            self.park_next = PARK_INTERVALS;
         }
         if let Some(parked) = self.parked_at {
+            if self.park_left > 0 {
+                self.park_left -= 1;
+                return self.level;
+            }
             if rate <= parked.saturating_mul(2) && rate >= parked / 2 {
                 return self.level;
             }
@@ -198,7 +219,7 @@ impl Adapter {
             && frames_per_irq16 < TARGET_FRAMES_PER_IRQ * 16;
         if interrupts_heavy && self.level < self.top_level() {
             self.entered_at[self.level] = rate;
-            self.trial = Some(frames_per_irq16);
+            self.trial = Some((frames_per_irq16, rate));
             return self.level + 1;
         }
         self.level

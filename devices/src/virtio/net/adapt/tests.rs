@@ -351,3 +351,34 @@ fn bounds_pack_round_trips_and_validate() {
         assert_eq!(b.validate(), Err(e));
     }
 }
+
+#[test]
+fn a_noisy_ping_pong_does_not_make_the_ladder_flap() {
+    // Round trips whose rate wanders between 0.4× and 2× from one interval to the next, and
+    // their frames per interrupt by ±30 %: trials fail, each park is longer than the last,
+    // and coalescing stays off nearly all the time.
+    let mut a = Adapter::new(bounds(0, 64));
+    let mut seed = 0x2545_f491_4f6c_dd1du64;
+    let mut on = 0;
+    for _ in 0..2_000 {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        let wobble = 40 + seed % 161; // 40..=200 %
+        let hold = u64::from(a.coalescing().max_usecs);
+        let trips = INTERVAL_US * wobble / 100 / (20 + hold);
+        a.observe(Observed {
+            frames: 2 * trips,
+            interrupts: trips * 100 / (70 + (seed >> 8) % 61),
+            elapsed_us: INTERVAL_US,
+            ..Observed::default()
+        });
+        on += u64::from(a.coalescing().is_enabled());
+    }
+    assert!(on < 40, "coalescing held {on} of 2000 intervals");
+    assert!(
+        a.counters.coalescing_changes < 40,
+        "{} changes",
+        a.counters.coalescing_changes
+    );
+}
