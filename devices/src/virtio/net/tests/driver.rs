@@ -205,6 +205,19 @@ pub(super) fn rig_for<Q: DriverRing>(
     })
 }
 
+/// A [`rig_for`] `Q` (with `configure`) on `mem` whose queues of [`DriverRing::pair`] are
+/// started with `features` ([`start_rings`]).
+pub(super) fn started_rings<Q: DriverRing>(
+    mem: &GuestMemoryMmap,
+    features: u64,
+    configure: impl FnOnce(&mut NetDevice<PairBackend>),
+) -> (Rig, Q, Q) {
+    let mut rig = rig_for::<Q>(mem, configure);
+    let (rx, tx) = Q::pair(mem);
+    start_rings(&mut rig.transport, features, &[&rx, &tx]);
+    (rig, rx, tx)
+}
+
 /// Negotiates `features` and `Q`'s ring kind, programs queue i from `queues[i]` and sets
 /// DRIVER_OK; the device must be running.
 pub(super) fn start_rings<Q: DriverRing>(t: &mut MmioTransport, features: u64, queues: &[&Q]) {
