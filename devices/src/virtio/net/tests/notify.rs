@@ -153,9 +153,8 @@ fn no_interrupt_flag_is_honoured_without_event_idx() {
 
 #[test]
 fn driver_notifications_are_off_while_the_device_is_busy() {
-    let mut ring = Ring::new(256);
     let bytes = wire(&frame(8000, 4));
-    ring.push_copies(&bytes, 100);
+    let mut ring = Ring::with_copies(256, &bytes, 100);
     let (mut backend, peer) = pair();
     let mut counters = TxCounters::default();
 

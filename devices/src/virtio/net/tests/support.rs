@@ -74,6 +74,14 @@ impl Ring {
         Ring::over(mem, driver)
     }
 
+    /// A `size`-entry queue like [`Ring::new`]'s with `n` copies of `bytes` queued for
+    /// transmission, each in one descriptor.
+    pub fn with_copies(size: u16, bytes: &[u8], n: usize) -> Ring {
+        let mut ring = Ring::new(size);
+        ring.push_copies(bytes, n);
+        ring
+    }
+
     /// A second 16-entry queue in the same guest memory, clear of this one's rings and
     /// buffers (the rx side of a test that started on tx).
     pub fn second(&self) -> Ring {
