@@ -10,7 +10,7 @@ pub use crate::test_utils::queue::{guest_mem, GuestQueue, INDIRECT, MEM_SIZE, NE
 use crate::virtio::net::metrics::{RxCounters, TxCounters};
 use crate::virtio::net::rx::RX_GATHER_NO_GSO_BYTES;
 use crate::virtio::net::{
-    process_rx, process_tx, RxMode, RxOutcome, RxQueue, TxOutcome, TxQueue, VNET_HDR_LEN,
+    process_rx, process_tx, RxMode, RxOutcome, RxQueue, TxOutcome, TxQueue, TxStop, VNET_HDR_LEN,
 };
 use crate::virtio::ring::RingError;
 use crate::virtio::vring::Virtqueue;
@@ -56,6 +56,20 @@ pub fn drain(peer: &PairPeer) -> usize {
 /// A socket-pair backend and its far end.
 pub fn pair() -> (PairBackend, PairPeer) {
     PairBackend::new().expect("socketpair")
+}
+
+/// `n` copies of an 8000-byte frame queued on a 256-entry [`Ring`] and one `process_tx` call
+/// into a socket pair that fills up before they are all sent: the frame, the ring, the
+/// backend and its far end, and the call's counters.
+#[track_caller]
+pub fn tx_into_full_backend(n: usize) -> (Vec<u8>, Ring, PairBackend, PairPeer, TxCounters) {
+    let bytes = wire(&frame(8000, 4));
+    let mut ring = Ring::with_copies(256, &bytes, n);
+    let (mut backend, peer) = pair();
+    let mut counters = TxCounters::default();
+    let outcome = ring.tx(&mut backend, &mut counters);
+    assert_eq!(outcome.stop, TxStop::BackendFull);
+    (bytes, ring, backend, peer, counters)
 }
 
 /// One queue driven directly by `process_tx` / `process_rx`: the driver's side in guest memory

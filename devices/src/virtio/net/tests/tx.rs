@@ -6,7 +6,8 @@ use vm_memory::{Bytes, GuestAddress};
 use crate::backend::{NetBackend, Offloads, MAX_TX_BATCH};
 use crate::virtio::net::metrics::TxCounters;
 use crate::virtio::net::tests::support::{
-    desc_bytes, drain, frame, guest_mem, pair, wire, GuestQueue, Ring, INDIRECT, NEXT,
+    desc_bytes, drain, frame, guest_mem, pair, tx_into_full_backend, wire, GuestQueue, Ring,
+    INDIRECT, NEXT,
 };
 use crate::virtio::net::tx::TX_BUDGET;
 use crate::virtio::net::{process_tx, TxStop, VNET_HDR_LEN};
@@ -68,13 +69,7 @@ fn frames_leave_in_ring_order_including_indirect_chains() {
 
 #[test]
 fn full_backend_keeps_the_chain_queued_until_it_drains() {
-    let bytes = wire(&frame(8000, 4));
-    let mut ring = Ring::with_copies(256, &bytes, 200);
-    let (mut backend, peer) = pair();
-    let mut counters = TxCounters::default();
-
-    let outcome = ring.tx(&mut backend, &mut counters);
-    assert_eq!(outcome.stop, TxStop::BackendFull);
+    let (bytes, mut ring, mut backend, peer, counters) = tx_into_full_backend(200);
     let sent = counters.frames;
     assert!(
         sent > 0 && sent < 200,
