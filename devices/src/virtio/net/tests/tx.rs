@@ -451,9 +451,8 @@ fn a_malformed_chain_in_a_batch_is_judged_alone_and_the_rest_still_go_in_order()
     let mut ring = Ring::new(16);
     let a = wire(&frame(80, 1));
     let b = wire(&frame(80, 2));
-    ring.driver.push_tx(&a, &[]);
-    ring.driver.push_tx(&vnet_hdr_only(), &[]); // a header without a frame
-    ring.driver.push_tx(&b, &[]);
+    // A header without a frame between them.
+    ring.push_frames(&[a.clone(), vnet_hdr_only(), b.clone()]);
     let mut backend = Batching::new(&[]);
     let mut counters = TxCounters::default();
 
