@@ -76,6 +76,22 @@ pub(crate) fn served_harness(config: Config, edit: impl FnOnce(&mut Regs)) -> Ha
     }
 }
 
+/// A driver with 256-byte rx buffers, and frame `seq` of `len` bytes that the device wrote
+/// across as many of them as it takes, not returned yet: the harness, the frame and each
+/// buffer's (head, length).
+pub(crate) fn frame_over_small_buffers(
+    seq: u32,
+    len: usize,
+) -> (Harness, Vec<u8>, Vec<(u16, u32)>) {
+    let mut h = harness(Config {
+        rx_buf_size: 256,
+        ..Config::default()
+    });
+    let big = frame(seq, len);
+    let used = h.dev.rx_fill(&big).expect("buffers");
+    (h, big, used)
+}
+
 /// A recognisable frame: `len` bytes, starting with the big-endian sequence number `seq`.
 pub(crate) fn frame(seq: u32, len: usize) -> Vec<u8> {
     let mut f: Vec<u8> = (0..len)

@@ -2,7 +2,7 @@
 
 use std::vec::Vec;
 
-use super::{frame, harness, seq_of};
+use super::{frame, frame_over_small_buffers, harness, seq_of};
 use crate::net::TX_QUEUE;
 use crate::xdp::swap_macs;
 use crate::{Config, TxCompletion, XdpAction};
@@ -88,12 +88,7 @@ fn xdp_bulk_flush_counts() {
 
 #[test]
 fn xdp_tx_of_a_multi_buffer_frame_chains_its_rx_buffers() {
-    let mut h = harness(Config {
-        rx_buf_size: 256,
-        ..Config::default()
-    });
-    let big = frame(3, 600);
-    let used = h.dev.rx_fill(&big).expect("buffers");
+    let (mut h, big, used) = frame_over_small_buffers(3, 600);
     let rx_addrs: Vec<u64> = used
         .iter()
         .map(|&(head, _)| h.dev.rx.read_desc(head).0.addr)
