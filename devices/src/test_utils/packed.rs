@@ -7,11 +7,10 @@
 //! It plays the guest driver in tests of the device side ([`crate::virtio::packed`]).
 
 use std::collections::VecDeque;
-use std::sync::atomic::Ordering;
 
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
-use super::queue::DATA_START;
+use super::queue::{guest_data_methods, DATA_START};
 use crate::virtio::packed::{
     PackedLayout, DESC_F_AVAIL, DESC_F_USED, EVENT_FLAG_DESC, EVENT_FLAG_DISABLE, EVENT_WRAP_BIT,
 };
@@ -129,26 +128,6 @@ impl GuestPackedQueue {
     /// Ring descriptors the driver has made available and not seen used.
     pub fn outstanding(&self) -> u32 {
         self.in_flight.iter().map(|&(_, d)| u32::from(d)).sum()
-    }
-
-    /// Copies `bytes` into fresh guest memory; returns its address.
-    pub fn alloc(&mut self, bytes: &[u8]) -> u64 {
-        let addr = self.alloc_zeroed(bytes.len());
-        self.mem
-            .write_slice(bytes, GuestAddress(addr))
-            .expect("buffer in memory");
-        addr
-    }
-
-    /// Reserves `len` zeroed bytes of guest memory; returns the address.
-    pub fn alloc_zeroed(&mut self, len: usize) -> u64 {
-        let addr = self.next_data;
-        self.next_data = (addr + len as u64 + 15) & !15;
-        assert!(self.next_data <= MEM_SIZE, "test data area exhausted");
-        self.mem
-            .write_slice(&vec![0u8; len], GuestAddress(addr))
-            .expect("buffer in memory");
-        addr
     }
 
     /// The AVAIL/USED bits that make a descriptor available for wrap counter `wrap`.
@@ -364,32 +343,11 @@ impl GuestPackedQueue {
         }
     }
 
-    /// Reads guest memory.
-    pub fn read(&self, addr: u64, len: usize) -> Vec<u8> {
-        let mut buf = vec![0u8; len];
-        self.mem
-            .read_slice(&mut buf, GuestAddress(addr))
-            .expect("in memory");
-        buf
-    }
-
     fn desc_addr(&self, offset: u16) -> u64 {
         self.layout.desc + 16 * u64::from(offset)
     }
 
-    fn store_u16(&self, addr: u64, value: u16) {
-        self.mem
-            .store(value.to_le(), GuestAddress(addr), Ordering::Release)
-            .expect("ring in memory");
-    }
-
-    fn load_u16(&self, addr: u64) -> u16 {
-        u16::from_le(
-            self.mem
-                .load(GuestAddress(addr), Ordering::Acquire)
-                .expect("ring in memory"),
-        )
-    }
+    guest_data_methods!();
 }
 
 /// A packed descriptor's 16 bytes.

@@ -5,11 +5,9 @@
 //! It plays the guest driver in tests and benches of the device side; it is not the guest
 //! driver crate (`vnet-driver`), which has its own rings.
 
-use std::sync::atomic::Ordering;
-
 use virtio_bindings::virtio_ring::{VRING_DESC_F_INDIRECT, VRING_DESC_F_NEXT, VRING_DESC_F_WRITE};
 use virtio_queue::{Queue, QueueT};
-use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryMmap};
+use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
 /// Guest memory size of [`guest_mem`].
 pub const MEM_SIZE: u64 = 0x80_0000;
@@ -22,6 +20,62 @@ pub const NEXT: u16 = VRING_DESC_F_NEXT as u16;
 pub const WRITE: u16 = VRING_DESC_F_WRITE as u16;
 /// Descriptor flag: the buffer is an indirect descriptor table.
 pub const INDIRECT: u16 = VRING_DESC_F_INDIRECT as u16;
+
+/// The buffer and memory accessors both driver-side queues ([`GuestQueue`] and
+/// [`super::packed::GuestPackedQueue`]) have, over their `mem` and `next_data` fields. A
+/// macro, because a function cannot give two types the same inherent methods and a trait
+/// would make every caller import it.
+macro_rules! guest_data_methods {
+    () => {
+        /// Copies `bytes` into fresh guest memory; returns its address.
+        pub fn alloc(&mut self, bytes: &[u8]) -> u64 {
+            let addr = self.alloc_zeroed(bytes.len());
+            ::vm_memory::Bytes::write_slice(&self.mem, bytes, ::vm_memory::GuestAddress(addr))
+                .expect("buffer in memory");
+            addr
+        }
+
+        /// Reserves `len` zeroed bytes of guest memory; returns the address.
+        pub fn alloc_zeroed(&mut self, len: usize) -> u64 {
+            let addr = self.next_data;
+            self.next_data = (addr + len as u64 + 15) & !15;
+            let end = ::vm_memory::GuestMemoryBackend::last_addr(&self.mem).0 + 1;
+            assert!(self.next_data <= end, "test data area exhausted");
+            let zeroes = vec![0u8; len];
+            ::vm_memory::Bytes::write_slice(&self.mem, &zeroes, ::vm_memory::GuestAddress(addr))
+                .expect("buffer in memory");
+            addr
+        }
+
+        /// Reads guest memory.
+        pub fn read(&self, addr: u64, len: usize) -> Vec<u8> {
+            let mut buf = vec![0u8; len];
+            ::vm_memory::Bytes::read_slice(&self.mem, &mut buf, ::vm_memory::GuestAddress(addr))
+                .expect("in memory");
+            buf
+        }
+
+        fn store_u16(&self, addr: u64, value: u16) {
+            let at = ::vm_memory::GuestAddress(addr);
+            ::vm_memory::Bytes::store(
+                &self.mem,
+                value.to_le(),
+                at,
+                ::std::sync::atomic::Ordering::Release,
+            )
+            .expect("ring in memory");
+        }
+
+        fn load_u16(&self, addr: u64) -> u16 {
+            let at = ::vm_memory::GuestAddress(addr);
+            u16::from_le(
+                ::vm_memory::Bytes::load(&self.mem, at, ::std::sync::atomic::Ordering::Acquire)
+                    .expect("ring in memory"),
+            )
+        }
+    };
+}
+pub(super) use guest_data_methods;
 
 /// One region of [`MEM_SIZE`] bytes at guest address 0.
 pub fn guest_mem() -> GuestMemoryMmap {
@@ -122,29 +176,6 @@ impl GuestQueue {
         self.store_u16(self.used_addr + 2, idx);
         queue.set_next_avail(idx);
         queue.set_next_used(idx);
-    }
-
-    /// Copies `bytes` into fresh guest memory; returns its address.
-    pub fn alloc(&mut self, bytes: &[u8]) -> u64 {
-        let addr = self.alloc_zeroed(bytes.len());
-        self.mem
-            .write_slice(bytes, GuestAddress(addr))
-            .expect("buffer in memory");
-        addr
-    }
-
-    /// Reserves `len` zeroed bytes of guest memory; returns the address.
-    pub fn alloc_zeroed(&mut self, len: usize) -> u64 {
-        let addr = self.next_data;
-        self.next_data = (addr + len as u64 + 15) & !15;
-        assert!(
-            self.next_data <= self.mem.last_addr().0 + 1,
-            "test data area exhausted"
-        );
-        self.mem
-            .write_slice(&vec![0u8; len], GuestAddress(addr))
-            .expect("buffer in memory");
-        addr
     }
 
     /// The table slot the next `write_descs` starts at.
@@ -301,26 +332,5 @@ impl GuestQueue {
         self.load_u16(self.used_addr + 4 + 8 * u64::from(self.size))
     }
 
-    /// Reads guest memory.
-    pub fn read(&self, addr: u64, len: usize) -> Vec<u8> {
-        let mut buf = vec![0u8; len];
-        self.mem
-            .read_slice(&mut buf, GuestAddress(addr))
-            .expect("in memory");
-        buf
-    }
-
-    fn store_u16(&self, addr: u64, value: u16) {
-        self.mem
-            .store(value.to_le(), GuestAddress(addr), Ordering::Release)
-            .expect("ring in memory");
-    }
-
-    fn load_u16(&self, addr: u64) -> u16 {
-        u16::from_le(
-            self.mem
-                .load(GuestAddress(addr), Ordering::Acquire)
-                .expect("ring in memory"),
-        )
-    }
+    guest_data_methods!();
 }

@@ -19,6 +19,14 @@ fn device(driver: &GuestPackedQueue, features: u64) -> PackedVirtqueue {
     PackedVirtqueue::new(driver.mem(), &driver.layout(), features).expect("usable ring")
 }
 
+/// A packed queue of `size` in fresh guest memory: the driver's side and the device's ring
+/// over it with `features`.
+fn queue(size: u16, features: u64) -> (GuestPackedQueue, PackedVirtqueue) {
+    let driver = GuestPackedQueue::new(&guest_mem(), size);
+    let vq = device(&driver, features);
+    (driver, vq)
+}
+
 fn pos(offset: u16, wrap: bool) -> Position {
     Position { offset, wrap }
 }
@@ -33,21 +41,24 @@ fn driver_avail(driver: &GuestPackedQueue) -> Position {
     pos(offset, wrap)
 }
 
+/// Walks `head` device-readable, without a length limit, into `iovs`.
+fn walk_reads<'g>(
+    ring: &RingOps<'_>,
+    guest: &GuestView<'g>,
+    head: &ChainHead,
+    iovs: &mut IovecList<'g>,
+    budget: &mut WalkBudget,
+) -> Result<u32, ChainError> {
+    ring.walk_chain(guest, head, Direction::DeviceReads, u32::MAX, iovs, budget)
+}
+
 /// Pops one chain and walks it device-readable: the head and its bytes.
 fn pop_read(vq: &mut PackedVirtqueue) -> Option<(ChainHead, Vec<u8>)> {
     let (guest, mut ring) = vq.split();
     let head = ring.pop_head().expect("no ring error")?;
     let mut iovs = IovecList::new();
-    let mut budget = WalkBudget::per_call();
-    ring.walk_chain(
-        &guest,
-        &head,
-        Direction::DeviceReads,
-        u32::MAX,
-        &mut iovs,
-        &mut budget,
-    )
-    .expect("well-formed chain");
+    walk_reads(&ring, &guest, &head, &mut iovs, &mut WalkBudget::per_call())
+        .expect("well-formed chain");
     let mut bytes = vec![0; iovs.total_bytes()];
     assert!(iovs.as_iovecs().read_at(0, &mut bytes));
     Some((head, bytes))
@@ -132,8 +143,7 @@ fn refused(mem: &GuestMemoryMmap, layout: PackedLayout) -> PackedRingError {
 fn any_size_from_1_to_32768_is_accepted() {
     let mem = guest_mem();
     for size in [1, 2, 3, 5, 255, 256, 1000, 32768] {
-        let driver = GuestPackedQueue::new(&mem, size);
-        let vq = device(&driver, EVENT_IDX | IN_ORDER);
+        let (_driver, vq) = queue(size, EVENT_IDX | IN_ORDER);
         assert_eq!(vq.size(), size);
         assert!(vq.event_idx() && vq.in_order());
         assert_eq!(
@@ -235,9 +245,7 @@ fn overlapping_parts_are_refused() {
 /// them (in reverse order every other round: each used descriptor advances by its own chain),
 /// and checks what the driver reads back, until the positions have wrapped several times.
 fn round_trips(size: u16) {
-    let mem = guest_mem();
-    let mut driver = GuestPackedQueue::new(&mem, size);
-    let mut vq = device(&driver, 0);
+    let (mut driver, mut vq) = queue(size, 0);
     let mut seq = 0u32;
     let mut done = 0u32;
     let mut round = 0;
@@ -324,9 +332,7 @@ fn round_trips_size_256() {
 
 #[test]
 fn a_chain_wraps_around_the_end_of_the_ring() {
-    let mem = guest_mem();
-    let mut driver = GuestPackedQueue::new(&mem, 3);
-    let mut vq = device(&driver, 0);
+    let (mut driver, mut vq) = queue(3, 0);
     driver.push_readable(&[b"x", b"y"]);
     let (head, _) = pop_read(&mut vq).expect("a chain");
     add_used(&mut vq, head, 0);
@@ -359,9 +365,7 @@ fn a_chain_wraps_around_the_end_of_the_ring() {
 
 #[test]
 fn chains_complete_out_of_order_advance_by_their_own_length() {
-    let mem = guest_mem();
-    let mut driver = GuestPackedQueue::new(&mem, 5);
-    let mut vq = device(&driver, 0);
+    let (mut driver, mut vq) = queue(5, 0);
     let first = driver.push_readable(&[b"a"]);
     let second = driver.push_readable(&[b"b", b"c", b"d"]);
     let (h1, _) = pop_read(&mut vq).expect("first");
@@ -379,9 +383,7 @@ fn chains_complete_out_of_order_advance_by_their_own_length() {
 
 #[test]
 fn writable_chains_and_their_length() {
-    let mem = guest_mem();
-    let mut driver = GuestPackedQueue::new(&mem, 4);
-    let mut vq = device(&driver, 0);
+    let (mut driver, mut vq) = queue(4, 0);
     let (id, addrs) = driver.push_writable(&[16, 8]);
     let (guest, mut ring) = vq.split();
     let head = ring.pop_head().expect("ok").expect("a chain");
@@ -413,9 +415,7 @@ fn writable_chains_and_their_length() {
 
 #[test]
 fn unpop_puts_chains_back() {
-    let mem = guest_mem();
-    let mut driver = GuestPackedQueue::new(&mem, 3);
-    let mut vq = device(&driver, 0);
+    let (mut driver, mut vq) = queue(3, 0);
     let a = driver.push_readable(&[b"a", b"b"]);
     let b = driver.push_readable(&[b"c"]);
     let (ha, _) = pop_read(&mut vq).expect("a");
@@ -432,9 +432,7 @@ fn unpop_puts_chains_back() {
 
 #[test]
 fn walks_charge_every_descriptor_visited() {
-    let mem = guest_mem();
-    let mut driver = GuestPackedQueue::new(&mem, 8);
-    let mut vq = device(&driver, 0);
+    let (mut driver, mut vq) = queue(8, 0);
     driver.push_readable(&[b"a", b"b", b"c"]);
     let x = driver.alloc(b"xyzw");
     driver.add_indirect(&[(x, 1, 0), (x + 1, 1, 0), (x + 2, 1, 0), (x + 3, 1, 0)]);
@@ -445,15 +443,7 @@ fn walks_charge_every_descriptor_visited() {
     for expected in [3, 5] {
         let before = budget.remaining();
         let head = ring.pop_head().expect("ok").expect("a chain");
-        ring.walk_chain(
-            &guest,
-            &head,
-            Direction::DeviceReads,
-            u32::MAX,
-            &mut iovs,
-            &mut budget,
-        )
-        .expect("good chain");
+        walk_reads(&ring, &guest, &head, &mut iovs, &mut budget).expect("good chain");
         assert_eq!(before - budget.remaining(), expected);
     }
     assert_eq!(start - budget.remaining(), 8);
@@ -463,9 +453,7 @@ fn walks_charge_every_descriptor_visited() {
 
 #[test]
 fn indirect_chains_occupy_one_descriptor() {
-    let mem = guest_mem();
-    let mut driver = GuestPackedQueue::new(&mem, 3);
-    let mut vq = device(&driver, 0);
+    let (mut driver, mut vq) = queue(3, 0);
     for round in 0..4u8 {
         let r1 = driver.alloc(&[round; 3]);
         let r2 = driver.alloc(b"zz");
@@ -494,9 +482,7 @@ fn indirect_chains_occupy_one_descriptor() {
 
 #[test]
 fn bad_indirect_tables_are_refused_and_returned() {
-    let mem = guest_mem();
-    let mut driver = GuestPackedQueue::new(&mem, 4);
-    let mut vq = device(&driver, 0);
+    let (mut driver, mut vq) = queue(4, 0);
     let buf = driver.alloc(b"data");
     let good = driver.write_table(&[(buf, 4, 0)]);
     let nested = driver.write_table(&[(good, 16, INDIRECT)]);
@@ -540,9 +526,7 @@ fn bad_indirect_tables_are_refused_and_returned() {
 
 #[test]
 fn indirect_tables_are_bounded() {
-    let mem = guest_mem();
-    let mut driver = GuestPackedQueue::new(&mem, 4);
-    let mut vq = device(&driver, 0);
+    let (mut driver, mut vq) = queue(4, 0);
     let buf = driver.alloc(&[7u8; 2048]);
     let max = MAX_CHAIN_DESCRIPTORS as usize - 1;
     for (entries, ok) in [(max, true), (max + 1, false), (40_000, false)] {
@@ -565,10 +549,8 @@ fn indirect_tables_are_bounded() {
 
 #[test]
 fn endless_chains_are_ring_errors() {
-    let mem = guest_mem();
     for size in [1, 3, 256] {
-        let mut driver = GuestPackedQueue::new(&mem, size);
-        let mut vq = device(&driver, 0);
+        let (mut driver, mut vq) = queue(size, 0);
         let buf = driver.alloc(b"x");
         // NEXT on every descriptor: the chain loops through the ring forever.
         let descs: Vec<_> = (0..size).map(|_| (buf, 1, 0, NEXT)).collect();
@@ -582,9 +564,7 @@ fn endless_chains_are_ring_errors() {
 
 #[test]
 fn chains_longer_than_the_device_accepts_are_ring_errors() {
-    let mem = guest_mem();
-    let mut driver = GuestPackedQueue::new(&mem, 2048);
-    let mut vq = device(&driver, 0);
+    let (mut driver, mut vq) = queue(2048, 0);
     let buf = driver.alloc(b"x");
     let n = MAX_CHAIN_DESCRIPTORS as usize + 1;
     let descs: Vec<_> = (0..n)
@@ -598,8 +578,7 @@ fn chains_longer_than_the_device_accepts_are_ring_errors() {
 
     // One descriptor fewer is a long but acceptable chain (one of them empty: a list holds
     // at most MAX_IOVECS segments).
-    let mut driver = GuestPackedQueue::new(&mem, 2048);
-    let mut vq = device(&driver, 0);
+    let (mut driver, mut vq) = queue(2048, 0);
     let buf = driver.alloc(b"x");
     let n = MAX_CHAIN_DESCRIPTORS as usize;
     let descs: Vec<_> = (0..n)
@@ -615,9 +594,7 @@ fn chains_longer_than_the_device_accepts_are_ring_errors() {
 
 #[test]
 fn more_descriptors_than_the_ring_holds_is_an_overrun() {
-    let mem = guest_mem();
-    let mut driver = GuestPackedQueue::new(&mem, 3);
-    let mut vq = device(&driver, 0);
+    let (mut driver, mut vq) = queue(3, 0);
     driver.push_readable(&[b"a"]);
     pop_read(&mut vq).expect("a chain");
     // Three more descriptors while one is still the device's: the last would overwrite it.
@@ -626,8 +603,7 @@ fn more_descriptors_than_the_ring_holds_is_an_overrun() {
     assert!(matches!(pop_error(&mut vq), PackedRingError::Overrun));
 
     // A full ring in flight pops nothing, whatever the driver writes over it.
-    let mut driver = GuestPackedQueue::new(&mem, 2);
-    let mut vq = device(&driver, 0);
+    let (mut driver, mut vq) = queue(2, 0);
     driver.push_readable(&[b"a"]);
     driver.push_readable(&[b"b"]);
     pop_read(&mut vq).expect("a");
@@ -639,17 +615,14 @@ fn more_descriptors_than_the_ring_holds_is_an_overrun() {
 
 #[test]
 fn ids_out_of_range_are_ring_errors() {
-    let mem = guest_mem();
     for (size, id) in [(3u16, 3u16), (3, u16::MAX), (256, 256)] {
-        let mut driver = GuestPackedQueue::new(&mem, size);
-        let mut vq = device(&driver, 0);
+        let (mut driver, mut vq) = queue(size, 0);
         let buf = driver.alloc(b"x");
         driver.write_raw(&[(buf, 1, id, 0)]);
         assert!(matches!(pop_error(&mut vq), PackedRingError::IdOutOfRange(i) if i == id));
     }
     // The id is the last descriptor's: a good first id does not help.
-    let mut driver = GuestPackedQueue::new(&mem, 4);
-    let mut vq = device(&driver, 0);
+    let (mut driver, mut vq) = queue(4, 0);
     let buf = driver.alloc(b"x");
     driver.write_raw(&[(buf, 1, 0, NEXT), (buf, 1, 9, 0)]);
     assert!(matches!(
@@ -660,9 +633,7 @@ fn ids_out_of_range_are_ring_errors() {
 
 #[test]
 fn directions_are_enforced() {
-    let mem = guest_mem();
-    let mut driver = GuestPackedQueue::new(&mem, 8);
-    let mut vq = device(&driver, 0);
+    let (mut driver, mut vq) = queue(8, 0);
     let r = driver.alloc(b"read");
     let w = driver.alloc_zeroed(4);
 
@@ -695,9 +666,7 @@ fn directions_are_enforced() {
 
 #[test]
 fn buffers_outside_memory_and_over_the_limit_are_refused() {
-    let mem = guest_mem();
-    let mut driver = GuestPackedQueue::new(&mem, 4);
-    let mut vq = device(&driver, 0);
+    let (mut driver, mut vq) = queue(4, 0);
     let r = driver.alloc(b"abcd");
     driver.write_raw(&[(r, 4, 0, NEXT), (MEM_SIZE - 4, 8, 0, 0)]);
     let (head, walked) = pop_walk(&mut vq, Direction::DeviceReads, u32::MAX);
@@ -714,10 +683,8 @@ fn buffers_outside_memory_and_over_the_limit_are_refused() {
 
 #[test]
 fn probes_and_prefetches_are_harmless() {
-    let mem = guest_mem();
     for size in [1, 3, 256] {
-        let mut driver = GuestPackedQueue::new(&mem, size);
-        let mut vq = device(&driver, 0);
+        let (mut driver, mut vq) = queue(size, 0);
         driver.write_raw(&[(u64::MAX - 3, u32::MAX, 0, 0)]);
         let (guest, ring) = vq.split();
         ring.prefetch_ahead(&guest);
@@ -731,9 +698,7 @@ fn probes_and_prefetches_are_harmless() {
 
 #[test]
 fn in_order_batches_use_one_descriptor() {
-    let mem = guest_mem();
-    let mut driver = GuestPackedQueue::new(&mem, 5);
-    let mut vq = device(&driver, IN_ORDER);
+    let (mut driver, mut vq) = queue(5, IN_ORDER);
     let mut batches = 0;
     let mut lens = [2u16, 1, 3, 1, 1, 2].iter().cycle();
     let mut wraps = BTreeSet::new();
@@ -779,9 +744,7 @@ fn in_order_batches_use_one_descriptor() {
 
 #[test]
 fn batches_without_in_order_use_a_descriptor_each() {
-    let mem = guest_mem();
-    let mut driver = GuestPackedQueue::new(&mem, 5);
-    let mut vq = device(&driver, 0);
+    let (mut driver, mut vq) = queue(5, 0);
     let ids = [
         driver.push_readable(&[b"a", b"b"]),
         driver.push_readable(&[b"c"]),
@@ -811,10 +774,8 @@ fn use_chains(driver: &mut GuestPackedQueue, vq: &mut PackedVirtqueue, n: u16) {
 
 #[test]
 fn interrupt_flags_enable_and_disable() {
-    let mem = guest_mem();
     for features in [0, EVENT_IDX] {
-        let mut driver = GuestPackedQueue::new(&mem, 4);
-        let mut vq = device(&driver, features);
+        let (mut driver, mut vq) = queue(4, features);
         assert_eq!(decide(&mut vq), None, "nothing used");
         driver.set_driver_event(0, EVENT_FLAG_ENABLE);
         use_chains(&mut driver, &mut vq, 1);
@@ -837,8 +798,7 @@ fn interrupt_flags_enable_and_disable() {
         assert_eq!(decide(&mut vq), Some(InterruptDecision::Raise));
     }
     // DESC without EVENT_IDX negotiated: treated as ENABLE.
-    let mut driver = GuestPackedQueue::new(&mem, 4);
-    let mut vq = device(&driver, 0);
+    let (mut driver, mut vq) = queue(4, 0);
     driver.set_driver_event(3 | EVENT_WRAP_BIT, EVENT_FLAG_DESC);
     use_chains(&mut driver, &mut vq, 1);
     assert_eq!(decide(&mut vq), Some(InterruptDecision::Raise));
@@ -847,9 +807,7 @@ fn interrupt_flags_enable_and_disable() {
 /// Size 4. Brings the used position to offset 2 of a lap with counter `w` (after `lap`
 /// laps), asks for an interrupt at `event`, uses `n` more descriptors and decides.
 fn decide_at_wrap(lap: u16, event: (u16, bool), n: u16) -> InterruptDecision {
-    let mem = guest_mem();
-    let mut driver = GuestPackedQueue::new(&mem, 4);
-    let mut vq = device(&driver, EVENT_IDX);
+    let (mut driver, mut vq) = queue(4, EVENT_IDX);
     driver.set_driver_event(0, EVENT_FLAG_DISABLE);
     use_chains(&mut driver, &mut vq, 4 * lap + 2);
     decide(&mut vq);
@@ -912,9 +870,7 @@ fn event_idx_interrupts_at_the_wrap() {
 fn event_idx_range_starting_at_the_wrap() {
     use InterruptDecision::{Raise, SuppressedByEventIdx as Quiet};
     for lap in [0u16, 1] {
-        let mem = guest_mem();
-        let mut driver = GuestPackedQueue::new(&mem, 3);
-        let mut vq = device(&driver, EVENT_IDX);
+        let (mut driver, mut vq) = queue(3, EVENT_IDX);
         use_chains(&mut driver, &mut vq, 3 * (lap + 1));
         decide(&mut vq);
         let w = vq.next_used().wrap;
@@ -935,9 +891,7 @@ fn event_idx_range_starting_at_the_wrap() {
 
 #[test]
 fn driver_asking_for_its_next_used_is_interrupted_once() {
-    let mem = guest_mem();
-    let mut driver = GuestPackedQueue::new(&mem, 3);
-    let mut vq = device(&driver, EVENT_IDX);
+    let (mut driver, mut vq) = queue(3, EVENT_IDX);
     for round in 0..10u16 {
         driver.want_next_used();
         let n = round % 3 + 1;
@@ -1028,9 +982,7 @@ fn packed_need_event_matches_a_linear_model() {
 
 #[test]
 fn kick_flags_without_event_idx() {
-    let mem = guest_mem();
-    let mut driver = GuestPackedQueue::new(&mem, 4);
-    let mut vq = device(&driver, 0);
+    let (mut driver, mut vq) = queue(4, 0);
     vq.split().1.disable_notification();
     assert_eq!(driver.device_event().1, EVENT_FLAG_DISABLE);
     driver.push_readable(&[b"a"]);
@@ -1048,9 +1000,7 @@ fn kick_flags_without_event_idx() {
 
 #[test]
 fn enable_writes_the_next_avail_position_with_event_idx() {
-    let mem = guest_mem();
-    let mut driver = GuestPackedQueue::new(&mem, 3);
-    let mut vq = device(&driver, EVENT_IDX);
+    let (mut driver, mut vq) = queue(3, EVENT_IDX);
     assert!(!vq.split().1.enable_notification());
     assert_eq!(driver.device_event(), (EVENT_WRAP_BIT, EVENT_FLAG_DESC));
     vq.split().1.disable_notification();
@@ -1081,9 +1031,7 @@ fn enable_writes_the_next_avail_position_with_event_idx() {
 /// kicks, at every offset (the ones just before and after the wrap included) and with both
 /// wrap counter values.
 fn kick_protocol(size: u16) {
-    let mem = guest_mem();
-    let mut driver = GuestPackedQueue::new(&mem, size);
-    let mut vq = device(&driver, EVENT_IDX);
+    let (mut driver, mut vq) = queue(size, EVENT_IDX);
     assert!(!vq.split().1.enable_notification());
     let mut armed_at = BTreeSet::new();
     let lens = [1u16, 2, 1, 3, 2];
@@ -1164,9 +1112,7 @@ fn kick_suppression_at_the_wrap() {
         (8, EVENT_WRAP_BIT, 1),
         (8, EVENT_WRAP_BIT, 2),
     ] {
-        let mem = guest_mem();
-        let mut driver = GuestPackedQueue::new(&mem, 4);
-        let mut vq = device(&driver, EVENT_IDX);
+        let (mut driver, mut vq) = queue(4, EVENT_IDX);
         for _ in 0..advance {
             driver.push_readable(&[b"a"]);
             let (head, _) = pop_read(&mut vq).expect("chain");

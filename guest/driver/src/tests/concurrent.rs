@@ -3,16 +3,45 @@
 //! interrupt (a wrong fence around publish/kick-decision or re-enable/re-check) shows up as a
 //! stall, which the timeouts turn into a failure.
 
-use std::thread;
+use std::format;
+use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 use std::vec::Vec;
 
 use super::{frame, harness, seq_of};
 use crate::net::{RX_QUEUE, TX_QUEUE};
-use crate::testing::TestDevice;
-use crate::{Config, QueueId, Rearm, TxCompletion, TxError, XdpAction};
+use crate::testing::{TestDevice, TestHal, TestTransport};
+use crate::{Config, QueueId, Rearm, TxCompletion, TxError, VirtioNet, XdpAction};
 
 const STALL: Duration = Duration::from_secs(10);
+
+/// Sleeps until the driver has kicked queue `q` more than `seen` times; the new count. Fails
+/// with `starved` when no kick comes within [`STALL`].
+#[track_caller]
+fn next_kick(dev: &TestDevice, q: u16, seen: usize, starved: &str) -> usize {
+    let kicks = dev.transport.wait_kick(q, seen, STALL);
+    assert!(kicks > seen, "{starved}");
+    kicks
+}
+
+/// A driver brought up with `config` and `event_idx`, and the device behind it running
+/// `device_loop` on a thread of its own.
+fn with_device_thread(
+    config: Config,
+    event_idx: bool,
+    device_loop: impl FnOnce(TestDevice) -> TestDevice + Send + 'static,
+) -> (
+    VirtioNet<TestHal, TestTransport>,
+    TestTransport,
+    JoinHandle<TestDevice>,
+) {
+    let h = harness(Config {
+        event_idx,
+        ..config
+    });
+    let dev = h.dev;
+    (h.net, h.transport, thread::spawn(move || device_loop(dev)))
+}
 
 /// The device's tx loop: drain, return used (interrupting only if asked), re-enable
 /// notifications and re-check, else sleep until the next kick.
@@ -39,12 +68,8 @@ fn device_tx(mut dev: TestDevice, total: u32) -> TestDevice {
         if expect == total {
             break;
         }
-        let kicks = dev.transport.wait_kick(TX_QUEUE, kicks_seen, STALL);
-        assert!(
-            kicks > kicks_seen,
-            "device starved: lost kick at frame {expect}"
-        );
-        kicks_seen = kicks;
+        let starved = format!("device starved: lost kick at frame {expect}");
+        kicks_seen = next_kick(&dev, TX_QUEUE, kicks_seen, &starved);
     }
     dev
 }
@@ -52,35 +77,34 @@ fn device_tx(mut dev: TestDevice, total: u32) -> TestDevice {
 /// Sends `total` frames in bursts of `burst` to a device thread, with EVENT_IDX on and off.
 fn tx_against_device_thread(total: u32, kick_threshold: u16, burst: u32) {
     for event_idx in [true, false] {
-        let mut h = harness(Config {
+        let config = Config {
             tx_queue_size: 64,
             kick_threshold,
-            event_idx,
             tx_completion: TxCompletion::Lazy,
             ..Config::default()
-        });
-        let dev = h.dev;
-        let device = thread::spawn(move || device_tx(dev, total));
+        };
+        let (mut net, _, device) =
+            with_device_thread(config, event_idx, move |dev| device_tx(dev, total));
         let mut next = 0u32;
         let mut progress = Instant::now();
         while next < total {
             let frames: Vec<Vec<u8>> = (next..total.min(next + burst))
                 .map(|i| frame(i, 64))
                 .collect();
-            let batch = h.net.transmit_batch(frames.iter().map(Vec::as_slice));
+            let batch = net.transmit_batch(frames.iter().map(Vec::as_slice));
             next += batch.sent as u32;
             if batch.sent > 0 {
                 progress = Instant::now();
             }
             if batch.stopped == Some(TxError::RingFull) {
-                h.net.reclaim_tx();
+                net.reclaim_tx();
                 thread::yield_now();
             }
             // A lost kick leaves the device asleep and the ring full for good.
             assert!(progress.elapsed() < STALL, "driver stalled at frame {next}");
         }
         device.join().expect("device thread");
-        let c = h.net.counters();
+        let c = net.counters();
         assert_eq!(c.tx_frames, u64::from(total));
         assert!(c.kicks > 0 && c.kicks <= c.tx_publishes);
         assert_eq!(c.device_errors, 0);
@@ -124,12 +148,8 @@ fn device_rx(mut dev: TestDevice, total: u32) -> TestDevice {
         if next == total || dev.rx.enable_notifications() {
             continue;
         }
-        let kicks = dev.transport.wait_kick(RX_QUEUE, kicks_seen, STALL);
-        assert!(
-            kicks > kicks_seen,
-            "device starved of rx buffers at frame {next}"
-        );
-        kicks_seen = kicks;
+        let starved = format!("device starved of rx buffers at frame {next}");
+        kicks_seen = next_kick(&dev, RX_QUEUE, kicks_seen, &starved);
     }
     dev
 }
@@ -137,15 +157,14 @@ fn device_rx(mut dev: TestDevice, total: u32) -> TestDevice {
 /// Receives `total` frames from a device thread with a NAPI loop, EVENT_IDX on and off.
 fn napi_rx_against_device_thread(total: u32) {
     for event_idx in [true, false] {
-        let mut h = harness(Config {
+        let config = Config {
             rx_queue_size: 64,
             rx_buf_size: 512,
-            event_idx,
             tx_completion: TxCompletion::CleanFromRx,
             ..Config::default()
-        });
-        let dev = h.dev;
-        let device = thread::spawn(move || device_rx(dev, total));
+        };
+        let (mut net, transport, device) =
+            with_device_thread(config, event_idx, move |dev| device_rx(dev, total));
         let mut expect = 0u32;
         let mut check = |f: &[u8]| {
             assert_eq!(seq_of(f), expect, "frames in order");
@@ -156,28 +175,28 @@ fn napi_rx_against_device_thread(total: u32) {
         let mut received = 0usize;
         while received < total as usize {
             assert!(
-                h.transport.wait_irq(STALL),
+                transport.wait_irq(STALL),
                 "no interrupt: lost wakeup after {received} frames"
             );
-            if !h.net.handle_interrupt().used_buffers {
+            if !net.handle_interrupt().used_buffers {
                 continue;
             }
             // NAPI: disable → poll until empty → re-enable → re-check.
-            h.net.disable_interrupts(QueueId::Rx);
+            net.disable_interrupts(QueueId::Rx);
             loop {
-                let n = h.net.poll_rx(64, &mut check);
+                let n = net.poll_rx(64, &mut check);
                 received += n;
                 if n == 64 {
                     continue;
                 }
-                if h.net.enable_interrupts(QueueId::Rx) == Rearm::Armed {
+                if net.enable_interrupts(QueueId::Rx) == Rearm::Armed {
                     break;
                 }
-                h.net.disable_interrupts(QueueId::Rx);
+                net.disable_interrupts(QueueId::Rx);
             }
         }
         device.join().expect("device thread");
-        let c = h.net.counters();
+        let c = net.counters();
         assert_eq!(c.rx_frames, u64::from(total));
         assert_eq!(c.device_errors, 0);
         assert!(c.interrupts > 0 && c.interrupts < u64::from(total));

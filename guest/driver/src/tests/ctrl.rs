@@ -6,7 +6,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 use std::vec;
 
-use super::{frame, harness, harness_with, ARENA};
+use super::{assert_drop_resets_and_frees, frame, harness, harness_with, ARENA};
 use crate::ctrl::{CtrlWait, CLASS_NOTF_COAL, NOTF_COAL_TX_SET};
 use crate::features::*;
 use crate::testing::{CtrlBehaviour, CtrlRecord, Regs, TestHal, TestTransport};
@@ -62,10 +62,7 @@ fn ctrl_vq_is_negotiated_and_queue_2_set_up_when_offered() {
     assert_eq!(used_event, 0x8000);
 
     // The control queue is not left running on a device the driver was dropped from.
-    let (hal, transport) = (h.hal.clone(), h.transport.clone());
-    drop(h);
-    assert_eq!(transport.regs().status, 0);
-    assert_eq!(hal.live_allocations(), 0);
+    assert_drop_resets_and_frees(h);
 }
 
 #[test]

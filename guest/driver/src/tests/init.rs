@@ -1,6 +1,6 @@
 //! Bring-up, feature negotiation, teardown and the interrupt entry.
 
-use super::{harness, harness_with, ARENA};
+use super::{assert_drop_resets_and_frees, harness, harness_with, ARENA};
 use crate::features::*;
 use crate::net::{RX_QUEUE, TX_QUEUE};
 use crate::testing::{Regs, TestHal, TestTransport};
@@ -165,10 +165,7 @@ fn queue_sizes_are_lowered_to_the_device_maximum() {
 fn drop_resets_the_device_then_frees_memory() {
     let h = harness(Config::default());
     assert_eq!(h.hal.live_allocations(), 4);
-    let (hal, transport) = (h.hal.clone(), h.transport.clone());
-    drop(h);
-    assert_eq!(transport.regs().status, 0);
-    assert_eq!(hal.live_allocations(), 0);
+    assert_drop_resets_and_frees(h);
 }
 
 #[test]

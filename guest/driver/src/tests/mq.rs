@@ -3,11 +3,11 @@
 
 use std::vec::Vec;
 
-use super::{frame, seq_of, Harness, ARENA};
+use super::{frame, poll_seqs, received, seqs, served_harness, Harness, ARENA};
 use crate::features::{NET_F_CTRL_VQ, NET_F_MQ};
 use crate::testing::TestTransport;
 use crate::testing::{serve_ctrl_from_bring_up, CtrlBehaviour, Regs, TestDevice, TestHal};
-use crate::{Config, CtrlError, InitError, PairError, VirtioNet, XdpAction};
+use crate::{Config, CtrlError, InitError, PairError, VirtioNet};
 
 fn mq_config(pairs: u16) -> Config {
     Config {
@@ -40,19 +40,7 @@ fn try_bring_up(
 
 /// A driver with `pairs` pairs on a device with `device_pairs`.
 fn mq_harness(pairs: u16, device_pairs: u16) -> Harness {
-    let hal = TestHal::new(ARENA);
-    let mut regs = Regs::default();
-    regs.multiqueue(device_pairs);
-    let transport = TestTransport::new(regs);
-    let slot = serve_ctrl_from_bring_up(&hal, &transport, CtrlBehaviour::Model);
-    let net = VirtioNet::new(hal.clone(), transport.clone(), mq_config(pairs)).expect("init");
-    let dev = TestDevice::attach_with(&hal, &transport, Some(slot));
-    Harness {
-        net,
-        dev,
-        hal,
-        transport,
-    }
+    served_harness(mq_config(pairs), |r| r.multiqueue(device_pairs))
 }
 
 #[test]
@@ -121,30 +109,17 @@ fn each_pair_sends_and_receives_on_its_own_queues() {
     for seq in 100..105 {
         h.net.on_pair(1).unwrap().transmit(&frame(seq, 80)).unwrap();
     }
-    let on0: Vec<u32> = h.dev.tx_drain().iter().map(|f| seq_of(f)).collect();
-    let on1: Vec<u32> = h
-        .dev
-        .on_pair(1, |d| d.tx_drain())
-        .iter()
-        .map(|f| seq_of(f))
-        .collect();
+    let on0 = seqs(&h.dev.tx_drain());
+    let on1 = seqs(&h.dev.on_pair(1, |d| d.tx_drain()));
     assert_eq!(on0, [0, 1, 2]);
     assert_eq!(on1, [100, 101, 102, 103, 104]);
     // Rx: two frames for pair 1, one for pair 0.
     assert!(h.dev.on_pair(1, |d| d.rx_deliver(&frame(7, 64))));
     assert!(h.dev.on_pair(1, |d| d.rx_deliver(&frame(8, 64))));
     assert!(h.dev.rx_deliver(&frame(9, 64)));
-    let mut got = Vec::new();
-    let n1 = h.net.on_pair(1).unwrap().poll_rx(64, &mut |f: &[u8]| {
-        got.push(seq_of(f));
-        XdpAction::Pass
-    });
+    let (n1, got) = poll_seqs(h.net.on_pair(1).unwrap());
     assert_eq!((n1, &got[..]), (2, &[7, 8][..]));
-    got.clear();
-    let n0 = h.net.on_pair(0).unwrap().poll_rx(64, &mut |f: &[u8]| {
-        got.push(seq_of(f));
-        XdpAction::Pass
-    });
+    let (n0, got) = poll_seqs(h.net.on_pair(0).unwrap());
     assert_eq!((n0, &got[..]), (1, &[9][..]));
     // Reclaim on each pair frees only its own chains.
     assert_eq!(h.net.on_pair(1).unwrap().reclaim_tx(), 5);
@@ -289,20 +264,10 @@ fn a_queue_reset_acts_on_the_current_pairs_queues() {
     use crate::features::F_RING_RESET;
     use crate::{QueueId, QueueResetReport};
 
-    let hal = TestHal::new(ARENA);
-    let mut regs = Regs::default();
-    regs.multiqueue(2);
-    regs.device_features |= F_RING_RESET;
-    let transport = TestTransport::new(regs);
-    let slot = serve_ctrl_from_bring_up(&hal, &transport, CtrlBehaviour::Model);
-    let net = VirtioNet::new(hal.clone(), transport.clone(), mq_config(2)).expect("init");
-    let dev = TestDevice::attach_with(&hal, &transport, Some(slot));
-    let mut h = Harness {
-        net,
-        dev,
-        hal,
-        transport,
-    };
+    let mut h = served_harness(mq_config(2), |r| {
+        r.multiqueue(2);
+        r.device_features |= F_RING_RESET;
+    });
     let before: Vec<_> = h.transport.regs().queues.clone();
     // A frame for pair 1, not polled: the reset finds it used and drops it.
     assert!(h.dev.on_pair(1, |d| d.rx_deliver(&frame(7, 64))));
@@ -348,21 +313,12 @@ fn a_queue_reset_acts_on_the_current_pairs_queues() {
     assert!(h.dev.on_pair(1, |d| d.rx_deliver(&frame(8, 64))));
     assert!(h.dev.rx_deliver(&frame(9, 64)));
     for (pair, seq) in [(1u16, 8u32), (0, 9)] {
-        let mut got = Vec::new();
-        h.net.on_pair(pair).unwrap().poll_rx(64, &mut |f: &[u8]| {
-            got.push(seq_of(f));
-            XdpAction::Pass
-        });
+        let got = received(h.net.on_pair(pair).unwrap());
         assert_eq!(got, [seq], "pair {pair}");
     }
     h.net.on_pair(1).unwrap().transmit(&frame(60, 60)).unwrap();
     h.net.on_pair(0).unwrap().transmit(&frame(61, 60)).unwrap();
-    let on1: Vec<u32> = h
-        .dev
-        .on_pair(1, |d| d.tx_drain())
-        .iter()
-        .map(|f| seq_of(f))
-        .collect();
-    let on0: Vec<u32> = h.dev.tx_drain().iter().map(|f| seq_of(f)).collect();
+    let on1 = seqs(&h.dev.on_pair(1, |d| d.tx_drain()));
+    let on0 = seqs(&h.dev.tx_drain());
     assert_eq!((on0, on1), (std::vec![61], std::vec![60]));
 }

@@ -5,15 +5,16 @@
 
 use std::vec::Vec;
 
-use super::{frame, harness, harness_with, seq_of, Harness, ARENA};
+use super::{
+    frame, harness, harness_with, received, reset_tx_after_two_of_six, seq_of, seqs,
+    served_harness, Harness,
+};
 use crate::features::{
     F_IN_ORDER, F_RING_PACKED, F_RING_RESET, NET_F_CTRL_VQ, NET_F_NOTF_COAL, NET_F_VQ_NOTF_COAL,
 };
 use crate::net::TX_QUEUE;
 use crate::testing::packed::{EV_DESC, EV_DISABLE, EV_ENABLE};
-use crate::testing::TestTransport;
-use crate::testing::{serve_ctrl_from_bring_up, CtrlBehaviour, Regs, TestDevice, TestHal};
-use crate::{Config, QueueId, TxCompletion, VirtioNet, XdpAction};
+use crate::{Config, QueueId, TxCompletion, XdpAction};
 
 fn packed(config: Config) -> Config {
     Config {
@@ -31,15 +32,6 @@ fn packed_harness(config: Config) -> Harness {
 
 fn frames(n: u32) -> Vec<Vec<u8>> {
     (0..n).map(|i| frame(i, 60 + i as usize % 700)).collect()
-}
-
-fn received(h: &mut Harness) -> Vec<u32> {
-    let mut seqs = Vec::new();
-    h.net.poll_rx(64, &mut |f: &[u8]| {
-        seqs.push(seq_of(f));
-        XdpAction::Pass
-    });
-    seqs
 }
 
 #[test]
@@ -104,7 +96,7 @@ fn frames_flow_both_ways_on_packed_rings() {
             // More than a lap of the rx ring, re-posted as it goes.
             assert!(h.dev.rx_deliver(&frame(seq, 64 + seq as usize % 3000)));
             if seq % 50 == 49 {
-                assert_eq!(received(&mut h), (seq - 49..=seq).collect::<Vec<_>>());
+                assert_eq!(received(&mut h.net), (seq - 49..=seq).collect::<Vec<_>>());
             }
         }
         let c = h.net.counters();
@@ -189,7 +181,7 @@ fn clean_from_rx_and_lazy_modes_keep_tx_interrupts_off() {
         match mode {
             TxCompletion::CleanFromRx => {
                 h.dev.rx_deliver(&frame(100, 60));
-                assert_eq!(received(&mut h), [100]);
+                assert_eq!(received(&mut h.net), [100]);
                 assert_eq!(h.net.counters().tx_reclaimed, 12);
             }
             _ => {
@@ -271,7 +263,7 @@ fn in_order_batches_are_returned_with_one_used_entry() {
             last_len = used.last().unwrap().1;
         }
         h.dev.rx.push_used_batch(&heads, last_len);
-        assert_eq!(received(&mut h), [0, 1, 2, 3, 4]);
+        assert_eq!(received(&mut h.net), [0, 1, 2, 3, 4]);
         let c = h.net.counters();
         assert_eq!((c.tx_reclaimed, c.device_errors), (u64::from(next), 0));
         assert_eq!(h.net.tx_free_descriptors(), 256);
@@ -298,18 +290,16 @@ fn the_control_queue_runs_on_a_packed_ring() {
 
 #[test]
 fn two_pairs_send_and_receive_on_packed_rings() {
-    let hal = TestHal::new(ARENA);
-    let mut regs = Regs::default();
-    regs.multiqueue(2);
-    regs.device_features |= F_RING_PACKED;
-    let transport = TestTransport::new(regs);
-    let slot = serve_ctrl_from_bring_up(&hal, &transport, CtrlBehaviour::Model);
     let config = packed(Config {
         queue_pairs: 2,
         ..Config::default()
     });
-    let mut net = VirtioNet::new(hal.clone(), transport.clone(), config).expect("init");
-    let mut dev = TestDevice::attach_with(&hal, &transport, Some(slot));
+    let super::Harness {
+        mut net, mut dev, ..
+    } = served_harness(config, |r| {
+        r.multiqueue(2);
+        r.device_features |= F_RING_PACKED;
+    });
     assert_eq!(
         dev.ctrl().pairs_set,
         2,
@@ -322,36 +312,19 @@ fn two_pairs_send_and_receive_on_packed_rings() {
     for seq in 100..105 {
         net.on_pair(1).unwrap().transmit(&frame(seq, 80)).unwrap();
     }
-    let on0: Vec<u32> = dev.tx_drain().iter().map(|f| seq_of(f)).collect();
-    let on1: Vec<u32> = dev
-        .on_pair(1, |d| d.tx_drain())
-        .iter()
-        .map(|f| seq_of(f))
-        .collect();
+    let on0 = seqs(&dev.tx_drain());
+    let on1 = seqs(&dev.on_pair(1, |d| d.tx_drain()));
     assert_eq!((on0, on1), ((0..3).collect(), (100..105).collect()));
     assert!(dev.on_pair(1, |d| d.rx_deliver(&frame(7, 64))));
-    let mut got = Vec::new();
-    net.on_pair(1).unwrap().poll_rx(64, &mut |f: &[u8]| {
-        got.push(seq_of(f));
-        XdpAction::Pass
-    });
-    assert_eq!(got, [7]);
+    assert_eq!(received(net.on_pair(1).unwrap()), [7]);
     assert_eq!(net.on_pair(1).unwrap().reclaim_tx(), 5);
 }
 
 #[test]
 fn a_packed_tx_queue_is_reset_and_runs_again() {
     let mut h = packed_harness(packed(Config::default()));
-    for seq in 0..6 {
-        h.net.transmit(&frame(seq, 60)).expect("queued");
-    }
     // The device sends frames 0 and 1 and never returns the others.
-    let taken = h.dev.tx_take();
-    assert_eq!(taken.len(), 6);
-    for (chain, _) in &taken[..2] {
-        h.dev.tx.push_used(chain.head, 0);
-    }
-    let report = h.net.reset_queue(QueueId::Tx).expect("reset");
+    let report = reset_tx_after_two_of_six(&mut h);
     assert_eq!((report.used, report.unused), (2, 4));
     h.dev.reattach(1);
     assert_eq!(h.dev.tx.pending(), 0, "nothing re-posted");
@@ -369,6 +342,6 @@ fn a_packed_tx_queue_is_reset_and_runs_again() {
     h.dev.reattach(0);
     assert_eq!(h.dev.rx.pending(), 256, "a full ring posted again");
     assert!(h.dev.rx_deliver(&frame(42, 60)));
-    assert_eq!(received(&mut h), [42]);
+    assert_eq!(received(&mut h.net), [42]);
     assert!(!h.net.is_broken());
 }

@@ -2,10 +2,10 @@
 
 use std::vec::Vec;
 
-use super::{frame, harness, harness_with, seq_of, Harness};
+use super::{frame, harness, harness_with, received, reset_tx_after_two_of_six, seq_of, Harness};
 use crate::features::F_RING_RESET;
 use crate::transport::regs;
-use crate::{Config, QueueId, QueueResetError, QueueResetReport, ResetCounters, XdpAction};
+use crate::{Config, QueueId, QueueResetError, QueueResetReport, ResetCounters};
 
 /// A driver on a device that offers RING_RESET; QueueReset reads 1 `busy` times per reset.
 fn resettable(busy: u32) -> Harness {
@@ -13,15 +13,6 @@ fn resettable(busy: u32) -> Harness {
         r.device_features |= F_RING_RESET;
         r.reset_busy_reads = busy;
     })
-}
-
-fn received(h: &mut Harness) -> Vec<u32> {
-    let mut seqs = Vec::new();
-    h.net.poll_rx(64, &mut |f: &[u8]| {
-        seqs.push(seq_of(f));
-        XdpAction::Pass
-    });
-    seqs
 }
 
 #[test]
@@ -48,17 +39,9 @@ fn tx_reset_forgets_unsent_frames_and_later_frames_flow() {
         "negotiated when offered"
     );
     let (_, tx_size) = h.net.queue_sizes();
-    for seq in 0..6 {
-        h.net.transmit(&frame(seq, 60)).expect("queued");
-    }
     // The device sends frames 0 and 1, pops 2 and 3 without sending (backend refused them),
     // and never sees 4 and 5.
-    let taken = h.dev.tx_take();
-    assert_eq!(taken.len(), 6);
-    for (chain, _) in &taken[..2] {
-        h.dev.tx.push_used(chain.head, 0);
-    }
-    let report = h.net.reset_queue(QueueId::Tx).expect("reset");
+    let report = reset_tx_after_two_of_six(&mut h);
     assert_eq!(report, QueueResetReport { used: 2, unused: 4 });
     {
         let regs = h.transport.regs();
@@ -121,12 +104,12 @@ fn rx_reset_reposts_every_buffer_and_leaves_tx_in_flight() {
     h.dev.reattach(0);
     assert_eq!(h.dev.rx.pending(), rx_size, "a full ring posted again");
     assert_eq!(
-        received(&mut h),
+        received(&mut h.net),
         Vec::<u32>::new(),
         "dropped, not delivered"
     );
     assert!(h.dev.rx_deliver(&frame(3, 80)));
-    assert_eq!(received(&mut h), [3]);
+    assert_eq!(received(&mut h.net), [3]);
     // The tx queue did not notice.
     h.dev.tx.push_used(first.head, 0);
     let rest: Vec<u32> = h.dev.tx_drain().iter().map(|f| seq_of(f)).collect();
@@ -160,7 +143,7 @@ fn repeated_rx_resets_while_tx_flows_lose_no_tx_frame() {
         h.net.reset_queue(QueueId::Rx).expect("rx reset");
         h.dev.reattach(0);
         assert!(h.dev.rx_deliver(&frame(round, 64)));
-        assert_eq!(received(&mut h), [round]);
+        assert_eq!(received(&mut h.net), [round]);
         // The device pops the rest (it had popped them already: put them back first).
         h.dev.tx.next_avail = h.dev.tx.next_avail.wrapping_sub(4);
         sent.extend(h.dev.tx_drain().iter().map(|f| seq_of(f)));

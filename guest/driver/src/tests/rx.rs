@@ -3,7 +3,7 @@
 
 use std::vec::Vec;
 
-use super::{frame, harness, seq_of};
+use super::{frame, frame_over_small_buffers, harness, seqs};
 use crate::net::RX_QUEUE;
 use crate::{Config, QueueId, Rearm, XdpAction};
 
@@ -49,13 +49,9 @@ fn single_buffer_frames_without_mrg_rxbuf() {
 
 #[test]
 fn mergeable_frame_spans_buffers() {
-    let mut h = harness(Config {
-        rx_buf_size: 256,
-        ..Config::default()
-    });
-    let big = frame(7, 600); // 612 bytes with the header: 3 buffers of 256
+    // 612 bytes with the header: 3 buffers of 256.
+    let (mut h, big, used) = frame_over_small_buffers(7, 600);
     let small = frame(8, 100);
-    let used = h.dev.rx_fill(&big).expect("buffers");
     assert_eq!(used.len(), 3);
     for (head, len) in used {
         h.dev.rx.push_used(head, len);
@@ -68,12 +64,7 @@ fn mergeable_frame_spans_buffers() {
 
 #[test]
 fn mergeable_frame_completes_across_polls() {
-    let mut h = harness(Config {
-        rx_buf_size: 256,
-        ..Config::default()
-    });
-    let big = frame(9, 700);
-    let used = h.dev.rx_fill(&big).expect("buffers");
+    let (mut h, big, used) = frame_over_small_buffers(9, 700);
     assert_eq!(used.len(), 3);
     for (i, &(head, len)) in used.iter().enumerate() {
         h.dev.rx.push_used(head, len);
@@ -93,22 +84,17 @@ fn budget_limits_frames_per_poll() {
     for i in 0..10 {
         assert!(h.dev.rx_deliver(&frame(i, 64)));
     }
-    let seqs = |v: Vec<Vec<u8>>| v.iter().map(|f| seq_of(f)).collect::<Vec<_>>();
-    assert_eq!(seqs(collect(&mut h.net, 4)), [0, 1, 2, 3]);
-    assert_eq!(seqs(collect(&mut h.net, 4)), [4, 5, 6, 7]);
-    assert_eq!(seqs(collect(&mut h.net, 4)), [8, 9]);
+    assert_eq!(seqs(&collect(&mut h.net, 4)), [0, 1, 2, 3]);
+    assert_eq!(seqs(&collect(&mut h.net, 4)), [4, 5, 6, 7]);
+    assert_eq!(seqs(&collect(&mut h.net, 4)), [8, 9]);
     assert!(!h.net.rx_has_used());
 }
 
 #[test]
 fn hostile_used_entries_are_counted_and_ignored() {
-    let mut h = harness(Config {
-        rx_buf_size: 256,
-        ..Config::default()
-    });
     // An id out of range, an id returned twice, a length past the buffer, a header-only
     // buffer, num_buffers = 0: each counted, none delivered, nothing leaked.
-    let used = h.dev.rx_fill(&frame(1, 60)).expect("buffers");
+    let (mut h, _, used) = frame_over_small_buffers(1, 60);
     let (head, len) = used[0];
     h.dev.rx.push_used_raw(60_000, 64);
     h.dev.rx.push_used(head, len);

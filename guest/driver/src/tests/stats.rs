@@ -4,13 +4,11 @@
 use std::vec;
 use std::vec::Vec;
 
-use super::{harness_with, Harness, ARENA};
+use super::{harness_with, served_harness, Harness};
 use crate::features::*;
 use crate::stats::{CvqStats, RxBasic, RxSpeed, StatsReplyError, TxBasic, TxSpeed};
-use crate::testing::{
-    serve_ctrl_from_bring_up, CtrlBehaviour, CtrlRecord, Regs, TestDevice, TestHal, TestTransport,
-};
-use crate::{Config, CtrlError, DeviceStats, StatsTypes, VirtioNet};
+use crate::testing::{CtrlBehaviour, CtrlRecord, Regs};
+use crate::{Config, CtrlError, DeviceStats, StatsTypes};
 
 /// A device with a control queue that offers DEVICE_STATS.
 fn offer_stats(r: &mut Regs) {
@@ -200,18 +198,16 @@ fn the_queue_kinds_of_the_layout() {
 
 #[test]
 fn multiqueue_stats_name_each_pair_and_the_control_queue_at_2n() {
-    let hal = TestHal::new(ARENA);
-    let mut regs = Regs::default();
-    regs.multiqueue(4);
-    regs.device_features |= NET_F_DEVICE_STATS;
-    let transport = TestTransport::new(regs);
-    let slot = serve_ctrl_from_bring_up(&hal, &transport, CtrlBehaviour::Model);
     let config = Config {
         queue_pairs: 2,
         ..Config::default()
     };
-    let mut net = VirtioNet::new(hal.clone(), transport.clone(), config).expect("init");
-    let _dev = TestDevice::attach_with(&hal, &transport, Some(slot));
+    let Harness {
+        mut net, dev: _dev, ..
+    } = served_harness(config, |r| {
+        r.multiqueue(4);
+        r.device_features |= NET_F_DEVICE_STATS;
+    });
     assert_eq!(net.ctrl_queue_index(), Some(8));
     assert_eq!(net.stats_types_of(2), StatsTypes::RX);
     assert_eq!(net.stats_types_of(3), StatsTypes::TX);

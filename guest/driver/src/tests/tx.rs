@@ -15,6 +15,17 @@ fn config(kick_threshold: u16, event_idx: bool) -> Config {
     }
 }
 
+/// Lazy tx completion (used chains reclaimed on transmit), `tx_queue_size` descriptors, a
+/// kick every `kick_threshold` frames.
+fn lazy_tx(tx_queue_size: u16, kick_threshold: u16) -> Config {
+    Config {
+        tx_queue_size,
+        kick_threshold,
+        tx_completion: TxCompletion::Lazy,
+        ..Config::default()
+    }
+}
+
 fn frames(n: u32) -> Vec<Vec<u8>> {
     (0..n).map(|i| frame(i, 60 + i as usize % 1400)).collect()
 }
@@ -127,11 +138,7 @@ fn event_idx_suppresses_kicks_until_avail_event_is_crossed() {
 
 #[test]
 fn event_idx_kick_decision_survives_the_u16_wrap() {
-    let mut h = harness(Config {
-        kick_threshold: 64,
-        tx_completion: TxCompletion::Lazy,
-        ..Config::default()
-    });
+    let mut h = harness(lazy_tx(256, 64));
     // Bring avail.idx to 65533 without the device asking for kicks (avail_event stays 0).
     let f = frame(0, 60);
     let mut sent = 0u32;
@@ -229,12 +236,7 @@ fn clean_from_rx_mode_disables_tx_interrupts_and_reclaims_in_the_rx_poll() {
 
 #[test]
 fn lazy_mode_reclaims_on_transmit_when_the_ring_runs_low() {
-    let mut h = harness(Config {
-        tx_queue_size: 16,
-        kick_threshold: 1,
-        tx_completion: TxCompletion::Lazy,
-        ..Config::default()
-    });
+    let mut h = harness(lazy_tx(16, 1));
     assert_eq!(h.dev.tx.used_event(), 0x8000);
     for (i, f) in frames(12).iter().enumerate() {
         h.net.transmit(f).expect("room");
@@ -289,12 +291,7 @@ fn a_full_ring_is_counted_and_what_is_pending_gets_published() {
 
 #[test]
 fn many_cycles_with_out_of_order_completions() {
-    let mut h = harness(Config {
-        tx_queue_size: 4,
-        kick_threshold: 3,
-        tx_completion: TxCompletion::Lazy,
-        ..Config::default()
-    });
+    let mut h = harness(lazy_tx(4, 3));
     let total = 70_000u32;
     let mut next = 0u32;
     let mut expect = 0u32;

@@ -2,7 +2,7 @@
 
 use std::vec::Vec;
 
-use super::{frame, harness, seq_of};
+use super::{frame, frame_over_small_buffers, harness, seq_of};
 use crate::net::TX_QUEUE;
 use crate::xdp::swap_macs;
 use crate::{Config, TxCompletion, XdpAction};
@@ -88,12 +88,7 @@ fn xdp_bulk_flush_counts() {
 
 #[test]
 fn xdp_tx_of_a_multi_buffer_frame_chains_its_rx_buffers() {
-    let mut h = harness(Config {
-        rx_buf_size: 256,
-        ..Config::default()
-    });
-    let big = frame(3, 600);
-    let used = h.dev.rx_fill(&big).expect("buffers");
+    let (mut h, big, used) = frame_over_small_buffers(3, 600);
     let rx_addrs: Vec<u64> = used
         .iter()
         .map(|&(head, _)| h.dev.rx.read_desc(head).0.addr)
@@ -146,13 +141,20 @@ fn drop_and_pass_recycle_and_count() {
     assert!(h.dev.tx_take().is_empty());
 }
 
-#[test]
-fn bounced_frames_without_tx_room_are_dropped_and_their_buffers_kept() {
-    let mut h = harness(Config {
+/// A driver whose tx ring holds one XDP_TX bulk: 8 descriptors, bulks of 8, tx-interrupt
+/// completion.
+fn one_bulk_of_tx_room() -> super::Harness {
+    harness(Config {
         tx_queue_size: 8,
         xdp_bulk: 8,
+        tx_completion: TxCompletion::TxInterrupt,
         ..Config::default()
-    });
+    })
+}
+
+#[test]
+fn bounced_frames_without_tx_room_are_dropped_and_their_buffers_kept() {
+    let mut h = one_bulk_of_tx_room();
     for i in 0..12 {
         assert!(h.dev.rx_deliver(&frame(i, 60)));
     }
@@ -169,12 +171,7 @@ fn a_flush_reclaims_returned_tx_chains_before_dropping_a_bounce_in_tx_interrupt_
     // A forwarding loop in tx-interrupt mode: the device has returned every tx chain of the
     // last bulk, but the tx poll has not run yet when the next frames are bounced. The flush
     // takes them back instead of dropping the frames (which would shrink the window for good).
-    let mut h = harness(Config {
-        tx_queue_size: 8,
-        xdp_bulk: 8,
-        tx_completion: TxCompletion::TxInterrupt,
-        ..Config::default()
-    });
+    let mut h = one_bulk_of_tx_room();
     for round in 0..3u32 {
         for i in 0..8 {
             assert!(h.dev.rx_deliver(&frame(round * 8 + i, 60)));

@@ -33,6 +33,22 @@ fn big_ring<Q: DriverRing>() -> Q {
     Q::at(&guest_mem(), 0, 8192, DATA_START)
 }
 
+/// A [`big_ring`] with 60 chains of 100 empty descriptors (`flags` on each) made available.
+fn empty_chains<Q: DriverRing>(flags: u16) -> Q {
+    let mut driver = big_ring::<Q>();
+    publish_empty_chains(&mut driver, 60, 100, flags);
+    driver
+}
+
+/// Takes `n` used entries, each of length 0, and checks that no more were returned.
+#[track_caller]
+fn assert_all_returned_empty<Q: DriverRing>(driver: &mut Q, n: usize) {
+    for _ in 0..n {
+        assert_eq!(driver.next_used().expect("returned").1, 0);
+    }
+    assert!(driver.next_used().is_none());
+}
+
 #[test]
 fn tx_call_is_bounded_by_descriptors_visited_not_frames() {
     tx_call_bounded::<GuestQueue>();
@@ -44,9 +60,8 @@ fn tx_call_is_bounded_by_descriptors_visited_on_a_packed_ring() {
 }
 
 fn tx_call_bounded<Q: DriverRing>() {
-    let mut driver = big_ring::<Q>();
     // 60 chains of 100 empty descriptors: no frame in any of them.
-    publish_empty_chains(&mut driver, 60, 100, 0);
+    let mut driver = empty_chains::<Q>(0);
     let mut txq = TxQueue::new(driver.device_ring(0));
     let (mut backend, _peer) = pair();
     let mut counters = TxCounters::default();
@@ -58,10 +73,7 @@ fn tx_call_bounded<Q: DriverRing>() {
     // The rest comes in later calls; each is returned with length 0.
     while tx(&mut counters).stop == TxStop::Budget {}
     assert_eq!(counters.malformed_chains, 60);
-    for _ in 0..60 {
-        assert_eq!(driver.next_used().expect("returned").1, 0);
-    }
-    assert!(driver.next_used().is_none());
+    assert_all_returned_empty(&mut driver, 60);
 }
 
 #[test]
@@ -103,10 +115,9 @@ fn rx_fill_is_bounded_when_every_chain_is_malformed_on_a_packed_ring() {
 }
 
 fn rx_fill_bounded<Q: DriverRing>() {
-    let mut driver = big_ring::<Q>();
     // Chains of 100 empty device-writable descriptors: walked to the end, then refused (no
     // room for a header).
-    publish_empty_chains(&mut driver, 60, 100, WRITE);
+    let mut driver = empty_chains::<Q>(WRITE);
     let mut rxq = RxQueue::new(
         driver.device_ring(0),
         RxMode::Mergeable,
@@ -130,10 +141,7 @@ fn rx_fill_bounded<Q: DriverRing>() {
     }
     assert_eq!(stop, RxStop::NoBuffers);
     assert_eq!(counters.malformed_chains, 60);
-    for _ in 0..60 {
-        assert_eq!(driver.next_used().expect("returned").1, 0);
-    }
-    assert!(driver.next_used().is_none());
+    assert_all_returned_empty(&mut driver, 60);
 }
 
 #[test]

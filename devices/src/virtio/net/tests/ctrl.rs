@@ -66,6 +66,16 @@ fn start_ctrl<Q: DriverRing>(t: &mut MmioTransport, features: u64, rx: &Q, tx: &
     assert_eq!(t.status() & 0xff, 0xf, "running, not NEEDS_RESET");
 }
 
+/// A [`rig_for`] `Q` on `mem` with its rx and tx queues ([`DriverRing::pair`]) and its control
+/// queue ([`ctrl_ring`]) started with `features`.
+fn started_ctrl<Q: DriverRing>(mem: &GuestMemoryMmap, features: u64) -> (Rig, Q, Q, Q) {
+    let mut rig = rig_for::<Q>(mem, |_| {});
+    let (rx, tx) = Q::pair(mem);
+    let ctrl = ctrl_ring::<Q>(mem);
+    start_ctrl(&mut rig.transport, features, &rx, &tx, &ctrl);
+    (rig, rx, tx, ctrl)
+}
+
 /// What came back for a command.
 #[derive(Debug, PartialEq, Eq)]
 struct Reply {
@@ -211,10 +221,7 @@ fn notf_coal_vq_set_holds_tx_interrupts_on_a_packed_ring() {
 /// The guest's tx coalescing, set with TX_SET or (`per_queue`) VQ_SET on queue 1.
 fn guest_set_tx_coalescing<Q: DriverRing>(per_queue: bool) {
     let mem = guest_mem();
-    let mut rig = rig_for::<Q>(&mem, |_| {});
-    let (rx, mut tx) = Q::pair(&mem);
-    let mut ctrl = ctrl_ring::<Q>(&mem);
-    start_ctrl(&mut rig.transport, ALL, &rx, &tx, &ctrl);
+    let (mut rig, _rx, mut tx, mut ctrl) = started_ctrl::<Q>(&mem, ALL);
     let set = |max_packets, max_usecs| {
         if per_queue {
             (VQ_SET, vq_coal(1, max_packets, max_usecs))
@@ -298,10 +305,7 @@ fn vq_get_returns_what_vq_set_set_and_the_operators_otherwise() {
 #[test]
 fn the_last_one_set_wins_and_a_reset_forgets_the_guests() {
     let mem = guest_mem();
-    let mut rig = rig(&mem);
-    let (rx, tx) = queues(&mem);
-    let mut ctrl = ctrl_queue(&mem);
-    start_ctrl(&mut rig.transport, ALL, &rx, &tx, &ctrl);
+    let (mut rig, _rx, _tx, mut ctrl) = started_ctrl::<GuestQueue>(&mem, ALL);
     let operator = |packets, usecs| NetTuningUpdate {
         interrupt_coalescing: Some(InterruptCoalescing {
             max_packets: packets,
@@ -357,12 +361,9 @@ fn the_last_one_set_wins_and_a_reset_forgets_the_guests() {
 #[test]
 fn malformed_commands_are_refused_counted_and_the_worker_keeps_running() {
     let mem = guest_mem();
-    let mut rig = rig(&mem);
-    let (rx, mut tx) = queues(&mem);
-    let mut ctrl = ctrl_queue(&mem);
     // NOTF_COAL but not VQ_NOTF_COAL nor CTRL_MAC_ADDR.
     let features = CTRL | bit(VIRTIO_NET_F_NOTF_COAL) | bit(VIRTIO_NET_F_CTRL_RX);
-    start_ctrl(&mut rig.transport, features, &rx, &tx, &ctrl);
+    let (rig, _rx, mut tx, mut ctrl) = started_ctrl::<GuestQueue>(&mem, features);
     let rx_class = VIRTIO_NET_CTRL_RX as u8;
     let mac_class = VIRTIO_NET_CTRL_MAC as u8;
     let cases: Vec<(&str, Vec<u8>, usize)> = vec![
@@ -508,11 +509,8 @@ fn malformed_commands_are_refused_counted_and_the_worker_keeps_running() {
 #[test]
 fn rx_mode_mac_table_mac_address_and_guest_offloads() {
     let mem = guest_mem();
-    let mut rig = rig(&mem);
-    let (rx, tx) = queues(&mem);
-    let mut ctrl = ctrl_queue(&mem);
     let features = ALL | bit(VIRTIO_NET_F_GUEST_CSUM) | bit(VIRTIO_NET_F_CTRL_GUEST_OFFLOADS);
-    start_ctrl(&mut rig.transport, features, &rx, &tx, &ctrl);
+    let (mut rig, _rx, _tx, mut ctrl) = started_ctrl::<GuestQueue>(&mem, features);
     let rx_class = VIRTIO_NET_CTRL_RX as u8;
     let mac_class = VIRTIO_NET_CTRL_MAC as u8;
     let offloads_class = VIRTIO_NET_CTRL_GUEST_OFFLOADS as u8;
@@ -598,10 +596,7 @@ fn rx_mode_mac_table_mac_address_and_guest_offloads() {
 #[test]
 fn a_full_control_ring_is_handled_in_bounded_rounds_from_one_kick() {
     let mem = guest_mem();
-    let mut rig = rig(&mem);
-    let (rx, tx) = queues(&mem);
-    let mut ctrl = ctrl_queue(&mem);
-    start_ctrl(&mut rig.transport, ALL, &rx, &tx, &ctrl);
+    let (rig, _rx, _tx, mut ctrl) = started_ctrl::<GuestQueue>(&mem, ALL);
     let n = CTRL_QUEUE_SIZE / 2; // two descriptors each
     assert!(usize::from(n) > crate::virtio::net::ctrl::CTRL_CHAINS_PER_CALL);
     let mut acks = Vec::new();
@@ -635,11 +630,8 @@ fn a_full_control_ring_is_handled_in_bounded_rounds_from_one_kick() {
 #[test]
 fn a_command_in_an_indirect_table_is_handled() {
     let mem = guest_mem();
-    let mut rig = rig(&mem);
-    let (rx, tx) = queues(&mem);
-    let mut ctrl = ctrl_queue(&mem);
     let features = ALL | bit(virtio_bindings::virtio_ring::VIRTIO_RING_F_INDIRECT_DESC);
-    start_ctrl(&mut rig.transport, features, &rx, &tx, &ctrl);
+    let (rig, _rx, _tx, mut ctrl) = started_ctrl::<GuestQueue>(&mem, features);
     // Linux puts a command's buffers in an indirect table when INDIRECT_DESC is negotiated.
     let header = ctrl.alloc(&[NOTF_COAL, VQ_SET]);
     let data = ctrl.alloc(&vq_coal(1, 6, 700));
@@ -729,10 +721,7 @@ mod device_stats {
 
     fn query_and_get<Q: DriverRing>() {
         let mem = guest_mem();
-        let mut rig = rig_for::<Q>(&mem, |_| {});
-        let (mut rx, mut tx) = Q::pair(&mem);
-        let mut ctrl = ctrl_ring::<Q>(&mem);
-        start_ctrl(&mut rig.transport, STATS, &rx, &tx, &ctrl);
+        let (rig, mut rx, mut tx, mut ctrl) = started_ctrl::<Q>(&mem, STATS);
         for seed in 0..3 {
             send_frame(&rig, &mut tx, seed);
         }
@@ -853,10 +842,7 @@ mod device_stats {
     #[test]
     fn malformed_requests_get_err_nothing_written_and_the_worker_keeps_running() {
         let mem = guest_mem();
-        let mut rig = rig(&mem);
-        let (rx, tx) = queues(&mem);
-        let mut ctrl = ctrl_queue(&mem);
-        start_ctrl(&mut rig.transport, STATS, &rx, &tx, &ctrl);
+        let (rig, _rx, _tx, mut ctrl) = started_ctrl::<GuestQueue>(&mem, STATS);
         let class = VIRTIO_NET_CTRL_STATS;
         let get = VIRTIO_NET_CTRL_STATS_GET;
         let cases: Vec<(&str, u8, Vec<u8>, usize)> = vec![
@@ -940,10 +926,7 @@ mod device_stats {
     #[test]
     fn without_the_feature_stats_are_refused() {
         let mem = guest_mem();
-        let mut rig = rig(&mem);
-        let (rx, tx) = queues(&mem);
-        let mut ctrl = ctrl_queue(&mem);
-        start_ctrl(&mut rig.transport, ALL, &rx, &tx, &ctrl);
+        let (rig, _rx, _tx, mut ctrl) = started_ctrl::<GuestQueue>(&mem, ALL);
         let class = VIRTIO_NET_CTRL_STATS;
         let reply = send(&rig, &mut ctrl, class, VIRTIO_NET_CTRL_STATS_QUERY, &[], 9);
         assert_eq!(reply.ack(), Some(ACK_ERR));

@@ -7,7 +7,7 @@ use virtio_bindings::virtio_config::VIRTIO_F_RING_PACKED;
 use virtio_bindings::virtio_config::{VIRTIO_CONFIG_S_DRIVER_OK, VIRTIO_CONFIG_S_NEEDS_RESET};
 use vm_memory::{GuestAddress, GuestMemoryMmap};
 
-use super::support::{frame, wire, GuestQueue, NEXT, WRITE};
+use super::support::{frame, wire, GuestQueue, NEXT};
 use super::worker::{kick, rig_with, Rig, TIMEOUT};
 use crate::backend::PairBackend;
 use crate::test_utils::mmio::{wait_until, Registers};
@@ -36,6 +36,9 @@ pub(super) trait DriverRing: Sized + Send {
     /// Makes a chain of `bufs` (address, length, flags: 0 or WRITE) available; returns its id
     /// (the head descriptor on a split ring, the buffer id on a packed one).
     fn offer(&mut self, bufs: &[(u64, u32, u16)]) -> u16;
+    /// Makes a device-writable chain of buffers of the given lengths available; returns its
+    /// id and the buffer addresses.
+    fn offer_rx(&mut self, lens: &[u32]) -> (u16, Vec<u64>);
     /// The next used entry the driver has not taken yet: (id, length).
     fn next_used(&mut self) -> Option<(u32, u32)>;
     /// Whether the driver must kick after making `added` descriptors available, from what
@@ -70,17 +73,6 @@ pub(super) trait DriverRing: Sized + Send {
         self.offer(&bufs)
     }
 
-    /// Makes a device-writable chain of buffers of the given lengths available; returns its
-    /// id and the buffer addresses.
-    fn offer_rx(&mut self, lens: &[u32]) -> (u16, Vec<u64>) {
-        let bufs: Vec<_> = lens
-            .iter()
-            .map(|&len| (self.reserve(len as usize), len, WRITE))
-            .collect();
-        let id = self.offer(&bufs);
-        (id, bufs.iter().map(|b| b.0).collect())
-    }
-
     /// Takes every used entry the device has published so far, unread.
     fn skip_used(&mut self) {
         while self.next_used().is_some() {}
@@ -100,24 +92,35 @@ pub(super) trait DriverRing: Sized + Send {
     }
 }
 
+/// The [`DriverRing`] methods both queue kinds answer with inherent methods of their own (a
+/// macro: the two impls call methods of the same names on different types).
+macro_rules! forward_to_inherent {
+    () => {
+        fn addrs(&self) -> (u64, u64, u64) {
+            self.ring_addrs()
+        }
+        fn queue_size(&self) -> u16 {
+            self.size()
+        }
+        fn put(&mut self, bytes: &[u8]) -> u64 {
+            self.alloc(bytes)
+        }
+        fn reserve(&mut self, len: usize) -> u64 {
+            self.alloc_zeroed(len)
+        }
+        fn peek(&self, addr: u64, len: usize) -> Vec<u8> {
+            self.read(addr, len)
+        }
+    };
+}
+
 impl DriverRing for GuestQueue {
     const RING_FEATURES: u64 = 0;
 
     fn at(mem: &GuestMemoryMmap, base: u64, size: u16, data: u64) -> Self {
         GuestQueue::at(mem, GuestAddress(base), size, data)
     }
-    fn addrs(&self) -> (u64, u64, u64) {
-        self.ring_addrs()
-    }
-    fn queue_size(&self) -> u16 {
-        self.size()
-    }
-    fn put(&mut self, bytes: &[u8]) -> u64 {
-        self.alloc(bytes)
-    }
-    fn reserve(&mut self, len: usize) -> u64 {
-        self.alloc_zeroed(len)
-    }
+    forward_to_inherent!();
     fn offer(&mut self, bufs: &[(u64, u32, u16)]) -> u16 {
         let first = self.next_slot();
         let size = self.size();
@@ -134,6 +137,9 @@ impl DriverRing for GuestQueue {
         self.publish(head);
         head
     }
+    fn offer_rx(&mut self, lens: &[u32]) -> (u16, Vec<u64>) {
+        self.push_rx(lens)
+    }
     fn next_used(&mut self) -> Option<(u32, u32)> {
         self.take_used()
     }
@@ -144,9 +150,6 @@ impl DriverRing for GuestQueue {
         } else {
             self.used_flags() & 1 == 0
         }
-    }
-    fn peek(&self, addr: u64, len: usize) -> Vec<u8> {
-        self.read(addr, len)
     }
     fn device_ring(&self, _features: u64) -> AnyRing {
         Virtqueue::new(&self.queue(), self.mem())
@@ -169,20 +172,12 @@ impl DriverRing for GuestPackedQueue {
         };
         GuestPackedQueue::with_layout(mem, layout).with_data_at(data)
     }
-    fn addrs(&self) -> (u64, u64, u64) {
-        self.ring_addrs()
-    }
-    fn queue_size(&self) -> u16 {
-        self.size()
-    }
-    fn put(&mut self, bytes: &[u8]) -> u64 {
-        self.alloc(bytes)
-    }
-    fn reserve(&mut self, len: usize) -> u64 {
-        self.alloc_zeroed(len)
-    }
+    forward_to_inherent!();
     fn offer(&mut self, bufs: &[(u64, u32, u16)]) -> u16 {
         self.add_chain(bufs)
+    }
+    fn offer_rx(&mut self, lens: &[u32]) -> (u16, Vec<u64>) {
+        self.push_writable(lens)
     }
     fn next_used(&mut self) -> Option<(u32, u32)> {
         self.take_used().map(|u| (u32::from(u.id), u.len))
@@ -190,9 +185,6 @@ impl DriverRing for GuestPackedQueue {
     fn wants_kick(&self, added: u16, _event_idx: bool) -> bool {
         // The device's event area says DESC only with EVENT_IDX.
         GuestPackedQueue::kick_needed(self, added)
-    }
-    fn peek(&self, addr: u64, len: usize) -> Vec<u8> {
-        self.read(addr, len)
     }
     fn device_ring(&self, features: u64) -> AnyRing {
         PackedVirtqueue::new(self.mem(), &self.layout(), features | Self::RING_FEATURES)
@@ -211,6 +203,19 @@ pub(super) fn rig_for<Q: DriverRing>(
         d.offer_ring_features(Q::RING_FEATURES != 0, false);
         configure(d);
     })
+}
+
+/// A [`rig_for`] `Q` (with `configure`) on `mem` whose queues of [`DriverRing::pair`] are
+/// started with `features` ([`start_rings`]).
+pub(super) fn started_rings<Q: DriverRing>(
+    mem: &GuestMemoryMmap,
+    features: u64,
+    configure: impl FnOnce(&mut NetDevice<PairBackend>),
+) -> (Rig, Q, Q) {
+    let mut rig = rig_for::<Q>(mem, configure);
+    let (rx, tx) = Q::pair(mem);
+    start_rings(&mut rig.transport, features, &[&rx, &tx]);
+    (rig, rx, tx)
 }
 
 /// Negotiates `features` and `Q`'s ring kind, programs queue i from `queues[i]` and sets

@@ -4,7 +4,7 @@
 
 use std::time::{Duration, Instant};
 
-use super::driver::{rig_for, start_rings, DriverRing};
+use super::driver::{rig_for, start_rings, started_rings, DriverRing};
 use super::support::{frame, guest_mem, wire, GuestQueue};
 use super::worker::{kick, TIMEOUT, VERSION_1};
 use crate::test_utils::mmio::wait_until;
@@ -34,19 +34,16 @@ fn a_tx_ops_limit_paces_frames_on_a_packed_ring() {
 
 fn tx_ops_limit<Q: DriverRing>() {
     let mem = guest_mem();
-    let rig = rig_for::<Q>(&mem, |device| {
+    let (rig, _rx, mut tx) = started_rings::<Q>(&mem, VERSION_1, |device| {
         device
             .tuning_control()
             .set_rate_limiters(RateLimiterConfig::default(), ops(10, 100))
             .expect("valid");
     });
-    let (rx, mut tx) = Q::pair(&mem);
-    let mut transport = rig.transport;
-    start_rings(&mut transport, VERSION_1, &[&rx, &tx]);
     let frames: Vec<Vec<u8>> = (0..40u8).map(|i| wire(&frame(60, i))).collect();
     let ids: Vec<u16> = frames.iter().map(|f| tx.offer_tx(f, &[])).collect();
     let start_at = Instant::now();
-    kick(&transport, 1);
+    kick(&rig.transport, 1);
     // 10 at once, then 1 per 10 ms: the 30th frame cannot leave before ~200 ms.
     for f in &frames[..30] {
         assert_eq!(&rig.peer.recv_frame().expect("frame"), f);
@@ -79,7 +76,7 @@ fn tx_ops_limit<Q: DriverRing>() {
     // Notifications work after throttling: a new frame and a kick still go out.
     let late = wire(&frame(60, 99));
     tx.offer_tx(&late, &[]);
-    kick(&transport, 1);
+    kick(&rig.transport, 1);
     assert_eq!(rig.peer.recv_frame().expect("frame"), late);
 }
 

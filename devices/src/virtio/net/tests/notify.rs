@@ -4,7 +4,7 @@
 use virtio_queue::QueueT;
 
 use crate::virtio::net::metrics::{RxCounters, TxCounters};
-use crate::virtio::net::tests::support::{drain, frame, pair, wire, Ring};
+use crate::virtio::net::tests::support::{drain, frame, pair, tx_into_full_backend, wire, Ring};
 use crate::virtio::net::{RxMode, TxStop};
 use crate::virtio::ring::vring_need_event;
 
@@ -153,15 +153,8 @@ fn no_interrupt_flag_is_honoured_without_event_idx() {
 
 #[test]
 fn driver_notifications_are_off_while_the_device_is_busy() {
-    let mut ring = Ring::new(256);
-    let bytes = wire(&frame(8000, 4));
-    ring.push_copies(&bytes, 100);
-    let (mut backend, peer) = pair();
-    let mut counters = TxCounters::default();
-
     // The backend fills up mid-drain: the device will come back by itself, no kick wanted.
-    let outcome = ring.tx(&mut backend, &mut counters);
-    assert_eq!(outcome.stop, TxStop::BackendFull);
+    let (_, mut ring, mut backend, peer, mut counters) = tx_into_full_backend(100);
     assert_eq!(
         ring.driver.used_flags(),
         1,

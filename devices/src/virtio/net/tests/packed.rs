@@ -54,6 +54,18 @@ fn pair_queues(mem: &GuestMemoryMmap) -> (GuestPackedQueue, GuestPackedQueue) {
     )
 }
 
+/// A [`packed_rig`] (offering IN_ORDER when `features` has it) with the queues of
+/// [`pair_queues`] started with `features`.
+fn started_packed(
+    mem: &GuestMemoryMmap,
+    features: u64,
+) -> (Rig, GuestPackedQueue, GuestPackedQueue) {
+    let mut rig = packed_rig(mem, features & bit(VIRTIO_F_IN_ORDER) != 0);
+    let (rx, tx) = pair_queues(mem);
+    start_packed(&mut rig.transport, features, &[&rx, &tx]);
+    (rig, rx, tx)
+}
+
 /// Negotiates `features`, programs the given queues (queue i from `queues[i]`), DRIVER_OK.
 fn start_packed(t: &mut MmioTransport, features: u64, queues: &[&GuestPackedQueue]) {
     assert!(t.negotiate(features), "FEATURES_OK accepted");
@@ -95,13 +107,7 @@ fn packed_is_offered_only_with_packed_on() {
 #[test]
 fn frames_flow_both_ways_on_packed_rings() {
     let mem = guest_mem();
-    let mut rig = packed_rig(&mem, false);
-    let (mut rx, mut tx) = pair_queues(&mem);
-    start_packed(
-        &mut rig.transport,
-        PACKED | bit(VIRTIO_NET_F_MRG_RXBUF),
-        &[&rx, &tx],
-    );
+    let (mut rig, mut rx, mut tx) = started_packed(&mem, PACKED | bit(VIRTIO_NET_F_MRG_RXBUF));
     assert!(!needs_reset(&mut rig.transport));
 
     // tx: a frame split across two descriptors, then one more.
@@ -135,13 +141,7 @@ fn frames_flow_both_ways_on_packed_rings() {
 #[test]
 fn event_idx_suppresses_interrupts_and_kicks_on_packed_rings() {
     let mem = guest_mem();
-    let mut rig = packed_rig(&mem, false);
-    let (rx, mut tx) = pair_queues(&mem);
-    start_packed(
-        &mut rig.transport,
-        PACKED | bit(VIRTIO_RING_F_EVENT_IDX),
-        &[&rx, &tx],
-    );
+    let (mut rig, _rx, mut tx) = started_packed(&mem, PACKED | bit(VIRTIO_RING_F_EVENT_IDX));
 
     // Interrupts: the driver asks for one only at a position far ahead.
     tx.set_driver_event(100 | EVENT_WRAP_BIT, EVENT_FLAG_DESC);
@@ -182,13 +182,7 @@ fn event_idx_suppresses_interrupts_and_kicks_on_packed_rings() {
 #[test]
 fn in_order_returns_a_tx_batch_with_one_used_descriptor() {
     let mem = guest_mem();
-    let mut rig = packed_rig(&mem, true);
-    let (rx, mut tx) = pair_queues(&mem);
-    start_packed(
-        &mut rig.transport,
-        PACKED | bit(VIRTIO_F_IN_ORDER),
-        &[&rx, &tx],
-    );
+    let (rig, _rx, mut tx) = started_packed(&mem, PACKED | bit(VIRTIO_F_IN_ORDER));
     let frames: Vec<Vec<u8>> = (0..5).map(|i| wire(&frame(100, i))).collect();
     let ids: Vec<u16> = frames.iter().map(|f| tx.push_readable(&[f])).collect();
     kick(&rig.transport, 1);
@@ -286,13 +280,7 @@ fn the_control_queue_runs_on_a_packed_ring() {
 #[test]
 fn a_reset_packed_queue_restarts_at_offset_0_wrap_1() {
     let mem = guest_mem();
-    let mut rig = packed_rig(&mem, false);
-    let (rx, mut tx) = pair_queues(&mem);
-    start_packed(
-        &mut rig.transport,
-        PACKED | bit(VIRTIO_F_RING_RESET),
-        &[&rx, &tx],
-    );
+    let (mut rig, _rx, mut tx) = started_packed(&mem, PACKED | bit(VIRTIO_F_RING_RESET));
     for seed in 0..3 {
         send_one(&rig, &mut tx, seed);
     }
@@ -362,9 +350,7 @@ fn chains_past_the_per_chain_limit_are_refused_on_packed_rings() {
     use crate::virtio::guest::MAX_CHAIN_DESCRIPTORS;
 
     let mem = guest_mem();
-    let mut rig = packed_rig(&mem, false);
-    let (rx, mut tx) = pair_queues(&mem);
-    start_packed(&mut rig.transport, PACKED, &[&rx, &tx]);
+    let (mut rig, _rx, mut tx) = started_packed(&mem, PACKED);
     let entries = MAX_CHAIN_DESCRIPTORS as usize + 1;
     let bytes = wire(&frame(64, 1));
     let buf = tx.alloc(&bytes);

@@ -10,7 +10,7 @@ pub use crate::test_utils::queue::{guest_mem, GuestQueue, INDIRECT, MEM_SIZE, NE
 use crate::virtio::net::metrics::{RxCounters, TxCounters};
 use crate::virtio::net::rx::RX_GATHER_NO_GSO_BYTES;
 use crate::virtio::net::{
-    process_rx, process_tx, RxMode, RxOutcome, RxQueue, TxOutcome, TxQueue, VNET_HDR_LEN,
+    process_rx, process_tx, RxMode, RxOutcome, RxQueue, TxOutcome, TxQueue, TxStop, VNET_HDR_LEN,
 };
 use crate::virtio::ring::RingError;
 use crate::virtio::vring::Virtqueue;
@@ -58,6 +58,20 @@ pub fn pair() -> (PairBackend, PairPeer) {
     PairBackend::new().expect("socketpair")
 }
 
+/// `n` copies of an 8000-byte frame queued on a 256-entry [`Ring`] and one `process_tx` call
+/// into a socket pair that fills up before they are all sent: the frame, the ring, the
+/// backend and its far end, and the call's counters.
+#[track_caller]
+pub fn tx_into_full_backend(n: usize) -> (Vec<u8>, Ring, PairBackend, PairPeer, TxCounters) {
+    let bytes = wire(&frame(8000, 4));
+    let mut ring = Ring::with_copies(256, &bytes, n);
+    let (mut backend, peer) = pair();
+    let mut counters = TxCounters::default();
+    let outcome = ring.tx(&mut backend, &mut counters);
+    assert_eq!(outcome.stop, TxStop::BackendFull);
+    (bytes, ring, backend, peer, counters)
+}
+
 /// One queue driven directly by `process_tx` / `process_rx`: the driver's side in guest memory
 /// and the device's [`Queue`] over it.
 pub struct Ring {
@@ -72,6 +86,14 @@ impl Ring {
         let mem = guest_mem();
         let driver = GuestQueue::new(&mem, size);
         Ring::over(mem, driver)
+    }
+
+    /// A `size`-entry queue like [`Ring::new`]'s with `n` copies of `bytes` queued for
+    /// transmission, each in one descriptor.
+    pub fn with_copies(size: u16, bytes: &[u8], n: usize) -> Ring {
+        let mut ring = Ring::new(size);
+        ring.push_copies(bytes, n);
+        ring
     }
 
     /// A second 16-entry queue in the same guest memory, clear of this one's rings and

@@ -12,7 +12,7 @@ use virtio_bindings::virtio_mmio::{VIRTIO_MMIO_INT_CONFIG, VIRTIO_MMIO_INT_VRING
 use virtio_bindings::virtio_ring::VIRTIO_RING_F_EVENT_IDX;
 use vm_memory::GuestMemoryMmap;
 
-use super::driver::{rig_for, send_frame, start_rings, DriverRing};
+use super::driver::{send_frame, started_rings, DriverRing};
 use super::support::{frame, guest_mem, wire, GuestQueue};
 use super::worker::{
     kick, no_interrupt, queues, reaches, rig, rig_with, send_one, start_on_queues, take_interrupt,
@@ -41,12 +41,12 @@ fn coalescing_from_the_start<Q: DriverRing>(
     max_packets: u16,
     max_usecs: u32,
 ) -> (Rig, Q) {
-    let mut rig = rig_for::<Q>(mem, |_| {});
-    rig.tuning
-        .set(coalescing(max_packets, max_usecs))
-        .expect("valid");
-    let (rx, tx) = Q::pair(mem);
-    start_rings(&mut rig.transport, VERSION_1, &[&rx, &tx]);
+    let (rig, _rx, tx) = started_rings::<Q>(mem, VERSION_1, |device| {
+        let tuning = device.tuning_control();
+        tuning
+            .set(coalescing(max_packets, max_usecs))
+            .expect("valid");
+    });
     (rig, tx)
 }
 
@@ -92,9 +92,7 @@ fn coalescing_releases_a_held_interrupt_after_max_usecs_on_a_packed_ring() {
 
 fn released_after_max_usecs<Q: DriverRing>() {
     let mem = guest_mem();
-    let mut rig = rig_for::<Q>(&mem, |_| {});
-    let (rx, mut tx) = Q::pair(&mem);
-    start_rings(&mut rig.transport, VERSION_1, &[&rx, &tx]);
+    let (mut rig, _rx, mut tx) = started_rings::<Q>(&mem, VERSION_1, |_| {});
     // Changed at run time, while the worker runs.
     rig.tuning.set(coalescing(64, 30_000)).expect("valid");
     std::thread::sleep(Duration::from_millis(20));
@@ -231,15 +229,13 @@ fn busy_poll_saves_kicks<Q: DriverRing>() {
         let mut kicks = Vec::new();
         for busy_poll_us in [0, 5_000] {
             let mem = guest_mem();
-            let mut rig = rig_for::<Q>(&mem, |_| {});
-            rig.tuning
-                .set(NetTuning {
-                    busy_poll_us,
-                    ..NetTuning::default()
-                })
-                .expect("valid");
-            let (rx, mut tx) = Q::pair(&mem);
-            start_rings(&mut rig.transport, features, &[&rx, &tx]);
+            let busy = NetTuning {
+                busy_poll_us,
+                ..NetTuning::default()
+            };
+            let (rig, _rx, mut tx) = started_rings::<Q>(&mem, features, |device| {
+                device.tuning_control().set(busy).expect("valid");
+            });
             // Pauses of 0.5 ms, well inside a 5 ms window.
             let n = paced_driver(&rig, &mut tx, event_idx, 20, Duration::from_micros(500));
             let found = rig.metrics.busy_poll.found_work.get();

@@ -6,7 +6,8 @@ use vm_memory::{Bytes, GuestAddress};
 use crate::backend::{NetBackend, Offloads, MAX_TX_BATCH};
 use crate::virtio::net::metrics::TxCounters;
 use crate::virtio::net::tests::support::{
-    desc_bytes, drain, frame, guest_mem, pair, wire, GuestQueue, Ring, INDIRECT, NEXT,
+    desc_bytes, drain, frame, guest_mem, pair, tx_into_full_backend, wire, GuestQueue, Ring,
+    INDIRECT, NEXT,
 };
 use crate::virtio::net::tx::TX_BUDGET;
 use crate::virtio::net::{process_tx, TxStop, VNET_HDR_LEN};
@@ -31,6 +32,15 @@ fn frame_split_across_descriptors_reaches_backend_with_its_header() {
     assert_eq!(counters.bytes, 1500);
     assert_eq!(counters.interrupts_raised, 1);
     assert_eq!(counters.malformed_chains, 0);
+}
+
+/// A 16-entry ring with `n` frames of `len` bytes (seeds 0, 1, …) queued for transmission,
+/// each in one descriptor: the ring and the frames.
+fn ring_with_frames(n: u8, len: usize) -> (Ring, Vec<Vec<u8>>) {
+    let mut ring = Ring::new(16);
+    let sent: Vec<Vec<u8>> = (0..n).map(|i| wire(&frame(len, i))).collect();
+    ring.push_frames(&sent);
+    (ring, sent)
 }
 
 #[test]
@@ -59,14 +69,7 @@ fn frames_leave_in_ring_order_including_indirect_chains() {
 
 #[test]
 fn full_backend_keeps_the_chain_queued_until_it_drains() {
-    let mut ring = Ring::new(256);
-    let bytes = wire(&frame(8000, 4));
-    ring.push_copies(&bytes, 200);
-    let (mut backend, peer) = pair();
-    let mut counters = TxCounters::default();
-
-    let outcome = ring.tx(&mut backend, &mut counters);
-    assert_eq!(outcome.stop, TxStop::BackendFull);
+    let (bytes, mut ring, mut backend, peer, counters) = tx_into_full_backend(200);
     let sent = counters.frames;
     assert!(
         sent > 0 && sent < 200,
@@ -103,9 +106,8 @@ fn full_backend_keeps_the_chain_queued_until_it_drains() {
 
 #[test]
 fn budget_bounds_one_call() {
-    let mut ring = Ring::new(512);
     let bytes = wire(&frame(20, 5));
-    ring.push_copies(&bytes, TX_BUDGET + 10);
+    let mut ring = Ring::with_copies(512, &bytes, TX_BUDGET + 10);
     let (mut backend, peer) = pair();
     let mut counters = TxCounters::default();
 
@@ -120,9 +122,8 @@ fn budget_bounds_one_call() {
 
 #[test]
 fn tuned_budget_and_parking() {
-    let mut ring = Ring::new(16);
     let bytes = wire(&frame(20, 5));
-    ring.push_copies(&bytes, 10);
+    let mut ring = Ring::with_copies(16, &bytes, 10);
     let (mut backend, peer) = pair();
     let mut counters = TxCounters::default();
     let mut txq = ring.tx_queue();
@@ -337,9 +338,7 @@ fn buffers_that_follow_each_other_become_one_segment() {
 
 #[test]
 fn fewer_frames_than_a_batch_is_worth_go_one_by_one() {
-    let mut ring = Ring::new(16);
-    let sent: Vec<Vec<u8>> = (0..3).map(|i| wire(&frame(70, i))).collect();
-    ring.push_frames(&sent);
+    let (mut ring, sent) = ring_with_frames(3, 70);
     let mut backend = Batching::new(&[]);
     backend.min = 4;
     let mut counters = TxCounters::default();
@@ -389,9 +388,7 @@ fn a_backlog_that_builds_during_a_call_goes_out_in_batches() {
 
 #[test]
 fn a_full_backend_gets_the_rest_of_a_batch_back_in_order_on_the_next_call() {
-    let mut ring = Ring::new(16);
-    let sent: Vec<Vec<u8>> = (0..10).map(|i| wire(&frame(80, i))).collect();
-    ring.push_frames(&sent);
+    let (mut ring, sent) = ring_with_frames(10, 80);
     let mut script = vec![None; 4];
     script.extend([WOULD_BLOCK; 6]);
     let mut backend = Batching::new(&script);
@@ -417,9 +414,7 @@ fn a_full_backend_gets_the_rest_of_a_batch_back_in_order_on_the_next_call() {
 
 #[test]
 fn a_frame_that_blocked_before_one_that_went_is_tried_again_alone() {
-    let mut ring = Ring::new(16);
-    let sent: Vec<Vec<u8>> = (0..4).map(|i| wire(&frame(80, i))).collect();
-    ring.push_frames(&sent);
+    let (mut ring, sent) = ring_with_frames(4, 80);
     // Frame 1 would block but frame 2 goes: the backend had room again. Frame 1 is retried
     // on its own (and taken: the script has no more failures).
     let mut backend = Batching::new(&[None, WOULD_BLOCK, None, None]);
@@ -456,9 +451,8 @@ fn a_malformed_chain_in_a_batch_is_judged_alone_and_the_rest_still_go_in_order()
     let mut ring = Ring::new(16);
     let a = wire(&frame(80, 1));
     let b = wire(&frame(80, 2));
-    ring.driver.push_tx(&a, &[]);
-    ring.driver.push_tx(&vnet_hdr_only(), &[]); // a header without a frame
-    ring.driver.push_tx(&b, &[]);
+    // A header without a frame between them.
+    ring.push_frames(&[a.clone(), vnet_hdr_only(), b.clone()]);
     let mut backend = Batching::new(&[]);
     let mut counters = TxCounters::default();
 

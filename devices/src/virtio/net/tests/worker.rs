@@ -18,7 +18,7 @@ use crate::backend::{Offloads, PairBackend, PairPeer};
 use crate::test_utils::mmio::{wait_eventfd, wait_until, Registers};
 use crate::test_utils::packed::GuestPackedQueue;
 use crate::virtio::net::metrics::Counter;
-use crate::virtio::net::tests::driver::{rig_for, start_rings, DriverRing};
+use crate::virtio::net::tests::driver::{rig_for, start_rings, started_rings, DriverRing};
 use crate::virtio::net::tests::support::{frame, guest_mem, wire, GuestQueue, WRITE};
 use crate::virtio::net::LinkState;
 use crate::virtio::net::{LinkControl, MacAddr, NetDevice, NetMetrics, TuningControl};
@@ -84,6 +84,24 @@ pub(super) fn start_on_queues(
     let (rx, tx) = queues(mem);
     start(t, features, &rx, &tx);
     (rx, tx)
+}
+
+/// A [`rig`] on `mem` with its queues of [`queues`] started with `features`.
+fn started(mem: &GuestMemoryMmap, features: u64) -> (Rig, GuestQueue, GuestQueue) {
+    let mut r = rig(mem);
+    let (rx, tx) = start_on_queues(&mut r.transport, mem, features);
+    (r, rx, tx)
+}
+
+/// After a reset, the driver starts over with VERSION_1 on [`queues_after_reset`]; a
+/// `len`-byte frame `seed` sent on the new tx queue reaches the peer.
+fn restart_and_send(r: &mut Rig, mem: &GuestMemoryMmap, len: usize, seed: u8) {
+    let (rx, mut tx) = queues_after_reset(mem);
+    start(&mut r.transport, VERSION_1, &rx, &tx);
+    let out = wire(&frame(len, seed));
+    tx.push_tx(&out, &[]);
+    kick(&r.transport, 1);
+    assert_eq!(r.peer.recv_frame().expect("frame"), out);
 }
 
 /// Plays KVM: the guest wrote `queue` to QueueNotify, the ioeventfd fires.
@@ -168,57 +186,44 @@ pub(super) fn ctrl_command<Q: DriverRing>(
 #[test]
 fn frames_flow_both_ways_through_the_worker() {
     let mem = guest_mem();
-    let Rig {
-        mut transport,
-        peer,
-        metrics,
-        ..
-    } = rig(&mem);
-    let (mut rx, mut tx) = queues(&mem);
     let features = VERSION_1 | 1 << VIRTIO_NET_F_MRG_RXBUF | 1 << VIRTIO_NET_F_GUEST_CSUM;
-    start(&mut transport, features, &rx, &tx);
+    let (mut r, mut rx, mut tx) = started(&mem, features);
     assert_eq!(
-        peer.offloads(),
+        r.peer.offloads(),
         Offloads::CSUM,
         "tap offloads follow the guest's"
     );
-    assert_eq!(peer.vnet_hdr_size(), 12);
+    assert_eq!(r.peer.vnet_hdr_size(), 12);
 
     // tx: guest → peer.
     let out = wire(&frame(1000, 1));
     tx.push_tx(&out, &[12]);
-    kick(&transport, 1);
-    assert_eq!(peer.recv_frame().expect("frame"), out);
-    assert_eq!(take_interrupt(&mut transport), VIRTIO_MMIO_INT_VRING);
+    kick(&r.transport, 1);
+    assert_eq!(r.peer.recv_frame().expect("frame"), out);
+    assert_eq!(take_interrupt(&mut r.transport), VIRTIO_MMIO_INT_VRING);
     assert_eq!(tx.used_idx(), 1);
 
     // rx: peer → guest. The worker found no buffers at start and asked to be kicked.
     assert_eq!(rx.used_flags(), 0);
     let (_, bufs) = rx.push_rx(&[2048]);
     rx.push_rx(&[2048]);
-    kick(&transport, 0);
+    kick(&r.transport, 0);
     let inbound = frame(700, 2);
-    peer.send_frame(&wire(&inbound)).expect("send");
+    r.peer.send_frame(&wire(&inbound)).expect("send");
     assert!(wait_until(TIMEOUT, || rx.used_idx() == 1));
     assert_eq!(rx.read(bufs[0] + 12, 700), inbound);
-    assert_eq!(take_interrupt(&mut transport), VIRTIO_MMIO_INT_VRING);
+    assert_eq!(take_interrupt(&mut r.transport), VIRTIO_MMIO_INT_VRING);
 
     // Reset stops the worker and hands the backend back: a second life works.
-    transport.w32(VIRTIO_MMIO_STATUS, 0);
-    assert_eq!(metrics.tx.frames.get(), 1);
-    assert_eq!(metrics.rx.frames.get(), 1);
-    assert_eq!(metrics.rx.kicks.get(), 1);
-    assert_eq!(metrics.tx.kicks.get(), 1);
-    assert_eq!(metrics.irqfd_signals.get(), 2);
-
-    let (rx3, mut tx3) = queues_after_reset(&mem);
-    start(&mut transport, VERSION_1, &rx3, &tx3);
-    assert_eq!(peer.offloads(), Offloads::NONE);
-    let again = wire(&frame(60, 3));
-    tx3.push_tx(&again, &[]);
-    kick(&transport, 1);
-    assert_eq!(peer.recv_frame().expect("frame"), again);
-    assert_eq!(metrics.activations.get(), 2);
+    r.transport.w32(VIRTIO_MMIO_STATUS, 0);
+    assert_eq!(r.metrics.tx.frames.get(), 1);
+    assert_eq!(r.metrics.rx.frames.get(), 1);
+    assert_eq!(r.metrics.rx.kicks.get(), 1);
+    assert_eq!(r.metrics.tx.kicks.get(), 1);
+    assert_eq!(r.metrics.irqfd_signals.get(), 2);
+    restart_and_send(&mut r, &mem, 60, 3);
+    assert_eq!(r.metrics.activations.get(), 2);
+    assert_eq!(r.peer.offloads(), Offloads::NONE);
 }
 
 /// Frames one at a time put the worker's rx in sparse-read mode (a call reads one frame and
@@ -237,12 +242,7 @@ fn a_burst_after_sparse_frames_is_delivered_whole_on_a_packed_ring() {
 
 fn burst_after_sparse_frames<Q: DriverRing>() {
     let mem = guest_mem();
-    let Rig {
-        mut transport,
-        peer,
-        metrics,
-        ..
-    } = rig_for::<Q>(&mem, |_| {});
+    // The buffers are offered before the device starts.
     let (mut rx, tx) = Q::pair(&mem);
     let bufs: HashMap<u32, u64> = (0..200)
         .map(|_| {
@@ -250,7 +250,8 @@ fn burst_after_sparse_frames<Q: DriverRing>() {
             (u32::from(id), addrs[0])
         })
         .collect();
-    start_rings(&mut transport, VERSION_1, &[&rx, &tx]);
+    let mut r = rig_for::<Q>(&mem, |_| {});
+    start_rings(&mut r.transport, VERSION_1, &[&rx, &tx]);
     let mut sent = 0u16;
     let check = |rx: &mut Q, i: u16| {
         let (id, len) = rx.wait_used();
@@ -258,13 +259,15 @@ fn burst_after_sparse_frames<Q: DriverRing>() {
         assert_eq!(rx.peek(bufs[&id] + 12, 60), frame(60, i as u8), "frame {i}");
     };
     for _ in 0..5 {
-        peer.send_frame(&wire(&frame(60, sent as u8)))
+        r.peer
+            .send_frame(&wire(&frame(60, sent as u8)))
             .expect("send");
         check(&mut rx, sent);
         sent += 1;
     }
     for _ in 0..150 {
-        peer.send_frame(&wire(&frame(60, sent as u8)))
+        r.peer
+            .send_frame(&wire(&frame(60, sent as u8)))
             .expect("send");
         sent += 1;
     }
@@ -272,114 +275,74 @@ fn burst_after_sparse_frames<Q: DriverRing>() {
         check(&mut rx, i);
     }
     assert!(rx.next_used().is_none(), "nothing else used");
-    assert_eq!(metrics.rx.frames.get(), u64::from(sent));
+    assert_eq!(r.metrics.rx.frames.get(), u64::from(sent));
 }
 
 #[test]
 fn event_idx_suppresses_interrupts_end_to_end() {
     let mem = guest_mem();
-    let Rig {
-        mut transport,
-        peer,
-        metrics,
-        ..
-    } = rig(&mem);
-    let (rx, mut tx) = queues(&mem);
-    start(
-        &mut transport,
-        VERSION_1 | 1 << VIRTIO_RING_F_EVENT_IDX,
-        &rx,
-        &tx,
-    );
+    let (mut r, _rx, mut tx) = started(&mem, VERSION_1 | 1 << VIRTIO_RING_F_EVENT_IDX);
     // used_event stays 0: the driver wants one interrupt, for the first buffer only.
     for i in 0..3u8 {
-        tx.push_tx(&wire(&frame(64, i)), &[]);
-        kick(&transport, 1);
-        peer.recv_frame().expect("frame");
-        assert!(wait_until(TIMEOUT, || tx.used_idx() == u16::from(i) + 1));
+        send_one(&r, &mut tx, i);
         // The worker asks for a kick at the next buffer (avail_event).
         assert!(wait_until(TIMEOUT, || tx.avail_event() == u16::from(i) + 1));
     }
-    assert!(wait_until(TIMEOUT, || metrics.tx.kicks.get() == 3));
-    assert_eq!(take_interrupt(&mut transport), VIRTIO_MMIO_INT_VRING);
-    assert_eq!(metrics.tx.interrupts_raised.get(), 1);
-    assert_eq!(metrics.tx.interrupts_suppressed_event_idx.get(), 2);
-    assert_eq!(
-        wait_eventfd(transport.irqfd(), Duration::from_millis(50)),
-        0
-    );
+    assert!(reaches(&r.metrics.tx.kicks, 3));
+    assert_eq!(take_interrupt(&mut r.transport), VIRTIO_MMIO_INT_VRING);
+    assert_eq!(r.metrics.tx.interrupts_raised.get(), 1);
+    assert_eq!(r.metrics.tx.interrupts_suppressed_event_idx.get(), 2);
+    assert!(no_interrupt(&r.transport));
 
     // Moving used_event forward asks for the next one.
     tx.set_used_event(3);
     tx.push_tx(&wire(&frame(64, 9)), &[]);
-    kick(&transport, 1);
-    peer.recv_frame().expect("frame");
-    assert_eq!(take_interrupt(&mut transport), VIRTIO_MMIO_INT_VRING);
+    kick(&r.transport, 1);
+    r.peer.recv_frame().expect("frame");
+    assert_eq!(take_interrupt(&mut r.transport), VIRTIO_MMIO_INT_VRING);
 }
 
 #[test]
 fn rx_backpressure_resumes_on_the_rx_kick() {
     let mem = guest_mem();
-    let Rig {
-        mut transport,
-        peer,
-        metrics,
-        ..
-    } = rig(&mem);
-    let (mut rx, tx) = queues(&mem);
-    start(
-        &mut transport,
-        VERSION_1 | 1 << VIRTIO_NET_F_MRG_RXBUF,
-        &rx,
-        &tx,
-    );
+    let (r, mut rx, _tx) = started(&mem, VERSION_1 | 1 << VIRTIO_NET_F_MRG_RXBUF);
     let frames: Vec<_> = (0..5).map(|i| frame(100 + i, i as u8)).collect();
     for f in &frames {
-        peer.send_frame(&wire(f)).expect("send");
+        r.peer.send_frame(&wire(f)).expect("send");
     }
-    assert!(wait_until(TIMEOUT, || metrics.rx.no_buffer_stalls.get() >= 1));
+    let rx_metrics = &r.metrics.rx;
+    assert!(wait_until(TIMEOUT, || rx_metrics.no_buffer_stalls.get() >= 1));
     std::thread::sleep(Duration::from_millis(20));
-    assert_eq!(metrics.rx.frames.get(), 0, "nothing read without buffers");
-    assert_eq!(metrics.rx.dropped_no_buffer.get(), 0);
+    assert_eq!(rx_metrics.frames.get(), 0, "nothing read without buffers");
+    assert_eq!(rx_metrics.dropped_no_buffer.get(), 0);
 
     let bufs: Vec<_> = (0..5).map(|_| rx.push_rx(&[1024]).1[0]).collect();
-    kick(&transport, 0);
+    kick(&r.transport, 0);
     assert!(wait_until(TIMEOUT, || rx.used_idx() == 5));
     for (addr, f) in bufs.iter().zip(&frames) {
         assert_eq!(rx.read(addr + 12, f.len()), *f);
     }
-    assert!(wait_until(TIMEOUT, || metrics.rx.frames.get() == 5));
-    assert_eq!(metrics.rx.dropped_no_buffer.get(), 0);
+    assert!(reaches(&rx_metrics.frames, 5));
+    assert_eq!(rx_metrics.dropped_no_buffer.get(), 0);
 }
 
 #[test]
 fn broken_ring_sets_needs_reset_and_the_vmm_survives() {
     let mem = guest_mem();
-    let Rig {
-        mut transport,
-        peer,
-        metrics,
-        ..
-    } = rig(&mem);
-    let (rx, mut tx) = queues(&mem);
-    start(&mut transport, VERSION_1, &rx, &tx);
+    let (mut r, _rx, mut tx) = started(&mem, VERSION_1);
     tx.set_avail_idx(1000);
-    kick(&transport, 1);
-    assert!(wait_until(TIMEOUT, || transport.status()
+    kick(&r.transport, 1);
+    let t = &r.transport;
+    assert!(wait_until(TIMEOUT, || t.status()
         & VIRTIO_CONFIG_S_NEEDS_RESET
         != 0));
-    assert_eq!(take_interrupt(&mut transport), VIRTIO_MMIO_INT_CONFIG);
-    assert_eq!(metrics.needs_reset_events.get(), 1);
+    assert_eq!(take_interrupt(&mut r.transport), VIRTIO_MMIO_INT_CONFIG);
+    assert_eq!(r.metrics.needs_reset_events.get(), 1);
 
     // The driver resets and starts over; the backend survived the failed worker.
-    transport.w32(VIRTIO_MMIO_STATUS, 0);
-    assert_eq!(transport.r32(VIRTIO_MMIO_STATUS), 0);
-    let (rx2, mut tx2) = queues_after_reset(&mem);
-    start(&mut transport, VERSION_1, &rx2, &tx2);
-    let out = wire(&frame(64, 1));
-    tx2.push_tx(&out, &[]);
-    kick(&transport, 1);
-    assert_eq!(peer.recv_frame().expect("frame"), out);
+    r.transport.w32(VIRTIO_MMIO_STATUS, 0);
+    assert_eq!(r.transport.r32(VIRTIO_MMIO_STATUS), 0);
+    restart_and_send(&mut r, &mem, 64, 1);
 }
 
 #[test]
@@ -405,8 +368,7 @@ fn link_changes_raise_a_config_interrupt() {
         0
     );
 
-    let (rx, tx) = queues(&mem);
-    start(&mut transport, VERSION_1, &rx, &tx);
+    start_on_queues(&mut transport, &mem, VERSION_1);
     link.set_link(LinkState::Up);
     assert_eq!(take_interrupt(&mut transport), VIRTIO_MMIO_INT_CONFIG);
     transport.read(0x106, &mut status);
@@ -422,14 +384,11 @@ fn link_changes_raise_a_config_interrupt() {
 #[test]
 fn dropping_the_transport_stops_the_worker() {
     let mem = guest_mem();
+    let (r, _rx, _tx) = started(&mem, VERSION_1);
+    assert!(r.transport.device().features() & VERSION_1 != 0);
     let Rig {
-        mut transport,
-        peer,
-        ..
-    } = rig(&mem);
-    let (rx, tx) = queues(&mem);
-    start(&mut transport, VERSION_1, &rx, &tx);
-    assert!(transport.device().features() & VERSION_1 != 0);
+        transport, peer, ..
+    } = r;
     drop(transport);
     // The worker joined and the backend's fd closed: the peer reads end of file.
     assert_eq!(peer.recv_frame().expect("eof"), Vec::<u8>::new());
@@ -447,24 +406,17 @@ fn a_full_ring_is_sent_in_budgeted_rounds_from_one_kick_on_a_packed_ring() {
 
 fn full_ring_from_one_kick<Q: DriverRing>() {
     let mem = guest_mem();
-    let Rig {
-        mut transport,
-        peer,
-        metrics,
-        ..
-    } = rig_for::<Q>(&mem, |_| {});
-    let (rx, mut tx) = Q::pair(&mem);
-    start_rings(&mut transport, VERSION_1, &[&rx, &tx]);
+    let (r, _rx, mut tx) = started_rings::<Q>(&mem, VERSION_1, |_| {});
     let frames: Vec<_> = (0..256)
         .map(|i| wire(&frame(60 + i % 50, i as u8)))
         .collect();
     let ids: Vec<u16> = frames.iter().map(|f| tx.offer_tx(f, &[])).collect();
-    kick(&transport, 1);
+    kick(&r.transport, 1);
     for f in &frames {
-        assert_eq!(peer.recv_frame().expect("frame"), *f);
+        assert_eq!(r.peer.recv_frame().expect("frame"), *f);
     }
-    assert!(wait_until(TIMEOUT, || metrics.tx.frames.get() == 256));
-    assert_eq!(metrics.tx.kicks.get(), 1);
+    assert!(reaches(&r.metrics.tx.frames, 256));
+    assert_eq!(r.metrics.tx.kicks.get(), 1);
     for id in ids {
         assert_eq!(tx.wait_used(), (u32::from(id), 0));
     }
