@@ -104,6 +104,10 @@ enum Move {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct KickController {
     value: u16,
+    /// The configured threshold: adaptation raises it while the device sleeps and brings it
+    /// back down to here, never below (publishing more often than configured costs the
+    /// driver and the device cache lines, and a polling device does not need it).
+    min: u16,
     max: u16,
     /// The direction of the last change.
     last: Option<Move>,
@@ -117,6 +121,7 @@ impl KickController {
         let max = max.min(KICK_THRESHOLD_CAP).min(ring_size / 2).max(1);
         KickController {
             value: start.clamp(1, max),
+            min: start.clamp(1, max),
             max,
             last: None,
             turn_pending: false,
@@ -161,7 +166,7 @@ impl KickController {
         self.turn_pending = false;
         let next = match wanted {
             Move::Up => self.value.saturating_mul(2).min(self.max),
-            Move::Down => (self.value / 2).max(1),
+            Move::Down => (self.value / 2).max(self.min),
         };
         if next == self.value {
             return false;
@@ -307,6 +312,10 @@ pub struct RxDim {
     /// The sample compared against: the previous one while moving, the one measured at the
     /// parking level while parked.
     reference: RxSample,
+    /// Where the current climb towards more coalescing began: each step is compared with the
+    /// interval before it, and the climb also with this one, so that steps each too small to
+    /// count cannot add up to a loss.
+    origin: RxSample,
 }
 
 impl Default for RxDim {
@@ -322,6 +331,7 @@ impl RxDim {
             level: 0,
             search: Search::Start,
             reference: RxSample::default(),
+            origin: RxSample::default(),
         }
     }
 
@@ -348,10 +358,20 @@ impl RxDim {
             Search::Start => {
                 // Nothing to compare with yet: try more coalescing first (from level 0).
                 self.reference = *curr;
+                self.origin = *curr;
                 self.search = Search::Moving { dir: Move::Up };
                 self.step(Move::Up, curr);
             }
             Search::Moving { dir } => match compare(curr, &self.reference) {
+                Verdict::Better
+                    if dir == Move::Up
+                        && rate_order(curr, &self.origin) == core::cmp::Ordering::Less =>
+                {
+                    // Fewer interrupts per frame, but the rate has fallen since the climb
+                    // began: go back a level and park.
+                    self.move_level(Move::Down);
+                    self.search = Search::Settling;
+                }
                 Verdict::Better => self.step(dir, curr),
                 Verdict::Same => self.park(curr),
                 Verdict::Worse => {
@@ -366,16 +386,10 @@ impl RxDim {
             },
             Search::Settling => self.park(curr),
             Search::Parked => {
-                let wanted = match rate_order(curr, &self.reference) {
-                    core::cmp::Ordering::Greater => Some(Move::Up),
-                    core::cmp::Ordering::Less => Some(Move::Down),
-                    core::cmp::Ordering::Equal => match compare(curr, &self.reference) {
-                        Verdict::Same => None,
-                        _ => Some(Move::Down),
-                    },
-                };
-                if let Some(dir) = wanted {
-                    self.leave_parking(self.open_direction(dir), curr);
+                // The load changed: search again, towards less coalescing first (as Linux's
+                // DIM leaves its parking), unless there is none to remove.
+                if compare(curr, &self.reference) != Verdict::Same {
+                    self.leave_parking(self.open_direction(Move::Down), curr);
                 }
             }
         }
@@ -393,6 +407,7 @@ impl RxDim {
 
     fn leave_parking(&mut self, dir: Move, curr: &RxSample) {
         self.search = Search::Moving { dir };
+        self.origin = *curr;
         self.step(dir, curr);
     }
 
