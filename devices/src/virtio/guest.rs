@@ -4,11 +4,13 @@
 //! [`MAX_CHAIN_DESCRIPTORS`], [`CALL_DESCRIPTOR_BUDGET`]), and the interrupt decision's
 //! vocabulary ([`InterruptDecision`], [`vring_need_event`]).
 
+use virtio_bindings::virtio_ring::VRING_DESC_F_WRITE;
 use vm_memory::{
     GuestAddress, GuestMemoryBackend, GuestMemoryError, GuestMemoryMmap, GuestMemoryRegion,
     MemoryRegionAddress,
 };
 
+use super::chain::ChainError;
 use crate::iovec::{IovecError, IovecList, MAX_IOVECS};
 
 /// Reads a `T` at any alignment with volatile loads (indirect descriptor tables need not be
@@ -100,6 +102,39 @@ impl<'m> GuestView<'m> {
             None => iovs.push_guest_range(self.mem, GuestAddress(addr), len),
         }
     }
+}
+
+/// Appends one buffer of a chain (`addr`, `len`, with descriptor `flags`) to `iovs` after the
+/// `total` bytes before it, and returns the new total: refused when its WRITE flag is not
+/// `write_flag` (the chain's direction), when the chain would pass `limit` bytes, or when the
+/// buffer is not inside guest memory. Both rings' walks use it for every descriptor.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn push_buffer<'g>(
+    guest: &GuestView<'g>,
+    addr: u64,
+    len: u32,
+    flags: u16,
+    write_flag: u16,
+    limit: u32,
+    total: u32,
+    iovs: &mut IovecList<'g>,
+) -> Result<u32, ChainError> {
+    if flags & VRING_DESC_F_WRITE as u16 != write_flag {
+        return Err(ChainError::WrongDirection { addr });
+    }
+    let total = add_len(total, len, limit)?;
+    guest.push_range(iovs, addr, len)?;
+    Ok(total)
+}
+
+/// Adds a buffer's length to a chain's (or a chain part's) total, refusing more than `limit`.
+#[inline(always)]
+pub(crate) fn add_len(total: u32, len: u32, limit: u32) -> Result<u32, ChainError> {
+    total
+        .checked_add(len)
+        .filter(|t| *t <= limit)
+        .ok_or(ChainError::TooLong { limit })
 }
 
 /// The host mapping of every region of `mem`, for a [`GuestView`] of it.

@@ -24,7 +24,9 @@
 //!
 //! - **Available**: a descriptor is available when its AVAIL flag equals the driver's wrap
 //!   counter and its USED flag differs from it; its flags are loaded with acquire before the
-//!   rest of the chain is read (the driver writes the head's flags last).
+//!   rest of the chain is read (the driver writes the head's flags last), and each other
+//!   descriptor of the chain is read once per pass (its id and flags together when the pop
+//!   looks for the chain's end, the whole descriptor when the walk reads its buffer).
 //! - **Chains**: NEXT links the following ring slot (wrapping at the end). A chain's extent and
 //!   buffer id (that of its last descriptor) are fixed when it is popped, so a driver that
 //!   rewrites it afterwards cannot change what the device later marks used. A chain that runs
@@ -41,10 +43,14 @@
 //! - **Bounded work**: popping reads at most [`MAX_CHAIN_DESCRIPTORS`] descriptors' flags;
 //!   walking a chain visits at most [`MAX_CHAIN_DESCRIPTORS`] descriptors and charges them to
 //!   the call's `WalkBudget`, as the split ring does.
-//! - **Used**: the used descriptor goes at `next_used`: id and length first, then, after a
-//!   release fence, the flags (AVAIL and USED both equal to the used wrap counter, WRITE when
-//!   the length is meaningful). Positions advance only by what was popped: every completion
-//!   consumes a [`ChainHead`] the pop returned. With VIRTIO_F_IN_ORDER a batch of chains is
+//! - **Used**: each used descriptor goes at `next_used`, its flags AVAIL and USED both equal to
+//!   the used wrap counter, WRITE when the length is meaningful. The driver sees them a batch
+//!   at a time, as with the split ring's used index: the first since the last publication
+//!   gets its id and length at once and its flags at the publication, stored last with
+//!   release; the driver reads used descriptors in ring order and stops at it, so those after
+//!   it are written whole meanwhile (QEMU and Linux's vhost return batches the same way).
+//!   Positions advance only by what was popped: every completion consumes a [`ChainHead`] the
+//!   pop returned. With VIRTIO_F_IN_ORDER a batch of chains is
 //!   returned with one used descriptor carrying the last buffer id, and the position skips all
 //!   of their descriptors.
 //! - **Interrupts** (`RingOps::interrupt_decision`, once over everything published since the
@@ -77,8 +83,8 @@ use vm_memory::{GuestMemoryError, GuestMemoryMmap};
 
 use super::chain::{ChainError, Direction};
 use super::guest::{
-    host_regions, read_unaligned_volatile, vring_need_event, GuestView, InterruptDecision,
-    WalkBudget, MAX_CHAIN_DESCRIPTORS,
+    add_len, host_regions, push_buffer, read_unaligned_volatile, vring_need_event, GuestView,
+    InterruptDecision, WalkBudget, MAX_CHAIN_DESCRIPTORS,
 };
 use crate::iovec::{prefetch, IovecList};
 
@@ -312,6 +318,8 @@ struct RingState {
     unsignalled: u32,
     /// Descriptors used since the last publication.
     unpublished: u32,
+    /// The first used descriptor since the last publication, whose flags wait for it.
+    held: Option<Held>,
     /// What the device event area's flags hold, as last written.
     kick_flags: Option<u16>,
     /// A full fence ran after the last used descriptor store: the interrupt decision needs none.
@@ -384,6 +392,7 @@ impl PackedVirtqueue {
                 published: Position::START,
                 unsignalled: 0,
                 unpublished: 0,
+                held: None,
                 kick_flags: None,
                 fenced: false,
             },
@@ -450,6 +459,24 @@ fn is_avail(flags: u16, wrap: bool) -> bool {
     avail == wrap && used != wrap
 }
 
+/// The AVAIL and USED bits of a used descriptor written with the device's wrap counter `wrap`.
+#[inline(always)]
+fn used_flags(wrap: bool) -> u16 {
+    if wrap {
+        DESC_F_AVAIL | DESC_F_USED
+    } else {
+        0
+    }
+}
+
+/// A used descriptor whose id and length are written and whose flags wait for the
+/// publication.
+#[derive(Clone, Copy, Debug)]
+struct Held {
+    offset: u16,
+    flags: u16,
+}
+
 impl RingState {
     /// Host address of descriptor `offset`'s first byte.
     #[inline]
@@ -469,12 +496,41 @@ impl RingState {
         u16::from_le(flags.load(Ordering::Acquire))
     }
 
-    /// Descriptor `offset`'s flags (read after an acquire load of the chain's first flags).
+    /// The id (low half) and flags (high half) of descriptor `offset`, in one load (read after
+    /// an acquire load of the chain's first flags).
+    #[inline(always)]
+    fn read_id_flags(&self, offset: u16) -> u32 {
+        // SAFETY: the descriptor is inside the ring (desc_ptr), 16-aligned: its id and flags,
+        // bytes 12..16, are inside it and 4-aligned.
+        u32::from_le(unsafe { ptr::read_volatile(self.desc_ptr(offset).add(12).cast::<u32>()) })
+    }
+
+    /// Follows the NEXT flags of the chain whose head, at `head` with NEXT set, was found
+    /// available, through at most `room` descriptors: the chain's buffer id (that of its last
+    /// descriptor) and its length in descriptors. A chain that runs on past `room` or
+    /// [`MAX_CHAIN_DESCRIPTORS`] descriptors is refused.
     #[inline]
-    fn read_flags(&self, offset: u16) -> u16 {
-        // SAFETY: the descriptor is inside the ring (desc_ptr), 16-aligned: its u16 flags at
-        // byte 14 are inside it and 2-aligned.
-        u16::from_le(unsafe { ptr::read_volatile(self.desc_ptr(offset).add(14).cast::<u16>()) })
+    fn chain_end(&self, head: u16, room: u32) -> Result<(u16, u16), PackedRingError> {
+        let size = self.size;
+        let limit = room.min(MAX_CHAIN_DESCRIPTORS);
+        let mut offset = head;
+        let mut descs = 1u32;
+        loop {
+            if descs == limit {
+                return Err(if descs == MAX_CHAIN_DESCRIPTORS || self.in_flight == 0 {
+                    PackedRingError::ChainTooLong(descs)
+                } else {
+                    PackedRingError::Overrun
+                });
+            }
+            offset = if offset + 1 == size { 0 } else { offset + 1 };
+            descs += 1;
+            let id_flags = self.read_id_flags(offset);
+            if (id_flags >> 16) as u16 & NEXT == 0 {
+                // `descs ≤ limit ≤ size ≤ 32768`.
+                return Ok((id_flags as u16, descs as u16));
+            }
+        }
     }
 
     /// Descriptor `offset`'s buffer id.
@@ -526,29 +582,23 @@ impl RingOps<'_> {
         let size = ring.size;
         let start = ring.next_avail;
         let room = u32::from(size) - ring.in_flight;
-        if room == 0 || !is_avail(ring.load_flags(start.offset), start.wrap) {
+        if room == 0 {
             return Ok(None);
         }
-        let limit = room.min(MAX_CHAIN_DESCRIPTORS);
-        let mut offset = start.offset;
-        let mut descs = 1u32;
-        while ring.read_flags(offset) & NEXT != 0 {
-            if descs == limit {
-                return Err(if descs == MAX_CHAIN_DESCRIPTORS || ring.in_flight == 0 {
-                    PackedRingError::ChainTooLong(descs)
-                } else {
-                    PackedRingError::Overrun
-                });
-            }
-            offset = if offset + 1 == size { 0 } else { offset + 1 };
-            descs += 1;
+        let flags = ring.load_flags(start.offset);
+        if !is_avail(flags, start.wrap) {
+            return Ok(None);
         }
-        let id = ring.read_id(offset);
+        // A lone descriptor (every 1-descriptor chain) holds its own id; a chain's end is
+        // found from the id-and-flags word of each following descriptor, read once.
+        let (id, descs) = if flags & NEXT == 0 {
+            (ring.read_id(start.offset), 1)
+        } else {
+            ring.chain_end(start.offset, room)?
+        };
         if id >= size {
             return Err(PackedRingError::IdOutOfRange(id));
         }
-        // `descs ≤ room ≤ size ≤ 32768`.
-        let descs = descs as u16;
         self.ring.next_avail = start.advance(descs, size);
         self.ring.in_flight += u32::from(descs);
         Ok(Some(ChainHead { id, start, descs }))
@@ -624,6 +674,10 @@ impl RingOps<'_> {
     /// Walks `head`'s buffers, appending them to `iovs` (those that follow each other in memory
     /// as one entry), and returns their total length. On error `iovs` is left as it was. Every
     /// descriptor visited is charged to `budget`.
+    ///
+    /// The ring descriptors (every chain's path) are walked in one short loop, each read once;
+    /// a lone descriptor pointing to an indirect table continues out of line
+    /// ([`walk_indirect`]).
     #[inline(always)]
     pub(crate) fn walk_chain<'g>(
         &self,
@@ -638,32 +692,44 @@ impl RingOps<'_> {
             Direction::DeviceWrites => WRITE,
             Direction::DeviceReads => 0,
         };
+        let size = self.ring.size;
         let start = iovs.len();
         let mut visited = 0u32;
         let mut total = 0u32;
-        let result = self.traverse(guest, head, &mut visited, &mut |desc: &RawDesc| {
-            let flags = u16::from_le(desc.flags);
-            let addr = u64::from_le(desc.addr);
-            if flags & WRITE != write_flag {
-                return Err(ChainError::WrongDirection { addr });
+        let mut offset = head.start.offset;
+        let mut left = head.descs;
+        let result = loop {
+            if left == 0 {
+                break Ok(total);
             }
-            total = add_len(total, u32::from_le(desc.len), limit)?;
-            guest.push_range(iovs, addr, u32::from_le(desc.len))?;
-            Ok(())
-        });
+            let desc = self.ring.read_desc(offset);
+            visited += 1;
+            let flags = u16::from_le(desc.flags);
+            if flags & INDIRECT != 0 {
+                // Only a lone descriptor may point to a table (virtio 1.1 §2.8.19).
+                break if head.descs == 1 {
+                    walk_indirect(guest, desc, write_flag, limit, iovs, &mut visited)
+                } else {
+                    Err(ChainError::BadIndirectTable)
+                };
+            }
+            let (addr, len) = (u64::from_le(desc.addr), u32::from_le(desc.len));
+            match push_buffer(guest, addr, len, flags, write_flag, limit, total, iovs) {
+                Ok(t) => total = t,
+                Err(e) => break Err(e),
+            }
+            left -= 1;
+            offset = if offset + 1 == size { 0 } else { offset + 1 };
+        };
         budget.charge(visited.max(1));
         match result {
-            Ok(()) => {
-                if iovs.len() > start + 1 {
-                    iovs.merge_from(start + 1, start);
-                }
-                Ok(total)
-            }
-            Err(e) => {
-                iovs.truncate(start);
-                Err(e)
-            }
+            // Buffers that follow each other in memory (a header in its own descriptor just
+            // before the frame, say) become one entry: a frame in one segment is one `write`.
+            Ok(_) if iovs.len() > start + 1 => iovs.merge_from(start + 1, start),
+            Ok(_) => {}
+            Err(_) => iovs.truncate(start),
         }
+        result
     }
 
     /// Walks a control-style chain: device-readable buffers first (appended to `readable`),
@@ -742,8 +808,9 @@ impl RingOps<'_> {
     }
 
     /// Writes the used descriptor for `head` (`len` bytes written into its device-writable
-    /// buffers) at `next_used` and moves past the descriptors the chain occupies. Visible to
-    /// the driver at once; `publish_used` marks what the next interrupt decision covers.
+    /// buffers) at `next_used` and moves past the descriptors the chain occupies. The driver
+    /// sees it once `publish_used` runs, which also marks what the next interrupt decision
+    /// covers.
     #[inline]
     pub(crate) fn add_used(&mut self, head: ChainHead, len: u32) {
         self.write_used(head.id, len, head.descs);
@@ -773,7 +840,11 @@ impl RingOps<'_> {
         self.write_used(last.id, len, descs);
     }
 
-    /// Writes one used descriptor at `next_used` and advances by `descs`.
+    /// Writes one used descriptor at `next_used` and advances by `descs`. The first since the
+    /// last publication gets its id and length now and its flags at the publication
+    /// (`publish_used`): until then the driver, which reads used descriptors in ring order,
+    /// stops at it, so each one after it is written whole in one store and the batch needs a
+    /// single release.
     #[inline]
     fn write_used(&mut self, id: u16, len: u32, descs: u16) {
         debug_assert!(
@@ -786,36 +857,48 @@ impl RingOps<'_> {
             return;
         }
         let at = self.ring.next_used;
-        let mut flags = if at.wrap {
-            DESC_F_AVAIL | DESC_F_USED
-        } else {
-            0
-        };
-        if len > 0 {
-            // The spec reserves the length of a used descriptor without WRITE.
-            flags |= WRITE;
-        }
+        // The spec reserves the length of a used descriptor without WRITE.
+        let flags = used_flags(at.wrap) | if len > 0 { WRITE } else { 0 };
         let p = self.ring.desc_ptr(at.offset);
-        // SAFETY: `p` is a 16-aligned descriptor inside the ring (desc_ptr): `len` at byte 8
-        // (4-aligned), `id` at byte 12 and `flags` at byte 14 (2-aligned) are inside it; guest
-        // memory is valid for volatile and atomic access.
-        unsafe {
-            ptr::write_volatile(p.add(8).cast::<u32>(), len.to_le());
-            ptr::write_volatile(p.add(12).cast::<u16>(), id.to_le());
-            // id and length must be visible before the flags that hand the descriptor over.
-            fence(Ordering::Release);
-            AtomicU16::from_ptr(p.add(14).cast()).store(flags.to_le(), Ordering::Relaxed);
+        if self.ring.held.is_none() {
+            // SAFETY: `p` is a 16-aligned descriptor inside the ring (desc_ptr): `len` at byte
+            // 8 (4-aligned) and `id` at byte 12 (2-aligned) are inside it; guest memory is
+            // valid for volatile access.
+            unsafe {
+                ptr::write_volatile(p.add(8).cast::<u32>(), len.to_le());
+                ptr::write_volatile(p.add(12).cast::<u16>(), id.to_le());
+            }
+            self.ring.held = Some(Held {
+                offset: at.offset,
+                flags,
+            });
+        } else {
+            // Bytes 8..16: `len`, `id`, `flags` (little endian).
+            let word = u64::from(len) | u64::from(id) << 32 | u64::from(flags) << 48;
+            // SAFETY: `p` is a 16-aligned descriptor inside the ring (desc_ptr): its bytes
+            // 8..16 are inside it and 8-aligned; guest memory is valid for volatile access.
+            unsafe { ptr::write_volatile(p.add(8).cast::<u64>(), word.to_le()) };
         }
         self.ring.next_used = at.advance(descs, self.ring.size);
         self.ring.in_flight -= u32::from(descs);
         self.ring.unpublished += u32::from(descs);
-        self.ring.fenced = false;
     }
 
-    /// Closes a burst: the used descriptors written so far are what the next interrupt
-    /// decision covers (each was visible to the driver as soon as it was written).
+    /// Closes a burst: hands the used descriptors written since the last publication to the
+    /// driver (the flags of the first of them, stored last with release: the driver sees the
+    /// whole batch with it) and makes them what the next interrupt decision covers.
     #[inline]
     pub(crate) fn publish_used(&mut self) {
+        if let Some(held) = self.ring.held.take() {
+            let p = self.ring.desc_ptr(held.offset);
+            // SAFETY: `held.offset < size` (a `Position` offset), so the descriptor is inside
+            // the ring (desc_ptr), 16-aligned: its u16 flags at byte 14 are 2-aligned; guest
+            // memory is plain shared memory, valid for atomic access.
+            let word = unsafe { AtomicU16::from_ptr(p.add(14).cast()) };
+            // Every used descriptor, id and length written before must be visible first.
+            word.store(held.flags.to_le(), Ordering::Release);
+            self.ring.fenced = false;
+        }
         self.ring.published = self.ring.next_used;
         self.ring.unsignalled = self
             .ring
@@ -897,13 +980,26 @@ impl RingOps<'_> {
     }
 }
 
-/// Adds a descriptor's length to a chain's total, refusing more than `limit`.
-#[inline]
-fn add_len(total: u32, len: u32, limit: u32) -> Result<u32, ChainError> {
-    total
-        .checked_add(len)
-        .filter(|t| *t <= limit)
-        .ok_or(ChainError::TooLong { limit })
+/// The rest of [`RingOps::walk_chain`] for a lone descriptor pointing to the indirect table
+/// `table`: its entries appended as ring descriptors are; returns their total length.
+// Out of line: keeps the ring-descriptor walk (every chain's path) short in the cache.
+#[inline(never)]
+fn walk_indirect<'g>(
+    guest: &GuestView<'g>,
+    table: RawDesc,
+    write_flag: u16,
+    limit: u32,
+    iovs: &mut IovecList<'g>,
+    visited: &mut u32,
+) -> Result<u32, ChainError> {
+    let mut total = 0;
+    traverse_indirect(guest, table, visited, &mut |desc: &RawDesc| {
+        let (addr, len) = (u64::from_le(desc.addr), u32::from_le(desc.len));
+        let flags = u16::from_le(desc.flags);
+        total = push_buffer(guest, addr, len, flags, write_flag, limit, total, iovs)?;
+        Ok(())
+    })?;
+    Ok(total)
 }
 
 /// Visits the entries of the indirect table `table` points to, in order: its length a whole,

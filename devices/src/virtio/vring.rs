@@ -38,7 +38,7 @@ use virtio_queue::{Queue, QueueT};
 use vm_memory::{GuestMemoryError, GuestMemoryMmap};
 
 use super::chain::{ChainError, Direction};
-use super::guest::{host_regions, read_unaligned_volatile, HostRegion};
+use super::guest::{add_len, host_regions, push_buffer, read_unaligned_volatile, HostRegion};
 pub use super::guest::{
     vring_need_event, InterruptDecision, CALL_DESCRIPTOR_BUDGET, MAX_CHAIN_DESCRIPTORS,
 };
@@ -404,7 +404,8 @@ impl RingOps<'_> {
             if flags & VRING_DESC_F_INDIRECT as u16 != 0 {
                 break walk_indirect(guest, desc, write_flag, limit, total, iovs, &mut visited);
             }
-            match push_desc(guest, &desc, flags, write_flag, limit, total, iovs) {
+            let (addr, len) = (u64::from_le(desc.addr), u32::from_le(desc.len));
+            match push_buffer(guest, addr, len, flags, write_flag, limit, total, iovs) {
                 Ok(t) => total = t,
                 Err(e) => break Err(e),
             }
@@ -463,10 +464,7 @@ impl RingOps<'_> {
             } else {
                 (&mut *readable, &mut totals.0)
             };
-            *total = total
-                .checked_add(len)
-                .filter(|t| *t <= limit)
-                .ok_or(ChainError::TooLong { limit })?;
+            *total = add_len(*total, len, limit)?;
             guest.push_range(list, addr, len)?;
             Ok(())
         };
@@ -641,30 +639,6 @@ impl RingOps<'_> {
     }
 }
 
-/// Appends one direct descriptor's buffer; returns the new total.
-#[inline]
-fn push_desc<'g>(
-    guest: &GuestView<'g>,
-    desc: &RawDesc,
-    flags: u16,
-    write_flag: u16,
-    limit: u32,
-    total: u32,
-    iovs: &mut IovecList<'g>,
-) -> Result<u32, ChainError> {
-    let addr = u64::from_le(desc.addr);
-    if flags & VRING_DESC_F_WRITE as u16 != write_flag {
-        return Err(ChainError::WrongDirection { addr });
-    }
-    let len = u32::from_le(desc.len);
-    let total = total
-        .checked_add(len)
-        .filter(|t| *t <= limit)
-        .ok_or(ChainError::TooLong { limit })?;
-    guest.push_range(iovs, addr, len)?;
-    Ok(total)
-}
-
 /// The rest of [`RingOps::walk_chain`] for a chain that ends in the indirect table `table`:
 /// its descriptors appended as the direct ones are, after `total` bytes; returns the new total.
 // Out of line: keeps the direct-descriptor walk (every chain's path) short in the cache.
@@ -679,8 +653,9 @@ fn walk_indirect<'g>(
     visited: &mut u32,
 ) -> Result<u32, ChainError> {
     traverse_indirect(guest, table, visited, &mut |desc: &RawDesc| {
+        let (addr, len) = (u64::from_le(desc.addr), u32::from_le(desc.len));
         let flags = u16::from_le(desc.flags);
-        total = push_desc(guest, desc, flags, write_flag, limit, total, iovs)?;
+        total = push_buffer(guest, addr, len, flags, write_flag, limit, total, iovs)?;
         Ok(())
     })?;
     Ok(total)
