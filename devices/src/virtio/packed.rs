@@ -454,9 +454,9 @@ impl PackedVirtqueue {
 /// True when `flags` mark a descriptor available for the driver's wrap counter `wrap`.
 #[inline]
 fn is_avail(flags: u16, wrap: bool) -> bool {
-    let avail = flags & DESC_F_AVAIL != 0;
-    let used = flags & DESC_F_USED != 0;
-    avail == wrap && used != wrap
+    // AVAIL equal to the counter and USED not: AVAIL alone for 1, USED alone for 0.
+    let expected = if wrap { DESC_F_AVAIL } else { DESC_F_USED };
+    flags & (DESC_F_AVAIL | DESC_F_USED) == expected
 }
 
 /// The AVAIL and USED bits of a used descriptor written with the device's wrap counter `wrap`.
@@ -707,11 +707,14 @@ impl RingOps<'_> {
             let flags = u16::from_le(desc.flags);
             if flags & INDIRECT != 0 {
                 // Only a lone descriptor may point to a table (virtio 1.1 §2.8.19).
-                break if head.descs == 1 {
-                    walk_indirect(guest, desc, write_flag, limit, iovs, &mut visited)
-                } else {
-                    Err(ChainError::BadIndirectTable)
-                };
+                if head.descs != 1 {
+                    break Err(ChainError::BadIndirectTable);
+                }
+                // A copy of the count, so that `visited` stays out of memory on the ring's path.
+                let mut seen = visited;
+                let walked = walk_indirect(guest, desc, write_flag, limit, iovs, &mut seen);
+                visited = seen;
+                break walked;
             }
             let (addr, len) = (u64::from_le(desc.addr), u32::from_le(desc.len));
             match push_buffer(guest, addr, len, flags, write_flag, limit, total, iovs) {
