@@ -302,8 +302,7 @@ pub struct PackedVirtqueue {
 /// owning [`PackedVirtqueue`]'s memory lives, so the state never leaves it.
 #[derive(Debug)]
 struct RingState {
-    size: u16,
-    desc: *mut u8,
+    descs: DescRing,
     driver_event: *mut u8,
     device_event: *mut u8,
     event_idx: bool,
@@ -380,8 +379,10 @@ impl PackedVirtqueue {
             mem: mem.clone(),
             regions,
             ring: RingState {
-                size,
-                desc: hosts[0],
+                descs: DescRing {
+                    base: hosts[0],
+                    size,
+                },
                 driver_event: hosts[1],
                 device_event: hosts[2],
                 event_idx: features & (1 << VIRTIO_RING_F_EVENT_IDX) != 0,
@@ -401,7 +402,7 @@ impl PackedVirtqueue {
 
     /// Queue size.
     pub fn size(&self) -> u16 {
-        self.ring.size
+        self.ring.descs.size
     }
 
     /// Whether EVENT_IDX was negotiated.
@@ -433,9 +434,9 @@ impl PackedVirtqueue {
     /// busy-poll's probe).
     #[inline]
     pub fn avail_pending(&self) -> bool {
-        self.ring.in_flight < u32::from(self.ring.size)
+        self.ring.in_flight < u32::from(self.ring.descs.size)
             && is_avail(
-                self.ring.load_flags(self.ring.next_avail.offset),
+                self.ring.descs.load_flags(self.ring.next_avail.offset),
                 self.ring.next_avail.wrap,
             )
     }
@@ -477,53 +478,77 @@ struct Held {
     flags: u16,
 }
 
-impl RingState {
+/// The descriptor ring: its host address and size. Small and `Copy`: the hot paths take a
+/// copy into a local, which the compiler keeps in registers across the stores they make (a
+/// field read through the queue's state would be read again after each).
+#[derive(Clone, Copy, Debug)]
+struct DescRing {
+    /// Host address of descriptor 0 (16·size bytes, checked in `PackedVirtqueue::new`).
+    base: *mut u8,
+    size: u16,
+}
+
+impl DescRing {
     /// Host address of descriptor `offset`'s first byte.
-    #[inline]
-    fn desc_ptr(&self, offset: u16) -> *mut u8 {
+    #[inline(always)]
+    fn ptr(self, offset: u16) -> *mut u8 {
         debug_assert!(offset < self.size);
         // SAFETY: `offset < size` (every caller passes a `Position` offset or one reduced
         // below `size`), so the result is inside the 16·size-byte ring checked in `new`.
-        unsafe { self.desc.add(usize::from(offset) * DESC_SIZE as usize) }
+        unsafe { self.base.add(usize::from(offset) * DESC_SIZE as usize) }
+    }
+
+    /// The offset after `offset`, wrapping at the end of the ring.
+    #[inline(always)]
+    fn next(self, offset: u16) -> u16 {
+        if offset + 1 == self.size {
+            0
+        } else {
+            offset + 1
+        }
     }
 
     /// Descriptor `offset`'s flags, acquire: the rest of the chain is read after it.
-    #[inline]
-    fn load_flags(&self, offset: u16) -> u16 {
-        // SAFETY: the descriptor is inside the ring (desc_ptr), 16-aligned, so its u16 flags at
+    #[inline(always)]
+    fn load_flags(self, offset: u16) -> u16 {
+        // SAFETY: the descriptor is inside the ring (ptr), 16-aligned, so its u16 flags at
         // byte 14 are 2-aligned; guest memory is plain shared memory, valid for atomic access.
-        let flags = unsafe { AtomicU16::from_ptr(self.desc_ptr(offset).add(14).cast()) };
+        let flags = unsafe { AtomicU16::from_ptr(self.ptr(offset).add(14).cast()) };
         u16::from_le(flags.load(Ordering::Acquire))
     }
 
     /// The id (low half) and flags (high half) of descriptor `offset`, in one load (read after
     /// an acquire load of the chain's first flags).
     #[inline(always)]
-    fn read_id_flags(&self, offset: u16) -> u32 {
-        // SAFETY: the descriptor is inside the ring (desc_ptr), 16-aligned: its id and flags,
+    fn read_id_flags(self, offset: u16) -> u32 {
+        // SAFETY: the descriptor is inside the ring (ptr), 16-aligned: its id and flags,
         // bytes 12..16, are inside it and 4-aligned.
-        u32::from_le(unsafe { ptr::read_volatile(self.desc_ptr(offset).add(12).cast::<u32>()) })
+        u32::from_le(unsafe { ptr::read_volatile(self.ptr(offset).add(12).cast::<u32>()) })
     }
 
     /// Follows the NEXT flags of the chain whose head, at `head` with NEXT set, was found
-    /// available, through at most `room` descriptors: the chain's buffer id (that of its last
-    /// descriptor) and its length in descriptors. A chain that runs on past `room` or
-    /// [`MAX_CHAIN_DESCRIPTORS`] descriptors is refused.
+    /// available, through at most `room` descriptors (`in_flight` are popped and not used):
+    /// the chain's buffer id (that of its last descriptor) and its length in descriptors. A
+    /// chain that runs on past `room` or [`MAX_CHAIN_DESCRIPTORS`] descriptors is refused.
     #[inline]
-    fn chain_end(&self, head: u16, room: u32) -> Result<(u16, u16), PackedRingError> {
-        let size = self.size;
+    fn chain_end(
+        self,
+        head: u16,
+        room: u32,
+        in_flight: u32,
+    ) -> Result<(u16, u16), PackedRingError> {
         let limit = room.min(MAX_CHAIN_DESCRIPTORS);
         let mut offset = head;
         let mut descs = 1u32;
         loop {
             if descs == limit {
-                return Err(if descs == MAX_CHAIN_DESCRIPTORS || self.in_flight == 0 {
+                return Err(if descs == MAX_CHAIN_DESCRIPTORS || in_flight == 0 {
                     PackedRingError::ChainTooLong(descs)
                 } else {
                     PackedRingError::Overrun
                 });
             }
-            offset = if offset + 1 == size { 0 } else { offset + 1 };
+            offset = self.next(offset);
             descs += 1;
             let id_flags = self.read_id_flags(offset);
             if (id_flags >> 16) as u16 & NEXT == 0 {
@@ -534,20 +559,37 @@ impl RingState {
     }
 
     /// Descriptor `offset`'s buffer id.
-    #[inline]
-    fn read_id(&self, offset: u16) -> u16 {
-        // SAFETY: the descriptor is inside the ring (desc_ptr), 16-aligned: its u16 id at
-        // byte 12 is inside it and 2-aligned.
-        u16::from_le(unsafe { ptr::read_volatile(self.desc_ptr(offset).add(12).cast::<u16>()) })
+    #[inline(always)]
+    fn read_id(self, offset: u16) -> u16 {
+        // SAFETY: the descriptor is inside the ring (ptr), 16-aligned: its u16 id at byte 12
+        // is inside it and 2-aligned.
+        u16::from_le(unsafe { ptr::read_volatile(self.ptr(offset).add(12).cast::<u16>()) })
+    }
+
+    /// Descriptor `offset`'s buffer address and length alone (read after an acquire load of
+    /// its flags).
+    #[inline(always)]
+    fn read_buffer(self, offset: u16) -> (u64, u32) {
+        let p = self.ptr(offset);
+        // SAFETY: the descriptor is inside the ring (ptr), 16-aligned: its u64 address at byte
+        // 0 and u32 length at byte 8 are inside it and aligned.
+        unsafe {
+            (
+                u64::from_le(ptr::read_volatile(p.cast::<u64>())),
+                u32::from_le(ptr::read_volatile(p.add(8).cast::<u32>())),
+            )
+        }
     }
 
     /// Descriptor `offset` (read after an acquire load of the chain's first flags).
-    #[inline]
-    fn read_desc(&self, offset: u16) -> RawDesc {
-        // SAFETY: the 16 bytes are inside the ring (desc_ptr), 16-aligned.
-        unsafe { ptr::read_volatile(self.desc_ptr(offset).cast::<RawDesc>()) }
+    #[inline(always)]
+    fn read_desc(self, offset: u16) -> RawDesc {
+        // SAFETY: the 16 bytes are inside the ring (ptr), 16-aligned.
+        unsafe { ptr::read_volatile(self.ptr(offset).cast::<RawDesc>()) }
     }
+}
 
+impl RingState {
     /// A u16 of an event suppression area: the device's own (`device`) or the driver's; `word`
     /// [`OFF_WRAP`] or [`FLAGS`].
     #[inline]
@@ -579,28 +621,28 @@ impl RingOps<'_> {
     #[inline(always)]
     pub(crate) fn pop_head(&mut self) -> Result<Option<ChainHead>, PackedRingError> {
         let ring = &*self.ring;
-        let size = ring.size;
-        let start = ring.next_avail;
-        let room = u32::from(size) - ring.in_flight;
+        let (ring_descs, start, in_flight) = (ring.descs, ring.next_avail, ring.in_flight);
+        let size = ring_descs.size;
+        let room = u32::from(size) - in_flight;
         if room == 0 {
             return Ok(None);
         }
-        let flags = ring.load_flags(start.offset);
+        let flags = ring_descs.load_flags(start.offset);
         if !is_avail(flags, start.wrap) {
             return Ok(None);
         }
         // A lone descriptor (every 1-descriptor chain) holds its own id; a chain's end is
         // found from the id-and-flags word of each following descriptor, read once.
         let (id, descs) = if flags & NEXT == 0 {
-            (ring.read_id(start.offset), 1)
+            (ring_descs.read_id(start.offset), 1)
         } else {
-            ring.chain_end(start.offset, room)?
+            ring_descs.chain_end(start.offset, room, in_flight)?
         };
         if id >= size {
             return Err(PackedRingError::IdOutOfRange(id));
         }
         self.ring.next_avail = start.advance(descs, size);
-        self.ring.in_flight += u32::from(descs);
+        self.ring.in_flight = in_flight + u32::from(descs);
         Ok(Some(ChainHead { id, start, descs }))
     }
 
@@ -608,7 +650,7 @@ impl RingOps<'_> {
     /// `head` must be popped and not used; anything else is ignored.
     #[inline]
     pub(crate) fn unpop(&mut self, head: &ChainHead) {
-        let back = head.start.distance_to(self.ring.next_avail, self.ring.size);
+        let back = head.start.distance_to(self.ring.next_avail, self.ring.descs.size);
         debug_assert!(
             back <= self.ring.in_flight,
             "unpop of a chain not in flight"
@@ -624,7 +666,7 @@ impl RingOps<'_> {
     /// false past what the ring can hold with the chains in flight.
     #[inline]
     pub(crate) fn pending_at_least(&self, n: usize) -> bool {
-        let room = (u32::from(self.ring.size) - self.ring.in_flight) as usize;
+        let room = (u32::from(self.ring.descs.size) - self.ring.in_flight) as usize;
         if n == 0 {
             return true;
         }
@@ -632,21 +674,21 @@ impl RingOps<'_> {
             return false;
         }
         // `n − 1 < room ≤ size`.
-        let at = self.ring.next_avail.advance((n - 1) as u16, self.ring.size);
-        is_avail(self.ring.load_flags(at.offset), at.wrap)
+        let at = self.ring.next_avail.advance((n - 1) as u16, self.ring.descs.size);
+        is_avail(self.ring.descs.load_flags(at.offset), at.wrap)
     }
 
     /// Warms the caches for the next chain, if it is available: its first descriptor's buffer
     /// (the descriptor itself was just read by the pop's probe or will be).
     #[inline]
     pub(crate) fn prefetch_ahead(&self, guest: &GuestView<'_>) {
-        let next = self.ring.next_avail;
-        if !is_avail(self.ring.load_flags(next.offset), next.wrap) {
+        let (ring_descs, next) = (self.ring.descs, self.ring.next_avail);
+        if !is_avail(ring_descs.load_flags(next.offset), next.wrap) {
             return;
         }
-        let desc = self.ring.read_desc(next.offset);
-        let len = u64::from(u32::from_le(desc.len)).min(128);
-        if let Some(p) = guest.host_range(u64::from_le(desc.addr), len.max(1)) {
+        let (addr, len) = ring_descs.read_buffer(next.offset);
+        let len = u64::from(len).min(128);
+        if let Some(p) = guest.host_range(addr, len.max(1)) {
             prefetch(p);
             if len > 64 {
                 prefetch(p.wrapping_add(64));
@@ -658,12 +700,12 @@ impl RingOps<'_> {
     /// worth), wrapping at the end of the ring.
     #[inline]
     pub(crate) fn prefetch_descriptors(&self, n: u16) {
-        let size = self.ring.size;
+        let size = self.ring.descs.size;
         let n = n.min(size);
         let mut offset = self.ring.next_avail.offset;
         let mut left = n;
         while left > 0 {
-            prefetch(self.ring.desc_ptr(offset));
+            prefetch(self.ring.descs.ptr(offset));
             // Four descriptors per 64-byte line; step to the next line.
             let step = (4 - offset % 4).min(left);
             left -= step;
@@ -692,7 +734,7 @@ impl RingOps<'_> {
             Direction::DeviceWrites => WRITE,
             Direction::DeviceReads => 0,
         };
-        let size = self.ring.size;
+        let ring_descs = self.ring.descs;
         let start = iovs.len();
         let mut visited = 0u32;
         let mut total = 0u32;
@@ -702,7 +744,7 @@ impl RingOps<'_> {
             if left == 0 {
                 break Ok(total);
             }
-            let desc = self.ring.read_desc(offset);
+            let desc = ring_descs.read_desc(offset);
             visited += 1;
             let flags = u16::from_le(desc.flags);
             if flags & INDIRECT != 0 {
@@ -722,7 +764,7 @@ impl RingOps<'_> {
                 Err(e) => break Err(e),
             }
             left -= 1;
-            offset = if offset + 1 == size { 0 } else { offset + 1 };
+            offset = ring_descs.next(offset);
         };
         budget.charge(visited.max(1));
         match result {
@@ -782,7 +824,7 @@ impl RingOps<'_> {
 
     /// Visits `head`'s descriptors in order: its ring descriptors, or the entries of the
     /// indirect table its lone descriptor points to.
-    #[inline(always)]
+    #[inline]
     fn traverse<F: FnMut(&RawDesc) -> Result<(), ChainError>>(
         &self,
         guest: &GuestView<'_>,
@@ -790,13 +832,13 @@ impl RingOps<'_> {
         visited: &mut u32,
         visit: &mut F,
     ) -> Result<(), ChainError> {
-        let size = self.ring.size;
+        let ring_descs = self.ring.descs;
         let mut offset = head.start.offset;
         for i in 0..head.descs {
             if i > 0 {
-                offset = if offset + 1 == size { 0 } else { offset + 1 };
+                offset = ring_descs.next(offset);
             }
-            let desc = self.ring.read_desc(offset);
+            let desc = ring_descs.read_desc(offset);
             *visited += 1;
             if u16::from_le(desc.flags) & INDIRECT != 0 {
                 // Only a lone descriptor may point to a table (virtio 1.1 §2.8.19).
@@ -839,7 +881,7 @@ impl RingOps<'_> {
         // What is in flight is at most `size` ≤ 32768 descriptors.
         let descs = descs
             .min(self.ring.in_flight)
-            .min(u32::from(self.ring.size)) as u16;
+            .min(u32::from(self.ring.descs.size)) as u16;
         self.write_used(last.id, len, descs);
     }
 
@@ -859,10 +901,10 @@ impl RingOps<'_> {
         if descs == 0 {
             return;
         }
-        let at = self.ring.next_used;
+        let (ring_descs, at) = (self.ring.descs, self.ring.next_used);
         // The spec reserves the length of a used descriptor without WRITE.
         let flags = used_flags(at.wrap) | if len > 0 { WRITE } else { 0 };
-        let p = self.ring.desc_ptr(at.offset);
+        let p = ring_descs.ptr(at.offset);
         if self.ring.held.is_none() {
             // SAFETY: `p` is a 16-aligned descriptor inside the ring (desc_ptr): `len` at byte
             // 8 (4-aligned) and `id` at byte 12 (2-aligned) are inside it; guest memory is
@@ -882,7 +924,7 @@ impl RingOps<'_> {
             // 8..16 are inside it and 8-aligned; guest memory is valid for volatile access.
             unsafe { ptr::write_volatile(p.add(8).cast::<u64>(), word.to_le()) };
         }
-        self.ring.next_used = at.advance(descs, self.ring.size);
+        self.ring.next_used = at.advance(descs, ring_descs.size);
         self.ring.in_flight -= u32::from(descs);
         self.ring.unpublished += u32::from(descs);
     }
@@ -893,7 +935,7 @@ impl RingOps<'_> {
     #[inline]
     pub(crate) fn publish_used(&mut self) {
         if let Some(held) = self.ring.held.take() {
-            let p = self.ring.desc_ptr(held.offset);
+            let p = self.ring.descs.ptr(held.offset);
             // SAFETY: `held.offset < size` (a `Position` offset), so the descriptor is inside
             // the ring (desc_ptr), 16-aligned: its u16 flags at byte 14 are 2-aligned; guest
             // memory is plain shared memory, valid for atomic access.
@@ -930,7 +972,7 @@ impl RingOps<'_> {
             EVENT_FLAG_DESC if self.ring.event_idx => {
                 let off_wrap = self.ring.event_word(false, OFF_WRAP);
                 let off_wrap = u16::from_le(off_wrap.load(Ordering::Relaxed));
-                if packed_need_event(off_wrap, self.ring.published, delta, self.ring.size) {
+                if packed_need_event(off_wrap, self.ring.published, delta, self.ring.descs.size) {
                     InterruptDecision::Raise
                 } else {
                     InterruptDecision::SuppressedByEventIdx
@@ -971,8 +1013,8 @@ impl RingOps<'_> {
         fence(Ordering::SeqCst);
         self.ring.fenced = true;
         let next = self.ring.next_avail;
-        self.ring.in_flight < u32::from(self.ring.size)
-            && is_avail(self.ring.load_flags(next.offset), next.wrap)
+        self.ring.in_flight < u32::from(self.ring.descs.size)
+            && is_avail(self.ring.descs.load_flags(next.offset), next.wrap)
     }
 
     fn store_kick_flags(&mut self, flags: u16) {
