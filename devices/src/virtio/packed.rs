@@ -650,7 +650,9 @@ impl RingOps<'_> {
     /// `head` must be popped and not used; anything else is ignored.
     #[inline]
     pub(crate) fn unpop(&mut self, head: &ChainHead) {
-        let back = head.start.distance_to(self.ring.next_avail, self.ring.descs.size);
+        let back = head
+            .start
+            .distance_to(self.ring.next_avail, self.ring.descs.size);
         debug_assert!(
             back <= self.ring.in_flight,
             "unpop of a chain not in flight"
@@ -674,7 +676,10 @@ impl RingOps<'_> {
             return false;
         }
         // `n − 1 < room ≤ size`.
-        let at = self.ring.next_avail.advance((n - 1) as u16, self.ring.descs.size);
+        let at = self
+            .ring
+            .next_avail
+            .advance((n - 1) as u16, self.ring.descs.size);
         is_avail(self.ring.descs.load_flags(at.offset), at.wrap)
     }
 
@@ -740,10 +745,12 @@ impl RingOps<'_> {
         let mut total = 0u32;
         let mut offset = head.start.offset;
         let mut left = head.descs;
-        let result = loop {
-            if left == 0 {
-                break Ok(total);
-            }
+        if left == 0 {
+            // Not a popped chain (a placeholder): nothing to walk.
+            budget.charge(1);
+            return Ok(0);
+        }
+        let walked = loop {
             let desc = ring_descs.read_desc(offset);
             visited += 1;
             let flags = u16::from_le(desc.flags);
@@ -764,17 +771,26 @@ impl RingOps<'_> {
                 Err(e) => break Err(e),
             }
             left -= 1;
+            if left == 0 {
+                // Every chain's path ends here, apart from the indirect one and the errors.
+                budget.charge(visited);
+                // Buffers that follow each other in memory (a header in its own descriptor
+                // just before the frame, say) become one entry: a frame in one segment is one
+                // `write`.
+                if iovs.len() > start + 1 {
+                    iovs.merge_from(start + 1, start);
+                }
+                return Ok(total);
+            }
             offset = ring_descs.next(offset);
         };
-        budget.charge(visited.max(1));
-        match result {
-            // Buffers that follow each other in memory (a header in its own descriptor just
-            // before the frame, say) become one entry: a frame in one segment is one `write`.
+        budget.charge(visited);
+        match walked {
             Ok(_) if iovs.len() > start + 1 => iovs.merge_from(start + 1, start),
             Ok(_) => {}
             Err(_) => iovs.truncate(start),
         }
-        result
+        walked
     }
 
     /// Walks a control-style chain: device-readable buffers first (appended to `readable`),
