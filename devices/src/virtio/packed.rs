@@ -83,8 +83,8 @@ use vm_memory::{GuestMemoryError, GuestMemoryMmap};
 
 use super::chain::{ChainError, Direction};
 use super::guest::{
-    add_len, host_regions, push_buffer, read_unaligned_volatile, vring_need_event, GuestView,
-    InterruptDecision, WalkBudget, MAX_CHAIN_DESCRIPTORS,
+    host_regions, read_unaligned_volatile, vring_need_event, Buffer, ControlWalk, Directed,
+    GuestView, InterruptDecision, WalkBudget, MAX_CHAIN_DESCRIPTORS,
 };
 use crate::iovec::{prefetch, IovecList};
 
@@ -123,6 +123,18 @@ struct RawDesc {
     len: u32,
     id: u16,
     flags: u16,
+}
+
+impl RawDesc {
+    /// Its buffer, in native byte order.
+    #[inline(always)]
+    fn buffer(&self) -> Buffer {
+        Buffer {
+            addr: u64::from_le(self.addr),
+            len: u32::from_le(self.len),
+            flags: u16::from_le(self.flags),
+        }
+    }
 }
 
 /// Where the driver put a packed queue's three parts, and its size.
@@ -735,10 +747,7 @@ impl RingOps<'_> {
         iovs: &mut IovecList<'g>,
         budget: &mut WalkBudget,
     ) -> Result<u32, ChainError> {
-        let write_flag = match direction {
-            Direction::DeviceWrites => WRITE,
-            Direction::DeviceReads => 0,
-        };
+        let rule = Directed::new(direction, limit);
         let ring_descs = self.ring.descs;
         let start = iovs.len();
         let mut visited = 0u32;
@@ -753,20 +762,19 @@ impl RingOps<'_> {
         let walked = loop {
             let desc = ring_descs.read_desc(offset);
             visited += 1;
-            let flags = u16::from_le(desc.flags);
-            if flags & INDIRECT != 0 {
+            let buf = desc.buffer();
+            if buf.flags & INDIRECT != 0 {
                 // Only a lone descriptor may point to a table (virtio 1.1 §2.8.19).
                 if head.descs != 1 {
                     break Err(ChainError::BadIndirectTable);
                 }
                 // A copy of the count, so that `visited` stays out of memory on the ring's path.
                 let mut seen = visited;
-                let walked = walk_indirect(guest, desc, write_flag, limit, iovs, &mut seen);
+                let walked = walk_indirect(guest, desc, rule, iovs, &mut seen);
                 visited = seen;
                 break walked;
             }
-            let (addr, len) = (u64::from_le(desc.addr), u32::from_le(desc.len));
-            match push_buffer(guest, addr, len, flags, write_flag, limit, total, iovs) {
+            match rule.push(guest, buf, total, iovs) {
                 Ok(t) => total = t,
                 Err(e) => break Err(e),
             }
@@ -807,35 +815,13 @@ impl RingOps<'_> {
         writable: &mut IovecList<'g>,
         budget: &mut WalkBudget,
     ) -> Result<(u32, u32), ChainError> {
-        let starts = (readable.len(), writable.len());
         let mut visited = 0u32;
-        let mut totals = (0u32, 0u32);
-        let mut seen_writable = false;
-        let result = self.traverse(guest, head, &mut visited, &mut |desc: &RawDesc| {
-            let flags = u16::from_le(desc.flags);
-            let addr = u64::from_le(desc.addr);
-            let len = u32::from_le(desc.len);
-            let (list, total) = if flags & WRITE != 0 {
-                seen_writable = true;
-                (&mut *writable, &mut totals.1)
-            } else if seen_writable {
-                return Err(ChainError::WrongDirection { addr });
-            } else {
-                (&mut *readable, &mut totals.0)
-            };
-            *total = add_len(*total, len, limit)?;
-            guest.push_range(list, addr, len)?;
-            Ok(())
+        let mut walk = ControlWalk::new(guest, limit, readable, writable);
+        let traversed = self.traverse(guest, head, &mut visited, &mut |desc: &RawDesc| {
+            walk.push(desc.buffer())
         });
         budget.charge(visited.max(1));
-        match result {
-            Ok(()) => Ok(totals),
-            Err(e) => {
-                readable.truncate(starts.0);
-                writable.truncate(starts.1);
-                Err(e)
-            }
-        }
+        walk.finish(traversed)
     }
 
     /// Visits `head`'s descriptors in order: its ring descriptors, or the entries of the
@@ -1048,16 +1034,13 @@ impl RingOps<'_> {
 fn walk_indirect<'g>(
     guest: &GuestView<'g>,
     table: RawDesc,
-    write_flag: u16,
-    limit: u32,
+    rule: Directed,
     iovs: &mut IovecList<'g>,
     visited: &mut u32,
 ) -> Result<u32, ChainError> {
     let mut total = 0;
     traverse_indirect(guest, table, visited, &mut |desc: &RawDesc| {
-        let (addr, len) = (u64::from_le(desc.addr), u32::from_le(desc.len));
-        let flags = u16::from_le(desc.flags);
-        total = push_buffer(guest, addr, len, flags, write_flag, limit, total, iovs)?;
+        total = rule.push(guest, desc.buffer(), total, iovs)?;
         Ok(())
     })?;
     Ok(total)
