@@ -4,11 +4,13 @@
 //! [`MAX_CHAIN_DESCRIPTORS`], [`CALL_DESCRIPTOR_BUDGET`]), and the interrupt decision's
 //! vocabulary ([`InterruptDecision`], [`vring_need_event`]).
 
+use virtio_bindings::virtio_ring::VRING_DESC_F_WRITE;
 use vm_memory::{
     GuestAddress, GuestMemoryBackend, GuestMemoryError, GuestMemoryMmap, GuestMemoryRegion,
     MemoryRegionAddress,
 };
 
+use super::chain::{ChainError, Direction};
 use crate::iovec::{IovecError, IovecList, MAX_IOVECS};
 
 /// Reads a `T` at any alignment with volatile loads (indirect descriptor tables need not be
@@ -100,6 +102,130 @@ impl<'m> GuestView<'m> {
             None => iovs.push_guest_range(self.mem, GuestAddress(addr), len),
         }
     }
+}
+
+/// A descriptor's buffer as both rings lay it out (guest address, length, flags), in native
+/// byte order.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Buffer {
+    pub(crate) addr: u64,
+    pub(crate) len: u32,
+    pub(crate) flags: u16,
+}
+
+/// What every buffer of a chain walked in one direction (the datapath's walks) must meet: its
+/// WRITE flag, and the most bytes the chain may hold.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Directed {
+    write_flag: u16,
+    limit: u32,
+}
+
+impl Directed {
+    /// Buffers the device accesses as `direction` says, `limit` bytes in all at most.
+    #[inline(always)]
+    pub(crate) fn new(direction: Direction, limit: u32) -> Directed {
+        let write_flag = match direction {
+            Direction::DeviceWrites => VRING_DESC_F_WRITE as u16,
+            Direction::DeviceReads => 0,
+        };
+        Directed { write_flag, limit }
+    }
+
+    /// Appends `buf` to `iovs` after the `total` bytes of the chain before it and returns the
+    /// new total: refused when its direction is the wrong one, when the chain would pass the
+    /// limit, or when the buffer is not inside guest memory.
+    #[inline(always)]
+    pub(crate) fn push<'g>(
+        self,
+        guest: &GuestView<'g>,
+        buf: Buffer,
+        total: u32,
+        iovs: &mut IovecList<'g>,
+    ) -> Result<u32, ChainError> {
+        if buf.flags & VRING_DESC_F_WRITE as u16 != self.write_flag {
+            return Err(ChainError::WrongDirection { addr: buf.addr });
+        }
+        let total = add_len(total, buf.len, self.limit)?;
+        guest.push_range(iovs, buf.addr, buf.len)?;
+        Ok(total)
+    }
+}
+
+/// A control-style chain being walked (off the datapath): device-readable buffers first,
+/// appended to one list, then device-writable ones, appended to the other; a readable buffer
+/// after a writable one is refused, as are parts of more than `limit` bytes and buffers
+/// outside guest memory.
+pub(crate) struct ControlWalk<'a, 'g> {
+    guest: &'a GuestView<'g>,
+    limit: u32,
+    readable: &'a mut IovecList<'g>,
+    writable: &'a mut IovecList<'g>,
+    /// The lists' lengths before the walk (what an error truncates them back to).
+    starts: (usize, usize),
+    totals: (u32, u32),
+    seen_writable: bool,
+}
+
+impl<'a, 'g> ControlWalk<'a, 'g> {
+    /// A walk appending to `readable` and `writable`, each part at most `limit` bytes.
+    pub(crate) fn new(
+        guest: &'a GuestView<'g>,
+        limit: u32,
+        readable: &'a mut IovecList<'g>,
+        writable: &'a mut IovecList<'g>,
+    ) -> ControlWalk<'a, 'g> {
+        let starts = (readable.len(), writable.len());
+        ControlWalk {
+            guest,
+            limit,
+            readable,
+            writable,
+            starts,
+            totals: (0, 0),
+            seen_writable: false,
+        }
+    }
+
+    /// Appends the chain's next buffer to its part.
+    pub(crate) fn push(&mut self, buf: Buffer) -> Result<(), ChainError> {
+        let (list, total) = if buf.flags & VRING_DESC_F_WRITE as u16 != 0 {
+            self.seen_writable = true;
+            (&mut *self.writable, &mut self.totals.1)
+        } else if self.seen_writable {
+            return Err(ChainError::WrongDirection { addr: buf.addr });
+        } else {
+            (&mut *self.readable, &mut self.totals.0)
+        };
+        *total = add_len(*total, buf.len, self.limit)?;
+        self.guest.push_range(list, buf.addr, buf.len)?;
+        Ok(())
+    }
+
+    /// The walk's outcome once the chain's traversal ended with `traversed`: the (readable,
+    /// writable) byte counts, or the error with both lists as they were before the walk.
+    pub(crate) fn finish(
+        self,
+        traversed: Result<(), ChainError>,
+    ) -> Result<(u32, u32), ChainError> {
+        match traversed {
+            Ok(()) => Ok(self.totals),
+            Err(e) => {
+                self.readable.truncate(self.starts.0);
+                self.writable.truncate(self.starts.1);
+                Err(e)
+            }
+        }
+    }
+}
+
+/// Adds a buffer's length to a chain's (or a chain part's) total, refusing more than `limit`.
+#[inline(always)]
+fn add_len(total: u32, len: u32, limit: u32) -> Result<u32, ChainError> {
+    total
+        .checked_add(len)
+        .filter(|t| *t <= limit)
+        .ok_or(ChainError::TooLong { limit })
 }
 
 /// The host mapping of every region of `mem`, for a [`GuestView`] of it.

@@ -24,7 +24,9 @@
 //!
 //! - **Available**: a descriptor is available when its AVAIL flag equals the driver's wrap
 //!   counter and its USED flag differs from it; its flags are loaded with acquire before the
-//!   rest of the chain is read (the driver writes the head's flags last).
+//!   rest of the chain is read (the driver writes the head's flags last), and each other
+//!   descriptor of the chain is read once per pass (its id and flags together when the pop
+//!   looks for the chain's end, the whole descriptor when the walk reads its buffer).
 //! - **Chains**: NEXT links the following ring slot (wrapping at the end). A chain's extent and
 //!   buffer id (that of its last descriptor) are fixed when it is popped, so a driver that
 //!   rewrites it afterwards cannot change what the device later marks used. A chain that runs
@@ -41,10 +43,14 @@
 //! - **Bounded work**: popping reads at most [`MAX_CHAIN_DESCRIPTORS`] descriptors' flags;
 //!   walking a chain visits at most [`MAX_CHAIN_DESCRIPTORS`] descriptors and charges them to
 //!   the call's `WalkBudget`, as the split ring does.
-//! - **Used**: the used descriptor goes at `next_used`: id and length first, then, after a
-//!   release fence, the flags (AVAIL and USED both equal to the used wrap counter, WRITE when
-//!   the length is meaningful). Positions advance only by what was popped: every completion
-//!   consumes a [`ChainHead`] the pop returned. With VIRTIO_F_IN_ORDER a batch of chains is
+//! - **Used**: each used descriptor goes at `next_used`, its flags AVAIL and USED both equal to
+//!   the used wrap counter, WRITE when the length is meaningful. The driver sees them a batch
+//!   at a time, as with the split ring's used index: the first since the last publication
+//!   gets its id and length at once and its flags at the publication, stored last with
+//!   release; the driver reads used descriptors in ring order and stops at it, so those after
+//!   it are written whole meanwhile (QEMU and Linux's vhost return batches the same way).
+//!   Positions advance only by what was popped: every completion consumes a [`ChainHead`] the
+//!   pop returned. With VIRTIO_F_IN_ORDER a batch of chains is
 //!   returned with one used descriptor carrying the last buffer id, and the position skips all
 //!   of their descriptors.
 //! - **Interrupts** (`RingOps::interrupt_decision`, once over everything published since the
@@ -77,8 +83,8 @@ use vm_memory::{GuestMemoryError, GuestMemoryMmap};
 
 use super::chain::{ChainError, Direction};
 use super::guest::{
-    host_regions, read_unaligned_volatile, vring_need_event, GuestView, InterruptDecision,
-    WalkBudget, MAX_CHAIN_DESCRIPTORS,
+    host_regions, read_unaligned_volatile, vring_need_event, Buffer, ControlWalk, Directed,
+    GuestView, InterruptDecision, WalkBudget, MAX_CHAIN_DESCRIPTORS,
 };
 use crate::iovec::{prefetch, IovecList};
 
@@ -117,6 +123,18 @@ struct RawDesc {
     len: u32,
     id: u16,
     flags: u16,
+}
+
+impl RawDesc {
+    /// Its buffer, in native byte order.
+    #[inline(always)]
+    fn buffer(&self) -> Buffer {
+        Buffer {
+            addr: u64::from_le(self.addr),
+            len: u32::from_le(self.len),
+            flags: u16::from_le(self.flags),
+        }
+    }
 }
 
 /// Where the driver put a packed queue's three parts, and its size.
@@ -296,8 +314,7 @@ pub struct PackedVirtqueue {
 /// owning [`PackedVirtqueue`]'s memory lives, so the state never leaves it.
 #[derive(Debug)]
 struct RingState {
-    size: u16,
-    desc: *mut u8,
+    descs: DescRing,
     driver_event: *mut u8,
     device_event: *mut u8,
     event_idx: bool,
@@ -312,6 +329,8 @@ struct RingState {
     unsignalled: u32,
     /// Descriptors used since the last publication.
     unpublished: u32,
+    /// The first used descriptor since the last publication, whose flags wait for it.
+    held: Option<Held>,
     /// What the device event area's flags hold, as last written.
     kick_flags: Option<u16>,
     /// A full fence ran after the last used descriptor store: the interrupt decision needs none.
@@ -372,8 +391,10 @@ impl PackedVirtqueue {
             mem: mem.clone(),
             regions,
             ring: RingState {
-                size,
-                desc: hosts[0],
+                descs: DescRing {
+                    base: hosts[0],
+                    size,
+                },
                 driver_event: hosts[1],
                 device_event: hosts[2],
                 event_idx: features & (1 << VIRTIO_RING_F_EVENT_IDX) != 0,
@@ -384,6 +405,7 @@ impl PackedVirtqueue {
                 published: Position::START,
                 unsignalled: 0,
                 unpublished: 0,
+                held: None,
                 kick_flags: None,
                 fenced: false,
             },
@@ -392,7 +414,7 @@ impl PackedVirtqueue {
 
     /// Queue size.
     pub fn size(&self) -> u16 {
-        self.ring.size
+        self.ring.descs.size
     }
 
     /// Whether EVENT_IDX was negotiated.
@@ -424,9 +446,9 @@ impl PackedVirtqueue {
     /// busy-poll's probe).
     #[inline]
     pub fn avail_pending(&self) -> bool {
-        self.ring.in_flight < u32::from(self.ring.size)
+        self.ring.in_flight < u32::from(self.ring.descs.size)
             && is_avail(
-                self.ring.load_flags(self.ring.next_avail.offset),
+                self.ring.descs.load_flags(self.ring.next_avail.offset),
                 self.ring.next_avail.wrap,
             )
     }
@@ -445,53 +467,141 @@ impl PackedVirtqueue {
 /// True when `flags` mark a descriptor available for the driver's wrap counter `wrap`.
 #[inline]
 fn is_avail(flags: u16, wrap: bool) -> bool {
-    let avail = flags & DESC_F_AVAIL != 0;
-    let used = flags & DESC_F_USED != 0;
-    avail == wrap && used != wrap
+    // AVAIL equal to the counter and USED not: AVAIL alone for 1, USED alone for 0.
+    let expected = if wrap { DESC_F_AVAIL } else { DESC_F_USED };
+    flags & (DESC_F_AVAIL | DESC_F_USED) == expected
 }
 
-impl RingState {
+/// The AVAIL and USED bits of a used descriptor written with the device's wrap counter `wrap`.
+#[inline(always)]
+fn used_flags(wrap: bool) -> u16 {
+    if wrap {
+        DESC_F_AVAIL | DESC_F_USED
+    } else {
+        0
+    }
+}
+
+/// A used descriptor whose id and length are written and whose flags wait for the
+/// publication.
+#[derive(Clone, Copy, Debug)]
+struct Held {
+    offset: u16,
+    flags: u16,
+}
+
+/// The descriptor ring: its host address and size. Small and `Copy`: the hot paths take a
+/// copy into a local, which the compiler keeps in registers across the stores they make (a
+/// field read through the queue's state would be read again after each).
+#[derive(Clone, Copy, Debug)]
+struct DescRing {
+    /// Host address of descriptor 0 (16·size bytes, checked in `PackedVirtqueue::new`).
+    base: *mut u8,
+    size: u16,
+}
+
+impl DescRing {
     /// Host address of descriptor `offset`'s first byte.
-    #[inline]
-    fn desc_ptr(&self, offset: u16) -> *mut u8 {
+    #[inline(always)]
+    fn ptr(self, offset: u16) -> *mut u8 {
         debug_assert!(offset < self.size);
         // SAFETY: `offset < size` (every caller passes a `Position` offset or one reduced
         // below `size`), so the result is inside the 16·size-byte ring checked in `new`.
-        unsafe { self.desc.add(usize::from(offset) * DESC_SIZE as usize) }
+        unsafe { self.base.add(usize::from(offset) * DESC_SIZE as usize) }
+    }
+
+    /// The offset after `offset`, wrapping at the end of the ring.
+    #[inline(always)]
+    fn next(self, offset: u16) -> u16 {
+        if offset + 1 == self.size {
+            0
+        } else {
+            offset + 1
+        }
     }
 
     /// Descriptor `offset`'s flags, acquire: the rest of the chain is read after it.
-    #[inline]
-    fn load_flags(&self, offset: u16) -> u16 {
-        // SAFETY: the descriptor is inside the ring (desc_ptr), 16-aligned, so its u16 flags at
+    #[inline(always)]
+    fn load_flags(self, offset: u16) -> u16 {
+        // SAFETY: the descriptor is inside the ring (ptr), 16-aligned, so its u16 flags at
         // byte 14 are 2-aligned; guest memory is plain shared memory, valid for atomic access.
-        let flags = unsafe { AtomicU16::from_ptr(self.desc_ptr(offset).add(14).cast()) };
+        let flags = unsafe { AtomicU16::from_ptr(self.ptr(offset).add(14).cast()) };
         u16::from_le(flags.load(Ordering::Acquire))
     }
 
-    /// Descriptor `offset`'s flags (read after an acquire load of the chain's first flags).
+    /// The id (low half) and flags (high half) of descriptor `offset`, in one load (read after
+    /// an acquire load of the chain's first flags).
+    #[inline(always)]
+    fn read_id_flags(self, offset: u16) -> u32 {
+        // SAFETY: the descriptor is inside the ring (ptr), 16-aligned: its id and flags,
+        // bytes 12..16, are inside it and 4-aligned.
+        u32::from_le(unsafe { ptr::read_volatile(self.ptr(offset).add(12).cast::<u32>()) })
+    }
+
+    /// Follows the NEXT flags of the chain whose head, at `head` with NEXT set, was found
+    /// available, through at most `room` descriptors (`in_flight` are popped and not used):
+    /// the chain's buffer id (that of its last descriptor) and its length in descriptors. A
+    /// chain that runs on past `room` or [`MAX_CHAIN_DESCRIPTORS`] descriptors is refused.
     #[inline]
-    fn read_flags(&self, offset: u16) -> u16 {
-        // SAFETY: the descriptor is inside the ring (desc_ptr), 16-aligned: its u16 flags at
-        // byte 14 are inside it and 2-aligned.
-        u16::from_le(unsafe { ptr::read_volatile(self.desc_ptr(offset).add(14).cast::<u16>()) })
+    fn chain_end(
+        self,
+        head: u16,
+        room: u32,
+        in_flight: u32,
+    ) -> Result<(u16, u16), PackedRingError> {
+        let limit = room.min(MAX_CHAIN_DESCRIPTORS);
+        let mut offset = head;
+        let mut descs = 1u32;
+        loop {
+            if descs == limit {
+                return Err(if descs == MAX_CHAIN_DESCRIPTORS || in_flight == 0 {
+                    PackedRingError::ChainTooLong(descs)
+                } else {
+                    PackedRingError::Overrun
+                });
+            }
+            offset = self.next(offset);
+            descs += 1;
+            let id_flags = self.read_id_flags(offset);
+            if (id_flags >> 16) as u16 & NEXT == 0 {
+                // `descs ≤ limit ≤ size ≤ 32768`.
+                return Ok((id_flags as u16, descs as u16));
+            }
+        }
     }
 
     /// Descriptor `offset`'s buffer id.
-    #[inline]
-    fn read_id(&self, offset: u16) -> u16 {
-        // SAFETY: the descriptor is inside the ring (desc_ptr), 16-aligned: its u16 id at
-        // byte 12 is inside it and 2-aligned.
-        u16::from_le(unsafe { ptr::read_volatile(self.desc_ptr(offset).add(12).cast::<u16>()) })
+    #[inline(always)]
+    fn read_id(self, offset: u16) -> u16 {
+        // SAFETY: the descriptor is inside the ring (ptr), 16-aligned: its u16 id at byte 12
+        // is inside it and 2-aligned.
+        u16::from_le(unsafe { ptr::read_volatile(self.ptr(offset).add(12).cast::<u16>()) })
+    }
+
+    /// Descriptor `offset`'s buffer address and length alone (read after an acquire load of
+    /// its flags).
+    #[inline(always)]
+    fn read_buffer(self, offset: u16) -> (u64, u32) {
+        let p = self.ptr(offset);
+        // SAFETY: the descriptor is inside the ring (ptr), 16-aligned: its u64 address at byte
+        // 0 and u32 length at byte 8 are inside it and aligned.
+        unsafe {
+            (
+                u64::from_le(ptr::read_volatile(p.cast::<u64>())),
+                u32::from_le(ptr::read_volatile(p.add(8).cast::<u32>())),
+            )
+        }
     }
 
     /// Descriptor `offset` (read after an acquire load of the chain's first flags).
-    #[inline]
-    fn read_desc(&self, offset: u16) -> RawDesc {
-        // SAFETY: the 16 bytes are inside the ring (desc_ptr), 16-aligned.
-        unsafe { ptr::read_volatile(self.desc_ptr(offset).cast::<RawDesc>()) }
+    #[inline(always)]
+    fn read_desc(self, offset: u16) -> RawDesc {
+        // SAFETY: the 16 bytes are inside the ring (ptr), 16-aligned.
+        unsafe { ptr::read_volatile(self.ptr(offset).cast::<RawDesc>()) }
     }
+}
 
+impl RingState {
     /// A u16 of an event suppression area: the device's own (`device`) or the driver's; `word`
     /// [`OFF_WRAP`] or [`FLAGS`].
     #[inline]
@@ -523,34 +633,28 @@ impl RingOps<'_> {
     #[inline(always)]
     pub(crate) fn pop_head(&mut self) -> Result<Option<ChainHead>, PackedRingError> {
         let ring = &*self.ring;
-        let size = ring.size;
-        let start = ring.next_avail;
-        let room = u32::from(size) - ring.in_flight;
-        if room == 0 || !is_avail(ring.load_flags(start.offset), start.wrap) {
+        let (ring_descs, start, in_flight) = (ring.descs, ring.next_avail, ring.in_flight);
+        let size = ring_descs.size;
+        let room = u32::from(size) - in_flight;
+        if room == 0 {
             return Ok(None);
         }
-        let limit = room.min(MAX_CHAIN_DESCRIPTORS);
-        let mut offset = start.offset;
-        let mut descs = 1u32;
-        while ring.read_flags(offset) & NEXT != 0 {
-            if descs == limit {
-                return Err(if descs == MAX_CHAIN_DESCRIPTORS || ring.in_flight == 0 {
-                    PackedRingError::ChainTooLong(descs)
-                } else {
-                    PackedRingError::Overrun
-                });
-            }
-            offset = if offset + 1 == size { 0 } else { offset + 1 };
-            descs += 1;
+        let flags = ring_descs.load_flags(start.offset);
+        if !is_avail(flags, start.wrap) {
+            return Ok(None);
         }
-        let id = ring.read_id(offset);
+        // A lone descriptor (every 1-descriptor chain) holds its own id; a chain's end is
+        // found from the id-and-flags word of each following descriptor, read once.
+        let (id, descs) = if flags & NEXT == 0 {
+            (ring_descs.read_id(start.offset), 1)
+        } else {
+            ring_descs.chain_end(start.offset, room, in_flight)?
+        };
         if id >= size {
             return Err(PackedRingError::IdOutOfRange(id));
         }
-        // `descs ≤ room ≤ size ≤ 32768`.
-        let descs = descs as u16;
         self.ring.next_avail = start.advance(descs, size);
-        self.ring.in_flight += u32::from(descs);
+        self.ring.in_flight = in_flight + u32::from(descs);
         Ok(Some(ChainHead { id, start, descs }))
     }
 
@@ -558,7 +662,9 @@ impl RingOps<'_> {
     /// `head` must be popped and not used; anything else is ignored.
     #[inline]
     pub(crate) fn unpop(&mut self, head: &ChainHead) {
-        let back = head.start.distance_to(self.ring.next_avail, self.ring.size);
+        let back = head
+            .start
+            .distance_to(self.ring.next_avail, self.ring.descs.size);
         debug_assert!(
             back <= self.ring.in_flight,
             "unpop of a chain not in flight"
@@ -574,7 +680,7 @@ impl RingOps<'_> {
     /// false past what the ring can hold with the chains in flight.
     #[inline]
     pub(crate) fn pending_at_least(&self, n: usize) -> bool {
-        let room = (u32::from(self.ring.size) - self.ring.in_flight) as usize;
+        let room = (u32::from(self.ring.descs.size) - self.ring.in_flight) as usize;
         if n == 0 {
             return true;
         }
@@ -582,21 +688,24 @@ impl RingOps<'_> {
             return false;
         }
         // `n − 1 < room ≤ size`.
-        let at = self.ring.next_avail.advance((n - 1) as u16, self.ring.size);
-        is_avail(self.ring.load_flags(at.offset), at.wrap)
+        let at = self
+            .ring
+            .next_avail
+            .advance((n - 1) as u16, self.ring.descs.size);
+        is_avail(self.ring.descs.load_flags(at.offset), at.wrap)
     }
 
     /// Warms the caches for the next chain, if it is available: its first descriptor's buffer
     /// (the descriptor itself was just read by the pop's probe or will be).
     #[inline]
     pub(crate) fn prefetch_ahead(&self, guest: &GuestView<'_>) {
-        let next = self.ring.next_avail;
-        if !is_avail(self.ring.load_flags(next.offset), next.wrap) {
+        let (ring_descs, next) = (self.ring.descs, self.ring.next_avail);
+        if !is_avail(ring_descs.load_flags(next.offset), next.wrap) {
             return;
         }
-        let desc = self.ring.read_desc(next.offset);
-        let len = u64::from(u32::from_le(desc.len)).min(128);
-        if let Some(p) = guest.host_range(u64::from_le(desc.addr), len.max(1)) {
+        let (addr, len) = ring_descs.read_buffer(next.offset);
+        let len = u64::from(len).min(128);
+        if let Some(p) = guest.host_range(addr, len.max(1)) {
             prefetch(p);
             if len > 64 {
                 prefetch(p.wrapping_add(64));
@@ -608,12 +717,12 @@ impl RingOps<'_> {
     /// worth), wrapping at the end of the ring.
     #[inline]
     pub(crate) fn prefetch_descriptors(&self, n: u16) {
-        let size = self.ring.size;
+        let size = self.ring.descs.size;
         let n = n.min(size);
         let mut offset = self.ring.next_avail.offset;
         let mut left = n;
         while left > 0 {
-            prefetch(self.ring.desc_ptr(offset));
+            prefetch(self.ring.descs.ptr(offset));
             // Four descriptors per 64-byte line; step to the next line.
             let step = (4 - offset % 4).min(left);
             left -= step;
@@ -624,6 +733,10 @@ impl RingOps<'_> {
     /// Walks `head`'s buffers, appending them to `iovs` (those that follow each other in memory
     /// as one entry), and returns their total length. On error `iovs` is left as it was. Every
     /// descriptor visited is charged to `budget`.
+    ///
+    /// The ring descriptors (every chain's path) are walked in one short loop, each read once;
+    /// a lone descriptor pointing to an indirect table continues out of line
+    /// ([`walk_indirect`]).
     #[inline(always)]
     pub(crate) fn walk_chain<'g>(
         &self,
@@ -634,36 +747,58 @@ impl RingOps<'_> {
         iovs: &mut IovecList<'g>,
         budget: &mut WalkBudget,
     ) -> Result<u32, ChainError> {
-        let write_flag = match direction {
-            Direction::DeviceWrites => WRITE,
-            Direction::DeviceReads => 0,
-        };
+        let rule = Directed::new(direction, limit);
+        let ring_descs = self.ring.descs;
         let start = iovs.len();
         let mut visited = 0u32;
         let mut total = 0u32;
-        let result = self.traverse(guest, head, &mut visited, &mut |desc: &RawDesc| {
-            let flags = u16::from_le(desc.flags);
-            let addr = u64::from_le(desc.addr);
-            if flags & WRITE != write_flag {
-                return Err(ChainError::WrongDirection { addr });
+        let mut offset = head.start.offset;
+        let mut left = head.descs;
+        if left == 0 {
+            // Not a popped chain (a placeholder): nothing to walk.
+            budget.charge(1);
+            return Ok(0);
+        }
+        let walked = loop {
+            let desc = ring_descs.read_desc(offset);
+            visited += 1;
+            let buf = desc.buffer();
+            if buf.flags & INDIRECT != 0 {
+                // Only a lone descriptor may point to a table (virtio 1.1 §2.8.19).
+                if head.descs != 1 {
+                    break Err(ChainError::BadIndirectTable);
+                }
+                // A copy of the count, so that `visited` stays out of memory on the ring's path.
+                let mut seen = visited;
+                let walked = walk_indirect(guest, desc, rule, iovs, &mut seen);
+                visited = seen;
+                break walked;
             }
-            total = add_len(total, u32::from_le(desc.len), limit)?;
-            guest.push_range(iovs, addr, u32::from_le(desc.len))?;
-            Ok(())
-        });
-        budget.charge(visited.max(1));
-        match result {
-            Ok(()) => {
+            match rule.push(guest, buf, total, iovs) {
+                Ok(t) => total = t,
+                Err(e) => break Err(e),
+            }
+            left -= 1;
+            if left == 0 {
+                // Every chain's path ends here, apart from the indirect one and the errors.
+                budget.charge(visited);
+                // Buffers that follow each other in memory (a header in its own descriptor
+                // just before the frame, say) become one entry: a frame in one segment is one
+                // `write`.
                 if iovs.len() > start + 1 {
                     iovs.merge_from(start + 1, start);
                 }
-                Ok(total)
+                return Ok(total);
             }
-            Err(e) => {
-                iovs.truncate(start);
-                Err(e)
-            }
+            offset = ring_descs.next(offset);
+        };
+        budget.charge(visited);
+        match walked {
+            Ok(_) if iovs.len() > start + 1 => iovs.merge_from(start + 1, start),
+            Ok(_) => {}
+            Err(_) => iovs.truncate(start),
         }
+        walked
     }
 
     /// Walks a control-style chain: device-readable buffers first (appended to `readable`),
@@ -680,40 +815,18 @@ impl RingOps<'_> {
         writable: &mut IovecList<'g>,
         budget: &mut WalkBudget,
     ) -> Result<(u32, u32), ChainError> {
-        let starts = (readable.len(), writable.len());
         let mut visited = 0u32;
-        let mut totals = (0u32, 0u32);
-        let mut seen_writable = false;
-        let result = self.traverse(guest, head, &mut visited, &mut |desc: &RawDesc| {
-            let flags = u16::from_le(desc.flags);
-            let addr = u64::from_le(desc.addr);
-            let len = u32::from_le(desc.len);
-            let (list, total) = if flags & WRITE != 0 {
-                seen_writable = true;
-                (&mut *writable, &mut totals.1)
-            } else if seen_writable {
-                return Err(ChainError::WrongDirection { addr });
-            } else {
-                (&mut *readable, &mut totals.0)
-            };
-            *total = add_len(*total, len, limit)?;
-            guest.push_range(list, addr, len)?;
-            Ok(())
+        let mut walk = ControlWalk::new(guest, limit, readable, writable);
+        let traversed = self.traverse(guest, head, &mut visited, &mut |desc: &RawDesc| {
+            walk.push(desc.buffer())
         });
         budget.charge(visited.max(1));
-        match result {
-            Ok(()) => Ok(totals),
-            Err(e) => {
-                readable.truncate(starts.0);
-                writable.truncate(starts.1);
-                Err(e)
-            }
-        }
+        walk.finish(traversed)
     }
 
     /// Visits `head`'s descriptors in order: its ring descriptors, or the entries of the
     /// indirect table its lone descriptor points to.
-    #[inline(always)]
+    #[inline]
     fn traverse<F: FnMut(&RawDesc) -> Result<(), ChainError>>(
         &self,
         guest: &GuestView<'_>,
@@ -721,13 +834,13 @@ impl RingOps<'_> {
         visited: &mut u32,
         visit: &mut F,
     ) -> Result<(), ChainError> {
-        let size = self.ring.size;
+        let ring_descs = self.ring.descs;
         let mut offset = head.start.offset;
         for i in 0..head.descs {
             if i > 0 {
-                offset = if offset + 1 == size { 0 } else { offset + 1 };
+                offset = ring_descs.next(offset);
             }
-            let desc = self.ring.read_desc(offset);
+            let desc = ring_descs.read_desc(offset);
             *visited += 1;
             if u16::from_le(desc.flags) & INDIRECT != 0 {
                 // Only a lone descriptor may point to a table (virtio 1.1 §2.8.19).
@@ -742,8 +855,9 @@ impl RingOps<'_> {
     }
 
     /// Writes the used descriptor for `head` (`len` bytes written into its device-writable
-    /// buffers) at `next_used` and moves past the descriptors the chain occupies. Visible to
-    /// the driver at once; `publish_used` marks what the next interrupt decision covers.
+    /// buffers) at `next_used` and moves past the descriptors the chain occupies. The driver
+    /// sees it once `publish_used` runs, which also marks what the next interrupt decision
+    /// covers.
     #[inline]
     pub(crate) fn add_used(&mut self, head: ChainHead, len: u32) {
         self.write_used(head.id, len, head.descs);
@@ -769,11 +883,15 @@ impl RingOps<'_> {
         // What is in flight is at most `size` ≤ 32768 descriptors.
         let descs = descs
             .min(self.ring.in_flight)
-            .min(u32::from(self.ring.size)) as u16;
+            .min(u32::from(self.ring.descs.size)) as u16;
         self.write_used(last.id, len, descs);
     }
 
-    /// Writes one used descriptor at `next_used` and advances by `descs`.
+    /// Writes one used descriptor at `next_used` and advances by `descs`. The first since the
+    /// last publication gets its id and length now and its flags at the publication
+    /// (`publish_used`): until then the driver, which reads used descriptors in ring order,
+    /// stops at it, so each one after it is written whole in one store and the batch needs a
+    /// single release.
     #[inline]
     fn write_used(&mut self, id: u16, len: u32, descs: u16) {
         debug_assert!(
@@ -785,37 +903,49 @@ impl RingOps<'_> {
         if descs == 0 {
             return;
         }
-        let at = self.ring.next_used;
-        let mut flags = if at.wrap {
-            DESC_F_AVAIL | DESC_F_USED
+        let (ring_descs, at) = (self.ring.descs, self.ring.next_used);
+        // The spec reserves the length of a used descriptor without WRITE.
+        let flags = used_flags(at.wrap) | if len > 0 { WRITE } else { 0 };
+        let p = ring_descs.ptr(at.offset);
+        if self.ring.held.is_none() {
+            // SAFETY: `p` is a 16-aligned descriptor inside the ring (desc_ptr): `len` at byte
+            // 8 (4-aligned) and `id` at byte 12 (2-aligned) are inside it; guest memory is
+            // valid for volatile access.
+            unsafe {
+                ptr::write_volatile(p.add(8).cast::<u32>(), len.to_le());
+                ptr::write_volatile(p.add(12).cast::<u16>(), id.to_le());
+            }
+            self.ring.held = Some(Held {
+                offset: at.offset,
+                flags,
+            });
         } else {
-            0
-        };
-        if len > 0 {
-            // The spec reserves the length of a used descriptor without WRITE.
-            flags |= WRITE;
+            // Bytes 8..16: `len`, `id`, `flags` (little endian).
+            let word = u64::from(len) | u64::from(id) << 32 | u64::from(flags) << 48;
+            // SAFETY: `p` is a 16-aligned descriptor inside the ring (desc_ptr): its bytes
+            // 8..16 are inside it and 8-aligned; guest memory is valid for volatile access.
+            unsafe { ptr::write_volatile(p.add(8).cast::<u64>(), word.to_le()) };
         }
-        let p = self.ring.desc_ptr(at.offset);
-        // SAFETY: `p` is a 16-aligned descriptor inside the ring (desc_ptr): `len` at byte 8
-        // (4-aligned), `id` at byte 12 and `flags` at byte 14 (2-aligned) are inside it; guest
-        // memory is valid for volatile and atomic access.
-        unsafe {
-            ptr::write_volatile(p.add(8).cast::<u32>(), len.to_le());
-            ptr::write_volatile(p.add(12).cast::<u16>(), id.to_le());
-            // id and length must be visible before the flags that hand the descriptor over.
-            fence(Ordering::Release);
-            AtomicU16::from_ptr(p.add(14).cast()).store(flags.to_le(), Ordering::Relaxed);
-        }
-        self.ring.next_used = at.advance(descs, self.ring.size);
+        self.ring.next_used = at.advance(descs, ring_descs.size);
         self.ring.in_flight -= u32::from(descs);
         self.ring.unpublished += u32::from(descs);
-        self.ring.fenced = false;
     }
 
-    /// Closes a burst: the used descriptors written so far are what the next interrupt
-    /// decision covers (each was visible to the driver as soon as it was written).
+    /// Closes a burst: hands the used descriptors written since the last publication to the
+    /// driver (the flags of the first of them, stored last with release: the driver sees the
+    /// whole batch with it) and makes them what the next interrupt decision covers.
     #[inline]
     pub(crate) fn publish_used(&mut self) {
+        if let Some(held) = self.ring.held.take() {
+            let p = self.ring.descs.ptr(held.offset);
+            // SAFETY: `held.offset < size` (a `Position` offset), so the descriptor is inside
+            // the ring (desc_ptr), 16-aligned: its u16 flags at byte 14 are 2-aligned; guest
+            // memory is plain shared memory, valid for atomic access.
+            let word = unsafe { AtomicU16::from_ptr(p.add(14).cast()) };
+            // Every used descriptor, id and length written before must be visible first.
+            word.store(held.flags.to_le(), Ordering::Release);
+            self.ring.fenced = false;
+        }
         self.ring.published = self.ring.next_used;
         self.ring.unsignalled = self
             .ring
@@ -844,7 +974,7 @@ impl RingOps<'_> {
             EVENT_FLAG_DESC if self.ring.event_idx => {
                 let off_wrap = self.ring.event_word(false, OFF_WRAP);
                 let off_wrap = u16::from_le(off_wrap.load(Ordering::Relaxed));
-                if packed_need_event(off_wrap, self.ring.published, delta, self.ring.size) {
+                if packed_need_event(off_wrap, self.ring.published, delta, self.ring.descs.size) {
                     InterruptDecision::Raise
                 } else {
                     InterruptDecision::SuppressedByEventIdx
@@ -885,8 +1015,8 @@ impl RingOps<'_> {
         fence(Ordering::SeqCst);
         self.ring.fenced = true;
         let next = self.ring.next_avail;
-        self.ring.in_flight < u32::from(self.ring.size)
-            && is_avail(self.ring.load_flags(next.offset), next.wrap)
+        self.ring.in_flight < u32::from(self.ring.descs.size)
+            && is_avail(self.ring.descs.load_flags(next.offset), next.wrap)
     }
 
     fn store_kick_flags(&mut self, flags: u16) {
@@ -897,13 +1027,23 @@ impl RingOps<'_> {
     }
 }
 
-/// Adds a descriptor's length to a chain's total, refusing more than `limit`.
-#[inline]
-fn add_len(total: u32, len: u32, limit: u32) -> Result<u32, ChainError> {
-    total
-        .checked_add(len)
-        .filter(|t| *t <= limit)
-        .ok_or(ChainError::TooLong { limit })
+/// The rest of [`RingOps::walk_chain`] for a lone descriptor pointing to the indirect table
+/// `table`: its entries appended as ring descriptors are; returns their total length.
+// Out of line: keeps the ring-descriptor walk (every chain's path) short in the cache.
+#[inline(never)]
+fn walk_indirect<'g>(
+    guest: &GuestView<'g>,
+    table: RawDesc,
+    rule: Directed,
+    iovs: &mut IovecList<'g>,
+    visited: &mut u32,
+) -> Result<u32, ChainError> {
+    let mut total = 0;
+    traverse_indirect(guest, table, visited, &mut |desc: &RawDesc| {
+        total = rule.push(guest, desc.buffer(), total, iovs)?;
+        Ok(())
+    })?;
+    Ok(total)
 }
 
 /// Visits the entries of the indirect table `table` points to, in order: its length a whole,

@@ -173,7 +173,8 @@ pub(crate) trait Ring {
     /// `len`, the position moved past all of them.
     fn add_used_batch(&mut self, heads: &[Self::Head], len: u32);
 
-    /// Makes the used entries written so far what the next interrupt decision covers.
+    /// Hands the used entries written so far to the driver (neither ring shows them before)
+    /// and makes them what the next interrupt decision covers.
     fn publish_used(&mut self);
 
     /// Whether what was published since the last decision warrants an interrupt.

@@ -31,14 +31,15 @@ use std::ptr;
 use std::sync::atomic::{fence, AtomicU16, Ordering};
 
 use virtio_bindings::virtio_ring::{
-    VRING_AVAIL_F_NO_INTERRUPT, VRING_DESC_F_INDIRECT, VRING_DESC_F_NEXT, VRING_DESC_F_WRITE,
-    VRING_USED_F_NO_NOTIFY,
+    VRING_AVAIL_F_NO_INTERRUPT, VRING_DESC_F_INDIRECT, VRING_DESC_F_NEXT, VRING_USED_F_NO_NOTIFY,
 };
 use virtio_queue::{Queue, QueueT};
 use vm_memory::{GuestMemoryError, GuestMemoryMmap};
 
 use super::chain::{ChainError, Direction};
-use super::guest::{host_regions, read_unaligned_volatile, HostRegion};
+use super::guest::{
+    host_regions, read_unaligned_volatile, Buffer, ControlWalk, Directed, HostRegion,
+};
 pub use super::guest::{
     vring_need_event, InterruptDecision, CALL_DESCRIPTOR_BUDGET, MAX_CHAIN_DESCRIPTORS,
 };
@@ -57,6 +58,18 @@ struct RawDesc {
     len: u32,
     flags: u16,
     next: u16,
+}
+
+impl RawDesc {
+    /// Its buffer, in native byte order.
+    #[inline(always)]
+    fn buffer(&self) -> Buffer {
+        Buffer {
+            addr: u64::from_le(self.addr),
+            len: u32::from_le(self.len),
+            flags: u16::from_le(self.flags),
+        }
+    }
 }
 
 /// Which part of a ring was refused at activation.
@@ -389,10 +402,7 @@ impl RingOps<'_> {
         iovs: &mut IovecList<'g>,
         budget: &mut WalkBudget,
     ) -> Result<u32, ChainError> {
-        let write_flag = match direction {
-            Direction::DeviceWrites => VRING_DESC_F_WRITE as u16,
-            Direction::DeviceReads => 0,
-        };
+        let rule = Directed::new(direction, limit);
         let start = iovs.len();
         let mut visited = 0u32;
         let mut total = 0u32;
@@ -400,15 +410,15 @@ impl RingOps<'_> {
         let result = loop {
             let desc = self.read_desc(index);
             visited += 1;
-            let flags = u16::from_le(desc.flags);
-            if flags & VRING_DESC_F_INDIRECT as u16 != 0 {
-                break walk_indirect(guest, desc, write_flag, limit, total, iovs, &mut visited);
+            let buf = desc.buffer();
+            if buf.flags & VRING_DESC_F_INDIRECT as u16 != 0 {
+                break walk_indirect(guest, desc, rule, total, iovs, &mut visited);
             }
-            match push_desc(guest, &desc, flags, write_flag, limit, total, iovs) {
+            match rule.push(guest, buf, total, iovs) {
                 Ok(t) => total = t,
                 Err(e) => break Err(e),
             }
-            if flags & VRING_DESC_F_NEXT as u16 == 0 {
+            if buf.flags & VRING_DESC_F_NEXT as u16 == 0 {
                 break Ok(total);
             }
             index = u16::from_le(desc.next);
@@ -447,39 +457,13 @@ impl RingOps<'_> {
         writable: &mut IovecList<'g>,
         budget: &mut WalkBudget,
     ) -> Result<(u32, u32), ChainError> {
-        let starts = (readable.len(), writable.len());
         let mut visited = 0u32;
-        let mut totals = (0u32, 0u32);
-        let mut seen_writable = false;
-        let mut push = |desc: &RawDesc| -> Result<(), ChainError> {
-            let flags = u16::from_le(desc.flags);
-            let addr = u64::from_le(desc.addr);
-            let len = u32::from_le(desc.len);
-            let (list, total) = if flags & VRING_DESC_F_WRITE as u16 != 0 {
-                seen_writable = true;
-                (&mut *writable, &mut totals.1)
-            } else if seen_writable {
-                return Err(ChainError::WrongDirection { addr });
-            } else {
-                (&mut *readable, &mut totals.0)
-            };
-            *total = total
-                .checked_add(len)
-                .filter(|t| *t <= limit)
-                .ok_or(ChainError::TooLong { limit })?;
-            guest.push_range(list, addr, len)?;
-            Ok(())
-        };
-        let result = self.traverse(guest, head, &mut visited, &mut push);
+        let mut walk = ControlWalk::new(guest, limit, readable, writable);
+        let traversed = self.traverse(guest, head, &mut visited, &mut |desc: &RawDesc| {
+            walk.push(desc.buffer())
+        });
         budget.charge(visited.max(1));
-        match result {
-            Ok(()) => Ok(totals),
-            Err(e) => {
-                readable.truncate(starts.0);
-                writable.truncate(starts.1);
-                Err(e)
-            }
-        }
+        walk.finish(traversed)
     }
 
     /// Visits the descriptors of the chain at `head` (direct, then an indirect table if the
@@ -641,30 +625,6 @@ impl RingOps<'_> {
     }
 }
 
-/// Appends one direct descriptor's buffer; returns the new total.
-#[inline]
-fn push_desc<'g>(
-    guest: &GuestView<'g>,
-    desc: &RawDesc,
-    flags: u16,
-    write_flag: u16,
-    limit: u32,
-    total: u32,
-    iovs: &mut IovecList<'g>,
-) -> Result<u32, ChainError> {
-    let addr = u64::from_le(desc.addr);
-    if flags & VRING_DESC_F_WRITE as u16 != write_flag {
-        return Err(ChainError::WrongDirection { addr });
-    }
-    let len = u32::from_le(desc.len);
-    let total = total
-        .checked_add(len)
-        .filter(|t| *t <= limit)
-        .ok_or(ChainError::TooLong { limit })?;
-    guest.push_range(iovs, addr, len)?;
-    Ok(total)
-}
-
 /// The rest of [`RingOps::walk_chain`] for a chain that ends in the indirect table `table`:
 /// its descriptors appended as the direct ones are, after `total` bytes; returns the new total.
 // Out of line: keeps the direct-descriptor walk (every chain's path) short in the cache.
@@ -672,15 +632,13 @@ fn push_desc<'g>(
 fn walk_indirect<'g>(
     guest: &GuestView<'g>,
     table: RawDesc,
-    write_flag: u16,
-    limit: u32,
+    rule: Directed,
     mut total: u32,
     iovs: &mut IovecList<'g>,
     visited: &mut u32,
 ) -> Result<u32, ChainError> {
     traverse_indirect(guest, table, visited, &mut |desc: &RawDesc| {
-        let flags = u16::from_le(desc.flags);
-        total = push_desc(guest, desc, flags, write_flag, limit, total, iovs)?;
+        total = rule.push(guest, desc.buffer(), total, iovs)?;
         Ok(())
     })?;
     Ok(total)

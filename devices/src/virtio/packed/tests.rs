@@ -759,17 +759,62 @@ fn batches_without_in_order_use_a_descriptor_each() {
     assert_eq!(vq.next_used(), driver_used(&driver));
 }
 
+#[test]
+fn used_descriptors_reach_the_driver_at_publication() {
+    let mem = guest_mem();
+    // Size 4, the batch of three starting at offset 2: it crosses the end of the ring, so its
+    // descriptors carry both wrap counters.
+    let mut driver = GuestPackedQueue::new(&mem, 4);
+    let mut vq = device(&driver, 0);
+    for _ in 0..2 {
+        driver.push_readable(&[b"x"]);
+        let (head, _) = pop_read(&mut vq).expect("a chain");
+        add_used(&mut vq, head, 0);
+        driver.take_used().expect("used");
+    }
+    let ids: Vec<u16> = (0..3).map(|_| driver.push_writable(&[8]).0).collect();
+    let heads: Vec<ChainHead> = (0..3)
+        .map(|_| pop_walk(&mut vq, Direction::DeviceWrites, u32::MAX).0)
+        .collect();
+    let (_, mut ring) = vq.split();
+    for (head, len) in heads.iter().zip([3, 0, 5]) {
+        ring.add_used(*head, len);
+    }
+    assert!(
+        driver.peek_used().is_none(),
+        "nothing before the publication"
+    );
+    ring.publish_used();
+    let used: Vec<_> = std::iter::from_fn(|| driver.take_used())
+        .map(|u| (u.id, u.len, u.flags & WRITE != 0))
+        .collect();
+    assert_eq!(
+        used,
+        [(ids[0], 3, true), (ids[1], 0, false), (ids[2], 5, true)]
+    );
+    assert_eq!(vq.next_used(), driver_used(&driver));
+    // The next batch starts afresh: its first descriptor waits for its own publication.
+    driver.push_readable(&[b"y"]);
+    let (head, _) = pop_read(&mut vq).expect("a chain");
+    vq.split().1.add_used(head, 0);
+    assert!(driver.peek_used().is_none());
+    vq.split().1.publish_used();
+    assert!(driver.take_used().is_some());
+}
+
 // ---- interrupts (driver event suppression) ----
 
-/// Makes `n` one-descriptor chains available, pops and uses them all, publishes.
+/// Makes `n` one-descriptor chains available, pops and uses them all, publishing each (the
+/// driver takes it back before it makes the next one available).
 fn use_chains(driver: &mut GuestPackedQueue, vq: &mut PackedVirtqueue, n: u16) {
     for _ in 0..n {
         driver.push_readable(&[b"z"]);
         let (head, _) = pop_read(vq).expect("a chain");
-        vq.split().1.add_used(head, 0);
+        let (_, mut ring) = vq.split();
+        ring.add_used(head, 0);
+        ring.publish_used();
         driver.take_used().expect("used");
     }
-    vq.split().1.publish_used();
 }
 
 #[test]
