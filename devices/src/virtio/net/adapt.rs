@@ -3,10 +3,12 @@
 //!
 //! - **Busy-poll** follows the driver's idle gaps, the rule of KVM's halt polling: a wake-up
 //!   (a kick or backend input) after an idle gap that a window at the bound would have covered
-//!   is a kick and a sleep the device could have saved, so the window doubles (from
-//!   [`BUSY_POLL_START_US`]); idle gaps longer than the bound are polling wasted, so it halves
-//!   (under the start value: off). A window that covers the driver's gaps sees no sleeps and
-//!   stays; a driver whose gaps exceed the bound keeps it off.
+//!   is a kick and a sleep the device could have saved; one after a longer gap is polling that
+//!   would have been wasted. When three in four of an interval's wake-ups (at least two) were
+//!   of the first kind the window doubles (from [`BUSY_POLL_START_US`]); when three in four
+//!   were of the second it halves (under the start value: off); in between it stays, so gaps
+//!   spread around the bound do not make it flap. A window that covers the driver's gaps sees
+//!   no sleeps and stays; a driver whose gaps exceed the bound keeps it off.
 //! - **Interrupt coalescing** climbs a ladder of levels ([`LEVELS_US`], with a packet bound
 //!   of [`LEVEL_PACKETS`]) while interrupts come faster than [`IRQ_HIGH_PER_S`] carrying fewer
 //!   than [`TARGET_FRAMES_PER_IRQ`] frames each. Each step up is on trial for one interval: if
@@ -166,9 +168,11 @@ impl Adapter {
     fn next_busy_poll(&self, seen: Observed) -> u32 {
         let bound = self.bounds.max_busy_poll_us;
         let now = self.busy_poll_us;
-        if seen.short_gaps > seen.long_gaps {
+        // Three in four, so that gaps spread around the bound leave the window alone.
+        let (short, long) = (seen.short_gaps, seen.long_gaps);
+        if short >= 2 && short > long.saturating_mul(3) {
             (now.saturating_mul(2)).max(BUSY_POLL_START_US).min(bound)
-        } else if seen.long_gaps > seen.short_gaps {
+        } else if long > short.saturating_mul(3) {
             let half = now / 2;
             if half < BUSY_POLL_START_US.min(bound) {
                 0

@@ -382,3 +382,25 @@ fn a_noisy_ping_pong_does_not_make_the_ladder_flap() {
         a.counters.coalescing_changes
     );
 }
+
+#[test]
+fn gaps_spread_around_the_bound_leave_the_window_alone() {
+    let mut a = Adapter::new(bounds(64, 0));
+    let interval = |short_gaps, long_gaps| Observed {
+        frames: 20,
+        interrupts: 10,
+        short_gaps,
+        long_gaps,
+        elapsed_us: INTERVAL_US,
+    };
+    assert_eq!(a.observe(interval(4, 0)).busy_poll_us, Some(8));
+    // Even, or two to one either way: no change.
+    for (short, long) in [(5, 5), (6, 3), (3, 6), (1, 0), (2, 1)] {
+        assert_eq!(
+            a.observe(interval(short, long)),
+            Decision::default(),
+            "{short}/{long}"
+        );
+    }
+    assert_eq!(a.observe(interval(1, 4)).busy_poll_us, Some(0));
+}
