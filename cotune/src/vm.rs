@@ -666,8 +666,8 @@ impl RunOutput<'_> {
                 driver_changes: num(&report, &["adapt_changes"]),
                 busy_poll_us: num(&dev, &["adaptive", "busy_poll_us"]),
                 coalesce_usecs: num(&dev, &["adaptive", "coalesce_usecs"]),
-                device_changes: num(&dev, &["adaptive", "busy_poll_changes"])
-                    + num(&dev, &["adaptive", "coalescing_changes"]),
+                busy_poll_changes: num(&dev, &["adaptive", "busy_poll_changes"]),
+                coalescing_changes: num(&dev, &["adaptive", "coalescing_changes"]),
             },
         };
         Ok(VmRun::Measured(Box::new(m), note))

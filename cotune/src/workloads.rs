@@ -64,8 +64,10 @@ pub struct Adapted {
     pub busy_poll_us: u64,
     /// Device: interrupt coalescing chosen (µs; 0: off).
     pub coalesce_usecs: u64,
-    /// Device: changes of the two.
-    pub device_changes: u64,
+    /// Device: changes of the busy-poll window.
+    pub busy_poll_changes: u64,
+    /// Device: changes of the coalescing.
+    pub coalescing_changes: u64,
 }
 
 impl Adapted {
@@ -80,8 +82,11 @@ impl Adapted {
         }
         if device {
             parts.push(format!(
-                "device ended at busy_poll {} µs coalescing {} µs ({} changes)",
-                self.busy_poll_us, self.coalesce_usecs, self.device_changes
+                "device ended at busy_poll {} µs ({} changes) coalescing {} µs ({} changes)",
+                self.busy_poll_us,
+                self.busy_poll_changes,
+                self.coalesce_usecs,
+                self.coalescing_changes
             ));
         }
         parts.join("; ")
@@ -229,8 +234,8 @@ struct Mark {
     dev_cpu: u64,
     busy_found: u64,
     busy_us: u64,
-    /// The device's adaptation: busy-poll µs, coalescing µs, changes.
-    device: [u64; 3],
+    /// The device's adaptation: busy-poll µs, coalescing µs, and their changes.
+    device: [u64; 4],
 }
 
 fn device_worker_tid() -> Option<i32> {
@@ -253,7 +258,8 @@ fn mark(rig: &Rig, dev_tid: Option<i32>) -> Mark {
             [
                 a.busy_poll_us.get(),
                 a.coalesce_usecs.get(),
-                a.busy_poll_changes.get() + a.coalescing_changes.get(),
+                a.busy_poll_changes.get(),
+                a.coalescing_changes.get(),
             ]
         },
     }
@@ -290,7 +296,7 @@ fn delta(a: &Mark, b: &Mark, workload: Workload) -> Sample {
 }
 
 /// The adaptation state from the driver's counters and the device's metrics.
-fn adapted(driver: &Counters, device: &[u64; 3]) -> Adapted {
+fn adapted(driver: &Counters, device: &[u64; 4]) -> Adapted {
     Adapted {
         kick_threshold: driver.kick_threshold_now,
         xdp_bulk: driver.xdp_bulk_now,
@@ -300,7 +306,8 @@ fn adapted(driver: &Counters, device: &[u64; 3]) -> Adapted {
             + driver.rx_coal_changes,
         busy_poll_us: device[0],
         coalesce_usecs: device[1],
-        device_changes: device[2],
+        busy_poll_changes: device[2],
+        coalescing_changes: device[3],
     }
 }
 

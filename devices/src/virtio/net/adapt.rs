@@ -4,10 +4,11 @@
 //! - **Busy-poll** follows the driver's idle gaps, the rule of KVM's halt polling: a wake-up
 //!   (a kick or backend input) after an idle gap that a window at the bound would have covered
 //!   is a kick and a sleep the device could have saved; one after a longer gap is polling that
-//!   would have been wasted. When three in four of an interval's wake-ups (at least two) were
-//!   of the first kind the window doubles (from [`BUSY_POLL_START_US`]); when three in four
-//!   were of the second it halves (under the start value: off); in between it stays, so gaps
-//!   spread around the bound do not make it flap. A window that covers the driver's gaps sees
+//!   would have been wasted. The wake-ups are counted since the window last moved (over
+//!   [`GAP_HORIZON`] intervals at most); when at least two are counted and three in four were
+//!   of the first kind the window doubles (from [`BUSY_POLL_START_US`]); three in four of the
+//!   second, it halves (under the start value: off); in between it stays, so gaps spread
+//!   around the bound, or one the host stretched now and then, do not make it flap. A window that covers the driver's gaps sees
 //!   no sleeps and stays; a driver whose gaps exceed the bound keeps it off.
 //! - **Interrupt coalescing** climbs a ladder of levels ([`LEVELS_US`], with a packet bound
 //!   of [`LEVEL_PACKETS`]) while interrupts come faster than [`IRQ_HIGH_PER_S`] carrying fewer
@@ -32,6 +33,8 @@ pub const LEVELS_US: [u32; 7] = [8, 16, 32, 64, 128, 256, 512];
 /// The packet bound of every coalescing level: a quarter of a default 256-entry ring, so a
 /// held interrupt never leaves the driver short of buffers.
 pub const LEVEL_PACKETS: u16 = 64;
+/// Intervals over which the busy-poll's evidence (idle gaps) accumulates at most.
+pub const GAP_HORIZON: u32 = 16;
 /// Shortest park after a failed coalescing trial, in intervals.
 pub const PARK_INTERVALS: u32 = 16;
 /// Longest park after failed trials in a row.
@@ -75,6 +78,11 @@ pub(crate) struct AdaptCounters {
 pub(crate) struct Adapter {
     bounds: Adaptive,
     busy_poll_us: u32,
+    /// Wake-ups after short and after long idle gaps since the window last moved (over at most
+    /// [`GAP_HORIZON`] intervals): evidence accumulates until it is enough to act on.
+    gaps: (u64, u64),
+    /// Intervals the gap counts cover.
+    gap_intervals: u32,
     /// Coalescing ladder level (0: off).
     level: usize,
     /// The frame rate (per second) each level above 0 was entered at.
@@ -96,6 +104,8 @@ impl Adapter {
         Adapter {
             bounds,
             busy_poll_us: 0,
+            gaps: (0, 0),
+            gap_intervals: 0,
             level: 0,
             entered_at: [0; LEVELS_US.len()],
             trial: None,
@@ -138,6 +148,10 @@ impl Adapter {
     pub(crate) fn observe(&mut self, seen: Observed) -> Decision {
         self.counters.intervals += 1;
         let busy_poll = self.next_busy_poll(seen);
+        if busy_poll != self.busy_poll_us || self.gap_intervals >= GAP_HORIZON {
+            self.gaps = (0, 0);
+            self.gap_intervals = 0;
+        }
         let level = self.next_level(seen);
         Decision {
             busy_poll_us: (busy_poll != self.busy_poll_us).then(|| self.set_busy_poll(busy_poll)),
@@ -165,14 +179,18 @@ impl Adapter {
             .count()
     }
 
-    fn next_busy_poll(&self, seen: Observed) -> u32 {
+    fn next_busy_poll(&mut self, seen: Observed) -> u32 {
         let bound = self.bounds.max_busy_poll_us;
         let now = self.busy_poll_us;
-        // Three in four, so that gaps spread around the bound leave the window alone.
-        let (short, long) = (seen.short_gaps, seen.long_gaps);
+        self.gaps.0 = self.gaps.0.saturating_add(seen.short_gaps);
+        self.gaps.1 = self.gaps.1.saturating_add(seen.long_gaps);
+        self.gap_intervals += 1;
+        // Two wake-ups at least, three in four agreeing: gaps spread around the bound, or one
+        // stretched by the host now and then, leave the window alone.
+        let (short, long) = self.gaps;
         if short >= 2 && short > long.saturating_mul(3) {
             (now.saturating_mul(2)).max(BUSY_POLL_START_US).min(bound)
-        } else if long > short.saturating_mul(3) {
+        } else if long >= 2 && long > short.saturating_mul(3) {
             let half = now / 2;
             if half < BUSY_POLL_START_US.min(bound) {
                 0

@@ -402,5 +402,19 @@ fn gaps_spread_around_the_bound_leave_the_window_alone() {
             "{short}/{long}"
         );
     }
-    assert_eq!(a.observe(interval(1, 4)).busy_poll_us, Some(0));
+    // Long gaps from now on: the mixed evidence ages out within the horizon, and the window
+    // closes.
+    let closed =
+        (0..=GAP_HORIZON + 2).position(|_| a.observe(interval(0, 3)).busy_poll_us == Some(0));
+    assert!(
+        closed.is_some_and(|i| i <= GAP_HORIZON as usize + 1),
+        "{closed:?}"
+    );
+    // One stretched gap now and then among none is not enough to move it.
+    let mut a = Adapter::new(bounds(64, 0));
+    a.observe(interval(4, 0));
+    for i in 0..64 {
+        let d = a.observe(interval(0, u64::from(i % 20 == 0)));
+        assert_eq!(d, Decision::default(), "interval {i}");
+    }
 }
