@@ -4,7 +4,8 @@
 //! - **Busy-poll** follows the driver's idle gaps, the rule of KVM's halt polling: a wake-up
 //!   (a kick or backend input) after an idle gap that a window at the bound would have covered
 //!   is a kick and a sleep the device could have saved; one after a longer gap is polling that
-//!   would have been wasted. The wake-ups are counted since the window last moved (over
+//!   would have been wasted. One sleep in [`GAP_SAMPLE`] is timed; they are counted since the
+//!   window last moved (over
 //!   [`GAP_HORIZON`] intervals at most); when at least two are counted and three in four were
 //!   of the first kind the window doubles (from [`BUSY_POLL_START_US`]); three in four of the
 //!   second, it halves (under the start value: off); in between it stays, so gaps spread
@@ -22,7 +23,8 @@
 //!   when an interval completes nothing.
 //!
 //! The [`Adapter`] owns no clock and no file descriptor: the worker counts, hands it one
-//! interval's [`Observed`] counts, and applies the [`Decision`]. Its tests are exact.
+//! interval's [`Observed`] counts, and applies the [`Decision`]. Its tests are exact, and
+//! `cargo bench -p devices --bench adapt` measures what adapting costs the worker.
 
 use super::tuning::{Adaptive, InterruptCoalescing};
 
@@ -33,6 +35,9 @@ pub const LEVELS_US: [u32; 7] = [8, 16, 32, 64, 128, 256, 512];
 /// The packet bound of every coalescing level: a quarter of a default 256-entry ring, so a
 /// held interrupt never leaves the driver short of buffers.
 pub const LEVEL_PACKETS: u16 = 64;
+/// One sleep in this many is timed for the busy-poll's evidence: the gaps' distribution is the
+/// same, and a sleep that is not timed costs the worker no clock read.
+pub const GAP_SAMPLE: u32 = 8;
 /// Intervals over which the busy-poll's evidence (idle gaps) accumulates at most.
 pub const GAP_HORIZON: u32 = 16;
 /// Shortest park after a failed coalescing trial, in intervals.
@@ -45,37 +50,42 @@ pub const IRQ_HIGH_PER_S: u64 = 16_000;
 pub const TARGET_FRAMES_PER_IRQ: u64 = 16;
 /// What the worker saw in one interval.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub(crate) struct Observed {
+pub struct Observed {
     /// Frames completed (rx + tx).
-    pub(crate) frames: u64,
+    pub frames: u64,
     /// Interrupts sent.
-    pub(crate) interrupts: u64,
+    pub interrupts: u64,
     /// Wake-ups on work after an idle gap (busy-poll window included) of at most the bound.
-    pub(crate) short_gaps: u64,
+    pub short_gaps: u64,
     /// Wake-ups on work after a longer idle gap.
-    pub(crate) long_gaps: u64,
+    pub long_gaps: u64,
     /// The interval's length in microseconds.
-    pub(crate) elapsed_us: u64,
+    pub elapsed_us: u64,
 }
 
 /// What changed after an interval (`None`: unchanged).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub(crate) struct Decision {
-    pub(crate) busy_poll_us: Option<u32>,
-    pub(crate) coalescing: Option<InterruptCoalescing>,
+pub struct Decision {
+    /// The new busy-poll window (µs).
+    pub busy_poll_us: Option<u32>,
+    /// The new interrupt coalescing.
+    pub coalescing: Option<InterruptCoalescing>,
 }
 
 /// Decisions counted, for the metrics.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub(crate) struct AdaptCounters {
-    pub(crate) intervals: u64,
-    pub(crate) busy_poll_changes: u64,
-    pub(crate) coalescing_changes: u64,
+pub struct AdaptCounters {
+    /// Intervals observed.
+    pub intervals: u64,
+    /// Changes of the busy-poll window.
+    pub busy_poll_changes: u64,
+    /// Changes of the coalescing.
+    pub coalescing_changes: u64,
 }
 
 /// The adaptation state of one worker (see the module docs).
 #[derive(Clone, Debug)]
-pub(crate) struct Adapter {
+pub struct Adapter {
     bounds: Adaptive,
     busy_poll_us: u32,
     /// Wake-ups after short and after long idle gaps since the window last moved (over at most
@@ -95,12 +105,13 @@ pub(crate) struct Adapter {
     park_left: u32,
     /// The next park's length (doubles with each failed trial in a row).
     park_next: u32,
-    pub(crate) counters: AdaptCounters,
+    /// Decisions counted since the worker last took them.
+    pub counters: AdaptCounters,
 }
 
 impl Adapter {
     /// An adapter with everything off, within `bounds`.
-    pub(crate) fn new(bounds: Adaptive) -> Adapter {
+    pub fn new(bounds: Adaptive) -> Adapter {
         Adapter {
             bounds,
             busy_poll_us: 0,
@@ -117,7 +128,7 @@ impl Adapter {
     }
 
     /// New bounds: values now outside them come down at once.
-    pub(crate) fn set_bounds(&mut self, bounds: Adaptive) -> Decision {
+    pub fn set_bounds(&mut self, bounds: Adaptive) -> Decision {
         self.bounds = bounds;
         let mut d = Decision::default();
         if self.busy_poll_us > bounds.max_busy_poll_us {
@@ -130,22 +141,22 @@ impl Adapter {
     }
 
     /// The busy-poll window chosen (µs).
-    pub(crate) fn busy_poll_us(&self) -> u32 {
+    pub fn busy_poll_us(&self) -> u32 {
         self.busy_poll_us
     }
 
     /// The coalescing chosen.
-    pub(crate) fn coalescing(&self) -> InterruptCoalescing {
+    pub fn coalescing(&self) -> InterruptCoalescing {
         level_bounds(self.level)
     }
 
     /// The bound on the idle gaps a busy-poll window may cover (µs).
-    pub(crate) fn gap_bound_us(&self) -> u32 {
+    pub fn gap_bound_us(&self) -> u32 {
         self.bounds.max_busy_poll_us
     }
 
     /// One interval's counts in; what changed out.
-    pub(crate) fn observe(&mut self, seen: Observed) -> Decision {
+    pub fn observe(&mut self, seen: Observed) -> Decision {
         self.counters.intervals += 1;
         let busy_poll = self.next_busy_poll(seen);
         if busy_poll != self.busy_poll_us || self.gap_intervals >= GAP_HORIZON {

@@ -9,7 +9,7 @@
 //! - [`tuning`] holds the runtime knobs (interrupt coalescing, EVENT_IDX suppression) and the
 //!   [`TuningControl`] that hands changes to the worker.
 //! - `worker` is the per-device thread and its epoll loop.
-//! - `adapt` moves the busy-poll window and the interrupt coalescing with the traffic
+//! - [`adapt`] moves the busy-poll window and the interrupt coalescing with the traffic
 //!   (`adaptive=on`), within the operator's bounds.
 //! - [`ctrl`] parses the control queue's commands (CTRL_VQ: RX mode, MAC, guest offloads and
 //!   NOTF_COAL, the guest's interrupt coalescing); the worker carries them out.
@@ -46,7 +46,7 @@
 //!
 //! [`NetBackend`]: crate::backend::NetBackend
 
-mod adapt;
+pub mod adapt;
 pub mod config;
 pub mod ctrl;
 pub mod device;

@@ -46,7 +46,7 @@ use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 use vmm_sys_util::timerfd::TimerFd;
 
-use super::adapt::{Adapter, Observed};
+use super::adapt::{Adapter, Observed, GAP_SAMPLE};
 use super::ctrl::{CtrlCommand, CtrlError, ACK_ERR, ACK_OK, CTRL_CHAINS_PER_CALL};
 use super::link::{GuestMac, LinkControl, LinkState};
 use super::metrics::{BusyPollCounters, CtrlCounters, NetMetrics, RxCounters, TxCounters};
@@ -563,8 +563,10 @@ struct EventLoop<'p, B> {
     /// The last busy-poll window ended with nothing found (the idle gap began before it).
     window_ran_out: bool,
     /// Adapting: when the device last ran out of work (a busy-poll window that ran out
-    /// included), until work wakes it.
+    /// included), until work wakes it; only for the sleeps that are timed.
     idle_since: Option<Instant>,
+    /// Sleeps while adapting (one in [`GAP_SAMPLE`] is timed).
+    sleeps: u32,
 }
 
 impl<'p, B: NetBackend> EventLoop<'p, B> {

@@ -159,6 +159,7 @@ impl<'p, B: NetBackend> EventLoop<'p, B> {
             interval_start: None,
             window_ran_out: false,
             idle_since: None,
+            sleeps: 0,
         };
         event_loop.publish_adaptive();
         if shared.pair == 0 {

@@ -1,0 +1,76 @@
+//! What device-side adaptation (`adaptive=on`) costs the worker, per event it adds to:
+//!
+//! - `observe`: the adapter's decision, once per interval (1 ms by default);
+//! - `idle gap`: what one sleep costs it (while adapting): a count, and for one sleep in
+//!   `GAP_SAMPLE` the two clock reads that time it;
+//! - `round`: the counting a worker round does for it (frames and interrupts added up, the
+//!   interval started if it was stopped), whatever the round's frames.
+//!
+//! Per frame that is `round / frames per round`, plus `idle gap / frames per wake-up` where
+//! the worker sleeps, plus `observe / frames per interval`.
+//!
+//! Run: `cargo bench -p devices --bench adapt -- --warm-up-time 1 --measurement-time 3`
+
+use std::hint::black_box;
+use std::time::{Duration, Instant};
+
+use criterion::{criterion_group, criterion_main, Criterion};
+use devices::virtio::net::adapt::{Adapter, Observed, GAP_SAMPLE};
+use devices::virtio::net::Adaptive;
+
+fn bench(c: &mut Criterion) {
+    let mut group = c.benchmark_group("adapt");
+    let bounds = Adaptive {
+        enabled: true,
+        ..Adaptive::default()
+    };
+    let mut adapter = Adapter::new(bounds);
+    let mut i = 0u64;
+    group.bench_function("observe", |b| {
+        b.iter(|| {
+            // A workload that moves: a flood, then a ping-pong, in turns.
+            i += 1;
+            let flood = i % 64 < 32;
+            black_box(adapter.observe(black_box(Observed {
+                frames: if flood { 1_000 } else { 60 },
+                interrupts: if flood { 250 } else { 30 },
+                short_gaps: if flood { 0 } else { 30 },
+                long_gaps: 0,
+                elapsed_us: 1_000,
+            })))
+        })
+    });
+    group.bench_function("idle gap", |b| {
+        let bound = Duration::from_micros(64);
+        let mut seen = Observed::default();
+        let mut sleeps = 0u32;
+        b.iter(|| {
+            sleeps = sleeps.wrapping_add(1);
+            if black_box(sleeps).is_multiple_of(GAP_SAMPLE) {
+                let since = black_box(Instant::now());
+                if since.elapsed() <= bound {
+                    seen.short_gaps += 1;
+                } else {
+                    seen.long_gaps += 1;
+                }
+            }
+            black_box(&seen);
+        })
+    });
+    group.bench_function("round", |b| {
+        let mut seen = Observed::default();
+        let mut started = false;
+        b.iter(|| {
+            seen.frames += black_box(32);
+            seen.interrupts += black_box(1);
+            if !started && seen.frames > 0 {
+                started = true;
+            }
+            black_box((&seen, started));
+        })
+    });
+    group.finish();
+}
+
+criterion_group!(benches, bench);
+criterion_main!(benches);
