@@ -37,6 +37,7 @@ fn bench(c: &mut Criterion) {
                 short_gaps: if flood { 0 } else { 30 },
                 long_gaps: 0,
                 elapsed_us: 1_000,
+                guest_coalesces: false,
             })))
         })
     });

@@ -20,7 +20,9 @@
 //!   intervals at least (doubling with each failed trial in a row, up to
 //!   [`MAX_PARK_INTERVALS`]), and then until the frame rate has changed by more than 2×. A level is left
 //!   downwards when the frame rate falls below half the rate it was entered at, and at once
-//!   when an interval completes nothing.
+//!   when an interval completes nothing. While the guest sets coalescing itself (NOTF_COAL,
+//!   e.g. Linux's DIM or the driver crate's `adaptive=1`), the ladder stays at the bottom: two
+//!   controllers on one knob would each read the other's moves as the load's.
 //!
 //! The [`Adapter`] owns no clock and no file descriptor: the worker counts, hands it one
 //! interval's [`Observed`] counts, and applies the [`Decision`]. Its tests are exact, and
@@ -61,6 +63,9 @@ pub struct Observed {
     pub long_gaps: u64,
     /// The interval's length in microseconds.
     pub elapsed_us: u64,
+    /// The guest sets the interrupt coalescing (NOTF_COAL): its values win, so the device
+    /// leaves its ladder at the bottom rather than move a knob the guest is moving too.
+    pub guest_coalesces: bool,
 }
 
 /// What changed after an interval (`None`: unchanged).
@@ -214,6 +219,10 @@ impl Adapter {
     }
 
     fn next_level(&mut self, seen: Observed) -> usize {
+        if seen.guest_coalesces {
+            self.trial = None;
+            return 0;
+        }
         if seen.frames == 0 {
             // Nothing to batch: no interrupt is worth holding.
             self.trial = None;

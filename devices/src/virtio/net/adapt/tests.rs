@@ -72,6 +72,7 @@ impl Workload for PingPong {
             short_gaps,
             long_gaps,
             elapsed_us: INTERVAL_US,
+            guest_coalesces: false,
         }
     }
 }
@@ -278,6 +279,7 @@ fn arbitrary_observations_never_leave_the_bounds() {
                 short_gaps: pick(),
                 long_gaps: pick(),
                 elapsed_us: pick(),
+                guest_coalesces: false,
             };
             let d = a.observe(seen);
             let c = a.coalescing();
@@ -392,6 +394,7 @@ fn gaps_spread_around_the_bound_leave_the_window_alone() {
         short_gaps,
         long_gaps,
         elapsed_us: INTERVAL_US,
+        guest_coalesces: false,
     };
     assert_eq!(a.observe(interval(4, 0)).busy_poll_us, Some(8));
     // Even, or two to one either way: no change.
@@ -416,5 +419,26 @@ fn gaps_spread_around_the_bound_leave_the_window_alone() {
     for i in 0..64 {
         let d = a.observe(interval(0, u64::from(i % 20 == 0)));
         assert_eq!(d, Decision::default(), "interval {i}");
+    }
+}
+
+#[test]
+fn coalescing_the_guest_sets_keeps_the_ladder_at_the_bottom() {
+    let mut a = Adapter::new(bounds(64, 64));
+    let flood = Flood {
+        rate: 1_000_000,
+        frames_per_irq: 4,
+    };
+    run(&mut a, &flood, 10);
+    assert!(a.coalescing().is_enabled());
+    let guest = |seen: Observed| Observed {
+        guest_coalesces: true,
+        ..seen
+    };
+    let d = a.observe(guest(flood.interval(0, a.coalescing(), 0)));
+    assert_eq!(d.coalescing, Some(InterruptCoalescing::OFF));
+    for _ in 0..50 {
+        let d = a.observe(guest(flood.interval(0, a.coalescing(), 0)));
+        assert_eq!(d, Decision::default());
     }
 }

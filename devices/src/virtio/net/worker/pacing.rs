@@ -395,6 +395,7 @@ impl<B: NetBackend> EventLoop<'_, B> {
         };
         let mut seen = std::mem::take(&mut self.seen);
         seen.elapsed_us = u64::try_from(start.elapsed().as_micros()).unwrap_or(u64::MAX);
+        seen.guest_coalesces = self.guest_coalescing != [None, None];
         let decision = adapter.observe(seen);
         if let Some(us) = decision.busy_poll_us {
             self.busy_poll = Duration::from_micros(us.into());
