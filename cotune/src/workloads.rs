@@ -311,21 +311,17 @@ fn adapted(driver: &Counters, device: &[u64; 4]) -> Adapted {
     }
 }
 
+/// The counters from `a` to `b`: each field listed is `b`'s less `a`'s, the others are `b`'s.
 fn counters_delta(a: &Counters, b: &Counters) -> Counters {
-    Counters {
-        tx_frames: b.tx_frames - a.tx_frames,
-        tx_bytes: b.tx_bytes - a.tx_bytes,
-        rx_frames: b.rx_frames - a.rx_frames,
-        rx_bytes: b.rx_bytes - a.rx_bytes,
-        kicks: b.kicks - a.kicks,
-        kicks_suppressed: b.kicks_suppressed - a.kicks_suppressed,
-        rx_kicks: b.rx_kicks - a.rx_kicks,
-        interrupts: b.interrupts - a.interrupts,
-        tx_reclaimed: b.tx_reclaimed - a.tx_reclaimed,
-        tx_reclaim_polls: b.tx_reclaim_polls - a.tx_reclaim_polls,
-        ring_full: b.ring_full - a.ring_full,
-        xdp_tx: b.xdp_tx - a.xdp_tx,
-        ..*b
+    // A macro: a function cannot take the field names.
+    macro_rules! since_a {
+        ($($field:ident),*) => {
+            Counters { $($field: b.$field - a.$field,)* ..*b }
+        };
+    }
+    since_a! {
+        tx_frames, tx_bytes, rx_frames, rx_bytes, kicks, kicks_suppressed, rx_kicks,
+        interrupts, tx_reclaimed, tx_reclaim_polls, ring_full, xdp_tx
     }
 }
 
@@ -468,6 +464,12 @@ impl PingPong {
                 return false;
             }
         }
+        self.occupy(i, seq);
+        true
+    }
+
+    /// Slot `i` now holds frame `seq`, just sent (the next sequence number).
+    fn occupy(&mut self, i: usize, seq: u32) {
         let flood = self.flooding();
         self.slots[i] = Some(Slot {
             seq,
@@ -475,7 +477,6 @@ impl PingPong {
             flood,
         });
         self.sent += 1;
-        true
     }
 
     /// Sends the first frames: the window, or `limit` frames if fewer (waiting for ring space
@@ -535,13 +536,7 @@ impl PingPong {
                     }
                     return XdpAction::Drop;
                 }
-                let flood = self.flooding();
-                self.slots[i] = Some(Slot {
-                    seq,
-                    sent_at: Instant::now(),
-                    flood,
-                });
-                self.sent += 1;
+                self.occupy(i, seq);
                 bounced.push(i);
                 XdpAction::Tx
             });

@@ -431,6 +431,19 @@ fn baremetal_crate_unit_tests() {
     );
 }
 
+/// Checks that the device (`dev`) signalled at most once per 64 of the `frames` frames or per
+/// 2000 µs of the guest's run (`d`), give or take 2; returns the signals and that bound.
+fn assert_signals_within_64_frames_or_2000_us(d: &Value, dev: &Value, frames: u64) -> (u64, u64) {
+    let signalled = n(dev, "irqfd_signals");
+    let elapsed_us = n(d, "elapsed_ns") / 1000;
+    let bound = frames / 64 + elapsed_us / 2000 + 2;
+    assert!(
+        signalled <= bound,
+        "{signalled} interrupts for {frames} frames in {elapsed_us} µs (bound {bound}): {dev}"
+    );
+    (signalled, bound)
+}
+
 /// Interrupt coalescing set in `--net` bounds the interrupts per frame: in tx-interrupt mode at
 /// ring 3 the device signals at most once per `coalesce_packets` frames or per
 /// `coalesce_usecs`, where without it (and with the device's EVENT_IDX override off) every
@@ -448,13 +461,7 @@ fn device_coalescing_bounds_interrupts_per_frame() {
         knobs,
         ",event_idx=off,coalesce_packets=64,coalesce_usecs=2000",
     );
-    let signalled = n(&dev, "irqfd_signals");
-    let elapsed_us = n(&held, "elapsed_ns") / 1000;
-    let bound = FRAMES / 64 + elapsed_us / 2000 + 2;
-    assert!(
-        signalled <= bound,
-        "{signalled} interrupts for {FRAMES} frames in {elapsed_us} µs (bound {bound}): {dev}"
-    );
+    let (signalled, bound) = assert_signals_within_64_frames_or_2000_us(&held, &dev, FRAMES);
     assert!(n(&dev, "interrupts_held") > 0, "{dev}");
     let releases = n(&dev, "coalesce_packet_releases") + n(&dev, "coalesce_timer_releases");
     assert!(releases > 0 && releases <= signalled, "{dev}");
@@ -518,13 +525,7 @@ fn guest_notf_coal_bounds_interrupts_like_the_operator_knob() {
     );
     assert_eq!(n(&dev["ctrl"], "ok"), 2, "{dev}");
     assert_eq!(n(&dev["ctrl"], "errors"), 0, "{dev}");
-    let signalled = n(&dev, "irqfd_signals");
-    let elapsed_us = n(&d, "elapsed_ns") / 1000;
-    let bound = FRAMES / 64 + elapsed_us / 2000 + 2;
-    assert!(
-        signalled <= bound,
-        "{signalled} interrupts for {FRAMES} frames in {elapsed_us} µs (bound {bound}): {dev}"
-    );
+    let (signalled, bound) = assert_signals_within_64_frames_or_2000_us(&d, &dev, FRAMES);
     assert!(n(&dev, "coalesce_packet_releases") > 0, "{dev}");
     eprintln!(
         "guest NOTF_COAL 64/2000 µs: {:.4} irqfd signals per frame (bound {:.4})",
@@ -547,8 +548,9 @@ fn guest_notf_coal_bounds_interrupts_like_the_operator_knob() {
 }
 
 /// Boots the driver guest against one of the VMM's measurement backends (`--net
-/// backend=sink|source|loop[,…]`: no tap, no namespace) with `cmdline`; returns the guest's
-/// result, the device's metrics (`net` → the backend's name) and the run's output.
+/// backend=sink|source|loop[,…]`: no tap, no namespace) with `cmdline`, checks that it got
+/// done, and returns the guest's result, the device's metrics (`net` → the backend's name) and
+/// the run's output.
 fn run_on_backend(net: &str, cmdline: &str) -> (Value, Value, RunOutput) {
     let _guest = guest_lock();
     let guest = integration_tests::artifacts()
@@ -568,6 +570,10 @@ fn run_on_backend(net: &str, cmdline: &str) -> (Value, Value, RunOutput) {
         .unwrap_or(net);
     let dev = m["net"][backend].clone();
     assert_eq!(dev["backend"], backend, "{m}");
+    assert_eq!(
+        d["status"], "done",
+        "{net} {cmdline}\ndriver {d}\ndevice {dev}\n{out}"
+    );
     (d, dev, out)
 }
 
@@ -584,7 +590,6 @@ fn tx_to_sink_backend_counts_every_frame() {
         ),
     );
     let ctx = || format!("driver {d}\ndevice {dev}\n{out}");
-    assert_eq!(d["status"], "done", "{}", ctx());
     assert_eq!(
         (n(&d, "done"), n(&d, "tx_frames")),
         (FRAMES, FRAMES),
@@ -615,7 +620,6 @@ fn rx_from_source_backend_checks_every_frame() {
             &format!("console=ttyS0 ring=3 rx={FRAMES} timeout_ms=60000 {knobs}"),
         );
         let ctx = || format!("{net} {knobs}\ndriver {d}\ndevice {dev}\n{out}");
-        assert_eq!(d["status"], "done", "{}", ctx());
         assert_eq!(d["workload"], "rx", "{}", ctx());
         assert_eq!(n(&d, "done"), FRAMES, "{}", ctx());
         for key in ["rx_bad", "rx_lost", "rx_reordered", "foreign_frames"] {
@@ -641,6 +645,32 @@ fn rx_from_source_backend_checks_every_frame() {
     }
 }
 
+/// Runs `workload=frames window=W` (`fwd`, `pingpong` or `mixed`; `knobs` added) at ring 3
+/// with frames of 64 bytes through `net`, a loop backend, and checks that the guest ran it
+/// with that window and met no XDP_TX or device error. Returns the guest's result, the
+/// device's metrics and the run's context for messages.
+fn run_on_loop(
+    net: &str,
+    workload: &str,
+    (frames, window): (u64, u64),
+    knobs: &str,
+) -> (Value, Value, String) {
+    let (d, dev, out) = run_on_backend(
+        net,
+        &format!(
+            "console=ttyS0 ring=3 {workload}={frames} window={window} size=64 \
+             timeout_ms=60000 {knobs}"
+        ),
+    );
+    let ctx = format!("{net} {knobs}\ndriver {d}\ndevice {dev}\n{out}");
+    assert_eq!(d["workload"], workload, "{ctx}");
+    assert_eq!(n(&d, "window"), window, "{ctx}");
+    for key in ["xdp_tx_errors", "device_errors"] {
+        assert_eq!(n(&d, key), 0, "{key}: {ctx}");
+    }
+    (d, dev, ctx)
+}
+
 /// `fwd=N window=256` against `backend=loop`: the guest sends 256 frames, then bounces every
 /// frame the device loops back (XDP_TX) until N are forwarded. The device transmitted the
 /// window plus every bounce, and received all of them but those still in flight at the end
@@ -649,43 +679,26 @@ fn rx_from_source_backend_checks_every_frame() {
 fn fwd_on_loop_backend_circulates_the_window() {
     const FRAMES: u64 = 100_000;
     const WINDOW: u64 = 256;
-    let (d, dev, out) = run_on_backend(
-        "backend=loop",
-        &format!(
-            "console=ttyS0 ring=3 fwd={FRAMES} window={WINDOW} size=64 kick_threshold=8 \
-             tx_completion=lazy timeout_ms=60000"
-        ),
-    );
-    let ctx = || format!("driver {d}\ndevice {dev}\n{out}");
-    assert_eq!(d["status"], "done", "{}", ctx());
-    assert_eq!(d["workload"], "fwd", "{}", ctx());
-    assert_eq!(
-        (n(&d, "done"), n(&d, "window")),
-        (FRAMES, WINDOW),
-        "{}",
-        ctx()
-    );
-    assert_eq!(n(&d, "tx_frames"), WINDOW, "the seed: {}", ctx());
-    assert_eq!(n(&d, "xdp_tx"), FRAMES, "{}", ctx());
-    assert_eq!(n(&d, "xdp_tx_errors"), 0, "{}", ctx());
-    assert_eq!(n(&d, "device_errors"), 0, "{}", ctx());
+    let knobs = "kick_threshold=8 tx_completion=lazy";
+    let (d, dev, ctx) = run_on_loop("backend=loop", "fwd", (FRAMES, WINDOW), knobs);
+    assert_eq!(n(&d, "done"), FRAMES, "{ctx}");
+    assert_eq!(n(&d, "tx_frames"), WINDOW, "the seed: {ctx}");
+    assert_eq!(n(&d, "xdp_tx"), FRAMES, "{ctx}");
     let (dev_tx, dev_rx) = (n(&dev["tx"], "frames"), n(&dev["rx"], "frames"));
-    assert_eq!(dev_tx, WINDOW + FRAMES, "{}", ctx());
-    assert_eq!(n(&dev["tx"], "kicks"), n(&d, "kicks"), "{}", ctx());
+    assert_eq!(dev_tx, WINDOW + FRAMES, "{ctx}");
+    assert_eq!(n(&dev["tx"], "kicks"), n(&d, "kicks"), "{ctx}");
     assert!(
         dev_rx <= dev_tx && dev_tx - dev_rx <= WINDOW,
-        "rx frames = tx frames minus those in flight: {}",
-        ctx()
+        "rx frames = tx frames minus those in flight: {ctx}"
     );
     // The guest polled every frame it forwarded; what the device received beyond that was
     // still on the guest's rx ring at the end.
     let guest_rx = n(&d, "rx_frames");
     assert!(
         guest_rx >= FRAMES && guest_rx <= dev_rx && dev_rx - guest_rx <= WINDOW,
-        "{}",
-        ctx()
+        "{ctx}"
     );
-    assert!(n(&d, "pps") > 0, "{}", ctx());
+    assert!(n(&d, "pps") > 0, "{ctx}");
     eprintln!("fwd on loop: {} pps (in guest)", d["pps"]);
 }
 
@@ -717,26 +730,54 @@ fn packed_rings_and_in_order_send_every_frame() {
 fn fwd_on_a_packed_ring_circulates_the_window() {
     const FRAMES: u64 = 50_000;
     const WINDOW: u64 = 64;
-    let (d, dev, out) = run_on_backend(
+    let (d, dev, ctx) = run_on_loop(
         "backend=loop,packed=on,in_order=on",
-        &format!(
-            "console=ttyS0 ring=3 fwd={FRAMES} window={WINDOW} size=64 packed=1 in_order=1 \
-             timeout_ms=60000"
-        ),
+        "fwd",
+        (FRAMES, WINDOW),
+        "packed=1 in_order=1",
     );
-    let ctx = || format!("driver {d}\ndevice {dev}\n{out}");
-    assert_eq!(d["status"], "done", "{}", ctx());
-    assert_eq!(d["virtqueue"], "packed", "{}", ctx());
-    assert_eq!(n(&d, "xdp_tx"), FRAMES, "{}", ctx());
+    assert_eq!(d["virtqueue"], "packed", "{ctx}");
+    assert_eq!(n(&d, "xdp_tx"), FRAMES, "{ctx}");
+    assert_eq!(n(&dev["tx"], "frames"), WINDOW + FRAMES, "{ctx}");
+    assert_eq!(n(&dev["tx"], "malformed_chains"), 0, "{ctx}");
+    assert_eq!(n(&dev["rx"], "malformed_chains"), 0, "{ctx}");
+}
+
+/// [`run_on_loop`] of `workload=frames window=W` (`pingpong` or `mixed`), checking what both
+/// hold: all N round trips requested and done, none bad, lost or foreign, the device carried
+/// each frame once each way, and the round trips' percentiles are positive and in order.
+/// Returns the guest's result, the device's metrics, the percentiles (min, p50, p99, p99.9,
+/// max) and the run's context for messages.
+fn run_round_trips(
+    net: &str,
+    workload: &str,
+    (frames, window): (u64, u64),
+    knobs: &str,
+) -> (Value, Value, Vec<u64>, String) {
+    let (d, dev, ctx) = run_on_loop(net, workload, (frames, window), knobs);
     assert_eq!(
-        (n(&d, "xdp_tx_errors"), n(&d, "device_errors")),
-        (0, 0),
-        "{}",
-        ctx()
+        (n(&d, "requested"), n(&d, "done")),
+        (frames, frames),
+        "{ctx}"
     );
-    assert_eq!(n(&dev["tx"], "frames"), WINDOW + FRAMES, "{}", ctx());
-    assert_eq!(n(&dev["tx"], "malformed_chains"), 0, "{}", ctx());
-    assert_eq!(n(&dev["rx"], "malformed_chains"), 0, "{}", ctx());
+    for key in ["rtt_bad", "rtt_lost", "foreign_frames"] {
+        assert_eq!(n(&d, key), 0, "{key}: {ctx}");
+    }
+    assert_eq!(n(&dev["tx"], "frames"), frames, "{ctx}");
+    assert_eq!(n(&dev["rx"], "frames"), frames, "{ctx}");
+    let rtt: Vec<u64> = [
+        "rtt_min_ns",
+        "rtt_p50_ns",
+        "rtt_p99_ns",
+        "rtt_p999_ns",
+        "rtt_max_ns",
+    ]
+    .iter()
+    .map(|k| n(&d, k))
+    .collect();
+    assert!(rtt[0] > 0, "{ctx}");
+    assert!(rtt.windows(2).all(|w| w[0] <= w[1]), "{rtt:?}: {ctx}");
+    (d, dev, rtt, ctx)
 }
 
 /// `pingpong=N window=W` through `backend=loop`: W frames in flight, each round trip timed on
@@ -750,58 +791,19 @@ fn pingpong_on_loop_backend_times_every_round_trip() {
         ("backend=loop", 20_000, 16, "wait=poll tx_completion=lazy"),
         ("backend=loop,packed=on", 5_000, 4, "packed=1 xdp_bulk=1"),
     ] {
-        let (d, dev, out) = run_on_backend(
-            net,
-            &format!(
-                "console=ttyS0 ring=3 pingpong={frames} window={window} size=64 \
-                 timeout_ms=60000 {knobs}"
-            ),
-        );
-        let ctx = || format!("{net} {knobs}\ndriver {d}\ndevice {dev}\n{out}");
-        assert_eq!(d["status"], "done", "{}", ctx());
-        assert_eq!(d["workload"], "pingpong", "{}", ctx());
-        assert_eq!(
-            (n(&d, "requested"), n(&d, "done"), n(&d, "window")),
-            (frames, frames, window),
-            "{}",
-            ctx()
-        );
-        assert_eq!(n(&d, "rtt_samples"), frames, "{}", ctx());
-        for key in [
-            "rtt_bad",
-            "rtt_lost",
-            "foreign_frames",
-            "xdp_tx_errors",
-            "device_errors",
-        ] {
-            assert_eq!(n(&d, key), 0, "{key}: {}", ctx());
-        }
+        let (d, dev, rtt, ctx) = run_round_trips(net, "pingpong", (frames, window), knobs);
+        assert_eq!(n(&d, "rtt_samples"), frames, "{ctx}");
         // The window seeded by copy, every later frame the rewritten returned buffer.
         assert_eq!(
             (n(&d, "tx_frames"), n(&d, "xdp_tx")),
             (window, frames - window),
-            "{}",
-            ctx()
+            "{ctx}"
         );
-        // Nothing in flight at the end: the device sent and looped back exactly N frames,
-        // and the guest polled every one.
-        assert_eq!(n(&dev["tx"], "frames"), frames, "{}", ctx());
-        assert_eq!(n(&dev["rx"], "frames"), frames, "{}", ctx());
-        assert_eq!(n(&d, "rx_frames"), frames, "{}", ctx());
-        assert_eq!(n(&dev["tx"], "kicks"), n(&d, "kicks"), "{}", ctx());
-        let rtt: Vec<u64> = [
-            "rtt_min_ns",
-            "rtt_p50_ns",
-            "rtt_p99_ns",
-            "rtt_p999_ns",
-            "rtt_max_ns",
-        ]
-        .iter()
-        .map(|k| n(&d, k))
-        .collect();
-        assert!(rtt[0] > 0, "{}", ctx());
-        assert!(rtt.windows(2).all(|w| w[0] <= w[1]), "{rtt:?}: {}", ctx());
-        assert!(rtt[4] <= n(&d, "elapsed_ns"), "{}", ctx());
+        // Nothing in flight at the end: the device sent and looped back exactly N frames
+        // (checked by `run_round_trips`), and the guest polled every one.
+        assert_eq!(n(&d, "rx_frames"), frames, "{ctx}");
+        assert_eq!(n(&dev["tx"], "kicks"), n(&d, "kicks"), "{ctx}");
+        assert!(rtt[4] <= n(&d, "elapsed_ns"), "{ctx}");
         eprintln!(
             "pingpong ({net} window={window} {knobs}): p50 {} ns, p99 {} ns, p99.9 {} ns",
             rtt[1], rtt[2], rtt[3]
@@ -819,69 +821,26 @@ fn pingpong_on_loop_backend_times_every_round_trip() {
 fn mixed_on_loop_backend_alternates_floods_and_trickles() {
     const FRAMES: u64 = 40_000;
     const WINDOW: u64 = 32;
-    let (d, dev, out) = run_on_backend(
-        "backend=loop",
-        &format!(
-            "console=ttyS0 ring=3 mixed={FRAMES} window={WINDOW} phase_us=1000 size=64 \
-             timeout_ms=60000"
-        ),
-    );
-    let ctx = || format!("driver {d}\ndevice {dev}\n{out}");
-    assert_eq!(d["status"], "done", "{}", ctx());
-    assert_eq!(d["workload"], "mixed", "{}", ctx());
-    assert_eq!(
-        (n(&d, "requested"), n(&d, "done")),
-        (FRAMES, FRAMES),
-        "{}",
-        ctx()
-    );
-    assert_eq!(
-        (n(&d, "window"), n(&d, "phase_us")),
-        (WINDOW, 1000),
-        "{}",
-        ctx()
-    );
-    for key in [
-        "rtt_bad",
-        "rtt_lost",
-        "foreign_frames",
-        "xdp_tx_errors",
-        "device_errors",
-    ] {
-        assert_eq!(n(&d, key), 0, "{key}: {}", ctx());
-    }
+    let (d, _, rtt, ctx) =
+        run_round_trips("backend=loop", "mixed", (FRAMES, WINDOW), "phase_us=1000");
+    assert_eq!(n(&d, "phase_us"), 1000, "{ctx}");
     let (phases, flood) = (n(&d, "phases"), n(&d, "flood_frames"));
     let samples = n(&d, "rtt_samples");
-    assert!(phases >= 3 && samples > 0, "{}", ctx());
-    assert_eq!(flood + samples, FRAMES, "{}", ctx());
+    assert!(phases >= 3 && samples > 0, "{ctx}");
+    assert_eq!(flood + samples, FRAMES, "{ctx}");
     // Phases go flood, trickle, flood, …: the first flood's window and each later flood's
     // top-up by copy (the last one cut short if fewer frames were left), every other frame
     // an XDP_TX answer.
     let full = WINDOW + (phases.div_ceil(2) - 1) * (WINDOW - 1);
     let copies = n(&d, "tx_frames");
-    assert!(copies <= full && copies + (WINDOW - 1) > full, "{}", ctx());
-    assert_eq!(n(&d, "tx_frames") + n(&d, "xdp_tx"), FRAMES, "{}", ctx());
-    assert_eq!(n(&dev["tx"], "frames"), FRAMES, "{}", ctx());
-    assert_eq!(n(&dev["rx"], "frames"), FRAMES, "{}", ctx());
-    let rtt: Vec<u64> = [
-        "rtt_min_ns",
-        "rtt_p50_ns",
-        "rtt_p99_ns",
-        "rtt_p999_ns",
-        "rtt_max_ns",
-    ]
-    .iter()
-    .map(|k| n(&d, k))
-    .collect();
-    assert!(rtt[0] > 0, "{}", ctx());
-    assert!(rtt.windows(2).all(|w| w[0] <= w[1]), "{rtt:?}: {}", ctx());
+    assert!(copies <= full && copies + (WINDOW - 1) > full, "{ctx}");
+    assert_eq!(n(&d, "tx_frames") + n(&d, "xdp_tx"), FRAMES, "{ctx}");
     let flood_pps = n(&d, "flood_pps");
-    assert!(n(&d, "flood_ns") > 0 && flood_pps > 0, "{}", ctx());
+    assert!(n(&d, "flood_ns") > 0 && flood_pps > 0, "{ctx}");
     let trickle_pps = 1_000_000_000 / rtt[1];
     assert!(
         flood_pps > trickle_pps,
-        "floods {flood_pps} pps, trickle {trickle_pps}: {}",
-        ctx()
+        "floods {flood_pps} pps, trickle {trickle_pps}: {ctx}"
     );
     eprintln!(
         "mixed (window={WINDOW} phase_us=1000): {phases} phases, floods {flood_pps} pps, \

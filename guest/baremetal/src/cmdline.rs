@@ -308,13 +308,15 @@ const KEYS: &[(&str, Setter)] = &[
         set(&mut w.o.coalesce, parse_coalesce(v).map(Some))
     }),
     ("tx_completion", |w, v| {
-        let c = match v {
-            "tx-interrupt" => TxCompletion::TxInterrupt,
-            "clean-from-rx" => TxCompletion::CleanFromRx,
-            "lazy" => TxCompletion::Lazy,
-            _ => return None,
-        };
-        set(&mut w.o.driver.tx_completion, Some(c))
+        let c = one_of(
+            v,
+            &[
+                ("tx-interrupt", TxCompletion::TxInterrupt),
+                ("clean-from-rx", TxCompletion::CleanFromRx),
+                ("lazy", TxCompletion::Lazy),
+            ],
+        );
+        set(&mut w.o.driver.tx_completion, c)
     }),
     ("tx", |w, v| set(&mut w.tx, number(v).map(Some))),
     ("echo", |w, v| set(&mut w.echo, number(v).map(Some))),
@@ -354,28 +356,26 @@ const KEYS: &[(&str, Setter)] = &[
     }),
     ("dst", |w, v| set(&mut w.o.dst, parse_mac(v))),
     ("ring", |w, v| {
-        let r = match v {
-            "0" => Ring::Kernel,
-            "3" => Ring::User,
-            _ => return None,
-        };
-        set(&mut w.o.ring, Some(r))
+        set(
+            &mut w.o.ring,
+            one_of(v, &[("0", Ring::Kernel), ("3", Ring::User)]),
+        )
     }),
     ("transport", |w, v| {
-        let t = match v {
-            "mmio" => TransportChoice::Mmio,
-            "pci" => TransportChoice::Pci,
-            _ => return None,
-        };
-        set(&mut w.o.transport, Some(t))
+        let t = one_of(
+            v,
+            &[
+                ("mmio", TransportChoice::Mmio),
+                ("pci", TransportChoice::Pci),
+            ],
+        );
+        set(&mut w.o.transport, t)
     }),
     ("wait", |w, v| {
-        let m = match v {
-            "halt" => Wait::Halt,
-            "poll" => Wait::Poll,
-            _ => return None,
-        };
-        set(&mut w.o.wait, Some(m))
+        set(
+            &mut w.o.wait,
+            one_of(v, &[("halt", Wait::Halt), ("poll", Wait::Poll)]),
+        )
     }),
     ("timeout_ms", |w, v| {
         set(&mut w.o.timeout_ms, number(v).filter(|&t| t > 0))
@@ -385,13 +385,15 @@ const KEYS: &[(&str, Setter)] = &[
         set(&mut w.o.tsc_khz, Some(number(v).filter(|&k| k > 0)))
     }),
     ("hostile", |w, v| {
-        let h = match v {
-            "overlap-used" => Hostile::OverlapUsed,
-            _ => return None,
-        };
-        set(&mut w.o.hostile, Some(Some(h)))
+        let h = one_of(v, &[("overlap-used", Hostile::OverlapUsed)]);
+        set(&mut w.o.hostile, h.map(Some))
     }),
 ];
+
+/// The value named `v` in `names`, if any.
+fn one_of<T: Copy>(v: &str, names: &[(&str, T)]) -> Option<T> {
+    names.iter().find(|(name, _)| *name == v).map(|&(_, t)| t)
+}
 
 /// Stores `value` in `field`, if there is one (else a bad value).
 fn set<T>(field: &mut T, value: Option<T>) -> Option<()> {
@@ -618,6 +620,25 @@ pub fn parse_mac(s: &str) -> Option<[u8; 6]> {
 mod tests {
     use super::*;
 
+    /// The workload `line` asks for.
+    fn workload(line: &str) -> Workload {
+        parse(line).unwrap().workload
+    }
+
+    /// Each line of `cases` is refused for a bad value of its key.
+    fn assert_bad_keys(cases: &[(&str, &str)]) {
+        for &(line, key) in cases {
+            let e = parse(line).unwrap_err();
+            assert_eq!(e.key, key, "{line}: {e}");
+        }
+    }
+
+    /// `line` is refused with the error `text`.
+    fn assert_error(line: &str, text: &str) {
+        let e = parse(line).unwrap_err();
+        assert_eq!(alloc::format!("{e}"), text);
+    }
+
     #[test]
     fn each_key_once() {
         for (i, (key, _)) in KEYS.iter().enumerate() {
@@ -675,7 +696,7 @@ mod tests {
             (Ring::User, Wait::Poll, 16, 500)
         );
         assert_eq!(o.dst, [10, 11, 12, 13, 14, 15]);
-        assert_eq!(parse("").unwrap().workload, Workload::Idle);
+        assert_eq!(workload(""), Workload::Idle);
         assert_eq!(parse("").unwrap().hostile, None);
         assert_eq!(
             parse("hostile=overlap-used").unwrap().hostile,
@@ -696,17 +717,14 @@ mod tests {
         );
         assert_eq!(o.driver.validate(), Ok(()));
         assert!(!parse("adaptive=0").unwrap().driver.adaptive);
-        for (line, key) in [
+        assert_bad_keys(&[
             ("adaptive=2", "adaptive"),
             ("adaptive=yes", "adaptive"),
             ("kick_threshold_max=0", "kick_threshold_max"),
             ("kick_threshold_max=65", "kick_threshold_max"),
             ("kick_threshold_max=x", "kick_threshold_max"),
             ("adaptive=1 coalesce=1/2/3/4", "coalesce"),
-        ] {
-            let e = parse(line).unwrap_err();
-            assert_eq!(e.key, key, "{line}: {e}");
-        }
+        ]);
         // Coalescing set once by the guest stays possible without adaptation.
         assert!(parse("adaptive=0 coalesce=1/2/3/4").is_ok());
     }
@@ -739,31 +757,23 @@ mod tests {
         let o = parse("console=ttyS0 calibrate=2000 ring=3").unwrap();
         assert_eq!(o.workload, Workload::Calibrate(2000));
         assert_eq!((o.ring, o.pause), (Ring::User, None));
+        assert_eq!(workload("calibrate=1"), Workload::Calibrate(1));
+        assert_eq!(workload("calibrate=0x10"), Workload::Calibrate(16));
         assert_eq!(
-            parse("calibrate=1").unwrap().workload,
-            Workload::Calibrate(1)
-        );
-        assert_eq!(
-            parse("calibrate=0x10").unwrap().workload,
-            Workload::Calibrate(16)
-        );
-        assert_eq!(
-            parse("calibrate=100000").unwrap().workload,
+            workload("calibrate=100000"),
             Workload::Calibrate(MAX_CALIBRATE_SAMPLES)
         );
-        for line in [
-            "calibrate=0",
-            "calibrate=100001",
-            "calibrate=-1",
-            "calibrate=",
-            "calibrate=many",
-            "calibrate=5000000000",
-            "calibrate=10 tx=5",
-            "echo=5 calibrate=10",
-            "calibrate=10 burst=8",
-        ] {
-            assert!(parse(line).is_err(), "{line}");
-        }
+        assert_bad_keys(&[
+            ("calibrate=0", "calibrate"),
+            ("calibrate=100001", "calibrate"),
+            ("calibrate=-1", "calibrate"),
+            ("calibrate=", "calibrate"),
+            ("calibrate=many", "calibrate"),
+            ("calibrate=5000000000", "calibrate"),
+            ("calibrate=10 tx=5", WORKLOAD_KEYS),
+            ("echo=5 calibrate=10", WORKLOAD_KEYS),
+            ("calibrate=10 burst=8", "burst"),
+        ]);
         let e = parse("calibrate=0").unwrap_err();
         assert_eq!((e.key, e.value), ("calibrate", "0"));
         let e = parse("tx=1 calibrate=2").unwrap_err();
@@ -804,7 +814,7 @@ mod tests {
                 pause_us: MAX_PAUSE_US
             })
         );
-        for (line, key) in [
+        assert_bad_keys(&[
             ("tx=10 burst=0", "burst"),
             ("tx=10 burst=x pause_us=5", "burst"),
             ("tx=10 burst=4294967296", "burst"),
@@ -814,10 +824,7 @@ mod tests {
             ("tx=10 pause_us=50", "pause_us"),
             ("echo=10 burst=8 pause_us=50", "burst"),
             ("burst=8", "burst"),
-        ] {
-            let e = parse(line).unwrap_err();
-            assert_eq!(e.key, key, "{line}: {e}");
-        }
+        ]);
     }
 
     #[test]
@@ -840,7 +847,7 @@ mod tests {
             .unwrap();
         assert_eq!(alloc::format!("{c}"), "16/4294967295/1/2");
         assert!(!parse("ctrl_vq=0").unwrap().driver.ctrl_vq);
-        for (line, key) in [
+        assert_bad_keys(&[
             ("coalesce=64/500/0", "coalesce"),
             ("coalesce=64/500/0/0/0", "coalesce"),
             ("coalesce=64/500//0", "coalesce"),
@@ -851,10 +858,7 @@ mod tests {
             ("coalesce=64,500,0,0", "coalesce"),
             ("coalesce=1/2/3/4 ctrl_vq=0", "coalesce"),
             ("ctrl_vq=2", "ctrl_vq"),
-        ] {
-            let e = parse(line).unwrap_err();
-            assert_eq!(e.key, key, "{line}: {e}");
-        }
+        ]);
         let e = parse("tx=1 coalesce=1/2/3").unwrap_err();
         assert_eq!((e.key, e.value), ("coalesce", "1/2/3"));
     }
@@ -886,19 +890,15 @@ mod tests {
         assert_eq!(parse("tx=10 queues=2").unwrap().driver.queue_pairs, 2);
         assert_eq!(parse("echo=1 queues=16").unwrap().driver.queue_pairs, 16);
         assert_eq!(parse("queues=1 ctrl_vq=0").unwrap().driver.queue_pairs, 1);
-        for (line, key) in [
+        assert_bad_keys(&[
             ("queues=0", "queues"),
             ("queues=17", "queues"),
             ("queues=-1", "queues"),
             ("queues=", "queues"),
             ("queues=two", "queues"),
             ("queues=2 ctrl_vq=0", "queues"),
-        ] {
-            let e = parse(line).unwrap_err();
-            assert_eq!(e.key, key, "{line}: {e}");
-        }
-        let e = parse("tx=1 queues=17").unwrap_err();
-        assert_eq!(alloc::format!("{e}"), "bad value for queues: \"17\"");
+        ]);
+        assert_error("tx=1 queues=17", "bad value for queues: \"17\"");
     }
 
     #[test]
@@ -907,21 +907,21 @@ mod tests {
         assert_eq!(o.workload, Workload::Rx(100_000));
         assert_eq!((o.wait, o.rx_budget), (Wait::Poll, DEFAULT_RX_BUDGET));
         assert_eq!(
-            parse("fwd=5000 xdp_bulk=8").unwrap().workload,
+            workload("fwd=5000 xdp_bulk=8"),
             Workload::Fwd {
                 frames: 5000,
                 window: DEFAULT_WINDOW
             }
         );
         assert_eq!(
-            parse("window=1 fwd=0x10").unwrap().workload,
+            workload("window=1 fwd=0x10"),
             Workload::Fwd {
                 frames: 16,
                 window: 1
             }
         );
         assert_eq!(
-            parse("fwd=1 window=4096").unwrap().workload,
+            workload("fwd=1 window=4096"),
             Workload::Fwd {
                 frames: 1,
                 window: MAX_WINDOW
@@ -929,8 +929,8 @@ mod tests {
         );
         assert_eq!(parse("rx=10 rx_budget=1").unwrap().rx_budget, 1);
         assert_eq!(parse("echo=10 rx_budget=4096").unwrap().rx_budget, 4096);
-        assert_eq!(parse("rx=0").unwrap().workload, Workload::Rx(0));
-        for (line, key) in [
+        assert_eq!(workload("rx=0"), Workload::Rx(0));
+        assert_bad_keys(&[
             ("rx=x", "rx"),
             ("rx=-1", "rx"),
             ("rx=", "rx"),
@@ -955,12 +955,8 @@ mod tests {
             ("fwd=10 burst=8 pause_us=5", "burst"),
             ("rx=10 reset_queue=rx reset_every=5", "reset_queue"),
             ("fwd=10 reset_queue=tx reset_every=5", "reset_queue"),
-        ] {
-            let e = parse(line).unwrap_err();
-            assert_eq!(e.key, key, "{line}: {e}");
-        }
-        let e = parse("fwd=10 window=0").unwrap_err();
-        assert_eq!(alloc::format!("{e}"), "bad value for window: \"0\"");
+        ]);
+        assert_error("fwd=10 window=0", "bad value for window: \"0\"");
     }
 
     #[test]
@@ -975,13 +971,13 @@ mod tests {
         );
         assert_eq!((o.wait, o.driver.xdp_bulk), (Wait::Poll, 1));
         assert_eq!(
-            parse("window=64 pingpong=0x10 packed=1").unwrap().workload,
+            workload("window=64 pingpong=0x10 packed=1"),
             Workload::PingPong {
                 frames: 16,
                 window: MAX_PINGPONG_WINDOW
             }
         );
-        for (line, key) in [
+        assert_bad_keys(&[
             ("pingpong=x", "pingpong"),
             ("pingpong=", "pingpong"),
             ("pingpong=10 window=0", "window"),
@@ -993,14 +989,10 @@ mod tests {
             ("pingpong=1 tx=1", "tx/echo/rx/fwd/pingpong/mixed/calibrate"),
             ("pingpong=10 burst=8", "burst"),
             ("pingpong=10 reset_queue=tx reset_every=5", "reset_queue"),
-        ] {
-            let e = parse(line).unwrap_err();
-            assert_eq!(e.key, key, "{line}: {e}");
-        }
-        let e = parse("pingpong=10 window=65").unwrap_err();
-        assert_eq!(
-            alloc::format!("{e}"),
-            "bad value for window: \"at most 64 with pingpong=\""
+        ]);
+        assert_error(
+            "pingpong=10 window=65",
+            "bad value for window: \"at most 64 with pingpong=\"",
         );
     }
 
@@ -1016,7 +1008,7 @@ mod tests {
             }
         );
         assert_eq!(
-            parse("phase_us=100 window=1 mixed=0x10").unwrap().workload,
+            workload("phase_us=100 window=1 mixed=0x10"),
             Workload::Mixed {
                 frames: 16,
                 window: 1,
@@ -1024,16 +1016,14 @@ mod tests {
             }
         );
         assert_eq!(
-            parse("mixed=5 window=64 phase_us=1000000")
-                .unwrap()
-                .workload,
+            workload("mixed=5 window=64 phase_us=1000000"),
             Workload::Mixed {
                 frames: 5,
                 window: MAX_PINGPONG_WINDOW,
                 phase_us: MAX_PHASE_US
             }
         );
-        for (line, key) in [
+        assert_bad_keys(&[
             ("mixed=x", "mixed"),
             ("mixed=", "mixed"),
             ("mixed=-1", "mixed"),
@@ -1052,22 +1042,16 @@ mod tests {
             ("mixed=1 calibrate=10", WORKLOAD_KEYS),
             ("mixed=10 burst=8", "burst"),
             ("mixed=10 reset_queue=tx reset_every=5", "reset_queue"),
-        ] {
-            let e = parse(line).unwrap_err();
-            assert_eq!(e.key, key, "{line}: {e}");
-        }
-        let e = parse("mixed=10 window=65").unwrap_err();
-        assert_eq!(
-            alloc::format!("{e}"),
-            "bad value for window: \"at most 64 with mixed=\""
+        ]);
+        assert_error(
+            "mixed=10 window=65",
+            "bad value for window: \"at most 64 with mixed=\"",
         );
-        let e = parse("phase_us=500").unwrap_err();
-        assert_eq!(
-            alloc::format!("{e}"),
-            "bad value for phase_us: \"only with mixed=\""
+        assert_error(
+            "phase_us=500",
+            "bad value for phase_us: \"only with mixed=\"",
         );
-        let e = parse("mixed=10 phase_us=50").unwrap_err();
-        assert_eq!(alloc::format!("{e}"), "bad value for phase_us: \"50\"");
+        assert_error("mixed=10 phase_us=50", "bad value for phase_us: \"50\"");
     }
 
     #[test]

@@ -470,10 +470,53 @@ mod tests {
         }
     }
 
+    /// The result line of `r`.
+    fn json(r: &Report) -> String {
+        let mut s = String::new();
+        r.write_json(&mut s).unwrap();
+        s
+    }
+
+    /// Checks that the result line of `r` holds each of `has` and none of `lacks`; returns it.
+    fn check_line(r: &Report, has: &[&str], lacks: &[&str]) -> String {
+        let s = json(r);
+        for part in has {
+            assert!(s.contains(part), "{part} missing in {s}");
+        }
+        for part in lacks {
+            assert!(!s.contains(part), "{part} in {s}");
+        }
+        s
+    }
+
+    /// Gives `r` round trips timed on a 2 GHz TSC (two cycles a nanosecond): `bad`, `lost`, and
+    /// `samples` of 10k, 20k, 30k, 40k and 50k cycles (min, p50, p99, p99.9, max). Checks that
+    /// the line holds `before`, then their counts and times in nanoseconds.
+    fn check_timed_round_trips(r: &mut Report, before: &str, [bad, lost, samples]: [u64; 3]) {
+        r.round_trips = Some(crate::latency::RoundTrips {
+            bad,
+            lost,
+            cycles: Some(crate::latency::Percentiles {
+                samples,
+                min: 10_000,
+                p50: 20_000,
+                p99: 30_000,
+                p999: 40_000,
+                max: 50_000,
+            }),
+        });
+        r.tsc_khz = Some(2_000_000);
+        let line = alloc::format!(
+            "{before}\"rtt_samples\":{samples},\"rtt_bad\":{bad},\"rtt_lost\":{lost},\
+             \"rtt_min_ns\":5000,\"rtt_p50_ns\":10000,\"rtt_p99_ns\":15000,\
+             \"rtt_p999_ns\":20000,\"rtt_max_ns\":25000,\"kick_threshold\":"
+        );
+        check_line(r, &[&line], &[]);
+    }
+
     #[test]
     fn result_line() {
-        let mut s = String::new();
-        report().write_json(&mut s).unwrap();
+        let s = json(&report());
         assert!(
             s.starts_with("{\"driver\":{\"status\":\"done\",\"ring\":3,"),
             "{s}"
@@ -525,30 +568,20 @@ mod tests {
         let mut r = report();
         r.queues = &queues;
         r.queue_irqs = &[[3, 2], [0, 7]];
-        let mut s = String::new();
-        r.write_json(&mut s).unwrap();
-        assert!(
-            s.contains(
-                ",\"queue_pairs\":2,\"queues\":[{\"tx\":60,\"rx\":3,\"kicks\":8,\"rx_kicks\":2,\
+        check_line(&r, &[",\"queue_pairs\":2,\"queues\":[{\"tx\":60,\"rx\":3,\"kicks\":8,\"rx_kicks\":2,\
                  \"irqs\":5,\"tx_reclaimed\":60,\"xdp_tx\":0,\"ring_full\":0,\"kicks_suppressed\":0,\
                  \"irqs_rx\":3,\"irqs_tx\":2},\
                  {\"tx\":42,\"rx\":0,\"kicks\":5,\"rx_kicks\":0,\"irqs\":0,\"tx_reclaimed\":0,\
-                 \"xdp_tx\":2,\"ring_full\":0,\"kicks_suppressed\":3,\"irqs_rx\":0,\"irqs_tx\":7}],"
-            ),
-            "{s}"
-        );
+                 \"xdp_tx\":2,\"ring_full\":0,\"kicks_suppressed\":3,\"irqs_rx\":0,\"irqs_tx\":7}],"], &[]);
         // Without MSI-X (virtio-mmio) the per-queue vector counts are 0.
         r.queue_irqs = &[];
-        let mut s = String::new();
-        r.write_json(&mut s).unwrap();
-        assert!(
-            s.contains("\"kicks_suppressed\":3,\"irqs_rx\":0,\"irqs_tx\":0}],"),
-            "{s}"
+        check_line(
+            &r,
+            &["\"kicks_suppressed\":3,\"irqs_rx\":0,\"irqs_tx\":0}],"],
+            &[],
         );
         r.queues = &[];
-        let mut s = String::new();
-        r.write_json(&mut s).unwrap();
-        assert!(s.contains(",\"queue_pairs\":0,\"queues\":[],"), "{s}");
+        check_line(&r, &[",\"queue_pairs\":0,\"queues\":[],"], &[]);
     }
 
     #[test]
@@ -580,29 +613,25 @@ mod tests {
         r.features |= vnet_driver::features::NET_F_DEVICE_STATS;
         r.queues = &queues;
         r.device_stats = Some(Ok(&stats));
-        let mut s = String::new();
-        r.write_json(&mut s).unwrap();
-        for field in [
-            "\"notf_coal\":0,\"device_stats\":1,",
-            ",\"cycles\":2000000,\"dev_tx_packets\":100,",
-            "\"dev_tx_notifications\":13,",
-            "\"dev_ctrl_commands\":4,\"dev_ctrl_ok\":3,\"dev_stats_reads\":2,\"queue_pairs\":1,",
-            "\"irqs_tx\":0,\"dev_tx\":100,\"dev_kicks\":13,\"dev_irqs_tx\":0,\"dev_rx\":0,\
-             \"dev_rx_kicks\":0,\"dev_irqs_rx\":0}],",
-        ] {
-            assert!(s.contains(field), "{field} missing in {s}");
-        }
-        r.device_stats = Some(Err("device_stats: GET of queue 1: refused"));
-        let mut s = String::new();
-        r.write_json(&mut s).unwrap();
-        assert!(
-            s.contains(
-                ",\"cycles\":2000000,\"dev_stats_error\":\"device_stats: GET of queue 1: refused\",\
-                 \"queue_pairs\":1,"
-            ),
-            "{s}"
+        check_line(
+            &r,
+            &[
+                "\"notf_coal\":0,\"device_stats\":1,",
+                ",\"cycles\":2000000,\"dev_tx_packets\":100,",
+                "\"dev_tx_notifications\":13,",
+                "\"dev_ctrl_commands\":4,\"dev_ctrl_ok\":3,\"dev_stats_reads\":2,\"queue_pairs\":1,",
+                "\"irqs_tx\":0,\"dev_tx\":100,\"dev_kicks\":13,\"dev_irqs_tx\":0,\"dev_rx\":0,\
+                 \"dev_rx_kicks\":0,\"dev_irqs_rx\":0}],",
+            ],
+            &[],
         );
-        assert!(!s.contains("dev_tx"), "{s}");
+        r.device_stats = Some(Err("device_stats: GET of queue 1: refused"));
+        check_line(
+            &r,
+            &[",\"cycles\":2000000,\"dev_stats_error\":\"device_stats: GET of queue 1: refused\",\
+               \"queue_pairs\":1,"],
+            &["dev_tx"],
+        );
     }
 
     #[test]
@@ -613,19 +642,12 @@ mod tests {
             pause_us: 50,
         });
         r.pauses = 12;
-        let mut s = String::new();
-        r.write_json(&mut s).unwrap();
-        assert!(
-            s.contains(",\"burst\":8,\"pause_us\":50,\"pauses\":12,"),
-            "{s}"
-        );
+        check_line(&r, &[",\"burst\":8,\"pause_us\":50,\"pauses\":12,"], &[]);
     }
 
     #[test]
     fn adaptive_values_are_reported_only_when_on() {
-        let mut s = String::new();
-        report().write_json(&mut s).unwrap();
-        assert!(!s.contains("adaptive") && !s.contains("_now"), "{s}");
+        check_line(&report(), &[], &["adaptive", "_now"]);
         let mut r = report();
         r.config.adaptive = true;
         r.counters.kick_threshold_now = 32;
@@ -635,13 +657,14 @@ mod tests {
         r.counters.xdp_bulk_changes = 1;
         r.counters.rx_coal_changes = 3;
         r.counters.rx_coal_errors = 1;
-        let mut s = String::new();
-        r.write_json(&mut s).unwrap();
-        let field = "\"resets\":null,\"adaptive\":1,\"kick_threshold_max\":64,\
-                     \"kick_threshold_now\":32,\"xdp_bulk_now\":4,\"rx_coal_level\":2,\
-                     \"kick_threshold_changes\":2,\"xdp_bulk_changes\":1,\"rx_coal_changes\":3,\
-                     \"rx_coal_errors\":1,\"adapt_changes\":6,\"tx_frames\":100,";
-        assert!(s.contains(field), "{field} missing in {s}");
+        check_line(
+            &r,
+            &["\"resets\":null,\"adaptive\":1,\"kick_threshold_max\":64,\
+               \"kick_threshold_now\":32,\"xdp_bulk_now\":4,\"rx_coal_level\":2,\
+               \"kick_threshold_changes\":2,\"xdp_bulk_changes\":1,\"rx_coal_changes\":3,\
+               \"rx_coal_errors\":1,\"adapt_changes\":6,\"tx_frames\":100,"],
+            &[],
+        );
     }
 
     #[test]
@@ -654,187 +677,133 @@ mod tests {
         r.counters.ctrl_failed = 1;
         r.counters.ctrl_timeouts = 1;
         r.outcome = Outcome::Error("coalesce=: the device did not answer");
-        let mut s = String::new();
-        r.write_json(&mut s).unwrap();
-        for field in [
-            "{\"driver\":{\"status\":\"error\",\"error\":\"coalesce=: the device did not answer\",",
-            "\"ctrl_vq\":1,\"notf_coal\":1,",
-            ",\"coalesce\":\"64/500/0/0\",",
-            "\"ctrl_commands\":2,\"ctrl_failed\":1,\"ctrl_timeouts\":1,",
-        ] {
-            assert!(s.contains(field), "{field} missing in {s}");
-        }
+        check_line(
+            &r,
+            &[
+                "{\"driver\":{\"status\":\"error\",\"error\":\"coalesce=: the device did not answer\",",
+                "\"ctrl_vq\":1,\"notf_coal\":1,",
+                ",\"coalesce\":\"64/500/0/0\",",
+                "\"ctrl_commands\":2,\"ctrl_failed\":1,\"ctrl_timeouts\":1,",
+            ],
+            &[],
+        );
     }
 
     #[test]
     fn rx_and_fwd_fields() {
         let mut r = report();
-        let mut s = String::new();
-        r.write_json(&mut s).unwrap();
-        for field in ["rx_budget", "rx_bad", "rx_lost", "rx_reordered", "window"] {
-            assert!(!s.contains(field), "tx line has {field}: {s}");
-        }
+        check_line(
+            &r,
+            &[],
+            &["rx_budget", "rx_bad", "rx_lost", "rx_reordered", "window"],
+        );
         r.workload = Workload::Rx(100);
         r.rx_check = Some(crate::frames::SeqCounts {
             bad: 1,
             lost: 2,
             reordered: 3,
         });
-        let mut s = String::new();
-        r.write_json(&mut s).unwrap();
-        assert!(
-            s.contains(
+        check_line(
+            &r,
+            &[
                 "\"workload\":\"rx\",\"requested\":100,\"done\":100,\"size\":64,\"rx_budget\":64,\
-                 \"rx_bad\":1,\"rx_lost\":2,\"rx_reordered\":3,\"kick_threshold\":"
-            ),
-            "{s}"
+                 \"rx_bad\":1,\"rx_lost\":2,\"rx_reordered\":3,\"kick_threshold\":",
+            ],
+            &["window"],
         );
-        assert!(!s.contains("window"), "{s}");
         r.workload = Workload::Fwd {
             frames: 100,
             window: 256,
         };
         r.rx_budget = 16;
-        let mut s = String::new();
-        r.write_json(&mut s).unwrap();
-        assert!(
-            s.contains(
+        check_line(
+            &r,
+            &[
                 "\"workload\":\"fwd\",\"requested\":100,\"done\":100,\"size\":64,\"window\":256,\
-                 \"rx_budget\":16,\"kick_threshold\":"
-            ),
-            "{s}"
+                 \"rx_budget\":16,\"kick_threshold\":",
+            ],
+            &["rx_bad"],
         );
-        assert!(!s.contains("rx_bad"), "{s}");
     }
 
     #[test]
     fn pingpong_fields() {
-        let mut r = report();
-        r.workload = Workload::PingPong {
-            frames: 1000,
-            window: 4,
+        let mut r = Report {
+            workload: Workload::PingPong {
+                frames: 1000,
+                window: 4,
+            },
+            done: 1000,
+            ..report()
         };
-        r.done = 1000;
         // Without a run: zeros, no percentiles.
-        let mut s = String::new();
-        r.write_json(&mut s).unwrap();
-        assert!(
-            s.contains(
+        check_line(
+            &r,
+            &[
                 "\"workload\":\"pingpong\",\"requested\":1000,\"done\":1000,\"size\":64,\
                  \"window\":4,\"rx_budget\":64,\"rtt_samples\":0,\"rtt_bad\":0,\"rtt_lost\":0,\
-                 \"kick_threshold\":"
-            ),
-            "{s}"
+                 \"kick_threshold\":",
+            ],
+            &[],
         );
-        r.round_trips = Some(crate::latency::RoundTrips {
-            bad: 1,
-            lost: 2,
-            cycles: Some(crate::latency::Percentiles {
-                samples: 1000,
-                min: 10_000,
-                p50: 20_000,
-                p99: 30_000,
-                p999: 40_000,
-                max: 50_000,
-            }),
-        });
-        // A 2 GHz TSC: two cycles a nanosecond.
-        r.tsc_khz = Some(2_000_000);
-        let mut s = String::new();
-        r.write_json(&mut s).unwrap();
-        assert!(
-            s.contains(
-                "\"rtt_samples\":1000,\"rtt_bad\":1,\"rtt_lost\":2,\"rtt_min_ns\":5000,\
-                 \"rtt_p50_ns\":10000,\"rtt_p99_ns\":15000,\"rtt_p999_ns\":20000,\
-                 \"rtt_max_ns\":25000,\"kick_threshold\":"
-            ),
-            "{s}"
-        );
+        check_timed_round_trips(&mut r, "", [1, 2, 1000]);
         // Without the TSC's frequency: no nanoseconds.
         r.tsc_khz = None;
-        let mut s = String::new();
-        r.write_json(&mut s).unwrap();
-        assert!(s.contains("\"rtt_lost\":2,\"kick_threshold\":"), "{s}");
-        assert!(!s.contains("rtt_p50_ns"), "{s}");
+        check_line(&r, &["\"rtt_lost\":2,\"kick_threshold\":"], &["rtt_p50_ns"]);
         // Other workloads have none of these.
         r.workload = Workload::Fwd {
             frames: 1000,
             window: 4,
         };
-        let mut s = String::new();
-        r.write_json(&mut s).unwrap();
-        assert!(!s.contains("rtt_"), "{s}");
+        check_line(&r, &[], &["rtt_"]);
     }
 
     #[test]
     fn mixed_fields() {
-        let mut r = report();
-        r.workload = Workload::Mixed {
-            frames: 10_000,
-            window: 64,
-            phase_us: 10_000,
+        let mut r = Report {
+            workload: Workload::Mixed {
+                frames: 10_000,
+                window: 64,
+                phase_us: 10_000,
+            },
+            done: 10_000,
+            ..report()
         };
-        r.done = 10_000;
         // Without a run: zeros, no rates, no percentiles.
-        let mut s = String::new();
-        r.write_json(&mut s).unwrap();
-        assert!(
-            s.contains(
+        check_line(
+            &r,
+            &[
                 "\"workload\":\"mixed\",\"requested\":10000,\"done\":10000,\"size\":64,\
                  \"window\":64,\"phase_us\":10000,\"rx_budget\":64,\"phases\":0,\
                  \"flood_frames\":0,\"flood_ns\":0,\"rtt_samples\":0,\"rtt_bad\":0,\
-                 \"rtt_lost\":0,\"kick_threshold\":"
-            ),
-            "{s}"
+                 \"rtt_lost\":0,\"kick_threshold\":",
+            ],
+            &["flood_pps"],
         );
-        assert!(!s.contains("flood_pps"), "{s}");
         r.flood = Some(crate::mixed::Flood {
             phases: 7,
             frames: 9_000,
             cycles: 6_000_000,
         });
-        r.round_trips = Some(crate::latency::RoundTrips {
-            bad: 0,
-            lost: 1,
-            cycles: Some(crate::latency::Percentiles {
-                samples: 999,
-                min: 10_000,
-                p50: 20_000,
-                p99: 30_000,
-                p999: 40_000,
-                max: 50_000,
-            }),
-        });
-        // A 2 GHz TSC: 9000 flood round trips in 3 ms.
-        r.tsc_khz = Some(2_000_000);
-        let mut s = String::new();
-        r.write_json(&mut s).unwrap();
-        assert!(
-            s.contains(
-                "\"phases\":7,\"flood_frames\":9000,\"flood_ns\":3000000,\
-                 \"flood_pps\":3000000,\"rtt_samples\":999,\"rtt_bad\":0,\"rtt_lost\":1,\
-                 \"rtt_min_ns\":5000,\"rtt_p50_ns\":10000,\"rtt_p99_ns\":15000,\
-                 \"rtt_p999_ns\":20000,\"rtt_max_ns\":25000,\"kick_threshold\":"
-            ),
-            "{s}"
+        // 9000 flood round trips in 3 ms.
+        check_timed_round_trips(
+            &mut r,
+            "\"phases\":7,\"flood_frames\":9000,\"flood_ns\":3000000,\"flood_pps\":3000000,",
+            [0, 1, 999],
         );
         // Without the TSC's frequency: counts only.
         r.tsc_khz = None;
-        let mut s = String::new();
-        r.write_json(&mut s).unwrap();
-        assert!(
-            s.contains("\"flood_frames\":9000,\"rtt_samples\":999,"),
-            "{s}"
+        check_line(
+            &r,
+            &["\"flood_frames\":9000,\"rtt_samples\":999,"],
+            &["flood_ns", "rtt_p50_ns"],
         );
-        assert!(!s.contains("flood_ns") && !s.contains("rtt_p50_ns"), "{s}");
         // pingpong= has no flood fields.
         r.workload = Workload::PingPong {
             frames: 1000,
             window: 4,
         };
-        let mut s = String::new();
-        r.write_json(&mut s).unwrap();
-        assert!(!s.contains("flood") && !s.contains("phase"), "{s}");
+        check_line(&r, &[], &["flood", "phase"]);
     }
 
     #[test]
@@ -842,13 +811,12 @@ mod tests {
         let mut r = report();
         r.outcome = Outcome::Error("bad \"x\"\n");
         r.tsc_khz = None;
-        let mut s = String::new();
-        r.write_json(&mut s).unwrap();
-        assert!(
-            s.contains("\"status\":\"error\",\"error\":\"bad \\\"x\\\"\\u000a\""),
-            "{s}"
+        let s = check_line(
+            &r,
+            &["\"status\":\"error\",\"error\":\"bad \\\"x\\\"\\u000a\""],
+            &["pps"],
         );
-        assert!(!s.contains("pps") && s.ends_with("}}"), "{s}");
+        assert!(s.ends_with("}}"), "{s}");
         let mut s = String::new();
         write_error(&mut s, "no \"device\"").unwrap();
         assert_eq!(

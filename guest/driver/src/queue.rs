@@ -160,33 +160,11 @@ impl SendQueue {
         if self.ring.publish() {
             self.stats.publishes += 1;
         }
-        match self.ring.kick_decision() {
+        match notify_if_wanted(&mut self.ring, transport) {
             Kick::NothingNew => {}
-            Kick::Notify => {
-                self.stats.kicks += 1;
-                transport.notify(self.ring.index());
-            }
+            Kick::Notify => self.stats.kicks += 1,
             Kick::SuppressedByEventIdx => self.stats.kicks_suppressed += 1,
             Kick::SuppressedByFlag => self.stats.kicks_suppressed_no_notify += 1,
-        }
-    }
-
-    /// Counts a used-ring entry the driver ignored.
-    pub(crate) fn note_device_error(&mut self) {
-        self.stats.device_errors += 1;
-    }
-
-    /// Frees the ring and the buffers.
-    ///
-    /// # Safety
-    ///
-    /// As [`crate::hal::DmaRegion::dealloc`] for both regions: they came from `hal`, the device
-    /// no longer uses them (it was reset), and nothing uses them afterwards.
-    pub(crate) unsafe fn dealloc<H: Hal>(&self, hal: &H) {
-        // SAFETY: forwarded from this function's contract.
-        unsafe {
-            self.ring.dealloc(hal);
-            self.pool.dealloc(hal);
         }
     }
 }
@@ -208,33 +186,50 @@ impl ReceiveQueue {
     /// wants it.
     pub(crate) fn publish_and_kick<T: Transport>(&mut self, transport: &mut T) {
         self.ring.publish();
-        match self.ring.kick_decision() {
+        match notify_if_wanted(&mut self.ring, transport) {
             Kick::NothingNew => {}
-            Kick::Notify => {
-                self.stats.kicks += 1;
-                transport.notify(self.ring.index());
-            }
-            Kick::SuppressedByEventIdx | Kick::SuppressedByFlag => {
-                self.stats.kicks_suppressed += 1;
-            }
-        }
-    }
-
-    /// Counts a used-ring entry (or a used buffer) the driver ignored.
-    pub(crate) fn note_device_error(&mut self) {
-        self.stats.device_errors += 1;
-    }
-
-    /// Frees the ring and the buffers.
-    ///
-    /// # Safety
-    ///
-    /// As [`SendQueue::dealloc`].
-    pub(crate) unsafe fn dealloc<H: Hal>(&self, hal: &H) {
-        // SAFETY: forwarded from this function's contract.
-        unsafe {
-            self.ring.dealloc(hal);
-            self.pool.dealloc(hal);
+            Kick::Notify => self.stats.kicks += 1,
+            Kick::SuppressedByEventIdx | Kick::SuppressedByFlag => self.stats.kicks_suppressed += 1,
         }
     }
 }
+
+/// Notifies the device over `transport` if it wants to hear of what `ring` published; returns
+/// the decision, for the queue's counters.
+fn notify_if_wanted<X: Copy, T: Transport>(ring: &mut Vring<X>, transport: &mut T) -> Kick {
+    let kick = ring.kick_decision();
+    if kick == Kick::Notify {
+        transport.notify(ring.index());
+    }
+    kick
+}
+
+/// What both queue kinds do alike with their `ring`, `pool` and `stats` (a macro: the fields
+/// have other types in each, and no trait spans them).
+macro_rules! queue_upkeep {
+    ($queue:ty) => {
+        impl $queue {
+            /// Counts a used-ring entry (or a used buffer) the driver ignored.
+            pub(crate) fn note_device_error(&mut self) {
+                self.stats.device_errors += 1;
+            }
+
+            /// Frees the ring and the buffers.
+            ///
+            /// # Safety
+            ///
+            /// As [`crate::hal::DmaRegion::dealloc`] for both regions: they came from `hal`, the
+            /// device no longer uses them (it was reset), and nothing uses them afterwards.
+            pub(crate) unsafe fn dealloc<H: Hal>(&self, hal: &H) {
+                // SAFETY: forwarded from this function's contract.
+                unsafe {
+                    self.ring.dealloc(hal);
+                    self.pool.dealloc(hal);
+                }
+            }
+        }
+    };
+}
+
+queue_upkeep!(SendQueue);
+queue_upkeep!(ReceiveQueue);

@@ -300,13 +300,19 @@ fn dim_settle(dim: &mut RxDim, load: RxLoad) -> usize {
     panic!("{load:?}: not settled: {dim:?}");
 }
 
-#[test]
-fn rx_coalescing_settles_within_6_intervals_and_then_holds() {
-    for (load, level) in [(RxLoad::Flood, RX_MAX_LEVEL), (RxLoad::PingPong, 0)] {
-        let mut dim = RxDim::new();
-        let parked = dim_settle(&mut dim, load);
+/// Settles `dim` on each load in turn: it parks within 6 intervals, at the level given.
+fn settle_each(dim: &mut RxDim, steps: &[(RxLoad, u8)]) {
+    for &(load, level) in steps {
+        let parked = dim_settle(dim, load);
         assert!(parked <= 6, "{load:?}: parked at {parked}");
         assert_eq!(dim.level(), level, "{load:?}");
+    }
+}
+
+#[test]
+fn rx_coalescing_settles_within_6_intervals_and_then_holds() {
+    for step in [(RxLoad::Flood, RX_MAX_LEVEL), (RxLoad::PingPong, 0)] {
+        settle_each(&mut RxDim::new(), &[step]);
     }
 }
 
@@ -314,15 +320,14 @@ fn rx_coalescing_settles_within_6_intervals_and_then_holds() {
 fn rx_coalescing_follows_a_step_of_the_workload_within_6_intervals() {
     let mut dim = RxDim::new();
     dim_settle(&mut dim, RxLoad::Flood);
-    for (load, level) in [
-        (RxLoad::PingPong, 0),
-        (RxLoad::Flood, RX_MAX_LEVEL),
-        (RxLoad::PingPong, 0),
-    ] {
-        let parked = dim_settle(&mut dim, load);
-        assert!(parked <= 6, "{load:?}: parked at {parked}");
-        assert_eq!(dim.level(), level, "{load:?}");
-    }
+    settle_each(
+        &mut dim,
+        &[
+            (RxLoad::PingPong, 0),
+            (RxLoad::Flood, RX_MAX_LEVEL),
+            (RxLoad::PingPong, 0),
+        ],
+    );
 }
 
 #[test]
