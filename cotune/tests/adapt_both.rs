@@ -73,16 +73,20 @@ impl Sides {
                 let device_seen = Observed {
                     frames,
                     interrupts: 0,
+                    // One sleep in eight is timed.
                     short_gaps: if polling || gap > 64 {
                         0
                     } else {
-                        publishes / 8
+                        publishes.div_ceil(8)
                     },
                     long_gaps: if polling || gap <= 64 {
                         0
                     } else {
-                        publishes / 8
+                        publishes.div_ceil(8)
                     },
+                    // A polling device's windows find each publish; a shorter one runs out.
+                    windows: if window > 0 { publishes } else { 0 },
+                    windows_found: if polling { publishes } else { 0 },
                     elapsed_us: INTERVAL_US,
                     guest_coalesces: self.guest_set,
                 };
@@ -103,6 +107,8 @@ impl Sides {
                     interrupts: trips,
                     short_gaps: if polling { 0 } else { trips.div_ceil(8) },
                     long_gaps: 0,
+                    windows: if window > 0 { trips } else { 0 },
+                    windows_found: if polling { trips } else { 0 },
                     elapsed_us: INTERVAL_US,
                     guest_coalesces: self.guest_set,
                 };

@@ -36,6 +36,8 @@ fn bench(c: &mut Criterion) {
                 interrupts: if flood { 250 } else { 30 },
                 short_gaps: if flood { 0 } else { 30 },
                 long_gaps: 0,
+                windows: if flood { 0 } else { 30 },
+                windows_found: if flood { 0 } else { 25 },
                 elapsed_us: 1_000,
                 guest_coalesces: false,
             })))

@@ -75,6 +75,10 @@ pub const RX_COAL_PROFILES: [Coalescing; 5] = [
         usecs: 128,
     },
 ];
+/// Shortest stay in a parking, in rx intervals.
+pub const RX_PARK_INTERVALS: u32 = 4;
+/// Longest stay in a parking, after searches in a row that came back to it.
+pub const RX_MAX_PARK_INTERVALS: u32 = 256;
 /// Highest level of [`RX_COAL_PROFILES`].
 pub const RX_MAX_LEVEL: u8 = RX_COAL_PROFILES.len() as u8 - 1;
 
@@ -268,6 +272,13 @@ fn rate_order(curr: &RxSample, prev: &RxSample) -> core::cmp::Ordering {
     significant(u128::from(curr.frames) * pe, u128::from(prev.frames) * ce)
 }
 
+/// The rx rate moved by more than 2× either way.
+fn rate_changed_2x(curr: &RxSample, prev: &RxSample) -> bool {
+    let c = u128::from(curr.frames) * u128::from(prev.elapsed.max(1));
+    let p = u128::from(prev.frames) * u128::from(curr.elapsed.max(1));
+    c > p.saturating_mul(2) || p > c.saturating_mul(2)
+}
+
 fn compare(curr: &RxSample, prev: &RxSample) -> Verdict {
     use core::cmp::Ordering::*;
     match rate_order(curr, prev) {
@@ -316,6 +327,12 @@ pub struct RxDim {
     /// interval before it, and the climb also with this one, so that steps each too small to
     /// count cannot add up to a loss.
     origin: RxSample,
+    /// Intervals left before the parking may be left.
+    park_left: u32,
+    /// The next parking's shortest stay: doubles with each parking, so that noise cannot keep
+    /// the search (and its control commands) going; back to the shortest when the rx rate
+    /// changes by more than 2× (a new load).
+    park_next: u32,
 }
 
 impl Default for RxDim {
@@ -332,6 +349,8 @@ impl RxDim {
             search: Search::Start,
             reference: RxSample::default(),
             origin: RxSample::default(),
+            park_left: 0,
+            park_next: RX_PARK_INTERVALS,
         }
     }
 
@@ -385,6 +404,11 @@ impl RxDim {
                 }
             },
             Search::Settling => self.park(curr),
+            Search::Parked if rate_changed_2x(curr, &self.reference) => {
+                self.park_next = RX_PARK_INTERVALS;
+                self.leave_parking(self.open_direction(Move::Down), curr);
+            }
+            Search::Parked if self.park_left > 0 => self.park_left -= 1,
             Search::Parked => {
                 // The load changed: search again, towards less coalescing first (as Linux's
                 // DIM leaves its parking), unless there is none to remove.
@@ -414,6 +438,8 @@ impl RxDim {
     fn park(&mut self, curr: &RxSample) {
         self.reference = *curr;
         self.search = Search::Parked;
+        self.park_left = self.park_next;
+        self.park_next = self.park_next.saturating_mul(2).min(RX_MAX_PARK_INTERVALS);
     }
 
     /// One step in `dir` with `curr` as the new reference; parks at the edge of the table.

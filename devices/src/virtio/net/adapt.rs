@@ -1,16 +1,17 @@
 //! Device-side adaptation (`adaptive=on`): the worker moves its own busy-poll window and
 //! interrupt coalescing from what it saw in the last interval, within the operator's bounds.
 //!
-//! - **Busy-poll** follows the driver's idle gaps, the rule of KVM's halt polling: a wake-up
-//!   (a kick or backend input) after an idle gap that a window at the bound would have covered
-//!   is a kick and a sleep the device could have saved; one after a longer gap is polling that
-//!   would have been wasted. One sleep in [`GAP_SAMPLE`] is timed; they are counted since the
-//!   window last moved (over
-//!   [`GAP_HORIZON`] intervals at most); when at least two are counted and three in four were
-//!   of the first kind the window doubles (from [`BUSY_POLL_START_US`]); three in four of the
-//!   second, it halves (under the start value: off); in between it stays, so gaps spread
-//!   around the bound, or one the host stretched now and then, do not make it flap. A window that covers the driver's gaps sees
-//!   no sleeps and stays; a driver whose gaps exceed the bound keeps it off.
+//! - **Busy-poll** follows the driver's idle gaps, after the rule of KVM's halt polling: a
+//!   wake-up (a kick or backend input) after an idle gap that a window at the bound would have
+//!   covered is a kick and a sleep the device could have saved; one after a longer gap is
+//!   polling that would have been wasted. One sleep in [`GAP_SAMPLE`] is timed, and the
+//!   evidence is counted since the window last moved ([`GAP_HORIZON`] intervals at most): with
+//!   two timed sleeps at least, the window doubles (from [`BUSY_POLL_START_US`]) when half of
+//!   them or more were short; it halves (under the start value: off) when three in four were
+//!   long *and* most of its windows ran out without finding work (a window that mostly finds
+//!   work earns its keep whatever the sleeps say); otherwise it stays. A window that covers
+//!   the driver's gaps sees no sleeps and stays; a driver whose gaps exceed the bound keeps it
+//!   off.
 //! - **Interrupt coalescing** climbs a ladder of levels ([`LEVELS_US`], with a packet bound
 //!   of [`LEVEL_PACKETS`]) while interrupts come faster than [`IRQ_HIGH_PER_S`] carrying fewer
 //!   than [`TARGET_FRAMES_PER_IRQ`] frames each. Each step up is on trial for one interval: if
@@ -61,6 +62,10 @@ pub struct Observed {
     pub short_gaps: u64,
     /// Wake-ups on work after a longer idle gap.
     pub long_gaps: u64,
+    /// Busy-poll windows started.
+    pub windows: u64,
+    /// Busy-poll windows that found work before they ran out.
+    pub windows_found: u64,
     /// The interval's length in microseconds.
     pub elapsed_us: u64,
     /// The guest sets the interrupt coalescing (NOTF_COAL): its values win, so the device
@@ -96,6 +101,8 @@ pub struct Adapter {
     /// Wake-ups after short and after long idle gaps since the window last moved (over at most
     /// [`GAP_HORIZON`] intervals): evidence accumulates until it is enough to act on.
     gaps: (u64, u64),
+    /// Busy-poll windows started, and those that found work, over the same intervals.
+    windows: (u64, u64),
     /// Intervals the gap counts cover.
     gap_intervals: u32,
     /// Coalescing ladder level (0: off).
@@ -121,6 +128,7 @@ impl Adapter {
             bounds,
             busy_poll_us: 0,
             gaps: (0, 0),
+            windows: (0, 0),
             gap_intervals: 0,
             level: 0,
             entered_at: [0; LEVELS_US.len()],
@@ -166,6 +174,7 @@ impl Adapter {
         let busy_poll = self.next_busy_poll(seen);
         if busy_poll != self.busy_poll_us || self.gap_intervals >= GAP_HORIZON {
             self.gaps = (0, 0);
+            self.windows = (0, 0);
             self.gap_intervals = 0;
         }
         let level = self.next_level(seen);
@@ -200,13 +209,18 @@ impl Adapter {
         let now = self.busy_poll_us;
         self.gaps.0 = self.gaps.0.saturating_add(seen.short_gaps);
         self.gaps.1 = self.gaps.1.saturating_add(seen.long_gaps);
+        self.windows.0 = self.windows.0.saturating_add(seen.windows);
+        self.windows.1 = self.windows.1.saturating_add(seen.windows_found);
         self.gap_intervals += 1;
-        // Two wake-ups at least, three in four agreeing: gaps spread around the bound, or one
-        // stretched by the host now and then, leave the window alone.
+        // Two timed sleeps at least; growing needs half of them short, shrinking three in four
+        // long and windows that mostly ran out: gaps spread around the bound, or one stretched
+        // by the host now and then, leave the window alone.
         let (short, long) = self.gaps;
-        if short >= 2 && short > long.saturating_mul(3) {
+        let (windows, found) = self.windows;
+        let windows_earn = found.saturating_mul(2) > windows;
+        if short.saturating_add(long) >= 2 && short >= long {
             (now.saturating_mul(2)).max(BUSY_POLL_START_US).min(bound)
-        } else if long >= 2 && long > short.saturating_mul(3) {
+        } else if long >= 2 && long > short.saturating_mul(3) && !windows_earn {
             let half = now / 2;
             if half < BUSY_POLL_START_US.min(bound) {
                 0

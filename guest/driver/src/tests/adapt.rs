@@ -367,3 +367,27 @@ fn rx_coalescing_does_not_climb_on_small_losses_that_add_up() {
     assert!(dim.level() <= 2, "climbed to level {}", dim.level());
     assert!(dim.is_parked());
 }
+
+#[test]
+fn noisy_rx_rates_do_not_keep_the_coalescing_search_going() {
+    // A request/response flow whose rate wanders ±30 % from one interval to the next and that
+    // any coalescing slows: each search from the parking comes back to level 0, each stay
+    // there is longer than the last, and few commands go out.
+    let mut dim = RxDim::new();
+    let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+    let mut changes = 0;
+    for _ in 0..2_000 {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        let hold = u64::from(dim.profile().usecs);
+        let frames = 1_000_000 * (70 + seed % 61) / 100 / (20 + hold);
+        changes += u32::from(dim.observe(&RxSample {
+            frames,
+            interrupts: frames,
+            elapsed: 1_000_000,
+        }));
+    }
+    assert!(changes <= 40, "{changes} level changes in 2000 intervals");
+    assert_eq!(dim.level(), 0);
+}

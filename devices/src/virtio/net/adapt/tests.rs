@@ -66,11 +66,21 @@ impl Workload for PingPong {
                 long_gaps = trips;
             }
         }
+        // Windows start after each trip's frames while polling; they find the next frame when
+        // they cover the gap.
+        let windows = if busy_poll_us > 0 { trips } else { 0 };
+        let windows_found = if u64::from(busy_poll_us) >= self.gap_us {
+            trips
+        } else {
+            0
+        };
         Observed {
             frames: 2 * trips,
             interrupts: trips,
             short_gaps,
             long_gaps,
+            windows,
+            windows_found,
             elapsed_us: INTERVAL_US,
             guest_coalesces: false,
         }
@@ -278,6 +288,8 @@ fn arbitrary_observations_never_leave_the_bounds() {
                 interrupts: pick(),
                 short_gaps: pick(),
                 long_gaps: pick(),
+                windows: pick(),
+                windows_found: pick(),
                 elapsed_us: pick(),
                 guest_coalesces: false,
             };
@@ -386,36 +398,42 @@ fn a_noisy_ping_pong_does_not_make_the_ladder_flap() {
 }
 
 #[test]
-fn gaps_spread_around_the_bound_leave_the_window_alone() {
+fn the_window_moves_on_enough_evidence_and_not_while_it_finds_work() {
     let mut a = Adapter::new(bounds(64, 0));
-    let interval = |short_gaps, long_gaps| Observed {
+    let interval = |short_gaps, long_gaps, windows, windows_found| Observed {
         frames: 20,
         interrupts: 10,
         short_gaps,
         long_gaps,
+        windows,
+        windows_found,
         elapsed_us: INTERVAL_US,
         guest_coalesces: false,
     };
-    assert_eq!(a.observe(interval(4, 0)).busy_poll_us, Some(8));
-    // Even, or two to one either way: no change.
-    for (short, long) in [(5, 5), (6, 3), (3, 6), (1, 0), (2, 1)] {
-        assert_eq!(
-            a.observe(interval(short, long)),
-            Decision::default(),
-            "{short}/{long}"
-        );
-    }
-    // Long gaps from now on: the mixed evidence ages out within the horizon, and the window
-    // closes.
+    // One timed sleep is not enough; two short ones are.
+    assert_eq!(a.observe(interval(1, 0, 0, 0)), Decision::default());
+    assert_eq!(a.observe(interval(1, 0, 0, 0)).busy_poll_us, Some(8));
+    // Fewer short than long, but not three long to one: no change.
+    assert_eq!(a.observe(interval(1, 2, 10, 2)), Decision::default());
+    // Three long to one, but the windows mostly find work: they earn their keep.
+    assert_eq!(a.observe(interval(0, 6, 10, 9)), Decision::default());
+    // The windows now mostly run out (11 of 30 found work): the window closes.
+    assert_eq!(a.observe(interval(0, 6, 10, 0)).busy_poll_us, Some(0));
+    // Half short or more: it opens again.
+    assert_eq!(a.observe(interval(3, 3, 0, 0)).busy_poll_us, Some(8));
+    // Long gaps from now on, windows that run out: the evidence since the window last moved
+    // turns within a few intervals and the window closes.
     let closed =
-        (0..=GAP_HORIZON + 2).position(|_| a.observe(interval(0, 3)).busy_poll_us == Some(0));
+        (0..=GAP_HORIZON + 2).position(|_| a.observe(interval(0, 3, 3, 0)).busy_poll_us == Some(0));
     assert!(
         closed.is_some_and(|i| i <= GAP_HORIZON as usize + 1),
         "{closed:?}"
     );
+    let interval = |short_gaps, long_gaps| interval(short_gaps, long_gaps, 0, 0);
     // One stretched gap now and then among none is not enough to move it.
     let mut a = Adapter::new(bounds(64, 0));
     a.observe(interval(4, 0));
+    assert_eq!(a.busy_poll_us(), 8);
     for i in 0..64 {
         let d = a.observe(interval(0, u64::from(i % 20 == 0)));
         assert_eq!(d, Decision::default(), "interval {i}");

@@ -225,6 +225,7 @@ impl<'p, B: NetBackend> EventLoop<'p, B> {
             }
             let start = Instant::now();
             self.poll_counters.polls += 1;
+            self.seen.windows += 1;
             let mut spins = 0u32;
             let found = loop {
                 if self.tx.avail_pending() {
@@ -248,6 +249,7 @@ impl<'p, B: NetBackend> EventLoop<'p, B> {
                 std::hint::spin_loop();
             };
             self.polled_ns += u64::try_from(start.elapsed().as_nanos()).unwrap_or(u64::MAX);
+            self.seen.windows_found += u64::from(!matches!(found, Found::Nothing));
             match found {
                 Found::Nothing => {
                     self.window_ran_out = self.adapter.is_some();
