@@ -249,7 +249,12 @@ impl<'p, B: NetBackend> EventLoop<'p, B> {
                 std::hint::spin_loop();
             };
             self.polled_ns += u64::try_from(start.elapsed().as_nanos()).unwrap_or(u64::MAX);
-            self.seen.windows_found += u64::from(!matches!(found, Found::Nothing));
+            // Work for the adapter's evidence: frames, or backend input (not a timer).
+            self.seen.windows_found += u64::from(match found {
+                Found::Tx | Found::Rx => true,
+                Found::Event => Token::from_data(ready[0].data()) == Some(Token::Backend),
+                Found::Nothing => false,
+            });
             match found {
                 Found::Nothing => {
                     self.window_ran_out = self.adapter.is_some();
