@@ -24,14 +24,20 @@
 //!   at or above the average when the average exceeds it (one flush per poll instead of
 //!   several), and falls to the power of two at or above the average when the average is a
 //!   quarter of the bulk or less (the gap between the two rules keeps an average sitting on a
-//!   power of two from flapping). Within `1..=64`.
+//!   power of two from flapping), never below the configured bulk (a poll flushes what it
+//!   bounced anyway: a smaller bulk would only split the flush), and at the configured bulk
+//!   while the device polls the ring (fewer kicks than half the polls: a larger bulk would
+//!   only hold frames back from a device that takes them at once). Within `1..=64`.
 //! - [`RxDim`], once per [`RX_INTERVAL_POLLS`] rx polls, from the frames received, the
 //!   interrupts taken and the time elapsed ([`RxSample`]), in the way of Linux's dynamic
 //!   interrupt moderation: one step through [`RX_COAL_PROFILES`] per interval at most, in the
 //!   same direction while the rx rate improves (or, at an equal rate, interrupts per frame
-//!   fall), back one step and park when it got worse, park where it stops changing, and leave
-//!   the parking place when the rate moves away from the one measured there (up: more
-//!   coalescing, down: less; the other way where the table ends).
+//!   fall), back one step and park when it got worse (or the rate has fallen since the climb
+//!   began), park where it stops changing. It moves towards more coalescing only while
+//!   interrupts bring fewer than [`RX_TARGET_FRAMES_PER_IRQ`] frames (otherwise there is
+//!   nothing to batch). A parking lasts 4 intervals, doubling with each parking up to 256, then
+//!   ends when the load changes; the search then goes towards less coalescing first, as
+//!   Linux's DIM leaves its parking; a rate that moves 2× ends a parking at once.
 //!
 //! Without a clock the interval's poll count stands in for its duration (which suits a guest
 //! that polls in a loop); with one ([`crate::VirtioNet::set_adapt_clock`]) rates are per tick.
@@ -188,12 +194,20 @@ pub struct BulkSample {
     pub polls: u32,
     /// Frames bounced in those polls.
     pub frames: u32,
+    /// The device polls the ring: fewer than half of the interval's polls sent it a kick. Then
+    /// a bulk above the configured one only holds frames back from a device that would take
+    /// them at once, so the bulk stays at the configured value.
+    pub device_polls: bool,
 }
 
 /// The XDP_TX bulk's controller (see the module documentation for its rules).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct BulkController {
     value: u16,
+    /// The configured bulk: the bulk follows the frames per poll upwards from it and comes
+    /// back down to it, never below (a poll flushes what it bounced anyway: a smaller bulk
+    /// only splits the flush).
+    min: u16,
 }
 
 impl BulkController {
@@ -201,6 +215,7 @@ impl BulkController {
     pub fn new(start: u16) -> BulkController {
         BulkController {
             value: start.clamp(1, XDP_BULK_MAX),
+            min: start.clamp(1, XDP_BULK_MAX),
         }
     }
 
@@ -214,10 +229,15 @@ impl BulkController {
         if s.polls == 0 {
             return false;
         }
-        let average = u64::from(s.frames).div_ceil(u64::from(s.polls));
+        let average = if s.device_polls {
+            0
+        } else {
+            u64::from(s.frames).div_ceil(u64::from(s.polls))
+        };
         let target = average
-            .clamp(1, u64::from(XDP_BULK_MAX))
-            .next_power_of_two() as u16;
+            .clamp(u64::from(self.min), u64::from(XDP_BULK_MAX))
+            .next_power_of_two()
+            .min(u64::from(XDP_BULK_MAX)) as u16;
         let value = u64::from(self.value);
         let next = if average > value || 4 * average <= value {
             target
@@ -270,6 +290,14 @@ fn rate_order(curr: &RxSample, prev: &RxSample) -> core::cmp::Ordering {
         u128::from(prev.elapsed.max(1)),
     );
     significant(u128::from(curr.frames) * pe, u128::from(prev.frames) * ce)
+}
+
+/// Frames per interrupt under which more coalescing is worth trying (as the device's ladder).
+pub const RX_TARGET_FRAMES_PER_IRQ: u64 = 16;
+
+/// Interrupts carry fewer than [`RX_TARGET_FRAMES_PER_IRQ`] frames: coalescing could batch.
+fn wants_more(s: &RxSample) -> bool {
+    s.interrupts > 0 && s.frames < s.interrupts.saturating_mul(RX_TARGET_FRAMES_PER_IRQ)
 }
 
 /// The rx rate moved by more than 2× either way.
@@ -375,11 +403,16 @@ impl RxDim {
         let before = self.level;
         match self.search {
             Search::Start => {
-                // Nothing to compare with yet: try more coalescing first (from level 0).
+                // Nothing to compare with yet: try more coalescing first (from level 0), if
+                // interrupts carry few frames (otherwise there is nothing to batch).
                 self.reference = *curr;
                 self.origin = *curr;
-                self.search = Search::Moving { dir: Move::Up };
-                self.step(Move::Up, curr);
+                if wants_more(curr) {
+                    self.search = Search::Moving { dir: Move::Up };
+                    self.step(Move::Up, curr);
+                } else {
+                    self.park(curr);
+                }
             }
             Search::Moving { dir } => match compare(curr, &self.reference) {
                 Verdict::Better
@@ -391,6 +424,7 @@ impl RxDim {
                     self.move_level(Move::Down);
                     self.search = Search::Settling;
                 }
+                Verdict::Better if dir == Move::Up && !wants_more(curr) => self.park(curr),
                 Verdict::Better => self.step(dir, curr),
                 Verdict::Same => self.park(curr),
                 Verdict::Worse => {
@@ -430,6 +464,11 @@ impl RxDim {
     }
 
     fn leave_parking(&mut self, dir: Move, curr: &RxSample) {
+        if dir == Move::Up && !wants_more(curr) {
+            // Interrupts already carry many frames: nothing to gain, stay.
+            self.park(curr);
+            return;
+        }
         self.search = Search::Moving { dir };
         self.origin = *curr;
         self.step(dir, curr);

@@ -56,6 +56,8 @@ pub(crate) struct TxTuning {
     pub(crate) bounced: u64,
     /// Rx polls that bounced frames, and those frames, in the current bulk interval.
     bulk_sample: BulkSample,
+    /// Kicks sent when the current bulk interval started.
+    bulk_kicks_mark: u64,
     /// Changes of the kick threshold and of the bulk.
     pub(crate) kick_changes: u64,
     pub(crate) bulk_changes: u64,
@@ -70,6 +72,7 @@ impl TxTuning {
             threshold_cuts: 0,
             bounced: 0,
             bulk_sample: BulkSample::default(),
+            bulk_kicks_mark: 0,
             kick_changes: 0,
             bulk_changes: 0,
         }
@@ -126,6 +129,12 @@ impl SendQueue {
         if s.polls < BULK_INTERVAL_POLLS {
             return;
         }
+        // A device that sleeps between polls takes a kick for most of them; one that polls
+        // the ring takes few.
+        let kicks_now = TxMark::of(&self.stats).kicks;
+        let kicks = kicks_now.wrapping_sub(t.bulk_kicks_mark);
+        t.bulk_kicks_mark = kicks_now;
+        s.device_polls = kicks.saturating_mul(2) < u64::from(s.polls);
         if t.bulk.observe(s) {
             t.bulk_changes += 1;
             self.xdp_bulk = t.bulk.value();

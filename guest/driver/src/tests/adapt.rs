@@ -197,6 +197,7 @@ fn no_observation_takes_a_value_out_of_its_bounds() {
             let b = BulkSample {
                 polls: pick(&mut rng),
                 frames: pick(&mut rng),
+                device_polls: pick(&mut rng) % 2 == 0,
             };
             bulk.observe(&b);
             assert!((1..=XDP_BULK_MAX).contains(&bulk.value()), "{b:?}");
@@ -228,11 +229,13 @@ fn xdp_bulk_follows_the_frames_per_poll_within_one_interval() {
     let sample = |per_poll: u32| BulkSample {
         polls: 16,
         frames: 16 * per_poll,
+        device_polls: false,
     };
     let mut b = BulkController::new(16);
-    // From the default: a steady 40 per poll → 64 (one flush per poll), held for 100.
-    for (per_poll, settled) in [(40, 64), (3, 4), (1, 1), (12, 16), (64, 64), (5, 8)] {
-        assert!(b.observe(&sample(per_poll)), "{per_poll}");
+    // From the default: a steady 40 per poll → 64 (one flush per poll), held for 100; back
+    // down to the configured 16, never below.
+    for (per_poll, settled) in [(40, 64), (3, 16), (1, 16), (24, 32), (64, 64), (5, 16)] {
+        b.observe(&sample(per_poll));
         assert_eq!(b.value(), settled, "{per_poll}");
         for _ in 0..100 {
             assert!(!b.observe(&sample(per_poll)));
@@ -246,6 +249,16 @@ fn xdp_bulk_follows_the_frames_per_poll_within_one_interval() {
         assert!(!b.observe(&sample(16 + i % 2)));
     }
     assert!(!b.observe(&BulkSample::default()), "no bounces, no change");
+    // A device that polls: back to the configured 16 and kept there whatever the bounces.
+    assert!(b.observe(&BulkSample {
+        device_polls: true,
+        ..sample(40)
+    }));
+    assert_eq!(b.value(), 16);
+    assert!(!b.observe(&BulkSample {
+        device_polls: true,
+        ..sample(64)
+    }));
 }
 
 /// The receive workloads of the rx coalescing tests.
@@ -311,7 +324,8 @@ fn settle_each(dim: &mut RxDim, steps: &[(RxLoad, u8)]) {
 
 #[test]
 fn rx_coalescing_settles_within_6_intervals_and_then_holds() {
-    for step in [(RxLoad::Flood, RX_MAX_LEVEL), (RxLoad::PingPong, 0)] {
+    // The flood stops climbing at the first level whose interrupts bring 16 frames or more.
+    for step in [(RxLoad::Flood, 3), (RxLoad::PingPong, 0)] {
         settle_each(&mut RxDim::new(), &[step]);
     }
 }
@@ -324,7 +338,7 @@ fn rx_coalescing_follows_a_step_of_the_workload_within_6_intervals() {
         &mut dim,
         &[
             (RxLoad::PingPong, 0),
-            (RxLoad::Flood, RX_MAX_LEVEL),
+            (RxLoad::Flood, 3),
             (RxLoad::PingPong, 0),
         ],
     );

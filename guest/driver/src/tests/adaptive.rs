@@ -105,16 +105,17 @@ fn adaptive_xdp_bulk_follows_the_bounces_per_poll() {
         ..Config::default()
     });
     let mut bounce = |_: &[u8]| XdpAction::Tx;
-    // 16 polls bouncing 3 frames each: the bulk of 16 falls to 4.
+    // 16 polls bouncing 3 frames each: the bulk stays at the configured 16 (never below).
     for poll in 0..16u32 {
         for i in 0..3 {
             assert!(h.dev.rx_deliver(&frame(poll * 3 + i, 60)));
         }
         assert_eq!(h.net.poll_rx(64, &mut bounce), 3);
         assert_eq!(h.dev.tx_drain().len(), 3, "one flush per poll");
+        h.dev.tx.enable_notifications();
     }
     let c = h.net.counters();
-    assert_eq!((c.xdp_bulk_now, c.xdp_bulk_changes, c.xdp_tx), (4, 1, 48));
+    assert_eq!((c.xdp_bulk_now, c.xdp_bulk_changes, c.xdp_tx), (16, 0, 48));
     // 16 polls bouncing 40: up to 64, one flush per poll again.
     let flushes = c.xdp_flushes;
     for poll in 0..16u32 {
@@ -123,12 +124,15 @@ fn adaptive_xdp_bulk_follows_the_bounces_per_poll() {
         }
         h.net.poll_rx(64, &mut bounce);
         h.dev.tx_drain();
+        // A device that sleeps after draining: every flush is a kick (a polling device keeps
+        // the bulk at the configured 16: `xdp_bulk_stays_configured_while_the_device_polls`).
+        h.dev.tx.enable_notifications();
         h.net.reclaim_tx();
     }
     let c = h.net.counters();
-    assert_eq!((c.xdp_bulk_now, c.xdp_bulk_changes), (64, 2));
-    // At a bulk of 4, the 16 polls of 40 flushed 10 times each.
-    assert_eq!(c.xdp_flushes - flushes, 16 * 10);
+    assert_eq!((c.xdp_bulk_now, c.xdp_bulk_changes), (64, 1));
+    // At a bulk of 16, the 16 polls of 40 flushed 3 times each (16 + 16 + 8).
+    assert_eq!(c.xdp_flushes - flushes, 16 * 3);
     assert_eq!(c.xdp_tx_errors, 0);
 }
 
@@ -152,6 +156,9 @@ fn rx_interval(h: &mut Harness, per_poll: u32) {
         for i in 0..per_poll {
             assert!(h.dev.rx_deliver(&frame(poll * per_poll + i, 60)));
         }
+        // One interrupt per poll: `per_poll` frames each.
+        h.dev.interrupt();
+        h.net.handle_interrupt();
         assert_eq!(
             h.net.poll_rx(64, &mut |_| XdpAction::Pass),
             per_poll as usize
@@ -268,4 +275,26 @@ fn adaptive_rx_rates_are_per_tick_with_a_clock() {
     assert_eq!(log[1].data, coal_bytes(0));
     let c = h.net.counters();
     assert_eq!((c.rx_coal_level, c.rx_coal_changes), (0, 2));
+}
+
+#[test]
+fn xdp_bulk_stays_configured_while_the_device_polls() {
+    let mut h = harness(Config {
+        adaptive: true,
+        ..Config::default()
+    });
+    let mut bounce = |_: &[u8]| XdpAction::Tx;
+    // The device never re-enables notifications after draining (it polls the ring): the
+    // polls send no kick, and 40 bounces per poll leave the bulk at the configured 16.
+    for poll in 0..64u32 {
+        for i in 0..40 {
+            assert!(h.dev.rx_deliver(&frame(poll * 40 + i, 60)));
+        }
+        h.net.poll_rx(64, &mut bounce);
+        h.dev.tx_drain();
+        h.net.reclaim_tx();
+    }
+    let c = h.net.counters();
+    assert_eq!((c.xdp_bulk_now, c.xdp_bulk_changes), (16, 0));
+    assert!(c.kicks <= 2, "{} kicks", c.kicks);
 }
