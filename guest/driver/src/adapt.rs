@@ -34,8 +34,8 @@
 //!   same direction while the rx rate improves (or, at an equal rate, interrupts per frame
 //!   fall), back one step and park when it got worse (or the rate has fallen since the climb
 //!   began), park where it stops changing. It moves towards more coalescing only while
-//!   interrupts bring fewer than [`RX_TARGET_FRAMES_PER_IRQ`] frames (otherwise there is
-//!   nothing to batch). A parking lasts 4 intervals, doubling with each parking up to 256, then
+//!   interrupts bring two frames or more but fewer than [`RX_TARGET_FRAMES_PER_IRQ`] (with one,
+//!   a request/response flow, or many, there is nothing to batch). A parking lasts 4 intervals, doubling with each parking up to 256, then
 //!   ends when the load changes; the search then goes towards less coalescing first, as
 //!   Linux's DIM leaves its parking; a rate that moves 2× ends a parking at once.
 //!
@@ -297,7 +297,11 @@ pub const RX_TARGET_FRAMES_PER_IRQ: u64 = 16;
 
 /// Interrupts carry fewer than [`RX_TARGET_FRAMES_PER_IRQ`] frames: coalescing could batch.
 fn wants_more(s: &RxSample) -> bool {
-    s.interrupts > 0 && s.frames < s.interrupts.saturating_mul(RX_TARGET_FRAMES_PER_IRQ)
+    // Two frames per interrupt at least (with one a request/response flow has nothing to
+    // batch, and a hold is pure latency), and fewer than the target.
+    s.interrupts > 0
+        && s.frames >= s.interrupts.saturating_mul(2)
+        && s.frames < s.interrupts.saturating_mul(RX_TARGET_FRAMES_PER_IRQ)
 }
 
 /// The rx rate moved by more than 2× either way.

@@ -14,7 +14,8 @@
 //!   off.
 //! - **Interrupt coalescing** climbs a ladder of levels ([`LEVELS_US`], with a packet bound
 //!   of [`LEVEL_PACKETS`]) while interrupts come faster than [`IRQ_HIGH_PER_S`] carrying fewer
-//!   than [`TARGET_FRAMES_PER_IRQ`] frames each. Each step up is on trial for one interval: if
+//!   than [`TARGET_FRAMES_PER_IRQ`] frames each, but more than the two of a round trip
+//!   ([`MIN_FRAMES_PER_IRQ16`]: a request/response flow has nothing to batch). Each step up is on trial for one interval: if
 //!   the frames per interrupt did not grow by half, or the frame rate fell by a tenth, holding
 //!   interrupts only added latency (a request/response flow, where nothing completes while an
 //!   interrupt waits), so the step is undone and the ladder parks: for [`PARK_INTERVALS`]
@@ -49,6 +50,9 @@ pub const PARK_INTERVALS: u32 = 16;
 pub const MAX_PARK_INTERVALS: u32 = 1024;
 /// Interrupt rate above which coalescing is worth a try.
 pub const IRQ_HIGH_PER_S: u64 = 16_000;
+/// Frames per interrupt (×16) from which coalescing is worth a try: 2.5, more than the two
+/// (one each way) of a request/response round trip.
+pub const MIN_FRAMES_PER_IRQ16: u64 = 40;
 /// Frames per interrupt that coalescing aims for.
 pub const TARGET_FRAMES_PER_IRQ: u64 = 16;
 /// What the worker saw in one interval.
@@ -271,8 +275,11 @@ impl Adapter {
         if self.level > 0 && rate < self.entered_at[self.level - 1] / 2 {
             return self.level - 1;
         }
+        // Fast interrupts carrying a few frames each: several in flight, so holding one
+        // lets more complete. With about one frame per direction per interrupt (a
+        // request/response flow) there is nothing to batch, and a hold is pure latency.
         let interrupts_heavy = per_s(seen.interrupts) > IRQ_HIGH_PER_S
-            && frames_per_irq16 < TARGET_FRAMES_PER_IRQ * 16;
+            && (MIN_FRAMES_PER_IRQ16..TARGET_FRAMES_PER_IRQ * 16).contains(&frames_per_irq16);
         if interrupts_heavy && self.level < self.top_level() {
             self.entered_at[self.level] = rate;
             self.trial = Some((frames_per_irq16, rate));

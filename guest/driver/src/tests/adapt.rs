@@ -270,6 +270,9 @@ enum RxLoad {
     /// One frame in flight (request/response over a 10 µs round trip): the coalescing delay
     /// adds to every round trip.
     PingPong,
+    /// Two frames in flight, each interrupt bringing both: the coalescing delay still adds to
+    /// every round trip.
+    Pairs,
 }
 
 /// One interval (1 ms, in ns ticks) of `load` at coalescing `level`.
@@ -278,10 +281,12 @@ fn rx_interval(level: u8, load: RxLoad) -> RxSample {
     let p = RX_COAL_PROFILES[usize::from(level)];
     let (frames, per_irq) = match load {
         RxLoad::Flood => {
-            let per_irq = u64::from(p.max_packets.min(10 * p.usecs)).max(1);
+            // Without coalescing the guest's own polling gathers two frames per interrupt.
+            let per_irq = u64::from(p.max_packets.min(10 * p.usecs)).max(2);
             (T * per_irq / (1_000 * per_irq + 20_000), per_irq)
         }
         RxLoad::PingPong => (T / (10_000 + 1_000 * u64::from(p.usecs)), 1),
+        RxLoad::Pairs => (2 * T / (10_000 + 1_000 * u64::from(p.usecs)), 2),
     };
     RxSample {
         frames,
@@ -324,7 +329,8 @@ fn settle_each(dim: &mut RxDim, steps: &[(RxLoad, u8)]) {
 
 #[test]
 fn rx_coalescing_settles_within_6_intervals_and_then_holds() {
-    // The flood stops climbing at the first level whose interrupts bring 16 frames or more.
+    // The flood stops climbing at the first level whose interrupts bring 16 frames or more;
+    // a ping-pong (one frame per interrupt) never tries.
     for step in [(RxLoad::Flood, 3), (RxLoad::PingPong, 0)] {
         settle_each(&mut RxDim::new(), &[step]);
     }
@@ -348,16 +354,16 @@ fn rx_coalescing_follows_a_step_of_the_workload_within_6_intervals() {
 fn rx_coalescing_steps_back_and_parks_when_a_step_made_it_worse() {
     let mut dim = RxDim::new();
     // The first interval has nothing to compare with: it tries more coalescing.
-    assert!(dim.observe(&rx_interval(0, RxLoad::PingPong)));
+    assert!(dim.observe(&rx_interval(0, RxLoad::Pairs)));
     assert_eq!(dim.level(), 1);
     // Worse at level 1: back to 0, whose next interval becomes the parking reference.
-    assert!(dim.observe(&rx_interval(1, RxLoad::PingPong)));
+    assert!(dim.observe(&rx_interval(1, RxLoad::Pairs)));
     assert_eq!(dim.level(), 0);
     assert!(!dim.is_parked());
-    assert!(!dim.observe(&rx_interval(0, RxLoad::PingPong)));
+    assert!(!dim.observe(&rx_interval(0, RxLoad::Pairs)));
     assert!(dim.is_parked());
     // Within 10 % of the reference: still parked.
-    let mut s = rx_interval(0, RxLoad::PingPong);
+    let mut s = rx_interval(0, RxLoad::Pairs);
     s.frames += s.frames / 20;
     assert!(!dim.observe(&s));
     assert!(dim.is_parked());

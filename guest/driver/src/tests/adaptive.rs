@@ -178,7 +178,7 @@ fn coal_bytes(level: usize) -> Vec<u8> {
 fn adaptive_rx_coalescing_goes_out_as_rx_set_and_a_refusal_stops_it() {
     let mut h = ctrl_harness(NET_F_NOTF_COAL | NET_F_VQ_NOTF_COAL);
     assert!(h.dev.ctrl().log.is_empty(), "nothing sent at bring-up");
-    rx_interval(&mut h, 1);
+    rx_interval(&mut h, 2);
     let log = h.dev.ctrl().log.clone();
     assert_eq!(log.len(), 1, "the first interval tries level 1");
     assert_eq!(
@@ -193,9 +193,9 @@ fn adaptive_rx_coalescing_goes_out_as_rx_set_and_a_refusal_stops_it() {
         (1, 1, 0)
     );
 
-    // Twice the rate at level 1: better, so level 2 — which the device now refuses.
+    // Twice the rate at level 1 (two frames per interrupt, then four): better, so level 2 — which the device now refuses.
     h.dev.ctrl().behaviour = CtrlBehaviour::AlwaysErr;
-    rx_interval(&mut h, 2);
+    rx_interval(&mut h, 4);
     let log = h.dev.ctrl().log.clone();
     assert_eq!(log.len(), 2);
     assert_eq!(log[1].data, coal_bytes(2));
@@ -218,7 +218,7 @@ fn adaptive_rx_coalescing_goes_out_as_rx_set_and_a_refusal_stops_it() {
 #[test]
 fn adaptive_rx_coalescing_uses_vq_set_with_vq_notf_coal_alone() {
     let mut h = ctrl_harness(NET_F_VQ_NOTF_COAL);
-    rx_interval(&mut h, 1);
+    rx_interval(&mut h, 2);
     let log = h.dev.ctrl().log.clone();
     assert_eq!(log.len(), 1);
     let mut data = std::vec![0u8, 0, 0, 0];
@@ -258,8 +258,8 @@ fn adaptive_rx_rates_are_per_tick_with_a_clock() {
     use std::sync::atomic::Ordering::Relaxed;
     // Without a clock, the same frames per interval of polls is the same rate: level 1 parks.
     let mut h = ctrl_harness(NET_F_NOTF_COAL);
-    rx_interval(&mut h, 1);
-    rx_interval(&mut h, 1);
+    rx_interval(&mut h, 2);
+    rx_interval(&mut h, 2);
     assert_eq!(h.dev.ctrl().log.len(), 1);
     assert_eq!(h.net.counters().rx_coal_level, 1);
 
@@ -267,9 +267,9 @@ fn adaptive_rx_rates_are_per_tick_with_a_clock() {
     let mut h = ctrl_harness(NET_F_NOTF_COAL);
     h.net.set_adapt_clock(Some(fake_now));
     NOW.fetch_add(1_000, Relaxed);
-    rx_interval(&mut h, 1);
+    rx_interval(&mut h, 2);
     NOW.fetch_add(2_000, Relaxed);
-    rx_interval(&mut h, 1);
+    rx_interval(&mut h, 2);
     let log = h.dev.ctrl().log.clone();
     assert_eq!(log.len(), 2);
     assert_eq!(log[1].data, coal_bytes(0));
