@@ -173,3 +173,12 @@ impl Ring {
         self.try_rx(backend, mode, counters).expect("ring ok")
     }
 }
+
+/// Held by the tests whose device busy-polls for long windows: two such tests at once on a
+/// small machine starve each other's driver threads (a 0.5 ms pause then lasts past a 5 ms
+/// window), so they take turns.
+pub(crate) fn spinning_device() -> std::sync::MutexGuard<'static, ()> {
+    static SPINNING: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    // A test that panicked while holding it leaves nothing to repair.
+    SPINNING.lock().unwrap_or_else(|p| p.into_inner())
+}

