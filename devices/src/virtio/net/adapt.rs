@@ -5,9 +5,9 @@
 //!   wake-up (a kick or backend input) after an idle gap that a window at the bound would have
 //!   covered is a kick and a sleep the device could have saved; one after a longer gap is
 //!   polling that would have been wasted. One sleep in [`GAP_SAMPLE`] is timed, and the
-//!   evidence is counted since the window last moved ([`GAP_HORIZON`] intervals at most): with
-//!   two timed sleeps at least, the window doubles (from [`BUSY_POLL_START_US`]) when half of
-//!   them or more were short; it halves (under the start value: off) when three in four were
+//!   evidence is counted since the window last moved ([`GAP_HORIZON`] intervals at most): the
+//!   window doubles (from [`BUSY_POLL_START_US`]) when two timed sleeps at least, and half of
+//!   them or more, were short; it halves (under the start value: off) when three in four were
 //!   long *and* most of its windows ran out without finding work (a window that mostly finds
 //!   work earns its keep whatever the sleeps say); otherwise it stays. A window that covers
 //!   the driver's gaps sees no sleeps and stays; a driver whose gaps exceed the bound keeps it
@@ -216,13 +216,13 @@ impl Adapter {
         self.windows.0 = self.windows.0.saturating_add(seen.windows);
         self.windows.1 = self.windows.1.saturating_add(seen.windows_found);
         self.gap_intervals += 1;
-        // Two timed sleeps at least; growing needs half of them short, shrinking three in four
-        // long and windows that mostly ran out: gaps spread around the bound, or one stretched
+        // Growing needs two short sleeps and half of them short, shrinking two long ones,
+        // three in four long and windows that mostly ran out: gaps spread around the bound, or one stretched
         // by the host now and then, leave the window alone.
         let (short, long) = self.gaps;
         let (windows, found) = self.windows;
         let windows_earn = found.saturating_mul(2) > windows;
-        if short.saturating_add(long) >= 2 && short >= long {
+        if short >= 2 && short >= long {
             (now.saturating_mul(2)).max(BUSY_POLL_START_US).min(bound)
         } else if long >= 2 && long > short.saturating_mul(3) && !windows_earn {
             let half = now / 2;

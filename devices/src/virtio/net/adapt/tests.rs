@@ -422,7 +422,9 @@ fn the_window_moves_on_enough_evidence_and_not_while_it_finds_work() {
     assert_eq!(a.observe(interval(0, 6, 10, 9)), Decision::default());
     // The windows now mostly run out (11 of 30 found work): the window closes.
     assert_eq!(a.observe(interval(0, 6, 10, 0)).busy_poll_us, Some(0));
-    // Half short or more: it opens again.
+    // One short and one long: not enough either way.
+    assert_eq!(a.observe(interval(1, 1, 0, 0)), Decision::default());
+    // Two short or more, and half or more: it opens again.
     assert_eq!(a.observe(interval(3, 3, 0, 0)).busy_poll_us, Some(8));
     // Long gaps from now on, windows that run out: the evidence since the window last moved
     // turns within a few intervals and the window closes.
