@@ -382,25 +382,13 @@ pub const MIXED_PHASE: Duration = Duration::from_millis(10);
 /// device's coalescing max_packets 0, 8, 32, 128 (0 and 32 with `--quick`): coalescing that
 /// helps the floods' rate costs the trickles' latency.
 fn mixed_points(opts: &Options) -> Vec<Point> {
-    let packets: &[u16] = if opts.quick {
-        &[0, 32]
-    } else {
-        &[0, 8, 32, 128]
-    };
-    packets
-        .iter()
-        .map(|&p| Point {
-            axes: vec![("coalesce_packets", p.to_string())],
-            config: Config::default(),
-            dev: coalescing(p),
-            workload: Workload::Mixed {
-                window: MIXED_WINDOW,
-                phase: MIXED_PHASE,
-            },
-            pace: None,
-            frame_size: opts.frame_size.unwrap_or(64),
-        })
-        .collect()
+    coalesce_points(
+        opts,
+        Workload::Mixed {
+            window: MIXED_WINDOW,
+            phase: MIXED_PHASE,
+        },
+    )
 }
 
 /// The adaptive preset's workloads on `backend`.
@@ -499,6 +487,12 @@ fn adaptive_points(opts: &Options) -> Vec<Point> {
 
 /// Receive from a source with the device's coalescing max_packets (max_usecs 100).
 fn rx_coalesce_points(opts: &Options) -> Vec<Point> {
+    coalesce_points(opts, Workload::Rx)
+}
+
+/// `workload` with the device's coalescing max_packets 0, 8, 32, 128 (max_usecs 100; 0 and
+/// 32 with `--quick`).
+fn coalesce_points(opts: &Options, workload: Workload) -> Vec<Point> {
     let packets: &[u16] = if opts.quick {
         &[0, 32]
     } else {
@@ -510,7 +504,7 @@ fn rx_coalesce_points(opts: &Options) -> Vec<Point> {
             axes: vec![("coalesce_packets", p.to_string())],
             config: Config::default(),
             dev: coalescing(p),
-            workload: Workload::Rx,
+            workload,
             pace: None,
             frame_size: opts.frame_size.unwrap_or(64),
         })

@@ -161,21 +161,28 @@ impl Sides {
     }
 }
 
-#[test]
-fn a_flood_settles_both_sides_and_they_stay() {
+/// Both sides from the start on `traffic`: they settle within 16 intervals and then stay for
+/// 300; returns them and where they settled.
+fn settled(traffic: Traffic) -> (Sides, (u32, InterruptCoalescing, u16, u8)) {
     let mut s = Sides::new();
-    let last = s.run(Traffic::Flood, 24);
+    let last = s.run(traffic, 24);
     assert!(
         last <= 16,
-        "still changing at interval {last}: {:?}",
+        "{traffic:?}: still changing at interval {last}: {:?}",
         s.state()
     );
-    let settled = s.state();
+    let at = s.state();
     assert_eq!(
-        s.run(Traffic::Flood, 300),
+        s.run(traffic, 300),
         0,
-        "moved after settling at {settled:?}"
+        "{traffic:?}: moved after settling at {at:?}"
     );
+    (s, at)
+}
+
+#[test]
+fn a_flood_settles_both_sides_and_they_stay() {
+    let (s, settled) = settled(Traffic::Flood);
     // Either the device polls across the driver's publishes, or the driver batches as much as
     // it may into a device that sleeps: never frequent kicks into a sleeping device.
     let (window, coalescing, n, _) = settled;
@@ -186,19 +193,7 @@ fn a_flood_settles_both_sides_and_they_stay() {
 
 #[test]
 fn a_ping_pong_settles_both_sides_without_holding_interrupts() {
-    let mut s = Sides::new();
-    let last = s.run(Traffic::PingPong, 24);
-    assert!(
-        last <= 16,
-        "still changing at interval {last}: {:?}",
-        s.state()
-    );
-    let settled = s.state();
-    assert_eq!(
-        s.run(Traffic::PingPong, 300),
-        0,
-        "moved after settling at {settled:?}"
-    );
+    let (s, settled) = settled(Traffic::PingPong);
     let (window, coalescing, _, level) = settled;
     assert!(
         window >= 12,

@@ -11,7 +11,9 @@
 //!   long *and* most of its windows ran out without finding work (a window that mostly finds
 //!   work earns its keep whatever the sleeps say); otherwise it stays. A window that covers
 //!   the driver's gaps sees no sleeps and stays; a driver whose gaps exceed the bound keeps it
-//!   off.
+//!   off. A move against the window's last one waits [`GAP_HORIZON`] intervals, doubling with
+//!   each such reversal (up to [`MAX_REVERSAL_WAIT`]): gaps that straddle the bound cannot make
+//!   it open and close every few intervals.
 //! - **Interrupt coalescing** climbs a ladder of levels ([`LEVELS_US`], with a packet bound
 //!   of [`LEVEL_PACKETS`]) while interrupts come faster than [`IRQ_HIGH_PER_S`] carrying fewer
 //!   than [`TARGET_FRAMES_PER_IRQ`] frames each, but more than the two of a round trip
@@ -44,6 +46,8 @@ pub const LEVEL_PACKETS: u16 = 64;
 pub const GAP_SAMPLE: u32 = 8;
 /// Intervals over which the busy-poll's evidence (idle gaps) accumulates at most.
 pub const GAP_HORIZON: u32 = 16;
+/// Longest wait before the busy-poll window may move against its last move, in intervals.
+pub const MAX_REVERSAL_WAIT: u32 = 1024;
 /// Shortest park after a failed coalescing trial, in intervals.
 pub const PARK_INTERVALS: u32 = 16;
 /// Longest park after failed trials in a row.
@@ -107,6 +111,12 @@ pub struct Adapter {
     gaps: (u64, u64),
     /// Busy-poll windows started, and those that found work, over the same intervals.
     windows: (u64, u64),
+    /// The window's last move (true: it grew) and the intervals since.
+    last_move: Option<bool>,
+    since_move: u32,
+    /// Intervals a move against the last one must wait: doubles with each reversal (up to
+    /// [`MAX_REVERSAL_WAIT`]), back to [`GAP_HORIZON`] after two moves the same way.
+    reversal_wait: u32,
     /// Intervals the gap counts cover.
     gap_intervals: u32,
     /// Coalescing ladder level (0: off).
@@ -133,6 +143,9 @@ impl Adapter {
             busy_poll_us: 0,
             gaps: (0, 0),
             windows: (0, 0),
+            last_move: None,
+            since_move: 0,
+            reversal_wait: GAP_HORIZON,
             gap_intervals: 0,
             level: 0,
             entered_at: [0; LEVELS_US.len()],
@@ -175,7 +188,8 @@ impl Adapter {
     /// One interval's counts in; what changed out.
     pub fn observe(&mut self, seen: Observed) -> Decision {
         self.counters.intervals += 1;
-        let busy_poll = self.next_busy_poll(seen);
+        let wanted = self.next_busy_poll(seen);
+        let busy_poll = self.turn_wait(wanted);
         if busy_poll != self.busy_poll_us || self.gap_intervals >= GAP_HORIZON {
             self.gaps = (0, 0);
             self.windows = (0, 0);
@@ -206,6 +220,30 @@ impl Adapter {
             .iter()
             .take_while(|&&us| us <= self.bounds.max_coalesce_usecs)
             .count()
+    }
+
+    /// `wanted`, unless it turns the window back the other way sooner than the reversal wait
+    /// allows: gaps that straddle the bound would otherwise open and close it every few
+    /// intervals.
+    fn turn_wait(&mut self, wanted: u32) -> u32 {
+        self.since_move = self.since_move.saturating_add(1);
+        if wanted == self.busy_poll_us {
+            return wanted;
+        }
+        let grows = wanted > self.busy_poll_us;
+        match self.last_move {
+            Some(last) if last != grows && self.since_move < self.reversal_wait => {
+                return self.busy_poll_us;
+            }
+            Some(last) if last != grows => {
+                self.reversal_wait = self.reversal_wait.saturating_mul(2).min(MAX_REVERSAL_WAIT);
+            }
+            Some(_) => self.reversal_wait = GAP_HORIZON,
+            None => {}
+        }
+        self.last_move = Some(grows);
+        self.since_move = 0;
+        wanted
     }
 
     fn next_busy_poll(&mut self, seen: Observed) -> u32 {

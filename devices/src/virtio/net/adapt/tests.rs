@@ -87,6 +87,18 @@ impl Workload for PingPong {
     }
 }
 
+/// A million frames per second, four per interrupt without coalescing.
+const FLOOD: Flood = Flood {
+    rate: 1_000_000,
+    frames_per_irq: 4.0,
+};
+
+/// 20 µs round trips, 12 µs of the driver's turnaround each.
+const PING_PONG: PingPong = PingPong {
+    rtt_us: 20,
+    gap_us: 12,
+};
+
 /// Runs `intervals` intervals; returns the intervals after which something changed.
 fn run(a: &mut Adapter, w: &dyn Workload, intervals: usize) -> Vec<usize> {
     let mut changed = Vec::new();
@@ -122,10 +134,7 @@ fn assert_settles(a: &mut Adapter, w: &dyn Workload, what: &str) {
 #[test]
 fn a_flood_climbs_the_ladder_while_it_batches_then_stays() {
     let mut a = Adapter::new(bounds(64, 64));
-    let flood = Flood {
-        rate: 1_000_000,
-        frames_per_irq: 4.0,
-    };
+    let flood = FLOOD;
     assert_settles(&mut a, &flood, "flood");
     // 8 µs doubles the frames per interrupt (4 → 8), 16 µs again (→ 16, the target).
     assert_eq!(a.coalescing().max_usecs, 16);
@@ -136,10 +145,7 @@ fn a_flood_climbs_the_ladder_while_it_batches_then_stays() {
 #[test]
 fn a_ping_pong_gets_a_window_that_covers_its_gaps_and_no_coalescing() {
     let mut a = Adapter::new(bounds(64, 64));
-    let pp = PingPong {
-        rtt_us: 20,
-        gap_us: 12,
-    };
+    let pp = PING_PONG;
     assert_settles(&mut a, &pp, "ping-pong");
     assert_eq!(
         a.busy_poll_us(),
@@ -175,14 +181,8 @@ fn gaps_longer_than_the_bound_keep_polling_off() {
 #[test]
 fn a_step_from_flood_to_ping_pong_and_back_is_followed_within_a_few_intervals() {
     let mut a = Adapter::new(bounds(64, 64));
-    let flood = Flood {
-        rate: 1_000_000,
-        frames_per_irq: 4.0,
-    };
-    let pp = PingPong {
-        rtt_us: 20,
-        gap_us: 12,
-    };
+    let flood = FLOOD;
+    let pp = PING_PONG;
     for round in 0..3 {
         let changes = run(&mut a, &flood, 20);
         assert!(
@@ -203,14 +203,7 @@ fn a_step_from_flood_to_ping_pong_and_back_is_followed_within_a_few_intervals() 
 #[test]
 fn an_idle_interval_releases_coalescing_at_once() {
     let mut a = Adapter::new(bounds(64, 64));
-    run(
-        &mut a,
-        &Flood {
-            rate: 1_000_000,
-            frames_per_irq: 4.0,
-        },
-        10,
-    );
+    run(&mut a, &FLOOD, 10);
     assert!(a.coalescing().is_enabled());
     let d = a.observe(Observed {
         elapsed_us: INTERVAL_US,
@@ -230,14 +223,7 @@ fn zero_bounds_keep_everything_off() {
         },
         20,
     );
-    run(
-        &mut a,
-        &PingPong {
-            rtt_us: 20,
-            gap_us: 12,
-        },
-        20,
-    );
+    run(&mut a, &PING_PONG, 20);
     assert_eq!(
         (a.busy_poll_us(), a.coalescing()),
         (0, InterruptCoalescing::OFF)
@@ -420,19 +406,21 @@ fn the_window_moves_on_enough_evidence_and_not_while_it_finds_work() {
     assert_eq!(a.observe(interval(1, 2, 10, 2)), Decision::default());
     // Three long to one, but the windows mostly find work: they earn their keep.
     assert_eq!(a.observe(interval(0, 6, 10, 9)), Decision::default());
-    // The windows now mostly run out (11 of 30 found work): the window closes.
-    assert_eq!(a.observe(interval(0, 6, 10, 0)).busy_poll_us, Some(0));
+    // The windows now mostly run out: the window closes — once the wait before a move
+    // against the last one (16 intervals) has passed.
+    assert_eq!(a.observe(interval(0, 6, 10, 0)), Decision::default());
+    let closed =
+        (0..GAP_HORIZON).position(|_| a.observe(interval(0, 2, 4, 0)).busy_poll_us == Some(0));
+    assert!(closed.is_some(), "still open after the wait");
     // One short and one long: not enough either way.
     assert_eq!(a.observe(interval(1, 1, 0, 0)), Decision::default());
-    // Two short or more, and half or more: it opens again.
-    assert_eq!(a.observe(interval(3, 3, 0, 0)).busy_poll_us, Some(8));
-    // Long gaps from now on, windows that run out: the evidence since the window last moved
-    // turns within a few intervals and the window closes.
-    let closed =
-        (0..=GAP_HORIZON + 2).position(|_| a.observe(interval(0, 3, 3, 0)).busy_poll_us == Some(0));
+    // Two short or more, and half or more: it opens again, after a wait twice as long (a
+    // second reversal).
+    let opened = (0..2 * GAP_HORIZON + 1)
+        .position(|_| a.observe(interval(3, 3, 0, 0)).busy_poll_us == Some(8));
     assert!(
-        closed.is_some_and(|i| i <= GAP_HORIZON as usize + 1),
-        "{closed:?}"
+        opened.is_some_and(|i| i + 1 >= GAP_HORIZON as usize),
+        "{opened:?}"
     );
     let interval = |short_gaps, long_gaps| interval(short_gaps, long_gaps, 0, 0);
     // One stretched gap now and then among none is not enough to move it.
@@ -448,10 +436,7 @@ fn the_window_moves_on_enough_evidence_and_not_while_it_finds_work() {
 #[test]
 fn coalescing_the_guest_sets_keeps_the_ladder_at_the_bottom() {
     let mut a = Adapter::new(bounds(64, 64));
-    let flood = Flood {
-        rate: 1_000_000,
-        frames_per_irq: 4.0,
-    };
+    let flood = FLOOD;
     run(&mut a, &flood, 10);
     assert!(a.coalescing().is_enabled());
     let guest = |seen: Observed| Observed {
@@ -464,4 +449,30 @@ fn coalescing_the_guest_sets_keeps_the_ladder_at_the_bottom() {
         let d = a.observe(guest(flood.interval(0, a.coalescing(), 0)));
         assert_eq!(d, Decision::default());
     }
+}
+
+#[test]
+fn gaps_that_straddle_the_bound_do_not_make_the_window_flap() {
+    // Each interval two timed sleeps, short and long in turns of two intervals, and windows
+    // that never find work: the evidence says open, then close, again and again.
+    let mut a = Adapter::new(bounds(64, 0));
+    for i in 0..2_000u32 {
+        let short = i % 4 < 2;
+        a.observe(Observed {
+            frames: 10,
+            interrupts: 5,
+            short_gaps: if short { 2 } else { 0 },
+            long_gaps: if short { 0 } else { 2 },
+            windows: if a.busy_poll_us() > 0 { 5 } else { 0 },
+            windows_found: 0,
+            elapsed_us: INTERVAL_US,
+            guest_coalesces: false,
+        });
+    }
+    // Each reversal waits twice as long as the last: about log2(2000 / 16) + a few moves.
+    assert!(
+        a.counters.busy_poll_changes <= 16,
+        "{} changes",
+        a.counters.busy_poll_changes
+    );
 }
