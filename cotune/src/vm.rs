@@ -659,18 +659,24 @@ impl RunOutput<'_> {
             host_pps: self.host.map_or(0.0, |h| h.pps()),
             latency: round_trips(&report),
             flood_pps: report.get("flood_pps").and_then(Value::as_f64),
-            adapted: crate::workloads::Adapted {
-                kick_threshold: num(&report, &["kick_threshold_now"]),
-                xdp_bulk: num(&report, &["xdp_bulk_now"]),
-                rx_coal_level: num(&report, &["rx_coal_level"]),
-                driver_changes: num(&report, &["adapt_changes"]),
-                busy_poll_us: num(&dev, &["adaptive", "busy_poll_us"]),
-                coalesce_usecs: num(&dev, &["adaptive", "coalesce_usecs"]),
-                busy_poll_changes: num(&dev, &["adaptive", "busy_poll_changes"]),
-                coalescing_changes: num(&dev, &["adaptive", "coalescing_changes"]),
-            },
+            adapted: adapted(&report, &dev),
         };
         Ok(VmRun::Measured(Box::new(m), note))
+    }
+}
+
+/// Where adaptation left the knobs: the driver's from its result line, the device's from its
+/// metrics.
+fn adapted(report: &Value, dev: &Value) -> crate::workloads::Adapted {
+    crate::workloads::Adapted {
+        kick_threshold: num(report, &["kick_threshold_now"]),
+        xdp_bulk: num(report, &["xdp_bulk_now"]),
+        rx_coal_level: num(report, &["rx_coal_level"]),
+        driver_changes: num(report, &["adapt_changes"]),
+        busy_poll_us: num(dev, &["adaptive", "busy_poll_us"]),
+        coalesce_usecs: num(dev, &["adaptive", "coalesce_usecs"]),
+        busy_poll_changes: num(dev, &["adaptive", "busy_poll_changes"]),
+        coalescing_changes: num(dev, &["adaptive", "coalescing_changes"]),
     }
 }
 

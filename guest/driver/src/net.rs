@@ -157,11 +157,7 @@ impl<H: Hal, T: Transport> VirtioNet<H, T> {
             cq,
             ctrl_wait: CtrlWait::default(),
             mq: Pairs::single(),
-            rx_tuning: if config.adaptive {
-                RxTuning::new(features)
-            } else {
-                None
-            },
+            rx_tuning: config.adaptive.then(|| RxTuning::new(features)).flatten(),
             adapt_clock: None,
         };
         // From here on, dropping `net` resets the device and frees the memory.

@@ -533,6 +533,34 @@ fn pps_bucket(rate: u64) -> BucketConfig {
 }
 
 /// A tuning value from the CLI form.
+/// Sets the tuning knob `key` (a `coalesce_*`, `event_idx`, `tx_budget`, `busy_poll_us`,
+/// `rx_sparse_reads` or `adaptive*` key) from `value`; false if `key` is none of them.
+fn tuning_key(tuning: &mut NetTuning, key: &str, value: &str) -> Result<bool, NetConfigError> {
+    let adaptive = &mut tuning.adaptive;
+    match key {
+        "adaptive" => adaptive.enabled = on_off(key, value)?,
+        "adaptive_max_busy_poll_us" => {
+            adaptive.max_busy_poll_us = knob(key, value, "microseconds")?
+        }
+        "adaptive_max_coalesce_usecs" => {
+            adaptive.max_coalesce_usecs = knob(key, value, "microseconds")?
+        }
+        "adaptive_interval_us" => adaptive.interval_us = knob(key, value, "microseconds")?,
+        "coalesce_packets" => {
+            tuning.interrupt_coalescing.max_packets = knob(key, value, "frames, 0..=65535")?
+        }
+        "coalesce_usecs" => {
+            tuning.interrupt_coalescing.max_usecs = knob(key, value, "microseconds")?
+        }
+        "event_idx" => tuning.event_idx = on_off(key, value)?,
+        "tx_budget" => tuning.tx_budget = knob(key, value, "frames per call")?,
+        "rx_sparse_reads" => tuning.rx_sparse_reads = on_off(key, value)?,
+        "busy_poll_us" => tuning.busy_poll_us = knob(key, value, "microseconds")?,
+        _ => return Ok(false),
+    }
+    Ok(true)
+}
+
 fn knob<T: FromStr>(key: &str, value: &str, expected: &'static str) -> Result<T, NetConfigError> {
     value.parse().map_err(|_| NetConfigError::InvalidValue {
         key: key.to_owned(),
@@ -599,41 +627,7 @@ impl FromStr for NetConfig {
                 "rx_ops" => rx.ops.replace(parse_bucket(value)?).is_some(),
                 "tx_bw" => tx.bandwidth.replace(parse_bucket(value)?).is_some(),
                 "tx_ops" => tx.ops.replace(parse_bucket(value)?).is_some(),
-                "coalesce_packets"
-                | "coalesce_usecs"
-                | "event_idx"
-                | "tx_budget"
-                | "busy_poll_us"
-                | "rx_sparse_reads"
-                | "adaptive"
-                | "adaptive_max_busy_poll_us"
-                | "adaptive_max_coalesce_usecs"
-                | "adaptive_interval_us" => {
-                    let adaptive = &mut tuning.adaptive;
-                    match key {
-                        "adaptive" => adaptive.enabled = on_off(key, value)?,
-                        "adaptive_max_busy_poll_us" => {
-                            adaptive.max_busy_poll_us = knob(key, value, "microseconds")?
-                        }
-                        "adaptive_max_coalesce_usecs" => {
-                            adaptive.max_coalesce_usecs = knob(key, value, "microseconds")?
-                        }
-                        "adaptive_interval_us" => {
-                            adaptive.interval_us = knob(key, value, "microseconds")?
-                        }
-                        "coalesce_packets" => {
-                            tuning.interrupt_coalescing.max_packets =
-                                knob(key, value, "frames, 0..=65535")?
-                        }
-                        "coalesce_usecs" => {
-                            tuning.interrupt_coalescing.max_usecs =
-                                knob(key, value, "microseconds")?
-                        }
-                        "event_idx" => tuning.event_idx = on_off(key, value)?,
-                        "tx_budget" => tuning.tx_budget = knob(key, value, "frames per call")?,
-                        "rx_sparse_reads" => tuning.rx_sparse_reads = on_off(key, value)?,
-                        _ => tuning.busy_poll_us = knob(key, value, "microseconds")?,
-                    }
+                _ if tuning_key(&mut tuning, key, value)? => {
                     let again = seen.contains(&key);
                     seen.push(key);
                     again

@@ -658,6 +658,29 @@ impl<'p, B: NetBackend> EventLoop<'p, B> {
         self.backend
     }
 
+    /// Waits for events: sleeps unless tx work is left over or events were seen while polling
+    /// (then only looks at what is ready). `None`: interrupted by a signal.
+    fn wait(&mut self, events: &mut [EpollEvent]) -> Result<Option<usize>, WorkerError> {
+        let timeout = if self.tx_more || self.ctrl_more || self.events_pending {
+            0
+        } else {
+            -1
+        };
+        self.events_pending = false;
+        if timeout < 0 {
+            self.going_idle();
+        }
+        let n = match self.epoll.wait(timeout, events) {
+            Ok(n) => n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => return Ok(None),
+            Err(e) => return Err(WorkerError::Epoll(e)),
+        };
+        if self.idle_since.is_some() {
+            self.woke(&events[..n]);
+        }
+        Ok(Some(n))
+    }
+
     fn run(&mut self) -> Result<(), WorkerError> {
         // Kicks and frames may have arrived before activation.
         self.run_tx(self.tx_parks())?;
@@ -669,25 +692,9 @@ impl<'p, B: NetBackend> EventLoop<'p, B> {
             if self.tx_parked && !self.events_pending {
                 self.busy_poll()?;
             }
-            // With tx work left over, or events seen while polling, only look at what is ready,
-            // do not sleep.
-            let timeout = if self.tx_more || self.ctrl_more || self.events_pending {
-                0
-            } else {
-                -1
+            let Some(n) = self.wait(&mut events)? else {
+                continue;
             };
-            self.events_pending = false;
-            if timeout < 0 {
-                self.going_idle();
-            }
-            let n = match self.epoll.wait(timeout, &mut events) {
-                Ok(n) => n,
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                Err(e) => return Err(WorkerError::Epoll(e)),
-            };
-            if self.idle_since.is_some() {
-                self.woke(&events[..n]);
-            }
             for event in &events[..n] {
                 match Token::from_data(event.data()) {
                     Some(Token::Stop) => return Ok(()),

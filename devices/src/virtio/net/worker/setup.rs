@@ -61,6 +61,20 @@ impl Setup {
     }
 }
 
+/// The tuning a run starts with, and its adapter when adapting (whose choices then replace
+/// the operator's fixed busy-poll and coalescing).
+fn adapting(mut tuning: NetTuning) -> (NetTuning, Option<Adapter>) {
+    let adapter = tuning
+        .adaptive
+        .enabled
+        .then(|| Adapter::new(tuning.adaptive));
+    if let Some(adapter) = &adapter {
+        tuning.busy_poll_us = adapter.busy_poll_us();
+        tuning.interrupt_coalescing = adapter.coalescing();
+    }
+    (tuning, adapter)
+}
+
 impl<'p, B: NetBackend> EventLoop<'p, B> {
     /// Configures the backend for the negotiated features and sets up the epoll set (kicks,
     /// stop, tuning and timer registered; the backend by `update_backend_interest`).
@@ -98,16 +112,7 @@ impl<'p, B: NetBackend> EventLoop<'p, B> {
             tx,
             enabled,
         } = setup;
-        let mut tuning = shared.tuning.load();
-        let adapter = tuning
-            .adaptive
-            .enabled
-            .then(|| Adapter::new(tuning.adaptive));
-        if let Some(adapter) = &adapter {
-            // Adapting: the adapter's choices replace the operator's fixed ones.
-            tuning.busy_poll_us = adapter.busy_poll_us();
-            tuning.interrupt_coalescing = adapter.coalescing();
-        }
+        let (tuning, adapter) = adapting(shared.tuning.load());
         let mut tx = tx.with_label(shared.label.clone());
         tx.set_budget(tuning.tx_budget.into());
         let mut rx = rx;
