@@ -16,7 +16,18 @@ fn quick_run_of_every_preset_writes_csv_and_plot() {
             .arg("--plot")
             .arg(&svg),
     );
-    let table = stdout.lines().filter(|l| !l.starts_with('#')).count();
+    // The table: the lines after the header's, up to the blank line before the adaptive
+    // preset's comparison.
+    let table = stdout
+        .lines()
+        .filter(|l| !l.starts_with('#'))
+        .skip_while(|l| l.is_empty())
+        .take_while(|l| !l.is_empty())
+        .count();
+    assert!(
+        stdout.contains("adaptive against fixed knobs"),
+        "the comparison follows the table: {stdout}"
+    );
     let csv_text = std::fs::read_to_string(&csv).unwrap();
     let mut lines = csv_text.lines();
     let header: Vec<&str> = lines.next().unwrap().split(',').collect();
@@ -60,8 +71,10 @@ fn quick_run_of_every_preset_writes_csv_and_plot() {
     // + tx-budget 2 + rx-sparse-reads 2
     // + three 2-D presets of 2x2
     // + the four seed presets, rx-coalesce, pingpong and mixed, 2 each, on their own backends
-    // + ring-layout 3 (lazy on each layout).
-    assert_eq!(rows.len(), 46, "{csv_text}");
+    // + ring-layout 3 (lazy on each layout)
+    // + adaptive 24 (fwd, pingpong and mixed through its loop: the defaults, 4 fixed points,
+    // each side adaptive and both).
+    assert_eq!(rows.len(), 70, "{csv_text}");
     assert_eq!(
         table,
         rows.len() + 1,
@@ -99,15 +112,15 @@ fn quick_run_of_every_preset_writes_csv_and_plot() {
             assert_eq!((r[backend], r[workload]), (on, doing), "{preset}");
         }
     }
-    // Round-trip percentiles: on the pingpong and mixed rows only (mixed: its trickles'),
-    // positive and in order.
+    // Round-trip percentiles: on the rows of the pingpong and mixed workloads only (mixed:
+    // its trickles'), positive and in order.
     let col = |name: &str| header.iter().position(|c| *c == name).unwrap();
     for r in &rows {
         let rtt: Vec<&str> = ["p50_us", "p99_us", "p999_us"]
             .iter()
             .map(|c| r[col(c)])
             .collect();
-        if r[0] != "pingpong" && r[0] != "mixed" {
+        if r[workload] != "pingpong" && r[workload] != "mixed" {
             assert_eq!(rtt, ["", "", ""], "{csv_text}");
             continue;
         }
@@ -124,10 +137,13 @@ fn quick_run_of_every_preset_writes_csv_and_plot() {
     );
     let svg_text = std::fs::read_to_string(&svg).unwrap();
     assert!(svg_text.contains("<svg") && svg_text.contains("kick-threshold"));
-    // The 2-D presets go to a heatmap file beside it, 4 metrics each: three of 2x2 cells and
-    // ring-layout's 3 layouts x 1 completion mode.
+    // The 2-D presets go to a heatmap file beside it, 4 metrics each: three of 2x2 cells,
+    // ring-layout's 3 layouts x 1 completion mode, and adaptive's 3 workloads x 8 settings.
     let heat = std::fs::read_to_string(dir.join("quick-heatmap.svg")).unwrap();
-    assert_eq!(heat.matches(r#"class="cell""#).count(), (3 * 4 + 3) * 4);
+    assert_eq!(
+        heat.matches(r#"class="cell""#).count(),
+        (3 * 4 + 3 + 3 * 8) * 4
+    );
     std::fs::remove_dir_all(dir).unwrap();
 }
 
