@@ -180,9 +180,9 @@ impl Adapter {
         level_bounds(self.level)
     }
 
-    /// The bound on the idle gaps a busy-poll window may cover (µs).
-    pub fn gap_bound_us(&self) -> u32 {
-        self.bounds.max_busy_poll_us
+    /// The bounds in force (the operator's).
+    pub fn bounds(&self) -> Adaptive {
+        self.bounds
     }
 
     /// One interval's counts in; what changed out.

@@ -103,7 +103,11 @@ const PING_PONG: PingPong = PingPong {
 fn run(a: &mut Adapter, w: &dyn Workload, intervals: usize) -> Vec<usize> {
     let mut changed = Vec::new();
     for i in 0..intervals {
-        let seen = w.interval(a.busy_poll_us(), a.coalescing(), a.gap_bound_us());
+        let seen = w.interval(
+            a.busy_poll_us(),
+            a.coalescing(),
+            a.bounds().max_busy_poll_us,
+        );
         let d = a.observe(seen);
         assert_eq!(d.busy_poll_us.unwrap_or(a.busy_poll_us()), a.busy_poll_us());
         assert_eq!(d.coalescing.unwrap_or(a.coalescing()), a.coalescing());

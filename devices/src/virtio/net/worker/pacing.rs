@@ -333,11 +333,7 @@ impl<B: NetBackend> EventLoop<'_, B> {
         &self,
         bounds: InterruptCoalescing,
     ) -> InterruptCoalescing {
-        let Some(max) = self
-            .adapter
-            .as_ref()
-            .map(|_| self.tuning_shared.load().adaptive.max_coalesce_usecs)
-        else {
+        let Some(max) = self.adapter.as_ref().map(|a| a.bounds().max_coalesce_usecs) else {
             return bounds;
         };
         if bounds.max_usecs <= max {
@@ -382,7 +378,7 @@ impl<B: NetBackend> EventLoop<'_, B> {
             return;
         };
         self.idle_since = None;
-        if since.elapsed() <= Duration::from_micros(adapter.gap_bound_us().into()) {
+        if since.elapsed() <= Duration::from_micros(adapter.bounds().max_busy_poll_us.into()) {
             self.seen.short_gaps += 1;
         } else {
             self.seen.long_gaps += 1;
@@ -428,7 +424,7 @@ impl<B: NetBackend> EventLoop<'_, B> {
         let Some(every) = self
             .adapter
             .as_ref()
-            .map(|_| Duration::from_micros(self.tuning_shared.load().adaptive.interval_us.into()))
+            .map(|a| Duration::from_micros(a.bounds().interval_us.into()))
         else {
             return Ok(());
         };
