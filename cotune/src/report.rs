@@ -9,7 +9,10 @@ use serde::Serialize;
 
 mod compare;
 
-pub use compare::{comparison_table, comparisons, Comparison, ADAPTIVE_SETTING, DEFAULT_SETTING};
+pub use compare::{
+    best_fixed, comparison_table, comparisons, median_by_objective, objective, Comparison,
+    ADAPTIVE_SETTING, DEFAULT_SETTING, PAIRED_PREFIX,
+};
 
 /// One measured point (the median of its repeats): every knob of both sides, where it was
 /// measured, and the metrics. A metric that was not measured (a skipped point) is NaN and an
@@ -254,7 +257,12 @@ pub fn to_table(rows: &[Row]) -> String {
 /// (into `path` when there is no 1-D sweep, else into `<stem>-heatmap.svg` beside it).
 /// Returns the files written.
 pub fn plot(rows: &[Row], path: &Path) -> io::Result<Vec<PathBuf>> {
-    let (two, one): (Vec<Row>, Vec<Row>) = rows.iter().cloned().partition(|r| !r.knob2.is_empty());
+    // The adaptive preset's paired re-runs measure grid points again: not cells of their own.
+    let (two, one): (Vec<Row>, Vec<Row>) = rows
+        .iter()
+        .filter(|r| !r.value2.starts_with(PAIRED_PREFIX))
+        .cloned()
+        .partition(|r| !r.knob2.is_empty());
     let one: Vec<Row> = one.into_iter().filter(|r| r.pps.is_finite()).collect();
     let mut written = Vec::new();
     let has_one = one.iter().any(|r| r.preset != "baseline");

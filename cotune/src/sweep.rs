@@ -1347,7 +1347,88 @@ pub fn run_preset(
         rows.extend(sim_row);
         rows.extend(vm_row);
     }
+    if matches!(preset, Preset::Adaptive) {
+        confirm_adaptive(&pts, opts, &mut rows, progress)?;
+    }
     Ok(rows)
+}
+
+/// Alternated trials of the best fixed point and of adaptation, per target and workload, in
+/// the adaptive preset's paired re-run.
+pub const PAIRED_ROUNDS: usize = 3;
+
+/// The adaptive preset's paired re-run: per target and workload, the grid's best fixed point
+/// and the adaptive point (both sides) again, in alternation (A B, B A, …) over
+/// `max(repeat, PAIRED_ROUNDS)` rounds, each kept as the median trial by the workload's
+/// objective in a row whose setting is `paired:` and the setting re-run. The grid chose the
+/// best point by its own noisy scores; these trials did not take part in the choice.
+fn confirm_adaptive(
+    pts: &[Point],
+    opts: &Options,
+    rows: &mut Vec<Row>,
+    progress: &mut dyn FnMut(&str),
+) -> io::Result<()> {
+    let rounds = opts.repeat.max(PAIRED_ROUNDS);
+    let mut extra = Vec::new();
+    let targets = [
+        ("sim", opts.target.sim()),
+        ("vm", opts.target.vm() && opts.vm.is_some()),
+    ];
+    for (target, on) in targets {
+        let mut workloads: Vec<&str> = pts.iter().map(|p| p.axes[0].1.as_str()).collect();
+        workloads.dedup();
+        for workload in workloads.into_iter().filter(|_| on) {
+            let group: Vec<&Row> = rows
+                .iter()
+                .filter(|r| r.target == target && r.value == workload)
+                .collect();
+            let Some(best) = crate::report::best_fixed(&group, workload) else {
+                continue;
+            };
+            let find = |setting: &str| {
+                pts.iter()
+                    .find(|p| p.axes[0].1 == workload && p.axes[1].1 == setting)
+            };
+            let (Some(fixed), Some(adaptive)) =
+                (find(&best.value2), find(crate::report::ADAPTIVE_SETTING))
+            else {
+                continue;
+            };
+            let pair = [fixed, adaptive];
+            let mut trials: [Vec<Row>; 2] = Default::default();
+            for round in 0..rounds {
+                for i in if round % 2 == 0 { [0, 1] } else { [1, 0] } {
+                    progress(&format!(
+                        "adaptive: paired re-run {target} {}, round {}/{rounds}",
+                        pair[i].label(),
+                        round + 1
+                    ));
+                    if let Ok(m) = trial(pair[i], opts, target == "vm")? {
+                        let p = pair[i];
+                        let row = point_row(
+                            Preset::Adaptive,
+                            target,
+                            p,
+                            Some(&m),
+                            f64::NAN,
+                            loadavg1(),
+                            opts,
+                        );
+                        trials[i].push(row);
+                    }
+                }
+            }
+            for (i, runs) in trials.into_iter().enumerate() {
+                if let Some(mut row) = crate::report::median_by_objective(runs, workload) {
+                    row.value2 = format!("{}{}", crate::report::PAIRED_PREFIX, pair[i].axes[1].1);
+                    row.note = format!("paired re-run: median of {rounds} alternated trials");
+                    extra.push(row);
+                }
+            }
+        }
+    }
+    rows.extend(extra);
+    Ok(())
 }
 
 /// `opts` on the backend `preset` runs on: its own regime (a seed preset's sink, loop or

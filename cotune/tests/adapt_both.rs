@@ -84,6 +84,7 @@ impl Sides {
                     } else {
                         publishes.div_ceil(8)
                     },
+                    longest_short_gap_us: if polling || gap > 64 { 0 } else { gap as u32 },
                     // A polling device's windows find each publish; a shorter one runs out.
                     windows: if window > 0 { publishes } else { 0 },
                     windows_found: if polling { publishes } else { 0 },
@@ -107,6 +108,7 @@ impl Sides {
                     interrupts: trips,
                     short_gaps: if polling { 0 } else { trips.div_ceil(8) },
                     long_gaps: 0,
+                    longest_short_gap_us: if polling { 0 } else { 12 },
                     windows: if window > 0 { trips } else { 0 },
                     windows_found: if polling { trips } else { 0 },
                     elapsed_us: INTERVAL_US,

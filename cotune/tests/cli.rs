@@ -73,8 +73,21 @@ fn quick_run_of_every_preset_writes_csv_and_plot() {
     // + the four seed presets, rx-coalesce, pingpong and mixed, 2 each, on their own backends
     // + ring-layout 3 (lazy on each layout)
     // + adaptive 24 (fwd, pingpong and mixed through its loop: the defaults, 4 fixed points,
-    // each side adaptive and both).
-    assert_eq!(rows.len(), 70, "{csv_text}");
+    // each side adaptive and both) and its paired re-runs, 2 per workload.
+    assert_eq!(rows.len(), 76, "{csv_text}");
+    let setting = header.iter().position(|c| *c == "value2").unwrap();
+    let paired: Vec<_> = rows
+        .iter()
+        .filter(|r| r[setting].starts_with("paired:"))
+        .collect();
+    assert_eq!(paired.len(), 6, "{csv_text}");
+    assert_eq!(
+        paired
+            .iter()
+            .filter(|r| r[setting] == "paired:adaptive")
+            .count(),
+        3
+    );
     assert_eq!(
         table,
         rows.len() + 1,

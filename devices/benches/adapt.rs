@@ -36,6 +36,7 @@ fn bench(c: &mut Criterion) {
                 interrupts: if flood { 250 } else { 30 },
                 short_gaps: if flood { 0 } else { 30 },
                 long_gaps: 0,
+                longest_short_gap_us: if flood { 0 } else { 20 },
                 windows: if flood { 0 } else { 30 },
                 windows_found: if flood { 0 } else { 25 },
                 elapsed_us: 1_000,
@@ -51,8 +52,11 @@ fn bench(c: &mut Criterion) {
             sleeps = sleeps.wrapping_add(1);
             if black_box(sleeps).is_multiple_of(GAP_SAMPLE) {
                 let since = black_box(Instant::now());
-                if since.elapsed() <= bound {
+                let gap = since.elapsed();
+                if gap <= bound {
                     seen.short_gaps += 1;
+                    let us = u32::try_from(gap.as_micros()).unwrap_or(u32::MAX);
+                    seen.longest_short_gap_us = seen.longest_short_gap_us.max(us);
                 } else {
                     seen.long_gaps += 1;
                 }

@@ -6,8 +6,9 @@
 //!   covered is a kick and a sleep the device could have saved; one after a longer gap is
 //!   polling that would have been wasted. One sleep in [`GAP_SAMPLE`] is timed, and the
 //!   evidence is counted since the window last moved ([`GAP_HORIZON`] intervals at most): the
-//!   window doubles (from [`BUSY_POLL_START_US`]) when two timed sleeps at least, and half of
-//!   them or more, were short; it halves (under the start value: off) when three in four were
+//!   window grows when two timed sleeps at least, and half of them or more, were short: it
+//!   doubles (from [`BUSY_POLL_START_US`]), or jumps at once to the power of two that covers
+//!   the longest of those short gaps, whichever is larger; it halves (under the start value: off) when three in four were
 //!   long *and* most of its windows ran out without finding work (a window that mostly finds
 //!   work earns its keep whatever the sleeps say); otherwise it stays. A window that covers
 //!   the driver's gaps sees no sleeps and stays; a driver whose gaps exceed the bound keeps it
@@ -70,6 +71,10 @@ pub struct Observed {
     pub short_gaps: u64,
     /// Wake-ups on work after a longer idle gap.
     pub long_gaps: u64,
+    /// The longest of the short idle gaps, in microseconds (0: not known). A window that
+    /// grows jumps straight to the power of two that covers it, instead of doubling its way
+    /// there one evidence-gathering step at a time.
+    pub longest_short_gap_us: u32,
     /// Busy-poll windows started.
     pub windows: u64,
     /// Busy-poll windows that found work before they ran out.
@@ -109,6 +114,8 @@ pub struct Adapter {
     /// Wake-ups after short and after long idle gaps since the window last moved (over at most
     /// [`GAP_HORIZON`] intervals): evidence accumulates until it is enough to act on.
     gaps: (u64, u64),
+    /// The longest short gap over the same intervals (µs).
+    longest_short_gap_us: u32,
     /// Busy-poll windows started, and those that found work, over the same intervals.
     windows: (u64, u64),
     /// The window's last move (true: it grew) and the intervals since.
@@ -142,6 +149,7 @@ impl Adapter {
             bounds,
             busy_poll_us: 0,
             gaps: (0, 0),
+            longest_short_gap_us: 0,
             windows: (0, 0),
             last_move: None,
             since_move: 0,
@@ -192,6 +200,7 @@ impl Adapter {
         let busy_poll = self.turn_wait(wanted);
         if busy_poll != self.busy_poll_us || self.gap_intervals >= GAP_HORIZON {
             self.gaps = (0, 0);
+            self.longest_short_gap_us = 0;
             self.windows = (0, 0);
             self.gap_intervals = 0;
         }
@@ -251,6 +260,7 @@ impl Adapter {
         let now = self.busy_poll_us;
         self.gaps.0 = self.gaps.0.saturating_add(seen.short_gaps);
         self.gaps.1 = self.gaps.1.saturating_add(seen.long_gaps);
+        self.longest_short_gap_us = self.longest_short_gap_us.max(seen.longest_short_gap_us);
         self.windows.0 = self.windows.0.saturating_add(seen.windows);
         self.windows.1 = self.windows.1.saturating_add(seen.windows_found);
         self.gap_intervals += 1;
@@ -261,7 +271,12 @@ impl Adapter {
         let (windows, found) = self.windows;
         let windows_earn = found.saturating_mul(2) > windows;
         if short >= 2 && short >= long {
-            (now.saturating_mul(2)).max(BUSY_POLL_START_US).min(bound)
+            // At least double, and at once as far as the longest short gap needs.
+            let covering = self.longest_short_gap_us.checked_next_power_of_two();
+            (now.saturating_mul(2))
+                .max(BUSY_POLL_START_US)
+                .max(covering.unwrap_or(u32::MAX))
+                .min(bound)
         } else if long >= 2 && long > short.saturating_mul(3) && !windows_earn {
             let half = now / 2;
             if half < BUSY_POLL_START_US.min(bound) {

@@ -79,6 +79,11 @@ impl Workload for PingPong {
             interrupts: trips,
             short_gaps,
             long_gaps,
+            longest_short_gap_us: if short_gaps > 0 {
+                self.gap_us as u32
+            } else {
+                0
+            },
             windows,
             windows_found,
             elapsed_us: INTERVAL_US,
@@ -281,6 +286,7 @@ fn arbitrary_observations_never_leave_the_bounds() {
                 interrupts: pick(),
                 short_gaps: pick(),
                 long_gaps: pick(),
+                longest_short_gap_us: pick() as u32,
                 windows: pick(),
                 windows_found: pick(),
                 elapsed_us: pick(),
@@ -299,7 +305,7 @@ fn arbitrary_observations_never_leave_the_bounds() {
 #[test]
 fn lowered_bounds_bring_the_values_down_at_once() {
     let mut a = Adapter::new(bounds(64, 512));
-    // 40 µs gaps: the window doubles 8 → 16 → 32 in three intervals.
+    // 40 µs gaps: the window opens at once to 64 µs, which covers them.
     run(
         &mut a,
         &PingPong {
@@ -317,7 +323,7 @@ fn lowered_bounds_bring_the_values_down_at_once() {
         },
         20,
     );
-    assert_eq!((a.busy_poll_us(), a.coalescing().max_usecs), (32, 64));
+    assert_eq!((a.busy_poll_us(), a.coalescing().max_usecs), (64, 64));
     let d = a.set_bounds(bounds(16, 16));
     assert_eq!(d.busy_poll_us, Some(16));
     assert_eq!(d.coalescing.map(|c| c.max_usecs), Some(16));
@@ -401,7 +407,7 @@ fn the_window_moves_on_enough_evidence_and_not_while_it_finds_work() {
         windows,
         windows_found,
         elapsed_us: INTERVAL_US,
-        guest_coalesces: false,
+        ..Observed::default()
     };
     // One timed sleep is not enough; two short ones are.
     assert_eq!(a.observe(interval(1, 0, 0, 0)), Decision::default());
@@ -467,6 +473,7 @@ fn gaps_that_straddle_the_bound_do_not_make_the_window_flap() {
             interrupts: 5,
             short_gaps: if short { 2 } else { 0 },
             long_gaps: if short { 0 } else { 2 },
+            longest_short_gap_us: if short { 40 } else { 0 },
             windows: if a.busy_poll_us() > 0 { 5 } else { 0 },
             windows_found: 0,
             elapsed_us: INTERVAL_US,
@@ -479,4 +486,35 @@ fn gaps_that_straddle_the_bound_do_not_make_the_window_flap() {
         "{} changes",
         a.counters.busy_poll_changes
     );
+}
+
+#[test]
+fn the_window_grows_at_once_to_cover_the_longest_short_gap() {
+    let grow = |a: &mut Adapter, longest_short_gap_us| {
+        a.observe(Observed {
+            frames: 20,
+            interrupts: 10,
+            short_gaps: 4,
+            longest_short_gap_us,
+            elapsed_us: INTERVAL_US,
+            ..Observed::default()
+        })
+        .busy_poll_us
+    };
+    // From off, gaps of up to 40 µs: straight to 64 (not 8, 16, 32, 64 over four moves).
+    let mut a = Adapter::new(bounds(256, 0));
+    assert_eq!(grow(&mut a, 40), Some(64));
+    // A longer gap later: to the power of two that covers it.
+    assert_eq!(grow(&mut a, 100), Some(128));
+    // Shorter gaps than the window still short (the window ran out): at least a doubling.
+    assert_eq!(grow(&mut a, 3), Some(256));
+    // Never past the bound, whatever a gap claims.
+    let mut a = Adapter::new(bounds(64, 0));
+    assert_eq!(grow(&mut a, u32::MAX), Some(64));
+    let mut a = Adapter::new(bounds(100, 0));
+    assert_eq!(grow(&mut a, 90), Some(100));
+    // Unknown gap lengths (0): the doubling from the start value, as before.
+    let mut a = Adapter::new(bounds(64, 0));
+    assert_eq!(grow(&mut a, 0), Some(BUSY_POLL_START_US));
+    assert_eq!(grow(&mut a, 0), Some(2 * BUSY_POLL_START_US));
 }

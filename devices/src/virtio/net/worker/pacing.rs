@@ -378,8 +378,12 @@ impl<B: NetBackend> EventLoop<'_, B> {
             return;
         };
         self.idle_since = None;
-        if since.elapsed() <= Duration::from_micros(adapter.bounds().max_busy_poll_us.into()) {
+        let gap = since.elapsed();
+        if gap <= Duration::from_micros(adapter.bounds().max_busy_poll_us.into()) {
             self.seen.short_gaps += 1;
+            // Within the bound, so within u32 microseconds.
+            let us = u32::try_from(gap.as_micros()).unwrap_or(u32::MAX);
+            self.seen.longest_short_gap_us = self.seen.longest_short_gap_us.max(us);
         } else {
             self.seen.long_gaps += 1;
         }
