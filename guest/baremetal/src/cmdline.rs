@@ -11,6 +11,10 @@ use core::fmt;
 use vnet_driver::adapt::KICK_THRESHOLD_CAP;
 use vnet_driver::{Coalescing, Config, TxCompletion};
 
+use reset_words::ResetWords;
+
+mod reset_words;
+
 /// Largest frame the workloads send (a tap with the default 1500-byte MTU takes 1514 bytes).
 pub const MAX_FRAME: usize = 9014;
 /// Smallest frame: Ethernet header (14) + sequence number (4) + length (2).
@@ -263,7 +267,7 @@ struct Words {
     phase_us: Option<u32>,
     burst: Option<u32>,
     pause_us: Option<u32>,
-    reset: crate::reset::ResetWords,
+    reset: ResetWords,
 }
 
 /// Takes a key's value into [`Words`]; `None`: a bad value.

@@ -16,8 +16,7 @@ use vnet_driver::transport::{regs, status, MmioRegisters};
 use vnet_driver::{Hal, MmioTransport};
 
 use crate::memory::DmaHal;
-use crate::run::fail_early;
-use crate::sys;
+use crate::sys::{self, fail_early};
 
 /// Queue size used for both queues (every device offers at least this many).
 const QUEUE_SIZE: u16 = 8;

@@ -38,7 +38,7 @@ use vnet_baremetal::devstats;
 use vnet_baremetal::frames::{self, Ramp};
 use vnet_baremetal::latency::{Histogram, RoundTrips};
 use vnet_baremetal::mixed::{Flood, Mixed};
-use vnet_baremetal::report::{self, Outcome, Report};
+use vnet_baremetal::report::{Outcome, Report};
 use vnet_driver::features::NET_F_DEVICE_STATS;
 use vnet_driver::transport::WINDOW_SIZE;
 use vnet_driver::{
@@ -48,7 +48,7 @@ use vnet_driver::{
 
 use crate::arch::{cpu, DEVICE_IRQS, MSIX_IRQS, MSIX_VECTORS, TICKS};
 use crate::memory::DmaHal;
-use crate::sys;
+use crate::sys::{self, fail_early};
 
 mod queue_reset;
 
@@ -61,15 +61,6 @@ const FALLBACK_TSC_KHZ: u64 = 1_000_000;
 /// How long a control command waits for the device's answer (TSC-timed when the frequency is
 /// known; otherwise the driver's default bound on polls).
 const CTRL_TIMEOUT_MS: u64 = 1000;
-
-/// Prints a result line with just `error` and powers off.
-pub fn fail_early(error: &str) -> ! {
-    let mut line = String::new();
-    let _ = report::write_error(&mut line, error);
-    line.push('\n');
-    sys::write(line.as_bytes());
-    sys::power_off()
-}
 
 /// The TSC frequency from CPUID leaf 0x15 (the VMM fills it in), kHz.
 fn cpuid_tsc_khz() -> Option<u64> {

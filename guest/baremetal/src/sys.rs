@@ -4,8 +4,11 @@
 //! (this host's KVM mis-emulates `syscall` and refuses `int n` from user mode, but delivers
 //! exceptions correctly).
 
+use alloc::string::String;
 use core::fmt::Write;
 use core::sync::atomic::Ordering;
+
+use vnet_baremetal::report;
 
 use crate::arch::{cpu, entry, TrapFrame, DEVICE_IRQS};
 
@@ -54,6 +57,15 @@ pub fn power_off() -> ! {
     loop {
         core::hint::spin_loop();
     }
+}
+
+/// Prints a result line with just `error` and powers off.
+pub fn fail_early(error: &str) -> ! {
+    let mut line = String::new();
+    let _ = report::write_error(&mut line, error);
+    line.push('\n');
+    write(line.as_bytes());
+    power_off()
 }
 
 /// Runs service `nr` in kernel mode.

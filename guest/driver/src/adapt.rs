@@ -44,11 +44,7 @@
 
 use crate::ctrl::Coalescing;
 
-/// Upper bound of the adaptive kick threshold (Linux found AF_XDP zero-copy transmit best
-/// around 8 and erratic above 13 on some devices; 64 leaves room for devices that sleep).
-pub const KICK_THRESHOLD_CAP: u16 = 64;
-/// Upper bound of the adaptive XDP_TX bulk.
-pub const XDP_BULK_MAX: u16 = 64;
+pub use crate::config::{KICK_THRESHOLD_CAP, XDP_BULK_MAX};
 /// Frames transmitted per kick-threshold interval.
 pub const TX_INTERVAL_FRAMES: u64 = 256;
 /// Rx polls that bounced frames per XDP-bulk interval.

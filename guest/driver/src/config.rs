@@ -1,6 +1,5 @@
 //! [`Config`]: the driver's knobs, validated once at [`crate::VirtioNet::new`].
 
-use crate::adapt::{KICK_THRESHOLD_CAP, XDP_BULK_MAX};
 use crate::error::ConfigError;
 use crate::header::VNET_HDR_LEN;
 
@@ -14,6 +13,11 @@ pub const MAX_QUEUE_PAIRS: u16 = 0x8000;
 /// (1500 MTU, Ethernet header, one VLAN tag). No receive offloads are negotiated, so the device
 /// never hands over anything larger.
 pub const MIN_RX_BUF_WITHOUT_MRG: u32 = (VNET_HDR_LEN + 1518) as u32;
+/// Upper bound of the adaptive kick threshold (Linux found AF_XDP zero-copy transmit best
+/// around 8 and erratic above 13 on some devices; 64 leaves room for devices that sleep).
+pub const KICK_THRESHOLD_CAP: u16 = 64;
+/// Upper bound of the adaptive XDP_TX bulk.
+pub const XDP_BULK_MAX: u16 = 64;
 
 /// How used transmit buffers are reclaimed.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

@@ -76,9 +76,6 @@ pub mod pci;
 mod queue;
 pub mod reset;
 mod ring;
-// The packed virtqueue layout beside the split one in `ring`; `vring` drives either.
-#[path = "ring/packed.rs"]
-mod packed_ring;
 mod rx;
 pub mod spsc;
 pub mod stats;

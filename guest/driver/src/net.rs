@@ -1,6 +1,19 @@
 //! [`VirtioNet`]: device bring-up (virtio 1.2 §3.1.1 over any [`Transport`]), interrupts, and the
 //! per-queue interrupt controls. The per-queue state is in `queue` ([`SendQueue`],
-//! [`ReceiveQueue`]); the datapaths are in `rx`, `tx`, `xdp` and `xsk`.
+//! [`ReceiveQueue`]); the data types of each feature are in the crate's modules of the same
+//! name, and the methods each feature adds to [`VirtioNet`] in this module's children (`rx`,
+//! `tx`, `xdp`, `xsk`, `ctrl`, `mq`, `reset`, `stats`, `tune`, `pci`).
+
+mod ctrl;
+mod mq;
+mod pci;
+mod reset;
+mod rx;
+mod stats;
+mod tune;
+mod tx;
+mod xdp;
+mod xsk;
 
 use crate::config::{Config, TxCompletion, MIN_RX_BUF_WITHOUT_MRG};
 use crate::counters::Counters;
@@ -9,7 +22,7 @@ use crate::ctrl::{ControlQueue, CtrlStats, CtrlWait, CTRL_BUF_BYTES, CTRL_MAX_CH
 use crate::error::InitError;
 use crate::features::{self, NET_F_CTRL_VQ, NET_F_MAC, NET_F_MRG_RXBUF, NET_F_STATUS};
 use crate::hal::{DmaRegion, Hal};
-use crate::mq::{self, Pair, Pairs};
+use crate::mq::{Layout, Pair, Pairs};
 use crate::queue::{ReceiveQueue, ReceiveStats, SendQueue, SendStats};
 use crate::transport::{status, QueueSetup, Transport, INT_CONFIG_CHANGE, INT_USED_BUFFER};
 use crate::tune::RxTuning;
@@ -529,10 +542,10 @@ fn split_queue_size<T: Transport>(t: &mut T, queue: u16, wanted: u16) -> Result<
 fn negotiate_layout<T: Transport>(
     transport: &mut T,
     config: &Config,
-) -> Result<(u64, mq::Layout, [u16; 2], Option<u16>), InitError> {
+) -> Result<(u64, Layout, [u16; 2], Option<u16>), InitError> {
     let features = negotiate(transport, config)?;
     transport.setup_config_vector()?;
-    let layout = mq::layout(transport, features, config)?;
+    let layout = crate::mq::layout(transport, features, config)?;
     let sizes = [
         queue_size(transport, features, RX_QUEUE, config.rx_queue_size)?,
         queue_size(transport, features, TX_QUEUE, config.tx_queue_size)?,

@@ -24,6 +24,14 @@
 //! back (see [`crate::xdp`]). The methods that cross that line stay on [`crate::VirtioNet`] and
 //! borrow both queues; the methods on the queue types touch only their own queue (and the
 //! transport, to notify it).
+//!
+//! The queue methods of each datapath are in this module's children (`rx`, `tx`, `xsk`,
+//! `tune`), over the buffer types of the crate's `rx`, `tx` and `xsk` modules.
+
+mod rx;
+mod tune;
+mod tx;
+mod xsk;
 
 use alloc::vec::Vec;
 
@@ -33,10 +41,10 @@ use crate::reset::ResetStats;
 use crate::ring::{Buffer, Kick};
 use crate::rx::{RxAssembly, RxPool};
 use crate::transport::Transport;
-use crate::tune::TxTuning;
 use crate::tx::{TxPool, TxToken};
 use crate::vring::Vring;
 use crate::xsk::XskPort;
+use tune::TxTuning;
 
 /// A send queue's counters; [`crate::VirtioNet::counters`] reports them as the `tx_*`, kick,
 /// XDP_TX and AF_XDP fields of [`crate::Counters`].

@@ -32,6 +32,9 @@ use core::sync::atomic::{fence, AtomicU16, Ordering};
 
 use crate::hal::{DmaRegion, Hal, PhysAddr};
 
+// The packed virtqueue layout beside the split one; `vring` drives either.
+pub(crate) mod packed;
+
 const DESC_SIZE: usize = 16;
 const USED_ELEM_SIZE: usize = 8;
 const DESC_F_NEXT: u16 = 1;

@@ -9,7 +9,7 @@ use alloc::vec::Vec;
 
 use crate::features::{F_IN_ORDER, F_RING_PACKED, RING_F_EVENT_IDX};
 use crate::hal::{DmaRegion, Hal, PhysAddr};
-use crate::packed_ring::{PackedLayout, PackedRing, PackedUsedError};
+use crate::ring::packed::{PackedLayout, PackedRing, PackedUsedError};
 use crate::ring::{Buffer, Kick, RingFull, RingLayout, SplitRing, Used, UsedError};
 
 /// How the rings of a device are laid out and driven, from the negotiated features.

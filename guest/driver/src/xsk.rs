@@ -22,16 +22,10 @@
 
 use core::ptr::NonNull;
 
-use crate::config::MAX_FRAME_LEN;
 use crate::error::XskError;
 use crate::hal::{Hal, PhysAddr};
 use crate::header::VNET_HDR_LEN;
-use crate::net::VirtioNet;
-use crate::queue::SendQueue;
-use crate::ring::{Access, Buffer};
 use crate::spsc::{self, Consumer, Producer};
-use crate::transport::Transport;
-use crate::tx::TxToken;
 
 /// Bytes reserved before the frame data in each umem chunk, for the virtio-net header.
 pub const XSK_HEADROOM: u64 = VNET_HDR_LEN as u64;
@@ -148,7 +142,7 @@ impl Umem {
     }
 
     /// A pointer to `len` bytes at `addr`, if they lie in the umem.
-    fn range(&self, addr: u64, len: usize) -> Result<*mut u8, XskError> {
+    pub(crate) fn range(&self, addr: u64, len: usize) -> Result<*mut u8, XskError> {
         let start = usize::try_from(addr).map_err(|_| XskError::OutOfBounds)?;
         match start.checked_add(len) {
             Some(end) if end <= self.size => {
@@ -199,7 +193,7 @@ impl Umem {
 
     /// Checks a tx descriptor: 1..=`max_len` bytes, inside one chunk, at least `headroom`
     /// bytes past the chunk start.
-    fn check_tx(&self, desc: XdpDesc, headroom: u64, max_len: usize) -> bool {
+    pub(crate) fn check_tx(&self, desc: XdpDesc, headroom: u64, max_len: usize) -> bool {
         let frame_size = u64::from(self.frame_size);
         let offset = desc.addr % frame_size;
         let len = u64::from(desc.len);
@@ -238,13 +232,15 @@ impl XskSocket {
 }
 
 /// The driver's half of an AF_XDP-style socket; attach it with [`VirtioNet::attach_xsk`].
+///
+/// [`VirtioNet::attach_xsk`]: crate::VirtioNet::attach_xsk
 pub struct XskPort {
-    umem: Umem,
-    mode: XskMode,
-    tx: Consumer<XdpDesc>,
-    completion: Producer<u64>,
+    pub(crate) umem: Umem,
+    pub(crate) mode: XskMode,
+    pub(crate) tx: Consumer<XdpDesc>,
+    pub(crate) completion: Producer<u64>,
     /// Frames posted to the device and not completed yet.
-    in_flight: u32,
+    pub(crate) in_flight: u32,
 }
 
 impl XskPort {
@@ -286,124 +282,4 @@ pub fn socket(umem: Umem, config: XskConfig) -> Result<(XskSocket, XskPort), Xsk
             in_flight: 0,
         },
     ))
-}
-
-impl<H: Hal, T: Transport> VirtioNet<H, T> {
-    /// Attaches the driver's half of an AF_XDP-style socket (one at a time).
-    pub fn attach_xsk(&mut self, port: XskPort) -> Result<(), XskError> {
-        if self.sq.xsk.is_some() {
-            return Err(XskError::AlreadyAttached);
-        }
-        self.sq.xsk = Some(port);
-        Ok(())
-    }
-
-    /// Detaches the port, once none of its frames is in flight (reclaim first).
-    pub fn detach_xsk(&mut self) -> Result<XskPort, XskError> {
-        match &self.sq.xsk {
-            None => Err(XskError::NotAttached),
-            Some(port) if port.in_flight > 0 => Err(XskError::Busy),
-            Some(_) => self.sq.xsk.take().ok_or(XskError::NotAttached),
-        }
-    }
-
-    /// Sends up to `budget` frames from the attached port's tx ring (what `sendto()` on an
-    /// AF_XDP socket triggers): publishes every `kick_threshold` frames and at the end. Stops
-    /// early when the tx ring is full or the completion ring could not take more frames in
-    /// flight. Returns the number of frames posted.
-    pub fn xsk_transmit(&mut self, budget: usize) -> usize {
-        if self.sq.xsk.is_none() {
-            return 0;
-        }
-        // Reclaim with the port attached, so that the frames it reclaims are completed.
-        self.lazy_reclaim();
-        let Some(mut port) = self.sq.xsk.take() else {
-            return 0;
-        };
-        let (sq, transport) = (&mut self.sq, &mut self.transport);
-        let room = port.completion.free().saturating_sub(port.in_flight) as usize;
-        let mut sent = 0;
-        while sent < budget.min(room) {
-            let Some(desc) = port.tx.peek() else {
-                break;
-            };
-            let (headroom, max_len) = match port.mode {
-                XskMode::ZeroCopy => (XSK_HEADROOM, MAX_FRAME_LEN),
-                XskMode::Copy => (0, sq.pool.max_frame()),
-            };
-            if !port.umem.check_tx(desc, headroom, max_len) {
-                port.tx.pop();
-                sq.stats.xsk_invalid_descs += 1;
-                continue;
-            }
-            let posted = match port.mode {
-                XskMode::ZeroCopy => sq.post_umem_zero_copy(&port.umem, desc),
-                XskMode::Copy => sq.post_umem_copy(&port.umem, desc),
-            };
-            if !posted {
-                sq.ring_full(transport);
-                break;
-            }
-            port.tx.pop();
-            port.in_flight += 1;
-            sent += 1;
-            sq.stats.frames += 1;
-            sq.stats.bytes += u64::from(desc.len);
-            sq.frame_added(transport);
-        }
-        port.tx.release();
-        sq.xsk = Some(port);
-        sq.flush(transport);
-        sent
-    }
-}
-
-impl SendQueue {
-    /// Posts a checked umem frame in place, header in its headroom. False if the ring is full.
-    fn post_umem_zero_copy(&mut self, umem: &Umem, desc: XdpDesc) -> bool {
-        if self.ring.free_descriptors() == 0 {
-            return false;
-        }
-        let start = desc.addr - XSK_HEADROOM;
-        let Ok(hdr) = umem.range(start, VNET_HDR_LEN) else {
-            return false;
-        };
-        // SAFETY: the 12 headroom bytes of a chunk the application handed over on the tx ring
-        // (checked to lie inside the umem and the chunk); the driver owns the chunk until its
-        // completion, and the device is not reading it (not posted yet).
-        unsafe { hdr.write_bytes(0, VNET_HDR_LEN) };
-        let buffer = Buffer {
-            addr: umem.paddr() + start,
-            len: desc.len + VNET_HDR_LEN as u32,
-            access: Access::DeviceReads,
-        };
-        self.ring.add(&[buffer], TxToken::Umem(desc.addr)).is_ok()
-    }
-
-    /// Copies a checked umem frame (it fits a tx buffer) into a driver tx buffer and posts that.
-    /// False if the ring is full.
-    fn post_umem_copy(&mut self, umem: &Umem, desc: XdpDesc) -> bool {
-        if self.ring.free_descriptors() == 0 {
-            return false;
-        }
-        let len = desc.len as usize;
-        let Ok(src) = umem.range(desc.addr, len) else {
-            return false;
-        };
-        let Some(buf) = self.pool.take() else {
-            return false;
-        };
-        // SAFETY: `buf` was just taken; `src` is `len` bytes of a chunk the driver owns until
-        // completion (tx ring ownership rule), in the caller's umem, not in the tx buffers.
-        let filled = unsafe { self.pool.fill(buf, src, len) };
-        let token = TxToken::UmemCopy {
-            buf,
-            addr: desc.addr,
-        };
-        if filled.is_some_and(|buffer| self.ring.add(&[buffer], token).is_ok()) {
-            return true;
-        }
-        self.pool.give_back(buf);
-        false
-    }
 }

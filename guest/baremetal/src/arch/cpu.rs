@@ -14,16 +14,8 @@ use core::arch::asm;
 use core::ptr::addr_of_mut;
 
 use super::entry;
-use super::{TrapFrame, DEVICE_VECTOR, MSIX_VECTOR_BASE, SPURIOUS_VECTOR, TIMER_VECTOR};
+use super::{DEVICE_VECTOR, KERNEL_CS, KERNEL_DS, MSIX_VECTOR_BASE, SPURIOUS_VECTOR, TIMER_VECTOR};
 
-/// 64-bit kernel code selector.
-pub const KERNEL_CS: u64 = 0x10;
-/// Kernel data selector.
-pub const KERNEL_DS: u64 = 0x18;
-/// User data selector (RPL added when used).
-pub const USER_DS: u64 = 0x28;
-/// 64-bit user code selector (RPL added when used).
-pub const USER_CS: u64 = 0x30;
 /// TSS selector.
 const TSS_SEL: u16 = 0x40;
 /// Where device windows and the interrupt controllers start (the VMM's MMIO hole).
@@ -297,14 +289,4 @@ pub fn enable_interrupts() {
 pub fn disable_interrupts() {
     // SAFETY: cli only clears the interrupt flag.
     unsafe { asm!("cli", options(nomem, nostack)) };
-}
-
-/// Every exception and the service `ud2` end here (in kernel mode, interrupts off).
-pub extern "C" fn trap(frame: &mut TrapFrame) {
-    if frame.vector == 6 && frame.rip == entry::service_ud2 as *const () as u64 {
-        frame.rax = crate::sys::dispatch(frame.rax, frame.rsi, frame.rdx);
-        frame.rip += 2;
-        return;
-    }
-    crate::sys::fatal_exception(frame);
 }

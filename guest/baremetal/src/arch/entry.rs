@@ -6,12 +6,11 @@
 
 use core::arch::global_asm;
 
-use super::cpu::{KERNEL_CS, KERNEL_DS};
-use super::{DEVICE_IRQS, MSIX_IRQS, TICKS};
+use super::{DEVICE_IRQS, KERNEL_CS, KERNEL_DS, MSIX_IRQS, TICKS};
 
 extern "C" {
     /// The 32 exception stubs, in vector order (each pushes its vector and a zero error code
-    /// when the CPU pushes none, then enters [`super::cpu::trap`]).
+    /// when the CPU pushes none, then enters [`crate::trap`]).
     pub static exception_stubs: [u64; 32];
     /// Device interrupt: counts in [`DEVICE_IRQS`], EOI, return.
     pub fn irq_device();
@@ -228,16 +227,16 @@ msix_stubs:
     EACH_MSIX MSIX_STUB_ADDRESS, 0, {msix_vectors}
     .noaltmacro
 "#,
-    kmain = sym super::kmain,
-    trap = sym super::cpu::trap,
+    kmain = sym crate::kmain,
+    trap = sym crate::trap,
     boot_stack = sym super::BOOT_STACK,
     boot_stack_size = const super::BOOT_STACK_SIZE,
     device_irqs = sym DEVICE_IRQS,
     msix_irqs = sym MSIX_IRQS,
     msix_vectors = const super::MSIX_VECTORS,
     ticks = sym TICKS,
-    user_ds = const super::cpu::USER_DS | 3,
-    user_cs = const super::cpu::USER_CS | 3,
+    user_ds = const super::USER_DS | 3,
+    user_cs = const super::USER_CS | 3,
 );
 
 // The kernel selectors are used by the Rust side; referenced here so a change of layout is

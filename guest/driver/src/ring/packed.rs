@@ -783,5 +783,4 @@ impl<Tok: Copy> PackedRing<Tok> {
 }
 
 #[cfg(test)]
-#[path = "packed/tests.rs"]
 mod tests;

@@ -9,26 +9,12 @@ use std::vec::Vec;
 use super::hal::TestHal;
 use super::packed::DevPackedQueue;
 use super::transport::{Regs, TestTransport};
+use super::Desc;
 use crate::features::{F_RING_PACKED, NET_F_MRG_RXBUF, RING_F_EVENT_IDX};
 use crate::hal::PhysAddr;
 use crate::transport::{status, INT_USED_BUFFER};
 
 const F_NEXT: u16 = 1;
-const F_WRITE: u16 = 2;
-
-/// One descriptor as the device reads it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct Desc {
-    pub(crate) addr: u64,
-    pub(crate) len: u32,
-    pub(crate) flags: u16,
-}
-
-impl Desc {
-    pub(crate) fn writable(&self) -> bool {
-        self.flags & F_WRITE != 0
-    }
-}
 
 /// A chain the device popped.
 #[derive(Clone, Debug)]

@@ -13,3 +13,20 @@ pub(crate) use device::{
 };
 pub(crate) use hal::TestHal;
 pub(crate) use transport::{Regs, TestTransport};
+
+/// VIRTQ_DESC_F_WRITE, the same bit in split and packed descriptors.
+const F_WRITE: u16 = 2;
+
+/// One descriptor as the device reads it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Desc {
+    pub(crate) addr: u64,
+    pub(crate) len: u32,
+    pub(crate) flags: u16,
+}
+
+impl Desc {
+    pub(crate) fn writable(&self) -> bool {
+        self.flags & F_WRITE != 0
+    }
+}

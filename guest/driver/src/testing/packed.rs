@@ -8,8 +8,8 @@
 use std::sync::atomic::{fence, Ordering};
 use std::vec::Vec;
 
-use super::device::Desc;
 use super::hal::TestHal;
+use super::Desc;
 use crate::hal::PhysAddr;
 
 const F_NEXT: u16 = 1;
