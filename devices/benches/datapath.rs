@@ -59,16 +59,14 @@ use devices::backend::{
 };
 use devices::iovec::IovecList;
 use devices::test_utils::link::{link_up, PacketSocket};
-use devices::test_utils::packed::GuestPackedQueue;
+use devices::test_utils::packed::{advance, GuestPackedQueue};
 use devices::test_utils::queue::{GuestQueue, NEXT, WRITE};
 use devices::virtio::net::metrics::{RxCounters, TxCounters};
 use devices::virtio::net::rx::{RX_GATHER_BYTES, RX_GATHER_NO_GSO_BYTES};
 use devices::virtio::net::{
     BucketConfig, RateLimiterConfig, RxMode, RxQueue, TxQueue, VNET_HDR_LEN,
 };
-use devices::virtio::packed::{
-    PackedLayout, PackedVirtqueue, DESC_F_AVAIL, DESC_F_USED, EVENT_FLAG_DESC, EVENT_WRAP_BIT,
-};
+use devices::virtio::packed::{PackedLayout, PackedVirtqueue, EVENT_FLAG_DESC, EVENT_WRAP_BIT};
 use devices::virtio::ring::AnyRing;
 use devices::virtio::vring::Virtqueue;
 use std::os::fd::AsRawFd;
@@ -175,15 +173,13 @@ fn rx_full<D: BenchDriver>(mut d: D, mode: RxMode, gather: u64) -> (D, RxQueue) 
 /// The driver side of one split queue in guest memory: fixed chains, made available in turn.
 ///
 /// The avail ring is written as a guest driver writes it: a store per entry and a release
-/// store of the index, through a host pointer resolved once. (Through `GuestQueue`, i.e.
-/// vm-memory's generic per-access path, publishing cost ~30 ns per call at one frame per call,
-/// which the tx rows used to charge to the device.)
+/// store of the index, through a host pointer resolved once ([`GuestQueue::push_avail`],
+/// [`GuestQueue::publish_avail`]; vm-memory's generic per-access path would cost ~30 ns per
+/// call at one frame per call, which the tx rows would charge to the device).
 struct Driver {
     q: GuestQueue,
-    /// Host address of the avail ring (`AVAIL_AT`), inside `q`'s memory.
-    avail: *mut u8,
-    size: u16,
-    avail_idx: u16,
+    /// Host address of guest address 0 of `q`'s memory.
+    host: *mut u8,
     /// Chain heads, in the order they are made available.
     heads: Vec<u16>,
     next_head: usize,
@@ -194,32 +190,20 @@ impl Driver {
     /// A queue of `size` entries holding the chains `chains` builds in its memory.
     fn new(size: u16, chains: impl FnOnce(&GuestMemoryMmap) -> Vec<Vec<Buf>>) -> Driver {
         let (mem, host) = bench_memory();
-        let q = GuestQueue::with_rings(&mem, size, (DESC_AT, AVAIL_AT, USED_AT), BUFS_AT);
-        let mut d = Driver {
+        let mut q = GuestQueue::with_rings(&mem, size, (DESC_AT, AVAIL_AT, USED_AT), BUFS_AT);
+        let heads = chains(&mem).iter().map(|c| q.write_chain(c)).collect();
+        Driver {
             q,
-            avail: host.wrapping_add(AVAIL_AT as usize),
-            size,
-            avail_idx: 0,
-            heads: Vec::new(),
+            host,
+            heads,
             next_head: 0,
             used_seen: 0,
-        };
-        for chain in chains(&mem) {
-            let first = d.q.next_slot();
-            let descs: Vec<_> = (0u16..)
-                .zip(&chain)
-                .map(|(i, &(addr, len, flags))| {
-                    if i + 1 < chain.len() as u16 {
-                        (addr, len, flags | NEXT, first + i + 1)
-                    } else {
-                        (addr, len, flags, 0)
-                    }
-                })
-                .collect();
-            let head = d.q.write_descs(&descs)[0];
-            d.heads.push(head);
         }
-        d
+    }
+
+    /// Host address of the avail ring.
+    fn avail(&self) -> *mut u8 {
+        self.host.wrapping_add(AVAIL_AT as usize)
     }
 
     fn mem(&self) -> &GuestMemoryMmap {
@@ -242,30 +226,12 @@ impl Driver {
         q
     }
 
-    /// Writes the next avail entry (seen by the device once [`Driver::publish_idx`] runs).
-    fn push_avail(&mut self, head: u16) {
-        let slot = 4 + 2 * usize::from(self.avail_idx % self.size);
-        // SAFETY: `avail` is the host address of the 6 + 2·size-byte avail ring inside the
-        // mapped memory `q` holds (so it outlives `self`), 2-aligned (AVAIL_AT); `slot + 2 ≤
-        // 4 + 2·size`. The device reads the ring only inside `process` calls, on this thread.
-        unsafe { std::ptr::write_volatile(self.avail.add(slot).cast::<u16>(), head.to_le()) };
-        self.avail_idx = self.avail_idx.wrapping_add(1);
-    }
-
-    /// Publishes the entries pushed so far: a release store of the avail index.
-    fn publish_idx(&self) {
-        // SAFETY: as in `push_avail`; offset 2 is the 2-aligned u16 `idx`, and guest memory is
-        // plain shared memory, valid for atomic access.
-        let idx = unsafe { AtomicU16::from_ptr(self.avail.add(2).cast()) };
-        idx.store(self.avail_idx.to_le(), Ordering::Release);
-    }
-
     /// Makes `heads` available.
     fn publish_heads(&mut self, heads: &[u16]) {
         for &head in heads {
-            self.push_avail(head);
+            self.q.push_avail(head);
         }
-        self.publish_idx();
+        self.q.publish_avail();
     }
 }
 
@@ -281,9 +247,9 @@ impl BenchDriver for Driver {
         for _ in 0..n {
             let head = self.heads[self.next_head];
             self.next_head = (self.next_head + 1) % self.heads.len();
-            self.push_avail(head);
+            self.q.push_avail(head);
         }
-        self.publish_idx();
+        self.q.publish_avail();
     }
 
     fn fill(&mut self) {
@@ -309,17 +275,16 @@ impl BenchDriver for Driver {
 /// `AVAIL_AT`, the device's at `USED_AT`): the same fixed chains, chain `c` with buffer id `c`,
 /// made available in turn.
 ///
-/// The ring is written as a guest driver writes it, through a host pointer resolved once: each
-/// chain's descriptors in place from the avail position, with the AVAIL/USED bits of the
-/// driver's wrap counter (flipped at each wrap), the first descriptor's flags last with a
-/// release store. Before writing, it takes back what the device returned, reading used
-/// descriptors from its used position (under IN_ORDER one returns every chain up to its id), as
+/// The ring is written as a guest driver writes it, through a host pointer resolved once
+/// ([`GuestPackedQueue::write_at`]): each chain's descriptors in place from the avail position,
+/// with the AVAIL/USED bits of the driver's wrap counter (flipped at each wrap), the first
+/// descriptor's flags last with a release store. Before writing, it takes back what the device
+/// returned, reading used descriptors from its used position
+/// ([`GuestPackedQueue::used_id_at`]; under IN_ORDER one returns every chain up to its id), as
 /// a packed driver must before it reuses their slots. Its positions stay in registers while it
 /// works (`PackedDriver::push_next`, `PackedDriver::reclaim`), as a driver's do.
 struct PackedDriver {
     q: GuestPackedQueue,
-    /// Host address of the descriptor ring (`DESC_AT`), inside `q`'s memory.
-    ring: *mut u8,
     size: u16,
     /// Where the next chain goes: (offset, the driver's wrap counter).
     avail: (u16, bool),
@@ -334,22 +299,11 @@ struct PackedDriver {
     outstanding: u16,
 }
 
-/// Ring position `pos` (offset, wrap counter) `n ≤ size` descriptors further.
-#[inline(always)]
-fn advance((offset, wrap): (u16, bool), n: u16, size: u16) -> (u16, bool) {
-    let next = u32::from(offset) + u32::from(n);
-    if next >= u32::from(size) {
-        ((next - u32::from(size)) as u16, !wrap)
-    } else {
-        (next as u16, wrap)
-    }
-}
-
 impl PackedDriver {
     /// A queue of `size` descriptors holding the chains `chains` builds in its memory (all of
     /// one length).
     fn new(size: u16, chains: impl FnOnce(&GuestMemoryMmap) -> Vec<Vec<Buf>>) -> PackedDriver {
-        let (mem, host) = bench_memory();
+        let (mem, _) = bench_memory();
         let layout = PackedLayout {
             size,
             desc: DESC_AT,
@@ -365,7 +319,6 @@ impl PackedDriver {
         assert!(chains.iter().all(|c| c.len() == usize::from(per_chain)));
         PackedDriver {
             q,
-            ring: host.wrapping_add(DESC_AT as usize),
             size,
             avail: (0, true),
             used: (0, true),
@@ -390,40 +343,19 @@ impl PackedDriver {
     /// Makes the next `n` chains available: each written from the avail position, its head's
     /// flags stored last (release).
     fn push_next(&mut self, n: usize) {
-        let (ring, size, per) = (self.ring, self.size, usize::from(self.per_chain));
+        let (size, per) = (self.size, usize::from(self.per_chain));
         let total = usize::from(self.outstanding) + n;
+        // The slots are free: at most `size` descriptors are out, and the device returned the
+        // others (`reclaim`).
         assert!(total * per <= usize::from(size), "packed ring full");
         let (mut at, mut c) = (self.avail, self.next_chain);
         for _ in 0..n {
-            let head = at;
-            let mut head_flags = 0;
-            for (i, &(addr, len, flags)) in
-                self.bufs[usize::from(c) * per..][..per].iter().enumerate()
-            {
+            let bufs = &self.bufs[usize::from(c) * per..][..per];
+            let descs = bufs.iter().enumerate().map(|(i, &(addr, len, flags))| {
                 let next = if i + 1 < per { NEXT } else { 0 };
-                let flags = (flags | next | GuestPackedQueue::avail_bits(at.1)).to_le();
-                let p = ring.wrapping_add(16 * usize::from(at.0));
-                // SAFETY: `p` is descriptor `at.0 < size` of the 16·size-byte ring, 16-aligned
-                // (DESC_AT), inside the mapped memory `q` holds (so it outlives `self`). The
-                // slot is free (at most `size` descriptors are out, asserted above, and the
-                // device returned the others: `reclaim`); the device reads it again only after
-                // the head's release store below, inside `process` calls on this thread.
-                unsafe {
-                    std::ptr::write_volatile(p.cast::<u64>(), addr.to_le());
-                    std::ptr::write_volatile(p.add(8).cast::<u32>(), len.to_le());
-                    std::ptr::write_volatile(p.add(12).cast::<u16>(), c.to_le());
-                    if i > 0 {
-                        std::ptr::write_volatile(p.add(14).cast::<u16>(), flags);
-                    } else {
-                        head_flags = flags;
-                    }
-                }
-                at = advance(at, 1, size);
-            }
-            let p = ring.wrapping_add(16 * usize::from(head.0) + 14);
-            // SAFETY: the head's 2-aligned flags, inside the ring as above; guest memory is
-            // plain shared memory, valid for atomic access.
-            unsafe { AtomicU16::from_ptr(p.cast()) }.store(head_flags, Ordering::Release);
+                (addr, len, c, flags | next)
+            });
+            at = self.q.write_at(at, descs);
             c = if c + 1 == self.chains { 0 } else { c + 1 };
         }
         (self.avail, self.next_chain) = (at, c);
@@ -434,25 +366,13 @@ impl PackedDriver {
     /// (flags with acquire, then the id), each returning every outstanding chain up to its id
     /// (one, unless IN_ORDER batched them). Returns how many chains.
     fn reclaim(&mut self) -> usize {
-        let (ring, size, chains) = (self.ring, self.size, self.chains);
+        let (size, chains) = (self.size, self.chains);
         let (mut used, mut left) = (self.used, self.outstanding);
         let mut oldest = (self.next_chain + chains - left) % chains;
         while left > 0 {
-            let p = ring.wrapping_add(16 * usize::from(used.0));
-            let bits = if used.1 {
-                DESC_F_AVAIL | DESC_F_USED
-            } else {
-                0
-            };
-            // SAFETY: the 2-aligned flags of descriptor `used.0 < size`, inside the ring (see
-            // `push_next`); guest memory is plain shared memory, valid for atomic access.
-            let flags = unsafe { AtomicU16::from_ptr(p.add(14).cast()) }.load(Ordering::Acquire);
-            if u16::from_le(flags) & (DESC_F_AVAIL | DESC_F_USED) != bits {
+            let Some(id) = self.q.used_id_at(used) else {
                 break;
-            }
-            // SAFETY: the descriptor's 2-aligned id, inside the ring; the device wrote it
-            // before the flags loaded with acquire above.
-            let id = u16::from_le(unsafe { std::ptr::read_volatile(p.add(12).cast::<u16>()) });
+            };
             // Chains up to `id`: one, unless IN_ORDER batched them. One is a branch (predicted)
             // around a call, so the next used position does not wait for the load of `id`.
             let back = if id == oldest {
@@ -547,7 +467,7 @@ fn frame_lists<'a>(
 /// `n` buffers of `stride` bytes from guest address `BUFS_AT` of `d`'s memory: where the tx
 /// chains' frames and the rx chains' buffers are.
 fn guest_bufs(d: &Driver, n: usize, stride: usize) -> impl Iterator<Item = &mut [u8]> {
-    let host = d.avail.wrapping_sub(AVAIL_AT as usize);
+    let host = d.host;
     (0..n).map(move |i| {
         let at = BUFS_AT as usize + i * stride;
         // SAFETY: `host` is the host address of guest address 0 of `d`'s one region (32 MiB,
@@ -606,14 +526,14 @@ struct Floor {
 impl Floor {
     /// Over `d`'s rings, from where the driver is (nothing pending, every used entry returned).
     fn new(d: &Driver, tap: &Tap) -> Floor {
-        let host = d.avail.wrapping_sub(AVAIL_AT as usize);
+        let host = d.host;
         Floor {
             desc: host.wrapping_add(DESC_AT as usize),
-            avail: d.avail,
+            avail: d.avail(),
             used: host.wrapping_add(USED_AT as usize),
             host,
-            size: d.size,
-            next_avail: d.avail_idx,
+            size: d.q.size(),
+            next_avail: d.q.avail_idx(),
             next_used: d.q.used_idx(),
             fd: tap.as_raw_fd(),
         }
@@ -922,15 +842,15 @@ fn run_tx_remote(
         used: usize,
         host: usize,
     }
-    let host = d.avail.wrapping_sub(AVAIL_AT as usize);
+    let host = d.host;
     let ring = Ring {
-        avail: d.avail as usize,
+        avail: d.avail() as usize,
         used: host.wrapping_add(USED_AT as usize) as usize,
         host: host as usize,
     };
-    let (size, chains) = (d.size, d.heads.len());
+    let (size, chains) = (d.q.size(), d.heads.len());
     let lead = lead.min(chains);
-    let (heads, first_head, first_avail) = (&d.heads, d.next_head, d.avail_idx);
+    let (heads, first_head, first_avail) = (&d.heads, d.next_head, d.q.avail_idx());
     let used_start = d.q.used_idx();
     let len = frame.len();
     let ns = std::thread::scope(|scope| {
@@ -968,8 +888,9 @@ fn run_tx_remote(
                 let desc = ring.host + DESC_AT as usize + 16 * usize::from(head);
                 let slot = ring.avail + 4 + 2 * usize::from(avail % size);
                 // SAFETY: the chain's descriptor, its 2 KiB buffer and the avail slot lie
-                // inside the region (see `Driver::tx`, `push_avail`); the sender returned this
-                // chain (acquire above) and reads it again only after the release store below.
+                // inside the region (see `Driver::tx`, `GuestQueue::push_avail`); the sender
+                // returned this chain (acquire above) and reads it again only after the release
+                // store below.
                 unsafe {
                     std::ptr::write_volatile(desc as *mut u64, (buf as u64).to_le());
                     std::ptr::write_volatile((desc + 8) as *mut u32, (len as u32).to_le());
@@ -1013,7 +934,7 @@ fn run_tx_remote(
         start.elapsed().as_nanos() as f64 / frames as f64
     });
     d.next_head = (first_head + frames) % chains;
-    d.avail_idx = first_avail.wrapping_add(frames as u16);
+    d.q.set_avail_idx(first_avail.wrapping_add(frames as u16));
     ns
 }
 

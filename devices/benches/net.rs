@@ -26,48 +26,32 @@ const BUFS_AT: u64 = 0x10_0000;
 const FRAME_LENS: [usize; 2] = [64, 1500];
 const BATCHES: [u64; 2] = [32, 1];
 
-/// The driver side of one split queue: slot `i` always describes buffer `i`.
-struct Ring {
-    q: GuestQueue,
+/// The driver side of one split queue whose slot `i` always describes buffer `i`: device-readable
+/// buffers of `frame_len` + header (tx) or device-writable buffers of [`BUF_LEN`] bytes (rx),
+/// re-posted in turn ([`GuestQueue::publish_slots`]).
+fn fixed_ring(frame_len: Option<usize>) -> GuestQueue {
+    let mem = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 0x100_0000)]).expect("memory");
+    let mut q = GuestQueue::new(&mem, QUEUE_SIZE);
+    for i in 0..u64::from(QUEUE_SIZE) {
+        let buf = BUFS_AT + i * BUF_LEN;
+        let (len, flags) = match frame_len {
+            Some(len) => {
+                let bytes: Vec<u8> = (0..VNET_HDR_LEN + len).map(|b| b as u8).collect();
+                mem.write_slice(&bytes, GuestAddress(buf)).expect("buffer");
+                (bytes.len() as u32, 0)
+            }
+            None => (BUF_LEN as u32, WRITE),
+        };
+        q.write_descs(&[(buf, len, flags, 0)]);
+    }
+    q
 }
 
-impl Ring {
-    /// A queue whose descriptors are device-readable buffers of `frame_len` + header (tx) or
-    /// device-writable buffers of [`BUF_LEN`] bytes (rx).
-    fn new(frame_len: Option<usize>) -> Ring {
-        let mem = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 0x100_0000)]).expect("memory");
-        let mut q = GuestQueue::new(&mem, QUEUE_SIZE);
-        for i in 0..u64::from(QUEUE_SIZE) {
-            let buf = BUFS_AT + i * BUF_LEN;
-            let (len, flags) = match frame_len {
-                Some(len) => {
-                    let bytes: Vec<u8> = (0..VNET_HDR_LEN + len).map(|b| b as u8).collect();
-                    mem.write_slice(&bytes, GuestAddress(buf)).expect("buffer");
-                    (bytes.len() as u32, 0)
-                }
-                None => (BUF_LEN as u32, WRITE),
-            };
-            q.write_descs(&[(buf, len, flags, 0)]);
-        }
-        Ring { q }
-    }
-
-    fn mem(&self) -> &GuestMemoryMmap {
-        self.q.mem()
-    }
-
-    fn queue(&self) -> Queue {
-        let mut queue = self.q.queue();
-        queue.set_event_idx(true);
-        queue
-    }
-
-    /// Makes the next `n` slots available.
-    fn publish(&mut self, n: u64) {
-        let first = self.q.avail_idx();
-        self.q
-            .publish_all((0..n as u16).map(|k| first.wrapping_add(k) % QUEUE_SIZE));
-    }
+/// The device's view of `ring`, with EVENT_IDX.
+fn device_queue(ring: &GuestQueue) -> Queue {
+    let mut queue = ring.queue();
+    queue.set_event_idx(true);
+    queue
 }
 
 /// `iters` frames in calls of at most `batch`: `call(n)` prepares `n` frames, runs the call
@@ -96,14 +80,14 @@ fn bench_tx(c: &mut Criterion) {
         for batch in BATCHES {
             let id = BenchmarkId::new(format!("batch{batch}"), format!("{frame_len}B"));
             group.bench_function(id, |b| {
-                let mut ring = Ring::new(Some(frame_len));
+                let mut ring = fixed_ring(Some(frame_len));
                 let mut txq =
-                    TxQueue::new(Virtqueue::new(&ring.queue(), ring.mem()).expect("ring"));
+                    TxQueue::new(Virtqueue::new(&device_queue(&ring), ring.mem()).expect("ring"));
                 let (mut backend, peer) = PairBackend::new().expect("socketpair");
                 let mut counters = TxCounters::default();
                 b.iter_custom(|iters| {
                     in_batches(iters, batch, |n| {
-                        ring.publish(n);
+                        ring.publish_slots(n as u16);
                         let start = Instant::now();
                         txq.process(&mut backend, &mut counters).expect("ring ok");
                         let timed = start.elapsed();
@@ -126,14 +110,14 @@ fn bench_rx(c: &mut Criterion) {
         for batch in BATCHES {
             let id = BenchmarkId::new(format!("batch{batch}"), format!("{frame_len}B"));
             group.bench_function(id, |b| {
-                let mut ring = Ring::new(None);
-                let vq = Virtqueue::new(&ring.queue(), ring.mem()).expect("ring");
+                let mut ring = fixed_ring(None);
+                let vq = Virtqueue::new(&device_queue(&ring), ring.mem()).expect("ring");
                 let mut rxq = RxQueue::new(vq, RxMode::Mergeable, RX_GATHER_BYTES);
                 let (mut backend, peer) = PairBackend::new().expect("socketpair");
                 let mut counters = RxCounters::default();
                 b.iter_custom(|iters| {
                     in_batches(iters, batch, |n| {
-                        ring.publish(n);
+                        ring.publish_slots(n as u16);
                         for _ in 0..n {
                             peer.send_frame(&wire).expect("send");
                         }

@@ -448,7 +448,7 @@ fn reference_pop(
 ) -> Result<Option<(u16, u16)>, ()> {
     let flags = |offset: u16| read_u16(mem, layout.desc + 16 * u64::from(offset) + 14);
     let head = flags(at.0);
-    let available = (head & P_AVAIL != 0) == at.1 && (head & P_USED != 0) != at.1;
+    let available = (head & DESC_F_AVAIL != 0) == at.1 && (head & DESC_F_USED != 0) != at.1;
     if room == 0 || !available {
         return Ok(None);
     }

@@ -85,8 +85,7 @@ fn raw(d: &Desc) -> [u8; 16] {
 
 /// Ring descriptors from `from` forward to `to`.
 fn distance(from: Position, to: Position, size: u16) -> u32 {
-    let linear = |p: Position| u32::from(p.offset) + if p.wrap { 0 } else { u32::from(size) };
-    (linear(to) + 2 * u32::from(size) - linear(from)) % (2 * u32::from(size))
+    common::distance((from.offset, from.wrap), (to.offset, to.wrap), size)
 }
 
 fuzz_target!(|input: Input| {

@@ -665,10 +665,9 @@ impl PackedRings {
                 };
                 let side = |base: u64, writes: bool, chains: &[ChainSpec], buf: (u64, u64)| {
                     let layout = packed_layout(base, size);
-                    let mut driver =
-                        PackedDriver::new(mem, layout.desc, size, writes, chains, buf.0, buf.1);
+                    let mut driver = PackedDriver::new(mem, layout, writes, chains, buf.0, buf.1);
                     let published = if writes { rx_published } else { tx_published };
-                    driver.publish(mem, published % (size + 1));
+                    driver.publish(published % (size + 1));
                     PackedSide::new(layout, Some(driver))
                 };
                 (
@@ -925,19 +924,18 @@ impl PackedSide {
         }
         match &mut self.driver {
             Some(driver) => {
-                if let Err(e) = driver.reap(mem, self.in_order) {
+                if let Err(e) = driver.reap(self.in_order) {
                     assert!(!self.clean, "{e}");
                     // A hostile ring: the driver starts over where it is.
-                    driver.used = driver.avail;
-                    driver.in_flight.clear();
+                    driver.q.abandon_in_flight();
                 }
-                driver.publish(mem, n % (size + 1));
+                driver.publish(n % (size + 1));
             }
             None => {
                 for _ in 0..n % (size + 1) {
                     let at = self.layout.desc + 16 * u64::from(self.cursor.0) + 14;
-                    let flags = read_u16(mem, at) & !(P_AVAIL | P_USED);
-                    write_u16(mem, at, flags | avail_bits(self.cursor.1));
+                    let flags = read_u16(mem, at) & !(DESC_F_AVAIL | DESC_F_USED);
+                    write_u16(mem, at, flags | GuestPackedQueue::avail_bits(self.cursor.1));
                     self.cursor = advance(self.cursor, 1, size);
                 }
             }
@@ -984,13 +982,17 @@ impl PackedSide {
             return;
         }
         let driver = self.driver.as_mut().expect("driver");
-        if let Err(e) = driver.reap(mem, self.in_order) {
+        if let Err(e) = driver.reap(self.in_order) {
             panic!("{what}: {e}");
         }
-        assert_eq!(driver.used, pos(after.next_used), "{what}: used positions");
+        assert_eq!(
+            driver.used(),
+            pos(after.next_used),
+            "{what}: used positions"
+        );
         // The device's in-flight descriptors: the driver's oldest outstanding chains.
         let (mut chains, mut descs) = (0, 0u32);
-        for &(_, d) in &driver.in_flight {
+        for &(_, d) in driver.q.in_flight() {
             if descs + u32::from(d) > after.in_flight {
                 break;
             }
@@ -1001,7 +1003,7 @@ impl PackedSide {
             (chains, descs),
             (pooled, after.in_flight),
             "{what}: device in flight {after:?} vs the driver's {:?}",
-            driver.in_flight
+            driver.q.in_flight()
         );
         // Clean ring: this call used at most what was outstanding, less than two laps.
         let used = distance(pos(before.next_used), pos(after.next_used), size);

@@ -2,15 +2,20 @@
 //! descriptor ring and both event suppression areas, makes chains available with the driver's
 //! wrap counter (the first descriptor's flags written last, as Linux does), reads used
 //! descriptors back, writes its event suppression area and decides kicks from the device's as
-//! Linux's `virtqueue_kick_prepare_packed` does.
+//! Linux's `virtqueue_kick_prepare_packed` does. Chains are written and used descriptors found
+//! through the ring's host address, resolved once; [`GuestPackedQueue::write_at`] and
+//! [`GuestPackedQueue::used_id_at`] offer those accesses alone to a driver that keeps its own
+//! positions (a bench's), and [`advance`] and [`distance`] do the position arithmetic.
 //!
-//! It plays the guest driver in tests of the device side ([`crate::virtio::packed`]).
+//! It plays the guest driver in tests, benches and fuzzers of the device side
+//! ([`crate::virtio::packed`]).
 
 use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU16, Ordering};
 
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
-use super::queue::{guest_data_methods, DATA_START};
+use super::queue::{guest_data_methods, host_range, HostPtr, DATA_START};
 use crate::virtio::packed::{
     PackedLayout, DESC_F_AVAIL, DESC_F_USED, EVENT_FLAG_DESC, EVENT_FLAG_DISABLE, EVENT_WRAP_BIT,
 };
@@ -29,11 +34,37 @@ pub struct Used {
     pub flags: u16,
 }
 
+/// A ring position (offset, wrap counter) `n ≤ size` descriptors further.
+#[inline(always)]
+pub fn advance((offset, wrap): (u16, bool), n: u16, size: u16) -> (u16, bool) {
+    let next = u32::from(offset) + u32::from(n);
+    if next >= u32::from(size) {
+        ((next - u32::from(size)) as u16, !wrap)
+    } else {
+        (next as u16, wrap)
+    }
+}
+
+/// Ring descriptors from position `from` forward to `to` (modulo two laps).
+pub fn distance(from: (u16, bool), to: (u16, bool), size: u16) -> u32 {
+    let linear =
+        |(offset, wrap): (u16, bool)| u32::from(offset) + if wrap { 0 } else { u32::from(size) };
+    (linear(to) + 2 * u32::from(size) - linear(from)) % (2 * u32::from(size))
+}
+
 /// The driver's side of one packed queue (it holds a clone of the guest memory handle, which
 /// shares the mappings).
+///
+/// Besides the bookkeeping driver ([`GuestPackedQueue::add_chain`],
+/// [`GuestPackedQueue::take_used`]: buffer ids, positions, chains in flight), it offers the
+/// ring accesses alone at positions the caller keeps ([`GuestPackedQueue::write_at`],
+/// [`GuestPackedQueue::used_id_at`]), through the ring's host address: a driver with its own
+/// accounting (a bench's) pays a guest driver's stores and loads, nothing more.
 pub struct GuestPackedQueue {
     mem: GuestMemoryMmap,
     layout: PackedLayout,
+    /// Host address of the descriptor ring.
+    ring_host: HostPtr,
     next_avail: u16,
     avail_wrap: bool,
     last_used: u16,
@@ -71,9 +102,18 @@ impl GuestPackedQueue {
             mem.write_slice(&[0u8; 4], GuestAddress(area))
                 .expect("event area in memory");
         }
+        Self::over_layout(mem, layout)
+    }
+
+    /// A queue laid out as `layout` over the ring and areas as they are in memory (a driver
+    /// taking over memory a test wrote or patched), from the start position. The descriptor
+    /// ring must be 16-aligned, inside one memory region.
+    pub fn over_layout(mem: &GuestMemoryMmap, layout: PackedLayout) -> Self {
+        assert_eq!(layout.desc % 16, 0, "descriptor ring 16-aligned");
         GuestPackedQueue {
             mem: mem.clone(),
             layout,
+            ring_host: host_range(mem, layout.desc, 16 * usize::from(layout.size)),
             next_avail: 0,
             avail_wrap: true,
             last_used: 0,
@@ -130,6 +170,18 @@ impl GuestPackedQueue {
         self.in_flight.iter().map(|&(_, d)| u32::from(d)).sum()
     }
 
+    /// The chains made available and not seen used, oldest first: (id, ring descriptors).
+    pub fn in_flight(&self) -> &VecDeque<(u16, u16)> {
+        &self.in_flight
+    }
+
+    /// Gives up on the chains in flight (the device broke the ring): the used position moves
+    /// to the avail position; their ids stay taken, as the device may still hold them.
+    pub fn abandon_in_flight(&mut self) {
+        (self.last_used, self.used_wrap) = (self.next_avail, self.avail_wrap);
+        self.in_flight.clear();
+    }
+
     /// The AVAIL/USED bits that make a descriptor available for wrap counter `wrap`.
     pub fn avail_bits(wrap: bool) -> u16 {
         if wrap {
@@ -154,6 +206,16 @@ impl GuestPackedQueue {
         self.write_raw(&descs);
         self.in_flight.push_back((id, bufs.len() as u16));
         id
+    }
+
+    /// [`GuestPackedQueue::add_chain`] as a well-behaved driver does it: none (`None`) when the
+    /// chain does not fit next to the descriptors outstanding or no buffer id is free.
+    pub fn try_add_chain(&mut self, bufs: &[(u64, u32, u16)]) -> Option<u16> {
+        let room = u32::from(self.layout.size) - self.outstanding();
+        if bufs.len() as u32 > room || self.free_ids.is_empty() {
+            return None;
+        }
+        Some(self.add_chain(bufs))
     }
 
     /// Makes a device-readable chain carrying `parts` available; returns the id.
@@ -189,11 +251,21 @@ impl GuestPackedQueue {
     /// Writes `entries` (address, length, flags) as a descriptor table in fresh memory (ids 0);
     /// returns its address.
     pub fn write_table(&mut self, entries: &[(u64, u32, u16)]) -> u64 {
+        let table = self.alloc_zeroed(16 * entries.len());
+        self.write_table_at(table, entries);
+        table
+    }
+
+    /// Writes `entries` (address, length, flags, as they are) as a descriptor table at guest
+    /// address `table` (ids 0).
+    pub fn write_table_at(&self, table: u64, entries: &[(u64, u32, u16)]) {
         let bytes: Vec<u8> = entries
             .iter()
             .flat_map(|&(addr, len, flags)| raw_desc(addr, len, 0, flags))
             .collect();
-        self.alloc(&bytes)
+        self.mem
+            .write_slice(&bytes, GuestAddress(table))
+            .expect("table in memory");
     }
 
     /// Writes raw descriptors (address, length, id, flags) from the next available position,
@@ -202,28 +274,74 @@ impl GuestPackedQueue {
     /// position it started at.
     pub fn write_raw(&mut self, descs: &[(u64, u32, u16, u16)]) -> (u16, bool) {
         let start = (self.next_avail, self.avail_wrap);
-        let mut head_flags = 0;
-        for (i, &(addr, len, id, flags)) in descs.iter().enumerate() {
-            let flags = flags | Self::avail_bits(self.avail_wrap);
-            let at = self.desc_addr(self.next_avail);
-            let mut raw = raw_desc(addr, len, id, flags);
-            if i == 0 {
-                head_flags = flags;
-                raw[14..].copy_from_slice(&self.load_u16(at + 14).to_le_bytes());
-            }
-            self.mem
-                .write_slice(&raw, GuestAddress(at))
-                .expect("descriptor in ring");
-            self.next_avail += 1;
-            if self.next_avail == self.layout.size {
-                self.next_avail = 0;
-                self.avail_wrap = !self.avail_wrap;
-            }
-        }
-        if !descs.is_empty() {
-            self.store_u16(self.desc_addr(start.0) + 14, head_flags);
-        }
+        (self.next_avail, self.avail_wrap) = self.write_at(start, descs.iter().copied());
         start
+    }
+
+    /// Writes `descs` (address, length, id, flags) into the ring from position `start` (the
+    /// AVAIL/USED bits of the wrap counter there added to each one's flags), the first one's
+    /// flags last with a release store, through the ring's host address; returns the position
+    /// after them. The queue's own positions and bookkeeping do not move.
+    #[inline]
+    pub fn write_at(
+        &self,
+        start: (u16, bool),
+        descs: impl IntoIterator<Item = (u64, u32, u16, u16)>,
+    ) -> (u16, bool) {
+        let size = self.layout.size;
+        assert!(start.0 < size, "position inside the ring");
+        let (mut at, mut head, mut head_flags) = (start, true, 0);
+        for (addr, len, id, flags) in descs {
+            let flags = (flags | Self::avail_bits(at.1)).to_le();
+            let p = self.ring_host.0.wrapping_add(16 * usize::from(at.0));
+            // SAFETY: `p` is descriptor `at.0 < size` (asserted for `start`, kept by `advance`)
+            // of the 16·size-byte ring, 16-aligned (`over_layout`), inside one region of the
+            // memory `self.mem` keeps mapped (`host_range`). Guest memory is shared with the
+            // device, hence the volatile stores.
+            unsafe {
+                std::ptr::write_volatile(p.cast::<u64>(), addr.to_le());
+                std::ptr::write_volatile(p.add(8).cast::<u32>(), len.to_le());
+                std::ptr::write_volatile(p.add(12).cast::<u16>(), id.to_le());
+                if head {
+                    head_flags = flags;
+                } else {
+                    std::ptr::write_volatile(p.add(14).cast::<u16>(), flags);
+                }
+            }
+            head = false;
+            at = advance(at, 1, size);
+        }
+        if !head {
+            let p = self
+                .ring_host
+                .0
+                .wrapping_add(16 * usize::from(start.0) + 14);
+            // SAFETY: the head's 2-aligned flags, inside the ring as above; guest memory is
+            // plain shared memory, valid for atomic access.
+            unsafe { AtomicU16::from_ptr(p.cast()) }.store(head_flags, Ordering::Release);
+        }
+        at
+    }
+
+    /// The buffer id of the used descriptor at position `at`, if the device wrote it there
+    /// (AVAIL and USED both equal to the wrap counter): its flags loaded with acquire, then
+    /// the id, through the ring's host address.
+    #[inline(always)]
+    pub fn used_id_at(&self, at: (u16, bool)) -> Option<u16> {
+        assert!(at.0 < self.layout.size, "position inside the ring");
+        let p = self.ring_host.0.wrapping_add(16 * usize::from(at.0));
+        let bits = if at.1 { DESC_F_AVAIL | DESC_F_USED } else { 0 };
+        // SAFETY: the 2-aligned flags of descriptor `at.0 < size`, inside the ring (see
+        // `write_at`); guest memory is plain shared memory, valid for atomic access.
+        let flags = unsafe { AtomicU16::from_ptr(p.add(14).cast()) }.load(Ordering::Acquire);
+        if u16::from_le(flags) & (DESC_F_AVAIL | DESC_F_USED) != bits {
+            return None;
+        }
+        // SAFETY: the descriptor's 2-aligned id, inside the ring; the device wrote it before
+        // the flags loaded with acquire above.
+        Some(u16::from_le(unsafe {
+            std::ptr::read_volatile(p.add(12).cast::<u16>())
+        }))
     }
 
     /// Reads descriptor `offset` of the ring: (address, length, id, flags).
@@ -243,64 +361,52 @@ impl GuestPackedQueue {
     /// The used descriptor at the driver's used position, if the device wrote it (AVAIL and
     /// USED both equal to the driver's used wrap counter); nothing moves.
     pub fn peek_used(&self) -> Option<Used> {
-        let (_, _, id, flags) = self.desc(self.last_used);
-        let avail = flags & DESC_F_AVAIL != 0;
-        let used = flags & DESC_F_USED != 0;
-        if avail != self.used_wrap || used != self.used_wrap {
-            return None;
-        }
-        let (_, len, _, _) = self.desc(self.last_used);
+        let id = self.used_id_at((self.last_used, self.used_wrap))?;
+        let (_, len, _, flags) = self.desc(self.last_used);
         Some(Used { id, len, flags })
     }
 
     /// Takes the next used descriptor: frees its id and moves past the descriptors its chain
     /// occupied. Panics on an id the driver does not have in flight.
     pub fn take_used(&mut self) -> Option<Used> {
-        let used = self.peek_used()?;
-        let at = self
-            .in_flight
-            .iter()
-            .position(|&(id, _)| id == used.id)
-            .expect("used id in flight");
-        let (id, descs) = self.in_flight.remove(at).expect("in flight");
-        self.free_ids.push_back(id);
-        self.advance_used(descs);
-        Some(used)
+        let taken = self.try_take_used(false).expect("used id in flight");
+        taken.map(|(used, _)| used)
     }
 
     /// Takes the next used descriptor under IN_ORDER: every chain made available up to the
     /// one with its id is returned; moves past all their descriptors. Returns the descriptor
     /// and how many chains it returned.
     pub fn take_used_in_order(&mut self) -> Option<(Used, usize)> {
-        let used = self.peek_used()?;
-        let mut chains = 0;
-        let mut descs = 0u32;
-        loop {
-            let (id, d) = self.in_flight.pop_front().expect("used id in flight");
-            self.free_ids.push_back(id);
-            chains += 1;
-            descs += u32::from(d);
-            if id == used.id {
-                break;
-            }
-        }
-        while descs > 0 {
-            let step = descs.min(u32::from(self.layout.size)) as u16;
-            self.advance_used(step);
-            descs -= u32::from(step);
-        }
-        Some((used, chains))
+        self.try_take_used(true).expect("used id in flight")
     }
 
-    fn advance_used(&mut self, descs: u16) {
-        let next = u32::from(self.last_used) + u32::from(descs);
-        let size = u32::from(self.layout.size);
-        if next >= size {
-            self.last_used = (next - size) as u16;
-            self.used_wrap = !self.used_wrap;
+    /// Takes the next used descriptor, if the device wrote one: the chain with its id, or
+    /// under IN_ORDER (`in_order`) every chain made available up to that one, is returned
+    /// (ids freed, the used position past their descriptors). Returns the descriptor and how
+    /// many chains it returned; an id the driver does not have in flight is an error (`Err`
+    /// with the id; nothing moves).
+    pub fn try_take_used(&mut self, in_order: bool) -> Result<Option<(Used, usize)>, u16> {
+        let Some(used) = self.peek_used() else {
+            return Ok(None);
+        };
+        let Some(at) = self.in_flight.iter().position(|&(id, _)| id == used.id) else {
+            return Err(used.id);
+        };
+        let gone: Vec<_> = if in_order {
+            self.in_flight.drain(..=at).collect()
         } else {
-            self.last_used = next as u16;
+            self.in_flight.remove(at).into_iter().collect()
+        };
+        self.free_ids.extend(gone.iter().map(|&(id, _)| id));
+        let mut descs: u32 = gone.iter().map(|&(_, d)| u32::from(d)).sum();
+        let size = self.layout.size;
+        while descs > 0 {
+            let step = descs.min(u32::from(size)) as u16;
+            let pos = advance((self.last_used, self.used_wrap), step, size);
+            (self.last_used, self.used_wrap) = pos;
+            descs -= u32::from(step);
         }
+        Ok(Some((used, gone.len())))
     }
 
     /// Writes the driver event suppression area: off_wrap first, then the flags.

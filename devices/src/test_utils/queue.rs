@@ -1,13 +1,19 @@
 //! The driver's side of a split virtqueue in guest memory: [`GuestQueue`] lays out the
 //! descriptor table, the avail ring and the used ring, builds the device's [`Queue`], writes
-//! descriptors and avail entries (with index wrap-around) and reads the used ring back.
+//! descriptors and avail entries (with index wrap-around) and reads the used ring back. The
+//! avail ring is written through its host address, resolved once, as a guest driver writes it
+//! (a store per entry, a release store of the index): cheap enough for the benches' drivers.
 //!
-//! It plays the guest driver in tests and benches of the device side; it is not the guest
-//! driver crate (`vnet-driver`), which has its own rings.
+//! It plays the guest driver in tests, benches and fuzzers of the device side; it is not the
+//! guest driver crate (`vnet-driver`), which has its own rings.
+
+use std::sync::atomic::{AtomicU16, Ordering};
 
 use virtio_bindings::virtio_ring::{VRING_DESC_F_INDIRECT, VRING_DESC_F_NEXT, VRING_DESC_F_WRITE};
 use virtio_queue::{Queue, QueueT};
-use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
+use vm_memory::{
+    Address, Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion,
+};
 
 /// Guest memory size of [`guest_mem`].
 pub const MEM_SIZE: u64 = 0x80_0000;
@@ -77,6 +83,45 @@ macro_rules! guest_data_methods {
 }
 pub(super) use guest_data_methods;
 
+/// The host address of the `len` bytes of guest memory at `addr`, which must lie inside one
+/// region of `mem` (then they stay mapped as long as a clone of `mem` lives).
+pub(super) fn host_range(mem: &GuestMemoryMmap, addr: u64, len: usize) -> HostPtr {
+    let region = mem.find_region(GuestAddress(addr)).expect("ring in memory");
+    let start = addr - region.start_addr().raw_value();
+    assert!(
+        start + len as u64 <= region.len(),
+        "ring inside one memory region"
+    );
+    let base = region
+        .get_host_address(vm_memory::MemoryRegionAddress(0))
+        .expect("host address");
+    HostPtr(base.wrapping_add(start as usize))
+}
+
+/// A host address inside the guest memory a driver-side queue holds a handle of: resolved
+/// once, so that the driver's hot accesses (the avail ring, the packed descriptor ring) cost a
+/// plain store or load as a guest driver's do, not vm-memory's per-access region lookup.
+#[derive(Clone, Copy)]
+pub(super) struct HostPtr(pub(super) *mut u8);
+
+// SAFETY: the pointer is into a mapping of the guest memory the owning queue holds a handle
+// of (`GuestMemoryMmap` is `Send` and `Sync` and keeps the mapping alive); the queue accesses
+// it only with volatile or atomic operations, as it accesses guest memory anyway.
+unsafe impl Send for HostPtr {}
+// SAFETY: as for `Send`.
+unsafe impl Sync for HostPtr {}
+
+/// The rings of a split queue of `size` entries laid out contiguously from `start`, as
+/// (desc, avail, used): the descriptor table, the avail ring right after it, then the used ring
+/// 4-aligned; none overlapping.
+pub fn split_rings(start: u64, size: u16) -> (u64, u64, u64) {
+    let desc = start;
+    let avail = desc + 16 * u64::from(size);
+    // avail ring: flags, idx, ring[size], used_event; the used ring follows, 4-aligned.
+    let used = (avail + 6 + 2 * u64::from(size) + 3) & !3;
+    (desc, avail, used)
+}
+
 /// One region of [`MEM_SIZE`] bytes at guest address 0.
 pub fn guest_mem() -> GuestMemoryMmap {
     GuestMemoryMmap::from_ranges(&[(GuestAddress(0), MEM_SIZE as usize)]).expect("guest memory")
@@ -89,6 +134,8 @@ pub struct GuestQueue {
     size: u16,
     desc_addr: u64,
     avail_addr: u64,
+    /// Host address of the avail ring.
+    avail_host: HostPtr,
     used_addr: u64,
     next_desc: u16,
     next_data: u64,
@@ -107,11 +154,7 @@ impl GuestQueue {
     /// A queue whose rings are laid out contiguously from `start` (descriptor table, avail
     /// ring, then the used ring 4-aligned), allocating buffers from `data_start`.
     pub fn at(mem: &GuestMemoryMmap, start: GuestAddress, size: u16, data_start: u64) -> Self {
-        let desc = start.0;
-        let avail = desc + 16 * u64::from(size);
-        // avail ring: flags, idx, ring[size], used_event; the used ring follows, 4-aligned.
-        let used = (avail + 6 + 2 * u64::from(size) + 3) & !3;
-        Self::with_rings(mem, size, (desc, avail, used), data_start)
+        Self::with_rings(mem, size, split_rings(start.0, size), data_start)
     }
 
     /// A queue of `size` entries with its rings at (desc, avail, used), allocating buffers from
@@ -128,11 +171,25 @@ impl GuestQueue {
             .expect("avail ring in memory");
         mem.write_slice(&vec![0u8; used_len], GuestAddress(used))
             .expect("used ring in memory");
+        Self::over_rings(mem, size, (desc, avail, used), data_start)
+    }
+
+    /// A queue of `size` entries over rings already at (desc, avail, used), left as they are
+    /// (a driver taking over memory a test wrote or patched); the driver's avail index starts
+    /// at 0. The avail ring must be 2-aligned, inside one memory region.
+    pub fn over_rings(
+        mem: &GuestMemoryMmap,
+        size: u16,
+        (desc, avail, used): (u64, u64, u64),
+        data_start: u64,
+    ) -> Self {
+        assert_eq!(avail % 2, 0, "avail ring 2-aligned");
         GuestQueue {
             mem: mem.clone(),
             size,
             desc_addr: desc,
             avail_addr: avail,
+            avail_host: host_range(mem, avail, 6 + 2 * usize::from(size)),
             used_addr: used,
             next_desc: 0,
             next_data: data_start,
@@ -191,17 +248,49 @@ impl GuestQueue {
             .map(|&(addr, len, flags, next)| {
                 let index = self.next_desc;
                 self.next_desc = (self.next_desc + 1) % self.size;
-                let mut desc = [0u8; 16];
-                desc[..8].copy_from_slice(&addr.to_le_bytes());
-                desc[8..12].copy_from_slice(&len.to_le_bytes());
-                desc[12..14].copy_from_slice(&flags.to_le_bytes());
-                desc[14..].copy_from_slice(&next.to_le_bytes());
+                let desc = split_desc(addr, len, flags, next);
                 self.mem
                     .write_slice(&desc, GuestAddress(self.desc_addr + 16 * u64::from(index)))
                     .expect("descriptor slot");
                 index
             })
             .collect()
+    }
+
+    /// Writes descriptors for `bufs` (address, length, flags) into consecutive free table
+    /// slots, NEXT added to all but the last, each `next` the following slot (the last one's,
+    /// which the device does not follow, one past it); returns the head's slot. Nothing is
+    /// published.
+    pub fn write_chain(&mut self, bufs: &[(u64, u32, u16)]) -> u16 {
+        let first = self.next_desc;
+        let descs: Vec<_> = (0u16..)
+            .zip(bufs)
+            .map(|(i, &(addr, len, flags))| {
+                let next = first.wrapping_add(i + 1);
+                if usize::from(i) + 1 < bufs.len() {
+                    (addr, len, flags | NEXT, next % self.size)
+                } else {
+                    (addr, len, flags, next)
+                }
+            })
+            .collect();
+        self.write_descs(&descs)[0]
+    }
+
+    /// Writes `bufs` (address, length, flags) as an indirect table at guest address `table`
+    /// (NEXT added to all but the last, `next` fields 1, 2, …) and one INDIRECT descriptor
+    /// pointing to it into the next free slot; returns that slot. Nothing is published.
+    pub fn write_indirect(&mut self, table: u64, bufs: &[(u64, u32, u16)]) -> u16 {
+        for (i, &(addr, len, flags)) in (0u16..).zip(bufs) {
+            let last = usize::from(i) + 1 == bufs.len();
+            let flags = if last { flags } else { flags | NEXT };
+            let raw = split_desc(addr, len, flags, i + 1);
+            self.mem
+                .write_slice(&raw, GuestAddress(table + 16 * u64::from(i)))
+                .expect("indirect table in memory");
+        }
+        let len = 16 * bufs.len() as u32;
+        self.write_descs(&[(table, len, INDIRECT, 0)])[0]
     }
 
     /// Puts `head` in the avail ring and publishes it.
@@ -213,13 +302,41 @@ impl GuestQueue {
     /// avail index.
     pub fn publish_all(&mut self, heads: impl IntoIterator<Item = u16>) {
         for head in heads {
-            let slot = self.avail_addr + 4 + 2 * u64::from(self.avail_idx % self.size);
-            self.mem
-                .write_obj(head.to_le(), GuestAddress(slot))
-                .expect("avail entry");
-            self.avail_idx = self.avail_idx.wrapping_add(1);
+            self.push_avail(head);
         }
-        self.store_u16(self.avail_addr + 2, self.avail_idx);
+        self.publish_avail();
+    }
+
+    /// Makes the `n` table slots after the last one published available, in turn (for a
+    /// table whose slot `i` always holds a one-descriptor chain: a driver re-posting fixed
+    /// buffers).
+    pub fn publish_slots(&mut self, n: u16) {
+        let (first, size) = (self.avail_idx, self.size);
+        self.publish_all((0..n).map(|k| first.wrapping_add(k) % size));
+    }
+
+    /// Writes the next avail entry, `head`, without publishing it ([`GuestQueue::publish_avail`]
+    /// does): a plain store through the avail ring's host address.
+    #[inline]
+    pub fn push_avail(&mut self, head: u16) {
+        let slot = 4 + 2 * usize::from(self.avail_idx % self.size);
+        // SAFETY: `avail_host` is the host address of the 6 + 2·size-byte avail ring, inside
+        // one region of the memory `self.mem` keeps mapped (`host_range`), 2-aligned
+        // (`over_rings`); `slot + 2 ≤ 4 + 2·size`. Guest memory is shared with the device,
+        // hence the volatile store.
+        unsafe {
+            std::ptr::write_volatile(self.avail_host.0.add(slot).cast::<u16>(), head.to_le())
+        };
+        self.avail_idx = self.avail_idx.wrapping_add(1);
+    }
+
+    /// Publishes the entries pushed so far: a release store of the avail index.
+    #[inline]
+    pub fn publish_avail(&self) {
+        // SAFETY: as in `push_avail`; offset 2 is the 2-aligned u16 `idx`, and guest memory is
+        // plain shared memory, valid for atomic access.
+        let idx = unsafe { AtomicU16::from_ptr(self.avail_host.0.add(2).cast()) };
+        idx.store(self.avail_idx.to_le(), Ordering::Release);
     }
 
     /// The avail index the driver has published (free-running).
@@ -229,17 +346,8 @@ impl GuestQueue {
 
     /// Publishes a chain of `bufs` (address, length), all with `flags` (0 or WRITE).
     pub fn add_chain(&mut self, bufs: &[(u64, u32)], flags: u16) -> u16 {
-        let first = self.next_desc;
-        let descs: Vec<_> = bufs
-            .iter()
-            .enumerate()
-            .map(|(i, &(addr, len))| {
-                let last = i + 1 == bufs.len();
-                let next = (first + i as u16 + 1) % self.size;
-                (addr, len, if last { flags } else { flags | NEXT }, next)
-            })
-            .collect();
-        let head = self.write_descs(&descs)[0];
+        let bufs: Vec<_> = bufs.iter().map(|&(addr, len)| (addr, len, flags)).collect();
+        let head = self.write_chain(&bufs);
         self.publish(head);
         head
     }
@@ -333,4 +441,10 @@ impl GuestQueue {
     }
 
     guest_data_methods!();
+}
+
+/// A split descriptor's 16 bytes: a packed descriptor's layout, with the flags where the
+/// packed one has its id and `next` where it has its flags.
+fn split_desc(addr: u64, len: u32, flags: u16, next: u16) -> [u8; 16] {
+    super::packed::raw_desc(addr, len, flags, next)
 }
