@@ -458,10 +458,5 @@ impl GuestPackedQueue {
 
 /// A packed descriptor's 16 bytes.
 pub fn raw_desc(addr: u64, len: u32, id: u16, flags: u16) -> [u8; 16] {
-    let mut raw = [0u8; 16];
-    raw[..8].copy_from_slice(&addr.to_le_bytes());
-    raw[8..12].copy_from_slice(&len.to_le_bytes());
-    raw[12..14].copy_from_slice(&id.to_le_bytes());
-    raw[14..].copy_from_slice(&flags.to_le_bytes());
-    raw
+    super::queue::desc_bytes(addr, len, id, flags)
 }

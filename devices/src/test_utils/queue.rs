@@ -446,5 +446,16 @@ impl GuestQueue {
 /// A split descriptor's 16 bytes: a packed descriptor's layout, with the flags where the
 /// packed one has its id and `next` where it has its flags.
 fn split_desc(addr: u64, len: u32, flags: u16, next: u16) -> [u8; 16] {
-    super::packed::raw_desc(addr, len, flags, next)
+    desc_bytes(addr, len, flags, next)
+}
+
+/// A descriptor's 16 bytes: the address, the length, then two 16-bit words (a split
+/// descriptor's flags and `next`, a packed one's id and flags).
+pub(super) fn desc_bytes(addr: u64, len: u32, a: u16, b: u16) -> [u8; 16] {
+    let mut raw = [0u8; 16];
+    raw[..8].copy_from_slice(&addr.to_le_bytes());
+    raw[8..12].copy_from_slice(&len.to_le_bytes());
+    raw[12..14].copy_from_slice(&a.to_le_bytes());
+    raw[14..].copy_from_slice(&b.to_le_bytes());
+    raw
 }
