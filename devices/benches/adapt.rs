@@ -4,7 +4,8 @@
 //! - `idle gap`: what one sleep costs it (while adapting): a count, and for one sleep in
 //!   `GAP_SAMPLE` the two clock reads that time it;
 //! - `round`: the counting a worker round does for it (frames and interrupts added up, the
-//!   interval started if it was stopped), whatever the round's frames.
+//!   interval started if none runs, and in one round in 64 a clock read for its end),
+//!   whatever the round's frames.
 //!
 //! Per frame that is `round / frames per round`, plus `idle gap / frames per wake-up` where
 //! the worker sleeps, plus `observe / frames per interval`.
@@ -66,14 +67,26 @@ fn bench(c: &mut Criterion) {
     });
     group.bench_function("round", |b| {
         let mut seen = Observed::default();
-        let mut started = false;
+        let mut start: Option<Instant> = None;
+        let mut rounds = 0u32;
+        let every = Duration::from_micros(1_000);
         b.iter(|| {
             seen.frames += black_box(32);
             seen.interrupts += black_box(1);
-            if !started && seen.frames > 0 {
-                started = true;
+            // The worker's `ADAPT_CHECK_ROUNDS`: the clock is read for the interval's end
+            // once in 64 rounds (there is no interval timer).
+            rounds = rounds.wrapping_add(1);
+            match start {
+                None if seen.frames > 0 => start = Some(Instant::now()),
+                Some(s) if rounds.is_multiple_of(64) => {
+                    let now = Instant::now();
+                    if now.saturating_duration_since(s) >= every {
+                        start = Some(now);
+                    }
+                }
+                _ => {}
             }
-            black_box((&seen, started));
+            black_box((&seen, start));
         })
     });
     group.finish();

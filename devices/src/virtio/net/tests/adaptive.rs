@@ -62,10 +62,24 @@ fn the_window_grows_to_cover_a_drivers_pauses_and_then_saves_its_kicks() {
         "{changes} changes: a jump, not a doubling at a time (8 → 256 is six moves)"
     );
     assert_eq!(a.coalesce_usecs.get(), 0, "bound 0: no coalescing");
-    // Now the windows catch frames (how many depends on how far a busy machine stretches the
-    // pauses past the window; without adaptation none is caught: no window).
-    paced_driver(&rig, &mut tx, false, 20, Duration::from_micros(200));
-    assert!(rig.metrics.busy_poll.found_work.get() > 0);
+    // Now the windows catch frames. How many depends on how far a busy machine stretches the
+    // pauses past the window: on two cores, with other tests' threads on one, the driver may
+    // share the other with the spinning window and wait for it to end; so up to five rounds.
+    // Without adaptation none is caught: no window.
+    for _ in 0..5 {
+        paced_driver(&rig, &mut tx, false, 20, Duration::from_micros(20));
+        if rig.metrics.busy_poll.found_work.get() > 0 {
+            break;
+        }
+    }
+    assert!(
+        rig.metrics.busy_poll.found_work.get() > 0,
+        "window {} µs, {} polls, {} changes, {} intervals",
+        a.busy_poll_us.get(),
+        rig.metrics.busy_poll.polls.get(),
+        a.busy_poll_changes.get(),
+        a.intervals.get()
+    );
     assert!(a.intervals.get() > 0);
 }
 

@@ -95,12 +95,10 @@ enum Token {
     CtrlKick,
     /// The device sent a command during the run (a per-queue reset or re-enable).
     Command,
-    /// An adaptation interval ended.
-    AdaptTimer,
 }
 
 impl Token {
-    const ALL: [Token; 12] = [
+    const ALL: [Token; 11] = [
         Token::TxKick,
         Token::RxKick,
         Token::Backend,
@@ -112,7 +110,6 @@ impl Token {
         Token::RxThrottle,
         Token::CtrlKick,
         Token::Command,
-        Token::AdaptTimer,
     ];
 
     fn data(self) -> u64 {
@@ -245,8 +242,6 @@ struct ThreadParts {
     tx_throttle: Throttle,
     rx_throttle: Throttle,
     tuning_changed: EventFd,
-    /// Ends each adaptation interval (periodic while adapting and not idle).
-    adapt_timer: TimerFd,
 }
 
 /// A queue stopped by its rate limiter: the timer that ends the stop, and when it began.
@@ -266,7 +261,6 @@ impl ThreadParts {
             command_ready: EventFd::new(EFD_NONBLOCK)?,
             stop: EventFd::new(EFD_NONBLOCK)?,
             timer: nonblocking_timerfd()?,
-            adapt_timer: nonblocking_timerfd()?,
             tx_throttle: Throttle::new()?,
             rx_throttle: Throttle::new()?,
             tuning_changed: tuning
@@ -558,8 +552,11 @@ struct EventLoop<'p, B> {
     adapter: Option<Adapter>,
     /// What the current adaptation interval showed so far.
     seen: Observed,
-    /// When the current adaptation interval began (None: the interval timer is stopped).
+    /// When the current adaptation interval began (None: none runs until frames come).
     interval_start: Option<Instant>,
+    /// Rounds while adapting: the clock is read for the interval's end every
+    /// [`pacing::ADAPT_CHECK_ROUNDS`] of them (where nothing else reads it).
+    rounds: u32,
     /// The last busy-poll window ended with nothing found (the idle gap began before it).
     window_ran_out: bool,
     /// Adapting: when the device last ran out of work (a busy-poll window that ran out
@@ -652,7 +649,6 @@ impl<'p, B: NetBackend> EventLoop<'p, B> {
         }
         // The timers must not fire into the next run.
         let _ = self.parts.timer.clear();
-        let _ = self.parts.adapt_timer.clear();
         self.parts.tx_throttle.reset();
         self.parts.rx_throttle.reset();
         self.backend
@@ -676,7 +672,7 @@ impl<'p, B: NetBackend> EventLoop<'p, B> {
             Err(e) => return Err(WorkerError::Epoll(e)),
         };
         if self.idle_since.is_some() {
-            self.woke(&events[..n]);
+            self.woke(&events[..n])?;
         }
         Ok(Some(n))
     }
@@ -729,7 +725,6 @@ impl<'p, B: NetBackend> EventLoop<'p, B> {
                         self.run_ctrl()?;
                     }
                     Some(Token::Command) => self.commands()?,
-                    Some(Token::AdaptTimer) => self.adapt()?,
                     None => warn!(
                         "virtio-net {}: unknown epoll token {}",
                         self.label,

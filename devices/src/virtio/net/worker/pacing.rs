@@ -73,18 +73,29 @@ pub(super) enum Found {
 /// Shortest throttle timer: a zero duration would disarm a timerfd.
 const MIN_THROTTLE: Duration = Duration::from_micros(1);
 
+/// Worker rounds between two clock readings for the end of an adaptation interval, where
+/// nothing else reads the clock (a flood: ~0.4 ns per round).
+pub(super) const ADAPT_CHECK_ROUNDS: u32 = 64;
+
 impl<'p, B: NetBackend> EventLoop<'p, B> {
     /// End of a round: one interrupt for everything completed (now, or held back by
     /// coalescing until its packet or time bound), counters published once.
     pub(super) fn flush(&mut self) -> Result<(), WorkerError> {
         let completed = [self.rx_counters.frames, self.tx_counters.frames];
         self.seen.frames += completed[RX] + completed[TX];
-        if self.interval_start.is_none() && self.adapter.is_some() && self.seen.frames > 0 {
-            self.start_intervals()?;
-        }
         let moderation = self.moderator.end_round(completed, Instant::now);
         self.apply(moderation)?;
         self.publish();
+        if self.adapter.is_some() {
+            self.rounds = self.rounds.wrapping_add(1);
+            if self.interval_start.is_none() {
+                if self.seen.frames > 0 {
+                    self.interval_start = Some(Instant::now());
+                }
+            } else if self.rounds.is_multiple_of(ADAPT_CHECK_ROUNDS) {
+                self.interval_check(Instant::now())?;
+            }
+        }
         Ok(())
     }
 
@@ -103,7 +114,7 @@ impl<'p, B: NetBackend> EventLoop<'p, B> {
     /// Picks up new knobs; an interrupt held under bounds that no longer apply goes out now,
     /// and a queue stopped by a limiter that changed resumes under the new one.
     pub(super) fn retune(&mut self) -> Result<(), WorkerError> {
-        let tuning = self.follow_adaptive(self.tuning_shared.load())?;
+        let tuning = self.follow_adaptive(self.tuning_shared.load());
         self.tx.set_budget(tuning.tx_budget.into());
         self.rx.set_sparse_reads(tuning.rx_sparse_reads);
         // A parked queue under a window now zero is unparked by the next busy_poll.
@@ -224,6 +235,7 @@ impl<'p, B: NetBackend> EventLoop<'p, B> {
                 return self.unpark_tx();
             }
             let start = Instant::now();
+            self.interval_check(start)?;
             self.poll_counters.polls += 1;
             self.seen.windows += 1;
             let mut spins = 0u32;
@@ -295,10 +307,7 @@ impl<B: NetBackend> EventLoop<'_, B> {
     /// The tuning in force with adaptation applied: starts, re-bounds or stops the adapter as
     /// the operator's `adaptive` says, and puts its choices in place of the fixed
     /// `busy_poll_us` and `interrupt_coalescing`.
-    pub(super) fn follow_adaptive(
-        &mut self,
-        mut tuning: NetTuning,
-    ) -> Result<NetTuning, WorkerError> {
+    pub(super) fn follow_adaptive(&mut self, mut tuning: NetTuning) -> NetTuning {
         let bounds = tuning.adaptive;
         match (&mut self.adapter, bounds.enabled) {
             (None, true) => self.adapter = Some(Adapter::new(bounds)),
@@ -307,7 +316,8 @@ impl<B: NetBackend> EventLoop<'_, B> {
             (Some(_), false) => {
                 self.adapter = None;
                 self.idle_since = None;
-                self.stop_intervals()?;
+                self.interval_start = None;
+                self.seen = Observed::default();
             }
             (None, false) => {}
         }
@@ -316,7 +326,7 @@ impl<B: NetBackend> EventLoop<'_, B> {
             tuning.interrupt_coalescing = adapter.coalescing();
         }
         self.publish_adaptive();
-        Ok(tuning)
+        tuning
     }
 
     /// The operator's side of the coalescing: the adapter's choice while adapting, else the
@@ -367,7 +377,7 @@ impl<B: NetBackend> EventLoop<'_, B> {
 
     /// The worker woke while idle: a wake-up on work (a kick or the backend) ends the idle
     /// gap and tells the adapter how long it was; other wake-ups (timers, the API) do not.
-    pub(super) fn woke(&mut self, events: &[EpollEvent]) {
+    pub(super) fn woke(&mut self, events: &[EpollEvent]) -> Result<(), WorkerError> {
         let on_work = events.iter().any(|e| {
             matches!(
                 Token::from_data(e.data()),
@@ -375,10 +385,11 @@ impl<B: NetBackend> EventLoop<'_, B> {
             )
         });
         let (true, Some(adapter), Some(since)) = (on_work, &self.adapter, self.idle_since) else {
-            return;
+            return Ok(());
         };
         self.idle_since = None;
-        let gap = since.elapsed();
+        let now = Instant::now();
+        let gap = now.saturating_duration_since(since);
         if gap <= Duration::from_micros(adapter.bounds().max_busy_poll_us.into()) {
             self.seen.short_gaps += 1;
             // Within the bound, so within u32 microseconds.
@@ -387,22 +398,36 @@ impl<B: NetBackend> EventLoop<'_, B> {
         } else {
             self.seen.long_gaps += 1;
         }
+        self.interval_check(now)
+    }
+
+    /// Ends the adaptation interval if it is over by `now`, a clock reading the worker took
+    /// anyway (a busy-poll window's start, a timed sleep's end) or one in
+    /// [`ADAPT_CHECK_ROUNDS`] rounds. No timer of its own: a timer's interrupt on the core a
+    /// window polls from would delay the frame it waits for (1 in ~50 round trips of a
+    /// ping-pong at 1 ms intervals, all of its p99); an idle worker has nothing to decide.
+    pub(super) fn interval_check(&mut self, now: Instant) -> Result<(), WorkerError> {
+        let (Some(adapter), Some(start)) = (&self.adapter, self.interval_start) else {
+            return Ok(());
+        };
+        let every = Duration::from_micros(adapter.bounds().interval_us.into());
+        if now.saturating_duration_since(start) < every {
+            return Ok(());
+        }
+        self.end_interval(start, now)
     }
 
     /// An adaptation interval ended: the adapter decides, the worker applies. An interval
-    /// that saw nothing stops the timer until work comes back.
-    pub(super) fn adapt(&mut self) -> Result<(), WorkerError> {
-        match self.parts.adapt_timer.wait() {
-            Ok(_) => {}
-            Err(e) if e.errno() == libc::EAGAIN => return Ok(()),
-            Err(e) => return Err(WorkerError::Timer(io_err(e))),
-        }
-        let (Some(adapter), Some(start)) = (&mut self.adapter, self.interval_start) else {
+    /// that saw nothing starts no other until frames come back.
+    fn end_interval(&mut self, start: Instant, now: Instant) -> Result<(), WorkerError> {
+        let Some(adapter) = &mut self.adapter else {
             return Ok(());
         };
         let mut seen = std::mem::take(&mut self.seen);
-        seen.elapsed_us = u64::try_from(start.elapsed().as_micros()).unwrap_or(u64::MAX);
+        let elapsed = now.saturating_duration_since(start);
+        seen.elapsed_us = u64::try_from(elapsed.as_micros()).unwrap_or(u64::MAX);
         seen.guest_coalesces = self.guest_coalescing != [None, None];
+        let idle = seen.frames == 0 && seen.short_gaps + seen.long_gaps == 0;
         let decision = adapter.observe(seen);
         if let Some(us) = decision.busy_poll_us {
             self.busy_poll = Duration::from_micros(us.into());
@@ -415,40 +440,8 @@ impl<B: NetBackend> EventLoop<'_, B> {
             self.apply(moderation)?;
         }
         self.publish_adaptive();
-        if seen.frames == 0 && seen.short_gaps + seen.long_gaps == 0 {
-            self.stop_intervals()
-        } else {
-            self.interval_start = Some(Instant::now());
-            Ok(())
-        }
-    }
-
-    /// Starts the periodic interval timer (adapting, and work seen).
-    fn start_intervals(&mut self) -> Result<(), WorkerError> {
-        let Some(every) = self
-            .adapter
-            .as_ref()
-            .map(|a| Duration::from_micros(a.bounds().interval_us.into()))
-        else {
-            return Ok(());
-        };
-        self.parts
-            .adapt_timer
-            .reset(every, Some(every))
-            .map_err(|e| WorkerError::Timer(io_err(e)))?;
-        // What the interval saw so far (the idle gap that ended it) stays in it.
-        self.interval_start = Some(Instant::now());
+        self.interval_start = (!idle).then_some(now);
         Ok(())
-    }
-
-    /// Stops the interval timer (idle, or adaptation turned off).
-    fn stop_intervals(&mut self) -> Result<(), WorkerError> {
-        self.interval_start = None;
-        self.seen = Observed::default();
-        self.parts
-            .adapt_timer
-            .clear()
-            .map_err(|e| WorkerError::Timer(io_err(e)))
     }
 
     /// Publishes the adapter's choices (pair 0's) and its counts.

@@ -30,11 +30,10 @@ impl Setup {
         // for commands that run never read (they were answered between runs).
         let _ = parts.stop.read();
         let _ = parts.command_ready.read();
-        for timer in [&mut parts.timer, &mut parts.adapt_timer] {
-            timer
-                .clear()
-                .map_err(|e| ActivateError::EventLoop(io_err(e)))?;
-        }
+        parts
+            .timer
+            .clear()
+            .map_err(|e| ActivateError::EventLoop(io_err(e)))?;
         let enabled = shared.pair == 0 || shared.pair < shared.tuning.active_pairs();
         backend
             .set_queue_enabled(enabled)
@@ -162,6 +161,7 @@ impl<'p, B: NetBackend> EventLoop<'p, B> {
             adapter,
             seen: Observed::default(),
             interval_start: None,
+            rounds: 0,
             window_ran_out: false,
             idle_since: None,
             sleeps: 0,
@@ -223,7 +223,6 @@ impl<'p, B: NetBackend> EventLoop<'p, B> {
             (parts.command_ready.as_raw_fd(), Token::Command),
             (parts.tuning_changed.as_raw_fd(), Token::Tuning),
             (parts.timer.as_raw_fd(), Token::CoalesceTimer),
-            (parts.adapt_timer.as_raw_fd(), Token::AdaptTimer),
             (parts.tx_throttle.timer.as_raw_fd(), Token::TxThrottle),
             (parts.rx_throttle.timer.as_raw_fd(), Token::RxThrottle),
         ] {
