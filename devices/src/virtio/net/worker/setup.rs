@@ -107,14 +107,13 @@ impl<'p, B: NetBackend> EventLoop<'p, B> {
         let Setup {
             epoll,
             ctrl,
-            rx,
+            mut rx,
             tx,
             enabled,
         } = setup;
         let (tuning, adapter) = adapting(shared.tuning.load());
         let mut tx = tx.with_label(shared.label.clone());
         tx.set_budget(tuning.tx_budget.into());
-        let mut rx = rx;
         // The backend fd is polled level-triggered: a frame left queued is reported again.
         rx.set_sparse_reads(tuning.rx_sparse_reads);
         let mut event_loop = EventLoop {
