@@ -202,17 +202,7 @@ pub(super) fn paced_driver<Q: DriverRing>(
             kicks += 1;
         }
         assert_eq!(rig.peer.recv_frame().expect("frame"), out);
-        // The used entry follows the frame closely: waited for without the 1 ms sleeps of
-        // `wait_used`, which would stretch the pause past a device's window.
-        let deadline = Instant::now() + TIMEOUT;
-        let used = loop {
-            match tx.next_used() {
-                Some(used) => break used,
-                None if Instant::now() < deadline => std::thread::yield_now(),
-                None => panic!("no used entry"),
-            }
-        };
-        assert_eq!(used, (u32::from(id), 0));
+        assert_eq!(tx.spin_used(), (u32::from(id), 0));
         std::thread::sleep(pause);
     }
     kicks
