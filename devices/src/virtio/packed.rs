@@ -217,34 +217,70 @@ pub struct Position {
 }
 
 impl Position {
-    /// The starting position of both sides: offset 0, wrap counter 1.
-    const START: Position = Position {
-        offset: 0,
-        wrap: true,
-    };
-
-    /// The position `n` descriptors further (`n ≤ size`), flipping the counter at the end.
+    /// The off_wrap encoding of the position.
     #[inline]
-    fn advance(self, n: u16, size: u16) -> Position {
-        let next = u32::from(self.offset) + u32::from(n);
-        if next >= u32::from(size) {
-            Position {
-                offset: (next - u32::from(size)) as u16,
-                wrap: !self.wrap,
-            }
+    pub fn off_wrap(self) -> u16 {
+        self.offset | if self.wrap { EVENT_WRAP_BIT } else { 0 }
+    }
+}
+
+/// The AVAIL and USED flags together: a wrap counter's bits in a descriptor's flags.
+const WRAP_BITS: u16 = DESC_F_AVAIL | DESC_F_USED;
+
+/// A [`Position`] as the datapath keeps it, in one `u32`: the offset in the low half, the wrap
+/// counter in the high half as the AVAIL and USED bits of a used descriptor written with it
+/// (both set for counter 1, neither for 0). A used descriptor's flags are then those bits, a
+/// descriptor the driver made available with the same counter has them with USED flipped, and
+/// passing the end of the ring flips both: no branch on the counter on the datapath, and a
+/// position moves and compares as one word.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Cursor(u32);
+
+impl Cursor {
+    /// The wrap counter's bits, shifted to the high half.
+    const WRAP: u32 = (WRAP_BITS as u32) << 16;
+
+    /// The starting position of both sides: offset 0, wrap counter 1.
+    const START: Cursor = Cursor(Cursor::WRAP);
+
+    /// The offset in the descriptor ring.
+    #[inline(always)]
+    fn offset(self) -> u16 {
+        self.0 as u16
+    }
+
+    /// The AVAIL and USED bits of a used descriptor written at this position.
+    #[inline(always)]
+    fn bits(self) -> u16 {
+        (self.0 >> 16) as u16
+    }
+
+    /// The position it stands for.
+    #[inline]
+    fn position(self) -> Position {
+        Position {
+            offset: self.offset(),
+            wrap: self.bits() != 0,
+        }
+    }
+
+    /// The cursor `n` descriptors further (`n ≤ size`), flipping the counter at the end.
+    #[inline(always)]
+    fn advance(self, n: u16, size: u16) -> Cursor {
+        // `offset < size ≤ 32768` and `n ≤ size`: the sum stays inside the low half.
+        let next = self.0 + u32::from(n);
+        if next & 0xffff >= u32::from(size) {
+            Cursor((next - u32::from(size)) ^ Cursor::WRAP)
         } else {
-            Position {
-                offset: next as u16,
-                wrap: self.wrap,
-            }
+            Cursor(next)
         }
     }
 
     /// Descriptors from `self` forward to `later`, if `later` is at most a ring ahead.
-    #[inline]
-    fn distance_to(self, later: Position, size: u16) -> u32 {
-        let (from, to) = (u32::from(self.offset), u32::from(later.offset));
-        if self.wrap == later.wrap {
+    #[inline(always)]
+    fn distance_to(self, later: Cursor, size: u16) -> u32 {
+        let (from, to) = (u32::from(self.offset()), u32::from(later.offset()));
+        if self.bits() == later.bits() {
             if to >= from {
                 to - from
             } else {
@@ -256,10 +292,17 @@ impl Position {
         }
     }
 
-    /// The off_wrap encoding of the position.
-    #[inline]
-    pub fn off_wrap(self) -> u16 {
-        self.offset | if self.wrap { EVENT_WRAP_BIT } else { 0 }
+    /// Whether `later` is exactly one ring ahead (same offset, the other wrap counter).
+    #[inline(always)]
+    fn lap_behind(self, later: Cursor) -> bool {
+        self.0 ^ Cursor::WRAP == later.0
+    }
+
+    /// Whether `flags` mark a descriptor available with this cursor's wrap counter: AVAIL equal
+    /// to the counter and USED not (AVAIL alone for 1, USED alone for 0).
+    #[inline(always)]
+    fn sees_avail(self, flags: u16) -> bool {
+        flags & WRAP_BITS == self.bits() ^ DESC_F_USED
     }
 }
 
@@ -268,8 +311,8 @@ impl Position {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ChainHead {
     id: u16,
-    start: Position,
     descs: u16,
+    start: Cursor,
 }
 
 impl Default for ChainHead {
@@ -278,8 +321,8 @@ impl Default for ChainHead {
     fn default() -> ChainHead {
         ChainHead {
             id: 0,
-            start: Position::START,
             descs: 0,
+            start: Cursor::START,
         }
     }
 }
@@ -292,7 +335,7 @@ impl ChainHead {
 
     /// Where the chain starts in the ring.
     pub fn start(&self) -> Position {
-        self.start
+        self.start.position()
     }
 
     /// How many ring descriptors the chain occupies (1 for an indirect chain).
@@ -319,16 +362,12 @@ struct RingState {
     device_event: *mut u8,
     event_idx: bool,
     in_order: bool,
-    next_avail: Position,
-    next_used: Position,
-    /// Ring descriptors popped and not used yet (at most `size`).
-    in_flight: u32,
+    next_avail: Cursor,
+    next_used: Cursor,
     /// `next_used` at the last [`RingOps::publish_used`].
-    published: Position,
+    published: Cursor,
     /// Descriptors used up to `published` since the last interrupt decision.
     unsignalled: u32,
-    /// Descriptors used since the last publication.
-    unpublished: u32,
     /// The first used descriptor since the last publication, whose flags wait for it.
     held: Option<Held>,
     /// What the device event area's flags hold, as last written.
@@ -399,12 +438,10 @@ impl PackedVirtqueue {
                 device_event: hosts[2],
                 event_idx: features & (1 << VIRTIO_RING_F_EVENT_IDX) != 0,
                 in_order: features & (1 << VIRTIO_F_IN_ORDER) != 0,
-                next_avail: Position::START,
-                next_used: Position::START,
-                in_flight: 0,
-                published: Position::START,
+                next_avail: Cursor::START,
+                next_used: Cursor::START,
+                published: Cursor::START,
                 unsignalled: 0,
-                unpublished: 0,
                 held: None,
                 kick_flags: None,
                 fenced: false,
@@ -429,28 +466,28 @@ impl PackedVirtqueue {
 
     /// Where the next available chain starts (driver's wrap counter).
     pub fn next_avail(&self) -> Position {
-        self.ring.next_avail
+        self.ring.next_avail.position()
     }
 
     /// Where the next used descriptor goes (device's wrap counter).
     pub fn next_used(&self) -> Position {
-        self.ring.next_used
+        self.ring.next_used.position()
     }
 
     /// Ring descriptors popped and not used yet.
     pub fn in_flight(&self) -> u32 {
-        self.ring.in_flight
+        self.ring.in_flight()
     }
 
     /// Whether the descriptor at `next_avail` is available: one load and no state change (the
     /// busy-poll's probe).
     #[inline]
     pub fn avail_pending(&self) -> bool {
-        self.ring.in_flight < u32::from(self.ring.descs.size)
-            && is_avail(
-                self.ring.descs.load_flags(self.ring.next_avail.offset),
-                self.ring.next_avail.wrap,
-            )
+        !self.ring.full()
+            && self
+                .ring
+                .next_avail
+                .sees_avail(self.ring.descs.load_flags(self.ring.next_avail.offset()))
     }
 
     /// Guest memory and ring, borrowed apart: iovecs into the former while the latter moves.
@@ -461,24 +498,6 @@ impl PackedVirtqueue {
                 ring: &mut self.ring,
             },
         )
-    }
-}
-
-/// True when `flags` mark a descriptor available for the driver's wrap counter `wrap`.
-#[inline]
-fn is_avail(flags: u16, wrap: bool) -> bool {
-    // AVAIL equal to the counter and USED not: AVAIL alone for 1, USED alone for 0.
-    let expected = if wrap { DESC_F_AVAIL } else { DESC_F_USED };
-    flags & (DESC_F_AVAIL | DESC_F_USED) == expected
-}
-
-/// The AVAIL and USED bits of a used descriptor written with the device's wrap counter `wrap`.
-#[inline(always)]
-fn used_flags(wrap: bool) -> u16 {
-    if wrap {
-        DESC_F_AVAIL | DESC_F_USED
-    } else {
-        0
     }
 }
 
@@ -602,6 +621,19 @@ impl DescRing {
 }
 
 impl RingState {
+    /// Ring descriptors popped and not used yet (at most `size`): the used position trails the
+    /// avail one by exactly those, since each moves only by the chains popped and used.
+    #[inline(always)]
+    fn in_flight(&self) -> u32 {
+        self.next_used.distance_to(self.next_avail, self.descs.size)
+    }
+
+    /// Every descriptor of the ring is in flight: the one at `next_avail` is the device's.
+    #[inline(always)]
+    fn full(&self) -> bool {
+        self.next_used.lap_behind(self.next_avail)
+    }
+
     /// A u16 of an event suppression area: the device's own (`device`) or the driver's; `word`
     /// [`OFF_WRAP`] or [`FLAGS`].
     #[inline]
@@ -633,29 +665,28 @@ impl RingOps<'_> {
     #[inline(always)]
     pub(crate) fn pop_head(&mut self) -> Result<Option<ChainHead>, PackedRingError> {
         let ring = &*self.ring;
-        let (ring_descs, start, in_flight) = (ring.descs, ring.next_avail, ring.in_flight);
+        let (ring_descs, start) = (ring.descs, ring.next_avail);
         let size = ring_descs.size;
-        let room = u32::from(size) - in_flight;
-        if room == 0 {
+        if ring.full() {
             return Ok(None);
         }
-        let flags = ring_descs.load_flags(start.offset);
-        if !is_avail(flags, start.wrap) {
+        let flags = ring_descs.load_flags(start.offset());
+        if !start.sees_avail(flags) {
             return Ok(None);
         }
         // A lone descriptor (every 1-descriptor chain) holds its own id; a chain's end is
         // found from the id-and-flags word of each following descriptor, read once.
         let (id, descs) = if flags & NEXT == 0 {
-            (ring_descs.read_id(start.offset), 1)
+            (ring_descs.read_id(start.offset()), 1)
         } else {
-            ring_descs.chain_end(start.offset, room, in_flight)?
+            let in_flight = ring.in_flight();
+            ring_descs.chain_end(start.offset(), u32::from(size) - in_flight, in_flight)?
         };
         if id >= size {
             return Err(PackedRingError::IdOutOfRange(id));
         }
         self.ring.next_avail = start.advance(descs, size);
-        self.ring.in_flight = in_flight + u32::from(descs);
-        Ok(Some(ChainHead { id, start, descs }))
+        Ok(Some(ChainHead { id, descs, start }))
     }
 
     /// Puts back `head` and every chain popped after it (they are popped again next time).
@@ -665,34 +696,31 @@ impl RingOps<'_> {
         let back = head
             .start
             .distance_to(self.ring.next_avail, self.ring.descs.size);
-        debug_assert!(
-            back <= self.ring.in_flight,
-            "unpop of a chain not in flight"
-        );
-        if back <= self.ring.in_flight {
+        let in_flight = self.ring.in_flight();
+        debug_assert!(back <= in_flight, "unpop of a chain not in flight");
+        if back <= in_flight {
             self.ring.next_avail = head.start;
-            self.ring.in_flight -= back;
         }
     }
 
     /// Whether the descriptor `n − 1` slots after `next_avail` is available (one load): at
     /// least `n` descriptors, hence probably `n` chains, wait to be popped. True for `n` 0;
-    /// false past what the ring can hold with the chains in flight.
+    /// false past what the ring can hold with the chains in flight: such a slot is a chain in
+    /// flight from the lap before, whose flags carry the other wrap counter.
     #[inline]
     pub(crate) fn pending_at_least(&self, n: usize) -> bool {
-        let room = (u32::from(self.ring.descs.size) - self.ring.in_flight) as usize;
         if n == 0 {
             return true;
         }
-        if n > room {
+        if n > usize::from(self.ring.descs.size) {
             return false;
         }
-        // `n − 1 < room ≤ size`.
+        // `n − 1 < size`.
         let at = self
             .ring
             .next_avail
             .advance((n - 1) as u16, self.ring.descs.size);
-        is_avail(self.ring.descs.load_flags(at.offset), at.wrap)
+        at.sees_avail(self.ring.descs.load_flags(at.offset()))
     }
 
     /// Warms the caches for the next chain, if it is available: its first descriptor's buffer
@@ -700,10 +728,10 @@ impl RingOps<'_> {
     #[inline]
     pub(crate) fn prefetch_ahead(&self, guest: &GuestView<'_>) {
         let (ring_descs, next) = (self.ring.descs, self.ring.next_avail);
-        if !is_avail(ring_descs.load_flags(next.offset), next.wrap) {
+        if !next.sees_avail(ring_descs.load_flags(next.offset())) {
             return;
         }
-        let (addr, len) = ring_descs.read_buffer(next.offset);
+        let (addr, len) = ring_descs.read_buffer(next.offset());
         let len = u64::from(len).min(128);
         if let Some(p) = guest.host_range(addr, len.max(1)) {
             prefetch(p);
@@ -719,7 +747,7 @@ impl RingOps<'_> {
     pub(crate) fn prefetch_descriptors(&self, n: u16) {
         let size = self.ring.descs.size;
         let n = n.min(size);
-        let mut offset = self.ring.next_avail.offset;
+        let mut offset = self.ring.next_avail.offset();
         let mut left = n;
         while left > 0 {
             prefetch(self.ring.descs.ptr(offset));
@@ -752,7 +780,7 @@ impl RingOps<'_> {
         let start = iovs.len();
         let mut visited = 0u32;
         let mut total = 0u32;
-        let mut offset = head.start.offset;
+        let mut offset = head.start.offset();
         let mut left = head.descs;
         if left == 0 {
             // Not a popped chain (a placeholder): nothing to walk.
@@ -835,7 +863,7 @@ impl RingOps<'_> {
         visit: &mut F,
     ) -> Result<(), ChainError> {
         let ring_descs = self.ring.descs;
-        let mut offset = head.start.offset;
+        let mut offset = head.start.offset();
         for i in 0..head.descs {
             if i > 0 {
                 offset = ring_descs.next(offset);
@@ -882,7 +910,7 @@ impl RingOps<'_> {
         let descs: u32 = batch.iter().map(|h| u32::from(h.descs)).sum();
         // What is in flight is at most `size` ≤ 32768 descriptors.
         let descs = descs
-            .min(self.ring.in_flight)
+            .min(self.ring.in_flight())
             .min(u32::from(self.ring.descs.size)) as u16;
         self.write_used(last.id, len, descs);
     }
@@ -892,21 +920,22 @@ impl RingOps<'_> {
     /// (`publish_used`): until then the driver, which reads used descriptors in ring order,
     /// stops at it, so each one after it is written whole in one store and the batch needs a
     /// single release.
+    ///
+    /// `descs` are in flight: those of one popped chain, or of a batch counted against what is
+    /// in flight (`add_used_batch`), so the used position never overtakes the avail one.
     #[inline]
     fn write_used(&mut self, id: u16, len: u32, descs: u16) {
         debug_assert!(
-            u32::from(descs) <= self.ring.in_flight,
+            u32::from(descs) <= self.ring.in_flight(),
             "used more than popped"
         );
-        // Never past what was popped: the position cannot overtake the driver's descriptors.
-        let descs = descs.min(self.ring.in_flight as u16);
         if descs == 0 {
             return;
         }
         let (ring_descs, at) = (self.ring.descs, self.ring.next_used);
         // The spec reserves the length of a used descriptor without WRITE.
-        let flags = used_flags(at.wrap) | if len > 0 { WRITE } else { 0 };
-        let p = ring_descs.ptr(at.offset);
+        let flags = at.bits() | if len > 0 { WRITE } else { 0 };
+        let p = ring_descs.ptr(at.offset());
         if self.ring.held.is_none() {
             // SAFETY: `p` is a 16-aligned descriptor inside the ring (desc_ptr): `len` at byte
             // 8 (4-aligned) and `id` at byte 12 (2-aligned) are inside it; guest memory is
@@ -916,7 +945,7 @@ impl RingOps<'_> {
                 ptr::write_volatile(p.add(12).cast::<u16>(), id.to_le());
             }
             self.ring.held = Some(Held {
-                offset: at.offset,
+                offset: at.offset(),
                 flags,
             });
         } else {
@@ -927,8 +956,6 @@ impl RingOps<'_> {
             unsafe { ptr::write_volatile(p.add(8).cast::<u64>(), word.to_le()) };
         }
         self.ring.next_used = at.advance(descs, ring_descs.size);
-        self.ring.in_flight -= u32::from(descs);
-        self.ring.unpublished += u32::from(descs);
     }
 
     /// Closes a burst: hands the used descriptors written since the last publication to the
@@ -946,11 +973,14 @@ impl RingOps<'_> {
             word.store(held.flags.to_le(), Ordering::Release);
             self.ring.fenced = false;
         }
-        self.ring.published = self.ring.next_used;
-        self.ring.unsignalled = self
+        // Used since the last publication: at most a ring's worth (the driver sees none of
+        // them before this, so it cannot have made their descriptors available again).
+        let used = self
             .ring
-            .unsignalled
-            .saturating_add(std::mem::take(&mut self.ring.unpublished));
+            .published
+            .distance_to(self.ring.next_used, self.ring.descs.size);
+        self.ring.published = self.ring.next_used;
+        self.ring.unsignalled = self.ring.unsignalled.saturating_add(used);
     }
 
     /// Decides whether the used descriptors published since the last decision warrant an
@@ -974,7 +1004,12 @@ impl RingOps<'_> {
             EVENT_FLAG_DESC if self.ring.event_idx => {
                 let off_wrap = self.ring.event_word(false, OFF_WRAP);
                 let off_wrap = u16::from_le(off_wrap.load(Ordering::Relaxed));
-                if packed_need_event(off_wrap, self.ring.published, delta, self.ring.descs.size) {
+                if packed_need_event(
+                    off_wrap,
+                    self.ring.published.position(),
+                    delta,
+                    self.ring.descs.size,
+                ) {
                     InterruptDecision::Raise
                 } else {
                     InterruptDecision::SuppressedByEventIdx
@@ -998,7 +1033,7 @@ impl RingOps<'_> {
     /// buffer arrived meanwhile: keep processing.
     pub(crate) fn enable_notification(&mut self) -> bool {
         if self.ring.event_idx {
-            let off_wrap = self.ring.next_avail.off_wrap();
+            let off_wrap = self.ring.next_avail.position().off_wrap();
             self.ring
                 .event_word(true, OFF_WRAP)
                 .store(off_wrap.to_le(), Ordering::Relaxed);
@@ -1015,8 +1050,7 @@ impl RingOps<'_> {
         fence(Ordering::SeqCst);
         self.ring.fenced = true;
         let next = self.ring.next_avail;
-        self.ring.in_flight < u32::from(self.ring.descs.size)
-            && is_avail(self.ring.descs.load_flags(next.offset), next.wrap)
+        !self.ring.full() && next.sees_avail(self.ring.descs.load_flags(next.offset()))
     }
 
     fn store_kick_flags(&mut self, flags: u16) {
