@@ -35,9 +35,12 @@
 //!   fall), back one step and park when it got worse (or the rate has fallen since the climb
 //!   began), park where it stops changing. It moves towards more coalescing only while
 //!   interrupts bring two frames or more but fewer than [`RX_TARGET_FRAMES_PER_IRQ`] (with one,
-//!   a request/response flow, or many, there is nothing to batch). A parking lasts 4 intervals, doubling with each parking up to 256, then
-//!   ends when the load changes; the search then goes towards less coalescing first, as
-//!   Linux's DIM leaves its parking; a rate that moves 2× ends a parking at once.
+//!   a request/response flow, or many, there is nothing to batch). A parking lasts 4
+//!   intervals, doubling with each parking up to 256, then ends when the load changes; the
+//!   search then goes towards less coalescing first, as Linux's DIM leaves its parking. A rate
+//!   that moves 2× ends a parking at once, and the search starts from the interval after:
+//!   the one that saw the change mixes two loads (a trickle after a flood would otherwise
+//!   climb on every switch, each step a control command and a delay to the trickle).
 //!
 //! Without a clock the interval's poll count stands in for its duration (which suits a guest
 //! that polls in a loop); with one ([`crate::VirtioNet::set_adapt_clock`]) rates are per tick.
@@ -403,13 +406,17 @@ impl RxDim {
         let before = self.level;
         match self.search {
             Search::Start => {
-                // Nothing to compare with yet: try more coalescing first (from level 0), if
-                // interrupts carry few frames (otherwise there is nothing to batch).
+                // Nothing to compare with yet: try more coalescing if interrupts carry few
+                // frames, else less if there is any (as Linux's DIM leaves its parking), else
+                // park.
                 self.reference = *curr;
                 self.origin = *curr;
                 if wants_more(curr) {
                     self.search = Search::Moving { dir: Move::Up };
                     self.step(Move::Up, curr);
+                } else if self.level > 0 {
+                    self.search = Search::Moving { dir: Move::Down };
+                    self.step(Move::Down, curr);
                 } else {
                     self.park(curr);
                 }
@@ -439,8 +446,12 @@ impl RxDim {
             },
             Search::Settling => self.park(curr),
             Search::Parked if rate_changed_2x(curr, &self.reference) => {
+                // A new load. The interval that saw the change holds some of each load: the
+                // search starts from the next one, a clean sample of the new load (a
+                // request/response flow that alternates with floods would otherwise climb on
+                // every switch, and every step is a control command and a delay).
                 self.park_next = RX_PARK_INTERVALS;
-                self.leave_parking(self.open_direction(Move::Down), curr);
+                self.search = Search::Start;
             }
             Search::Parked if self.park_left > 0 => self.park_left -= 1,
             Search::Parked => {

@@ -411,3 +411,40 @@ fn noisy_rx_rates_do_not_keep_the_coalescing_search_going() {
     assert!(changes <= 40, "{changes} level changes in 2000 intervals");
     assert_eq!(dim.level(), 0);
 }
+
+#[test]
+fn rx_coalescing_does_not_climb_on_the_switches_of_a_mixed_load() {
+    // Floods whose interrupts already bring 24 frames (the driver polls) alternate with a
+    // request/response trickle every 10 intervals; the interval that sees a switch holds a
+    // quarter of the old load and three quarters of the new one. Neither load wants
+    // coalescing: a search that started from the mixed interval would climb on every switch
+    // to the trickle (two control commands per cycle, and the trickle delayed meanwhile).
+    let flood = RxSample {
+        frames: 3_000,
+        interrupts: 125,
+        elapsed: 1_000_000,
+    };
+    let trickle = RxSample {
+        frames: 100,
+        interrupts: 100,
+        elapsed: 1_000_000,
+    };
+    let mix = |old: &RxSample, new: &RxSample| RxSample {
+        frames: (old.frames + 3 * new.frames) / 4,
+        interrupts: (old.interrupts + 3 * new.interrupts) / 4,
+        elapsed: 1_000_000,
+    };
+    let mut dim = RxDim::new();
+    let mut changes = 0;
+    let mut last = flood;
+    for cycle in 0..40 {
+        let load = if cycle % 2 == 0 { flood } else { trickle };
+        changes += u32::from(dim.observe(&mix(&last, &load)));
+        for _ in 1..10 {
+            changes += u32::from(dim.observe(&load));
+        }
+        last = load;
+    }
+    assert!(changes <= 2, "{changes} level changes over 40 switches");
+    assert_eq!(dim.level(), 0);
+}

@@ -518,3 +518,54 @@ fn the_window_grows_at_once_to_cover_the_longest_short_gap() {
     assert_eq!(grow(&mut a, 0), Some(BUSY_POLL_START_US));
     assert_eq!(grow(&mut a, 0), Some(2 * BUSY_POLL_START_US));
 }
+
+/// What one interval that sees a switch from `old` to `new` shows: a quarter of the old
+/// load's counts and three quarters of the new one's.
+fn switch_interval(old: &Observed, new: &Observed) -> Observed {
+    let mix = |a: u64, b: u64| (a + 3 * b) / 4;
+    Observed {
+        frames: mix(old.frames, new.frames),
+        interrupts: mix(old.interrupts, new.interrupts),
+        short_gaps: mix(old.short_gaps, new.short_gaps),
+        long_gaps: mix(old.long_gaps, new.long_gaps),
+        longest_short_gap_us: old.longest_short_gap_us.max(new.longest_short_gap_us),
+        windows: mix(old.windows, new.windows),
+        windows_found: mix(old.windows_found, new.windows_found),
+        elapsed_us: INTERVAL_US,
+        guest_coalesces: false,
+    }
+}
+
+#[test]
+fn the_switches_of_a_mixed_load_start_no_coalescing_trial() {
+    // Floods whose interrupts already bring 38 frames (the driver polls) alternate with a
+    // ping-pong every 10 intervals. Neither wants coalescing, but the interval that sees a
+    // switch to the ping-pong carries ~15 frames per interrupt at a high interrupt rate: a
+    // trial started from it would hold the ping-pong's interrupts, be undone, and start again
+    // at the next switch once its parking ran out.
+    let flood = Flood {
+        rate: 3_000_000,
+        frames_per_irq: 38.0,
+    };
+    let mut a = Adapter::new(bounds(64, 256));
+    let mut coalescing_changes = 0;
+    let mut last: Option<Observed> = None;
+    for switch in 0..40 {
+        let load: &dyn Workload = if switch % 2 == 0 { &flood } else { &PING_PONG };
+        for i in 0..10 {
+            let bound = a.bounds().max_busy_poll_us;
+            let pure = load.interval(a.busy_poll_us(), a.coalescing(), bound);
+            let seen = match (i, last) {
+                (0, Some(old)) => switch_interval(&old, &pure),
+                _ => pure,
+            };
+            last = Some(pure);
+            coalescing_changes += u32::from(a.observe(seen).coalescing.is_some());
+        }
+    }
+    assert!(
+        coalescing_changes <= 2,
+        "{coalescing_changes} coalescing changes over 40 switches"
+    );
+    assert!(!a.coalescing().is_enabled());
+}
