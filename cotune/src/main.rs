@@ -100,6 +100,10 @@ struct Cli {
     /// Trials per point; the median is reported.
     #[arg(long, global = true, default_value_t = 3)]
     repeat: usize,
+    /// Rounds of the adaptive preset's paired re-run of the best fixed point against
+    /// adaptation (alternated; at least --repeat). More rounds, a steadier paired ratio.
+    #[arg(long, global = true, default_value_t = cotune::sweep::PAIRED_ROUNDS)]
+    paired_rounds: usize,
     /// Ethernet frame size in bytes (overrides each preset's default).
     #[arg(long, global = true)]
     frame_size: Option<usize>,
@@ -183,6 +187,9 @@ fn check_args(cli: &Cli) -> Result<(), String> {
     }
     if cli.repeat == 0 || cli.repeat > 100 {
         return Err("--repeat must be 1..=100".into());
+    }
+    if cli.paired_rounds == 0 || cli.paired_rounds > 100 {
+        return Err("--paired-rounds must be 1..=100".into());
     }
     if let Some(s) = cli.frame_size {
         if !(cotune::frames::MIN_FRAME..=1514).contains(&s) {
@@ -273,6 +280,7 @@ fn options(
         duration: Duration::from_secs_f64(if cli.quick { 0.3 } else { cli.duration }),
         warmup: Duration::from_secs_f64(if cli.quick { 0.1 } else { cli.warmup }),
         repeat: if cli.quick { 1 } else { cli.repeat },
+        paired_rounds: cli.paired_rounds,
         frame_size: cli.frame_size,
         backend,
         own_regimes: cli.backend.is_none(),

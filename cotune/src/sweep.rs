@@ -192,6 +192,8 @@ pub struct Options {
     pub warmup: Duration,
     /// Trials per point (the median is reported).
     pub repeat: usize,
+    /// Rounds of the adaptive preset's paired re-run (at least `repeat`).
+    pub paired_rounds: usize,
     /// Frame size override (Ethernet bytes); presets have their own defaults.
     pub frame_size: Option<usize>,
     /// Co-simulation backend (and the VMs' when it is a measurement backend).
@@ -229,6 +231,7 @@ impl Options {
             duration: Duration::from_millis(100),
             warmup: Duration::ZERO,
             repeat: 1,
+            paired_rounds: PAIRED_ROUNDS,
             frame_size: None,
             backend: BackendKind::Pair,
             own_regimes: true,
@@ -1354,12 +1357,12 @@ pub fn run_preset(
 }
 
 /// Alternated trials of the best fixed point and of adaptation, per target and workload, in
-/// the adaptive preset's paired re-run.
+/// the adaptive preset's paired re-run (`--paired-rounds`' default).
 pub const PAIRED_ROUNDS: usize = 3;
 
 /// The adaptive preset's paired re-run: per target and workload, the grid's best fixed point
 /// and the adaptive point (both sides) again, in alternation (A B, B A, …) over
-/// `max(repeat, PAIRED_ROUNDS)` rounds, each kept as the median trial by the workload's
+/// `max(repeat, paired_rounds)` rounds, each kept as the median trial by the workload's
 /// objective in a row whose setting is `paired:` and the setting re-run. The grid chose the
 /// best point by its own noisy scores; these trials did not take part in the choice.
 fn confirm_adaptive(
@@ -1368,7 +1371,7 @@ fn confirm_adaptive(
     rows: &mut Vec<Row>,
     progress: &mut dyn FnMut(&str),
 ) -> io::Result<()> {
-    let rounds = opts.repeat.max(PAIRED_ROUNDS);
+    let rounds = opts.repeat.max(opts.paired_rounds);
     let mut extra = Vec::new();
     let targets = [
         ("sim", opts.target.sim()),

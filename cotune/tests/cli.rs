@@ -182,6 +182,7 @@ fn bad_arguments_are_refused_with_a_message() {
             &["--target", "vm", "--vm-frames", "5"][..],
             "--vm-frames must be",
         ),
+        (&["--paired-rounds", "0"][..], "--paired-rounds must be"),
         (
             &["--target", "vm", "--vmm", "/nonexistent/vmm"][..],
             "/nonexistent/vmm",
@@ -192,4 +193,22 @@ fn bad_arguments_are_refused_with_a_message() {
         assert!(!out.status.success(), "{args:?} was accepted");
         assert!(err.contains(says), "{args:?}: {err}");
     }
+}
+
+#[test]
+fn the_paired_re_run_takes_the_rounds_asked_for() {
+    let dir = temp_dir("paired");
+    let csv = dir.join("adaptive.csv");
+    run_ok(
+        cotune()
+            .args(["adaptive", "--quick", "--paired-rounds", "4", "--csv"])
+            .arg(&csv),
+    );
+    let text = std::fs::read_to_string(&csv).unwrap();
+    let paired: Vec<&str> = text.lines().filter(|l| l.contains(",paired:")).collect();
+    assert_eq!(paired.len(), 6, "{text}");
+    for row in paired {
+        assert!(row.contains("median of 4 alternated trials"), "{row}");
+    }
+    std::fs::remove_dir_all(dir).unwrap();
 }
