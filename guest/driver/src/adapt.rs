@@ -38,9 +38,10 @@
 //!   a request/response flow, or many, there is nothing to batch). A parking lasts 4
 //!   intervals, doubling with each parking up to 256, then ends when the load changes; the
 //!   search then goes towards less coalescing first, as Linux's DIM leaves its parking. A rate
-//!   that moves 2× ends a parking at once, and the search starts from the interval after:
-//!   the one that saw the change mixes two loads (a trickle after a flood would otherwise
-//!   climb on every switch, each step a control command and a delay to the trickle).
+//!   that moves 2× ends a parking at once, and the search starts from the first interval
+//!   whose rate holds within 2× of the one before: those around the change mix two loads (a
+//!   trickle after a flood would otherwise climb on every switch, each step a control command
+//!   and a delay to the trickle).
 //!
 //! Without a clock the interval's poll count stands in for its duration (which suits a guest
 //! that polls in a loop); with one ([`crate::VirtioNet::set_adapt_clock`]) rates are per tick.
@@ -336,6 +337,10 @@ fn compare(curr: &RxSample, prev: &RxSample) -> Verdict {
 enum Search {
     /// No sample yet: the next one becomes the reference.
     Start,
+    /// A new load (the rate moved 2×): the search starts from the first sample whose rate
+    /// holds within 2× of the one before it (a switch may take more than one interval to
+    /// pass, a flood's drain between it and a trickle, say).
+    NewLoad,
     /// Stepping through the levels in one direction.
     Moving { dir: Move },
     /// Stepped back after a worse interval: the next sample, measured at the restored level,
@@ -405,22 +410,9 @@ impl RxDim {
     pub fn observe(&mut self, curr: &RxSample) -> bool {
         let before = self.level;
         match self.search {
-            Search::Start => {
-                // Nothing to compare with yet: try more coalescing if interrupts carry few
-                // frames, else less if there is any (as Linux's DIM leaves its parking), else
-                // park.
-                self.reference = *curr;
-                self.origin = *curr;
-                if wants_more(curr) {
-                    self.search = Search::Moving { dir: Move::Up };
-                    self.step(Move::Up, curr);
-                } else if self.level > 0 {
-                    self.search = Search::Moving { dir: Move::Down };
-                    self.step(Move::Down, curr);
-                } else {
-                    self.park(curr);
-                }
-            }
+            Search::Start => self.begin(curr),
+            Search::NewLoad if rate_changed_2x(curr, &self.reference) => self.reference = *curr,
+            Search::NewLoad => self.begin(curr),
             Search::Moving { dir } => match compare(curr, &self.reference) {
                 Verdict::Better
                     if dir == Move::Up
@@ -447,11 +439,12 @@ impl RxDim {
             Search::Settling => self.park(curr),
             Search::Parked if rate_changed_2x(curr, &self.reference) => {
                 // A new load. The interval that saw the change holds some of each load: the
-                // search starts from the next one, a clean sample of the new load (a
-                // request/response flow that alternates with floods would otherwise climb on
-                // every switch, and every step is a control command and a delay).
+                // search starts from a steady sample of the new one (a request/response flow
+                // that alternates with floods would otherwise climb on every switch, and every
+                // step is a control command and a delay).
                 self.park_next = RX_PARK_INTERVALS;
-                self.search = Search::Start;
+                self.reference = *curr;
+                self.search = Search::NewLoad;
             }
             Search::Parked if self.park_left > 0 => self.park_left -= 1,
             Search::Parked => {
@@ -463,6 +456,23 @@ impl RxDim {
             }
         }
         self.level != before
+    }
+
+    /// Starts a search from `curr`, a sample with nothing to compare with: towards more
+    /// coalescing if interrupts carry few frames, else towards less if there is any (as
+    /// Linux's DIM leaves its parking), else parks.
+    fn begin(&mut self, curr: &RxSample) {
+        self.reference = *curr;
+        self.origin = *curr;
+        if wants_more(curr) {
+            self.search = Search::Moving { dir: Move::Up };
+            self.step(Move::Up, curr);
+        } else if self.level > 0 {
+            self.search = Search::Moving { dir: Move::Down };
+            self.step(Move::Down, curr);
+        } else {
+            self.park(curr);
+        }
     }
 
     /// `dir`, or the other way when the table ends in that direction.
