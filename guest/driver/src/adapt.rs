@@ -36,12 +36,15 @@
 //!   began), park where it stops changing. It moves towards more coalescing only while
 //!   interrupts bring two frames or more but fewer than [`RX_TARGET_FRAMES_PER_IRQ`] (with one,
 //!   a request/response flow, or many, there is nothing to batch). A parking lasts 4
-//!   intervals, doubling with each parking up to 256, then ends when the load changes; the
-//!   search then goes towards less coalescing first, as Linux's DIM leaves its parking. A rate
-//!   that moves 2× ends a parking at once, and the search starts from the first interval
-//!   whose rate holds within 2× of the one before: those around the change mix two loads (a
-//!   trickle after a flood would otherwise climb on every switch, each step a control command
-//!   and a delay to the trickle).
+//!   intervals, doubling with each parking up to 256 (back to 4 when a search settled on more
+//!   coalescing than it started from), then ends when the load changes; a search goes towards
+//!   less coalescing first, as Linux's DIM leaves its parking. A rate that moves 2× ends a
+//!   parking at once (at level 0 only if the last search from there did not come back to it:
+//!   a load that switches faster than a search settles would start one, two control
+//!   commands, at every switch), and the search starts from the first interval whose rate
+//!   holds within 2× of the one before: those around a change mix two loads (a trickle after a
+//!   flood would otherwise climb on every switch, each step a control command and a delay to
+//!   the trickle).
 //!
 //! Without a clock the interval's poll count stands in for its duration (which suits a guest
 //! that polls in a loop); with one ([`crate::VirtioNet::set_adapt_clock`]) rates are per tick.
@@ -369,6 +372,11 @@ pub struct RxDim {
     /// the search (and its control commands) going; back to the shortest when the rx rate
     /// changes by more than 2× (a new load).
     park_next: u32,
+    /// The level the current (or last) search started from, and whether it has moved since.
+    search_from: u8,
+    moved: bool,
+    /// The last search from level 0 came back to it: coalescing did not pay on that load.
+    fruitless: bool,
 }
 
 impl Default for RxDim {
@@ -387,6 +395,9 @@ impl RxDim {
             origin: RxSample::default(),
             park_left: 0,
             park_next: RX_PARK_INTERVALS,
+            search_from: 0,
+            moved: false,
+            fruitless: false,
         }
     }
 
@@ -437,12 +448,18 @@ impl RxDim {
                 }
             },
             Search::Settling => self.park(curr),
-            Search::Parked if rate_changed_2x(curr, &self.reference) => {
+            // Above level 0 a new load may be one the hold delays: the search starts at once.
+            // At level 0 it only risks latency, and after a search that came back to 0 it waits
+            // for the parking to run out (a load that switches faster than the intervals
+            // would otherwise start a search, two control commands, at every switch).
+            Search::Parked
+                if rate_changed_2x(curr, &self.reference)
+                    && !(self.level == 0 && self.fruitless) =>
+            {
                 // A new load. The interval that saw the change holds some of each load: the
                 // search starts from a steady sample of the new one (a request/response flow
                 // that alternates with floods would otherwise climb on every switch, and every
                 // step is a control command and a delay).
-                self.park_next = RX_PARK_INTERVALS;
                 self.reference = *curr;
                 self.search = Search::NewLoad;
             }
@@ -458,21 +475,24 @@ impl RxDim {
         self.level != before
     }
 
-    /// Starts a search from `curr`, a sample with nothing to compare with: towards more
-    /// coalescing if interrupts carry few frames, else towards less if there is any (as
-    /// Linux's DIM leaves its parking), else parks.
+    /// Starts a search from `curr`, a sample with nothing to compare with: towards less
+    /// coalescing if there is any (as Linux's DIM leaves its parking: a new load may be one the
+    /// hold only delays), else towards more if interrupts carry few frames, else parks.
     fn begin(&mut self, curr: &RxSample) {
         self.reference = *curr;
         self.origin = *curr;
-        if wants_more(curr) {
-            self.search = Search::Moving { dir: Move::Up };
-            self.step(Move::Up, curr);
-        } else if self.level > 0 {
-            self.search = Search::Moving { dir: Move::Down };
-            self.step(Move::Down, curr);
+        self.search_from = self.level;
+        self.moved = false;
+        let dir = if self.level > 0 {
+            Move::Down
+        } else if wants_more(curr) {
+            Move::Up
         } else {
             self.park(curr);
-        }
+            return;
+        };
+        self.search = Search::Moving { dir };
+        self.step(dir, curr);
     }
 
     /// `dir`, or the other way when the table ends in that direction.
@@ -492,10 +512,18 @@ impl RxDim {
         }
         self.search = Search::Moving { dir };
         self.origin = *curr;
+        self.search_from = self.level;
+        self.moved = false;
         self.step(dir, curr);
     }
 
     fn park(&mut self, curr: &RxSample) {
+        self.fruitless = self.level == 0 && self.search_from == 0 && self.moved;
+        if self.level > self.search_from {
+            // More coalescing paid on this load: searches may come often again.
+            self.park_next = RX_PARK_INTERVALS;
+        }
+        self.moved = false;
         self.reference = *curr;
         self.search = Search::Parked;
         self.park_left = self.park_next;
@@ -520,6 +548,7 @@ impl RxDim {
             Move::Down if self.level > 0 => self.level -= 1,
             _ => return false,
         }
+        self.moved = true;
         true
     }
 }
