@@ -480,6 +480,25 @@ fn guest_bufs(d: &Driver, n: usize, stride: usize) -> impl Iterator<Item = &mut 
     })
 }
 
+/// Runs `txq` until the `batch` frames just published are sent (or a call sends none).
+#[inline(always)]
+fn send_published<B: NetBackend>(
+    txq: &mut TxQueue,
+    backend: &mut B,
+    counters: &mut TxCounters,
+    batch: usize,
+) {
+    let mut left = batch as u64;
+    while left > 0 {
+        let before = counters.frames;
+        txq.process(backend, counters).expect("ring ok");
+        left -= counters.frames - before;
+        if counters.frames == before {
+            break;
+        }
+    }
+}
+
 /// ns per frame of `iters` batches of `batch` frames sent through `txq`.
 fn run_tx<B: NetBackend>(
     d: &mut impl BenchDriver,
@@ -493,15 +512,7 @@ fn run_tx<B: NetBackend>(
     let start = Instant::now();
     for _ in 0..iters {
         d.publish(batch);
-        let mut left = batch as u64;
-        while left > 0 {
-            let before = counters.frames;
-            txq.process(backend, &mut counters).expect("ring ok");
-            left -= counters.frames - before;
-            if counters.frames == before {
-                break;
-            }
-        }
+        send_published(txq, backend, &mut counters, batch);
     }
     let ns = start.elapsed().as_nanos() as f64;
     assert_eq!(counters.malformed_chains + counters.backend_errors, 0);
@@ -523,15 +534,7 @@ fn run_tx_device<B: NetBackend>(
     for _ in 0..iters {
         d.publish(batch);
         let start = Instant::now();
-        let mut left = batch as u64;
-        while left > 0 {
-            let before = counters.frames;
-            txq.process(backend, &mut counters).expect("ring ok");
-            left -= counters.frames - before;
-            if counters.frames == before {
-                break;
-            }
-        }
+        send_published(txq, backend, &mut counters, batch);
         timed += start.elapsed();
     }
     assert_eq!(counters.malformed_chains + counters.backend_errors, 0);

@@ -31,10 +31,10 @@ set +f
 /bin/busybox ping -c 3 -W 10 "$vmm_peer"
 if [ "$vmm_barmove" = 1 ]; then
 	# BAR0's low dword (config offset 0x10), little endian: 0xe0008000, 0xc0000000, 0xe0000000.
-	# (A try again: a short-lived dd was seen to die of SIGSEGV now and then on the emulating
-	# host; the write is idempotent.)
+	# (Tries again: a short-lived dd dies of SIGSEGV now and then on the emulating host, for
+	# minutes at a time three tries in a row; the write is idempotent.)
 	for vmm_bar in '\000\200\000\340' '\000\000\000\300' '\000\000\000\340'; do
-		for vmm_try in 1 2 3; do
+		for vmm_try in 1 2 3 4 5 6 7 8 9 10; do
 			/bin/busybox printf "$vmm_bar" |
 				/bin/busybox dd of=/proc/bus/pci/00/01.0 bs=4 seek=4 count=1 conv=notrunc \
 					2>/dev/null && echo "vmm-guest: BAR0 written" && break
