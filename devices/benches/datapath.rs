@@ -499,47 +499,47 @@ fn send_published<B: NetBackend>(
     }
 }
 
-/// ns per frame of `iters` batches of `batch` frames sent through `txq`.
+/// What a tx row times.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Timed {
+    /// Whole iterations, the driver's publishing included.
+    Loop,
+    /// The device's calls alone (the packed rows, whose two drivers do different work).
+    DeviceCalls,
+}
+
+/// ns per frame of `iters` batches of `batch` frames sent through `txq`, timed as `timed` says.
 fn run_tx<B: NetBackend>(
     d: &mut impl BenchDriver,
     txq: &mut TxQueue,
     backend: &mut B,
-    batch: usize,
-    frames: usize,
+    (batch, frames): (usize, usize),
+    timed: Timed,
 ) -> f64 {
     let mut counters = TxCounters::default();
     let iters = frames.div_ceil(batch);
+    let mut calls = Duration::ZERO;
     let start = Instant::now();
     for _ in 0..iters {
         d.publish(batch);
-        send_published(txq, backend, &mut counters, batch);
+        if timed == Timed::DeviceCalls {
+            let call = Instant::now();
+            send_published(txq, backend, &mut counters, batch);
+            calls += call.elapsed();
+        } else {
+            send_published(txq, backend, &mut counters, batch);
+        }
     }
-    let ns = start.elapsed().as_nanos() as f64;
+    let ns = match timed {
+        Timed::Loop => start.elapsed(),
+        Timed::DeviceCalls => calls,
+    };
     assert_eq!(counters.malformed_chains + counters.backend_errors, 0);
-    ns / (iters * batch) as f64
-}
-
-/// ns per frame of the device's tx calls alone: as [`run_tx`], with the driver's publishing
-/// outside the timed part (the packed rows, whose two drivers do different work).
-fn run_tx_device<B: NetBackend>(
-    d: &mut impl BenchDriver,
-    txq: &mut TxQueue,
-    backend: &mut B,
-    batch: usize,
-    frames: usize,
-) -> f64 {
-    let mut counters = TxCounters::default();
-    let iters = frames.div_ceil(batch);
-    let mut timed = Duration::ZERO;
-    for _ in 0..iters {
-        d.publish(batch);
-        let start = Instant::now();
-        send_published(txq, backend, &mut counters, batch);
-        timed += start.elapsed();
+    if timed == Timed::DeviceCalls {
+        // The null backend takes every frame: the calls timed are the frames counted.
+        assert_eq!(counters.frames, (iters * batch) as u64, "every frame sent");
     }
-    assert_eq!(counters.malformed_chains + counters.backend_errors, 0);
-    assert_eq!(counters.frames, (iters * batch) as u64, "every frame sent");
-    timed.as_nanos() as f64 / (iters * batch) as f64
+    ns.as_nanos() as f64 / (iters * batch) as f64
 }
 
 /// The least a split-ring device does for a one-frame tx call with EVENT_IDX, written out by
@@ -1461,7 +1461,7 @@ fn main() {
             let mut null = NullBackend::new(wire.len()).expect("null backend");
             let pairs = alternate(rounds, |case| {
                 if case {
-                    run_tx(&mut d, &mut txq, &mut null, batch, frames)
+                    run_tx(&mut d, &mut txq, &mut null, (batch, frames), Timed::Loop)
                 } else {
                     0.0
                 }
@@ -1501,7 +1501,7 @@ fn main() {
         let mut null = NullBackend::new(wire.len()).expect("null backend");
         let pairs = alternate(rounds, |case| {
             let (d, txq) = &mut sides[usize::from(case)];
-            run_tx(d, txq, &mut null, batch, frames)
+            run_tx(d, txq, &mut null, (batch, frames), Timed::Loop)
         });
         report(&name, "no limiter", &pairs);
     }
@@ -1550,9 +1550,21 @@ fn main() {
             let mut packed_q = tx_queue(&packed, in_order);
             let pairs = alternate(rounds, |case| {
                 if case {
-                    run_tx_device(&mut packed, &mut packed_q, &mut null, 256, frames)
+                    run_tx(
+                        &mut packed,
+                        &mut packed_q,
+                        &mut null,
+                        (256, frames),
+                        Timed::DeviceCalls,
+                    )
                 } else {
-                    run_tx_device(&mut split, &mut split_q, &mut null, 256, frames)
+                    run_tx(
+                        &mut split,
+                        &mut split_q,
+                        &mut null,
+                        (256, frames),
+                        Timed::DeviceCalls,
+                    )
                 }
             });
             report(&name, &format!("split{order}"), &pairs);
@@ -1707,7 +1719,7 @@ fn main() {
                 let mut txq = TxQueue::new(Virtqueue::new(&d.queue(), d.mem()).expect("ring"));
                 let pairs = alternate(rounds, |case| {
                     if case {
-                        run_tx(&mut d, &mut txq, &mut rig.tap, batch, frames)
+                        run_tx(&mut d, &mut txq, &mut rig.tap, (batch, frames), Timed::Loop)
                     } else {
                         writev_loop(&mut rig.tap, &heap, frames)
                     }
@@ -1740,7 +1752,7 @@ fn main() {
             if wanted(&dev_row) {
                 let dev = alternate(rounds, |case| {
                     if case {
-                        run_tx(&mut d, &mut txq, &mut rig.tap, 1, frames)
+                        run_tx(&mut d, &mut txq, &mut rig.tap, (1, frames), Timed::Loop)
                     } else {
                         writev_loop(&mut rig.tap, &guest, frames)
                     }
@@ -1767,7 +1779,7 @@ fn main() {
             let mut txq = TxQueue::new(Virtqueue::new(&d.queue(), d.mem()).expect("ring"));
             let pairs = alternate(rounds, |case| {
                 if case {
-                    run_tx(&mut d, &mut txq, &mut host, 1, frames)
+                    run_tx(&mut d, &mut txq, &mut host, (1, frames), Timed::Loop)
                 } else {
                     writev_loop(&mut rig.tap, &heap, frames)
                 }
