@@ -483,11 +483,7 @@ impl PackedVirtqueue {
     /// busy-poll's probe).
     #[inline]
     pub fn avail_pending(&self) -> bool {
-        !self.ring.full()
-            && self
-                .ring
-                .next_avail
-                .sees_avail(self.ring.descs.load_flags(self.ring.next_avail.offset()))
+        self.ring.next_available()
     }
 
     /// Guest memory and ring, borrowed apart: iovecs into the former while the latter moves.
@@ -632,6 +628,15 @@ impl RingState {
     #[inline(always)]
     fn full(&self) -> bool {
         self.next_used.lap_behind(self.next_avail)
+    }
+
+    /// Whether the descriptor at `next_avail` is available to pop (one load, no state change).
+    #[inline(always)]
+    fn next_available(&self) -> bool {
+        !self.full()
+            && self
+                .next_avail
+                .sees_avail(self.descs.load_flags(self.next_avail.offset()))
     }
 
     /// A u16 of an event suppression area: the device's own (`device`) or the driver's; `word`
@@ -1049,8 +1054,7 @@ impl RingOps<'_> {
         // orders the used descriptors written before it.
         fence(Ordering::SeqCst);
         self.ring.fenced = true;
-        let next = self.ring.next_avail;
-        !self.ring.full() && next.sees_avail(self.ring.descs.load_flags(next.offset()))
+        self.ring.next_available()
     }
 
     fn store_kick_flags(&mut self, flags: u16) {

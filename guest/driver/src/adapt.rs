@@ -369,8 +369,8 @@ pub struct RxDim {
     /// Intervals left before the parking may be left.
     park_left: u32,
     /// The next parking's shortest stay: doubles with each parking, so that noise cannot keep
-    /// the search (and its control commands) going; back to the shortest when the rx rate
-    /// changes by more than 2× (a new load).
+    /// the search (and its control commands) going; back to the shortest when a search settled
+    /// on more coalescing than it started from (coalescing pays on this load).
     park_next: u32,
     /// The level the current (or last) search started from, and whether it has moved since.
     search_from: u8,
@@ -479,10 +479,6 @@ impl RxDim {
     /// coalescing if there is any (as Linux's DIM leaves its parking: a new load may be one the
     /// hold only delays), else towards more if interrupts carry few frames, else parks.
     fn begin(&mut self, curr: &RxSample) {
-        self.reference = *curr;
-        self.origin = *curr;
-        self.search_from = self.level;
-        self.moved = false;
         let dir = if self.level > 0 {
             Move::Down
         } else if wants_more(curr) {
@@ -491,8 +487,7 @@ impl RxDim {
             self.park(curr);
             return;
         };
-        self.search = Search::Moving { dir };
-        self.step(dir, curr);
+        self.search_towards(dir, curr);
     }
 
     /// `dir`, or the other way when the table ends in that direction.
@@ -510,6 +505,11 @@ impl RxDim {
             self.park(curr);
             return;
         }
+        self.search_towards(dir, curr);
+    }
+
+    /// A search from the current level in `dir`, `curr` its origin: the first step now.
+    fn search_towards(&mut self, dir: Move, curr: &RxSample) {
         self.search = Search::Moving { dir };
         self.origin = *curr;
         self.search_from = self.level;
