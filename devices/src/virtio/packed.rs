@@ -44,11 +44,13 @@
 //!   walking a chain visits at most [`MAX_CHAIN_DESCRIPTORS`] descriptors and charges them to
 //!   the call's `WalkBudget`, as the split ring does.
 //! - **Used**: each used descriptor goes at `next_used`, its flags AVAIL and USED both equal to
-//!   the used wrap counter, WRITE when the length is meaningful. The driver sees them a batch
-//!   at a time, as with the split ring's used index: the first since the last publication
-//!   gets its id and length at once and its flags at the publication, stored last with
-//!   release; the driver reads used descriptors in ring order and stops at it, so those after
-//!   it are written whole meanwhile (QEMU and Linux's vhost return batches the same way).
+//!   the used wrap counter, WRITE when the length is meaningful. Each is written whole: its
+//!   length, id and flags (bytes 8..16) in one 8-byte store with release, so the driver, which
+//!   reads the flags first, sees the id, the length and the buffer's contents with them. No
+//!   descriptor waits for a later one and no fence runs per batch (on x86 a release store is a
+//!   plain store); the publication (`RingOps::publish_used`) only closes what the next
+//!   interrupt decision covers, counting descriptors rather than positions, since a driver that
+//!   sees used descriptors at once may make them available again before it.
 //!   Positions advance only by what was popped: every completion consumes a [`ChainHead`] the
 //!   pop returned. With VIRTIO_F_IN_ORDER a batch of chains is
 //!   returned with one used descriptor carrying the last buffer id, and the position skips all
@@ -71,7 +73,7 @@
 //! make this module panic.
 
 use std::ptr;
-use std::sync::atomic::{fence, AtomicU16, Ordering};
+use std::sync::atomic::{fence, AtomicU16, AtomicU32, AtomicU64, Ordering};
 
 use virtio_bindings::virtio_config::VIRTIO_F_IN_ORDER;
 use virtio_bindings::virtio_ring::{
@@ -366,10 +368,11 @@ struct RingState {
     next_used: Cursor,
     /// `next_used` at the last [`RingOps::publish_used`].
     published: Cursor,
+    /// Descriptors used since the last [`RingOps::publish_used`] (a count, not a distance: a
+    /// driver that sees used descriptors at once may recycle them before the publication).
+    unpublished: u32,
     /// Descriptors used up to `published` since the last interrupt decision.
     unsignalled: u32,
-    /// The first used descriptor since the last publication, whose flags wait for it.
-    held: Option<Held>,
     /// What the device event area's flags hold, as last written.
     kick_flags: Option<u16>,
     /// A full fence ran after the last used descriptor store: the interrupt decision needs none.
@@ -441,8 +444,8 @@ impl PackedVirtqueue {
                 next_avail: Cursor::START,
                 next_used: Cursor::START,
                 published: Cursor::START,
+                unpublished: 0,
                 unsignalled: 0,
-                held: None,
                 kick_flags: None,
                 fenced: false,
             },
@@ -497,14 +500,6 @@ impl PackedVirtqueue {
     }
 }
 
-/// A used descriptor whose id and length are written and whose flags wait for the
-/// publication.
-#[derive(Clone, Copy, Debug)]
-struct Held {
-    offset: u16,
-    flags: u16,
-}
-
 /// The descriptor ring: its host address and size. Small and `Copy`: the hot paths take a
 /// copy into a local, which the compiler keeps in registers across the stores they make (a
 /// field read through the queue's state would be read again after each).
@@ -542,6 +537,17 @@ impl DescRing {
         // byte 14 are 2-aligned; guest memory is plain shared memory, valid for atomic access.
         let flags = unsafe { AtomicU16::from_ptr(self.ptr(offset).add(14).cast()) };
         u16::from_le(flags.load(Ordering::Acquire))
+    }
+
+    /// The id (low half) and flags (high half) of descriptor `offset`, in one acquire load:
+    /// a chain's head (the rest of the chain is read after it).
+    #[inline(always)]
+    fn load_id_flags(self, offset: u16) -> u32 {
+        // SAFETY: the descriptor is inside the ring (ptr), 16-aligned: its id and flags, bytes
+        // 12..16, are inside it and 4-aligned; guest memory is plain shared memory, valid for
+        // atomic access.
+        let word = unsafe { AtomicU32::from_ptr(self.ptr(offset).add(12).cast()) };
+        u32::from_le(word.load(Ordering::Acquire))
     }
 
     /// The id (low half) and flags (high half) of descriptor `offset`, in one load (read after
@@ -583,14 +589,6 @@ impl DescRing {
                 return Ok((id_flags as u16, descs as u16));
             }
         }
-    }
-
-    /// Descriptor `offset`'s buffer id.
-    #[inline(always)]
-    fn read_id(self, offset: u16) -> u16 {
-        // SAFETY: the descriptor is inside the ring (ptr), 16-aligned: its u16 id at byte 12
-        // is inside it and 2-aligned.
-        u16::from_le(unsafe { ptr::read_volatile(self.ptr(offset).add(12).cast::<u16>()) })
     }
 
     /// Descriptor `offset`'s buffer address and length alone (read after an acquire load of
@@ -675,14 +673,15 @@ impl RingOps<'_> {
         if ring.full() {
             return Ok(None);
         }
-        let flags = ring_descs.load_flags(start.offset());
+        let id_flags = ring_descs.load_id_flags(start.offset());
+        let flags = (id_flags >> 16) as u16;
         if !start.sees_avail(flags) {
             return Ok(None);
         }
         // A lone descriptor (every 1-descriptor chain) holds its own id; a chain's end is
         // found from the id-and-flags word of each following descriptor, read once.
         let (id, descs) = if flags & NEXT == 0 {
-            (ring_descs.read_id(start.offset()), 1)
+            (id_flags as u16, 1)
         } else {
             let in_flight = ring.in_flight();
             ring_descs.chain_end(start.offset(), u32::from(size) - in_flight, in_flight)?
@@ -920,11 +919,10 @@ impl RingOps<'_> {
         self.write_used(last.id, len, descs);
     }
 
-    /// Writes one used descriptor at `next_used` and advances by `descs`. The first since the
-    /// last publication gets its id and length now and its flags at the publication
-    /// (`publish_used`): until then the driver, which reads used descriptors in ring order,
-    /// stops at it, so each one after it is written whole in one store and the batch needs a
-    /// single release.
+    /// Writes one used descriptor at `next_used` and advances by `descs`: its length, id and
+    /// flags (bytes 8..16) in one 8-byte store with release, so a driver that sees the flags
+    /// sees the id and length with them, and the buffers' contents written before. On x86 a
+    /// release store is a plain store: no fence per descriptor, and none per batch either.
     ///
     /// `descs` are in flight: those of one popped chain, or of a batch counted against what is
     /// in flight (`add_used_batch`), so the used position never overtakes the avail one.
@@ -940,50 +938,28 @@ impl RingOps<'_> {
         let (ring_descs, at) = (self.ring.descs, self.ring.next_used);
         // The spec reserves the length of a used descriptor without WRITE.
         let flags = at.bits() | if len > 0 { WRITE } else { 0 };
-        let p = ring_descs.ptr(at.offset());
-        if self.ring.held.is_none() {
-            // SAFETY: `p` is a 16-aligned descriptor inside the ring (desc_ptr): `len` at byte
-            // 8 (4-aligned) and `id` at byte 12 (2-aligned) are inside it; guest memory is
-            // valid for volatile access.
-            unsafe {
-                ptr::write_volatile(p.add(8).cast::<u32>(), len.to_le());
-                ptr::write_volatile(p.add(12).cast::<u16>(), id.to_le());
-            }
-            self.ring.held = Some(Held {
-                offset: at.offset(),
-                flags,
-            });
-        } else {
-            // Bytes 8..16: `len`, `id`, `flags` (little endian).
-            let word = u64::from(len) | u64::from(id) << 32 | u64::from(flags) << 48;
-            // SAFETY: `p` is a 16-aligned descriptor inside the ring (desc_ptr): its bytes
-            // 8..16 are inside it and 8-aligned; guest memory is valid for volatile access.
-            unsafe { ptr::write_volatile(p.add(8).cast::<u64>(), word.to_le()) };
-        }
+        // Bytes 8..16: `len`, `id`, `flags` (little endian).
+        let word = u64::from(len) | u64::from(id) << 32 | u64::from(flags) << 48;
+        // SAFETY: the descriptor is inside the ring (ptr), 16-aligned: its bytes 8..16 are
+        // inside it and 8-aligned; guest memory is plain shared memory, valid for atomic access.
+        let used = unsafe { AtomicU64::from_ptr(ring_descs.ptr(at.offset()).add(8).cast()) };
+        used.store(word.to_le(), Ordering::Release);
         self.ring.next_used = at.advance(descs, ring_descs.size);
+        // Every call that uses chains publishes them before it returns, and a call pops a
+        // bounded number: no wrap.
+        self.ring.unpublished = self.ring.unpublished.wrapping_add(u32::from(descs));
     }
 
-    /// Closes a burst: hands the used descriptors written since the last publication to the
-    /// driver (the flags of the first of them, stored last with release: the driver sees the
-    /// whole batch with it) and makes them what the next interrupt decision covers.
+    /// Closes a burst: makes the used descriptors written since the last publication what the
+    /// next interrupt decision covers (the driver may have seen them already: each is whole
+    /// once its store is visible).
     #[inline]
     pub(crate) fn publish_used(&mut self) {
-        if let Some(held) = self.ring.held.take() {
-            let p = self.ring.descs.ptr(held.offset);
-            // SAFETY: `held.offset < size` (a `Position` offset), so the descriptor is inside
-            // the ring (desc_ptr), 16-aligned: its u16 flags at byte 14 are 2-aligned; guest
-            // memory is plain shared memory, valid for atomic access.
-            let word = unsafe { AtomicU16::from_ptr(p.add(14).cast()) };
-            // Every used descriptor, id and length written before must be visible first.
-            word.store(held.flags.to_le(), Ordering::Release);
+        let used = std::mem::take(&mut self.ring.unpublished);
+        if used > 0 {
+            // Stores since the last fence: the interrupt decision needs one again.
             self.ring.fenced = false;
         }
-        // Used since the last publication: at most a ring's worth (the driver sees none of
-        // them before this, so it cannot have made their descriptors available again).
-        let used = self
-            .ring
-            .published
-            .distance_to(self.ring.next_used, self.ring.descs.size);
         self.ring.published = self.ring.next_used;
         self.ring.unsignalled = self.ring.unsignalled.saturating_add(used);
     }

@@ -173,8 +173,9 @@ pub(crate) trait Ring {
     /// `len`, the position moved past all of them.
     fn add_used_batch(&mut self, heads: &[Self::Head], len: u32);
 
-    /// Hands the used entries written so far to the driver (neither ring shows them before)
-    /// and makes them what the next interrupt decision covers.
+    /// Closes a burst: makes the used entries written so far what the next interrupt decision
+    /// covers, and hands them to the driver where the ring holds them back until then (the
+    /// split ring's used index; a packed ring's used descriptors are visible once written).
     fn publish_used(&mut self);
 
     /// Whether what was published since the last decision warrants an interrupt.
