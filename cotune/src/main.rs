@@ -15,7 +15,7 @@ use cotune::noise::{loadavg1, BUSY_LOADAVG};
 use cotune::report::{plot, to_csv, to_table, Row};
 use cotune::sweep::{run_preset, BackendKind, HostPath, Options, Preset, RingLayout, Target};
 use cotune::transport::TransportKind;
-use cotune::vm::{self, VmEnv};
+use cotune::vm::{self, GuestWait, VmEnv};
 
 /// What else cotune does than sweep presets.
 #[derive(Debug, clap::Subcommand)]
@@ -125,6 +125,12 @@ struct Cli {
     /// the raw write loop too, and is detached when cotune exits, however it exits.
     #[arg(long, global = true, value_enum, default_value_t = HostPath::Stack)]
     host_path: HostPath,
+    /// How the driver guest waits when its rings are idle, in VMs: `halt` until an interrupt
+    /// (its default), or `poll` its used rings (a busy-polling guest, as a DPDK or AF_XDP
+    /// busy-poll application runs; a forwarding loop is then no longer bound by the guest's
+    /// wake-up). Co-simulation's driver always waits for the interrupt.
+    #[arg(long, global = true, value_enum, default_value_t = GuestWait::Halt)]
+    guest_wait: GuestWait,
     /// The virtqueue layout of every point, offered by the device and requested by the driver
     /// (`vmm --net …,packed=on`, the guest's `packed=1`); the ring-layout preset sweeps it.
     #[arg(long, global = true, value_enum, default_value_t = RingArg::Split)]
@@ -242,6 +248,7 @@ fn locate_vm_env(cli: &Cli, backend: BackendKind) -> Result<VmEnv, String> {
         transport: cli.transport,
         backend,
         host_path: cli.host_path,
+        guest_wait: cli.guest_wait,
     })
 }
 

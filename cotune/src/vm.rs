@@ -48,6 +48,19 @@ pub struct VmEnv {
     pub backend: BackendKind,
     /// The tap's host path (an XDP program attached to it for each VM).
     pub host_path: HostPath,
+    /// How the driver guest waits when its rings are idle (its `wait=`).
+    pub guest_wait: GuestWait,
+}
+
+/// How the driver guest waits for work (its `wait=` word).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum GuestWait {
+    /// `hlt` until an interrupt when one is due (the guest's default).
+    #[default]
+    Halt,
+    /// Spin polling the used rings (a busy-polling guest: no interrupt's wake-up, and the
+    /// guest's turn-around no longer bounds a forwarding loop).
+    Poll,
 }
 
 /// The workspace root (cotune's manifest directory's parent).
@@ -440,6 +453,9 @@ fn vm_args(env: &VmEnv, point: &Point) -> (String, String) {
         net += &format!(",frame_size={}", point.frame_size);
     }
     let mut cmdline = cmdline(point, env.frames);
+    if env.guest_wait == GuestWait::Poll {
+        cmdline.push_str(" wait=poll");
+    }
     if env.transport == crate::transport::TransportKind::Pci {
         net.push_str(",transport=pci");
         cmdline.push_str(" transport=pci");
@@ -872,6 +888,33 @@ mod tests {
         assert!(c.ends_with(" burst=8 pause_us=20"), "{c}");
         assert!(cmdline(&point(Workload::XdpBounce), 5).contains(" echo=5 "));
         assert!(cmdline(&point(Workload::Bidirectional), 5).contains(" echo=5 "));
+    }
+
+    /// The guest's `wait=` follows `--guest-wait`: nothing for the default halt, `wait=poll`
+    /// for a polling guest, on a measurement backend and on a tap alike.
+    #[test]
+    fn the_guest_waits_as_asked() {
+        for backend in [BackendKind::Loop, BackendKind::Tap] {
+            let mut env = VmEnv {
+                vmm: PathBuf::from("vmm"),
+                guest: PathBuf::from("guest"),
+                frames: 9,
+                transport: crate::transport::TransportKind::Mmio,
+                backend,
+                host_path: HostPath::Stack,
+                guest_wait: GuestWait::Halt,
+            };
+            let (_, halt) = vm_args(&env, &point(Workload::Fwd));
+            assert!(!halt.contains("wait="), "{halt}");
+            env.guest_wait = GuestWait::Poll;
+            let (_, poll) = vm_args(&env, &point(Workload::Fwd));
+            assert_eq!(
+                poll.split(' ').filter(|w| *w == "wait=poll").count(),
+                1,
+                "{poll}"
+            );
+            assert!(poll.starts_with(&halt), "only the wait word added: {poll}");
+        }
     }
 
     #[test]
