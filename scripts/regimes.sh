@@ -5,7 +5,8 @@
 #           tx=N (lazy, kick_threshold=64) on that tap (stack, xdp-drop), on backend=sink, and on
 #           backend=sink,busy_poll_us=50;
 #   fwd  -- echo on the tap with a host peer (cotune), then fwd=N window=256 through
-#           backend=loop with and without busy_poll_us=50 (xdp_bulk 1 and 16, clean-from-rx);
+#           backend=loop with and without busy_poll_us=50 (xdp_bulk 1 and 16, clean-from-rx),
+#           the guest halting for interrupts (wait=halt) and polling its rings (wait=poll);
 #   kick -- tx=N on backend=sink for kick_threshold 1,3,5,8,13,64 x busy_poll_us 0,10,50,200.
 # Prints one line per run and /proc/loadavg after each round. As root, on an idle machine.
 #
@@ -88,9 +89,11 @@ for r in $(seq "$rounds"); do
 				NR > 1 { printf "B=%s:%s ", $v, $c }' "$csv")"
 			rm -f "$csv"
 			for net in backend=loop backend=loop,busy_poll_us=50; do
-				for b in 1 16; do
-					echo "$r $net B=$b $(run "$net" - -- fwd="$frames" window=256 size=64 \
-						xdp_bulk=$b tx_completion=clean-from-rx)"
+				for wait in halt poll; do
+					for b in 1 16; do
+						echo "$r $net wait=$wait B=$b $(run "$net" - -- fwd="$frames" window=256 \
+							size=64 xdp_bulk=$b tx_completion=clean-from-rx wait=$wait)"
+					done
 				done
 			done
 			;;
