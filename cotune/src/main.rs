@@ -110,7 +110,8 @@ struct Cli {
     /// The device's backend: in co-simulation `pair` or `tap`, or one of the measurement
     /// backends `sink`, `source`, `loop` (a host side faster than the guest), which VMs then
     /// use too (`vmm --net backend=…`; the baseline stays the raw tap loop). Not given: `pair`,
-    /// and the seed presets and rx-coalesce run on their own regimes (sink, loop, source);
+    /// and the seed presets, rx-coalesce and rx-busy-poll run on their own regimes (sink, loop,
+    /// source);
     /// given, it applies to them too (e.g. `--backend tap seed-kick-threshold`: the plain tap).
     #[arg(long, global = true, value_enum)]
     backend: Option<BackendKind>,

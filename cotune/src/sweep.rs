@@ -89,6 +89,9 @@ pub enum Preset {
     /// Receive at rate from a `source`, with the device's interrupt coalescing max_packets
     /// 0 / 8 / 32 / 128 (max_usecs 100).
     RxCoalesce,
+    /// Receive at rate from a `source` (on a tap: fed by the host injector), with the
+    /// device's busy-poll 0 / 10 / 50 / 200 µs: the worker polls the backend before it sleeps.
+    RxBusyPoll,
     /// The virtqueue layout (split / packed / packed + IN_ORDER, on both sides) × the tx
     /// completion modes: transmit on a tap or a `sink`, receive from a `source`, forwarding
     /// through a `loop`.
@@ -110,7 +113,7 @@ pub enum Preset {
 
 impl Preset {
     /// All presets, in report order.
-    pub const ALL: [Preset; 20] = [
+    pub const ALL: [Preset; 21] = [
         Preset::Baseline,
         Preset::KickThreshold,
         Preset::TxCompletion,
@@ -127,6 +130,7 @@ impl Preset {
         Preset::SeedTxCompletion,
         Preset::SeedXdpBulk,
         Preset::RxCoalesce,
+        Preset::RxBusyPoll,
         Preset::RingLayout,
         Preset::Pingpong,
         Preset::Mixed,
@@ -151,7 +155,7 @@ impl Preset {
             | Preset::Pingpong
             | Preset::Mixed
             | Preset::Adaptive => Some(BackendKind::Loop),
-            Preset::RxCoalesce => Some(BackendKind::Source),
+            Preset::RxCoalesce | Preset::RxBusyPoll => Some(BackendKind::Source),
             _ => None,
         }
     }
@@ -175,6 +179,7 @@ impl Preset {
             Preset::SeedTxCompletion => "seed-tx-completion",
             Preset::SeedXdpBulk => "seed-xdp-bulk",
             Preset::RxCoalesce => "rx-coalesce",
+            Preset::RxBusyPoll => "rx-busy-poll",
             Preset::RingLayout => "ring-layout",
             Preset::Pingpong => "pingpong",
             Preset::Mixed => "mixed",
@@ -198,7 +203,8 @@ pub struct Options {
     pub frame_size: Option<usize>,
     /// Co-simulation backend (and the VMs' when it is a measurement backend).
     pub backend: BackendKind,
-    /// The seed presets and rx-coalesce run on their own backends (`--backend` not given).
+    /// The seed presets, rx-coalesce and rx-busy-poll run on their own backends (`--backend`
+    /// not given).
     pub own_regimes: bool,
     /// Exit-cost model.
     pub kick_cost_ns: u64,
@@ -268,6 +274,7 @@ pub fn points(preset: Preset, opts: &Options) -> Vec<Point> {
         Preset::SeedTxCompletion => fwd_completion_points(opts),
         Preset::SeedXdpBulk => xdp_bulk_points(opts),
         Preset::RxCoalesce => rx_coalesce_points(opts),
+        Preset::RxBusyPoll => rx_busy_poll_points(opts),
         Preset::Pingpong => pingpong_points(opts),
         Preset::Mixed => mixed_points(opts),
         Preset::Adaptive => adaptive_points(opts),
@@ -491,6 +498,28 @@ fn adaptive_points(opts: &Options) -> Vec<Point> {
 /// Receive from a source with the device's coalescing max_packets (max_usecs 100).
 fn rx_coalesce_points(opts: &Options) -> Vec<Point> {
     coalesce_points(opts, Workload::Rx)
+}
+
+/// Receive with the device's busy-poll window 0, 10, 50, 200 µs (0 and 50 with `--quick`).
+fn rx_busy_poll_points(opts: &Options) -> Vec<Point> {
+    let us: &[u32] = if opts.quick {
+        &[0, 50]
+    } else {
+        &[0, 10, 50, 200]
+    };
+    us.iter()
+        .map(|&b| Point {
+            axes: vec![("busy_poll_us", b.to_string())],
+            config: Config::default(),
+            dev: DevKnobs {
+                busy_poll_us: b,
+                ..DevKnobs::default()
+            },
+            workload: Workload::Rx,
+            pace: None,
+            frame_size: opts.frame_size.unwrap_or(64),
+        })
+        .collect()
 }
 
 /// `workload` with the device's coalescing max_packets 0, 8, 32, 128 (max_usecs 100; 0 and

@@ -70,11 +70,12 @@ fn quick_run_of_every_preset_writes_csv_and_plot() {
     // baseline 1 + kick-threshold 3 + tx-completion 3 + xdp-bulk 2 + xsk-zc 2 + busy-poll 2
     // + tx-budget 2 + rx-sparse-reads 2
     // + three 2-D presets of 2x2
-    // + the four seed presets, rx-coalesce, pingpong and mixed, 2 each, on their own backends
+    // + the four seed presets, rx-coalesce, rx-busy-poll, pingpong and mixed, 2 each, on their
+    // own backends
     // + ring-layout 3 (lazy on each layout)
     // + adaptive 24 (fwd, pingpong and mixed through its loop: the defaults, 4 fixed points,
     // each side adaptive and both) and its paired re-runs, 2 per workload.
-    assert_eq!(rows.len(), 76, "{csv_text}");
+    assert_eq!(rows.len(), 78, "{csv_text}");
     let setting = header.iter().position(|c| *c == "value2").unwrap();
     let paired: Vec<_> = rows
         .iter()
@@ -116,6 +117,7 @@ fn quick_run_of_every_preset_writes_csv_and_plot() {
         ("seed-tx-completion", "loop", "fwd"),
         ("seed-xdp-bulk", "loop", "fwd"),
         ("rx-coalesce", "source", "rx"),
+        ("rx-busy-poll", "source", "rx"),
         ("pingpong", "loop", "pingpong"),
         ("mixed", "loop", "mixed"),
     ] {

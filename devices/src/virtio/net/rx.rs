@@ -79,6 +79,10 @@ pub enum RxStop {
     /// The driver has no rx buffer posted. Guest notifications are enabled: stop polling the
     /// backend until the driver kicks the rx queue.
     NoBuffers,
+    /// The driver has no rx buffer posted and its notifications stay off (a busy-polling
+    /// caller's `park`): the caller watches the avail ring itself, and ends its polling with a
+    /// call without `park` (which re-enables them, re-checking the race).
+    Parked,
     /// [`RX_BUDGET`] frames were read; the backend may have more.
     Budget,
     /// One frame was read and the call stopped without the read that would find the backend
@@ -287,16 +291,18 @@ impl RxQueue {
         backend: &mut B,
         counters: &mut RxCounters,
     ) -> Result<RxOutcome, RingError> {
-        self.run::<B, false>(backend, counters)
+        self.run::<B, false>(backend, counters, false)
     }
 
     /// [`RxQueue::process`] with `GIVE_BACK` false; the worker calls it directly. `GIVE_BACK`:
     /// hand the chains still pooled back to the avail ring at the end (the one-shot
-    /// [`process_rx`]); a constant, so the worker's path carries none of it.
+    /// [`process_rx`]); a constant, so the worker's path carries none of it. `park`: out of
+    /// buffers, leave the driver's notifications off ([`RxStop::Parked`]).
     pub(crate) fn run<B: NetBackend, const GIVE_BACK: bool>(
         &mut self,
         backend: &mut B,
         counters: &mut RxCounters,
+        park: bool,
     ) -> Result<RxOutcome, RingError> {
         let Some(vq) = self.vq.as_mut() else {
             return Ok(RxOutcome {
@@ -317,6 +323,7 @@ impl RxQueue {
             label: &self.label,
             limit: &mut limit,
             skip_probe,
+            park,
             reads: &mut reads,
         };
         // The ring kind is picked once per call; below, each has its own code.
@@ -352,6 +359,7 @@ struct Sides<'c, 'l, B> {
     label: &'c str,
     limit: &'c mut Limit<'l>,
     skip_probe: bool,
+    park: bool,
     reads: &'c mut usize,
 }
 
@@ -378,6 +386,7 @@ impl<'c, B: NetBackend> Sides<'c, '_, B> {
             label: self.label,
             limit: self.limit,
             skip_probe: self.skip_probe,
+            park: self.park,
             reads: self.reads,
         };
         let result = match (self.mode, call.limit.is_active()) {
@@ -404,6 +413,8 @@ struct Call<'c, 'g, 'l, B, R: Ring> {
     label: &'c str,
     limit: &'c mut Limit<'l>,
     skip_probe: bool,
+    /// Out of buffers, leave the driver's notifications off ([`RxStop::Parked`]).
+    park: bool,
     /// Backend reads made (the last one included).
     reads: &'c mut usize,
 }
@@ -459,6 +470,9 @@ impl<'g, B: NetBackend, R: Ring> Call<'_, 'g, '_, B, R> {
                 if pool.is_empty() {
                     if budget.exhausted() {
                         return Ok(RxStop::Budget);
+                    }
+                    if self.park {
+                        return Ok(RxStop::Parked);
                     }
                     // The standard race: the driver may have posted buffers just before we
                     // re-enabled.
@@ -523,7 +537,7 @@ pub fn process_rx<B: NetBackend>(
     counters: &mut RxCounters,
 ) -> Result<RxOutcome, RingError> {
     let mut rxq = RxQueue::new(Virtqueue::new(queue, mem)?, mode, RX_GATHER_BYTES);
-    let result = rxq.run::<B, true>(backend, counters);
+    let result = rxq.run::<B, true>(backend, counters, false);
     if let Some(AnyRing::Split(vq)) = &rxq.vq {
         vq.sync_to(queue);
     }

@@ -12,7 +12,7 @@ use virtio_bindings::virtio_mmio::{VIRTIO_MMIO_INT_CONFIG, VIRTIO_MMIO_INT_VRING
 use virtio_bindings::virtio_ring::VIRTIO_RING_F_EVENT_IDX;
 use vm_memory::GuestMemoryMmap;
 
-use super::driver::{send_frame, started_rings, DriverRing};
+use super::driver::{rig_for, send_frame, start_rings, started_rings, DriverRing};
 use super::support::{frame, guest_mem, wire, GuestQueue};
 use super::worker::{
     kick, no_interrupt, queues, reaches, rig, rig_with, send_one, start_on_queues, take_interrupt,
@@ -262,6 +262,172 @@ fn busy_poll_saves_kicks<Q: DriverRing>() {
             kicks[1]
         );
     }
+}
+
+/// Receive-only traffic (the driver never transmits, so no tx queue parks): with busy-poll on,
+/// the worker polls the backend for the window before it sleeps and finds the frames of a
+/// peer that pauses less than the window; off, it never polls. Every frame lands whole either
+/// way.
+fn busy_poll_finds_received_frames<Q: DriverRing>() {
+    let _turn = super::support::spinning_device();
+    for busy_poll_us in [0, 10_000] {
+        let mem = guest_mem();
+        let (rig, mut rx, _tx) = {
+            let mut rig = rig_for::<Q>(&mem, |device| {
+                device
+                    .tuning_control()
+                    .set(NetTuning {
+                        busy_poll_us,
+                        ..NetTuning::default()
+                    })
+                    .expect("valid");
+            });
+            let (mut rx, tx) = Q::pair(&mem);
+            let bufs: Vec<(u16, u64)> = (0..20)
+                .map(|_| {
+                    let (id, addrs) = rx.offer_rx(&[2048]);
+                    (id, addrs[0])
+                })
+                .collect();
+            start_rings(&mut rig.transport, VERSION_1, &[&rx, &tx]);
+            (rig, (rx, bufs), tx)
+        };
+        let (rx, bufs) = (&mut rx.0, rx.1);
+        // Let the windows at activation run out first.
+        std::thread::sleep(Duration::from_millis(30));
+        let found0 = rig.metrics.busy_poll.found_work.get();
+        for (i, &(id, addr)) in bufs.iter().enumerate() {
+            rig.peer
+                .send_frame(&wire(&frame(100, i as u8)))
+                .expect("send");
+            assert_eq!(rx.wait_used(), (u32::from(id), 12 + 100));
+            assert_eq!(rx.peek(addr + 12, 100), frame(100, i as u8), "frame {i}");
+            // Well inside a 10 ms window (on a small machine running the other tests beside
+            // it a pause now and then still outlasts it).
+            std::thread::sleep(Duration::from_micros(500));
+        }
+        let found = rig.metrics.busy_poll.found_work.get() - found0;
+        if busy_poll_us == 0 {
+            assert_eq!(rig.metrics.busy_poll.polls.get(), 0);
+        } else {
+            assert!(found >= 12, "busy-poll found {found} of 20 frames");
+            assert!(rig.metrics.busy_poll.polled_us.get() > 0);
+        }
+        assert_eq!(rig.metrics.tx.frames.get(), 0);
+    }
+}
+
+/// A driver that posts one rx buffer at a time, each after the device ran out (a frame waits
+/// in the backend), kicking only when the ring asks, and pauses less than the window: with
+/// busy-poll on the device leaves rx notifications off while it polls for buffers, so the
+/// driver need not kick; off, every buffer needs its kick.
+fn busy_poll_saves_rx_kicks<Q: DriverRing>() {
+    let _turn = super::support::spinning_device();
+    for event_idx in [true, false] {
+        let features = VERSION_1 | if event_idx { EVENT_IDX } else { 0 };
+        let mut kicks = Vec::new();
+        for busy_poll_us in [0, 10_000] {
+            let mem = guest_mem();
+            let busy = NetTuning {
+                busy_poll_us,
+                ..NetTuning::default()
+            };
+            let (rig, mut rx, _tx) = started_rings::<Q>(&mem, features, |device| {
+                device.tuning_control().set(busy).expect("valid");
+            });
+            let mut n = 0;
+            for i in 0..20u8 {
+                rig.peer.send_frame(&wire(&frame(100, i))).expect("send");
+                let (id, addrs) = rx.offer_rx(&[2048]);
+                if rx.wants_kick(1, event_idx) {
+                    kick(&rig.transport, 0);
+                    n += 1;
+                }
+                assert_eq!(rx.wait_used(), (u32::from(id), 12 + 100));
+                assert_eq!(rx.peek(addrs[0] + 12, 100), frame(100, i), "frame {i}");
+                std::thread::sleep(Duration::from_micros(500));
+            }
+            if busy_poll_us > 0 {
+                assert!(rig.metrics.busy_poll.found_work.get() >= 12);
+            }
+            kicks.push(n);
+        }
+        assert_eq!(
+            kicks[0], 20,
+            "event_idx {event_idx}: without busy-poll every buffer kicks"
+        );
+        assert!(
+            kicks[1] <= 8,
+            "event_idx {event_idx}: busy-poll kept rx notifications off, yet {} kicks",
+            kicks[1]
+        );
+    }
+}
+
+#[test]
+fn busy_poll_saves_the_rx_kicks_of_a_driver_that_refills_within_the_window() {
+    busy_poll_saves_rx_kicks::<GuestQueue>();
+}
+
+#[test]
+fn busy_poll_saves_the_rx_kicks_on_a_packed_ring() {
+    busy_poll_saves_rx_kicks::<GuestPackedQueue>();
+}
+
+/// Busy-poll on, rx waiting for backend input (so the worker polls whatever tx does), and a
+/// backend that stops taking frames with the driver's tx chains still queued: the worker must
+/// keep looking at epoll while it polls, see the backend writable again and send the rest (a
+/// poll that took the waiting tx queue for work would spin on it forever).
+#[test]
+fn busy_poll_waits_for_a_full_backend_and_sends_the_rest() {
+    const BIG: usize = 16_000;
+    let _turn = super::support::spinning_device();
+    let mem = guest_mem();
+    let busy = NetTuning {
+        busy_poll_us: 10_000,
+        ..NetTuning::default()
+    };
+    let (rig, mut rx, mut tx) = started_rings::<GuestQueue>(&mem, VERSION_1, |device| {
+        device.tuning_control().set(busy).expect("valid");
+    });
+    for _ in 0..8 {
+        rx.offer_rx(&[2048]);
+    }
+    kick(&rig.transport, 0);
+    let frames: Vec<Vec<u8>> = (0..64).map(|i| wire(&frame(BIG, i as u8))).collect();
+    for f in &frames {
+        tx.offer_tx(f, &[12]);
+    }
+    kick(&rig.transport, 1);
+    assert!(wait_until(TIMEOUT, || rig.metrics.tx.backend_full.get() > 0));
+    // Let the worker poll a while with the backend full.
+    std::thread::sleep(Duration::from_millis(50));
+    let mut got = Vec::new();
+    let deadline = Instant::now() + TIMEOUT;
+    while got.len() < frames.len() && Instant::now() < deadline {
+        match rig.peer.try_recv_frame().expect("recv") {
+            Some(f) => got.push(f),
+            None => std::thread::sleep(Duration::from_millis(1)),
+        }
+    }
+    if got.len() < frames.len() {
+        let n = got.len();
+        // The worker is stuck: dropping the rig would wait for it forever.
+        std::mem::forget(rig);
+        panic!("{n} of 64 frames sent once the backend drained");
+    }
+    assert!(got == frames, "every frame whole, in order");
+    assert!(wait_until(TIMEOUT, || rig.metrics.tx.frames.get() == 64));
+}
+
+#[test]
+fn busy_poll_finds_received_frames_without_transmit() {
+    busy_poll_finds_received_frames::<GuestQueue>();
+}
+
+#[test]
+fn busy_poll_finds_received_frames_on_a_packed_ring() {
+    busy_poll_finds_received_frames::<GuestPackedQueue>();
 }
 
 #[test]

@@ -502,8 +502,8 @@ struct EventLoop<'p, B> {
     moderator: Moderator,
     rx_counters: RxCounters,
     tx_counters: TxCounters,
-    /// Not polling the backend for input: no rx buffers (or a read error) until the next kick.
-    rx_paused: bool,
+    /// Whether rx reads the backend, and if not, what it waits for.
+    rx_hold: RxHold,
     /// The backend refused a frame with EAGAIN: waiting for it to become writable.
     tx_waiting: bool,
     /// process_tx stopped on its budget with frames left: run it again after the other events.
@@ -566,6 +566,22 @@ struct EventLoop<'p, B> {
     sleeps: u32,
 }
 
+/// Whether rx reads the backend, and if not, what resumes it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum RxHold {
+    /// Reading whenever the backend has frames.
+    Reading,
+    /// Out of buffers (or the queue reset) with the driver's notifications on: until its rx
+    /// kick, or the buffers a busy-poll sees.
+    Buffers,
+    /// Out of buffers with the driver's notifications left off (busy-poll on): the busy-poll
+    /// watches the avail ring, and re-enables them when its window runs out.
+    Parked,
+    /// A backend read failed: only the driver's next rx kick resumes it, never a busy-poll
+    /// that sees buffers (it would read and fail again and again).
+    Failed,
+}
+
 impl<'p, B: NetBackend> EventLoop<'p, B> {
     /// Follows the driver's active queue pairs (VQ_PAIRS_SET, carried out by pair 0): a pair
     /// enabled starts polling its kicks and backend queue (attached to the tap again) and
@@ -601,12 +617,16 @@ impl<'p, B: NetBackend> EventLoop<'p, B> {
             if want { "enabled" } else { "disabled" }
         );
         if want {
-            self.rx_paused = false;
+            self.rx_hold = RxHold::Reading;
             self.update_backend_interest().map_err(WorkerError::Epoll)?;
-            self.run_tx(self.tx_parks())?;
+            self.run_tx(self.parks())?;
             self.run_rx()?;
         } else {
             self.tx_parked = false;
+            if self.rx_hold == RxHold::Parked {
+                // Nothing polls a disabled pair; enabling it runs rx again.
+                self.rx_hold = RxHold::Buffers;
+            }
             self.tx_more = false;
             self.tx_waiting = false;
             self.update_backend_interest().map_err(WorkerError::Epoll)?;
@@ -679,13 +699,13 @@ impl<'p, B: NetBackend> EventLoop<'p, B> {
 
     fn run(&mut self) -> Result<(), WorkerError> {
         // Kicks and frames may have arrived before activation.
-        self.run_tx(self.tx_parks())?;
+        self.run_tx(self.parks())?;
         self.run_rx()?;
         self.run_ctrl()?;
         self.flush()?;
         let mut events = [EpollEvent::default(); 8];
         loop {
-            if self.tx_parked && !self.events_pending {
+            if self.polls() && !self.events_pending {
                 self.busy_poll()?;
             }
             let Some(n) = self.wait(&mut events)? else {
@@ -696,7 +716,7 @@ impl<'p, B: NetBackend> EventLoop<'p, B> {
                     Some(Token::Stop) => return Ok(()),
                     Some(Token::TxKick) => {
                         self.tx_counters.kicks += drain(&self.tx_kick)?;
-                        self.run_tx(self.tx_parks())?;
+                        self.run_tx(self.parks())?;
                     }
                     Some(Token::RxKick) => {
                         self.rx_counters.kicks += drain(&self.rx_kick)?;
@@ -712,7 +732,7 @@ impl<'p, B: NetBackend> EventLoop<'p, B> {
                     Some(Token::Link) => self.link_changed(),
                     Some(Token::TxThrottle) => {
                         self.unthrottle_tx()?;
-                        self.run_tx(self.tx_parks())?;
+                        self.run_tx(self.parks())?;
                     }
                     Some(Token::RxThrottle) => {
                         self.unthrottle_rx()?;
@@ -733,7 +753,7 @@ impl<'p, B: NetBackend> EventLoop<'p, B> {
                 }
             }
             if self.tx_more {
-                self.run_tx(self.tx_parks())?;
+                self.run_tx(self.parks())?;
             }
             if self.ctrl_more {
                 self.run_ctrl()?;
@@ -771,7 +791,7 @@ impl<'p, B: NetBackend> EventLoop<'p, B> {
             PairQueue::Rx => {
                 let pooled = self.rx.detach();
                 // Not polling the backend until the queue is back (frames wait in the tap).
-                self.rx_paused = true;
+                self.rx_hold = RxHold::Buffers;
                 debug!(
                     "virtio-net {}: pair {} rx queue reset ({pooled} pooled chains dropped)",
                     self.label, self.pair
@@ -818,15 +838,37 @@ impl<'p, B: NetBackend> EventLoop<'p, B> {
             PairQueue::Tx => {
                 self.tx.attach(vq);
                 drain(&self.tx_kick)?;
-                self.run_tx(self.tx_parks())
+                self.run_tx(self.parks())
             }
         }
     }
 
-    /// Whether a drained tx queue stays parked (notifications off): with busy-poll on, for
-    /// [`EventLoop::busy_poll`].
-    fn tx_parks(&self) -> bool {
+    /// Whether a drained tx queue, or an rx queue out of buffers, stays parked (notifications
+    /// off): with busy-poll on, for [`EventLoop::busy_poll`].
+    fn parks(&self) -> bool {
         !self.busy_poll.is_zero()
+    }
+
+    /// Whether the loop busy-polls before it sleeps: a queue is parked (always polled, and
+    /// unparked at once when busy-poll is off), or rx waits with busy-poll on.
+    fn polls(&self) -> bool {
+        self.tx_parked || self.rx_hold == RxHold::Parked || self.rx_polls()
+    }
+
+    /// Whether rx waits with busy-poll on, for backend input or for the driver's buffers: the
+    /// worker then polls for the window before it sleeps, whatever tx does.
+    fn rx_polls(&self) -> bool {
+        !self.busy_poll.is_zero()
+            && (self.registered.contains(EventSet::IN) || self.rx_waits_for_buffers())
+    }
+
+    /// Rx is paused until the driver posts buffers (not by a read failure), on an attached
+    /// queue of an enabled pair whose backend still delivers.
+    fn rx_waits_for_buffers(&self) -> bool {
+        matches!(self.rx_hold, RxHold::Buffers | RxHold::Parked)
+            && self.enabled
+            && !self.backend_gone
+            && self.rx.is_attached()
     }
 
     /// Sends what the driver queued; `park`: leave a drained queue's notifications off.
@@ -864,9 +906,15 @@ impl<'p, B: NetBackend> EventLoop<'p, B> {
     }
 
     fn run_rx(&mut self) -> Result<(), WorkerError> {
+        self.run_rx_with(self.parks())
+    }
+
+    /// Receives what the backend has into the driver's buffers; `park`: out of buffers, leave
+    /// the driver's notifications off.
+    fn run_rx_with(&mut self, park: bool) -> Result<(), WorkerError> {
         if !self.enabled
             || !self.rx.is_attached()
-            || self.rx_paused
+            || self.rx_hold != RxHold::Reading
             || self.backend_gone
             || self.parts.rx_throttle.is_on()
         {
@@ -874,7 +922,7 @@ impl<'p, B: NetBackend> EventLoop<'p, B> {
         }
         let outcome = self
             .rx
-            .run::<_, false>(&mut self.backend, &mut self.rx_counters)
+            .run::<_, false>(&mut self.backend, &mut self.rx_counters, park)
             .map_err(|source| WorkerError::Ring {
                 queue: "rx",
                 source,
@@ -884,7 +932,8 @@ impl<'p, B: NetBackend> EventLoop<'p, B> {
         match outcome.stop {
             // Level-triggered epoll reports the backend again if frames remain.
             RxStop::BackendEmpty | RxStop::Budget | RxStop::Yielded => {}
-            RxStop::NoBuffers => self.rx_paused = true,
+            RxStop::NoBuffers => self.rx_hold = RxHold::Buffers,
+            RxStop::Parked => self.rx_hold = RxHold::Parked,
             RxStop::BackendFailed => {
                 if let Some(more) = self.rx_errors.failure(std::time::Instant::now()) {
                     warn!(
@@ -893,7 +942,7 @@ impl<'p, B: NetBackend> EventLoop<'p, B> {
                         self.label
                     );
                 }
-                self.rx_paused = true;
+                self.rx_hold = RxHold::Failed;
             }
             RxStop::Throttled(wait) => self.parts.rx_throttle.start(wait)?,
             RxStop::BackendClosed => {
@@ -924,7 +973,7 @@ impl<'p, B: NetBackend> EventLoop<'p, B> {
     }
 
     fn resume_rx(&mut self) -> Result<(), WorkerError> {
-        self.rx_paused = false;
+        self.rx_hold = RxHold::Reading;
         self.run_rx()
     }
 
@@ -933,7 +982,7 @@ impl<'p, B: NetBackend> EventLoop<'p, B> {
         if self.tx_waiting && (events.contains(EventSet::OUT) || failed) {
             self.tx_waiting = false;
             self.update_backend_interest().map_err(WorkerError::Epoll)?;
-            self.run_tx(self.tx_parks())?;
+            self.run_tx(self.parks())?;
         }
         if events.contains(EventSet::IN) || failed {
             self.run_rx()?;
@@ -946,7 +995,10 @@ impl<'p, B: NetBackend> EventLoop<'p, B> {
     fn update_backend_interest(&mut self) -> io::Result<()> {
         let mut want = EventSet::empty();
         if self.enabled && !self.backend_gone {
-            if self.rx.is_attached() && !self.rx_paused && !self.parts.rx_throttle.is_on() {
+            if self.rx.is_attached()
+                && self.rx_hold == RxHold::Reading
+                && !self.parts.rx_throttle.is_on()
+            {
                 want |= EventSet::IN;
             }
             if self.tx_waiting {

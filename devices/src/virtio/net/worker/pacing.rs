@@ -143,7 +143,7 @@ impl<'p, B: NetBackend> EventLoop<'p, B> {
         if self.apply_limiters() {
             if self.parts.tx_throttle.is_on() {
                 self.unthrottle_tx()?;
-                self.run_tx(self.tx_parks())?;
+                self.run_tx(self.parks())?;
             }
             if self.parts.rx_throttle.is_on() {
                 self.unthrottle_rx()?;
@@ -219,20 +219,22 @@ impl<'p, B: NetBackend> EventLoop<'p, B> {
         Ok(())
     }
 
-    /// The device busy-poll: the queues are drained, tx notifications are still off and the
-    /// round's interrupt is out. Spins on the tx avail index (and the rx avail index while rx
-    /// waits for buffers) for up to the window, looking at epoll every few microseconds for
-    /// backend input and the other events. Work found is done at once and the window starts
-    /// again; an event ready returns to the loop (which does not sleep, then comes back);
-    /// a window that ends with nothing re-enables notifications (re-checking the race) so
-    /// the loop can sleep.
+    /// The device busy-poll: the queues are drained and the round's interrupt is out, with tx
+    /// notifications still off (the tx queue parked) or rx waiting for backend input
+    /// ([`EventLoop::rx_polls`]: receive-only traffic polls too, as vhost-net's busy loop
+    /// does). Spins on the tx avail index (and the rx avail index while rx waits for buffers)
+    /// for up to the window, looking at epoll every few microseconds for backend input and the
+    /// other events. Work found is done at once and the window starts again; an event ready
+    /// returns to the loop (which does not sleep, then comes back); a window that ends with
+    /// nothing re-enables the parked queues' notifications (re-checking the race) so the loop
+    /// can sleep.
     pub(super) fn busy_poll(&mut self) -> Result<(), WorkerError> {
         /// Spins between two looks at epoll and the clock (~1-3 µs).
         const SPINS_PER_CHECK: u32 = 64;
         let mut ready = [EpollEvent::default(); 1];
-        while self.tx_parked {
+        while self.polls() {
             if self.busy_poll.is_zero() {
-                return self.unpark_tx();
+                return self.end_busy_poll();
             }
             let start = Instant::now();
             self.interval_check(start)?;
@@ -240,10 +242,12 @@ impl<'p, B: NetBackend> EventLoop<'p, B> {
             self.seen.windows += 1;
             let mut spins = 0u32;
             let found = loop {
-                if self.tx.avail_pending() {
+                // Only a parked tx queue: one that is not waits for its kick (or for the
+                // backend to take more), and running it would do nothing again and again.
+                if self.tx_parked && self.tx.avail_pending() {
                     break Found::Tx;
                 }
-                if self.rx_paused && !self.backend_gone && self.rx.avail_pending() {
+                if self.rx_waits_for_buffers() && self.rx.avail_pending() {
                     break Found::Rx;
                 }
                 spins += 1;
@@ -270,7 +274,7 @@ impl<'p, B: NetBackend> EventLoop<'p, B> {
             match found {
                 Found::Nothing => {
                     self.window_ran_out = self.adapter.is_some();
-                    return self.unpark_tx();
+                    return self.end_busy_poll();
                 }
                 Found::Event => {
                     self.poll_counters.found_work += 1;
@@ -279,7 +283,7 @@ impl<'p, B: NetBackend> EventLoop<'p, B> {
                 }
                 Found::Tx => {
                     self.poll_counters.found_work += 1;
-                    self.run_tx(self.tx_parks())?;
+                    self.run_tx(self.parks())?;
                 }
                 Found::Rx => {
                     self.poll_counters.found_work += 1;
@@ -295,10 +299,20 @@ impl<'p, B: NetBackend> EventLoop<'p, B> {
         Ok(())
     }
 
-    /// Ends a busy-poll: notifications back on (with the race re-checked and anything that
-    /// raced in sent), and this round's interrupt.
-    pub(super) fn unpark_tx(&mut self) -> Result<(), WorkerError> {
-        self.run_tx(false)?;
+    /// Ends a busy-poll: the parked queues' notifications back on (with the race re-checked,
+    /// and anything that raced in sent or received), and this round's interrupt.
+    fn end_busy_poll(&mut self) -> Result<(), WorkerError> {
+        let rx_parked = self.rx_hold == RxHold::Parked;
+        if !self.tx_parked && !rx_parked {
+            return Ok(());
+        }
+        if self.tx_parked {
+            self.run_tx(false)?;
+        }
+        if rx_parked {
+            self.rx_hold = RxHold::Reading;
+            self.run_rx_with(false)?;
+        }
         self.flush()
     }
 }

@@ -133,7 +133,7 @@ impl<'p, B: NetBackend> EventLoop<'p, B> {
             moderator: Moderator::new(tuning),
             rx_counters: RxCounters::default(),
             tx_counters: TxCounters::default(),
-            rx_paused: false,
+            rx_hold: RxHold::Reading,
             tx_waiting: false,
             tx_more: false,
             tx_parked: false,
