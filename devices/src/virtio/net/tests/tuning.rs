@@ -208,6 +208,23 @@ pub(super) fn paced_driver<Q: DriverRing>(
     kicks
 }
 
+/// A started rig with `Q`'s rings whose device busy-polls for `busy_poll_us` (0: off).
+fn busy_rings<Q: DriverRing>(
+    mem: &GuestMemoryMmap,
+    features: u64,
+    busy_poll_us: u32,
+) -> (Rig, Q, Q) {
+    started_rings::<Q>(mem, features, |device| {
+        device
+            .tuning_control()
+            .set(NetTuning {
+                busy_poll_us,
+                ..NetTuning::default()
+            })
+            .expect("valid");
+    })
+}
+
 #[test]
 fn busy_poll_saves_the_kicks_of_a_driver_that_pauses_less_than_the_window() {
     busy_poll_saves_kicks::<GuestQueue>();
@@ -230,13 +247,7 @@ fn busy_poll_saves_kicks<Q: DriverRing>() {
         let mut kicks = Vec::new();
         for busy_poll_us in [0, 10_000] {
             let mem = guest_mem();
-            let busy = NetTuning {
-                busy_poll_us,
-                ..NetTuning::default()
-            };
-            let (rig, _rx, mut tx) = started_rings::<Q>(&mem, features, |device| {
-                device.tuning_control().set(busy).expect("valid");
-            });
+            let (rig, _rx, mut tx) = busy_rings::<Q>(&mem, features, busy_poll_us);
             // Pauses of 0.5 ms, well inside a 10 ms window (on a small machine running the
             // other tests beside it a pause now and then still outlasts it).
             let n = paced_driver(&rig, &mut tx, event_idx, 20, Duration::from_micros(500));
@@ -328,13 +339,7 @@ fn busy_poll_saves_rx_kicks<Q: DriverRing>() {
         let mut kicks = Vec::new();
         for busy_poll_us in [0, 10_000] {
             let mem = guest_mem();
-            let busy = NetTuning {
-                busy_poll_us,
-                ..NetTuning::default()
-            };
-            let (rig, mut rx, _tx) = started_rings::<Q>(&mem, features, |device| {
-                device.tuning_control().set(busy).expect("valid");
-            });
+            let (rig, mut rx, _tx) = busy_rings::<Q>(&mem, features, busy_poll_us);
             let mut n = 0;
             for i in 0..20u8 {
                 rig.peer.send_frame(&wire(&frame(100, i))).expect("send");
@@ -383,13 +388,7 @@ fn busy_poll_waits_for_a_full_backend_and_sends_the_rest() {
     const BIG: usize = 16_000;
     let _turn = super::support::spinning_device();
     let mem = guest_mem();
-    let busy = NetTuning {
-        busy_poll_us: 10_000,
-        ..NetTuning::default()
-    };
-    let (rig, mut rx, mut tx) = started_rings::<GuestQueue>(&mem, VERSION_1, |device| {
-        device.tuning_control().set(busy).expect("valid");
-    });
+    let (rig, mut rx, mut tx) = busy_rings::<GuestQueue>(&mem, VERSION_1, 10_000);
     for _ in 0..8 {
         rx.offer_rx(&[2048]);
     }
