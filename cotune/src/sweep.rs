@@ -502,12 +502,8 @@ fn rx_coalesce_points(opts: &Options) -> Vec<Point> {
 
 /// Receive with the device's busy-poll window 0, 10, 50, 200 µs (0 and 50 with `--quick`).
 fn rx_busy_poll_points(opts: &Options) -> Vec<Point> {
-    let us: &[u32] = if opts.quick {
-        &[0, 50]
-    } else {
-        &[0, 10, 50, 200]
-    };
-    us.iter()
+    busy_poll_windows(opts)
+        .iter()
         .map(|&b| Point {
             axes: vec![("busy_poll_us", b.to_string())],
             config: Config::default(),
@@ -587,14 +583,20 @@ const BUSY_POLL_PACE: Pace = Pace {
     pause_us: 20,
 };
 
-/// The device busy-poll window on paced zero-copy transmit (kick threshold 8).
-fn busy_poll_points(opts: &Options) -> Vec<Point> {
-    let us: &[u32] = if opts.quick {
+/// The busy-poll windows the 1-D busy-poll presets sweep: 0, 10, 50, 200 µs (0 and 50 with
+/// `--quick`).
+fn busy_poll_windows(opts: &Options) -> &'static [u32] {
+    if opts.quick {
         &[0, 50]
     } else {
         &[0, 10, 50, 200]
-    };
-    us.iter()
+    }
+}
+
+/// The device busy-poll window on paced zero-copy transmit (kick threshold 8).
+fn busy_poll_points(opts: &Options) -> Vec<Point> {
+    busy_poll_windows(opts)
+        .iter()
         .map(|&b| {
             let dev = DevKnobs {
                 busy_poll_us: b,

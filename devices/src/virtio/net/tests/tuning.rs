@@ -18,9 +18,10 @@ use super::worker::{
     kick, no_interrupt, queues, reaches, rig, rig_with, send_one, start_on_queues, take_interrupt,
     Rig, TIMEOUT, VERSION_1,
 };
+use crate::backend::PairBackend;
 use crate::test_utils::mmio::{wait_until, Registers};
 use crate::test_utils::packed::GuestPackedQueue;
-use crate::virtio::net::{InterruptCoalescing, NetTuning};
+use crate::virtio::net::{InterruptCoalescing, NetDevice, NetTuning};
 
 const EVENT_IDX: u64 = 1 << VIRTIO_RING_F_EVENT_IDX;
 
@@ -208,13 +209,9 @@ pub(super) fn paced_driver<Q: DriverRing>(
     kicks
 }
 
-/// A started rig with `Q`'s rings whose device busy-polls for `busy_poll_us` (0: off).
-fn busy_rings<Q: DriverRing>(
-    mem: &GuestMemoryMmap,
-    features: u64,
-    busy_poll_us: u32,
-) -> (Rig, Q, Q) {
-    started_rings::<Q>(mem, features, |device| {
+/// Sets the device's busy-poll window to `busy_poll_us` (0: off), before it starts.
+fn busy_tuning(busy_poll_us: u32) -> impl FnOnce(&mut NetDevice<PairBackend>) {
+    move |device| {
         device
             .tuning_control()
             .set(NetTuning {
@@ -222,7 +219,16 @@ fn busy_rings<Q: DriverRing>(
                 ..NetTuning::default()
             })
             .expect("valid");
-    })
+    }
+}
+
+/// A started rig with `Q`'s rings whose device busy-polls for `busy_poll_us` (0: off).
+fn busy_rings<Q: DriverRing>(
+    mem: &GuestMemoryMmap,
+    features: u64,
+    busy_poll_us: u32,
+) -> (Rig, Q, Q) {
+    started_rings::<Q>(mem, features, busy_tuning(busy_poll_us))
 }
 
 #[test]
@@ -283,27 +289,16 @@ fn busy_poll_finds_received_frames<Q: DriverRing>() {
     let _turn = super::support::spinning_device();
     for busy_poll_us in [0, 10_000] {
         let mem = guest_mem();
-        let (rig, mut rx, _tx) = {
-            let mut rig = rig_for::<Q>(&mem, |device| {
-                device
-                    .tuning_control()
-                    .set(NetTuning {
-                        busy_poll_us,
-                        ..NetTuning::default()
-                    })
-                    .expect("valid");
-            });
-            let (mut rx, tx) = Q::pair(&mem);
-            let bufs: Vec<(u16, u64)> = (0..20)
-                .map(|_| {
-                    let (id, addrs) = rx.offer_rx(&[2048]);
-                    (id, addrs[0])
-                })
-                .collect();
-            start_rings(&mut rig.transport, VERSION_1, &[&rx, &tx]);
-            (rig, (rx, bufs), tx)
-        };
-        let (rx, bufs) = (&mut rx.0, rx.1);
+        let mut rig = rig_for::<Q>(&mem, busy_tuning(busy_poll_us));
+        let (mut rx, tx) = Q::pair(&mem);
+        // The buffers are posted before the device starts: it never waits for them.
+        let bufs: Vec<(u16, u64)> = (0..20)
+            .map(|_| {
+                let (id, addrs) = rx.offer_rx(&[2048]);
+                (id, addrs[0])
+            })
+            .collect();
+        start_rings(&mut rig.transport, VERSION_1, &[&rx, &tx]);
         // Let the windows at activation run out first.
         std::thread::sleep(Duration::from_millis(30));
         let found0 = rig.metrics.busy_poll.found_work.get();
