@@ -3,6 +3,8 @@
 //! and the worker's seccomp filter. Coalescing and busy-poll run on split and packed rings.
 
 use std::collections::BTreeMap;
+use std::os::fd::{AsRawFd, RawFd};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -15,13 +17,14 @@ use vm_memory::GuestMemoryMmap;
 use super::driver::{rig_for, send_frame, start_rings, started_rings, DriverRing};
 use super::support::{frame, guest_mem, wire, GuestQueue};
 use super::worker::{
-    kick, no_interrupt, queues, reaches, rig, rig_with, send_one, start_on_queues, take_interrupt,
-    Rig, TIMEOUT, VERSION_1,
+    kick, no_interrupt, queues, reaches, rig, rig_with, send_one, start, start_on_queues,
+    take_interrupt, Rig, TIMEOUT, VERSION_1,
 };
-use crate::backend::PairBackend;
+use crate::backend::{NetBackend, PairBackend};
 use crate::test_utils::mmio::{wait_until, Registers};
 use crate::test_utils::packed::GuestPackedQueue;
-use crate::virtio::net::{InterruptCoalescing, NetDevice, NetTuning};
+use crate::virtio::net::{InterruptCoalescing, MacAddr, NetDevice, NetTuning};
+use crate::virtio::MmioTransport;
 
 const EVENT_IDX: u64 = 1 << VIRTIO_RING_F_EVENT_IDX;
 
@@ -460,4 +463,110 @@ fn busy_poll_window_ends_with_notifications_back_on() {
     assert_eq!(paced_driver(&rig, &mut tx, true, 3, Duration::ZERO), 3);
     std::thread::sleep(Duration::from_millis(20));
     assert_eq!(rig.metrics.busy_poll.polls.get(), polls);
+}
+
+/// A [`PairBackend`] whose reads fail with EIO while `fail` is set and a frame is queued (the
+/// frame stays queued); with nothing queued a read finds nothing, as from a healthy backend.
+struct FailingReads {
+    inner: PairBackend,
+    fail: Arc<AtomicBool>,
+}
+
+impl AsRawFd for FailingReads {
+    fn as_raw_fd(&self) -> RawFd {
+        self.inner.as_raw_fd()
+    }
+}
+
+impl NetBackend for FailingReads {
+    fn read_frame(&mut self, iovs: crate::iovec::Iovecs<'_>) -> std::io::Result<usize> {
+        if self.fail.load(Ordering::Relaxed) {
+            let mut byte = 0u8;
+            // SAFETY: `byte` is valid for a 1-byte write; recv keeps no pointer after it
+            // returns. MSG_PEEK leaves the frame queued.
+            let queued = unsafe {
+                libc::recv(
+                    self.as_raw_fd(),
+                    (&raw mut byte).cast(),
+                    1,
+                    libc::MSG_PEEK | libc::MSG_DONTWAIT,
+                )
+            };
+            if queued > 0 {
+                return Err(std::io::Error::from_raw_os_error(libc::EIO));
+            }
+        }
+        self.inner.read_frame(iovs)
+    }
+    fn write_frame(&mut self, iovs: crate::iovec::Iovecs<'_>) -> std::io::Result<usize> {
+        self.inner.write_frame(iovs)
+    }
+}
+
+/// A backend read fails with the driver's rx buffers posted: rx pauses until the driver's next
+/// rx kick and the worker tries no more reads meanwhile, busy-poll on or off. With busy-poll
+/// on (tx parked after a transmit, and the buffers in sight of the poll) a poll that took the
+/// buffers for a reason to read again would fail, find them again and never sleep.
+#[test]
+fn a_failed_backend_read_waits_for_the_next_rx_kick() {
+    let _turn = super::support::spinning_device();
+    for busy_poll_us in [0, 10_000] {
+        let mem = guest_mem();
+        let (inner, peer) = PairBackend::new().expect("socketpair");
+        peer.set_timeout(TIMEOUT).expect("timeout");
+        let fail = Arc::new(AtomicBool::new(true));
+        let backend = FailingReads {
+            inner,
+            fail: fail.clone(),
+        };
+        let device = NetDevice::with_backend(backend, MacAddr::new([2, 0, 0, 0, 0, 1]), 256);
+        device
+            .tuning_control()
+            .set(NetTuning {
+                busy_poll_us,
+                ..NetTuning::default()
+            })
+            .expect("valid");
+        let metrics = device.metrics();
+        let mut t = MmioTransport::new(mem.clone(), Box::new(device)).expect("transport");
+        let (mut rx, mut tx) = queues(&mem);
+        start(&mut t, VERSION_1, &rx, &tx);
+        let (_, bufs) = rx.push_rx(&[2048]);
+        rx.push_rx(&[2048]);
+        kick(&t, 0);
+        // A transmit: with busy-poll on, tx parks and the worker polls its window.
+        let out = wire(&frame(80, 1));
+        tx.push_tx(&out, &[]);
+        kick(&t, 1);
+        assert_eq!(peer.recv_frame().expect("frame"), out);
+
+        let inbound = wire(&frame(90, 2));
+        peer.send_frame(&inbound).expect("send");
+        assert!(wait_until(TIMEOUT, || metrics.rx.backend_errors.get() >= 1));
+        // Several busy-poll windows long; then the worker still serves tx.
+        std::thread::sleep(Duration::from_millis(100));
+        let out = wire(&frame(80, 3));
+        tx.push_tx(&out, &[]);
+        kick(&t, 1);
+        let sent = peer.recv_frame().ok();
+        let failed = metrics.rx.backend_errors.get();
+        if failed != 1 || sent.as_ref() != Some(&out) {
+            // A worker spinning on the failure would never answer the transport's stop.
+            std::mem::forget(t);
+            panic!(
+                "busy_poll_us {busy_poll_us}: {failed} failed reads without an rx kick, tx sent {}",
+                sent.is_some()
+            );
+        }
+        assert_eq!(rx.used_idx(), 0);
+
+        // The backend recovers; the driver's rx kick resumes rx and the frame lands whole.
+        fail.store(false, Ordering::Relaxed);
+        kick(&t, 0);
+        assert!(wait_until(TIMEOUT, || rx.used_idx() == 1));
+        assert_eq!(rx.used(0).1, 12 + 90);
+        assert_eq!(rx.read(bufs[0] + 12, 90), inbound[12..]);
+        assert_eq!(metrics.rx.frames.get(), 1);
+        assert_eq!(metrics.rx.backend_errors.get(), 1);
+    }
 }
