@@ -1430,7 +1430,9 @@ fn confirm_adaptive(
             };
             let pair = [fixed, adaptive];
             let mut trials: [Vec<Row>; 2] = Default::default();
+            let mut ratios = Vec::new();
             for round in 0..rounds {
+                let mut scores = [f64::NAN; 2];
                 for i in if round % 2 == 0 { [0, 1] } else { [1, 0] } {
                     progress(&format!(
                         "adaptive: paired re-run {target} {}, round {}/{rounds}",
@@ -1448,14 +1450,22 @@ fn confirm_adaptive(
                             loadavg1(),
                             opts,
                         );
+                        scores[i] = (crate::report::objective(workload).1)(&row);
                         trials[i].push(row);
                     }
+                }
+                let ratio = scores[1] / scores[0];
+                if ratio.is_finite() {
+                    ratios.push(ratio);
                 }
             }
             for (i, runs) in trials.into_iter().enumerate() {
                 if let Some(mut row) = crate::report::median_by_objective(runs, workload) {
                     row.value2 = format!("{}{}", crate::report::PAIRED_PREFIX, pair[i].axes[1].1);
                     row.note = format!("paired re-run: median of {rounds} alternated trials");
+                    if i == 1 {
+                        row.note += &crate::report::round_ratios_note(&ratios);
+                    }
                     extra.push(row);
                 }
             }

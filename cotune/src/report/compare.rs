@@ -84,6 +84,29 @@ pub fn median_by_objective(mut rows: Vec<Row>, workload: &str) -> Option<Row> {
     Some(rows.swap_remove(mid))
 }
 
+/// What the paired re-run's rounds say on their own (appended to the adaptive paired row's
+/// note): each round runs the best fixed point and the adaptive one back to back, so the ratio
+/// of their scores within a round leaves out what drifts between rounds (the host's pace); its
+/// median and range over the rounds. Empty without a round where both were measured.
+pub fn round_ratios_note(ratios: &[f64]) -> String {
+    let mut v: Vec<f64> = ratios.iter().copied().filter(|r| r.is_finite()).collect();
+    if v.is_empty() {
+        return String::new();
+    }
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    let median = if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        (v[n / 2 - 1] + v[n / 2]) / 2.0
+    };
+    format!(
+        "; adaptive / best fixed within a round: median {median:.2} ({:.2}–{:.2}, {n} rounds)",
+        v[0],
+        v[n - 1]
+    )
+}
+
 /// The comparisons of the adaptive preset's rows (none when it did not run, or a group lacks
 /// the defaults, the adaptive point or a measured fixed point).
 pub fn comparisons(rows: &[Row]) -> Vec<Comparison> {
@@ -236,5 +259,18 @@ mod tests {
         let m = median_by_objective(trials, "pingpong").expect("measured");
         assert_eq!(m.p99_us, 20.0);
         assert!(median_by_objective(Vec::new(), "fwd").is_none());
+    }
+
+    #[test]
+    fn the_rounds_ratio_note_gives_the_median_and_range_of_the_finite_ratios() {
+        assert_eq!(round_ratios_note(&[]), "");
+        assert_eq!(round_ratios_note(&[f64::NAN, f64::INFINITY]), "");
+        let odd = round_ratios_note(&[1.3, 0.7, f64::NAN, 1.0]);
+        assert_eq!(
+            odd,
+            "; adaptive / best fixed within a round: median 1.00 (0.70–1.30, 3 rounds)"
+        );
+        let even = round_ratios_note(&[0.9, 1.2, 1.0, 0.5]);
+        assert!(even.contains("median 0.95 (0.50–1.20, 4 rounds)"), "{even}");
     }
 }
