@@ -15,6 +15,20 @@
 //!   off. A move against the window's last one waits [`GAP_HORIZON`] intervals, doubling with
 //!   each such reversal (up to [`MAX_REVERSAL_WAIT`]): gaps that straddle the bound cannot make
 //!   it open and close every few intervals.
+//!
+//!   Those gaps are measured under the window in force, and a closed one can make its own:
+//!   a device that sleeps whenever it runs dry lets the driver's ring fill, the driver waits
+//!   for the interrupt, and its next publish comes after its own wake-up, longer than the
+//!   bound on a slow host, where a window would have kept the ring from filling and the driver
+//!   from waiting at all. So a closed window under a flood (at least [`WINDOW_TRIAL_PER_S`]
+//!   frames/s) whose gaps say "long" gets a *trial*: open at the bound for
+//!   [`WINDOW_TRIAL_INTERVALS`] intervals, kept if the frame rate rose by a quarter, else
+//!   closed again and parked like a failed coalescing step (for [`PARK_INTERVALS`] intervals
+//!   at least, doubling with each failed trial in a row, then until the frame rate has changed
+//!   by more than 2×): on a steady load that no window helps, one trial. A window the trial
+//!   kept is not closed by the gap rule while the frame rate stays within 2× of the rate that
+//!   kept it: the driver may still wait now and then (its ring full), and the gaps those waits
+//!   leave say nothing against a window that multiplied the rate.
 //! - **Interrupt coalescing** climbs a ladder of levels ([`LEVELS_US`], with a packet bound
 //!   of [`LEVEL_PACKETS`]) while interrupts come faster than [`IRQ_HIGH_PER_S`] carrying fewer
 //!   than [`TARGET_FRAMES_PER_IRQ`] frames each, but more than the two of a round trip
@@ -51,7 +65,11 @@ pub const GAP_SAMPLE: u32 = 8;
 pub const GAP_HORIZON: u32 = 16;
 /// Longest wait before the busy-poll window may move against its last move, in intervals.
 pub const MAX_REVERSAL_WAIT: u32 = 1024;
-/// Shortest park after a failed coalescing trial, in intervals.
+/// Frame rate (per second) from which a closed window is worth a trial under long gaps.
+pub const WINDOW_TRIAL_PER_S: u64 = 100_000;
+/// Intervals a window trial runs before it is judged (the first one sees the change happen).
+pub const WINDOW_TRIAL_INTERVALS: u32 = 2;
+/// Shortest park after a failed coalescing or window trial, in intervals.
 pub const PARK_INTERVALS: u32 = 16;
 /// Longest park after failed trials in a row.
 pub const MAX_PARK_INTERVALS: u32 = 1024;
@@ -128,6 +146,15 @@ pub struct Adapter {
     reversal_wait: u32,
     /// Intervals the gap counts cover.
     gap_intervals: u32,
+    /// A window trial running: the frame rate before it and the intervals it has left.
+    window_trial: Option<(u64, u32)>,
+    /// Parked after a failed window trial: the frame rate it failed at, the intervals left
+    /// before the park may end, and the next park's length.
+    window_park: (Option<u64>, u32, u32),
+    /// The frame rate a window trial was kept at: while the rate stays within 2× of it, the
+    /// gap rule does not close the window (its gaps are the driver's own waits, which the
+    /// window's gain outweighs).
+    window_kept_at: Option<u64>,
     /// Coalescing ladder level (0: off).
     level: usize,
     /// The frame rate (per second) each level above 0 was entered at.
@@ -160,6 +187,9 @@ impl Adapter {
             since_move: 0,
             reversal_wait: GAP_HORIZON,
             gap_intervals: 0,
+            window_trial: None,
+            window_park: (None, 0, PARK_INTERVALS),
+            window_kept_at: None,
             level: 0,
             entered_at: [0; LEVELS_US.len()],
             last_rate: 0,
@@ -203,7 +233,13 @@ impl Adapter {
     pub fn observe(&mut self, seen: Observed) -> Decision {
         self.counters.intervals += 1;
         let wanted = self.next_busy_poll(seen);
-        let busy_poll = self.turn_wait(wanted);
+        let busy_poll = match self.window_trial(seen, wanted) {
+            Some(trial) => {
+                self.since_move = self.since_move.saturating_add(1);
+                trial
+            }
+            None => self.turn_wait(wanted),
+        };
         if busy_poll != self.busy_poll_us || self.gap_intervals >= GAP_HORIZON {
             self.gaps = (0, 0);
             self.longest_short_gap_us = 0;
@@ -259,6 +295,56 @@ impl Adapter {
         self.last_move = Some(grows);
         self.since_move = 0;
         wanted
+    }
+
+    /// The window trial's part (see the module docs): `Some` window while one runs, starts or
+    /// ends; `None` leaves the window to the gap rule's `wanted`.
+    fn window_trial(&mut self, seen: Observed, wanted: u32) -> Option<u32> {
+        let rate = seen.frames.saturating_mul(1_000_000) / seen.elapsed_us.max(1);
+        if let Some((before, left)) = self.window_trial {
+            if left > 1 {
+                self.window_trial = Some((before, left - 1));
+                return Some(self.busy_poll_us);
+            }
+            self.window_trial = None;
+            if rate >= before.saturating_add(before / 4) {
+                // Kept: a move up as far as the reversal rule is concerned.
+                self.window_park = (None, 0, PARK_INTERVALS);
+                self.window_kept_at = Some(rate);
+                self.last_move = Some(true);
+                self.since_move = 0;
+                return Some(self.busy_poll_us);
+            }
+            let next = self.window_park.2;
+            self.window_park = (
+                Some(rate),
+                next,
+                next.saturating_mul(2).min(MAX_PARK_INTERVALS),
+            );
+            return Some(0);
+        }
+        let within_2x = |at: u64| rate <= at.saturating_mul(2) && rate.saturating_mul(2) >= at;
+        if let Some(kept) = self.window_kept_at {
+            if within_2x(kept) && self.busy_poll_us > 0 {
+                return (wanted < self.busy_poll_us).then_some(self.busy_poll_us);
+            }
+            self.window_kept_at = None;
+        }
+        let bound = self.bounds.max_busy_poll_us;
+        if let (Some(at), left, next) = self.window_park {
+            if left > 0 || within_2x(at) {
+                self.window_park = (Some(at), left.saturating_sub(1), next);
+                return None;
+            }
+            self.window_park = (None, 0, next);
+        }
+        let long = self.gaps.1 >= 2 && self.gaps.1 > self.gaps.0;
+        if self.busy_poll_us == 0 && wanted == 0 && bound > 0 && long && rate >= WINDOW_TRIAL_PER_S
+        {
+            self.window_trial = Some((rate, WINDOW_TRIAL_INTERVALS));
+            return Some(bound);
+        }
+        None
     }
 
     fn next_busy_poll(&mut self, seen: Observed) -> u32 {

@@ -569,3 +569,101 @@ fn the_switches_of_a_mixed_load_start_no_coalescing_trial() {
     );
     assert!(!a.coalescing().is_enabled());
 }
+
+/// A flood of transmit that the device's sleeping slows down: with the window under `needs`
+/// µs the driver's ring fills and it waits for the interrupt, so the device times long gaps (a
+/// wake-up per ring of 256 frames, after the driver's own wake-up) at `closed` frames/s; with
+/// a window of `needs` µs or more the ring never fills: `open` frames/s, and no sleep.
+struct WaitingDriver {
+    closed: u64,
+    open: u64,
+    needs: u32,
+    /// With the window open the driver still waits now and then: the device times long
+    /// gaps and its windows mostly run out, at the open rate.
+    waits_open: bool,
+}
+
+impl Workload for WaitingDriver {
+    fn interval(&self, busy_poll_us: u32, _: InterruptCoalescing, _: u32) -> Observed {
+        let polls = busy_poll_us >= self.needs;
+        let frames = if polls { self.open } else { self.closed } * INTERVAL_US / 1_000_000;
+        let windows = if busy_poll_us > 0 { frames / 32 } else { 0 };
+        let waits = !polls || self.waits_open;
+        Observed {
+            frames,
+            interrupts: frames / 256,
+            long_gaps: if waits {
+                (frames / 256).div_ceil(u64::from(GAP_SAMPLE))
+            } else {
+                0
+            },
+            windows,
+            windows_found: if waits { 0 } else { windows },
+            elapsed_us: INTERVAL_US,
+            ..Observed::default()
+        }
+    }
+}
+
+#[test]
+fn a_flood_that_a_closed_window_slows_gets_a_window_trial_and_keeps_it() {
+    let mut a = Adapter::new(bounds(64, 0));
+    let w = WaitingDriver {
+        closed: 1_500_000,
+        open: 6_000_000,
+        needs: 8,
+        waits_open: false,
+    };
+    assert_settles(&mut a, &w, "waiting driver");
+    assert_eq!(a.busy_poll_us(), 64, "the trial at the bound, kept");
+    assert_eq!(a.counters.busy_poll_changes, 1);
+    // A driver that still waits now and then with the window open: the gaps say "long" and
+    // the windows run out, but the window multiplied the rate: it stays while the rate holds.
+    let mut a = Adapter::new(bounds(64, 0));
+    let w = WaitingDriver {
+        waits_open: true,
+        ..w
+    };
+    assert_settles(&mut a, &w, "still waiting");
+    assert_eq!(a.busy_poll_us(), 64);
+    assert_eq!(a.counters.busy_poll_changes, 1);
+    // The load falls by more than 2×: the gap rule has its say again and closes it.
+    let slower = WaitingDriver {
+        open: 1_500_000,
+        ..w
+    };
+    run(&mut a, &slower, 200);
+    assert_eq!(a.busy_poll_us(), 0);
+}
+
+#[test]
+fn a_window_trial_that_gains_nothing_is_undone_once_on_a_steady_load() {
+    let mut a = Adapter::new(bounds(64, 0));
+    let w = WaitingDriver {
+        closed: 1_500_000,
+        open: 1_500_000,
+        needs: 8,
+        waits_open: false,
+    };
+    assert_settles(&mut a, &w, "no gain");
+    assert_eq!(a.busy_poll_us(), 0);
+    assert_eq!(
+        a.counters.busy_poll_changes, 2,
+        "opened for the trial, closed"
+    );
+    // A load that changed by more than 2× gets one more trial once the park is over...
+    let faster = WaitingDriver {
+        closed: 4_000_000,
+        open: 4_000_000,
+        needs: 8,
+        waits_open: false,
+    };
+    let changes = run(&mut a, &faster, 3);
+    assert_eq!(changes, [0, 2]);
+    assert_eq!(a.busy_poll_us(), 0);
+    // ...and a second failure parks twice as long.
+    let changes = run(&mut a, &w, 200);
+    assert_eq!(changes.len(), 2, "{changes:?}");
+    assert!(changes[0] >= 2 * PARK_INTERVALS as usize, "{changes:?}");
+    // (Under WINDOW_TRIAL_PER_S nothing is tried: gaps_longer_than_the_bound_keep_polling_off.)
+}
