@@ -213,7 +213,7 @@ pub(super) fn paced_driver<Q: DriverRing>(
 }
 
 /// Sets the device's busy-poll window to `busy_poll_us` (0: off), before it starts.
-fn busy_tuning(busy_poll_us: u32) -> impl FnOnce(&mut NetDevice<PairBackend>) {
+fn busy_tuning<B: NetBackend>(busy_poll_us: u32) -> impl FnOnce(&mut NetDevice<B>) {
     move |device| {
         device
             .tuning_control()
@@ -519,14 +519,8 @@ fn a_failed_backend_read_waits_for_the_next_rx_kick() {
             inner,
             fail: fail.clone(),
         };
-        let device = NetDevice::with_backend(backend, MacAddr::new([2, 0, 0, 0, 0, 1]), 256);
-        device
-            .tuning_control()
-            .set(NetTuning {
-                busy_poll_us,
-                ..NetTuning::default()
-            })
-            .expect("valid");
+        let mut device = NetDevice::with_backend(backend, MacAddr::new([2, 0, 0, 0, 0, 1]), 256);
+        busy_tuning(busy_poll_us)(&mut device);
         let metrics = device.metrics();
         let mut t = MmioTransport::new(mem.clone(), Box::new(device)).expect("transport");
         let (mut rx, mut tx) = queues(&mem);
@@ -550,7 +544,10 @@ fn a_failed_backend_read_waits_for_the_next_rx_kick() {
         kick(&t, 1);
         let sent = peer.recv_frame().ok();
         let failed = metrics.rx.backend_errors.get();
-        if failed != 1 || sent.as_ref() != Some(&out) {
+        // The rx kick that posted the buffers may still wait in epoll when the first read
+        // fails, and resumes rx once: two failed reads at most (a worker that resumed on its
+        // own would fail thousands of times in 100 ms).
+        if failed > 2 || sent.as_ref() != Some(&out) {
             // A worker spinning on the failure would never answer the transport's stop.
             std::mem::forget(t);
             panic!(
@@ -567,6 +564,6 @@ fn a_failed_backend_read_waits_for_the_next_rx_kick() {
         assert_eq!(rx.used(0).1, 12 + 90);
         assert_eq!(rx.read(bufs[0] + 12, 90), inbound[12..]);
         assert_eq!(metrics.rx.frames.get(), 1);
-        assert_eq!(metrics.rx.backend_errors.get(), 1);
+        assert_eq!(metrics.rx.backend_errors.get(), failed);
     }
 }
