@@ -101,7 +101,7 @@ pub struct Outcome {
 }
 
 /// The median of `v` (not empty).
-fn median(v: &[f64]) -> f64 {
+pub(crate) fn median(v: &[f64]) -> f64 {
     let mut v = v.to_vec();
     v.sort_by(f64::total_cmp);
     let n = v.len();

@@ -89,21 +89,17 @@ pub fn median_by_objective(mut rows: Vec<Row>, workload: &str) -> Option<Row> {
 /// of their scores within a round leaves out what drifts between rounds (the host's pace); its
 /// median and range over the rounds. Empty without a round where both were measured.
 pub fn round_ratios_note(ratios: &[f64]) -> String {
-    let mut v: Vec<f64> = ratios.iter().copied().filter(|r| r.is_finite()).collect();
-    if v.is_empty() {
+    let v: Vec<f64> = ratios.iter().copied().filter(|r| r.is_finite()).collect();
+    let (Some(min), Some(max)) = (
+        v.iter().copied().min_by(f64::total_cmp),
+        v.iter().copied().max_by(f64::total_cmp),
+    ) else {
         return String::new();
-    }
-    v.sort_by(f64::total_cmp);
-    let n = v.len();
-    let median = if n % 2 == 1 {
-        v[n / 2]
-    } else {
-        (v[n / 2 - 1] + v[n / 2]) / 2.0
     };
     format!(
-        "; adaptive / best fixed within a round: median {median:.2} ({:.2}–{:.2}, {n} rounds)",
-        v[0],
-        v[n - 1]
+        "; adaptive / best fixed within a round: median {:.2} ({min:.2}–{max:.2}, {} rounds)",
+        crate::autotune::median(&v),
+        v.len()
     )
 }
 

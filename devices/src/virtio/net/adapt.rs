@@ -106,6 +106,18 @@ pub struct Observed {
     pub guest_coalesces: bool,
 }
 
+impl Observed {
+    /// The interval's frame rate, per second.
+    fn frames_per_s(&self) -> u64 {
+        self.frames.saturating_mul(1_000_000) / self.elapsed_us.max(1)
+    }
+}
+
+/// Whether a frame rate `rate` is within 2× of `at` (either way).
+fn within_2x(rate: u64, at: u64) -> bool {
+    rate <= at.saturating_mul(2) && rate >= at / 2
+}
+
 /// What changed after an interval (`None`: unchanged).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Decision {
@@ -300,7 +312,7 @@ impl Adapter {
     /// The window trial's part (see the module docs): `Some` window while one runs, starts or
     /// ends; `None` leaves the window to the gap rule's `wanted`.
     fn window_trial(&mut self, seen: Observed, wanted: u32) -> Option<u32> {
-        let rate = seen.frames.saturating_mul(1_000_000) / seen.elapsed_us.max(1);
+        let rate = seen.frames_per_s();
         if let Some((before, left)) = self.window_trial {
             if left > 1 {
                 self.window_trial = Some((before, left - 1));
@@ -323,16 +335,15 @@ impl Adapter {
             );
             return Some(0);
         }
-        let within_2x = |at: u64| rate <= at.saturating_mul(2) && rate.saturating_mul(2) >= at;
         if let Some(kept) = self.window_kept_at {
-            if within_2x(kept) && self.busy_poll_us > 0 {
+            if within_2x(rate, kept) && self.busy_poll_us > 0 {
                 return (wanted < self.busy_poll_us).then_some(self.busy_poll_us);
             }
             self.window_kept_at = None;
         }
         let bound = self.bounds.max_busy_poll_us;
         if let (Some(at), left, next) = self.window_park {
-            if left > 0 || within_2x(at) {
+            if left > 0 || within_2x(rate, at) {
                 self.window_park = (Some(at), left.saturating_sub(1), next);
                 return None;
             }
@@ -394,7 +405,7 @@ impl Adapter {
             return 0;
         }
         let per_s = |n: u64| n.saturating_mul(1_000_000) / seen.elapsed_us.max(1);
-        let rate = per_s(seen.frames);
+        let rate = seen.frames_per_s();
         let last_rate = std::mem::replace(&mut self.last_rate, rate);
         let frames_per_irq16 = seen.frames.saturating_mul(16) / seen.interrupts.max(1);
         if let Some((fpi_before, rate_before)) = self.trial.take() {
@@ -415,7 +426,7 @@ impl Adapter {
                 self.park_left -= 1;
                 return self.level;
             }
-            if rate <= parked.saturating_mul(2) && rate >= parked / 2 {
+            if within_2x(rate, parked) {
                 return self.level;
             }
             self.parked_at = None;
@@ -431,7 +442,7 @@ impl Adapter {
         // An interval whose rate moved 2× from the one before saw the load change: what it
         // counted mixes two loads (the end of a flood and the start of a trickle carry a few
         // frames per interrupt that neither has), so no trial starts from it.
-        let steady = rate <= last_rate.saturating_mul(2) && rate >= last_rate / 2;
+        let steady = within_2x(rate, last_rate);
         if interrupts_heavy && steady && self.level < self.top_level() {
             self.entered_at[self.level] = rate;
             self.trial = Some((frames_per_irq16, rate));
