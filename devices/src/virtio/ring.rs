@@ -416,7 +416,7 @@ impl<'a, R: Ring> InOrder<'a, R> {
 impl<R: Ring> Ring for InOrder<'_, R> {
     type Head = R::Head;
 
-    #[inline]
+    #[inline(always)]
     fn pop_head(&mut self) -> Result<Option<R::Head>, RingError> {
         self.ring.pop_head()
     }
@@ -426,12 +426,12 @@ impl<R: Ring> Ring for InOrder<'_, R> {
         self.ring.pending_at_least(n)
     }
 
-    #[inline]
+    #[inline(always)]
     fn known_pending_at_least(&self, n: usize) -> bool {
         self.ring.known_pending_at_least(n)
     }
 
-    #[inline]
+    #[inline(always)]
     fn walk_chain<'g>(
         &self,
         guest: &GuestView<'g>,
@@ -459,7 +459,7 @@ impl<R: Ring> Ring for InOrder<'_, R> {
             .walk_chain_split(guest, head, limit, readable, writable, budget)
     }
 
-    #[inline]
+    #[inline(always)]
     fn add_used(&mut self, head: R::Head, len: u32) {
         if self.held == IN_ORDER_BATCH {
             self.write_held();
@@ -496,7 +496,7 @@ impl<R: Ring> Ring for InOrder<'_, R> {
         self.ring.enable_notification()
     }
 
-    #[inline]
+    #[inline(always)]
     fn prefetch_ahead(&self, guest: &GuestView<'_>) {
         self.ring.prefetch_ahead(guest);
     }
