@@ -26,9 +26,10 @@
 //!   closed again and parked like a failed coalescing step (for [`PARK_INTERVALS`] intervals
 //!   at least, doubling with each failed trial in a row, then until the frame rate has changed
 //!   by more than 2×): on a steady load that no window helps, one trial. A window the trial
-//!   kept is not closed by the gap rule while the frame rate stays within 2× of the rate that
-//!   kept it: the driver may still wait now and then (its ring full), and the gaps those waits
-//!   leave say nothing against a window that multiplied the rate.
+//!   kept is not closed by the gap rule until the frame rate has stayed below half the rate
+//!   that kept it for [`WINDOW_HOLD_INTERVALS`] intervals: the driver may still wait now and
+//!   then (its ring full), and the gaps those waits leave say nothing against a window that
+//!   multiplied the rate (nor does a rate that rose further, or a dip of a few intervals).
 //! - **Interrupt coalescing** climbs a ladder of levels ([`LEVELS_US`], with a packet bound
 //!   of [`LEVEL_PACKETS`]) while interrupts come faster than [`IRQ_HIGH_PER_S`] carrying fewer
 //!   than [`TARGET_FRAMES_PER_IRQ`] frames each, but more than the two of a round trip
@@ -73,6 +74,10 @@ pub const WINDOW_TRIAL_INTERVALS: u32 = 2;
 pub const PARK_INTERVALS: u32 = 16;
 /// Longest park after failed trials in a row.
 pub const MAX_PARK_INTERVALS: u32 = 1024;
+/// Intervals in a row the frame rate must stay under half the rate that kept a trial's window
+/// before the gap rule may close it (a dip of a few intervals, the host pausing a thread, is
+/// not a fall of the load).
+pub const WINDOW_HOLD_INTERVALS: u32 = 8;
 /// Interrupt rate above which coalescing is worth a try.
 pub const IRQ_HIGH_PER_S: u64 = 16_000;
 /// Frames per interrupt (×16) from which coalescing is worth a try: 2.5, more than the two
@@ -163,10 +168,11 @@ pub struct Adapter {
     /// Parked after a failed window trial: the frame rate it failed at, the intervals left
     /// before the park may end, and the next park's length.
     window_park: (Option<u64>, u32, u32),
-    /// The frame rate a window trial was kept at: while the rate stays within 2× of it, the
-    /// gap rule does not close the window (its gaps are the driver's own waits, which the
-    /// window's gain outweighs).
-    window_kept_at: Option<u64>,
+    /// The frame rate a window trial was kept at, and the intervals in a row the rate has
+    /// been under half of it: until those reach [`WINDOW_HOLD_INTERVALS`], the gap rule does
+    /// not close the window (its gaps are the driver's own waits, which the window's gain
+    /// outweighs).
+    window_kept_at: Option<(u64, u32)>,
     /// Coalescing ladder level (0: off).
     level: usize,
     /// The frame rate (per second) each level above 0 was entered at.
@@ -322,7 +328,7 @@ impl Adapter {
             if rate >= before.saturating_add(before / 4) {
                 // Kept: a move up as far as the reversal rule is concerned.
                 self.window_park = (None, 0, PARK_INTERVALS);
-                self.window_kept_at = Some(rate);
+                self.window_kept_at = Some((rate, 0));
                 self.last_move = Some(true);
                 self.since_move = 0;
                 return Some(self.busy_poll_us);
@@ -335,8 +341,18 @@ impl Adapter {
             );
             return Some(0);
         }
-        if let Some(kept) = self.window_kept_at {
-            if within_2x(rate, kept) && self.busy_poll_us > 0 {
+        if let Some((kept, under)) = self.window_kept_at {
+            // Only a fall that lasts lifts the hold: a rate that rose further since says
+            // nothing against the window (the hold once ended on a doubling too, and the gap
+            // rule then closed the window that had made it), nor does a dip of a few
+            // intervals.
+            let under = if rate.saturating_mul(2) >= kept {
+                0
+            } else {
+                under + 1
+            };
+            if under < WINDOW_HOLD_INTERVALS && self.busy_poll_us > 0 {
+                self.window_kept_at = Some((kept, under));
                 return (wanted < self.busy_poll_us).then_some(self.busy_poll_us);
             }
             self.window_kept_at = None;

@@ -627,11 +627,28 @@ fn a_flood_that_a_closed_window_slows_gets_a_window_trial_and_keeps_it() {
     assert_settles(&mut a, &w, "still waiting");
     assert_eq!(a.busy_poll_us(), 64);
     assert_eq!(a.counters.busy_poll_changes, 1);
-    // The load falls by more than 2×: the gap rule has its say again and closes it.
+    // The rate rises by more than 2× again (the pipeline warming up, the host speeding up):
+    // still the window's doing, it stays.
+    let faster = WaitingDriver {
+        open: 15_000_000,
+        ..w
+    };
+    let changes = run(&mut a, &faster, 200);
+    assert!(changes.is_empty(), "{changes:?}");
+    assert_eq!(a.busy_poll_us(), 64);
+    // The rate falls under half for a few intervals (the host pausing a thread): a dip, the
+    // window stays.
     let slower = WaitingDriver {
         open: 1_500_000,
         ..w
     };
+    let dip = WINDOW_HOLD_INTERVALS as usize - 1;
+    let mut changes = run(&mut a, &slower, dip);
+    changes.extend(run(&mut a, &w, 100));
+    assert!(changes.is_empty(), "{changes:?}");
+    assert_eq!(a.busy_poll_us(), 64);
+    // The load falls by more than 2× and stays there: the gap rule has its say again and
+    // closes it.
     run(&mut a, &slower, 200);
     assert_eq!(a.busy_poll_us(), 0);
 }
