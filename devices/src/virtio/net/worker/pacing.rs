@@ -442,8 +442,13 @@ impl<B: NetBackend> EventLoop<'_, B> {
         seen.elapsed_us = u64::try_from(elapsed.as_micros()).unwrap_or(u64::MAX);
         seen.guest_coalesces = self.guest_coalescing != [None, None];
         let idle = seen.frames == 0 && seen.short_gaps + seen.long_gaps == 0;
+        let was = adapter.busy_poll_us();
         let decision = adapter.observe(seen);
         if let Some(us) = decision.busy_poll_us {
+            debug!(
+                "virtio-net {}: adaptive busy-poll {was} -> {us} µs after {seen:?}",
+                self.label
+            );
             self.busy_poll = Duration::from_micros(us.into());
         }
         if let Some(coalescing) = decision.coalescing {
