@@ -315,7 +315,7 @@ impl Cursor {
     /// to the counter and USED not (AVAIL alone for 1, USED alone for 0).
     #[inline(always)]
     fn sees_avail(self, flags: u16) -> bool {
-        flags & WRAP_BITS == self.bits() ^ DESC_F_USED
+        self.sees_avail_word(u32::from(flags) << 16)
     }
 
     /// [`Cursor::sees_avail`] on a descriptor's id (low half) and flags (high half) as one
