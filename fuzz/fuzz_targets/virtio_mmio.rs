@@ -332,7 +332,7 @@ fuzz_target!(|input: Input| {
         let frame = rig
             .peer
             .recv_frame()
-            .expect("the marker frame within the bound");
+            .unwrap_or_else(|e| panic!("no marker frame within {FRAME_BOUND:?}: {e}"));
         if frame == marker {
             break;
         }

@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::{iov_count, retrying, syscall_len, NetBackend, Offloads};
+use super::{iov_count, retrying, NetBackend, Offloads};
 use crate::iovec::Iovecs;
 
 /// How long a [`PairPeer`] blocks in `send_frame`/`recv_frame` before failing (tests must not
@@ -193,38 +193,47 @@ impl PairPeer {
                 "empty frames are not sent",
             ));
         }
-        // SAFETY: `frame` is a valid buffer of `frame.len()` bytes for the whole call.
-        let ret = unsafe {
-            libc::send(
-                self.fd.as_raw_fd(),
-                frame.as_ptr().cast(),
-                frame.len(),
-                flags,
-            )
-        };
-        syscall_len(ret).map(|_| ())
+        retrying(|| {
+            // SAFETY: `frame` is a valid buffer of `frame.len()` bytes for the whole call.
+            unsafe {
+                libc::send(
+                    self.fd.as_raw_fd(),
+                    frame.as_ptr().cast(),
+                    frame.len(),
+                    flags,
+                )
+            }
+        })
+        .map(|_| ())
     }
 
     fn recv_with_flags(&self, flags: libc::c_int) -> io::Result<Vec<u8>> {
         // Peek the record length first (MSG_TRUNC returns the real length), then read it.
-        // SAFETY: a zero-length read through a null buffer writes nothing.
-        let len = syscall_len(unsafe {
-            libc::recv(
-                self.fd.as_raw_fd(),
-                std::ptr::null_mut(),
-                0,
-                flags | libc::MSG_PEEK | libc::MSG_TRUNC,
-            )
+        // Both are made again on EINTR: with a timeout set (`set_timeout`) a blocking socket
+        // call fails so on any signal, even one installed with SA_RESTART (signal(7)), and a
+        // timer signal in the caller's process (a fuzzer's watchdog) is not "no frame".
+        let len = retrying(|| {
+            // SAFETY: a zero-length read through a null buffer writes nothing.
+            unsafe {
+                libc::recv(
+                    self.fd.as_raw_fd(),
+                    std::ptr::null_mut(),
+                    0,
+                    flags | libc::MSG_PEEK | libc::MSG_TRUNC,
+                )
+            }
         })?;
         let mut buf = vec![0u8; len];
-        // SAFETY: `buf` has room for `buf.len()` bytes and outlives the call.
-        let got = syscall_len(unsafe {
-            libc::recv(
-                self.fd.as_raw_fd(),
-                buf.as_mut_ptr().cast(),
-                buf.len(),
-                flags,
-            )
+        let got = retrying(|| {
+            // SAFETY: `buf` has room for `buf.len()` bytes and outlives the call.
+            unsafe {
+                libc::recv(
+                    self.fd.as_raw_fd(),
+                    buf.as_mut_ptr().cast(),
+                    buf.len(),
+                    flags,
+                )
+            }
         })?;
         buf.truncate(got);
         Ok(buf)
@@ -331,5 +340,41 @@ mod tests {
         backend.set_vnet_hdr_size(12).expect("hdr size");
         assert_eq!(peer.offloads(), Offloads::CSUM | Offloads::TSO4);
         assert_eq!(peer.vnet_hdr_size(), 12);
+    }
+
+    extern "C" fn ignore_signal(_: libc::c_int) {}
+
+    /// A signal caught while the peer waits (with a timeout set, the way a fuzzer's watchdog
+    /// timer lands) is not a failed receive: the wait goes on and returns the frame.
+    #[test]
+    fn signals_do_not_end_a_timed_wait() {
+        let signal = libc::SIGRTMIN() + 5;
+        // SAFETY: a zeroed sigaction is a valid "no flags, empty mask" value; the handler is
+        // an `extern "C"` function that does nothing, so it is async-signal-safe, and
+        // SA_RESTART is what a fuzzer installs (the case where a timed wait still fails).
+        unsafe {
+            let mut action: libc::sigaction = std::mem::zeroed();
+            action.sa_sigaction = ignore_signal as usize;
+            action.sa_flags = libc::SA_RESTART;
+            assert_eq!(libc::sigaction(signal, &action, std::ptr::null_mut()), 0);
+        }
+        let (mut backend, peer) = PairBackend::new().expect("socketpair");
+        peer.set_timeout(Duration::from_secs(5)).expect("timeout");
+        // SAFETY: pthread_self has no preconditions.
+        let waiter = unsafe { libc::pthread_self() };
+        let sender = std::thread::spawn(move || {
+            for _ in 0..10 {
+                std::thread::sleep(Duration::from_millis(20));
+                // SAFETY: `waiter` is the test's thread, alive until it joins this one, and
+                // the signal has a handler installed above.
+                assert_eq!(unsafe { libc::pthread_kill(waiter, signal) }, 0);
+            }
+            let mut frame = *b"after the signals";
+            let mut list = IovecList::new();
+            list.push_slice(&mut frame).expect("room");
+            backend.write_frame(list.as_iovecs()).expect("write")
+        });
+        assert_eq!(peer.recv_frame().expect("recv"), b"after the signals");
+        assert_eq!(sender.join().expect("sender"), 17);
     }
 }
