@@ -949,7 +949,9 @@ impl RingOps<'_> {
         let descs = descs
             .min(self.ring.in_flight())
             .min(u32::from(self.descs.size)) as u16;
-        self.write_used(last.id, len, descs);
+        if descs > 0 {
+            self.write_used(last.id, len, descs);
+        }
     }
 
     /// Writes one used descriptor at `next_used` and advances by `descs`: its length, id and
@@ -957,17 +959,17 @@ impl RingOps<'_> {
     /// sees the id and length with them, and the buffers' contents written before. On x86 a
     /// release store is a plain store: no fence per descriptor, and none per batch either.
     ///
-    /// `descs` are in flight: those of one popped chain, or of a batch counted against what is
-    /// in flight (`add_used_batch`), so the used position never overtakes the avail one.
+    /// `descs` (one at least) are in flight: those of one popped chain, or of a batch counted
+    /// against what is in flight (`add_used_batch`), so the used position never overtakes the
+    /// avail one.
     #[inline]
     fn write_used(&mut self, id: u16, len: u32, descs: u16) {
         debug_assert!(
             u32::from(descs) <= self.ring.in_flight(),
             "used more than popped"
         );
-        if descs == 0 {
-            return;
-        }
+        // A popped chain occupies one descriptor at least (`ChainHead`'s placeholder too).
+        debug_assert!(descs > 0, "a used descriptor for no descriptors");
         let (ring_descs, at) = (self.descs, self.ring.next_used);
         // The spec reserves the length of a used descriptor without WRITE.
         let flags = at.bits() | if len > 0 { WRITE } else { 0 };
