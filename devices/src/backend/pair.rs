@@ -354,7 +354,8 @@ mod tests {
         // SA_RESTART is what a fuzzer installs (the case where a timed wait still fails).
         unsafe {
             let mut action: libc::sigaction = std::mem::zeroed();
-            action.sa_sigaction = ignore_signal as usize;
+            let handler: extern "C" fn(libc::c_int) = ignore_signal;
+            action.sa_sigaction = handler as usize;
             action.sa_flags = libc::SA_RESTART;
             assert_eq!(libc::sigaction(signal, &action, std::ptr::null_mut()), 0);
         }
