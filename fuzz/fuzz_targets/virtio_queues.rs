@@ -222,7 +222,7 @@ impl DriverEvent {
         let off_wrap = if self.off_wrap & 0x4000 != 0 {
             self.off_wrap
         } else {
-            (self.off_wrap & 0x7fff) % size.max(1) | (self.off_wrap & EVENT_WRAP_BIT)
+            ((self.off_wrap & 0x7fff) % size.max(1)) | (self.off_wrap & EVENT_WRAP_BIT)
         };
         let flags = if self.flags & 0x8000 != 0 {
             self.flags
@@ -564,7 +564,7 @@ fn run_rx_kept<B: NetBackend>(
         *kept = match Virtqueue::new(q, mem) {
             Ok(vq) => {
                 // Mergeable with the GSO gather too (64 KiB per read).
-                let gather = if mode == RxMode::Mergeable && q.size() % 2 == 0 {
+                let gather = if mode == RxMode::Mergeable && q.size().is_multiple_of(2) {
                     RX_GATHER_BYTES
                 } else {
                     RX_GATHER_NO_GSO_BYTES
