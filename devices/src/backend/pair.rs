@@ -142,7 +142,9 @@ impl PairPeer {
         }
     }
 
-    /// Sets how long blocking sends and receives wait.
+    /// Sets how long blocking sends and receives wait. The bound is per system call: one a
+    /// caught signal interrupted is made again with the whole timeout, so a caller that needs
+    /// an overall deadline checks its own clock (as the fuzz targets do).
     pub fn set_timeout(&self, timeout: Duration) -> io::Result<()> {
         let tv = libc::timeval {
             tv_sec: libc::time_t::try_from(timeout.as_secs()).unwrap_or(libc::time_t::MAX),
