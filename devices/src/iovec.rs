@@ -184,11 +184,31 @@ impl<'a> IovecList<'a> {
     /// Merges each entry from `from` on into the entry before it where it starts at that one's
     /// end (host addresses), never into an entry before `floor`: fewer entries for the kernel
     /// to import (a guest's rx buffers are usually carved one after the other).
+    ///
+    /// One entry to merge (a two-buffer chain, a receive buffer joining the pool: the
+    /// datapath's cases) is a compare inline; more go through an out-of-line loop.
+    #[inline]
     pub(crate) fn merge_from(&mut self, from: usize, floor: usize) {
         let start = from.max(floor + 1);
-        if start >= self.iovecs.len() {
+        let len = self.iovecs.len();
+        if start >= len {
             return;
         }
+        if start + 1 == len {
+            let next = self.iovecs[start];
+            let last = &mut self.iovecs[start - 1];
+            if last.iov_base.cast::<u8>().wrapping_add(last.iov_len) == next.iov_base.cast() {
+                last.iov_len += next.iov_len;
+                self.iovecs.truncate(start);
+            }
+            return;
+        }
+        self.merge_entries(start);
+    }
+
+    /// [`merge_from`](Self::merge_from)'s loop, from entry `start` (≥ 1) on.
+    #[inline(never)]
+    fn merge_entries(&mut self, start: usize) {
         let mut kept = start;
         for i in start..self.iovecs.len() {
             let next = self.iovecs[i];
@@ -411,6 +431,60 @@ mod tests {
     fn mem() -> GuestMemoryMmap {
         GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 0x1000), (GuestAddress(0x1000), 0x1000)])
             .expect("guest memory")
+    }
+
+    /// A list over `spans` (offset, length) of `buf`.
+    fn list_over<'a>(buf: &'a mut [u8], spans: &[(usize, usize)]) -> IovecList<'a> {
+        let mut list = IovecList::new();
+        let base = buf.as_mut_ptr();
+        for &(off, len) in spans {
+            assert!(off + len <= buf.len());
+            // SAFETY: `off + len ≤ buf.len()` (asserted), and `buf` is borrowed mutably for
+            // the list's lifetime.
+            unsafe { list.push_raw(base.add(off), len) }.expect("room for the entry");
+        }
+        list
+    }
+
+    /// The (offset into `buf`, length) of each entry.
+    fn spans_of(list: &IovecList<'_>, buf: *const u8) -> Vec<(usize, usize)> {
+        list.iovecs
+            .iter()
+            .map(|iov| (iov.iov_base as usize - buf as usize, iov.iov_len))
+            .collect()
+    }
+
+    #[test]
+    fn merge_joins_only_adjacent_entries_after_the_floor() {
+        let mut buf = [0u8; 256];
+        let base = buf.as_ptr();
+        // One entry to merge: adjacent, then not.
+        let mut list = list_over(&mut buf, &[(0, 10), (10, 20)]);
+        list.merge_from(1, 0);
+        assert_eq!(spans_of(&list, base), [(0, 30)]);
+        assert_eq!(list.total_bytes(), 30);
+        let mut buf = [0u8; 256];
+        let base = buf.as_ptr();
+        let mut list = list_over(&mut buf, &[(0, 10), (11, 20)]);
+        list.merge_from(1, 0);
+        assert_eq!(spans_of(&list, base), [(0, 10), (11, 20)]);
+        // Never into an entry before the floor.
+        let mut buf = [0u8; 256];
+        let base = buf.as_ptr();
+        let mut list = list_over(&mut buf, &[(0, 10), (10, 20)]);
+        list.merge_from(1, 1);
+        assert_eq!(spans_of(&list, base), [(0, 10), (10, 20)]);
+        // Several: runs join, a gap starts a new entry, the floor holds.
+        let mut buf = [0u8; 256];
+        let base = buf.as_ptr();
+        let spans = [(0, 8), (8, 8), (16, 8), (24, 8), (40, 8), (48, 8), (100, 1)];
+        let mut list = list_over(&mut buf, &spans);
+        list.merge_from(2, 1);
+        assert_eq!(spans_of(&list, base), [(0, 8), (8, 24), (40, 16), (100, 1)]);
+        assert_eq!(list.total_bytes(), 49);
+        // Nothing from past the end.
+        list.merge_from(4, 0);
+        assert_eq!(list.len(), 4);
     }
 
     #[test]
