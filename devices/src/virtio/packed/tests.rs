@@ -431,6 +431,43 @@ fn unpop_puts_chains_back() {
 }
 
 #[test]
+fn two_descriptor_chains_join_adjacent_buffers_and_wrap() {
+    let (mut driver, mut vq) = queue(3, 0);
+    let frame = driver.alloc(b"headerframe");
+    let apart = driver.alloc(b"xyz");
+    // Adjacent buffers become one entry; apart ones two, in order. The second chain starts at
+    // the ring's last offset, its second descriptor at offset 0 after the wrap.
+    for (second, expected, entries, start, after) in [
+        (
+            frame + 6,
+            &b"headerframe"[..],
+            1,
+            pos(0, true),
+            pos(2, true),
+        ),
+        (apart, &b"headerxyz"[..], 2, pos(2, true), pos(1, false)),
+    ] {
+        let len = expected.len() as u32 - 6;
+        driver.write_raw(&[(frame, 6, 0, NEXT), (second, len, 1, 0)]);
+        let (guest, mut ring) = vq.split();
+        let head = ring.pop_head().expect("ok").expect("a chain");
+        assert_eq!((head.id(), head.descriptors(), head.start()), (1, 2, start));
+        let mut iovs = IovecList::new();
+        let mut budget = WalkBudget::per_call();
+        let before = budget.remaining();
+        let walked = walk_reads(&ring, &guest, &head, &mut iovs, &mut budget);
+        assert_eq!(walked, Ok(expected.len() as u32));
+        assert_eq!(before - budget.remaining(), 2, "both descriptors charged");
+        assert_eq!(iovs.len(), entries);
+        let mut bytes = vec![0; iovs.total_bytes()];
+        assert!(iovs.as_iovecs().read_at(0, &mut bytes));
+        assert_eq!(bytes, expected);
+        add_used(&mut vq, head, 0);
+        assert_eq!(vq.next_avail(), after);
+    }
+}
+
+#[test]
 fn walks_charge_every_descriptor_visited() {
     let (mut driver, mut vq) = queue(8, 0);
     driver.push_readable(&[b"a", b"b", b"c"]);
