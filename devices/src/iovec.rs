@@ -253,6 +253,7 @@ impl<'a> IovecList<'a> {
 
     /// Entries `start..end` whose lengths the caller already knows to add up to `bytes`
     /// (checked in debug builds): [`IovecList::range`] without the sum.
+    #[inline]
     pub(crate) fn range_of(&self, start: usize, end: usize, bytes: usize) -> Iovecs<'_> {
         let raw = &self.iovecs[start..end];
         debug_assert_eq!(raw.iter().map(|iov| iov.iov_len).sum::<usize>(), bytes);

@@ -966,11 +966,21 @@ impl RingOps<'_> {
             return;
         }
         debug_assert_eq!(batch[0].start, self.ring.next_used, "batch out of order");
-        let descs: u32 = batch.iter().map(|h| u32::from(h.descs)).sum();
+        // Chains popped in order lie one after the other: the batch ends where its last one
+        // does (no sum over the batch).
+        let size = self.descs.size;
+        let end = last.start.advance(last.descs, size);
+        debug_assert_eq!(
+            batch[0].start.distance_to(end, size),
+            batch.iter().map(|h| u32::from(h.descs)).sum::<u32>(),
+            "batch not contiguous"
+        );
         // What is in flight is at most `size` ≤ 32768 descriptors.
-        let descs = descs
+        let descs = batch[0]
+            .start
+            .distance_to(end, size)
             .min(self.ring.in_flight())
-            .min(u32::from(self.descs.size)) as u16;
+            .min(u32::from(size)) as u16;
         if descs > 0 {
             self.write_used(last.id, len, descs);
         }
