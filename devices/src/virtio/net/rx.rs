@@ -791,6 +791,20 @@ impl<'m, H: Copy + std::fmt::Debug, const MRG: bool> RxPool<'m, H, MRG> {
             self.after_consumed();
             return 1;
         }
+        let first = self.chains[self.first];
+        if n <= first.len as usize {
+            // The frame fits its first buffer (every frame up to a buffer's size): no loop.
+            self.write_num_buffers(1);
+            // `n` ≤ first.len, a u32.
+            ring.add_used(first.head, n as u32);
+            self.free_bytes -= u64::from(first.len);
+            // Merged entries do not follow chain boundaries: consume the chain's bytes.
+            self.iovecs
+                .consume_front(&mut self.first_iov, first.len as usize);
+            self.first += 1;
+            self.after_consumed();
+            return 1;
+        }
         let mut count = 0;
         let mut remaining = n;
         while remaining > 0 && self.first + count < self.chains.len() {
