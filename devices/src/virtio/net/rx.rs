@@ -377,7 +377,6 @@ impl<'c, B: NetBackend> Sides<'c, '_, B> {
         // that each case carries only its own code.
         let mut call = Call {
             guest,
-            ring: &mut *ring,
             state,
             gather: self.gather,
             keep_order: self.keep_order,
@@ -390,10 +389,10 @@ impl<'c, B: NetBackend> Sides<'c, '_, B> {
             reads: self.reads,
         };
         let result = match (self.mode, call.limit.is_active()) {
-            (RxMode::SingleChain, false) => call.run::<false, false, GIVE_BACK>(),
-            (RxMode::SingleChain, true) => call.run::<false, true, GIVE_BACK>(),
-            (RxMode::Mergeable, false) => call.run::<true, false, GIVE_BACK>(),
-            (RxMode::Mergeable, true) => call.run::<true, true, GIVE_BACK>(),
+            (RxMode::SingleChain, false) => call.run::<false, false, GIVE_BACK>(ring),
+            (RxMode::SingleChain, true) => call.run::<false, true, GIVE_BACK>(ring),
+            (RxMode::Mergeable, false) => call.run::<true, false, GIVE_BACK>(ring),
+            (RxMode::Mergeable, true) => call.run::<true, true, GIVE_BACK>(ring),
         };
         ring.publish_used();
         let stop = result?;
@@ -404,7 +403,6 @@ impl<'c, B: NetBackend> Sides<'c, '_, B> {
 /// One call's borrows of an [`RxQueue`] and its ring.
 struct Call<'c, 'g, 'l, B, R: Ring> {
     guest: &'c GuestView<'g>,
-    ring: &'c mut R,
     state: &'c mut PoolState<R::Head>,
     gather: u64,
     keep_order: bool,
@@ -425,6 +423,7 @@ impl<'g, B: NetBackend, R: Ring> Call<'_, 'g, '_, B, R> {
     #[inline]
     fn run<const MRG: bool, const LIMITED: bool, const GIVE_BACK: bool>(
         &mut self,
+        ring: &mut R,
     ) -> Result<RxStop, RingError> {
         // SAFETY: every entry in the pool's storage was appended by `RingOps::walk_chain`
         // through this queue's own guest view, i.e. points into the queue's memory (`attach`
@@ -434,11 +433,11 @@ impl<'g, B: NetBackend, R: Ring> Call<'_, 'g, '_, B, R> {
         // (`merge_from`), which covers the same mapped bytes.
         let mut pool: RxPool<'g, R::Head, MRG> =
             unsafe { RxPool::resume(self.state, self.gather, self.keep_order) };
-        let result = self.receive::<MRG, LIMITED>(&mut pool);
+        let result = self.receive::<MRG, LIMITED>(ring, &mut pool);
         if GIVE_BACK {
             if let Some(first) = pool.chains.get(pool.first) {
                 let count = u16::try_from(pool.unused()).unwrap_or(u16::MAX);
-                self.ring.unpop(&first.head, count);
+                ring.unpop(&first.head, count);
             }
             pool.clear();
         }
@@ -449,11 +448,15 @@ impl<'g, B: NetBackend, R: Ring> Call<'_, 'g, '_, B, R> {
     /// One call's loop; with `skip_probe` it stops after its first frame ([`SparseReads`]).
     /// `MRG`: the pool is mergeable; `LIMITED`: a rate limiter is consulted and charged
     /// (constants, so that each case carries none of the others' code).
+    ///
+    /// `ring` is a parameter rather than a field of the call, so that the compiler knows
+    /// nothing else changes it: its fields stay in registers through the loop.
     fn receive<const MRG: bool, const LIMITED: bool>(
         &mut self,
+        ring: &mut R,
         pool: &mut RxPool<'g, R::Head, MRG>,
     ) -> Result<RxStop, RingError> {
-        let (guest, ring, counters) = (self.guest, &mut *self.ring, &mut *self.counters);
+        let (guest, counters) = (self.guest, &mut *self.counters);
         let mut budget = WalkBudget::per_call();
         let mut unpublished = 0usize;
         ring.disable_notification();
