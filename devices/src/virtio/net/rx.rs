@@ -36,6 +36,9 @@ use crate::virtio::vring::{GuestView, Virtqueue, WalkBudget};
 /// Most frames one [`RxQueue::process`] call reads before yielding to other work.
 pub const RX_BUDGET: usize = 256;
 
+/// Chains a fill pops at most in one-chain-per-frame mode.
+const RX_FILL_CHAINS: usize = 16;
+
 /// Buffer space gathered before each read in mergeable mode: header + the largest frame a
 /// backend hands over (64 KiB GSO payload plus Ethernet and VLAN headers).
 pub const RX_GATHER_BYTES: u64 = VNET_HDR_LEN as u64 + MAX_FRAME_LEN as u64 + 18;
@@ -679,7 +682,19 @@ impl<'m, H: Copy + std::fmt::Debug, const MRG: bool> RxPool<'m, H, MRG> {
         }
     }
 
-    /// Pops chains until the pool can take a maximal frame, the driver has no more, or the
+    /// Whether a fill can stop: the pool can take a maximal frame (mergeable mode), or holds
+    /// [`RX_FILL_CHAINS`] chains (one chain per frame: popped several at a time, so that the
+    /// pops run in one loop and the fill's overhead is paid once for them).
+    #[inline]
+    fn filled(&self) -> bool {
+        if MRG {
+            self.has_enough()
+        } else {
+            self.unused() >= RX_FILL_CHAINS
+        }
+    }
+
+    /// Pops chains until the pool is [`filled`](Self::filled), the driver has no more, or the
     /// call's budget is spent. Malformed chains are returned to the driver (length 0).
     #[inline(always)]
     fn fill<R: Ring<Head = H>>(
@@ -689,7 +704,7 @@ impl<'m, H: Copy + std::fmt::Debug, const MRG: bool> RxPool<'m, H, MRG> {
         counters: &mut RxCounters,
         budget: &mut WalkBudget,
     ) -> Result<(), RingError> {
-        while !self.has_enough() && !budget.exhausted() {
+        while !self.filled() && !budget.exhausted() {
             let Some(head) = ring.pop_head()? else {
                 break;
             };
