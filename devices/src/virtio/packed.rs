@@ -713,6 +713,39 @@ impl RingOps<'_> {
         Ok(Some(ChainHead { id, descs, start }))
     }
 
+    /// Pops up to `heads.len()` chains of one direct descriptor each (NEXT and INDIRECT
+    /// clear, an id in range) into the front of `heads`, in order, and returns how many. It
+    /// stops at the first descriptor that is not available or not such a chain (left to
+    /// [`RingOps::pop_head`], which pops it or reports what is wrong) and never pops more than
+    /// the ring has room for. The positions move once for the batch: receive buffers are lone
+    /// descriptors, and this is their pop without the per-chain checks and state updates.
+    #[inline(always)]
+    pub(crate) fn pop_lone(&mut self, heads: &mut [ChainHead]) -> usize {
+        let ring_descs = self.descs;
+        let size = ring_descs.size;
+        let mut at = self.ring.next_avail;
+        // What is in flight is at most `size`.
+        let room = u32::from(size).saturating_sub(self.ring.in_flight()) as usize;
+        let n = heads.len().min(room);
+        let mut popped = 0;
+        while popped < n {
+            let id_flags = ring_descs.load_id_flags(at.offset());
+            let (id, flags) = (id_flags as u16, (id_flags >> 16) as u16);
+            if !at.sees_avail_word(id_flags) || flags & (NEXT | INDIRECT) != 0 || id >= size {
+                break;
+            }
+            heads[popped] = ChainHead {
+                id,
+                descs: 1,
+                start: at,
+            };
+            at = at.advance(1, size);
+            popped += 1;
+        }
+        self.ring.next_avail = at;
+        popped
+    }
+
     /// Puts back `head` and every chain popped after it (they are popped again next time).
     /// `head` must be popped and not used; anything else is ignored.
     #[inline]
@@ -886,6 +919,30 @@ impl RingOps<'_> {
             Err(_) => iovs.truncate(start),
         }
         walked
+    }
+
+    /// [`RingOps::walk_chain`] for a head [`RingOps::pop_lone`] returned: its one descriptor's
+    /// buffer, with no check of the chain's shape (the pop made it). A driver that has since
+    /// rewritten the descriptor's flags gets it used as the direct buffer it was when popped;
+    /// its address and length are checked as any buffer's.
+    #[inline(always)]
+    pub(crate) fn walk_lone<'g>(
+        &self,
+        guest: &GuestView<'g>,
+        head: &ChainHead,
+        direction: Direction,
+        iovs: &mut IovecList<'g>,
+        budget: &mut WalkBudget,
+    ) -> Result<u32, ChainError> {
+        debug_assert_eq!(head.descs, 1, "not a lone descriptor");
+        let buf = self.descs.read_desc(head.start.offset()).buffer();
+        budget.charge(1);
+        let start = iovs.len();
+        let pushed = Directed::new(direction, u32::MAX).push(guest, buf, 0, iovs);
+        if pushed.is_err() {
+            iovs.truncate(start);
+        }
+        pushed
     }
 
     /// Walks a control-style chain: device-readable buffers first (appended to `readable`),

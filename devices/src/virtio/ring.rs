@@ -135,6 +135,17 @@ pub(crate) trait Ring {
     /// Pops the next available chain, or `None` when the driver has made no more available.
     fn pop_head(&mut self) -> Result<Option<Self::Head>, RingError>;
 
+    /// Pops up to `heads.len()` chains of one direct descriptor each, in order, into the front
+    /// of `heads`, and returns how many: it stops at the first chain that is anything else
+    /// (or not available, or wrong), which [`Ring::pop_head`] then pops or reports. A walk of
+    /// each visits exactly one descriptor. Where the ring cannot tell a chain's shape without
+    /// walking it (the split ring), none: the caller pops with [`Ring::pop_head`].
+    #[inline(always)]
+    fn pop_lone(&mut self, heads: &mut [Self::Head]) -> usize {
+        let _ = heads;
+        0
+    }
+
     /// Whether at least `n` more chains are (probably) available, reading the ring: exact on
     /// the split ring; on the packed ring, whether the descriptor `n − 1` slots ahead is
     /// available (a hint: chains may span several descriptors).
@@ -154,6 +165,19 @@ pub(crate) trait Ring {
         iovs: &mut IovecList<'g>,
         budget: &mut WalkBudget,
     ) -> Result<u32, ChainError>;
+
+    /// [`Ring::walk_chain`] for a head [`Ring::pop_lone`] returned (one direct descriptor).
+    #[inline(always)]
+    fn walk_lone<'g>(
+        &self,
+        guest: &GuestView<'g>,
+        head: &Self::Head,
+        direction: Direction,
+        iovs: &mut IovecList<'g>,
+        budget: &mut WalkBudget,
+    ) -> Result<u32, ChainError> {
+        self.walk_chain(guest, head, direction, u32::MAX, iovs, budget)
+    }
 
     /// Walks a control-style chain (readable buffers, then writable ones).
     fn walk_chain_split<'g>(
@@ -297,6 +321,23 @@ impl Ring for packed::RingOps<'_> {
     }
 
     #[inline(always)]
+    fn pop_lone(&mut self, heads: &mut [ChainHead]) -> usize {
+        packed::RingOps::pop_lone(self, heads)
+    }
+
+    #[inline(always)]
+    fn walk_lone<'g>(
+        &self,
+        guest: &GuestView<'g>,
+        head: &ChainHead,
+        direction: Direction,
+        iovs: &mut IovecList<'g>,
+        budget: &mut WalkBudget,
+    ) -> Result<u32, ChainError> {
+        packed::RingOps::walk_lone(self, guest, head, direction, iovs, budget)
+    }
+
+    #[inline(always)]
     fn pending_at_least(&mut self, n: usize) -> bool {
         packed::RingOps::pending_at_least(self, n)
     }
@@ -419,6 +460,23 @@ impl<R: Ring> Ring for InOrder<'_, R> {
     #[inline(always)]
     fn pop_head(&mut self) -> Result<Option<R::Head>, RingError> {
         self.ring.pop_head()
+    }
+
+    #[inline(always)]
+    fn pop_lone(&mut self, heads: &mut [R::Head]) -> usize {
+        self.ring.pop_lone(heads)
+    }
+
+    #[inline(always)]
+    fn walk_lone<'g>(
+        &self,
+        guest: &GuestView<'g>,
+        head: &R::Head,
+        direction: Direction,
+        iovs: &mut IovecList<'g>,
+        budget: &mut WalkBudget,
+    ) -> Result<u32, ChainError> {
+        self.ring.walk_lone(guest, head, direction, iovs, budget)
     }
 
     #[inline]

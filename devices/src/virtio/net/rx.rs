@@ -37,7 +37,7 @@ use crate::virtio::vring::{GuestView, Virtqueue, WalkBudget};
 pub const RX_BUDGET: usize = 256;
 
 /// Chains a fill pops at most in one-chain-per-frame mode.
-const RX_FILL_CHAINS: usize = 16;
+const RX_FILL_CHAINS: usize = 32;
 
 /// Buffer space gathered before each read in mergeable mode: header + the largest frame a
 /// backend hands over (64 KiB GSO payload plus Ethernet and VLAN headers).
@@ -626,7 +626,7 @@ struct RxPool<'m, H, const MRG: bool> {
     free_bytes: u64,
 }
 
-impl<'m, H: Copy + std::fmt::Debug, const MRG: bool> RxPool<'m, H, MRG> {
+impl<'m, H: Copy + Default + std::fmt::Debug, const MRG: bool> RxPool<'m, H, MRG> {
     /// Takes the pool out of `state` for one call.
     ///
     /// # Safety
@@ -696,6 +696,9 @@ impl<'m, H: Copy + std::fmt::Debug, const MRG: bool> RxPool<'m, H, MRG> {
 
     /// Pops chains until the pool is [`filled`](Self::filled), the driver has no more, or the
     /// call's budget is spent. Malformed chains are returned to the driver (length 0).
+    ///
+    /// One chain per frame, a run of lone direct descriptors (the receive buffers drivers
+    /// post) is popped in one step ([`Ring::pop_lone`]); anything else, one chain at a time.
     #[inline(always)]
     fn fill<R: Ring<Head = H>>(
         &mut self,
@@ -704,46 +707,86 @@ impl<'m, H: Copy + std::fmt::Debug, const MRG: bool> RxPool<'m, H, MRG> {
         counters: &mut RxCounters,
         budget: &mut WalkBudget,
     ) -> Result<(), RingError> {
+        let mut lone = [H::default(); RX_FILL_CHAINS];
         while !self.filled() && !budget.exhausted() {
+            if !MRG {
+                // Below `RX_FILL_CHAINS` (not filled); each walk visits one descriptor, so the
+                // budget lasts the run.
+                let want = (RX_FILL_CHAINS - self.unused()).min(budget.remaining() as usize);
+                let popped = ring.pop_lone(&mut lone[..want]);
+                if popped > 0 {
+                    let mut k = 0;
+                    while k < popped {
+                        if !self.take::<R, true>(guest, ring, counters, budget, lone[k], popped - k)
+                        {
+                            return Ok(());
+                        }
+                        k += 1;
+                    }
+                    continue;
+                }
+            }
             let Some(head) = ring.pop_head()? else {
                 break;
             };
-            let before = self.iovecs.len();
-            let result = ring.walk_chain(
-                guest,
-                &head,
-                Direction::DeviceWrites,
-                u32::MAX,
-                &mut self.iovecs,
-                budget,
-            );
-            match result {
-                Ok(len) if len as usize >= VNET_HDR_LEN => {
-                    if MRG {
-                        // Frames are read across the whole pool and consumed by bytes, so its
-                        // buffers may be merged where they follow each other in memory.
-                        self.iovecs.merge_from(before, self.first_iov);
-                    }
-                    self.chains.push(PooledChain {
-                        head,
-                        len,
-                        iov_count: self.iovecs.len() - before,
-                    });
-                    self.free_bytes += u64::from(len);
-                }
-                refused => {
-                    if !self.refuse(ring, counters, head, before, refused) {
-                        break;
-                    }
-                }
+            if !self.take::<R, false>(guest, ring, counters, budget, head, 1) {
+                break;
             }
         }
         Ok(())
     }
 
+    /// Walks the popped chain `head` into the pool, or refuses it (see
+    /// [`refuse`](Self::refuse)); `popped` counts it and the chains popped after it. False: the
+    /// fill stops (`head` and those after it were put back). `LONE`: `head` came from
+    /// [`Ring::pop_lone`].
+    #[inline(always)]
+    fn take<R: Ring<Head = H>, const LONE: bool>(
+        &mut self,
+        guest: &GuestView<'m>,
+        ring: &mut R,
+        counters: &mut RxCounters,
+        budget: &mut WalkBudget,
+        head: H,
+        popped: usize,
+    ) -> bool {
+        let before = self.iovecs.len();
+        let iovs = &mut self.iovecs;
+        let result = if LONE {
+            ring.walk_lone(guest, &head, Direction::DeviceWrites, iovs, budget)
+        } else {
+            ring.walk_chain(
+                guest,
+                &head,
+                Direction::DeviceWrites,
+                u32::MAX,
+                iovs,
+                budget,
+            )
+        };
+        match result {
+            Ok(len) if len as usize >= VNET_HDR_LEN => {
+                if MRG {
+                    // Frames are read across the whole pool and consumed by bytes, so its
+                    // buffers may be merged where they follow each other in memory.
+                    self.iovecs.merge_from(before, self.first_iov);
+                }
+                self.chains.push(PooledChain {
+                    head,
+                    len,
+                    iov_count: self.iovecs.len() - before,
+                });
+                self.free_bytes += u64::from(len);
+                true
+            }
+            refused => self.refuse(ring, counters, head, popped, before, refused),
+        }
+    }
+
     /// A popped chain that cannot take a frame (`result`): returned to the driver with
     /// length 0 and counted, unless chains popped before it are still pooled and order must
-    /// be kept, in which case it is put back and the fill stops (false).
+    /// be kept, in which case it is put back with the `popped − 1` chains popped after it and
+    /// the fill stops (false).
     #[cold]
     #[inline(never)]
     fn refuse<R: Ring<Head = H>>(
@@ -751,6 +794,7 @@ impl<'m, H: Copy + std::fmt::Debug, const MRG: bool> RxPool<'m, H, MRG> {
         ring: &mut R,
         counters: &mut RxCounters,
         head: H,
+        popped: usize,
         before: usize,
         result: Result<u32, crate::virtio::chain::ChainError>,
     ) -> bool {
@@ -764,7 +808,8 @@ impl<'m, H: Copy + std::fmt::Debug, const MRG: bool> RxPool<'m, H, MRG> {
         if self.keep_order && !self.is_empty() {
             // Return it only once the chains popped before it are used, so that the
             // chains left in the pool always form the tail of what was popped.
-            ring.unpop(&head, 1);
+            // At most `RX_FILL_CHAINS`.
+            ring.unpop(&head, popped as u16);
             return false;
         }
         ring.add_used(head, 0);

@@ -4,7 +4,7 @@
 
 use std::collections::{BTreeSet, VecDeque};
 
-use vm_memory::{GuestAddress, GuestMemoryMmap};
+use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
 use super::*;
 use crate::iovec::IovecList;
@@ -428,6 +428,125 @@ fn unpop_puts_chains_back() {
     let again: Vec<u16> = std::iter::from_fn(|| pop_read(&mut vq).map(|(h, _)| h.id())).collect();
     assert_eq!(again, [a, b]);
     assert_eq!(vq.next_avail(), pos(0, false));
+}
+
+/// `pop_lone` into room for `max`: the ids and start positions it popped.
+fn pop_lone(vq: &mut PackedVirtqueue, max: usize) -> Vec<(u16, Position)> {
+    let mut heads = [ChainHead::default(); 8];
+    let popped = vq.split().1.pop_lone(&mut heads[..max]);
+    heads[..popped]
+        .iter()
+        .map(|h| {
+            assert_eq!(h.descriptors(), 1);
+            (h.id(), h.start())
+        })
+        .collect()
+}
+
+#[test]
+fn lone_descriptors_pop_as_a_run_that_stops_at_anything_else() {
+    let (mut driver, mut vq) = queue(4, 0);
+    let a = driver.push_readable(&[b"a"]);
+    let b = driver.push_readable(&[b"bb"]);
+    let chain = driver.push_readable(&[b"c", b"d"]);
+    // Room for one: one.
+    assert_eq!(pop_lone(&mut vq, 1), [(a, pos(0, true))]);
+    // The run stops before the two-descriptor chain, which `pop_head` then pops.
+    assert_eq!(pop_lone(&mut vq, 8), [(b, pos(1, true))]);
+    assert_eq!(vq.next_avail(), pos(2, true));
+    assert!(pop_lone(&mut vq, 8).is_empty());
+    let (head, bytes) = pop_read(&mut vq).expect("the chain");
+    assert_eq!((head.id(), &bytes[..]), (chain, &b"cd"[..]));
+    // A full ring pops nothing, whatever the driver writes over a descriptor in flight.
+    assert_eq!(vq.in_flight(), 4);
+    let x = driver.alloc(b"x");
+    driver.write_at((0, false), [(x, 1, 3, 0)]);
+    assert!(pop_lone(&mut vq, 8).is_empty());
+
+    // Used and made available again across the wrap, a run continues past the ring's end.
+    let (mut driver, mut vq) = queue(3, 0);
+    for _ in 0..3 {
+        driver.push_readable(&[b"r"]);
+    }
+    let (_, mut ring) = vq.split();
+    let mut heads = [ChainHead::default(); 8];
+    assert_eq!(ring.pop_lone(&mut heads), 3);
+    ring.add_used(heads[0], 0);
+    ring.add_used(heads[1], 0);
+    ring.publish_used();
+    for _ in 0..2 {
+        driver.take_used().expect("used");
+    }
+    let again = [driver.push_readable(&[b"s"]), driver.push_readable(&[b"t"])];
+    assert_eq!(
+        pop_lone(&mut vq, 8),
+        [(again[0], pos(0, false)), (again[1], pos(1, false))]
+    );
+    assert_eq!((vq.next_avail(), vq.in_flight()), (pos(2, false), 3));
+
+    // An indirect table and an id out of range are left to `pop_head`.
+    let (mut driver, mut vq) = queue(4, 0);
+    let t = driver.alloc(b"tt");
+    driver.add_indirect(&[(t, 2, 0)]);
+    assert!(pop_lone(&mut vq, 8).is_empty());
+    assert_eq!(pop_read(&mut vq).expect("the table").1, b"tt");
+    driver.write_raw(&[(t, 1, 4, 0)]);
+    assert!(pop_lone(&mut vq, 8).is_empty());
+    assert!(matches!(
+        pop_error(&mut vq),
+        PackedRingError::IdOutOfRange(4)
+    ));
+}
+
+#[test]
+fn a_lone_walk_takes_the_buffer_and_charges_one() {
+    let (mut driver, mut vq) = queue(4, 0);
+    let (id, addrs) = driver.push_writable(&[16]);
+    let outside = MEM_SIZE - 4;
+    driver.write_raw(&[(outside, 64, 1, WRITE)]);
+    let (guest, mut ring) = vq.split();
+    let mut heads = [ChainHead::default(); 4];
+    assert_eq!(ring.pop_lone(&mut heads), 2);
+    assert_eq!(heads[0].id(), id);
+    let mut iovs = IovecList::new();
+    let mut budget = WalkBudget::per_call();
+    let before = budget.remaining();
+    let walked = ring.walk_lone(
+        &guest,
+        &heads[0],
+        Direction::DeviceWrites,
+        &mut iovs,
+        &mut budget,
+    );
+    assert_eq!(walked, Ok(16));
+    assert_eq!(before - budget.remaining(), 1);
+    assert_eq!(iovs.len(), 1);
+    assert!(iovs.as_iovecs().write_at(0, b"0123456789abcdef"));
+    let mut seen = [0u8; 16];
+    driver
+        .mem()
+        .read_slice(&mut seen, GuestAddress(addrs[0]))
+        .expect("in memory");
+    assert_eq!(&seen, b"0123456789abcdef");
+    // Its direction and its range are checked as any buffer's, and a refused one leaves the
+    // list as it was.
+    let reads = ring.walk_lone(
+        &guest,
+        &heads[0],
+        Direction::DeviceReads,
+        &mut iovs,
+        &mut budget,
+    );
+    assert!(reads.is_err());
+    let out = ring.walk_lone(
+        &guest,
+        &heads[1],
+        Direction::DeviceWrites,
+        &mut iovs,
+        &mut budget,
+    );
+    assert!(out.is_err());
+    assert_eq!(iovs.len(), 1);
 }
 
 #[test]

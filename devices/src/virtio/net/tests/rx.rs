@@ -332,20 +332,74 @@ fn sparse_reads<Q: DriverRing>() {
 }
 
 #[test]
+fn a_refused_rx_chain_among_pooled_ones_is_returned_at_once() {
+    for mode in [RxMode::SingleChain, RxMode::Mergeable] {
+        refused_chain_returned_at_once::<GuestQueue>(mode);
+        refused_chain_returned_at_once::<GuestPackedQueue>(mode);
+    }
+}
+
+/// Without IN_ORDER a chain the device refuses goes back at once, empty, and the chains
+/// popped with it (on a packed ring one chain per frame: in the same run) take the frames.
+fn refused_chain_returned_at_once<Q: DriverRing>(mode: RxMode) {
+    use crate::test_utils::queue::DATA_START;
+    use crate::virtio::net::rx::RX_GATHER_BYTES;
+    use crate::virtio::net::RxQueue;
+
+    let mem = guest_mem();
+    let mut driver = Q::at(&mem, 0, 256, DATA_START);
+    let (first, first_bufs) = driver.offer_rx(&[1536]);
+    let readable = driver.reserve(1536);
+    let refused = driver.offer(&[(readable, 1536, 0)]);
+    let (third, third_bufs) = driver.offer_rx(&[1536]);
+    let mut rxq = RxQueue::new(driver.device_ring(0), mode, RX_GATHER_BYTES);
+    let (mut backend, peer) = pair();
+    let mut counters = RxCounters::default();
+    rxq.process(&mut backend, &mut counters).expect("ring ok");
+    assert_eq!(
+        driver.next_used(),
+        Some((u32::from(refused), 0)),
+        "{mode:?}"
+    );
+    assert_eq!(counters.malformed_chains, 1);
+    assert_eq!(rxq.pooled_chains(), 2, "{mode:?}");
+    let sent = [wire(&frame(60, 1)), wire(&frame(61, 2))];
+    for f in &sent {
+        peer.send_frame(f).expect("send");
+    }
+    rxq.process(&mut backend, &mut counters).expect("ring ok");
+    for (id, bufs, f) in [
+        (first, &first_bufs, &sent[0]),
+        (third, &third_bufs, &sent[1]),
+    ] {
+        assert_eq!(driver.next_used(), Some((u32::from(id), f.len() as u32)));
+        let mut got = driver.peek(bufs[0], f.len());
+        // `num_buffers` is the device's to write.
+        got[10..12].copy_from_slice(&f[10..12]);
+        assert_eq!(&got, f, "{mode:?}");
+    }
+    assert_eq!(counters.frames, 2);
+}
+
+#[test]
 fn in_order_returns_a_refused_rx_chain_after_the_pooled_ones_on_a_split_ring() {
-    in_order_keeps_a_refused_chain_in_order::<GuestQueue>();
+    in_order_keeps_a_refused_chain_in_order::<GuestQueue>(RxMode::Mergeable);
+    in_order_keeps_a_refused_chain_in_order::<GuestQueue>(RxMode::SingleChain);
 }
 
 #[test]
 fn in_order_returns_a_refused_rx_chain_after_the_pooled_ones_on_a_packed_ring() {
-    in_order_keeps_a_refused_chain_in_order::<GuestPackedQueue>();
+    in_order_keeps_a_refused_chain_in_order::<GuestPackedQueue>(RxMode::Mergeable);
+    // One chain per frame the packed ring pops the three lone descriptors as one run: the
+    // refused one is put back with the one after it.
+    in_order_keeps_a_refused_chain_in_order::<GuestPackedQueue>(RxMode::SingleChain);
 }
 
 /// With VIRTIO_F_IN_ORDER a driver reads a used entry as returning every chain made available
 /// before it. A chain the device refuses (here device-readable: it cannot take a frame),
 /// popped while a chain before it still waits in the pool for a frame, is returned only after
 /// that one, so the used entries come in the order the chains were made available.
-fn in_order_keeps_a_refused_chain_in_order<Q: DriverRing>() {
+fn in_order_keeps_a_refused_chain_in_order<Q: DriverRing>(mode: RxMode) {
     use crate::test_utils::queue::DATA_START;
     use crate::virtio::net::rx::RX_GATHER_BYTES;
     use crate::virtio::net::RxQueue;
@@ -356,8 +410,9 @@ fn in_order_keeps_a_refused_chain_in_order<Q: DriverRing>() {
     let readable = driver.reserve(1536);
     let refused = driver.offer(&[(readable, 1536, 0)]);
     let (third, _) = driver.offer_rx(&[1536]);
-    // Mergeable mode pools chains until a maximal frame fits: it pops all three at once.
-    let mut rxq = RxQueue::new(driver.device_ring(0), RxMode::Mergeable, RX_GATHER_BYTES);
+    // Mergeable mode pools chains until a maximal frame fits, one chain per frame pools up
+    // to 16: either pops all three at once.
+    let mut rxq = RxQueue::new(driver.device_ring(0), mode, RX_GATHER_BYTES);
     rxq.set_in_order(true);
     let (mut backend, peer) = pair();
     let mut counters = RxCounters::default();
