@@ -117,6 +117,9 @@ pub enum PackedOp {
     },
     /// Pops a chain and walks it control-style (readable, then writable).
     PopSplit,
+    /// Pops a run of up to this many lone direct descriptors (the receive fill's pop) and walks
+    /// each device-writable.
+    PopLone(u8),
     /// Marks the oldest popped chain used with this length.
     Complete(u32),
     /// Marks up to this many of the oldest popped chains used as one batch, the last with the
@@ -159,8 +162,8 @@ pub struct PackedChain {
 pub struct PackedStep {
     /// The operation.
     pub op: PackedOp,
-    /// The chain a pop took, if any.
-    pub popped: Option<PackedChain>,
+    /// The chains a pop took, in order (one at most but for [`PackedOp::PopLone`]).
+    pub popped: Vec<PackedChain>,
     /// Ring descriptors the operation marked used.
     pub completed: u32,
     /// Where the next available chain starts.
@@ -186,20 +189,28 @@ pub fn run_packed(
     let mut steps = Vec::new();
     for &op in ops {
         let (guest, mut ring) = vq.split();
-        let mut chain = None;
+        let mut chains = Vec::new();
         let mut completed = 0;
         match op {
             PackedOp::Pop { .. } | PackedOp::PopSplit => {
                 let head = match ring.pop_head() {
                     Ok(Some(head)) => head,
                     Ok(None) => {
-                        steps.push(step(&vq, op, None, 0));
+                        steps.push(step(&vq, op, chains, 0));
                         continue;
                     }
                     Err(e) => return Ok((steps, Some(e))),
                 };
-                chain = Some(walk_packed(&guest, &ring, &head, op));
+                chains.push(walk_packed(&guest, &ring, &head, op));
                 popped.push_back(head);
+            }
+            PackedOp::PopLone(n) => {
+                let mut heads = [ChainHead::default(); u8::MAX as usize];
+                let n = ring.pop_lone(&mut heads[..usize::from(n)]);
+                for head in &heads[..n] {
+                    chains.push(walk_packed(&guest, &ring, head, op));
+                    popped.push_back(*head);
+                }
             }
             PackedOp::Complete(len) => {
                 if let Some(head) = popped.pop_front() {
@@ -228,7 +239,7 @@ pub fn run_packed(
             PackedOp::Disable => ring.disable_notification(),
             PackedOp::Driver(n) => driver(n),
         }
-        steps.push(step(&vq, op, chain, completed));
+        steps.push(step(&vq, op, chains, completed));
     }
     Ok((steps, None))
 }
@@ -252,6 +263,9 @@ fn walk_packed(
                 Direction::DeviceReads
             };
             ring.walk_chain(guest, head, direction, limit, &mut list, &mut budget)
+        }
+        PackedOp::PopLone(_) => {
+            ring.walk_lone(guest, head, Direction::DeviceWrites, &mut list, &mut budget)
         }
         _ => ring
             .walk_chain_split(guest, head, u32::MAX, &mut list, &mut second, &mut budget)
@@ -277,7 +291,7 @@ fn walk_packed(
 fn step(
     vq: &PackedVirtqueue,
     op: PackedOp,
-    popped: Option<PackedChain>,
+    popped: Vec<PackedChain>,
     completed: u32,
 ) -> PackedStep {
     PackedStep {

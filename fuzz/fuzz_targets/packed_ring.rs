@@ -6,7 +6,8 @@
 //! Invariants:
 //! - every call is bounded: the whole run returns within 100 ms; no panic;
 //! - positions advance only by what was taken: a pop moves `next_avail` by the chain's
-//!   descriptors (1..=min(size, MAX_CHAIN_DESCRIPTORS)) and a completion moves `next_used` by
+//!   descriptors (1..=min(size, MAX_CHAIN_DESCRIPTORS); a run of lone descriptors, by one per
+//!   chain, no more chains than asked for) and a completion moves `next_used` by
 //!   the descriptors of the chains it returned, never more; at every step the ring descriptors
 //!   between `next_used` and `next_avail` are exactly the ones in flight, at most the size;
 //! - a popped chain's id is below the size;
@@ -39,6 +40,7 @@ struct Desc {
 enum Op {
     Pop { writes: bool, limit: Option<u32> },
     PopSplit,
+    PopLone(u8),
     Complete(u16),
     CompleteBatch(u8, u16),
     Unpop,
@@ -127,6 +129,7 @@ fuzz_target!(|input: Input| {
                 limit: limit.unwrap_or(u32::MAX),
             },
             Op::PopSplit => PackedOp::PopSplit,
+            Op::PopLone(n) => PackedOp::PopLone(n),
             Op::Complete(len) => PackedOp::Complete(u32::from(len)),
             Op::CompleteBatch(n, len) => PackedOp::CompleteBatch(n, u32::from(len)),
             Op::Unpop => PackedOp::Unpop,
@@ -161,16 +164,27 @@ fuzz_target!(|input: Input| {
     };
     let mut in_flight = 0u32;
     for step in &steps {
-        if let Some(chain) = &step.popped {
+        if let PackedOp::PopLone(n) = step.op {
+            assert!(step.popped.len() <= usize::from(n), "more than asked for");
+        }
+        let mut taken = 0u32;
+        for chain in &step.popped {
             let descs = u32::from(chain.descriptors);
             assert!((1..=u32::from(size).min(MAX_CHAIN_DESCRIPTORS)).contains(&descs));
             assert!(chain.id < size, "id {} of a ring of {size}", chain.id);
-            assert_eq!(chain.start, avail, "a pop starts where the last one ended");
             assert_eq!(
-                distance(avail, step.next_avail, size),
-                descs % (2 * u32::from(size))
+                distance(avail, chain.start, size),
+                taken,
+                "a pop starts where the last one ended"
             );
-            assert_eq!(step.in_flight, in_flight + descs, "pop {chain:?}");
+            taken += descs;
+            if let PackedOp::PopLone(_) = step.op {
+                assert_eq!(
+                    (descs, chain.charged),
+                    (1, 1),
+                    "a lone descriptor: {chain:?}"
+                );
+            }
             check_walk(chain.charged, &chain.iovecs, &hosts);
             match &chain.result {
                 Ok(total) => {
@@ -183,6 +197,13 @@ fuzz_target!(|input: Input| {
                 Err(_) => assert!(chain.iovecs.is_empty()),
             }
         }
+        if taken > 0 {
+            assert_eq!(
+                distance(avail, step.next_avail, size),
+                taken % (2 * u32::from(size))
+            );
+            assert_eq!(step.in_flight, in_flight + taken, "{step:?}");
+        }
         if step.completed > 0 {
             assert!(step.completed <= in_flight, "used more than was taken");
             assert_eq!(
@@ -190,7 +211,7 @@ fuzz_target!(|input: Input| {
                 step.completed % (2 * u32::from(size))
             );
             assert_eq!(step.in_flight, in_flight - step.completed);
-        } else if step.popped.is_none() && !matches!(step.op, PackedOp::Unpop) {
+        } else if step.popped.is_empty() && !matches!(step.op, PackedOp::Unpop) {
             assert_eq!((step.next_used, step.in_flight), (used, in_flight));
         }
         assert!(step.in_flight <= u32::from(size));
