@@ -227,12 +227,18 @@ impl GuestQueue {
 
     /// Moves the free-running indexes to `idx` on both sides (for wrap-around tests).
     pub fn start_at(&mut self, queue: &mut Queue, idx: u16) {
+        self.start_indexes_at(idx);
+        queue.set_next_avail(idx);
+        queue.set_next_used(idx);
+    }
+
+    /// Moves the driver's free-running indexes and the ring's avail and used indexes to `idx`
+    /// (a device's queue then starts at the used index, [`GuestQueue::used_idx`]).
+    pub fn start_indexes_at(&mut self, idx: u16) {
         self.avail_idx = idx;
         self.seen_used = idx;
         self.store_u16(self.avail_addr + 2, idx);
         self.store_u16(self.used_addr + 2, idx);
-        queue.set_next_avail(idx);
-        queue.set_next_used(idx);
     }
 
     /// The table slot the next `write_descs` starts at.

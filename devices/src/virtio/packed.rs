@@ -60,7 +60,8 @@
 //!   DESC (with VIRTIO_RING_F_EVENT_IDX) raises when the used position passed
 //!   `desc_event_off_wrap` in that range. Its wrap bit is compared with the used wrap counter as
 //!   QEMU does (a mismatch puts the offset a ring earlier) before `vring_need_event`, with the
-//!   old position tracked across the wrap; a range of a whole ring or more always raises.
+//!   old position tracked across the wrap; a range of more than a ring (descriptors the driver
+//!   recycled before the publication) always raises.
 //! - **Kicks** (`RingOps::enable_notification` / `disable_notification`): the device writes its
 //!   own area: DISABLE, ENABLE, or with EVENT_IDX DESC with `next_avail` as off_wrap (off_wrap
 //!   stored, a full fence, then the flags, as QEMU does); enabling then re-checks the next
@@ -1223,9 +1224,11 @@ fn traverse_indirect<F: FnMut(&RawDesc) -> Result<(), ChainError>>(
 /// position after them) reached the driver's `off_wrap`: the wrap bit compared with `new`'s
 /// counter as QEMU does (a mismatch puts the offset one ring earlier), then the spec's
 /// `vring_need_event` with the old position tracked across the wrap (`new − delta`, which may
-/// lie in the previous lap). A range of a whole ring or more always raises.
+/// lie in the previous lap). A range of exactly a ring covers each offset once, with a known
+/// counter, so it is decided as any other; one of more than a ring (descriptors the driver
+/// recycled before a publication) always raises.
 pub fn packed_need_event(off_wrap: u16, new: Position, delta: u32, size: u16) -> bool {
-    if delta >= u32::from(size) {
+    if delta > u32::from(size) {
         return true;
     }
     let off = off_wrap & !EVENT_WRAP_BIT;
@@ -1234,7 +1237,7 @@ pub fn packed_need_event(off_wrap: u16, new: Position, delta: u32, size: u16) ->
     } else {
         off.wrapping_sub(size)
     };
-    // `delta < size ≤ 32768`.
+    // `delta ≤ size ≤ 32768`: `new − old` is `delta` on the u16 circle.
     let old = new.offset.wrapping_sub(delta as u16);
     vring_need_event(event, new.offset, old)
 }

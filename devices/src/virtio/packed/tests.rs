@@ -1080,10 +1080,27 @@ fn event_idx_interrupts_at_the_wrap() {
                 "lap {lap} event {event:?}"
             );
         }
-        // A whole ring used: whatever the event says, raise.
-        for event in [(1, w), (2, !w), (3, !w), (0x7fff, w)] {
+        // A whole ring used (2, 3 with counter w, 0, 1 with !w): each offset once, with its
+        // counter, so decided exactly; the next to be used (2 with !w) is not reached.
+        let cases = [
+            ((2, w), Raise),
+            ((1, !w), Raise),
+            ((3, w), Raise),
+            ((2, !w), Quiet),
+            ((1, w), Quiet),
+            ((3, !w), Quiet),
+        ];
+        for (event, expected) in cases {
             assert_eq!(
                 decide_at_wrap(lap, event, 4),
+                expected,
+                "lap {lap} event {event:?}"
+            );
+        }
+        // More than a ring between two decisions: whatever the event says, raise.
+        for event in [(1, w), (2, !w), (3, !w), (0x7fff, w)] {
+            assert_eq!(
+                decide_at_wrap(lap, event, 5),
                 Raise,
                 "lap {lap} event {event:?}"
             );
@@ -1184,7 +1201,7 @@ fn packed_need_event_matches_a_linear_model() {
                         // Shifted by whole pairs of laps so that the range starts
                         // at or after 0; the counter alternates the same way.
                         let hi = new_linear + 2 * n * (delta / (2 * n) + 1);
-                        let model = delta >= n
+                        let model = delta > n
                             || (hi - delta..hi).any(|e| {
                                 e % n == u32::from(off) && ((e / n).is_multiple_of(2)) == wrap
                             });

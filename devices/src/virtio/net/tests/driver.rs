@@ -5,15 +5,20 @@
 
 use virtio_bindings::virtio_config::VIRTIO_F_RING_PACKED;
 use virtio_bindings::virtio_config::{VIRTIO_CONFIG_S_DRIVER_OK, VIRTIO_CONFIG_S_NEEDS_RESET};
+use virtio_bindings::virtio_ring::VIRTIO_RING_F_EVENT_IDX;
+use virtio_queue::QueueT;
 use vm_memory::{GuestAddress, GuestMemoryMmap};
 
 use super::support::{frame, wire, GuestQueue, NEXT};
 use super::worker::{kick, rig_with, Rig, TIMEOUT};
 use crate::backend::PairBackend;
 use crate::test_utils::mmio::{wait_until, Registers};
-use crate::test_utils::packed::GuestPackedQueue;
+use crate::test_utils::packed::{advance, GuestPackedQueue};
 use crate::virtio::net::NetDevice;
-use crate::virtio::packed::{PackedLayout, PackedVirtqueue};
+use crate::virtio::packed::{
+    PackedLayout, PackedVirtqueue, EVENT_FLAG_DESC, EVENT_FLAG_DISABLE, EVENT_FLAG_ENABLE,
+    EVENT_WRAP_BIT,
+};
 use crate::virtio::ring::{vring_need_event, AnyRing};
 use crate::virtio::vring::Virtqueue;
 use crate::virtio::MmioTransport;
@@ -46,8 +51,18 @@ pub(super) trait DriverRing: Sized + Send {
     fn wants_kick(&self, added: u16, event_idx: bool) -> bool;
     /// Reads guest memory.
     fn peek(&self, addr: u64, len: usize) -> Vec<u8>;
-    /// The device's ring over this queue (for tests that drive the datapath directly).
+    /// The device's ring over this queue (for tests that drive the datapath directly), with
+    /// VIRTIO_RING_F_EVENT_IDX as `features` say, starting where the ring's used side is.
     fn device_ring(&self, features: u64) -> AnyRing;
+    /// Starts the split ring's free-running indexes at `idx` (for their 16-bit wrap); a
+    /// packed ring has none (its positions wrap every lap): nothing.
+    fn start_at_index(&mut self, idx: u16);
+    /// Asks for an interrupt when the device uses the `at`-th entry from the driver's next
+    /// used one (0: the next), or for none (`at` `None`): with EVENT_IDX (`event_idx`) through
+    /// `used_event` (split; `None`: the entry just behind) or DESC at that position (packed;
+    /// `None`: DISABLE); without it, any `at` enables interrupts and `None` sets
+    /// NO_INTERRUPT (split) or DISABLE (packed).
+    fn want_interrupt_at(&self, at: Option<u16>, event_idx: bool);
 
     /// The rx and tx queues of pair 0 at the addresses [`super::worker::queues`] uses.
     fn pair(mem: &GuestMemoryMmap) -> (Self, Self) {
@@ -165,10 +180,26 @@ impl DriverRing for GuestQueue {
             self.used_flags() & 1 == 0
         }
     }
-    fn device_ring(&self, _features: u64) -> AnyRing {
-        Virtqueue::new(&self.queue(), self.mem())
-            .expect("ring")
-            .into()
+    fn device_ring(&self, features: u64) -> AnyRing {
+        let mut queue = self.queue();
+        queue.set_event_idx(features & (1 << VIRTIO_RING_F_EVENT_IDX) != 0);
+        queue.set_next_avail(self.used_idx());
+        queue.set_next_used(self.used_idx());
+        Virtqueue::new(&queue, self.mem()).expect("ring").into()
+    }
+    fn start_at_index(&mut self, idx: u16) {
+        self.start_indexes_at(idx);
+    }
+    fn want_interrupt_at(&self, at: Option<u16>, event_idx: bool) {
+        let next = self.used_idx();
+        if event_idx {
+            self.set_used_event(match at {
+                Some(k) => next.wrapping_add(k),
+                None => next.wrapping_sub(1),
+            });
+        } else {
+            self.set_avail_flags(u16::from(at.is_none()));
+        }
     }
 }
 
@@ -204,6 +235,18 @@ impl DriverRing for GuestPackedQueue {
         PackedVirtqueue::new(self.mem(), &self.layout(), features | Self::RING_FEATURES)
             .expect("ring")
             .into()
+    }
+    fn start_at_index(&mut self, _idx: u16) {}
+    fn want_interrupt_at(&self, at: Option<u16>, event_idx: bool) {
+        match at {
+            None => self.set_driver_event(0, EVENT_FLAG_DISABLE),
+            Some(k) if event_idx => {
+                let (offset, wrap) = advance(self.used_position(), k, self.size());
+                let off_wrap = offset | if wrap { EVENT_WRAP_BIT } else { 0 };
+                self.set_driver_event(off_wrap, EVENT_FLAG_DESC);
+            }
+            Some(_) => self.set_driver_event(0, EVENT_FLAG_ENABLE),
+        }
     }
 }
 

@@ -3,8 +3,15 @@
 
 use virtio_queue::QueueT;
 
+use virtio_bindings::virtio_ring::VIRTIO_RING_F_EVENT_IDX;
+
+use super::driver::DriverRing;
+use super::support::{guest_mem, GuestQueue};
+use crate::test_utils::packed::GuestPackedQueue;
+use crate::test_utils::queue::DATA_START;
 use crate::virtio::net::metrics::{RxCounters, TxCounters};
 use crate::virtio::net::tests::support::{drain, frame, pair, tx_into_full_backend, wire, Ring};
+use crate::virtio::net::TxQueue;
 use crate::virtio::net::{RxMode, TxStop};
 use crate::virtio::ring::vring_need_event;
 
@@ -175,4 +182,70 @@ fn driver_notifications_are_off_while_the_device_is_busy() {
         "notifications back on once drained"
     );
     assert_eq!(counters.frames, 100);
+}
+
+#[test]
+fn interrupts_are_never_missed_nor_sent_against_the_drivers_wish_across_the_wrap() {
+    for event_idx in [true, false] {
+        interrupts_across_the_wrap::<GuestQueue>(event_idx);
+        interrupts_across_the_wrap::<GuestPackedQueue>(event_idx);
+    }
+}
+
+/// 60 batches of 1..=4 frames through a 4-entry ring: the packed ring's wrap counter flips every
+/// lap, the split ring's indexes start 5 before their 16-bit wrap. Before each batch the driver
+/// asks for an interrupt at its first used entry, its last, one just past it, one in between,
+/// or none at all (DISABLE, NO_INTERRUPT, or `used_event` behind). Every batch that reaches the
+/// entry asked for (any batch, with interrupts merely enabled) must raise, and no other: the
+/// missed and the unwanted interrupts are counted, and both must be 0.
+fn interrupts_across_the_wrap<Q: DriverRing>(event_idx: bool) {
+    let mem = guest_mem();
+    let mut driver = Q::at(&mem, 0, 4, DATA_START);
+    driver.start_at_index(65531);
+    let features = if event_idx {
+        1 << VIRTIO_RING_F_EVENT_IDX
+    } else {
+        0
+    };
+    let mut txq = TxQueue::new(driver.device_ring(features));
+    let (mut backend, peer) = pair();
+    let mut counters = TxCounters::default();
+    let (mut raised, mut quiet, mut missed, mut unwanted) = (0, 0, Vec::new(), Vec::new());
+    for round in 0..60u16 {
+        let n = round % 4 + 1;
+        let at = match round % 5 {
+            0 => None,
+            1 => Some(0),
+            2 => Some(n - 1),
+            3 => Some(n),
+            _ => Some(round % n),
+        };
+        driver.want_interrupt_at(at, event_idx);
+        let sent: Vec<Vec<u8>> = (0..n)
+            .map(|i| wire(&frame(64, (round + i) as u8)))
+            .collect();
+        for f in &sent {
+            driver.offer_tx(f, &[]);
+        }
+        let outcome = txq.process(&mut backend, &mut counters).expect("ring ok");
+        for f in &sent {
+            assert_eq!(driver.next_used().map(|u| u.1), Some(0), "round {round}");
+            assert_eq!(&peer.recv_frame().expect("frame"), f);
+        }
+        let wanted = at.is_some_and(|k| !event_idx || k < n);
+        match (wanted, outcome.needs_interrupt) {
+            (true, true) => raised += 1,
+            (false, false) => quiet += 1,
+            (true, false) => missed.push((round, at)),
+            (false, true) => unwanted.push((round, at)),
+        }
+    }
+    let ring = std::any::type_name::<Q>();
+    assert_eq!(missed, [], "{ring}, event_idx {event_idx}: missed");
+    assert_eq!(unwanted, [], "{ring}, event_idx {event_idx}: unwanted");
+    assert!(
+        raised >= 20 && quiet >= 12,
+        "{raised} raised, {quiet} quiet"
+    );
+    assert_eq!(counters.frames, 150);
 }
