@@ -39,10 +39,6 @@ pub const RX_BUDGET: usize = 256;
 /// Chains a fill pops at most in one-chain-per-frame mode.
 const RX_FILL_CHAINS: usize = 32;
 
-/// Lone descriptors popped as one run in mergeable mode, where the pool is filled by bytes: a
-/// fill may leave up to this many − 1 chains more than a maximal frame needs.
-pub(crate) const RX_MERGEABLE_RUN: usize = 8;
-
 /// Buffer space gathered before each read in mergeable mode: header + the largest frame a
 /// backend hands over (64 KiB GSO payload plus Ethernet and VLAN headers).
 pub const RX_GATHER_BYTES: u64 = VNET_HDR_LEN as u64 + MAX_FRAME_LEN as u64 + 18;
@@ -713,15 +709,10 @@ impl<'m, H: Copy + Default + std::fmt::Debug, const MRG: bool> RxPool<'m, H, MRG
     ) -> Result<(), RingError> {
         let mut lone = [H::default(); RX_FILL_CHAINS];
         while !self.filled() && !budget.exhausted() {
-            {
-                // One chain per frame: below `RX_FILL_CHAINS` (not filled). Each walk visits one
-                // descriptor, so the budget lasts the run.
-                let run = if MRG {
-                    RX_MERGEABLE_RUN
-                } else {
-                    RX_FILL_CHAINS - self.unused()
-                };
-                let want = run.min(budget.remaining() as usize);
+            if !MRG {
+                // Below `RX_FILL_CHAINS` (not filled); each walk visits one descriptor, so the
+                // budget lasts the run.
+                let want = (RX_FILL_CHAINS - self.unused()).min(budget.remaining() as usize);
                 let popped = ring.pop_lone(&mut lone[..want]);
                 if popped > 0 {
                     let mut k = 0;

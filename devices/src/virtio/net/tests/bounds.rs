@@ -15,7 +15,7 @@ use crate::test_utils::mmio::{wait_until, Registers};
 use crate::test_utils::packed::GuestPackedQueue;
 use crate::test_utils::queue::DATA_START;
 use crate::virtio::net::metrics::{RxCounters, TxCounters};
-use crate::virtio::net::rx::{RX_GATHER_NO_GSO_BYTES, RX_MERGEABLE_RUN};
+use crate::virtio::net::rx::RX_GATHER_NO_GSO_BYTES;
 use crate::virtio::net::{RxMode, RxStop, TxStop};
 use crate::virtio::net::{RxQueue, TxQueue};
 use crate::virtio::ring::{RingError, RingPart};
@@ -226,38 +226,28 @@ fn a_burst_publishes_the_used_index_in_batches_and_decides_once() {
 
 #[test]
 fn rx_queue_keeps_its_pool_across_calls() {
-    rx_pool_kept::<GuestQueue>();
-    rx_pool_kept::<GuestPackedQueue>();
-}
-
-/// Mergeable buffers of 2048 bytes: each call delivers its frame and keeps about one maximal
-/// frame's worth of buffers ahead, never the whole ring (the packed ring pops its lone
-/// descriptors in runs, so it may hold up to a run's worth more).
-fn rx_pool_kept<Q: DriverRing>() {
-    let mut driver = Q::at(&guest_mem(), 0, 64, DATA_START);
-    let bufs: Vec<u64> = (0..64).map(|_| driver.offer_rx(&[2048]).1[0]).collect();
-    let mut rxq = RxQueue::new(
-        driver.device_ring(0),
-        RxMode::Mergeable,
-        RX_GATHER_NO_GSO_BYTES,
-    );
+    let mut ring = Ring::new(64);
+    let mut bufs = Vec::new();
+    for _ in 0..64 {
+        bufs.push(ring.driver.push_rx(&[2048]).1[0]);
+    }
+    let mut rxq = ring.rx_queue(RxMode::Mergeable);
     let (mut backend, peer) = pair();
     let mut counters = RxCounters::default();
-    let extra = if Q::RING_FEATURES != 0 {
-        RX_MERGEABLE_RUN as u64
-    } else {
-        2
-    };
     for i in 0..20u8 {
         let f = wire(&frame(64, i));
         peer.send_frame(&f).expect("send");
         let out = rxq.process(&mut backend, &mut counters).expect("ring ok");
         assert_eq!(out.stop, RxStop::BackendEmpty);
+        // About one frame's worth of buffers held ahead, never the whole ring.
         let held = rxq.pooled_chains() as u64 * 2048;
         assert!(held >= RX_GATHER_NO_GSO_BYTES, "{held}");
-        assert!(held < RX_GATHER_NO_GSO_BYTES + extra * 2048, "{held}");
-        assert_eq!(driver.next_used().map(|u| u.1), Some(f.len() as u32));
-        assert_eq!(driver.peek(bufs[usize::from(i)] + 12, 64), frame(64, i));
+        assert!(held < RX_GATHER_NO_GSO_BYTES + 2 * 2048, "{held}");
+        assert_eq!(ring.driver.used(u16::from(i)).1, f.len() as u32);
+        assert_eq!(
+            ring.driver.read(bufs[usize::from(i)] + 12, 64),
+            frame(64, i)
+        );
     }
     assert_eq!(counters.frames, 20);
     assert_eq!(counters.malformed_chains, 0);
