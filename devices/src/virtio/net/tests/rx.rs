@@ -10,7 +10,7 @@ use crate::test_utils::packed::GuestPackedQueue;
 
 use crate::virtio::net::metrics::RxCounters;
 use crate::virtio::net::tests::support::{frame, guest_mem, pair, wire, GuestQueue, Ring};
-use crate::virtio::net::{RxMode, RxStop, VNET_HDR_LEN};
+use crate::virtio::net::{RxMode, RxQueue, RxStop, VNET_HDR_LEN};
 
 /// num_buffers of the header at `addr`.
 fn num_buffers(driver: &GuestQueue, addr: u64) -> u16 {
@@ -241,7 +241,6 @@ fn sparse_reads_skip_the_empty_read_on_a_packed_ring() {
 fn sparse_reads<Q: DriverRing>() {
     use crate::test_utils::queue::DATA_START;
     use crate::virtio::net::rx::{RX_GATHER_NO_GSO_BYTES, SPARSE_PROBE_EVERY};
-    use crate::virtio::net::RxQueue;
 
     let mem = guest_mem();
     let mut driver = Q::at(&mem, 0, 256, DATA_START);
@@ -331,6 +330,27 @@ fn sparse_reads<Q: DriverRing>() {
     );
 }
 
+/// A 256-entry ring of `Q`'s kind with three rx chains of one 1536-byte buffer made available,
+/// the middle one device-readable (the device refuses it), and a receive queue over it in
+/// `mode`: the driver, the three ids, the first and third chains' buffers, and the queue.
+fn refused_between<Q: DriverRing>(mode: RxMode) -> (Q, [u16; 3], [u64; 2], RxQueue) {
+    use crate::test_utils::queue::DATA_START;
+    use crate::virtio::net::rx::RX_GATHER_BYTES;
+
+    let mut driver = Q::at(&guest_mem(), 0, 256, DATA_START);
+    let (first, first_bufs) = driver.offer_rx(&[1536]);
+    let readable = driver.reserve(1536);
+    let refused = driver.offer(&[(readable, 1536, 0)]);
+    let (third, third_bufs) = driver.offer_rx(&[1536]);
+    let rxq = RxQueue::new(driver.device_ring(0), mode, RX_GATHER_BYTES);
+    (
+        driver,
+        [first, refused, third],
+        [first_bufs[0], third_bufs[0]],
+        rxq,
+    )
+}
+
 #[test]
 fn a_refused_rx_chain_among_pooled_ones_is_returned_at_once() {
     for mode in [RxMode::SingleChain, RxMode::Mergeable] {
@@ -342,17 +362,8 @@ fn a_refused_rx_chain_among_pooled_ones_is_returned_at_once() {
 /// Without IN_ORDER a chain the device refuses goes back at once, empty, and the chains
 /// popped with it (on a packed ring one chain per frame: in the same run) take the frames.
 fn refused_chain_returned_at_once<Q: DriverRing>(mode: RxMode) {
-    use crate::test_utils::queue::DATA_START;
-    use crate::virtio::net::rx::RX_GATHER_BYTES;
-    use crate::virtio::net::RxQueue;
-
-    let mem = guest_mem();
-    let mut driver = Q::at(&mem, 0, 256, DATA_START);
-    let (first, first_bufs) = driver.offer_rx(&[1536]);
-    let readable = driver.reserve(1536);
-    let refused = driver.offer(&[(readable, 1536, 0)]);
-    let (third, third_bufs) = driver.offer_rx(&[1536]);
-    let mut rxq = RxQueue::new(driver.device_ring(0), mode, RX_GATHER_BYTES);
+    let (mut driver, [first, refused, third], [first_buf, third_buf], mut rxq) =
+        refused_between::<Q>(mode);
     let (mut backend, peer) = pair();
     let mut counters = RxCounters::default();
     rxq.process(&mut backend, &mut counters).expect("ring ok");
@@ -368,12 +379,9 @@ fn refused_chain_returned_at_once<Q: DriverRing>(mode: RxMode) {
         peer.send_frame(f).expect("send");
     }
     rxq.process(&mut backend, &mut counters).expect("ring ok");
-    for (id, bufs, f) in [
-        (first, &first_bufs, &sent[0]),
-        (third, &third_bufs, &sent[1]),
-    ] {
+    for (id, buf, f) in [(first, first_buf, &sent[0]), (third, third_buf, &sent[1])] {
         assert_eq!(driver.next_used(), Some((u32::from(id), f.len() as u32)));
-        let mut got = driver.peek(bufs[0], f.len());
+        let mut got = driver.peek(buf, f.len());
         // `num_buffers` is the device's to write.
         got[10..12].copy_from_slice(&f[10..12]);
         assert_eq!(&got, f, "{mode:?}");
@@ -400,19 +408,9 @@ fn in_order_returns_a_refused_rx_chain_after_the_pooled_ones_on_a_packed_ring() 
 /// popped while a chain before it still waits in the pool for a frame, is returned only after
 /// that one, so the used entries come in the order the chains were made available.
 fn in_order_keeps_a_refused_chain_in_order<Q: DriverRing>(mode: RxMode) {
-    use crate::test_utils::queue::DATA_START;
-    use crate::virtio::net::rx::RX_GATHER_BYTES;
-    use crate::virtio::net::RxQueue;
-
-    let mem = guest_mem();
-    let mut driver = Q::at(&mem, 0, 256, DATA_START);
-    let (first, _) = driver.offer_rx(&[1536]);
-    let readable = driver.reserve(1536);
-    let refused = driver.offer(&[(readable, 1536, 0)]);
-    let (third, _) = driver.offer_rx(&[1536]);
     // Mergeable mode pools chains until a maximal frame fits, one chain per frame pools up
-    // to 16: either pops all three at once.
-    let mut rxq = RxQueue::new(driver.device_ring(0), mode, RX_GATHER_BYTES);
+    // to 32: either pops all three at once.
+    let (mut driver, [first, refused, third], _, mut rxq) = refused_between::<Q>(mode);
     rxq.set_in_order(true);
     let (mut backend, peer) = pair();
     let mut counters = RxCounters::default();
