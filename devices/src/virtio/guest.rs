@@ -150,6 +150,25 @@ impl Directed {
         guest.push_range(iovs, buf.addr, buf.len)?;
         Ok(total)
     }
+
+    /// A chain of one direct buffer: charged as one descriptor to `budget`, appended to
+    /// `iovs` as [`Directed::push`] does, `iovs` left as it was on error.
+    #[inline(always)]
+    pub(crate) fn push_lone<'g>(
+        self,
+        guest: &GuestView<'g>,
+        buf: Buffer,
+        iovs: &mut IovecList<'g>,
+        budget: &mut WalkBudget,
+    ) -> Result<u32, ChainError> {
+        budget.charge(1);
+        let start = iovs.len();
+        let pushed = self.push(guest, buf, 0, iovs);
+        if pushed.is_err() {
+            iovs.truncate(start);
+        }
+        pushed
+    }
 }
 
 /// A control-style chain being walked (off the datapath): device-readable buffers first,

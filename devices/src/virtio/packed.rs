@@ -844,13 +844,7 @@ impl RingOps<'_> {
             // modern transmit, every receive buffer).
             let buf = self.descs.read_desc(head.start.offset()).buffer();
             if buf.flags & INDIRECT == 0 {
-                budget.charge(1);
-                let start = iovs.len();
-                let pushed = rule.push(guest, buf, 0, iovs);
-                if pushed.is_err() {
-                    iovs.truncate(start);
-                }
-                return pushed;
+                return rule.push_lone(guest, buf, iovs, budget);
             }
         } else if head.descs == 2 {
             // Two direct descriptors (a header in its own buffer, then the frame: a legacy
@@ -937,13 +931,7 @@ impl RingOps<'_> {
     ) -> Result<u32, ChainError> {
         debug_assert_eq!(head.descs, 1, "not a lone descriptor");
         let buf = self.descs.read_desc(head.start.offset()).buffer();
-        budget.charge(1);
-        let start = iovs.len();
-        let pushed = Directed::new(direction, u32::MAX).push(guest, buf, 0, iovs);
-        if pushed.is_err() {
-            iovs.truncate(start);
-        }
-        pushed
+        Directed::new(direction, u32::MAX).push_lone(guest, buf, iovs, budget)
     }
 
     /// Walks a control-style chain: device-readable buffers first (appended to `readable`),
