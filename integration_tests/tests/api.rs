@@ -12,7 +12,6 @@
 
 use std::net::UdpSocket;
 use std::os::unix::fs::PermissionsExt;
-use std::os::unix::net::UnixListener;
 use std::path::PathBuf;
 use std::process::Command;
 use std::time::Duration;
@@ -630,12 +629,40 @@ fn bad_requests_get_their_status_and_a_fault_message_and_the_vmm_serves_on() {
     assert!(vmm.is_running(), "the VMM survived every request");
 }
 
+/// Leaves a stale socket file at `path`: a stream socket bound there, never listening, then
+/// closed. (A listener would do as well in a one-threaded process; here other tests' threads
+/// start processes, and a fork between the bind and the close holds a copy of the socket until
+/// its exec: a listener would accept connections meanwhile, which neither the VMM nor
+/// `wait_ready` must take for a live server. A socket that never listens refuses them all.)
+fn stale_socket(path: &std::path::Path) {
+    use std::os::unix::ffi::OsStrExt;
+    let bytes = path.as_os_str().as_bytes();
+    // SAFETY: sockaddr_un is plain old data; all-zero is a valid value.
+    let mut addr: libc::sockaddr_un = unsafe { std::mem::zeroed() };
+    assert!(bytes.len() < addr.sun_path.len(), "socket path too long");
+    addr.sun_family = libc::AF_UNIX as libc::sa_family_t;
+    for (d, s) in addr.sun_path.iter_mut().zip(bytes) {
+        *d = *s as libc::c_char;
+    }
+    // SAFETY: plain system calls on a descriptor this function owns: `addr` lives for the
+    // bind, its length given; the descriptor is closed once, here.
+    unsafe {
+        let fd = libc::socket(libc::AF_UNIX, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0);
+        assert!(fd >= 0, "socket: {}", std::io::Error::last_os_error());
+        let len = std::mem::size_of::<libc::sockaddr_un>() as libc::socklen_t;
+        let bound = libc::bind(fd, (&raw const addr).cast(), len);
+        let err = std::io::Error::last_os_error();
+        libc::close(fd);
+        assert_eq!(bound, 0, "bind {path:?}: {err}");
+    }
+}
+
 #[test]
 fn the_socket_file_is_private_and_a_stale_one_is_replaced_but_a_live_one_is_not() {
     let dir = TempDir::new("sock");
     let sock = dir.path("api.sock");
-    // A stale socket: bound, then its listener gone.
-    drop(UnixListener::bind(&sock).unwrap());
+    // A stale socket: its file left behind by a socket that is gone.
+    stale_socket(&sock);
     assert!(sock.exists());
     let first = VmmProcess::spawn(
         Command::new(vmm_binary())
