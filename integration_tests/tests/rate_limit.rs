@@ -75,13 +75,13 @@ fn counter(sock: PacketSocket, stop: Arc<AtomicBool>) -> (Arc<AtomicU64>, thread
     (count, handle)
 }
 
-/// Frames per second counted by `count` over about `window`: the time the window really took
-/// (a sleep on a loaded host overshoots), not the time asked for.
-fn rate_over(count: &AtomicU64, window: Duration) -> f64 {
+/// Frames counted by `count` over about `window`, and the seconds the window really took (a
+/// sleep on a loaded host overshoots).
+fn count_over(count: &AtomicU64, window: Duration) -> (u64, f64) {
     let (before, t0) = (count.load(Ordering::Relaxed), Instant::now());
     thread::sleep(window);
     let frames = count.load(Ordering::Relaxed) - before;
-    frames as f64 / t0.elapsed().as_secs_f64()
+    (frames, t0.elapsed().as_secs_f64())
 }
 
 /// Waits until `count` has reached `frames`; false after `timeout`.
@@ -118,14 +118,15 @@ fn a_tx_limit_holds_and_lifting_it_restores_the_rate() {
     // The bucket starts full: its 50 000 frames, and what refills while they go, pass at the
     // path's speed, however long the host takes over them. On a path of R frames/s that phase
     // ends after 50 000 / (R - 50 000) s: by 1 s from the first frame on a path of 100 000 or
-    // more (the unlimited rate below is asserted above that). The limit is measured
-    // after that.
+    // more (the unlimited path below passes 30 000 in 200 ms, 150 000 a second). The limit is
+    // measured after that, over the time the window really took.
     assert!(
         wait_for_count(&count, 1, Duration::from_secs(30)),
         "no frame from the guest"
     );
     thread::sleep(Duration::from_secs(1));
-    let limited = rate_over(&count, Duration::from_secs(2));
+    let (frames, secs) = count_over(&count, Duration::from_secs(2));
+    let limited = frames as f64 / secs;
     eprintln!("tx: {limited:.0} frames/s through the 50 000 frames/s limit");
     assert!(
         (45_000.0..=55_000.0).contains(&limited),
@@ -139,11 +140,11 @@ fn a_tx_limit_holds_and_lifting_it_restores_the_rate() {
         .request("PATCH", &format!("/network-interfaces/{TAP}"), Some(&lift))
         .expect("PATCH");
     assert_eq!(answer.status, 204, "{answer:?}");
-    let lifted = rate_over(&count, Duration::from_millis(200));
-    eprintln!("tx: {lifted:.0} frames/s in the 200 ms after the PATCH");
+    let (lifted, _) = count_over(&count, Duration::from_millis(200));
+    eprintln!("tx: {lifted} frames in the 200 ms after the PATCH");
     assert!(
-        lifted > 2.0 * 50_000.0,
-        "{lifted:.0} frames/s after lifting the 50 000 frames/s limit"
+        lifted > 3 * 10_000,
+        "{lifted} frames in 200 ms after lifting (the limit allowed 10 000)"
     );
     let out = vmm.finish(Duration::from_secs(60));
     stop.store(true, Ordering::Relaxed);
