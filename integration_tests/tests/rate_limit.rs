@@ -118,7 +118,7 @@ fn a_tx_limit_holds_and_lifting_it_restores_the_rate() {
     // The bucket starts full: its 50 000 frames, and what refills while they go, pass at the
     // path's speed, however long the host takes over them. On a path of R frames/s that phase
     // ends after 50 000 / (R - 50 000) s: by 1 s from the first frame on a path of 100 000 or
-    // more (the unlimited path below passes 30 000 in 200 ms, 150 000 a second). The limit is
+    // more (the unlimited path below passes 140 000 a second with a busy thread beside it). The limit is
     // measured after that, over the time the window really took.
     assert!(
         wait_for_count(&count, 1, Duration::from_secs(30)),
@@ -140,11 +140,14 @@ fn a_tx_limit_holds_and_lifting_it_restores_the_rate() {
         .request("PATCH", &format!("/network-interfaces/{TAP}"), Some(&lift))
         .expect("PATCH");
     assert_eq!(answer.status, 204, "{answer:?}");
-    let (lifted, _) = count_over(&count, Duration::from_millis(200));
-    eprintln!("tx: {lifted} frames in the 200 ms after the PATCH");
+    // Twice the limit at least: the unlimited path here passes 140 000 frames/s with a busy
+    // thread beside the test and ~1 M on an idle host.
+    let (lifted, secs) = count_over(&count, Duration::from_millis(500));
+    let unlimited = lifted as f64 / secs;
+    eprintln!("tx: {unlimited:.0} frames/s in the 500 ms after the PATCH");
     assert!(
-        lifted > 3 * 10_000,
-        "{lifted} frames in 200 ms after lifting (the limit allowed 10 000)"
+        unlimited > 2.0 * 50_000.0,
+        "{unlimited:.0} frames/s after lifting a 50 000 frames/s limit"
     );
     let out = vmm.finish(Duration::from_secs(60));
     stop.store(true, Ordering::Relaxed);
