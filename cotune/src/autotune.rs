@@ -492,8 +492,46 @@ impl Tuned {
                 }
                 None => s += "grid: no point could run\n",
             }
+            s += &self.grid_table(r);
         }
         s
+    }
+
+    /// Every grid point's median score and its ratio to the grid's best, in the points'
+    /// order, then how many points lie within 5 % of the best: how flat the grid is says how
+    /// much the choice of its best point can be trusted.
+    fn grid_table(&self, r: &GridResult) -> String {
+        let Some((best, opt)) = r.best() else {
+            return String::new();
+        };
+        let found = self.grid.point_at(&self.outcome.best);
+        let mut s = String::new();
+        for (i, (p, score)) in self.points.iter().zip(&r.scores).enumerate() {
+            let mark = match (i == best, i == found) {
+                (true, true) => "  (the grid's best; autotune's point)",
+                (true, false) => "  (the grid's best)",
+                (false, true) => "  (autotune's point)",
+                (false, false) => "",
+            };
+            s += &match score {
+                Some(v) => format!(
+                    "  grid      {:<48} {v:.0} = {:.3} ×{mark}\n",
+                    p.label(),
+                    v / opt
+                ),
+                None => format!("  grid      {:<48} cannot run{mark}\n", p.label()),
+            };
+        }
+        let near = r
+            .scores
+            .iter()
+            .flatten()
+            .filter(|&&v| v >= 0.95 * opt)
+            .count();
+        s + &format!(
+            "grid: {near} of its {} points within 5 % of its best\n",
+            r.scores.len()
+        )
     }
 }
 
@@ -645,6 +683,47 @@ mod tests {
     }
 
     #[test]
+    fn the_report_lists_the_grid_and_how_flat_it_is() {
+        use crate::sweep::{points, Options, Preset};
+        // kick_threshold 1 / 8 / 64: 64 cannot run, 8 is the best, autotune chose 1 at 0.96 ×.
+        let pts = points(Preset::KickThreshold, &Options::for_tests(true));
+        let grid = Grid::of(&pts).unwrap();
+        let t = Tuned {
+            outcome: Outcome {
+                best: vec![0],
+                best_score: 97.0,
+                path: vec![],
+                trials: 2,
+            },
+            grid_result: Some(GridResult {
+                scores: vec![Some(96.0), Some(100.0), None],
+                trials: 3,
+            }),
+            points: pts,
+            grid,
+            objective: Objective::Pps,
+            repeat: 1,
+        };
+        let report = t.report();
+        let lines: Vec<&str> = report.lines().filter(|l| l.starts_with("  grid")).collect();
+        assert_eq!(lines.len(), 3, "{report}");
+        assert!(lines[0].contains("kick_threshold=1"), "{report}");
+        assert!(
+            lines[0].ends_with("96 = 0.960 ×  (autotune's point)"),
+            "{report}"
+        );
+        assert!(
+            lines[1].ends_with("100 = 1.000 ×  (the grid's best)"),
+            "{report}"
+        );
+        assert!(lines[2].ends_with("cannot run"), "{report}");
+        assert!(
+            report.ends_with("grid: 2 of its 3 points within 5 % of its best\n"),
+            "{report}"
+        );
+    }
+
+    #[test]
     fn autotune_runs_a_preset_in_co_simulation_and_checks_the_grid() {
         let opts = Options {
             backend: crate::point::BackendKind::Sink,
@@ -666,6 +745,17 @@ mod tests {
         let report = t.report();
         assert!(report.contains("best: kick_threshold="), "{report}");
         assert!(report.contains("× the grid's best"), "{report}");
+        // Every point of the grid has its line, the best one named.
+        for p in &t.points {
+            let line = format!("  grid      {:<48} ", p.label());
+            assert_eq!(report.matches(&line).count(), 1, "{line:?} in {report}");
+        }
+        assert_eq!(report.matches("the grid's best").count(), 2, "{report}");
+        assert!(report.contains("1.000 ×"), "{report}");
+        assert!(
+            report.contains(" points within 5 % of its best"),
+            "{report}"
+        );
         let both = Options {
             target: crate::sweep::Target::Both,
             ..opts
