@@ -489,10 +489,10 @@ impl Tuned {
                         o.trials,
                         r.trials
                     );
+                    s += &self.grid_table(r, i, opt);
                 }
                 None => s += "grid: no point could run\n",
             }
-            s += &self.grid_table(r);
         }
         s
     }
@@ -500,10 +500,8 @@ impl Tuned {
     /// Every grid point's median score and its ratio to the grid's best, in the points'
     /// order, then how many points lie within 5 % of the best: how flat the grid is says how
     /// much the choice of its best point can be trusted.
-    fn grid_table(&self, r: &GridResult) -> String {
-        let Some((best, opt)) = r.best() else {
-            return String::new();
-        };
+    /// `best` and `opt` are the grid's best point and its score ([`GridResult::best`]).
+    fn grid_table(&self, r: &GridResult, best: usize, opt: f64) -> String {
         let found = self.grid.point_at(&self.outcome.best);
         let mut s = String::new();
         for (i, (p, score)) in self.points.iter().zip(&r.scores).enumerate() {

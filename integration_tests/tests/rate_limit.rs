@@ -118,8 +118,8 @@ fn a_tx_limit_holds_and_lifting_it_restores_the_rate() {
     // The bucket starts full: its 50 000 frames, and what refills while they go, pass at the
     // path's speed, however long the host takes over them. On a path of R frames/s that phase
     // ends after 50 000 / (R - 50 000) s: by 1 s from the first frame on a path of 100 000 or
-    // more (the unlimited path below passes 140 000 a second with a busy thread beside it). The limit is
-    // measured after that, over the time the window really took.
+    // more (as the unlimited path below is). The limit is measured after that, over the time
+    // the window really took.
     assert!(
         wait_for_count(&count, 1, Duration::from_secs(30)),
         "no frame from the guest"
