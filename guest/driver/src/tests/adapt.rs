@@ -19,6 +19,9 @@ enum Device {
     Sleeps,
     /// Busy-polls the ring: every kick decision is suppressed.
     Polls,
+    /// Busy-polls the ring but completes slower than the driver sends: every kick decision
+    /// is suppressed and the ring fills up once per interval.
+    PollsBehind,
     /// Wakes on the first kick of a caller's batch and works through the batch (EVENT_IDX not
     /// re-armed meanwhile): the later decisions of the batch are suppressed.
     WakesPerBatch,
@@ -34,7 +37,7 @@ fn tx_interval(n: u16, batch: u32, device: Device) -> TxSample {
     let decisions_per_batch = cuts_per_batch + u32::from(!batch.is_multiple_of(n));
     let kicks_per_batch = match device {
         Device::Sleeps => decisions_per_batch,
-        Device::Polls => 0,
+        Device::Polls | Device::PollsBehind => 0,
         Device::WakesPerBatch => 1,
     };
     TxSample {
@@ -42,7 +45,7 @@ fn tx_interval(n: u16, batch: u32, device: Device) -> TxSample {
         decisions: batches * decisions_per_batch,
         kicks: batches * kicks_per_batch,
         threshold_cuts: batches * cuts_per_batch,
-        ring_full: 0,
+        ring_full: u32::from(matches!(device, Device::PollsBehind)),
     }
 }
 
@@ -72,6 +75,9 @@ fn kick_threshold_settles_within_8_intervals_and_then_holds() {
         // A polling device: kicks are free; back to the configured 8, never below (publishing
         // more often than configured costs both sides cache lines and buys a poller nothing).
         (256, Device::Polls, 8),
+        // A polling device that falls behind: the ring, not the threshold, holds frames back,
+        // so publish in the largest batches allowed.
+        (256, Device::PollsBehind, 64),
         // A device woken once per batch works through it: the rest of its kicks are free.
         (64, Device::WakesPerBatch, 8),
     ];
@@ -88,12 +94,54 @@ fn kick_threshold_follows_a_step_of_the_workload_within_8_intervals() {
     let mut c = KickController::new(8, 256, 64);
     kick_settle(&mut c, 256, Device::Sleeps);
     assert_eq!(c.value(), 64);
-    // Flood to a sleeping device → the device starts polling → back (to the configured 8).
-    for (device, target) in [(Device::Polls, 8), (Device::Sleeps, 64), (Device::Polls, 8)] {
+    // Flood to a sleeping device → the device starts polling → back (to the configured 8);
+    // a polling device that falls behind → up again, and it stays up from then on (its ring
+    // no longer filling is what the larger threshold bought).
+    for (device, target, within) in [
+        (Device::Polls, 8, 8),
+        (Device::Sleeps, 64, 8),
+        (Device::Polls, 8, 8),
+        (Device::PollsBehind, 64, 8),
+        (Device::Polls, 64, 0),
+        (Device::Sleeps, 64, 0),
+        (Device::Polls, 64, 0),
+    ] {
         let when = kick_settle(&mut c, 256, device);
-        assert!(when <= 8, "{device:?}: last change at {when}");
+        assert!(when <= within, "{device:?}: last change at {when}");
         assert_eq!(c.value(), target, "{device:?}");
     }
+}
+
+#[test]
+fn kick_threshold_holds_while_a_polling_device_fills_the_ring_now_and_then() {
+    // A ring of 256 that fills once per cycle fills in some intervals of 256 frames and not in
+    // others: the threshold climbs and stays, whatever the beat.
+    for every in [2, 3, 4, 8] {
+        let mut c = KickController::new(8, 256, 64);
+        let mut changes = 0;
+        for i in 0..400 {
+            let device = if i % every == 0 {
+                Device::PollsBehind
+            } else {
+                Device::Polls
+            };
+            changes += u32::from(c.observe(&tx_interval(c.value(), 256, device)));
+        }
+        assert_eq!(c.value(), 64, "full every {every} intervals");
+        assert_eq!(changes, 3, "full every {every} intervals");
+    }
+    // Nor does a device that misses its window (sleeps) one interval in four.
+    let mut c = KickController::new(8, 256, 64);
+    let mut changes = 0;
+    for i in 0..400 {
+        let device = match i % 4 {
+            0 => Device::PollsBehind,
+            1 => Device::Sleeps,
+            _ => Device::Polls,
+        };
+        changes += u32::from(c.observe(&tx_interval(c.value(), 256, device)));
+    }
+    assert_eq!((c.value(), changes), (64, 3));
 }
 
 #[test]
