@@ -21,8 +21,8 @@
 //!     from then on a polling device no longer brings it down (a larger threshold is what
 //!     lets the device keep up, so a ring that then stops filling is no reason to lower it, and
 //!     lowering it again would fill the ring again: in the VM that made the threshold move
-//!     13–105 times a second; a caller's batch ends with a publish whatever the threshold, so
-//!     a request/response flow never waits on it);
+//!     13–105 times in a trial of a million frames; a caller's batch ends with a publish
+//!     whatever the threshold, so a request/response flow never waits on it);
 //!   - otherwise hold. Turning back (a raise after a lower or the other way round) needs the
 //!     opposite verdict on two intervals in a row, so a device that changes its mind on every
 //!     interval does not make the threshold flap.
