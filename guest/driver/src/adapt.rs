@@ -175,12 +175,11 @@ impl KickController {
         let suppressed = decisions - kicks;
         let cuts = u64::from(s.threshold_cuts).min(decisions);
         let device_polls = 2 * suppressed > decisions;
-        if device_polls && s.ring_full > 0 {
-            self.raised_on_full = true;
-        }
+        let polls_behind = device_polls && s.ring_full > 0;
+        self.raised_on_full |= polls_behind;
         let verdict = if 2 * kicks >= decisions && 2 * cuts >= decisions && s.ring_full == 0 {
             Some(Move::Up)
-        } else if device_polls && s.ring_full > 0 {
+        } else if polls_behind {
             // The device polls, yet the ring filled: completions, not publishes, hold the
             // driver back, so no frame waits on the threshold that would not wait on the ring
             // anyway, and larger publishes save both sides cache lines and wake-ups.

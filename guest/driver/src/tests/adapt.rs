@@ -116,32 +116,33 @@ fn kick_threshold_follows_a_step_of_the_workload_within_8_intervals() {
 fn kick_threshold_holds_while_a_polling_device_fills_the_ring_now_and_then() {
     // A ring of 256 that fills once per cycle fills in some intervals of 256 frames and not in
     // others: the threshold climbs and stays, whatever the beat.
-    for every in [2, 3, 4, 8] {
+    // Runs 400 intervals of a device that behaves as `device(i)` in interval i; returns the
+    // threshold it ends at and how many times it changed.
+    let run = |device: &dyn Fn(usize) -> Device| {
         let mut c = KickController::new(8, 256, 64);
         let mut changes = 0;
         for i in 0..400 {
-            let device = if i % every == 0 {
+            changes += u32::from(c.observe(&tx_interval(c.value(), 256, device(i))));
+        }
+        (c.value(), changes)
+    };
+    for every in [2, 3, 4, 8] {
+        let beat = |i: usize| {
+            if i.is_multiple_of(every) {
                 Device::PollsBehind
             } else {
                 Device::Polls
-            };
-            changes += u32::from(c.observe(&tx_interval(c.value(), 256, device)));
-        }
-        assert_eq!(c.value(), 64, "full every {every} intervals");
-        assert_eq!(changes, 3, "full every {every} intervals");
+            }
+        };
+        assert_eq!(run(&beat), (64, 3), "full every {every} intervals");
     }
     // Nor does a device that misses its window (sleeps) one interval in four.
-    let mut c = KickController::new(8, 256, 64);
-    let mut changes = 0;
-    for i in 0..400 {
-        let device = match i % 4 {
-            0 => Device::PollsBehind,
-            1 => Device::Sleeps,
-            _ => Device::Polls,
-        };
-        changes += u32::from(c.observe(&tx_interval(c.value(), 256, device)));
-    }
-    assert_eq!((c.value(), changes), (64, 3));
+    let sleeps_now_and_then = |i: usize| match i % 4 {
+        0 => Device::PollsBehind,
+        1 => Device::Sleeps,
+        _ => Device::Polls,
+    };
+    assert_eq!(run(&sleeps_now_and_then), (64, 3));
 }
 
 #[test]
