@@ -30,8 +30,9 @@
 //!   The threshold stays within `1..=min(64, ring size / 2, kick_threshold_max)`.
 //! - [`BulkController`], once per [`BULK_INTERVAL_POLLS`] rx polls that bounced frames, from
 //!   the XDP_TX frames per such poll ([`BulkSample`]): the bulk rises to the next power of two
-//!   at or above the average when the average exceeds it (one flush per poll instead of
-//!   several), and falls to the power of two at or above the average when the average is a
+//!   at or above the average when the average exceeds it in two intervals in a row (one flush
+//!   per poll instead of several; an interval that spans a switch between a trickle and a
+//!   flood mixes the two and asks for a bulk neither wants), and falls to the power of two at or above the average when the average is a
 //!   quarter of the bulk or less (the gap between the two rules keeps an average sitting on a
 //!   power of two from flapping), never below the configured bulk (a poll flushes what it
 //!   bounced anyway: a smaller bulk would only split the flush), and at the configured bulk
@@ -232,6 +233,8 @@ pub struct BulkController {
     /// back down to it, never below (a poll flushes what it bounced anyway: a smaller bulk
     /// only splits the flush).
     min: u16,
+    /// The previous interval asked for a larger bulk; one more such interval raises it.
+    raise_pending: bool,
 }
 
 impl BulkController {
@@ -240,6 +243,7 @@ impl BulkController {
         BulkController {
             value: start.clamp(1, XDP_BULK_MAX),
             min: start.clamp(1, XDP_BULK_MAX),
+            raise_pending: false,
         }
     }
 
@@ -263,7 +267,12 @@ impl BulkController {
             .next_power_of_two()
             .min(u64::from(XDP_BULK_MAX)) as u16;
         let value = u64::from(self.value);
-        let next = if average > value || 4 * average <= value {
+        let raise = average > value;
+        // A raise needs two intervals in a row that ask for it: one that spans a switch from
+        // a trickle (one frame a poll, each poll kicking a device that slept) to a flood (many
+        // frames a poll, a device that polls) asks for one that neither load wants.
+        let confirmed = core::mem::replace(&mut self.raise_pending, raise) && raise;
+        let next = if confirmed || (!raise && 4 * average <= value) {
             target
         } else {
             self.value

@@ -5,12 +5,21 @@
 //!   wake-up (a kick or backend input) after an idle gap that a window at the bound would have
 //!   covered is a kick and a sleep the device could have saved; one after a longer gap is
 //!   polling that would have been wasted. One sleep in [`GAP_SAMPLE`] is timed, and the
-//!   evidence is counted since the window last moved ([`GAP_HORIZON`] intervals at most): the
+//!   evidence is counted since the window last moved or the frame rate last changed 2× from
+//!   one interval to the next (another load), [`GAP_HORIZON`] intervals at most: the
 //!   window grows when two timed sleeps at least, and half of them or more, were short: it
 //!   doubles (from [`BUSY_POLL_START_US`]), or jumps at once to the power of two that covers
-//!   the longest of those short gaps, whichever is larger; it halves (under the start value: off) when three in four were
-//!   long *and* most of its windows ran out without finding work (a window that mostly finds
-//!   work earns its keep whatever the sleeps say); otherwise it stays. A window that covers
+//!   the longest of those short gaps, whichever is larger; it halves (under the start value:
+//!   off) when three in four were long *and* most of its windows ran out without finding work
+//!   (a window that mostly finds work earns its keep whatever the sleeps say), judged on the
+//!   evidence of a whole [`GAP_HORIZON`] at once; otherwise it stays. Opening is quick and
+//!   closing slow because the two mistakes cost differently: a window left open over a horizon
+//!   too long costs the worker's polling (at most the window per wake-up, on its own thread),
+//!   one closed under a load that needs it costs that load's rate (2× on the VM's flood through
+//!   a `loop`), and a load that switches faster than a horizon (floods and trickles of 10 ms,
+//!   the trickle's gaps longer than the bound) would otherwise have it close in every trickle,
+//!   start each flood without it and soon, through the reversal rule below, stay wherever a
+//!   switch left it. A window that covers
 //!   the driver's gaps sees no sleeps and stays; a driver whose gaps exceed the bound keeps it
 //!   off. A move against the window's last one waits [`GAP_HORIZON`] intervals, doubling with
 //!   each such reversal (up to [`MAX_REVERSAL_WAIT`]): gaps that straddle the bound cannot make
@@ -167,6 +176,9 @@ pub struct Adapter {
     reversal_wait: u32,
     /// Intervals the gap counts cover.
     gap_intervals: u32,
+    /// The frame rate (per second) of the interval before: a rate 2× away from it is another
+    /// load, and the gaps counted under the old one are dropped.
+    gap_rate: u64,
     /// A window trial running: the frame rate before it and the intervals it has left.
     window_trial: Option<(u64, u32)>,
     /// Parked after a failed window trial: the frame rate it failed at, the intervals left
@@ -209,6 +221,7 @@ impl Adapter {
             since_move: 0,
             reversal_wait: GAP_HORIZON,
             gap_intervals: 0,
+            gap_rate: 0,
             window_trial: None,
             window_park: (None, 0, PARK_INTERVALS),
             window_kept_at: None,
@@ -381,6 +394,14 @@ impl Adapter {
     fn next_busy_poll(&mut self, seen: Observed) -> u32 {
         let bound = self.bounds.max_busy_poll_us;
         let now = self.busy_poll_us;
+        let rate = seen.frames_per_s();
+        if !within_2x(rate, std::mem::replace(&mut self.gap_rate, rate)) {
+            // Another load: a trickle's long gaps say nothing about the flood that follows it.
+            self.gaps = (0, 0);
+            self.longest_short_gap_us = 0;
+            self.windows = (0, 0);
+            self.gap_intervals = 0;
+        }
         self.gaps.0 = self.gaps.0.saturating_add(seen.short_gaps);
         self.gaps.1 = self.gaps.1.saturating_add(seen.long_gaps);
         self.longest_short_gap_us = self.longest_short_gap_us.max(seen.longest_short_gap_us);
@@ -388,8 +409,9 @@ impl Adapter {
         self.windows.1 = self.windows.1.saturating_add(seen.windows_found);
         self.gap_intervals += 1;
         // Growing needs two short sleeps and half of them short, shrinking two long ones,
-        // three in four long and windows that mostly ran out: gaps spread around the bound, or one stretched
-        // by the host now and then, leave the window alone.
+        // three in four long and windows that mostly ran out over a whole horizon: gaps spread
+        // around the bound, one stretched by the host now and then, or the trickles between
+        // floods, leave the window alone.
         let (short, long) = self.gaps;
         let (windows, found) = self.windows;
         let windows_earn = found.saturating_mul(2) > windows;
@@ -400,7 +422,11 @@ impl Adapter {
                 .max(BUSY_POLL_START_US)
                 .max(covering.unwrap_or(u32::MAX))
                 .min(bound)
-        } else if long >= 2 && long > short.saturating_mul(3) && !windows_earn {
+        } else if long >= 2
+            && long > short.saturating_mul(3)
+            && !windows_earn
+            && self.gap_intervals >= GAP_HORIZON
+        {
             let half = now / 2;
             if half < BUSY_POLL_START_US.min(bound) {
                 0

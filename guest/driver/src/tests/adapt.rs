@@ -274,17 +274,22 @@ fn no_observation_takes_a_value_out_of_its_bounds() {
 }
 
 #[test]
-fn xdp_bulk_follows_the_frames_per_poll_within_one_interval() {
+fn xdp_bulk_follows_the_frames_per_poll_within_two_intervals() {
     let sample = |per_poll: u32| BulkSample {
         polls: 16,
         frames: 16 * per_poll,
         device_polls: false,
     };
     let mut b = BulkController::new(16);
-    // From the default: a steady 40 per poll → 64 (one flush per poll), held for 100; back
-    // down to the configured 16, never below.
+    // From the default: a steady 40 per poll → 64 (one flush per poll) after two intervals,
+    // held for 100; back down to the configured 16 at once, never below.
     for (per_poll, settled) in [(40, 64), (3, 16), (1, 16), (24, 32), (64, 64), (5, 16)] {
+        let before = b.value();
         b.observe(&sample(per_poll));
+        if settled > before {
+            assert_eq!(b.value(), before, "{per_poll}: one interval is not enough");
+            b.observe(&sample(per_poll));
+        }
         assert_eq!(b.value(), settled, "{per_poll}");
         for _ in 0..100 {
             assert!(!b.observe(&sample(per_poll)));
@@ -292,6 +297,7 @@ fn xdp_bulk_follows_the_frames_per_poll_within_one_interval() {
     }
     // An average wobbling across a power of two does not make it flap.
     let mut b = BulkController::new(16);
+    assert!(!b.observe(&sample(17)));
     assert!(b.observe(&sample(17)));
     assert_eq!(b.value(), 32);
     for i in 0..100 {
@@ -518,4 +524,34 @@ fn a_load_that_keeps_switching_does_not_keep_the_search_going() {
     }
     assert!(changes <= 80, "{changes} level changes in 2000 intervals");
     assert_eq!(dim.level(), 0);
+}
+
+#[test]
+fn the_switches_of_a_mixed_load_do_not_raise_the_xdp_bulk() {
+    // A trickle (one frame a poll, every poll kicking a device that slept between them)
+    // alternating with a flood that the device polls (40 frames a poll, few kicks): the
+    // interval that spans a switch to the flood averages more than 16 frames a poll with half
+    // of its polls kicking, which alone would raise the bulk to 32 at every switch.
+    let trickle = BulkSample {
+        polls: 16,
+        frames: 16,
+        device_polls: false,
+    };
+    let switch = BulkSample {
+        polls: 16,
+        frames: 8 + 8 * 40,
+        device_polls: false,
+    };
+    let flood = BulkSample {
+        polls: 16,
+        frames: 16 * 40,
+        device_polls: true,
+    };
+    let mut b = BulkController::new(16);
+    for _ in 0..50 {
+        for s in [trickle, trickle, switch, flood, flood, flood] {
+            assert!(!b.observe(&s), "{s:?}");
+            assert_eq!(b.value(), 16);
+        }
+    }
 }

@@ -686,3 +686,68 @@ fn a_window_trial_that_gains_nothing_is_undone_once_on_a_steady_load() {
     assert!(changes[0] >= 2 * PARK_INTERVALS as usize, "{changes:?}");
     // (Under WINDOW_TRIAL_PER_S nothing is tried: gaps_longer_than_the_bound_keep_polling_off.)
 }
+
+/// A flood whose driver leaves the device idle `gap_us` between bursts: a window that covers
+/// the gap finds the next burst, a shorter one (or none) sleeps and is woken `gap_us` later.
+struct GappyFlood {
+    rate: u64,
+    gap_us: u32,
+}
+
+impl Workload for GappyFlood {
+    fn interval(&self, busy_poll_us: u32, _: InterruptCoalescing, _: u32) -> Observed {
+        let frames = self.rate * INTERVAL_US / 1_000_000;
+        let bursts = frames / 16;
+        let covered = busy_poll_us >= self.gap_us;
+        let windows = if busy_poll_us > 0 { bursts } else { 0 };
+        let short_gaps = if covered {
+            0
+        } else {
+            bursts / u64::from(GAP_SAMPLE)
+        };
+        Observed {
+            frames,
+            interrupts: bursts / 4,
+            short_gaps,
+            longest_short_gap_us: if short_gaps > 0 { self.gap_us } else { 0 },
+            windows,
+            windows_found: if covered { windows } else { 0 },
+            elapsed_us: INTERVAL_US,
+            ..Observed::default()
+        }
+    }
+}
+
+#[test]
+fn trickles_between_floods_do_not_close_the_floods_window() {
+    // The VM's mixed load through a `loop`: 10-interval floods whose 40 µs gaps a 64 µs window
+    // covers, alternating with a ping-pong whose 150 µs gaps exceed the bound and whose windows
+    // run out. The trickle's evidence alone says "close"; a horizon's evidence never does.
+    let flood = GappyFlood {
+        rate: 1_500_000,
+        gap_us: 40,
+    };
+    let trickle = PingPong {
+        rtt_us: 200,
+        gap_us: 150,
+    };
+    let mut a = Adapter::new(bounds(64, 0));
+    for switch in 0..40 {
+        let load: &dyn Workload = if switch % 2 == 0 { &flood } else { &trickle };
+        run(&mut a, load, 10);
+        assert_eq!(a.busy_poll_us(), 64, "after phase {switch}");
+    }
+    assert_eq!(
+        a.counters.busy_poll_changes, 1,
+        "opened once, at the first flood"
+    );
+    // The trickle alone: the window halves once a horizon, down to off.
+    let changes = run(&mut a, &trickle, 8 * GAP_HORIZON as usize);
+    assert_eq!(a.busy_poll_us(), 0, "changes at {changes:?}");
+    assert_eq!(changes.len(), 4, "64 → 32 → 16 → 8 → 0: {changes:?}");
+    // And the next flood opens it again at once, to cover its gaps: the trickle's long gaps,
+    // counted before the rate rose 2×, are not held against it.
+    let changes = run(&mut a, &flood, 10);
+    assert_eq!(a.busy_poll_us(), 64);
+    assert_eq!(changes, [0]);
+}
