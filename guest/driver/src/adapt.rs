@@ -36,8 +36,11 @@
 //!   quarter of the bulk or less (the gap between the two rules keeps an average sitting on a
 //!   power of two from flapping), never below the configured bulk (a poll flushes what it
 //!   bounced anyway: a smaller bulk would only split the flush), and at the configured bulk
-//!   while the device polls the ring (fewer kicks than half the polls: a larger bulk would
-//!   only hold frames back from a device that takes them at once). Within `1..=64`.
+//!   while the device polls the ring (fewer kicks than half the publishes, the kick
+//!   threshold's test: a larger bulk would only hold frames back from a device that takes them
+//!   at once; a device that sleeps between polls but takes a poll's later flushes awake is
+//!   kicked once a poll whatever the bulk, and in the VM's mixed load a bulk raised on kicks
+//!   per poll made the device wait for each flush). Within `1..=64`.
 //! - [`RxDim`], once per [`RX_INTERVAL_POLLS`] rx polls, from the frames received, the
 //!   interrupts taken and the time elapsed ([`RxSample`]), in the way of Linux's dynamic
 //!   interrupt moderation: one step through [`RX_COAL_PROFILES`] per interval at most, in the
@@ -219,7 +222,9 @@ pub struct BulkSample {
     pub polls: u32,
     /// Frames bounced in those polls.
     pub frames: u32,
-    /// The device polls the ring: fewer than half of the interval's polls sent it a kick. Then
+    /// The device polls the ring: fewer than half of the interval's publishes sent it a kick
+    /// (a device that sleeps once between polls but takes a poll's later flushes awake takes
+    /// one kick for several publishes, and a larger bulk would save it none). Then
     /// a bulk above the configured one only holds frames back from a device that would take
     /// them at once, so the bulk stays at the configured value.
     pub device_polls: bool,

@@ -44,8 +44,8 @@ pub(crate) struct TxTuning {
     pub(crate) bounced: u64,
     /// Rx polls that bounced frames, and those frames, in the current bulk interval.
     bulk_sample: BulkSample,
-    /// Kicks sent when the current bulk interval started.
-    bulk_kicks_mark: u64,
+    /// Where the current bulk interval started.
+    bulk_mark: TxMark,
     /// Changes of the kick threshold and of the bulk.
     pub(crate) kick_changes: u64,
     pub(crate) bulk_changes: u64,
@@ -60,7 +60,7 @@ impl TxTuning {
             threshold_cuts: 0,
             bounced: 0,
             bulk_sample: BulkSample::default(),
-            bulk_kicks_mark: 0,
+            bulk_mark: TxMark::default(),
             kick_changes: 0,
             bulk_changes: 0,
         }
@@ -117,12 +117,14 @@ impl SendQueue {
         if s.polls < BULK_INTERVAL_POLLS {
             return;
         }
-        // A device that sleeps between polls takes a kick for most of them; one that polls
-        // the ring takes few.
-        let kicks_now = TxMark::of(&self.stats).kicks;
-        let kicks = kicks_now.wrapping_sub(t.bulk_kicks_mark);
-        t.bulk_kicks_mark = kicks_now;
-        s.device_polls = kicks.saturating_mul(2) < u64::from(s.polls);
+        // A device that sleeps as soon as it has drained a flush takes a kick for most
+        // publishes; one that polls the ring (or stays awake between the flushes of a poll)
+        // takes few: the kick threshold's test.
+        let now = TxMark::of(&self.stats);
+        let kicks = now.kicks.wrapping_sub(t.bulk_mark.kicks);
+        let decisions = now.decisions.wrapping_sub(t.bulk_mark.decisions);
+        t.bulk_mark = now;
+        s.device_polls = kicks.saturating_mul(2) < decisions;
         if t.bulk.observe(s) {
             t.bulk_changes += 1;
             self.xdp_bulk = t.bulk.value();

@@ -104,6 +104,9 @@ fn adaptive_xdp_bulk_follows_the_bounces_per_poll() {
         adaptive: true,
         ..Config::default()
     });
+    // A device that sleeps as soon as it has drained what a kick brought: every flush is a
+    // kick.
+    let received = sleeping_tx_device(&h);
     let mut bounce = |_: &[u8]| XdpAction::Tx;
     // 16 polls bouncing 3 frames each: the bulk stays at the configured 16 (never below).
     for poll in 0..16u32 {
@@ -111,11 +114,14 @@ fn adaptive_xdp_bulk_follows_the_bounces_per_poll() {
             assert!(h.dev.rx_deliver(&frame(poll * 3 + i, 60)));
         }
         assert_eq!(h.net.poll_rx(64, &mut bounce), 3);
-        assert_eq!(h.dev.tx_drain().len(), 3, "one flush per poll");
-        h.dev.tx.enable_notifications();
+        assert_eq!(
+            *received.lock().expect("count lock"),
+            3 * (poll as usize + 1)
+        );
     }
     let c = h.net.counters();
     assert_eq!((c.xdp_bulk_now, c.xdp_bulk_changes, c.xdp_tx), (16, 0, 48));
+    assert_eq!(c.xdp_flushes, 16, "one flush per poll");
     // Two intervals of 16 polls bouncing 40: up to 64 (a raise needs two intervals in a row
     // that ask for it), one flush per poll again.
     let flushes = c.xdp_flushes;
@@ -124,17 +130,37 @@ fn adaptive_xdp_bulk_follows_the_bounces_per_poll() {
             assert!(h.dev.rx_deliver(&frame(poll * 40 + i, 60)));
         }
         h.net.poll_rx(64, &mut bounce);
-        h.dev.tx_drain();
-        // A device that sleeps after draining: every flush is a kick (a polling device keeps
-        // the bulk at the configured 16: `xdp_bulk_stays_configured_while_the_device_polls`).
-        h.dev.tx.enable_notifications();
         h.net.reclaim_tx();
     }
     let c = h.net.counters();
     assert_eq!((c.xdp_bulk_now, c.xdp_bulk_changes), (64, 1));
-    // At a bulk of 16, the 32 polls of 40 flushed 3 times each (16 + 16 + 8).
+    // At a bulk of 16, the 32 polls of 40 flushed 3 times each (16 + 16 + 8), each a kick.
     assert_eq!(c.xdp_flushes - flushes, 32 * 3);
     assert_eq!(c.xdp_tx_errors, 0);
+}
+
+#[test]
+fn xdp_bulk_stays_configured_when_only_the_first_flush_of_a_poll_kicks() {
+    let mut h = harness(Config {
+        adaptive: true,
+        ..Config::default()
+    });
+    let mut bounce = |_: &[u8]| XdpAction::Tx;
+    // The device sleeps between polls (it re-arms its notification after draining) but not
+    // between the flushes of one poll: one kick a poll for three publishes, whatever the bulk,
+    // so a larger bulk would save no kick and only hold frames back.
+    for poll in 0..64u32 {
+        for i in 0..40 {
+            assert!(h.dev.rx_deliver(&frame(poll * 40 + i, 60)));
+        }
+        h.net.poll_rx(64, &mut bounce);
+        h.dev.tx_drain();
+        h.dev.tx.enable_notifications();
+        h.net.reclaim_tx();
+    }
+    let c = h.net.counters();
+    assert_eq!((c.xdp_bulk_now, c.xdp_bulk_changes), (16, 0));
+    assert_eq!(c.kicks, 64, "one kick a poll");
 }
 
 /// A device with a control queue offering `features` (and CTRL_VQ).
