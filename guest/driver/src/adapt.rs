@@ -29,18 +29,18 @@
 //!
 //!   The threshold stays within `1..=min(64, ring size / 2, kick_threshold_max)`.
 //! - [`BulkController`], once per [`BULK_INTERVAL_POLLS`] rx polls that bounced frames, from
-//!   the XDP_TX frames per such poll ([`BulkSample`]): the bulk rises to the next power of two
-//!   at or above the average when the average exceeds it in two intervals in a row (one flush
-//!   per poll instead of several; an interval that spans a switch between a trickle and a
-//!   flood mixes the two and asks for a bulk neither wants), and falls to the power of two at or above the average when the average is a
-//!   quarter of the bulk or less (the gap between the two rules keeps an average sitting on a
-//!   power of two from flapping), never below the configured bulk (a poll flushes what it
-//!   bounced anyway: a smaller bulk would only split the flush), and at the configured bulk
-//!   while the device polls the ring (fewer kicks than half the publishes, the kick
-//!   threshold's test: a larger bulk would only hold frames back from a device that takes them
-//!   at once; a device that sleeps between polls but takes a poll's later flushes awake is
-//!   kicked once a poll whatever the bulk, and in the VM's mixed load a bulk raised on kicks
-//!   per poll made the device wait for each flush). Within `1..=64`.
+//!   the XDP_TX frames per such poll ([`BulkSample`]): the bulk rises to the next power of two at
+//!   or above the average when the average exceeds it in two intervals in a row (one flush per poll
+//!   instead of several; an interval that spans a switch between a trickle and a flood mixes the
+//!   two and asks for a bulk neither wants), and falls to the power of two at or above the average
+//!   when the average is a quarter of the bulk or less (the gap between the two rules keeps an
+//!   average sitting on a power of two from flapping), never below the configured bulk (a poll
+//!   flushes what it bounced anyway: a smaller bulk would only split the flush), and at the
+//!   configured bulk while the device polls the ring (fewer kicks than half the publishes, the kick
+//!   threshold's test: a larger bulk would only hold frames back from a device that takes them at
+//!   once; a device that sleeps between polls but takes a poll's later flushes awake is kicked once
+//!   a poll whatever the bulk, and in the VM's mixed load a bulk raised on kicks per poll made the
+//!   device wait for each flush). Within `1..=64`.
 //! - [`RxDim`], once per [`RX_INTERVAL_POLLS`] rx polls, from the frames received, the
 //!   interrupts taken and the time elapsed ([`RxSample`]), in the way of Linux's dynamic
 //!   interrupt moderation: one step through [`RX_COAL_PROFILES`] per interval at most, in the

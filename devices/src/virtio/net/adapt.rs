@@ -9,21 +9,20 @@
 //!   one interval to the next (another load), [`GAP_HORIZON`] intervals at most: the
 //!   window grows when two timed sleeps at least, and half of them or more, were short: it
 //!   doubles (from [`BUSY_POLL_START_US`]), or jumps at once to the power of two that covers
-//!   the longest of those short gaps, whichever is larger; it halves (under the start value:
-//!   off) when three in four were long *and* most of its windows ran out without finding work
-//!   (a window that mostly finds work earns its keep whatever the sleeps say), judged on the
-//!   evidence of a whole [`GAP_HORIZON`] at once; otherwise it stays. Opening is quick and
-//!   closing slow because the two mistakes cost differently: a window left open over a horizon
-//!   too long costs the worker's polling (at most the window per wake-up, on its own thread),
-//!   one closed under a load that needs it costs that load's rate (2× on the VM's flood through
-//!   a `loop`), and a load that switches faster than a horizon (floods and trickles of 10 ms,
-//!   the trickle's gaps longer than the bound) would otherwise have it close in every trickle,
-//!   start each flood without it and soon, through the reversal rule below, stay wherever a
-//!   switch left it. A window that covers
-//!   the driver's gaps sees no sleeps and stays; a driver whose gaps exceed the bound keeps it
-//!   off. A move against the window's last one waits [`GAP_HORIZON`] intervals, doubling with
-//!   each such reversal (up to [`MAX_REVERSAL_WAIT`]): gaps that straddle the bound cannot make
-//!   it open and close every few intervals.
+//!   the longest of those short gaps, whichever is larger; it halves (under the start value: off)
+//!   when three in four were long *and* most of its windows ran out without finding work (a window
+//!   that mostly finds work earns its keep whatever the sleeps say), judged on the evidence of a
+//!   whole [`GAP_HORIZON`] at once; otherwise it stays. Opening is quick and closing slow because
+//!   the two mistakes cost differently: a window left open over a horizon too long costs the
+//!   worker's polling (at most the window per wake-up, on its own thread), one closed under a load
+//!   that needs it costs that load's rate (2× on the VM's flood through a `loop`), and a load that
+//!   switches faster than a horizon (floods and trickles of 10 ms, the trickle's gaps longer than
+//!   the bound) would otherwise have it close in every trickle, start each flood without it and
+//!   soon, through the reversal rule below, stay wherever a switch left it. A window that covers
+//!   the driver's gaps sees no sleeps and stays; a driver whose gaps exceed the bound keeps it off.
+//!   A move against the window's last one waits [`GAP_HORIZON`] intervals, doubling with each such
+//!   reversal (up to [`MAX_REVERSAL_WAIT`]): gaps that straddle the bound cannot make it open and
+//!   close every few intervals.
 //!
 //!   Those gaps are measured under the window in force, and a closed one can make its own:
 //!   a device that sleeps whenever it runs dry lets the driver's ring fill, the driver waits
@@ -42,17 +41,17 @@
 //! - **Interrupt coalescing** climbs a ladder of levels ([`LEVELS_US`], with a packet bound
 //!   of [`LEVEL_PACKETS`]) while interrupts come faster than [`IRQ_HIGH_PER_S`] carrying fewer
 //!   than [`TARGET_FRAMES_PER_IRQ`] frames each, but more than the two of a round trip
-//!   ([`MIN_FRAMES_PER_IRQ16`]: a request/response flow has nothing to batch), on a steady
-//!   load (the interval's frame rate within 2× of the one before: an interval that saw the load
-//!   change mixes two, and a trickle after a flood would climb on every switch). Each step up is on trial for one interval: if
-//!   the frames per interrupt did not grow by half, or the frame rate fell by a tenth, holding
-//!   interrupts only added latency (a request/response flow, where nothing completes while an
-//!   interrupt waits), so the step is undone and the ladder parks: for [`PARK_INTERVALS`]
-//!   intervals at least (doubling with each failed trial in a row, up to
-//!   [`MAX_PARK_INTERVALS`]), and then until the frame rate has changed by more than 2×. A level is left
-//!   downwards when the frame rate falls below half the rate it was entered at, and at once
-//!   when an interval completes nothing. While the guest sets coalescing itself (NOTF_COAL,
-//!   e.g. Linux's DIM or the driver crate's `adaptive=1`), the ladder stays at the bottom: two
+//!   ([`MIN_FRAMES_PER_IRQ16`]: a request/response flow has nothing to batch), on a steady load
+//!   (the interval's frame rate within 2× of the one before: an interval that saw the load change
+//!   mixes two, and a trickle after a flood would climb on every switch). Each step up is on trial
+//!   for one interval: if the frames per interrupt did not grow by half, or the frame rate fell by
+//!   a tenth, holding interrupts only added latency (a request/response flow, where nothing
+//!   completes while an interrupt waits), so the step is undone and the ladder parks: for
+//!   [`PARK_INTERVALS`] intervals at least (doubling with each failed trial in a row, up to
+//!   [`MAX_PARK_INTERVALS`]), and then until the frame rate has changed by more than 2×. A level is
+//!   left downwards when the frame rate falls below half the rate it was entered at, and at once
+//!   when an interval completes nothing. While the guest sets coalescing itself (NOTF_COAL, e.g.
+//!   Linux's DIM or the driver crate's `adaptive=1`), the ladder stays at the bottom: two
 //!   controllers on one knob would each read the other's moves as the load's.
 //!
 //! The [`Adapter`] owns no clock and no file descriptor: the worker counts, hands it one
