@@ -119,6 +119,13 @@ pub struct TxSample {
     pub ring_full: u32,
 }
 
+/// Whether the device polls the ring, from the kick decisions of an interval: fewer than half
+/// of the `decisions` (publishes) notified it, the others suppressed by it (EVENT_IDX or
+/// NO_NOTIFY). The kick threshold and the XDP bulk go by the same test.
+pub(crate) fn device_polls(kicks: u64, decisions: u64) -> bool {
+    kicks.saturating_mul(2) < decisions
+}
+
 /// The direction of a change.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Move {
@@ -176,12 +183,11 @@ impl KickController {
         }
         // A hostile sample may claim more kicks or cuts than decisions: they are capped.
         let kicks = u64::from(s.kicks).min(decisions);
-        let suppressed = decisions - kicks;
         let cuts = u64::from(s.threshold_cuts).min(decisions);
-        let device_polls = 2 * suppressed > decisions;
+        let device_polls = device_polls(kicks, decisions);
         let polls_behind = device_polls && s.ring_full > 0;
         self.raised_on_full |= polls_behind;
-        let verdict = if 2 * kicks >= decisions && 2 * cuts >= decisions && s.ring_full == 0 {
+        let verdict = if !device_polls && 2 * cuts >= decisions && s.ring_full == 0 {
             Some(Move::Up)
         } else if polls_behind {
             // The device polls, yet the ring filled: completions, not publishes, hold the

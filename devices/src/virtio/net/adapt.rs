@@ -275,10 +275,7 @@ impl Adapter {
             None => self.turn_wait(wanted),
         };
         if busy_poll != self.busy_poll_us || self.gap_intervals >= GAP_HORIZON {
-            self.gaps = (0, 0);
-            self.longest_short_gap_us = 0;
-            self.windows = (0, 0);
-            self.gap_intervals = 0;
+            self.forget_gaps();
         }
         let level = self.next_level(seen);
         Decision {
@@ -390,16 +387,21 @@ impl Adapter {
         None
     }
 
+    /// Drops the busy-poll evidence: the window moved, the horizon is over, or the load changed.
+    fn forget_gaps(&mut self) {
+        self.gaps = (0, 0);
+        self.longest_short_gap_us = 0;
+        self.windows = (0, 0);
+        self.gap_intervals = 0;
+    }
+
     fn next_busy_poll(&mut self, seen: Observed) -> u32 {
         let bound = self.bounds.max_busy_poll_us;
         let now = self.busy_poll_us;
         let rate = seen.frames_per_s();
         if !within_2x(rate, std::mem::replace(&mut self.gap_rate, rate)) {
             // Another load: a trickle's long gaps say nothing about the flood that follows it.
-            self.gaps = (0, 0);
-            self.longest_short_gap_us = 0;
-            self.windows = (0, 0);
-            self.gap_intervals = 0;
+            self.forget_gaps();
         }
         self.gaps.0 = self.gaps.0.saturating_add(seen.short_gaps);
         self.gaps.1 = self.gaps.1.saturating_add(seen.long_gaps);

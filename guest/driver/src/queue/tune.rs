@@ -1,7 +1,8 @@
 //! A send queue's adaptation state and the interval checks that feed it (see [`crate::adapt`]).
 
 use crate::adapt::{
-    BulkController, BulkSample, KickController, TxSample, BULK_INTERVAL_POLLS, TX_INTERVAL_FRAMES,
+    device_polls, BulkController, BulkSample, KickController, TxSample, BULK_INTERVAL_POLLS,
+    TX_INTERVAL_FRAMES,
 };
 use crate::config::Config;
 use crate::queue::{SendQueue, SendStats};
@@ -124,7 +125,7 @@ impl SendQueue {
         let kicks = now.kicks.wrapping_sub(t.bulk_mark.kicks);
         let decisions = now.decisions.wrapping_sub(t.bulk_mark.decisions);
         t.bulk_mark = now;
-        s.device_polls = kicks.saturating_mul(2) < decisions;
+        s.device_polls = device_polls(kicks, decisions);
         if t.bulk.observe(s) {
             t.bulk_changes += 1;
             self.xdp_bulk = t.bulk.value();
