@@ -28,10 +28,10 @@
 //!   a device that sleeps whenever it runs dry lets the driver's ring fill, the driver waits
 //!   for the interrupt, and its next publish comes after its own wake-up, longer than the
 //!   bound on a slow host, where a window would have kept the ring from filling and the driver
-//!   from waiting at all. So a closed window under a flood (at least [`WINDOW_TRIAL_PER_S`]
-//!   frames/s) whose gaps say "long" gets a *trial*: open at the bound for
-//!   [`WINDOW_TRIAL_INTERVALS`] intervals, kept if the frame rate rose by a quarter, else
-//!   closed again and parked like a failed coalescing step (for [`PARK_INTERVALS`] intervals
+//!   from waiting at all. So a window under the bound (closed, or too small for the driver)
+//!   under a flood (at least [`WINDOW_TRIAL_PER_S`] frames/s) whose gaps say "long" gets a
+//!   *trial*: open at the bound for [`WINDOW_TRIAL_INTERVALS`] intervals, kept if the frame rate
+//!   rose by a quarter, else back where it was and parked like a failed coalescing step (for [`PARK_INTERVALS`] intervals
 //!   at least, doubling with each failed trial in a row, then until the frame rate has changed
 //!   by more than 2×): on a steady load that no window helps, one trial. A window the trial
 //!   kept is not closed by the gap rule until the frame rate has stayed below half the rate
@@ -178,8 +178,9 @@ pub struct Adapter {
     /// The frame rate (per second) of the interval before: a rate 2× away from it is another
     /// load, and the gaps counted under the old one are dropped.
     gap_rate: u64,
-    /// A window trial running: the frame rate before it and the intervals it has left.
-    window_trial: Option<(u64, u32)>,
+    /// A window trial running: the frame rate before it, the intervals it has left and the
+    /// window it started from (where a trial that gains nothing goes back to).
+    window_trial: Option<(u64, u32, u32)>,
     /// Parked after a failed window trial: the frame rate it failed at, the intervals left
     /// before the park may end, and the next park's length.
     window_park: (Option<u64>, u32, u32),
@@ -332,9 +333,9 @@ impl Adapter {
     /// ends; `None` leaves the window to the gap rule's `wanted`.
     fn window_trial(&mut self, seen: Observed, wanted: u32) -> Option<u32> {
         let rate = seen.frames_per_s();
-        if let Some((before, left)) = self.window_trial {
+        if let Some((before, left, from)) = self.window_trial {
             if left > 1 {
-                self.window_trial = Some((before, left - 1));
+                self.window_trial = Some((before, left - 1, from));
                 return Some(self.busy_poll_us);
             }
             self.window_trial = None;
@@ -352,7 +353,7 @@ impl Adapter {
                 next,
                 next.saturating_mul(2).min(MAX_PARK_INTERVALS),
             );
-            return Some(0);
+            return Some(from);
         }
         if let Some((kept, under)) = self.window_kept_at {
             // Only a fall that lasts lifts the hold: a rate that rose further since says
@@ -378,10 +379,13 @@ impl Adapter {
             }
             self.window_park = (None, 0, next);
         }
+        // A window under the bound that the gap rule would not grow: closed, or too small for
+        // a driver that waits under it (its gaps are long), which no horizon of evidence may
+        // close while the load switches faster than one.
+        let now = self.busy_poll_us;
         let long = self.gaps.1 >= 2 && self.gaps.1 > self.gaps.0;
-        if self.busy_poll_us == 0 && wanted == 0 && bound > 0 && long && rate >= WINDOW_TRIAL_PER_S
-        {
-            self.window_trial = Some((rate, WINDOW_TRIAL_INTERVALS));
+        if now < bound && wanted <= now && long && rate >= WINDOW_TRIAL_PER_S {
+            self.window_trial = Some((rate, WINDOW_TRIAL_INTERVALS, now));
             return Some(bound);
         }
         None

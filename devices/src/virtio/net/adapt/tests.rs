@@ -751,3 +751,60 @@ fn trickles_between_floods_do_not_close_the_floods_window() {
     assert_eq!(a.busy_poll_us(), 64);
     assert_eq!(changes, [0]);
 }
+
+#[test]
+fn a_window_too_small_for_a_flood_gets_a_trial_at_the_bound() {
+    // A ping-pong whose 6 µs gaps an 8 µs window covers opens one; then floods of 10
+    // intervals that need 32 µs, between trickles whose gaps exceed the bound. Under the
+    // small window the flood's driver waits (long gaps, windows that run out), and no horizon
+    // of evidence ever completes to close it: without a trial from there it would stay at
+    // 8 µs, as good as off, through every flood.
+    let mut a = Adapter::new(bounds(64, 0));
+    run(
+        &mut a,
+        &PingPong {
+            rtt_us: 20,
+            gap_us: 6,
+        },
+        20,
+    );
+    assert_eq!(a.busy_poll_us(), 8);
+    let flood = WaitingDriver {
+        closed: 1_500_000,
+        open: 6_000_000,
+        needs: 32,
+        waits_open: false,
+    };
+    let trickle = PingPong {
+        rtt_us: 200,
+        gap_us: 150,
+    };
+    let changes = run(&mut a, &flood, 10);
+    assert_eq!(a.busy_poll_us(), 64, "changes at {changes:?}");
+    for switch in 0..20 {
+        let load: &dyn Workload = if switch % 2 == 0 { &trickle } else { &flood };
+        let changes = run(&mut a, load, 10);
+        assert!(changes.is_empty(), "phase {switch}: {changes:?}");
+    }
+    // A trial that gains nothing goes back to the window it started from, not to off.
+    let mut a = Adapter::new(bounds(64, 0));
+    run(
+        &mut a,
+        &PingPong {
+            rtt_us: 20,
+            gap_us: 6,
+        },
+        20,
+    );
+    let no_gain = WaitingDriver {
+        open: 1_500_000,
+        ..flood
+    };
+    let changes = run(&mut a, &no_gain, 4);
+    assert_eq!(a.busy_poll_us(), 8, "changes at {changes:?}");
+    assert_eq!(changes, [1, 3], "up for the trial, back");
+    // Then, on this steady load, a horizon of long gaps closes it, and the park holds.
+    let changes = run(&mut a, &no_gain, 100);
+    assert_eq!(a.busy_poll_us(), 0);
+    assert_eq!(changes.len(), 1, "{changes:?}");
+}
