@@ -42,8 +42,8 @@
 //!   of [`LEVEL_PACKETS`]) while interrupts come faster than [`IRQ_HIGH_PER_S`] carrying fewer
 //!   than [`TARGET_FRAMES_PER_IRQ`] frames each, but more than the two of a round trip
 //!   ([`MIN_FRAMES_PER_IRQ16`]: a request/response flow has nothing to batch), on a steady load
-//!   (the interval's frame rate within 2× of the one before: an interval that saw the load change
-//!   mixes two, and a trickle after a flood would climb on every switch). Each step up is on trial
+//!   (the interval's frame rate and frames per interrupt within 2× of the one before: an interval that saw
+//!   the load change mixes two, and a trickle after a flood would climb on every switch). Each step up is on trial
 //!   for one interval: if the frames per interrupt did not grow by half, or the frame rate fell by
 //!   a tenth, holding interrupts only added latency (a request/response flow, where nothing
 //!   completes while an interrupt waits), so the step is undone and the ladder parks: for
@@ -199,9 +199,10 @@ pub struct Adapter {
     parked_at: Option<u64>,
     /// Intervals left before a park may end.
     park_left: u32,
-    /// The previous interval's frame rate (per second; 0 after an idle one or one the guest
-    /// coalesced): a step up needs a steady load, this interval's rate within 2× of it.
-    last_rate: u64,
+    /// The previous interval's frame rate (per second) and frames per interrupt (×16; both 0
+    /// after an idle interval or one the guest coalesced): a step up needs a steady load, this
+    /// interval's within 2× of them.
+    last_rate: (u64, u64),
     /// The next park's length (doubles with each failed trial in a row).
     park_next: u32,
     /// Decisions counted since the worker last took them.
@@ -227,7 +228,7 @@ impl Adapter {
             window_kept_at: None,
             level: 0,
             entered_at: [0; LEVELS_US.len()],
-            last_rate: 0,
+            last_rate: (0, 0),
             trial: None,
             parked_at: None,
             park_left: 0,
@@ -446,19 +447,20 @@ impl Adapter {
     fn next_level(&mut self, seen: Observed) -> usize {
         if seen.guest_coalesces {
             self.trial = None;
-            self.last_rate = 0;
+            self.last_rate = (0, 0);
             return 0;
         }
         if seen.frames == 0 {
             // Nothing to batch: no interrupt is worth holding.
             self.trial = None;
-            self.last_rate = 0;
+            self.last_rate = (0, 0);
             return 0;
         }
         let per_s = |n: u64| n.saturating_mul(1_000_000) / seen.elapsed_us.max(1);
         let rate = seen.frames_per_s();
-        let last_rate = std::mem::replace(&mut self.last_rate, rate);
         let frames_per_irq16 = seen.frames.saturating_mul(16) / seen.interrupts.max(1);
+        let (last_rate, last_fpi16) =
+            std::mem::replace(&mut self.last_rate, (rate, frames_per_irq16));
         if let Some((fpi_before, rate_before)) = self.trial.take() {
             let batched = frames_per_irq16 >= fpi_before.saturating_add(fpi_before / 2);
             let kept_rate = rate >= rate_before.saturating_sub(rate_before / 10);
@@ -490,10 +492,14 @@ impl Adapter {
         // request/response flow) there is nothing to batch, and a hold is pure latency.
         let interrupts_heavy = per_s(seen.interrupts) > IRQ_HIGH_PER_S
             && (MIN_FRAMES_PER_IRQ16..TARGET_FRAMES_PER_IRQ * 16).contains(&frames_per_irq16);
-        // An interval whose rate moved 2× from the one before saw the load change: what it
-        // counted mixes two loads (the end of a flood and the start of a trickle carry a few
-        // frames per interrupt that neither has), so no trial starts from it.
-        let steady = within_2x(rate, last_rate);
+        // An interval whose frame rate or frames per interrupt moved 2× from the one before
+        // saw the load change: what it counted mixes two loads (the end of a flood and the
+        // start of a trickle carry a few frames per interrupt that neither has), so no trial
+        // starts from it. The frame rate alone may not tell: a switch late in the interval
+        // keeps the old load's rate, but the trickle's round trips, an interrupt each, divide
+        // the flood's frames per interrupt, and the flood's first frames multiply the
+        // trickle's.
+        let steady = within_2x(rate, last_rate) && within_2x(frames_per_irq16, last_fpi16);
         if interrupts_heavy && steady && self.level < self.top_level() {
             self.entered_at[self.level] = rate;
             self.trial = Some((frames_per_irq16, rate));

@@ -521,10 +521,10 @@ fn the_window_grows_at_once_to_cover_the_longest_short_gap() {
     assert_eq!(grow(&mut a, 0), Some(2 * BUSY_POLL_START_US));
 }
 
-/// What one interval that sees a switch from `old` to `new` shows: a quarter of the old
-/// load's counts and three quarters of the new one's.
-fn switch_interval(old: &Observed, new: &Observed) -> Observed {
-    let mix = |a: u64, b: u64| (a + 3 * b) / 4;
+/// What one interval that sees a switch from `old` to `new` shows: `old_32nds` 32nds of the
+/// old load's counts and the rest of the new one's.
+fn switch_interval(old: &Observed, new: &Observed, old_32nds: u64) -> Observed {
+    let mix = |a: u64, b: u64| (old_32nds * a + (32 - old_32nds) * b) / 32;
     Observed {
         frames: mix(old.frames, new.frames),
         interrupts: mix(old.interrupts, new.interrupts),
@@ -536,6 +536,36 @@ fn switch_interval(old: &Observed, new: &Observed) -> Observed {
         elapsed_us: INTERVAL_US,
         guest_coalesces: false,
     }
+}
+
+/// Coalescing changes over 40 switches between `flood` and `trickle` every 10 intervals, the
+/// interval of each switch into the trickle and into the flood (`old_32nds`) the old load's.
+fn coalescing_changes_of_mixed(
+    a: &mut Adapter,
+    flood: &Flood,
+    trickle: &PingPong,
+    old_32nds: (u64, u64),
+) -> u32 {
+    let mut coalescing_changes = 0;
+    let mut last: Option<Observed> = None;
+    for switch in 0..40 {
+        let (load, old_share): (&dyn Workload, _) = if switch % 2 == 0 {
+            (flood, old_32nds.1)
+        } else {
+            (trickle, old_32nds.0)
+        };
+        for i in 0..10 {
+            let bound = a.bounds().max_busy_poll_us;
+            let pure = load.interval(a.busy_poll_us(), a.coalescing(), bound);
+            let seen = match (i, last) {
+                (0, Some(old)) => switch_interval(&old, &pure, old_share),
+                _ => pure,
+            };
+            last = Some(pure);
+            coalescing_changes += u32::from(a.observe(seen).coalescing.is_some());
+        }
+    }
+    coalescing_changes
 }
 
 #[test]
@@ -550,26 +580,58 @@ fn the_switches_of_a_mixed_load_start_no_coalescing_trial() {
         frames_per_irq: 160.0,
     };
     let mut a = Adapter::new(bounds(64, 256));
-    let mut coalescing_changes = 0;
-    let mut last: Option<Observed> = None;
-    for switch in 0..40 {
-        let load: &dyn Workload = if switch % 2 == 0 { &flood } else { &PING_PONG };
-        for i in 0..10 {
-            let bound = a.bounds().max_busy_poll_us;
-            let pure = load.interval(a.busy_poll_us(), a.coalescing(), bound);
-            let seen = match (i, last) {
-                (0, Some(old)) => switch_interval(&old, &pure),
-                _ => pure,
-            };
-            last = Some(pure);
-            coalescing_changes += u32::from(a.observe(seen).coalescing.is_some());
-        }
-    }
+    let changes = coalescing_changes_of_mixed(&mut a, &flood, &PING_PONG, (8, 8));
     assert!(
-        coalescing_changes <= 2,
-        "{coalescing_changes} coalescing changes over 40 switches"
+        changes <= 2,
+        "{changes} coalescing changes over 40 switches"
     );
     assert!(!a.coalescing().is_enabled());
+    // Co-simulation's mixed load through a `loop`: a switch late in its interval keeps the
+    // old load's frame rate, within 2× of the one before, but its frames per interrupt are
+    // another load's. Into the trickle, its round trips, an interrupt each, quadruple the
+    // flood's interrupts.
+    let flood = Flood {
+        rate: 5_400_000,
+        frames_per_irq: 450.0,
+    };
+    let trickle = PingPong {
+        rtt_us: 5,
+        gap_us: 2,
+    };
+    let mut a = Adapter::new(bounds(64, 256));
+    let changes = coalescing_changes_of_mixed(&mut a, &flood, &trickle, (24, 8));
+    assert!(changes <= 2, "{changes} coalescing changes");
+    assert!(!a.coalescing().is_enabled());
+    // Into the flood (a co-simulated trial's counts, replayed): the flood's first frames lift
+    // the trickle's one frame per interrupt to 2.7, over the two of a round trip.
+    let trickle = Observed {
+        frames: 210,
+        interrupts: 210,
+        windows: 210,
+        windows_found: 210,
+        elapsed_us: INTERVAL_US,
+        ..Observed::default()
+    };
+    let switch = Observed {
+        frames: 358,
+        interrupts: 132,
+        ..trickle
+    };
+    let flood = Observed {
+        frames: 3456,
+        interrupts: 10,
+        ..trickle
+    };
+    let mut a = Adapter::new(bounds(64, 256));
+    for cycle in 0..20 {
+        let phases = [(trickle, 9), (switch, 1), (flood, 10)];
+        for (seen, n) in phases {
+            for _ in 0..n {
+                let d = a.observe(seen);
+                assert_eq!(d.coalescing, None, "cycle {cycle}: {seen:?}");
+            }
+        }
+    }
 }
 
 /// A flood of transmit that the device's sleeping slows down: with the window under `needs`

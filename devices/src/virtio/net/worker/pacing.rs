@@ -443,6 +443,7 @@ impl<B: NetBackend> EventLoop<'_, B> {
         seen.guest_coalesces = self.guest_coalescing != [None, None];
         let idle = seen.frames == 0 && seen.short_gaps + seen.long_gaps == 0;
         let was = adapter.busy_poll_us();
+        let was_coalescing = adapter.coalescing();
         let decision = adapter.observe(seen);
         if let Some(us) = decision.busy_poll_us {
             debug!(
@@ -452,6 +453,10 @@ impl<B: NetBackend> EventLoop<'_, B> {
             self.busy_poll = Duration::from_micros(us.into());
         }
         if let Some(coalescing) = decision.coalescing {
+            debug!(
+                "virtio-net {}: adaptive coalescing {} -> {} µs after {seen:?}",
+                self.label, was_coalescing.max_usecs, coalescing.max_usecs
+            );
             let event_idx = self.tuning_shared.load().event_idx;
             let moderation = self
                 .moderator
