@@ -31,25 +31,28 @@
 //!   from waiting at all. So a window under the bound (closed, or too small for the driver)
 //!   under a flood (at least [`WINDOW_TRIAL_PER_S`] frames/s) whose gaps say "long" gets a
 //!   *trial*: open at the bound for [`WINDOW_TRIAL_INTERVALS`] intervals, kept if the frame rate
-//!   rose by a quarter, else back where it was and parked like a failed coalescing step (for [`PARK_INTERVALS`] intervals
-//!   at least, doubling with each failed trial in a row, then until the frame rate has changed
-//!   by more than 2×): on a steady load that no window helps, one trial. A window the trial
+//!   (averaged over all but its first, against as many before it) rose by a quarter, or did not fall by a tenth from an open window that mostly found work
+//!   (the gap rule found it worth polling, and a longer one costs only the windows that run out,
+//!   on the worker's own thread), else back where it was and parked like a failed
+//!   coalescing step (for [`PARK_INTERVALS`] intervals at least, doubling with each failed
+//!   trial in a row, then until the frame rate has changed by more than 2×): on a steady load
+//!   that no window helps, one trial. A window the trial
 //!   kept is not closed by the gap rule until the frame rate has stayed below half the rate
 //!   that kept it for [`WINDOW_HOLD_INTERVALS`] intervals: the driver may still wait now and
 //!   then (its ring full), and the gaps those waits leave say nothing against a window that
 //!   multiplied the rate (nor does a rate that rose further, or a dip of a few intervals).
-//! - **Interrupt coalescing** climbs a ladder of levels ([`LEVELS_US`], with a packet bound
-//!   of [`LEVEL_PACKETS`]) while interrupts come faster than [`IRQ_HIGH_PER_S`] carrying fewer
-//!   than [`TARGET_FRAMES_PER_IRQ`] frames each, but more than the two of a round trip
+//! - **Interrupt coalescing** climbs a ladder of levels ([`LEVELS_US`], with a packet bound of
+//!   [`LEVEL_PACKETS`]) while interrupts come faster than [`IRQ_HIGH_PER_S`] carrying fewer than
+//!   [`TARGET_FRAMES_PER_IRQ`] frames each, but more than the two of a round trip
 //!   ([`MIN_FRAMES_PER_IRQ16`]: a request/response flow has nothing to batch), on a steady load
-//!   (the interval's frame rate and frames per interrupt within 2× of the one before: an interval that saw
-//!   the load change mixes two, and a trickle after a flood would climb on every switch). Each step up is on trial
-//!   for one interval: if the frames per interrupt did not grow by half, or the frame rate fell by
-//!   a tenth, holding interrupts only added latency (a request/response flow, where nothing
-//!   completes while an interrupt waits), so the step is undone and the ladder parks: for
-//!   [`PARK_INTERVALS`] intervals at least (doubling with each failed trial in a row, up to
-//!   [`MAX_PARK_INTERVALS`]), and then until the frame rate has changed by more than 2×. A level is
-//!   left downwards when the frame rate falls below half the rate it was entered at, and at once
+//!   (the interval's frame rate and frames per interrupt within 2× of the one before: an interval
+//!   that saw the load change mixes two, and a trickle after a flood would climb on every switch).
+//!   Each step up is on trial for one interval: if the frames per interrupt did not grow by half,
+//!   or the frame rate fell by a tenth, holding interrupts only added latency (a request/response
+//!   flow, where nothing completes while an interrupt waits), so the step is undone and the ladder
+//!   parks: for [`PARK_INTERVALS`] intervals at least (doubling with each failed trial in a row, up
+//!   to [`MAX_PARK_INTERVALS`]), and then until the frame rate has changed by more than 2×. A level
+//!   is left downwards when the frame rate falls below half the rate it was entered at, and at once
 //!   when an interval completes nothing. While the guest sets coalescing itself (NOTF_COAL, e.g.
 //!   Linux's DIM or the driver crate's `adaptive=1`), the ladder stays at the bottom: two
 //!   controllers on one knob would each read the other's moves as the load's.
@@ -76,8 +79,13 @@ pub const GAP_HORIZON: u32 = 16;
 pub const MAX_REVERSAL_WAIT: u32 = 1024;
 /// Frame rate (per second) from which a closed window is worth a trial under long gaps.
 pub const WINDOW_TRIAL_PER_S: u64 = 100_000;
-/// Intervals a window trial runs before it is judged (the first one sees the change happen).
-pub const WINDOW_TRIAL_INTERVALS: u32 = 2;
+/// Intervals a window trial runs: the first sees the change happen, the frame rate of the
+/// others is averaged and compared with the average of as many before it (at most: since the
+/// evidence was last dropped). One interval's rate swings 2× on a VM's steady load, which
+/// made a verdict on one interval a coin toss.
+pub const WINDOW_TRIAL_INTERVALS: u32 = 5;
+/// Intervals a window trial's verdict averages (all but the first).
+const TRIAL_JUDGED: usize = WINDOW_TRIAL_INTERVALS as usize - 1;
 /// Shortest park after a failed coalescing or window trial, in intervals.
 pub const PARK_INTERVALS: u32 = 16;
 /// Longest park after failed trials in a row.
@@ -135,6 +143,24 @@ fn within_2x(rate: u64, at: u64) -> bool {
     rate <= at.saturating_mul(2) && rate >= at / 2
 }
 
+/// A busy-poll window trial running (see the module docs).
+#[derive(Clone, Copy, Debug)]
+struct WindowTrial {
+    /// The frame rate before it (per second).
+    before: u64,
+    /// The sum of the frame rates of the intervals it has judged so far.
+    sum: u64,
+    /// Intervals it has left.
+    left: u32,
+    /// The window it started from: where a trial that fails goes back to.
+    from: u32,
+    /// The window it started from mostly found work: the gap rule found polling worth it,
+    /// and a longer window costs only the windows that run out (the worker's own polling), so
+    /// the bound is kept unless the frame rate fell by a tenth, instead of only when it rose
+    /// by a quarter.
+    from_earns: bool,
+}
+
 /// What changed after an interval (`None`: unchanged).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Decision {
@@ -178,9 +204,12 @@ pub struct Adapter {
     /// The frame rate (per second) of the interval before: a rate 2× away from it is another
     /// load, and the gaps counted under the old one are dropped.
     gap_rate: u64,
-    /// A window trial running: the frame rate before it, the intervals it has left and the
-    /// window it started from (where a trial that gains nothing goes back to).
-    window_trial: Option<(u64, u32, u32)>,
+    /// A window trial running.
+    window_trial: Option<WindowTrial>,
+    /// The frame rates (per second) of the last [`TRIAL_JUDGED`] intervals, the latest at
+    /// `recent_at`: a window trial's rate before it.
+    recent: [u64; TRIAL_JUDGED],
+    recent_at: usize,
     /// Parked after a failed window trial: the frame rate it failed at, the intervals left
     /// before the park may end, and the next park's length.
     window_park: (Option<u64>, u32, u32),
@@ -224,6 +253,8 @@ impl Adapter {
             gap_intervals: 0,
             gap_rate: 0,
             window_trial: None,
+            recent: [0; TRIAL_JUDGED],
+            recent_at: 0,
             window_park: (None, 0, PARK_INTERVALS),
             window_kept_at: None,
             level: 0,
@@ -334,13 +365,25 @@ impl Adapter {
     /// ends; `None` leaves the window to the gap rule's `wanted`.
     fn window_trial(&mut self, seen: Observed, wanted: u32) -> Option<u32> {
         let rate = seen.frames_per_s();
-        if let Some((before, left, from)) = self.window_trial {
-            if left > 1 {
-                self.window_trial = Some((before, left - 1, from));
+        self.recent_at = (self.recent_at + 1) % TRIAL_JUDGED;
+        self.recent[self.recent_at] = rate;
+        if let Some(mut trial) = self.window_trial.take() {
+            if trial.left < WINDOW_TRIAL_INTERVALS {
+                trial.sum = trial.sum.saturating_add(rate);
+            }
+            if trial.left > 1 {
+                trial.left -= 1;
+                self.window_trial = Some(trial);
                 return Some(self.busy_poll_us);
             }
-            self.window_trial = None;
-            if rate >= before.saturating_add(before / 4) {
+            let before = trial.before;
+            let rate = trial.sum / TRIAL_JUDGED as u64;
+            let kept = if trial.from_earns {
+                rate >= before.saturating_sub(before / 10)
+            } else {
+                rate >= before.saturating_add(before / 4)
+            };
+            if kept {
                 // Kept: a move up as far as the reversal rule is concerned.
                 self.window_park = (None, 0, PARK_INTERVALS);
                 self.window_kept_at = Some((rate, 0));
@@ -354,7 +397,7 @@ impl Adapter {
                 next,
                 next.saturating_mul(2).min(MAX_PARK_INTERVALS),
             );
-            return Some(from);
+            return Some(trial.from);
         }
         if let Some((kept, under)) = self.window_kept_at {
             // Only a fall that lasts lifts the hold: a rate that rose further since says
@@ -380,13 +423,27 @@ impl Adapter {
             }
             self.window_park = (None, 0, next);
         }
-        // A window under the bound that the gap rule would not grow: closed, or too small for
-        // a driver that waits under it (its gaps are long), which no horizon of evidence may
-        // close while the load switches faster than one.
+        // A window under the bound that the gap rule would not grow: closed, too small for a
+        // driver that waits under it (its gaps are long), which no horizon of evidence may
+        // close while the load switches faster than one, or one whose windows mostly find work
+        // while the sleeps they miss are long.
         let now = self.busy_poll_us;
         let long = self.gaps.1 >= 2 && self.gaps.1 > self.gaps.0;
         if now < bound && wanted <= now && long && rate >= WINDOW_TRIAL_PER_S {
-            self.window_trial = Some((rate, WINDOW_TRIAL_INTERVALS, now));
+            // The rate before: the average of the intervals since the evidence was last dropped
+            // (another load), this one's included, over as many as the trial averages.
+            let n = (self.gap_intervals as usize).clamp(1, TRIAL_JUDGED);
+            let before = (0..n)
+                .map(|i| self.recent[(self.recent_at + TRIAL_JUDGED - i) % TRIAL_JUDGED])
+                .sum::<u64>()
+                / n as u64;
+            self.window_trial = Some(WindowTrial {
+                before,
+                sum: 0,
+                left: WINDOW_TRIAL_INTERVALS,
+                from: now,
+                from_earns: now > 0 && self.windows.1.saturating_mul(2) > self.windows.0,
+            });
             return Some(bound);
         }
         None
