@@ -367,37 +367,8 @@ impl Adapter {
         let rate = seen.frames_per_s();
         self.recent_at = (self.recent_at + 1) % TRIAL_JUDGED;
         self.recent[self.recent_at] = rate;
-        if let Some(mut trial) = self.window_trial.take() {
-            if trial.left < WINDOW_TRIAL_INTERVALS {
-                trial.sum = trial.sum.saturating_add(rate);
-            }
-            if trial.left > 1 {
-                trial.left -= 1;
-                self.window_trial = Some(trial);
-                return Some(self.busy_poll_us);
-            }
-            let before = trial.before;
-            let rate = trial.sum / TRIAL_JUDGED as u64;
-            let kept = if trial.from_earns {
-                rate >= before.saturating_sub(before / 10)
-            } else {
-                rate >= before.saturating_add(before / 4)
-            };
-            if kept {
-                // Kept: a move up as far as the reversal rule is concerned.
-                self.window_park = (None, 0, PARK_INTERVALS);
-                self.window_kept_at = Some((rate, 0));
-                self.last_move = Some(true);
-                self.since_move = 0;
-                return Some(self.busy_poll_us);
-            }
-            let next = self.window_park.2;
-            self.window_park = (
-                Some(rate),
-                next,
-                next.saturating_mul(2).min(MAX_PARK_INTERVALS),
-            );
-            return Some(trial.from);
+        if let Some(trial) = self.window_trial.take() {
+            return Some(self.go_on_with_trial(trial, rate));
         }
         if let Some((kept, under)) = self.window_kept_at {
             // Only a fall that lasts lifts the hold: a rate that rose further since says
@@ -430,23 +401,62 @@ impl Adapter {
         let now = self.busy_poll_us;
         let long = self.gaps.1 >= 2 && self.gaps.1 > self.gaps.0;
         if now < bound && wanted <= now && long && rate >= WINDOW_TRIAL_PER_S {
-            // The rate before: the average of the intervals since the evidence was last dropped
-            // (another load), this one's included, over as many as the trial averages.
-            let n = (self.gap_intervals as usize).clamp(1, TRIAL_JUDGED);
-            let before = (0..n)
-                .map(|i| self.recent[(self.recent_at + TRIAL_JUDGED - i) % TRIAL_JUDGED])
-                .sum::<u64>()
-                / n as u64;
-            self.window_trial = Some(WindowTrial {
-                before,
-                sum: 0,
-                left: WINDOW_TRIAL_INTERVALS,
-                from: now,
-                from_earns: now > 0 && self.windows.1.saturating_mul(2) > self.windows.0,
-            });
+            self.start_trial(now);
             return Some(bound);
         }
         None
+    }
+
+    /// One interval of a running window trial (see the module docs): the window it leaves.
+    fn go_on_with_trial(&mut self, mut trial: WindowTrial, rate: u64) -> u32 {
+        if trial.left < WINDOW_TRIAL_INTERVALS {
+            trial.sum = trial.sum.saturating_add(rate);
+        }
+        if trial.left > 1 {
+            trial.left -= 1;
+            self.window_trial = Some(trial);
+            return self.busy_poll_us;
+        }
+        let before = trial.before;
+        let rate = trial.sum / TRIAL_JUDGED as u64;
+        let kept = if trial.from_earns {
+            rate >= before.saturating_sub(before / 10)
+        } else {
+            rate >= before.saturating_add(before / 4)
+        };
+        if kept {
+            // Kept: a move up as far as the reversal rule is concerned.
+            self.window_park = (None, 0, PARK_INTERVALS);
+            self.window_kept_at = Some((rate, 0));
+            self.last_move = Some(true);
+            self.since_move = 0;
+            return self.busy_poll_us;
+        }
+        let next = self.window_park.2;
+        self.window_park = (
+            Some(rate),
+            next,
+            next.saturating_mul(2).min(MAX_PARK_INTERVALS),
+        );
+        trial.from
+    }
+
+    /// Starts a window trial at the bound from the window `now`.
+    fn start_trial(&mut self, now: u32) {
+        // The rate before: the average of the intervals since the evidence was last dropped
+        // (another load), this one's included, over as many as the trial averages.
+        let n = (self.gap_intervals as usize).clamp(1, TRIAL_JUDGED);
+        let before = (0..n)
+            .map(|i| self.recent[(self.recent_at + TRIAL_JUDGED - i) % TRIAL_JUDGED])
+            .sum::<u64>()
+            / n as u64;
+        self.window_trial = Some(WindowTrial {
+            before,
+            sum: 0,
+            left: WINDOW_TRIAL_INTERVALS,
+            from: now,
+            from_earns: now > 0 && self.windows.1.saturating_mul(2) > self.windows.0,
+        });
     }
 
     /// Drops the busy-poll evidence: the window moved, the horizon is over, or the load changed.
