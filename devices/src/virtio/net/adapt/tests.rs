@@ -814,6 +814,15 @@ fn trickles_between_floods_do_not_close_the_floods_window() {
     assert_eq!(changes, [0]);
 }
 
+/// An adapter (bounds 64 µs, no coalescing) whose window a ping-pong with `gap_us` gaps
+/// opened to `window` µs.
+fn opened_by_gaps(rtt_us: u64, gap_us: u64, window: u32) -> Adapter {
+    let mut a = Adapter::new(bounds(64, 0));
+    run(&mut a, &PingPong { rtt_us, gap_us }, 20);
+    assert_eq!(a.busy_poll_us(), window);
+    a
+}
+
 #[test]
 fn a_window_too_small_for_a_flood_gets_a_trial_at_the_bound() {
     // A ping-pong whose 6 µs gaps an 8 µs window covers opens one; then floods of 10
@@ -821,16 +830,7 @@ fn a_window_too_small_for_a_flood_gets_a_trial_at_the_bound() {
     // small window the flood's driver waits (long gaps, windows that run out), and no horizon
     // of evidence ever completes to close it: without a trial from there it would stay at
     // 8 µs, as good as off, through every flood.
-    let mut a = Adapter::new(bounds(64, 0));
-    run(
-        &mut a,
-        &PingPong {
-            rtt_us: 20,
-            gap_us: 6,
-        },
-        20,
-    );
-    assert_eq!(a.busy_poll_us(), 8);
+    let mut a = opened_by_gaps(20, 6, 8);
     let flood = WaitingDriver {
         closed: 1_500_000,
         open: 6_000_000,
@@ -849,15 +849,7 @@ fn a_window_too_small_for_a_flood_gets_a_trial_at_the_bound() {
         assert!(changes.is_empty(), "phase {switch}: {changes:?}");
     }
     // A trial that gains nothing goes back to the window it started from, not to off.
-    let mut a = Adapter::new(bounds(64, 0));
-    run(
-        &mut a,
-        &PingPong {
-            rtt_us: 20,
-            gap_us: 6,
-        },
-        20,
-    );
+    let mut a = opened_by_gaps(20, 6, 8);
     let no_gain = WaitingDriver {
         open: 1_500_000,
         ..flood
@@ -904,24 +896,12 @@ impl Workload for HaltingForwarder {
 #[test]
 fn an_open_window_whose_misses_are_long_goes_on_to_the_bound_unless_the_rate_falls() {
     // A ping-pong's 20 µs gaps open a 32 µs window; then a forwarder that needs 64.
-    let window_32 = |a: &mut Adapter| {
-        run(
-            a,
-            &PingPong {
-                rtt_us: 40,
-                gap_us: 20,
-            },
-            20,
-        );
-        assert_eq!(a.busy_poll_us(), 32);
-    };
     let gains_a_little = HaltingForwarder {
         under: 1_000_000,
         at_needs: 1_100_000,
         needs: 64,
     };
-    let mut a = Adapter::new(bounds(64, 0));
-    window_32(&mut a);
+    let mut a = opened_by_gaps(40, 20, 32);
     let changes = run(&mut a, &gains_a_little, 200);
     assert_eq!(a.busy_poll_us(), 64, "changes at {changes:?}");
     assert_eq!(changes.len(), 1, "kept at the first trial: {changes:?}");
@@ -931,8 +911,7 @@ fn an_open_window_whose_misses_are_long_goes_on_to_the_bound_unless_the_rate_fal
         at_needs: 850_000,
         ..gains_a_little
     };
-    let mut a = Adapter::new(bounds(64, 0));
-    window_32(&mut a);
+    let mut a = opened_by_gaps(40, 20, 32);
     let changes = run(&mut a, &slows, 200);
     assert_eq!(a.busy_poll_us(), 32, "changes at {changes:?}");
     assert_eq!(changes.len(), 2, "one trial: {changes:?}");
@@ -944,15 +923,7 @@ fn a_window_trial_is_judged_on_more_than_one_swinging_interval() {
     // does: the bound's 10 % is kept in most runs, and no run turns the window back and forth.
     let mut kept = 0;
     for seed in 1..=20u64 {
-        let mut a = Adapter::new(bounds(64, 0));
-        run(
-            &mut a,
-            &PingPong {
-                rtt_us: 40,
-                gap_us: 20,
-            },
-            20,
-        );
+        let mut a = opened_by_gaps(40, 20, 32);
         let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15);
         let mut changes = 0;
         for _ in 0..200 {
