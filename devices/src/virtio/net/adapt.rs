@@ -28,19 +28,19 @@
 //!   a device that sleeps whenever it runs dry lets the driver's ring fill, the driver waits
 //!   for the interrupt, and its next publish comes after its own wake-up, longer than the
 //!   bound on a slow host, where a window would have kept the ring from filling and the driver
-//!   from waiting at all. So a window under the bound (closed, or too small for the driver)
-//!   under a flood (at least [`WINDOW_TRIAL_PER_S`] frames/s) whose gaps say "long" gets a
-//!   *trial*: open at the bound for [`WINDOW_TRIAL_INTERVALS`] intervals, kept if the frame rate
-//!   (averaged over all but its first, against as many before it) rose by a quarter, or did not fall by a tenth from an open window that mostly found work
-//!   (the gap rule found it worth polling, and a longer one costs only the windows that run out,
-//!   on the worker's own thread), else back where it was and parked like a failed
-//!   coalescing step (for [`PARK_INTERVALS`] intervals at least, doubling with each failed
-//!   trial in a row, then until the frame rate has changed by more than 2×): on a steady load
-//!   that no window helps, one trial. A window the trial
-//!   kept is not closed by the gap rule until the frame rate has stayed below half the rate
-//!   that kept it for [`WINDOW_HOLD_INTERVALS`] intervals: the driver may still wait now and
-//!   then (its ring full), and the gaps those waits leave say nothing against a window that
-//!   multiplied the rate (nor does a rate that rose further, or a dip of a few intervals).
+//!   from waiting at all. So a window under the bound (closed, or too small for the driver) under a
+//!   flood (at least [`WINDOW_TRIAL_PER_S`] frames/s) whose gaps say "long" gets a *trial*: open at
+//!   the bound for [`WINDOW_TRIAL_INTERVALS`] intervals, kept if the frame rate (averaged over all
+//!   but its first, against as many before it) rose by a quarter, or did not fall by a tenth from
+//!   an open window that mostly found work (the gap rule found it worth polling, and a longer one
+//!   costs only the windows that run out, on the worker's own thread), else back where it was and
+//!   parked like a failed coalescing step (for [`PARK_INTERVALS`] intervals at least, doubling with
+//!   each failed trial in a row, then until the frame rate has changed by more than 2×): on a
+//!   steady load that no window helps, one trial. A window the trial kept is not closed by the gap
+//!   rule until the frame rate has stayed below half the rate that kept it for
+//!   [`WINDOW_HOLD_INTERVALS`] intervals: the driver may still wait now and then (its ring full),
+//!   and the gaps those waits leave say nothing against a window that multiplied the rate (nor does
+//!   a rate that rose further, or a dip of a few intervals).
 //! - **Interrupt coalescing** climbs a ladder of levels ([`LEVELS_US`], with a packet bound of
 //!   [`LEVEL_PACKETS`]) while interrupts come faster than [`IRQ_HIGH_PER_S`] carrying fewer than
 //!   [`TARGET_FRAMES_PER_IRQ`] frames each, but more than the two of a round trip
@@ -77,7 +77,8 @@ pub const GAP_SAMPLE: u32 = 8;
 pub const GAP_HORIZON: u32 = 16;
 /// Longest wait before the busy-poll window may move against its last move, in intervals.
 pub const MAX_REVERSAL_WAIT: u32 = 1024;
-/// Frame rate (per second) from which a closed window is worth a trial under long gaps.
+/// Frame rate (per second) from which a window under the bound is worth a trial under long
+/// gaps.
 pub const WINDOW_TRIAL_PER_S: u64 = 100_000;
 /// Intervals a window trial runs: the first sees the change happen, the frame rate of the
 /// others is averaged and compared with the average of as many before it (at most: since the
@@ -271,6 +272,9 @@ impl Adapter {
     /// New bounds: values now outside them come down at once.
     pub fn set_bounds(&mut self, bounds: Adaptive) -> Decision {
         self.bounds = bounds;
+        // A window trial runs at the old bound and would go back to a window the new one may
+        // not allow: it says nothing about the new bound, so it ends here.
+        self.window_trial = None;
         let mut d = Decision::default();
         if self.busy_poll_us > bounds.max_busy_poll_us {
             d.busy_poll_us = Some(self.set_busy_poll(bounds.max_busy_poll_us));

@@ -265,41 +265,50 @@ fn arbitrary_observations_never_leave_the_bounds() {
         u64::MAX / 2,
         u64::MAX,
     ];
+    // One adapter through every bound, each set while whatever the last left runs (a window
+    // trial, a coalescing step), then a fresh one per bound.
+    let mut kept = Adapter::new(bounds(64, 64));
     for (max_poll, max_coal) in [
         (0, 0),
         (5, 7),
+        (10_000, 1_000_000),
         (8, 8),
         (64, 64),
-        (10_000, 1_000_000),
         (9, 300),
+        (10_000, 1_000_000),
+        (5, 7),
     ] {
-        let mut a = Adapter::new(bounds(max_poll, max_coal));
-        for _ in 0..5_000 {
-            let mut pick = || {
-                let r = next();
-                if r & 1 == 0 {
-                    extremes[(r >> 1) as usize % extremes.len()]
-                } else {
-                    r >> (r & 63)
-                }
-            };
-            let seen = Observed {
-                frames: pick(),
-                interrupts: pick(),
-                short_gaps: pick(),
-                long_gaps: pick(),
-                longest_short_gap_us: pick() as u32,
-                windows: pick(),
-                windows_found: pick(),
-                elapsed_us: pick(),
-                guest_coalesces: false,
-            };
-            let d = a.observe(seen);
-            let c = a.coalescing();
-            assert!(a.busy_poll_us() <= max_poll, "{seen:?}");
-            assert!(c.max_usecs <= max_coal, "{seen:?}");
-            assert!(c.validate().is_ok());
-            assert!(d.busy_poll_us.is_none_or(|b| b == a.busy_poll_us()));
+        kept.set_bounds(bounds(max_poll, max_coal));
+        for a in [&mut kept, &mut Adapter::new(bounds(max_poll, max_coal))] {
+            assert!(a.busy_poll_us() <= max_poll);
+            assert!(a.coalescing().max_usecs <= max_coal);
+            for _ in 0..5_000 {
+                let mut pick = || {
+                    let r = next();
+                    if r & 1 == 0 {
+                        extremes[(r >> 1) as usize % extremes.len()]
+                    } else {
+                        r >> (r & 63)
+                    }
+                };
+                let seen = Observed {
+                    frames: pick(),
+                    interrupts: pick(),
+                    short_gaps: pick(),
+                    long_gaps: pick(),
+                    longest_short_gap_us: pick() as u32,
+                    windows: pick(),
+                    windows_found: pick(),
+                    elapsed_us: pick(),
+                    guest_coalesces: false,
+                };
+                let d = a.observe(seen);
+                let c = a.coalescing();
+                assert!(a.busy_poll_us() <= max_poll, "{seen:?}");
+                assert!(c.max_usecs <= max_coal, "{seen:?}");
+                assert!(c.validate().is_ok());
+                assert!(d.busy_poll_us.is_none_or(|b| b == a.busy_poll_us()));
+            }
         }
     }
 }
@@ -330,6 +339,29 @@ fn lowered_bounds_bring_the_values_down_at_once() {
     assert_eq!(d.busy_poll_us, Some(16));
     assert_eq!(d.coalescing.map(|c| c.max_usecs), Some(16));
     assert_eq!((a.busy_poll_us(), a.coalescing().max_usecs), (16, 16));
+    // Lowered while a window trial runs at the old bound: the trial ends, and no verdict takes
+    // the window back to where it started (32 µs) above the new bound.
+    let mut a = opened_by_gaps(40, 20, 32);
+    // A flood whose sleeps are long and whose windows run out: a trial, which gains nothing.
+    let waits = Observed {
+        frames: 1_000,
+        interrupts: 4,
+        long_gaps: 2,
+        windows: 30,
+        elapsed_us: INTERVAL_US,
+        ..Observed::default()
+    };
+    a.observe(waits);
+    assert_eq!(a.busy_poll_us(), 64, "the trial started");
+    a.set_bounds(bounds(16, 0));
+    for i in 0..100 {
+        a.observe(waits);
+        assert!(
+            a.busy_poll_us() <= 16,
+            "interval {i}: {} µs",
+            a.busy_poll_us()
+        );
+    }
 }
 
 #[test]
