@@ -202,13 +202,11 @@ pub struct Adapter {
     reversal_wait: u32,
     /// Intervals the gap counts cover.
     gap_intervals: u32,
-    /// The frame rate (per second) of the interval before: a rate 2× away from it is another
-    /// load, and the gaps counted under the old one are dropped.
-    gap_rate: u64,
     /// A window trial running.
     window_trial: Option<WindowTrial>,
     /// The frame rates (per second) of the last [`TRIAL_JUDGED`] intervals, the latest at
-    /// `recent_at`: a window trial's rate before it.
+    /// `recent_at`: a window trial's rate before it, and the interval before's (a rate 2× away
+    /// from it is another load, and the gaps counted under the old one are dropped).
     recent: [u64; TRIAL_JUDGED],
     recent_at: usize,
     /// Parked after a failed window trial: the frame rate it failed at, the intervals left
@@ -252,7 +250,6 @@ impl Adapter {
             since_move: 0,
             reversal_wait: GAP_HORIZON,
             gap_intervals: 0,
-            gap_rate: 0,
             window_trial: None,
             recent: [0; TRIAL_JUDGED],
             recent_at: 0,
@@ -303,7 +300,10 @@ impl Adapter {
     /// One interval's counts in; what changed out.
     pub fn observe(&mut self, seen: Observed) -> Decision {
         self.counters.intervals += 1;
-        let wanted = self.next_busy_poll(seen);
+        let before = self.recent[self.recent_at];
+        self.recent_at = (self.recent_at + 1) % TRIAL_JUDGED;
+        self.recent[self.recent_at] = seen.frames_per_s();
+        let wanted = self.next_busy_poll(seen, before);
         let busy_poll = match self.window_trial(seen, wanted) {
             Some(trial) => {
                 self.since_move = self.since_move.saturating_add(1);
@@ -369,8 +369,6 @@ impl Adapter {
     /// ends; `None` leaves the window to the gap rule's `wanted`.
     fn window_trial(&mut self, seen: Observed, wanted: u32) -> Option<u32> {
         let rate = seen.frames_per_s();
-        self.recent_at = (self.recent_at + 1) % TRIAL_JUDGED;
-        self.recent[self.recent_at] = rate;
         if let Some(trial) = self.window_trial.take() {
             return Some(self.go_on_with_trial(trial, rate));
         }
@@ -471,11 +469,12 @@ impl Adapter {
         self.gap_intervals = 0;
     }
 
-    fn next_busy_poll(&mut self, seen: Observed) -> u32 {
+    /// The gap rule's window; `before` is the interval before's frame rate.
+    fn next_busy_poll(&mut self, seen: Observed, before: u64) -> u32 {
         let bound = self.bounds.max_busy_poll_us;
         let now = self.busy_poll_us;
         let rate = seen.frames_per_s();
-        if !within_2x(rate, std::mem::replace(&mut self.gap_rate, rate)) {
+        if !within_2x(rate, before) {
             // Another load: a trickle's long gaps say nothing about the flood that follows it.
             self.forget_gaps();
         }
