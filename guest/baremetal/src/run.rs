@@ -596,12 +596,15 @@ impl<T: Transport> Driver<'_, T> {
 
     /// One rx poll of at most `budget` frames (`rx_budget=`, or fewer) on `pair`, if
     /// scheduled. A short poll re-arms its rx interrupts and re-checks (the
-    /// `virtqueue_enable_cb` race); a full one stays scheduled, so the caller services tx
-    /// between polls as a NAPI loop does.
+    /// `virtqueue_enable_cb` race), unless `busy` (the caller polls the used ring itself,
+    /// `wait=poll`: the interrupts stay off, as under Linux's busy polling, and the pair is
+    /// unscheduled until its ring has entries again); a full one stays scheduled, so the
+    /// caller services tx between polls as a NAPI loop does.
     fn poll_rx_pair<F: FnMut(&mut [u8]) -> XdpAction>(
         &mut self,
         pair: u16,
         budget: usize,
+        busy: bool,
         program: &mut F,
     ) {
         let i = usize::from(pair);
@@ -611,7 +614,7 @@ impl<T: Transport> Driver<'_, T> {
         if self.net.poll_rx_mut(budget, program) == budget {
             return;
         }
-        if self.net.enable_interrupts(QueueId::Rx) == Rearm::Armed {
+        if busy || self.net.enable_interrupts(QueueId::Rx) == Rearm::Armed {
             self.rx_scheduled[i] = false;
         } else {
             self.net.disable_interrupts(QueueId::Rx);
@@ -628,7 +631,7 @@ impl<T: Transport> Driver<'_, T> {
         let budget = self.o.rx_budget;
         for pair in 0..self.pairs() {
             if self.rx_scheduled[usize::from(pair)] || self.mode() != TxCompletion::CleanFromRx {
-                self.poll_rx_pair(pair, budget, &mut program);
+                self.poll_rx_pair(pair, budget, false, &mut program);
             } else if self.select(pair) {
                 // Tx is cleaned from the rx poll, which runs whether or not frames arrived.
                 self.net.poll_rx_mut(budget, &mut program);
@@ -934,8 +937,9 @@ impl<T: Transport> Driver<'_, T> {
     ///
     /// Rx notifications: with `wait=halt` an interrupt schedules every pair's rx poll (rx
     /// interrupts off) and the loop `hlt`s when there is nothing to do; with `wait=poll` the
-    /// loop schedules a pair's poll when its used ring has entries. A poll takes at most
-    /// `rx_budget=` frames; a short poll re-arms the pair's interrupts (NAPI).
+    /// loop schedules a pair's poll when its used ring has entries and leaves its rx
+    /// interrupts off. A poll takes at most `rx_budget=` frames; with `wait=halt` a short poll
+    /// re-arms the pair's interrupts (NAPI).
     fn receive<F: FnMut(u16, &mut [u8]) -> XdpAction>(
         &mut self,
         n: u64,
@@ -947,6 +951,7 @@ impl<T: Transport> Driver<'_, T> {
         let mut foreign = 0u64;
         let mut start = None;
         let mut last = None;
+        let busy = self.o.wait == Wait::Poll;
         while done < n {
             if seeds.due().is_some() {
                 let s = match seeder.as_mut() {
@@ -960,7 +965,7 @@ impl<T: Transport> Driver<'_, T> {
             // wait=poll: the loop polls the used rings itself; wait=halt: the interrupt says.
             if irq {
                 self.schedule_rx();
-            } else if self.o.wait == Wait::Poll {
+            } else if busy {
                 for pair in 0..self.pairs() {
                     if self.select(pair) && self.net.rx_has_used() {
                         self.schedule_rx_pair(pair);
@@ -975,7 +980,7 @@ impl<T: Transport> Driver<'_, T> {
                     // Not beyond the n-th frame: later frames stay on the ring.
                     let left = usize::try_from(n - done).unwrap_or(usize::MAX);
                     let budget = self.o.rx_budget.min(left);
-                    self.poll_rx_pair(pair, budget, &mut |frame: &mut [u8]| {
+                    self.poll_rx_pair(pair, budget, busy, &mut |frame: &mut [u8]| {
                         if done < n && frames::is_test_frame(frame) {
                             if start.is_none() {
                                 start = Some(cpu::rdtsc());
@@ -1003,7 +1008,7 @@ impl<T: Transport> Driver<'_, T> {
                 if self.expired() {
                     break;
                 }
-                // Rx interrupts are armed: the next frame interrupts.
+                // wait=halt: rx interrupts are armed, the next frame interrupts.
                 self.idle(true);
             }
         }
