@@ -4,7 +4,8 @@
 //! - **Busy-poll** follows the driver's idle gaps, after the rule of KVM's halt polling: a
 //!   wake-up (a kick or backend input) after an idle gap that a window at the bound would have
 //!   covered is a kick and a sleep the device could have saved; one after a longer gap is
-//!   polling that would have been wasted. One sleep in [`GAP_SAMPLE`] is timed, and the
+//!   polling that would have been wasted. The first [`GAP_SAMPLE`] sleeps of an interval are
+//!   timed, then one in [`GAP_SAMPLE`] ([`times_sleep`]), and the
 //!   evidence is counted since the window last moved or the frame rate last changed 2× from
 //!   one interval to the next (another load), [`GAP_HORIZON`] intervals at most: the
 //!   window grows when two timed sleeps at least, and half of them or more, were short: it
@@ -70,8 +71,9 @@ pub const LEVELS_US: [u32; 7] = [8, 16, 32, 64, 128, 256, 512];
 /// The packet bound of every coalescing level: a quarter of a default 256-entry ring, so a
 /// held interrupt never leaves the driver short of buffers.
 pub const LEVEL_PACKETS: u16 = 64;
-/// One sleep in this many is timed for the busy-poll's evidence: the gaps' distribution is the
-/// same, and a sleep that is not timed costs the worker no clock read.
+/// After the first this many sleeps of an interval, one in this many is timed for the
+/// busy-poll's evidence ([`times_sleep`]): the gaps' distribution is the same, and a sleep that
+/// is not timed costs the worker no clock read.
 pub const GAP_SAMPLE: u32 = 8;
 /// Intervals over which the busy-poll's evidence (idle gaps) accumulates at most.
 pub const GAP_HORIZON: u32 = 16;
@@ -106,6 +108,16 @@ pub const MIN_FRAMES_PER_IRQ16: u64 = 40;
 /// the device polls) still gains from a hold: each interrupt it takes is a wake-up, and a
 /// step is kept only if it batches half as many frames again at the same rate.
 pub const TARGET_FRAMES_PER_IRQ: u64 = 128;
+/// Whether the worker times the `nth` sleep (from 1) of an adaptation interval: the first
+/// [`GAP_SAMPLE`], then one in [`GAP_SAMPLE`]. Where sleeps are rare (a window that catches
+/// all but a round trip or two a millisecond, whose misses are what the window should grow to
+/// cover) every one is evidence, and one in [`GAP_SAMPLE`] alone left the rule without any for
+/// tens of intervals; where they come with every frame the clock reads stay at about one
+/// sleep in [`GAP_SAMPLE`].
+pub fn times_sleep(nth: u32) -> bool {
+    nth <= GAP_SAMPLE || nth.is_multiple_of(GAP_SAMPLE)
+}
+
 /// What the worker saw in one interval.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Observed {

@@ -976,3 +976,70 @@ fn a_window_trial_is_judged_on_more_than_one_swinging_interval() {
     }
     assert!(kept >= 16, "kept at the first trial in {kept} of 20 runs");
 }
+
+/// A polling guest's ping-pong in a VM: round trips every `gap_us` µs, and `slow` of them an
+/// interval whose gap is `slow_gap_us` (the host preempting a thread). A window that covers the
+/// slow gaps catches every round trip; one that covers only the others sleeps once per slow
+/// one, and the worker times those sleeps as [`times_sleep`] picks them.
+struct PollingPingPong {
+    gap_us: u64,
+    slow: u64,
+    slow_gap_us: u32,
+}
+
+impl Workload for PollingPingPong {
+    fn interval(&self, busy_poll_us: u32, _: InterruptCoalescing, gap_bound: u32) -> Observed {
+        let trips = INTERVAL_US / self.gap_us;
+        let misses = if busy_poll_us >= self.slow_gap_us {
+            0
+        } else {
+            self.slow
+        };
+        let timed = (1..=misses).filter(|&n| times_sleep(n as u32)).count() as u64;
+        let short = self.slow_gap_us <= gap_bound;
+        Observed {
+            frames: 2 * trips,
+            short_gaps: if short { timed } else { 0 },
+            long_gaps: if short { 0 } else { timed },
+            longest_short_gap_us: if short && timed > 0 {
+                self.slow_gap_us
+            } else {
+                0
+            },
+            windows: trips,
+            windows_found: trips - misses,
+            elapsed_us: INTERVAL_US,
+            ..Observed::default()
+        }
+    }
+}
+
+#[test]
+fn a_window_that_misses_one_round_trip_an_interval_grows_to_cover_it() {
+    // 6 µs round trips open an 8 µs window; one round trip in 170 takes 30 µs, and each costs
+    // a kick and a wake-up (the p99 of the ping-pong). Those sleeps are all the evidence there
+    // is: timed one in eight, two of them came together only at the end of a 16-interval
+    // horizon; timed as they come, the window covers them at once.
+    let mut a = opened_by_gaps(6, 6, 8);
+    let w = PollingPingPong {
+        gap_us: 6,
+        slow: 1,
+        slow_gap_us: 30,
+    };
+    let changes = run(&mut a, &w, 4);
+    assert_eq!(a.busy_poll_us(), 32, "changes at {changes:?}");
+    assert_eq!(changes.len(), 1, "{changes:?}");
+    // Covered, the window stays.
+    assert!(run(&mut a, &w, 100).is_empty());
+    assert_eq!(a.busy_poll_us(), 32);
+}
+
+#[test]
+fn the_first_sleeps_of_an_interval_are_timed_then_one_in_gap_sample() {
+    let timed = |n: u32| (1..=n).filter(|&k| times_sleep(k)).count() as u32;
+    assert_eq!(timed(1), 1);
+    assert_eq!(timed(GAP_SAMPLE), GAP_SAMPLE);
+    assert_eq!(timed(GAP_SAMPLE + 1), GAP_SAMPLE);
+    // A sleep per frame: the clock reads stay near one sleep in GAP_SAMPLE.
+    assert_eq!(timed(1_000), GAP_SAMPLE - 1 + 1_000 / GAP_SAMPLE);
+}

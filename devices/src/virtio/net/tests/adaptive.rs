@@ -89,8 +89,8 @@ fn pauses_longer_than_the_bound_keep_the_window_off() {
     let (rig, mut tx) = adapting_rig::<GuestQueue>(&mem, adaptive(50, 0));
     let kicks = paced_driver(&rig, &mut tx, false, 40, Duration::from_millis(2));
     // No window catches a 2 ms pause: every frame kicks. The first frame follows the driver's
-    // set-up closely, and one short gap may open a window for a while; the 2 ms gaps (one
-    // sleep in eight timed) close it again.
+    // set-up closely, and one short gap may open a window for a while; the 2 ms gaps close it
+    // again.
     assert_eq!(kicks, 40);
     assert_eq!(rig.metrics.adaptive.busy_poll_us.get(), 0);
     assert_eq!(rig.metrics.busy_poll.found_work.get(), 0);

@@ -46,7 +46,7 @@ use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 use vmm_sys_util::timerfd::TimerFd;
 
-use super::adapt::{Adapter, Observed, GAP_SAMPLE};
+use super::adapt::{times_sleep, Adapter, Observed};
 use super::ctrl::{CtrlCommand, CtrlError, ACK_ERR, ACK_OK, CTRL_CHAINS_PER_CALL};
 use super::link::{GuestMac, LinkControl, LinkState};
 use super::metrics::{BusyPollCounters, CtrlCounters, NetMetrics, RxCounters, TxCounters};
@@ -562,7 +562,7 @@ struct EventLoop<'p, B> {
     /// Adapting: when the device last ran out of work (a busy-poll window that ran out
     /// included), until work wakes it; only for the sleeps that are timed.
     idle_since: Option<Instant>,
-    /// Sleeps while adapting (one in [`GAP_SAMPLE`] is timed).
+    /// Sleeps in this adaptation interval (those [`times_sleep`] picks are timed).
     sleeps: u32,
 }
 

@@ -378,9 +378,9 @@ impl<B: NetBackend> EventLoop<'_, B> {
         if self.adapter.is_none() || self.idle_since.is_some() {
             return;
         }
-        // One sleep in GAP_SAMPLE is timed (two clock reads); the others cost a count.
-        self.sleeps = self.sleeps.wrapping_add(1);
-        if !self.sleeps.is_multiple_of(GAP_SAMPLE) {
+        // A timed sleep costs two clock reads, the others a count.
+        self.sleeps = self.sleeps.saturating_add(1);
+        if !times_sleep(self.sleeps) {
             self.window_ran_out = false;
             return;
         }
@@ -438,6 +438,7 @@ impl<B: NetBackend> EventLoop<'_, B> {
             return Ok(());
         };
         let mut seen = std::mem::take(&mut self.seen);
+        self.sleeps = 0;
         let elapsed = now.saturating_duration_since(start);
         seen.elapsed_us = u64::try_from(elapsed.as_micros()).unwrap_or(u64::MAX);
         seen.guest_coalesces = self.guest_coalescing != [None, None];
