@@ -47,6 +47,28 @@ enum RingArg {
     Packed,
 }
 
+/// `--tx-completion`: the driver's tx completion for every point of a preset that does not
+/// sweep it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+enum TxCompletionArg {
+    /// Tx interrupts, reclaimed in a tx poll after each (the driver's default; Linux napi_tx).
+    TxInterrupt,
+    /// No tx interrupts; reclaimed in every rx poll (Linux's `virtnet_poll_cleantx`).
+    CleanFromRx,
+    /// No tx interrupts; reclaimed on transmit when the ring runs low.
+    Lazy,
+}
+
+impl From<TxCompletionArg> for vnet_driver::TxCompletion {
+    fn from(a: TxCompletionArg) -> Self {
+        match a {
+            TxCompletionArg::TxInterrupt => vnet_driver::TxCompletion::TxInterrupt,
+            TxCompletionArg::CleanFromRx => vnet_driver::TxCompletion::CleanFromRx,
+            TxCompletionArg::Lazy => vnet_driver::TxCompletion::Lazy,
+        }
+    }
+}
+
 /// An exit cost: nanoseconds, or `auto` (measured by the driver guest in a VM on this host).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Cost {
@@ -139,6 +161,13 @@ struct Cli {
     /// VIRTIO_F_IN_ORDER on both sides (with `--ring`).
     #[arg(long, global = true)]
     in_order: bool,
+    /// The driver's tx completion for every point (both targets), for the presets that do not
+    /// sweep it (those that do refuse it). Not given: each preset's own, mostly the driver's
+    /// default `tx-interrupt`. With `--guest-wait poll` in VMs, `clean-from-rx` or `lazy`
+    /// leaves the polling guest no interrupt at all (on a host where the guest's interrupt
+    /// path is slow, a tx interrupt would otherwise dominate every round trip).
+    #[arg(long, global = true, value_enum)]
+    tx_completion: Option<TxCompletionArg>,
     /// The raw backend write loop's system call (`write`, the cheapest; `writev` of one
     /// iovec, as a device with a scatter-gather list makes it).
     #[arg(long, global = true, value_enum, default_value_t = BareSyscall::Write)]
@@ -305,6 +334,7 @@ fn options(
             packed: cli.ring == RingArg::Packed,
             in_order: cli.in_order,
         },
+        tx_completion: cli.tx_completion.map(Into::into),
     }
 }
 

@@ -227,6 +227,9 @@ pub struct Options {
     /// The ring layout of every point (both sides), except the ring-layout preset's, which
     /// sweeps it.
     pub ring: RingLayout,
+    /// The driver's tx completion for every point of a preset that does not sweep it (`None`:
+    /// each preset's own).
+    pub tx_completion: Option<TxCompletion>,
 }
 
 #[cfg(test)]
@@ -251,6 +254,7 @@ impl Options {
             bare: BareSyscall::Write,
             host_path: HostPath::Stack,
             ring: RingLayout::SPLIT,
+            tx_completion: None,
         }
     }
 }
@@ -1516,6 +1520,23 @@ pub fn trial(point: &Point, opts: &Options, vm: bool) -> io::Result<Result<Measu
 pub fn preset_points(preset: Preset, opts: &Options) -> io::Result<Vec<Point>> {
     let backend = opts.backend;
     let mut pts = points(preset, opts);
+    if let Some(mode) = opts.tx_completion {
+        if pts
+            .windows(2)
+            .any(|w| w[0].config.tx_completion != w[1].config.tx_completion)
+        {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!(
+                    "preset {} sweeps the tx completion: --tx-completion does not apply",
+                    preset.name()
+                ),
+            ));
+        }
+        for p in &mut pts {
+            p.config.tx_completion = mode;
+        }
+    }
     for p in &mut pts {
         p.workload = backend.adapt(opts.host_path, p.workload);
         if let Some(why) = backend.refuses(opts.host_path, p.workload) {
@@ -1891,6 +1912,32 @@ mod tests {
         let row = point_row(Preset::Mixed, "sim", &p, Some(&m), f64::NAN, 0.0, &o);
         assert_eq!((row.workload.as_str(), row.pps), ("mixed", flood));
         assert_eq!(row.p50_us, l.p50_ns as f64 / 1000.0);
+    }
+
+    #[test]
+    fn tx_completion_applies_to_every_point_of_a_preset_that_does_not_sweep_it() {
+        let o = Options {
+            backend: BackendKind::Loop,
+            tx_completion: Some(TxCompletion::CleanFromRx),
+            ..opts(true)
+        };
+        let pts = preset_points(Preset::Adaptive, &o).expect("the adaptive preset keeps it");
+        assert!(!pts.is_empty());
+        assert!(pts
+            .iter()
+            .all(|p| p.config.tx_completion == TxCompletion::CleanFromRx));
+        let own = Options {
+            tx_completion: None,
+            ..o.clone()
+        };
+        assert!(preset_points(Preset::Adaptive, &own)
+            .expect("no override")
+            .iter()
+            .all(|p| p.config.tx_completion == TxCompletion::TxInterrupt));
+        for preset in [Preset::TxCompletion, Preset::SeedTxCompletion] {
+            let e = preset_points(preset, &o).expect_err("it sweeps the tx completion");
+            assert_eq!(e.kind(), io::ErrorKind::InvalidInput, "{e}");
+        }
     }
 
     #[test]
