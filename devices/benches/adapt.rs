@@ -52,8 +52,11 @@ fn bench(c: &mut Criterion) {
         let mut seen = Observed::default();
         let mut sleeps = 0u32;
         b.iter(|| {
-            // The worker counts from 1 in each interval.
-            sleeps = sleeps % 1_000 + 1;
+            // The worker counts from 1 in each interval (and starts over at its end).
+            sleeps += 1;
+            if sleeps > 1_000 {
+                sleeps = 1;
+            }
             if times_sleep(black_box(sleeps)) {
                 let since = black_box(Instant::now());
                 let gap = since.elapsed();
