@@ -185,6 +185,11 @@ fn bad_arguments_are_refused_with_a_message() {
             "--vm-frames must be",
         ),
         (&["--paired-rounds", "0"][..], "--paired-rounds must be"),
+        (&["--tx-completion", "sometimes"][..], "--tx-completion"),
+        (
+            &["--quick", "--tx-completion", "lazy", "seed-tx-completion"][..],
+            "sweeps the tx completion",
+        ),
         (
             &["--target", "vm", "--vmm", "/nonexistent/vmm"][..],
             "/nonexistent/vmm",
