@@ -11,8 +11,9 @@
 //!   window grows when two timed sleeps at least, and half of them or more, were short: it
 //!   doubles (from [`BUSY_POLL_START_US`]), or jumps at once to the power of two that covers
 //!   the longest of those short gaps, whichever is larger; it halves (under the start value: off)
-//!   when three in four were long *and* most of its windows ran out without finding work (a window
-//!   that mostly finds work earns its keep whatever the sleeps say), judged on the evidence of a
+//!   when three in four were long *and* two in three of its windows or more ran out without
+//!   finding work (a window that finds work a third of the time or more earns its keep whatever
+//!   the sleeps say), judged on the evidence of a
 //!   whole [`GAP_HORIZON`] at once; otherwise it stays. Opening is quick and closing slow because
 //!   the two mistakes cost differently: a window left open over a horizon too long costs the
 //!   worker's polling (at most the window per wake-up, on its own thread), one closed under a load
@@ -497,12 +498,17 @@ impl Adapter {
         self.windows.1 = self.windows.1.saturating_add(seen.windows_found);
         self.gap_intervals += 1;
         // Growing needs two short sleeps and half of them short, shrinking two long ones,
-        // three in four long and windows that mostly ran out over a whole horizon: gaps spread
-        // around the bound, one stretched by the host now and then, or the trickles between
-        // floods, leave the window alone.
+        // three in four long and two in three windows or more that ran out over a whole
+        // horizon (a third or more finding work earn their keep): gaps spread around the
+        // bound, one stretched by the host now and then, or the trickles between floods,
+        // leave the window alone. A
+        // halting guest's ping-pong has two gaps a round trip, a short one (the loop's frame
+        // coming back) and a long one (the guest's turn-around): the window that catches the
+        // short one finds work in half of its windows, and judged against "more than half"
+        // it closed and reopened every horizon (14 changes in a trial).
         let (short, long) = self.gaps;
         let (windows, found) = self.windows;
-        let windows_earn = found.saturating_mul(2) > windows;
+        let windows_earn = found > 0 && found.saturating_mul(3) >= windows;
         if short >= 2 && short >= long {
             // At least double, and at once as far as the longest short gap needs.
             let covering = self.longest_short_gap_us.checked_next_power_of_two();

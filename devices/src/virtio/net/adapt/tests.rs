@@ -1043,3 +1043,42 @@ fn the_first_sleeps_of_an_interval_are_timed_then_one_in_gap_sample() {
     // A sleep per frame: the clock reads stay near one sleep in GAP_SAMPLE.
     assert_eq!(timed(1_000), GAP_SAMPLE - 1 + 1_000 / GAP_SAMPLE);
 }
+
+/// A halting guest's ping-pong through a `loop` in a VM: `trips` round trips an interval, each
+/// with two idle gaps, a short one (the loop's frame coming back, ~1 µs) and a long one (the
+/// guest's turn-around, ~200 µs). A window catches the short ones; one starts after every frame.
+struct HaltingPingPong {
+    trips: u64,
+}
+
+impl Workload for HaltingPingPong {
+    fn interval(&self, busy_poll_us: u32, _: InterruptCoalescing, _: u32) -> Observed {
+        let t = self.trips;
+        let open = busy_poll_us > 0;
+        Observed {
+            frames: 2 * t,
+            interrupts: 2 * t,
+            short_gaps: if open { 0 } else { t },
+            long_gaps: t,
+            longest_short_gap_us: if open { 0 } else { 1 },
+            windows: if open { 2 * t } else { 0 },
+            windows_found: if open { t } else { 0 },
+            elapsed_us: INTERVAL_US,
+            ..Observed::default()
+        }
+    }
+}
+
+#[test]
+fn a_window_that_catches_half_a_halting_ping_pongs_wake_ups_stays_open() {
+    // Half of its windows find work: judged as "mostly ran out" the window closed after each
+    // horizon and reopened on the next interval's short gaps.
+    let mut a = Adapter::new(bounds(64, 0));
+    let changes = run(&mut a, &HaltingPingPong { trips: 5 }, 300);
+    assert_eq!(
+        a.busy_poll_us(),
+        BUSY_POLL_START_US,
+        "changes at {changes:?}"
+    );
+    assert_eq!(changes.len(), 1, "opened once and stayed: {changes:?}");
+}
