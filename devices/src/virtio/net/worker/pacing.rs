@@ -91,6 +91,8 @@ impl<'p, B: NetBackend> EventLoop<'p, B> {
             if self.interval_start.is_none() {
                 if self.seen.frames > 0 {
                     self.interval_start = Some(Instant::now());
+                    // An idle device's sleeps belong to no interval.
+                    self.sleeps = 0;
                 }
             } else if self.rounds.is_multiple_of(ADAPT_CHECK_ROUNDS) {
                 self.interval_check(Instant::now())?;
