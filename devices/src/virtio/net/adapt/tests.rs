@@ -995,7 +995,7 @@ impl Workload for PollingPingPong {
         } else {
             self.slow
         };
-        let timed = (1..=misses).filter(|&n| times_sleep(n as u32)).count() as u64;
+        let timed = timed_of(misses);
         let short = self.slow_gap_us <= gap_bound;
         Observed {
             frames: 2 * trips,
@@ -1034,14 +1034,21 @@ fn a_window_that_misses_one_round_trip_an_interval_grows_to_cover_it() {
     assert_eq!(a.busy_poll_us(), 32);
 }
 
+/// How many of an interval's first `sleeps` sleeps the worker times.
+fn timed_of(sleeps: u64) -> u64 {
+    (1..=sleeps)
+        .filter(|&n| times_sleep(u32::try_from(n).unwrap_or(u32::MAX)))
+        .count() as u64
+}
+
 #[test]
 fn the_first_sleeps_of_an_interval_are_timed_then_one_in_gap_sample() {
-    let timed = |n: u32| (1..=n).filter(|&k| times_sleep(k)).count() as u32;
-    assert_eq!(timed(1), 1);
-    assert_eq!(timed(GAP_SAMPLE), GAP_SAMPLE);
-    assert_eq!(timed(GAP_SAMPLE + 1), GAP_SAMPLE);
+    let sample = u64::from(GAP_SAMPLE);
+    assert_eq!(timed_of(1), 1);
+    assert_eq!(timed_of(sample), sample);
+    assert_eq!(timed_of(sample + 1), sample);
     // A sleep per frame: the clock reads stay near one sleep in GAP_SAMPLE.
-    assert_eq!(timed(1_000), GAP_SAMPLE - 1 + 1_000 / GAP_SAMPLE);
+    assert_eq!(timed_of(1_000), sample - 1 + 1_000 / sample);
 }
 
 /// A halting guest's ping-pong through a `loop` in a VM: `trips` round trips an interval, each

@@ -90,9 +90,7 @@ impl<'p, B: NetBackend> EventLoop<'p, B> {
             self.rounds = self.rounds.wrapping_add(1);
             if self.interval_start.is_none() {
                 if self.seen.frames > 0 {
-                    self.interval_start = Some(Instant::now());
-                    // An idle device's sleeps belong to no interval.
-                    self.sleeps = 0;
+                    self.start_interval(Some(Instant::now()));
                 }
             } else if self.rounds.is_multiple_of(ADAPT_CHECK_ROUNDS) {
                 self.interval_check(Instant::now())?;
@@ -440,7 +438,6 @@ impl<B: NetBackend> EventLoop<'_, B> {
             return Ok(());
         };
         let mut seen = std::mem::take(&mut self.seen);
-        self.sleeps = 0;
         let elapsed = now.saturating_duration_since(start);
         seen.elapsed_us = u64::try_from(elapsed.as_micros()).unwrap_or(u64::MAX);
         seen.guest_coalesces = self.guest_coalescing != [None, None];
@@ -467,8 +464,15 @@ impl<B: NetBackend> EventLoop<'_, B> {
             self.apply(moderation)?;
         }
         self.publish_adaptive();
-        self.interval_start = (!idle).then_some(now);
+        self.start_interval((!idle).then_some(now));
         Ok(())
+    }
+
+    /// The next adaptation interval starts `at` (`None`: when frames come), its sleeps counted
+    /// from 1 (an idle device's sleeps belong to no interval).
+    fn start_interval(&mut self, at: Option<Instant>) {
+        self.interval_start = at;
+        self.sleeps = 0;
     }
 
     /// Publishes the adapter's choices (pair 0's) and its counts.
