@@ -2,7 +2,7 @@
 //!
 //! - `observe`: the adapter's decision, once per interval (1 ms by default);
 //! - `idle gap`: what one sleep costs it (while adapting): a count, and for the sleeps
-//!   `times_sleep` picks (an interval's first `GAP_SAMPLE`, then one in `GAP_SAMPLE`; here
+//!   `times_sleep` picks (an interval's first `GAP_SAMPLE`, then one in `GAP_SAMPLE_EVERY`; here
 //!   1 000 sleeps an interval, a sleep per frame at 1 M frames/s) the two clock reads that
 //!   time it;
 //! - `round`: the counting a worker round does for it (frames and interrupts added up, the

@@ -5,7 +5,7 @@
 //!   wake-up (a kick or backend input) after an idle gap that a window at the bound would have
 //!   covered is a kick and a sleep the device could have saved; one after a longer gap is
 //!   polling that would have been wasted. The first [`GAP_SAMPLE`] sleeps of an interval are
-//!   timed, then one in [`GAP_SAMPLE`] ([`times_sleep`]), and the
+//!   timed, then one in [`GAP_SAMPLE_EVERY`] ([`times_sleep`]), and the
 //!   evidence is counted since the window last moved or the frame rate last changed 2× from
 //!   one interval to the next (another load), [`GAP_HORIZON`] intervals at most: the
 //!   window grows when two timed sleeps at least, and half of them or more, were short: it
@@ -72,10 +72,12 @@ pub const LEVELS_US: [u32; 7] = [8, 16, 32, 64, 128, 256, 512];
 /// The packet bound of every coalescing level: a quarter of a default 256-entry ring, so a
 /// held interrupt never leaves the driver short of buffers.
 pub const LEVEL_PACKETS: u16 = 64;
-/// After the first this many sleeps of an interval, one in this many is timed for the
-/// busy-poll's evidence ([`times_sleep`]): the gaps' distribution is the same, and a sleep that
-/// is not timed costs the worker no clock read.
+/// The first this many sleeps of an adaptation interval are timed for the busy-poll's
+/// evidence ([`times_sleep`]).
 pub const GAP_SAMPLE: u32 = 8;
+/// After an interval's first [`GAP_SAMPLE`] sleeps, one in this many is timed: the gaps'
+/// distribution is the same, and a sleep that is not timed costs the worker no clock read.
+pub const GAP_SAMPLE_EVERY: u32 = 32;
 /// Intervals over which the busy-poll's evidence (idle gaps) accumulates at most.
 pub const GAP_HORIZON: u32 = 16;
 /// Longest wait before the busy-poll window may move against its last move, in intervals.
@@ -110,13 +112,14 @@ pub const MIN_FRAMES_PER_IRQ16: u64 = 40;
 /// step is kept only if it batches half as many frames again at the same rate.
 pub const TARGET_FRAMES_PER_IRQ: u64 = 128;
 /// Whether the worker times the `nth` sleep (from 1) of an adaptation interval: the first
-/// [`GAP_SAMPLE`], then one in [`GAP_SAMPLE`]. Where sleeps are rare (a window that catches
-/// all but a round trip or two a millisecond, whose misses are what the window should grow to
-/// cover) every one is evidence, and one in [`GAP_SAMPLE`] alone left the rule without any for
-/// tens of intervals; where they come with every frame the clock reads stay at about one
-/// sleep in [`GAP_SAMPLE`].
+/// [`GAP_SAMPLE`], then one in [`GAP_SAMPLE_EVERY`]. Where sleeps are rare (a window that
+/// catches all but a round trip or two a millisecond, whose misses are what the window should
+/// grow to cover) every one is evidence, and one in eight alone left the rule without any for
+/// tens of intervals; where they come with every frame (a thousand an interval at 1 M
+/// frames/s) a few dozen timed ones say what the gaps are, and the clock reads (two per timed
+/// sleep, ~26 ns each on a slow host) stay a small part of a sleep's cost.
 pub fn times_sleep(nth: u32) -> bool {
-    nth <= GAP_SAMPLE || nth.is_multiple_of(GAP_SAMPLE)
+    nth <= GAP_SAMPLE || nth.is_multiple_of(GAP_SAMPLE_EVERY)
 }
 
 /// What the worker saw in one interval.
