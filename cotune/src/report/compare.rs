@@ -84,10 +84,35 @@ pub fn median_by_objective(mut rows: Vec<Row>, workload: &str) -> Option<Row> {
     Some(rows.swap_remove(mid))
 }
 
+/// The coverage an interval for a median must reach at least (the sign test's interval).
+pub const MEDIAN_INTERVAL_COVERAGE: f64 = 0.90;
+
+/// A distribution-free interval for the median of `values` (the finite ones): the order
+/// statistics `v(j)` and `v(n + 1 − j)` of the sorted values, with the largest `j` whose
+/// coverage, `1 − 2·P(X < j)` for `X ~ Binomial(n, ½)`, is at least
+/// [`MEDIAN_INTERVAL_COVERAGE`] (the interval a sign test gives; it assumes nothing of the
+/// values' distribution, only that the rounds are independent). `(low, high, coverage)`;
+/// `None` under five values, where even the whole range covers less.
+pub fn median_interval(values: &[f64]) -> Option<(f64, f64, f64)> {
+    use statrs::distribution::{Binomial, DiscreteCDF};
+    let mut v: Vec<f64> = values.iter().copied().filter(|x| x.is_finite()).collect();
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    let binomial = Binomial::new(0.5, u64::try_from(n).ok()?).ok()?;
+    // P(X < j) = P(X ≤ j − 1).
+    let coverage = |j: usize| 1.0 - 2.0 * binomial.cdf(j as u64 - 1);
+    let j = (1..=n / 2)
+        .take_while(|&j| coverage(j) >= MEDIAN_INTERVAL_COVERAGE)
+        .last()?;
+    Some((v[j - 1], v[n - j], coverage(j)))
+}
+
 /// What the paired re-run's rounds say on their own (appended to the adaptive paired row's
 /// note): each round runs the best fixed point and the adaptive one back to back, so the ratio
 /// of their scores within a round leaves out what drifts between rounds (the host's pace); its
-/// median and range over the rounds. Empty without a round where both were measured.
+/// median and range over the rounds, and from five rounds on an interval for that median
+/// ([`median_interval`]): a bound such as 0.95 inside it is a tie at this host's spread, one
+/// under it is beaten. Empty without a round where both were measured.
 pub fn round_ratios_note(ratios: &[f64]) -> String {
     let v: Vec<f64> = ratios.iter().copied().filter(|r| r.is_finite()).collect();
     let (Some(min), Some(max)) = (
@@ -96,11 +121,19 @@ pub fn round_ratios_note(ratios: &[f64]) -> String {
     ) else {
         return String::new();
     };
-    format!(
+    let mut note = format!(
         "; adaptive / best fixed within a round: median {:.2} ({min:.2}–{max:.2}, {} rounds)",
         crate::autotune::median(&v),
         v.len()
-    )
+    );
+    if let Some((low, high, coverage)) = median_interval(&v) {
+        let _ = write!(
+            note,
+            "; {:.0} % interval for that median (sign test): {low:.2}–{high:.2}",
+            coverage * 100.0
+        );
+    }
+    note
 }
 
 /// The comparisons of the adaptive preset's rows (none when it did not run, or a group lacks
@@ -268,5 +301,37 @@ mod tests {
         );
         let even = round_ratios_note(&[0.9, 1.2, 1.0, 0.5]);
         assert!(even.contains("median 0.95 (0.50–1.20, 4 rounds)"), "{even}");
+        // Four rounds: no interval (the whole range would cover 87.5 %).
+        assert!(!even.contains("interval"), "{even}");
+        let nine = round_ratios_note(&[1.1, 0.8, 1.0, 0.9, 1.3, 0.95, 1.05, 0.7, 1.2]);
+        assert!(
+            nine.ends_with("; 96 % interval for that median (sign test): 0.80–1.20"),
+            "{nine}"
+        );
+    }
+
+    #[test]
+    fn the_median_interval_takes_the_order_statistics_a_sign_test_allows() {
+        assert_eq!(median_interval(&[1.0, 2.0, 3.0, 4.0]), None);
+        // Five values: only the whole range covers 90 % (1 − 2/32 = 93.75 %).
+        let (low, high, c) = median_interval(&[5.0, 1.0, 4.0, 2.0, 3.0]).expect("five");
+        assert_eq!((low, high), (1.0, 5.0));
+        assert!((c - 0.9375).abs() < 1e-9, "{c}");
+        // Nine: the second smallest and second largest (1 − 2·10/512 = 96.1 %); the third
+        // pair would cover only 82 %.
+        let nine: Vec<f64> = (1..=9).map(f64::from).collect();
+        let (low, high, c) = median_interval(&nine).expect("nine");
+        assert_eq!((low, high), (2.0, 8.0));
+        assert!((c - (1.0 - 20.0 / 512.0)).abs() < 1e-9, "{c}");
+        // Twenty-five: the eighth pair (1 − 2·P(X ≤ 7) = 95.7 %; the ninth, 89.2 %).
+        let many: Vec<f64> = (1..=25).map(f64::from).collect();
+        let (low, high, c) = median_interval(&many).expect("many");
+        assert_eq!((low, high), (8.0, 18.0), "{c}");
+        // Values that were not measured are left out.
+        let gappy = [f64::NAN, 1.0, 2.0, 3.0, 4.0, 5.0, f64::INFINITY];
+        assert_eq!(
+            median_interval(&gappy).map(|(l, h, _)| (l, h)),
+            Some((1.0, 5.0))
+        );
     }
 }
