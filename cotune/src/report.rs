@@ -10,8 +10,8 @@ use serde::Serialize;
 mod compare;
 
 pub use compare::{
-    best_fixed, comparison_table, comparisons, median_by_objective, objective, round_ratios_note,
-    Comparison, ADAPTIVE_SETTING, DEFAULT_SETTING, PAIRED_PREFIX,
+    best_fixed, comparison_table, comparisons, median_by_objective, median_interval, objective,
+    round_ratios_note, Comparison, ADAPTIVE_SETTING, DEFAULT_SETTING, PAIRED_PREFIX,
 };
 
 /// One measured point (the median of its repeats): every knob of both sides, where it was

@@ -85,14 +85,14 @@ pub fn median_by_objective(mut rows: Vec<Row>, workload: &str) -> Option<Row> {
 }
 
 /// The coverage an interval for a median must reach at least (the sign test's interval).
-pub const MEDIAN_INTERVAL_COVERAGE: f64 = 0.90;
+const MEDIAN_INTERVAL_COVERAGE: f64 = 0.90;
 
 /// A distribution-free interval for the median of `values` (the finite ones): the order
 /// statistics `v(j)` and `v(n + 1 − j)` of the sorted values, with the largest `j` whose
-/// coverage, `1 − 2·P(X < j)` for `X ~ Binomial(n, ½)`, is at least
-/// [`MEDIAN_INTERVAL_COVERAGE`] (the interval a sign test gives; it assumes nothing of the
-/// values' distribution, only that the rounds are independent). `(low, high, coverage)`;
-/// `None` under five values, where even the whole range covers less.
+/// coverage, `1 − 2·P(X < j)` for `X ~ Binomial(n, ½)`, is at least 90 % (the interval a
+/// sign test gives; it assumes nothing of the values' distribution, only that the rounds are
+/// independent). `(low, high, coverage)`; `None` under five values, where even the whole range
+/// covers less.
 pub fn median_interval(values: &[f64]) -> Option<(f64, f64, f64)> {
     use statrs::distribution::{Binomial, DiscreteCDF};
     let mut v: Vec<f64> = values.iter().copied().filter(|x| x.is_finite()).collect();
