@@ -10,14 +10,29 @@ use std::thread::{self, JoinHandle};
 use devices::test_utils::link::PacketSocket;
 use devices::test_utils::netns::NetNs;
 
-/// A network namespace `cotune-<pid>-<n>` (deleted on drop) for one trial's tap and its peer.
+/// A network namespace `cotune-<pid>-<n>` (deleted on drop) for one trial's tap and its peer,
+/// with IPv6 off so that nothing but the workload crosses a tap made in it: the kernel's
+/// router solicitations and multicast listener reports would reach the device as received
+/// frames at any time, one of them after the last interrupt a trial's check took.
 pub fn trial_netns() -> io::Result<NetNs> {
     static SEQ: AtomicU64 = AtomicU64::new(0);
-    NetNs::named(format!(
+    let ns = NetNs::named(format!(
         "cotune-{}-{}",
         std::process::id(),
         SEQ.fetch_add(1, Ordering::Relaxed)
-    ))
+    ))?;
+    let status = ns
+        .command("sysctl")
+        .args([
+            "-qw",
+            "net.ipv6.conf.all.disable_ipv6=1",
+            "net.ipv6.conf.default.disable_ipv6=1",
+        ])
+        .status()?;
+    if !status.success() {
+        return Err(io::Error::other("sysctl in the namespace failed"));
+    }
+    Ok(ns)
 }
 
 /// A thread that drains frames from `fd` (the pair peer) until stopped, counting them.
@@ -102,4 +117,29 @@ pub fn packet_socket(ifname: &str) -> io::Result<OwnedFd> {
     // Only frames the device sends count as received (an echo peer's window depends on it).
     sock.ignore_outgoing()?;
     Ok(OwnedFd::from(sock))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::os::fd::AsRawFd;
+    use std::time::{Duration, Instant};
+
+    /// Through a real tap (root): a trial's namespace sends nothing of its own over the tap
+    /// (with IPv6 on, the kernel's solicitations and listener reports arrive within two
+    /// seconds of the link going up, several of them).
+    #[test]
+    fn a_trials_tap_carries_nothing_but_the_workload() {
+        let ns = super::trial_netns().expect("namespace");
+        let tap = ns.tap("qtap0").expect("tap");
+        let fd = tap.as_raw_fd();
+        let mut buf = [0u8; 2048];
+        let deadline = Instant::now() + Duration::from_millis(2500);
+        while Instant::now() < deadline {
+            if super::wait_readable(fd, 50) {
+                // SAFETY: read writes at most buf.len() bytes into buf, which lives for the call.
+                let n = unsafe { libc::read(fd, buf.as_mut_ptr().cast(), buf.len()) };
+                assert!(n <= 0, "the tap carried a {n}-byte frame nobody sent");
+            }
+        }
+    }
 }

@@ -212,21 +212,10 @@ pub fn cmdline(point: &Point, frames: u64) -> String {
     )
 }
 
-/// A fresh namespace with tap [`TAP`] (vnet_hdr, up) for one VM, IPv6 off so that nothing but
-/// the workload crosses it.
+/// A fresh namespace with tap [`TAP`] (vnet_hdr, up) for one VM, IPv6 off
+/// ([`crate::env::trial_netns`]).
 fn vm_netns() -> io::Result<NetNs> {
     let ns = crate::env::trial_netns()?;
-    let status = ns
-        .command("sysctl")
-        .args([
-            "-qw",
-            "net.ipv6.conf.all.disable_ipv6=1",
-            "net.ipv6.conf.default.disable_ipv6=1",
-        ])
-        .status()?;
-    if !status.success() {
-        return Err(io::Error::other("sysctl in the namespace failed"));
-    }
     ns.ip(&["tuntap", "add", TAP, "mode", "tap", "vnet_hdr"])?;
     ns.ip(&["link", "set", TAP, "up"])?;
     Ok(ns)
