@@ -11,7 +11,7 @@ mod compare;
 
 pub use compare::{
     best_fixed, comparison_table, comparisons, median_by_objective, median_interval, objective,
-    round_ratios_note, Comparison, ADAPTIVE_SETTING, DEFAULT_SETTING, PAIRED_PREFIX,
+    phase_ceiling, round_ratios_note, Comparison, ADAPTIVE_SETTING, DEFAULT_SETTING, PAIRED_PREFIX,
 };
 
 /// One measured point (the median of its repeats): every knob of both sides, where it was

@@ -61,6 +61,10 @@ pub struct Comparison {
     /// The paired re-runs (best fixed, adaptive), and adaptive's score over the best fixed
     /// point's in them: the comparison without the grid's selection in it.
     pub paired: Option<(Row, Row, f64)>,
+    /// The `mixed` workload's ceiling for adaptation: the grid's row with the best floods
+    /// (highest pps), its row with the best trickles (lowest p99), and the score the two
+    /// phases would reach together over the best fixed point's ([`phase_ceiling`]).
+    pub phase_ceiling: Option<(Row, Row, f64)>,
 }
 
 /// The best fixed point among one target's and workload's grid rows (not a paired re-run, not
@@ -72,6 +76,33 @@ pub fn best_fixed<'a>(rows: &[&'a Row], workload: &str) -> Option<&'a Row> {
         .filter(|r| score(r).is_finite())
         .max_by(|a, b| score(a).total_cmp(&score(b)))
         .copied()
+}
+
+/// How much a setting that follows the `mixed` workload's phases could gain over the best
+/// fixed point of the grid, at most: the objective is the floods' pps over the trickles' p99,
+/// so the best one can do with the grid's points is the best floods of one point with the best
+/// trickles of another. `(best floods, best trickles, their score over best fixed's)`; a ratio
+/// near 1 (the same point best in both phases, or points that differ by less than the trials'
+/// spread) says adaptation can reach the best fixed point on this workload but not measurably
+/// beat it. The maximum and minimum of noisy figures flatter the ceiling as the best point
+/// flatters itself: it is an upper bound. `None` for another workload or without a measured
+/// fixed point.
+pub fn phase_ceiling(rows: &[&Row], workload: &str) -> Option<(Row, Row, f64)> {
+    if workload != "mixed" {
+        return None;
+    }
+    let (_, score) = objective(workload);
+    let best = best_fixed(rows, workload)?;
+    let fixed: Vec<&Row> = rows
+        .iter()
+        .filter(|r| !r.dev_adaptive && !r.drv_adaptive && !r.value2.starts_with(PAIRED_PREFIX))
+        .filter(|r| score(r).is_finite() && r.p99_us > 0.0)
+        .copied()
+        .collect();
+    let floods = fixed.iter().max_by(|a, b| a.pps.total_cmp(&b.pps))?;
+    let trickles = fixed.iter().min_by(|a, b| a.p99_us.total_cmp(&b.p99_us))?;
+    let ratio = floods.pps / trickles.p99_us / score(best);
+    Some(((*floods).clone(), (*trickles).clone(), ratio))
 }
 
 /// The row of `rows` with the median score by `workload`'s objective (the lower middle of an
@@ -160,6 +191,7 @@ pub fn comparisons(rows: &[Row]) -> Vec<Comparison> {
         let paired = find(&format!("{PAIRED_PREFIX}{}", best_fixed.value2))
             .zip(find(&format!("{PAIRED_PREFIX}{ADAPTIVE_SETTING}")))
             .map(|(b, a)| (b.clone(), a.clone(), score(a) / score(b)));
+        let phase_ceiling = phase_ceiling(&rows, &workload);
         out.push(Comparison {
             target,
             objective,
@@ -169,6 +201,7 @@ pub fn comparisons(rows: &[Row]) -> Vec<Comparison> {
             best_fixed: (*best_fixed).clone(),
             adaptive: adaptive.clone(),
             paired,
+            phase_ceiling,
             workload,
         });
     }
@@ -207,6 +240,22 @@ pub fn comparison_table(rows: &[Row]) -> String {
             c.vs_best,
             c.vs_default,
         );
+    }
+    for c in &cmp {
+        if let Some((floods, trickles, ratio)) = &c.phase_ceiling {
+            let _ = write!(
+                s,
+                "\n{} {}: the grid's best floods ({:.0} k pps, {}) with its best trickles \
+                 (p99 {:.1} µs, {}) would score {ratio:.2} × its best fixed point: the most that \
+                 following the phases with the grid's points could gain over it.\n",
+                c.target,
+                c.workload,
+                floods.pps / 1e3,
+                floods.value2,
+                trickles.p99_us,
+                trickles.value2,
+            );
+        }
     }
     s
 }
@@ -266,6 +315,46 @@ mod tests {
         assert!(table.contains("| vm | pingpong | p99 (lower is better) | p99 40.0 µs | p99 20.0 µs (bp64-kt1) | p99 25.0 µs | 0.80 | 1.60 | p99 24.0 µs, p99 25.0 µs | 0.96 |"), "{table}");
         assert!(table.contains("| 2.85 | - | - |"), "{table}");
         assert_eq!(comparison_table(&rows[9..]), "");
+    }
+
+    #[test]
+    fn the_mixed_loads_ceiling_joins_the_best_floods_with_the_best_trickles() {
+        let mut adapting = row("vm", "mixed", ADAPTIVE_SETTING, 900.0, 5.0);
+        adapting.dev_adaptive = true;
+        let rows = vec![
+            row("vm", "mixed", DEFAULT_SETTING, 100.0, 40.0),
+            // Best by the objective: 300 / 10 = 30.
+            row("vm", "mixed", "bp64-kt1", 300.0, 10.0),
+            // The best floods (400 / 20 = 20).
+            row("vm", "mixed", "bp0-kt32", 400.0, 20.0),
+            // The best trickles (200 / 8 = 25).
+            row("vm", "mixed", "bp16-kt8", 200.0, 8.0),
+            row("vm", "mixed", "bp0-kt1", f64::NAN, 1.0),
+            // Neither a paired re-run nor an adapting row counts.
+            row("vm", "mixed", "paired:bp64-kt1", 1000.0, 1.0),
+            adapting,
+        ];
+        let refs: Vec<&Row> = rows.iter().collect();
+        let (floods, trickles, ratio) = phase_ceiling(&refs, "mixed").expect("mixed");
+        assert_eq!(
+            (floods.value2.as_str(), trickles.value2.as_str()),
+            ("bp0-kt32", "bp16-kt8")
+        );
+        // (400 / 8) / 30.
+        assert!((ratio - 50.0 / 30.0).abs() < 1e-9, "{ratio}");
+        assert!(phase_ceiling(&refs, "fwd").is_none());
+        assert!(phase_ceiling(&refs[..1], "pingpong").is_none());
+        // One point best in both phases: the ceiling is that point.
+        let (_, _, one) = phase_ceiling(&refs[..2], "mixed").expect("mixed");
+        assert!((one - 1.0).abs() < 1e-9, "{one}");
+        let table = comparison_table(&rows);
+        assert!(
+            table.contains(
+                "vm mixed: the grid's best floods (0 k pps, bp0-kt32) with its best trickles \
+                 (p99 8.0 µs, bp16-kt8) would score 1.67 × its best fixed point"
+            ),
+            "{table}"
+        );
     }
 
     #[test]
