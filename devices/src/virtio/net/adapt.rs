@@ -58,6 +58,16 @@
 //!   when an interval completes nothing. While the guest sets coalescing itself (NOTF_COAL, e.g.
 //!   Linux's DIM or the driver crate's `adaptive=1`), the ladder stays at the bottom: two
 //!   controllers on one knob would each read the other's moves as the load's.
+//!   Interrupts the counts do not call heavy (slower than [`IRQ_HIGH_PER_S`], or already
+//!   carrying [`TARGET_FRAMES_PER_IRQ`] frames or more) may still cost the guest much each (its
+//!   wake-up; on a host that emulates the guest's kernel, ~90 µs): a flood (at least
+//!   [`WINDOW_TRIAL_PER_S`] frames/s, [`TRIAL_JUDGED`] intervals in a row steady) whose
+//!   interrupts carry more than a round trip's frames gets the first level on a *rate trial*,
+//!   judged as a window trial is (over [`WINDOW_TRIAL_INTERVALS`] intervals, the first left
+//!   out): kept if the frame rate rose by an eighth ([`RATE_TRIAL_GAIN_DIV`]), else undone
+//!   and parked as a failed step; a load that falls to under half its rate during the trial
+//!   ends it at once. No window trial runs during one, nor it during a window trial, so
+//!   neither judges the other's change.
 //!
 //! The [`Adapter`] owns no clock and no file descriptor: the worker counts, hands it one
 //! interval's [`Observed`] counts, and applies the [`Decision`]. Its tests are exact, and
@@ -92,6 +102,9 @@ pub const WINDOW_TRIAL_PER_S: u64 = 100_000;
 pub const WINDOW_TRIAL_INTERVALS: u32 = 5;
 /// Intervals a window trial's verdict averages (all but the first).
 const TRIAL_JUDGED: usize = WINDOW_TRIAL_INTERVALS as usize - 1;
+/// Intervals a coalescing rate trial's frame rate must rise by, over the rate before it, for
+/// its level to stay: one eighth.
+pub const RATE_TRIAL_GAIN_DIV: u64 = 8;
 /// Shortest park after a failed coalescing or window trial, in intervals.
 pub const PARK_INTERVALS: u32 = 16;
 /// Longest park after failed trials in a row.
@@ -178,6 +191,17 @@ struct WindowTrial {
     from_earns: bool,
 }
 
+/// A coalescing rate trial running (see the module docs).
+#[derive(Clone, Copy, Debug)]
+struct RateTrial {
+    /// The frame rate before it (per second).
+    before: u64,
+    /// The sum of the frame rates of the intervals it has judged so far.
+    sum: u64,
+    /// Intervals it has left.
+    left: u32,
+}
+
 /// What changed after an interval (`None`: unchanged).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Decision {
@@ -239,6 +263,13 @@ pub struct Adapter {
     entered_at: [u64; LEVELS_US.len()],
     /// A step up on trial: the frames per interrupt (×16) and the frame rate before it.
     trial: Option<(u64, u64)>,
+    /// The first level on a rate trial (interrupts few or already full, see the module docs):
+    /// judged on the frame rate over [`WINDOW_TRIAL_INTERVALS`] intervals, as a window trial.
+    rate_trial: Option<RateTrial>,
+    /// Intervals in a row whose frame rate and frames per interrupt were each within 2× of
+    /// the interval before's: a rate trial's rate before it averages only intervals of the
+    /// load it is tried on.
+    steady_run: u32,
     /// Parked after a failed trial: the frame rate it failed at.
     parked_at: Option<u64>,
     /// Intervals left before a park may end.
@@ -275,6 +306,8 @@ impl Adapter {
             entered_at: [0; LEVELS_US.len()],
             last_rate: (0, 0),
             trial: None,
+            rate_trial: None,
+            steady_run: 0,
             parked_at: None,
             park_left: 0,
             park_next: PARK_INTERVALS,
@@ -288,6 +321,7 @@ impl Adapter {
         // A window trial runs at the old bound and would go back to a window the new one may
         // not allow: it says nothing about the new bound, so it ends here.
         self.window_trial = None;
+        self.rate_trial = None;
         let mut d = Decision::default();
         if self.busy_poll_us > bounds.max_busy_poll_us {
             d.busy_poll_us = Some(self.set_busy_poll(bounds.max_busy_poll_us));
@@ -418,7 +452,12 @@ impl Adapter {
         // while the sleeps they miss are long.
         let now = self.busy_poll_us;
         let long = self.gaps.1 >= 2 && self.gaps.1 > self.gaps.0;
-        if now < bound && wanted <= now && long && rate >= WINDOW_TRIAL_PER_S {
+        if now < bound
+            && wanted <= now
+            && long
+            && rate >= WINDOW_TRIAL_PER_S
+            && self.rate_trial.is_none()
+        {
             self.start_trial(now);
             return Some(bound);
         }
@@ -536,14 +575,11 @@ impl Adapter {
     }
 
     fn next_level(&mut self, seen: Observed) -> usize {
-        if seen.guest_coalesces {
+        if seen.guest_coalesces || seen.frames == 0 {
+            // The guest's values win; or nothing to batch: no interrupt is worth holding.
             self.trial = None;
-            self.last_rate = (0, 0);
-            return 0;
-        }
-        if seen.frames == 0 {
-            // Nothing to batch: no interrupt is worth holding.
-            self.trial = None;
+            self.rate_trial = None;
+            self.steady_run = 0;
             self.last_rate = (0, 0);
             return 0;
         }
@@ -552,6 +588,22 @@ impl Adapter {
         let frames_per_irq16 = seen.frames.saturating_mul(16) / seen.interrupts.max(1);
         let (last_rate, last_fpi16) =
             std::mem::replace(&mut self.last_rate, (rate, frames_per_irq16));
+        // An interval whose frame rate or frames per interrupt moved 2× from the one before
+        // saw the load change: what it counted mixes two loads (the end of a flood and the
+        // start of a trickle carry a few frames per interrupt that neither has), so no trial
+        // starts from it. The frame rate alone may not tell: a switch late in the interval
+        // keeps the old load's rate, but the trickle's round trips, an interrupt each, divide
+        // the flood's frames per interrupt, and the flood's first frames multiply the
+        // trickle's.
+        let steady = within_2x(rate, last_rate) && within_2x(frames_per_irq16, last_fpi16);
+        self.steady_run = if steady {
+            self.steady_run.saturating_add(1)
+        } else {
+            0
+        };
+        if let Some(trial) = self.rate_trial.take() {
+            return self.go_on_with_rate_trial(trial, rate);
+        }
         if let Some((fpi_before, rate_before)) = self.trial.take() {
             let batched = frames_per_irq16 >= fpi_before.saturating_add(fpi_before / 2);
             let kept_rate = rate >= rate_before.saturating_sub(rate_before / 10);
@@ -583,20 +635,66 @@ impl Adapter {
         // request/response flow) there is nothing to batch, and a hold is pure latency.
         let interrupts_heavy = per_s(seen.interrupts) > IRQ_HIGH_PER_S
             && (MIN_FRAMES_PER_IRQ16..TARGET_FRAMES_PER_IRQ * 16).contains(&frames_per_irq16);
-        // An interval whose frame rate or frames per interrupt moved 2× from the one before
-        // saw the load change: what it counted mixes two loads (the end of a flood and the
-        // start of a trickle carry a few frames per interrupt that neither has), so no trial
-        // starts from it. The frame rate alone may not tell: a switch late in the interval
-        // keeps the old load's rate, but the trickle's round trips, an interrupt each, divide
-        // the flood's frames per interrupt, and the flood's first frames multiply the
-        // trickle's.
-        let steady = within_2x(rate, last_rate) && within_2x(frames_per_irq16, last_fpi16);
         if interrupts_heavy && steady && self.level < self.top_level() {
             self.entered_at[self.level] = rate;
             self.trial = Some((frames_per_irq16, rate));
             return self.level + 1;
         }
+        // A flood whose interrupts are few, or already carry a full batch, may still gain
+        // from the first level where each interrupt costs the guest much (its wake-up, or a
+        // host that emulates its kernel): what the counts cannot tell, the frame rate can.
+        let batchable = seen.interrupts > 0 && frames_per_irq16 >= MIN_FRAMES_PER_IRQ16;
+        if self.level == 0
+            && batchable
+            && self.steady_run as usize >= TRIAL_JUDGED
+            && rate >= WINDOW_TRIAL_PER_S
+            && self.top_level() > 0
+            && self.window_trial.is_none()
+        {
+            let sum: u128 = self.recent.iter().map(|&r| u128::from(r)).sum();
+            let before = u64::try_from(sum / TRIAL_JUDGED as u128).unwrap_or(u64::MAX);
+            self.entered_at[0] = before;
+            self.rate_trial = Some(RateTrial {
+                before,
+                sum: 0,
+                left: WINDOW_TRIAL_INTERVALS,
+            });
+            return 1;
+        }
         self.level
+    }
+
+    /// One interval of a running coalescing rate trial (see the module docs): the level it
+    /// leaves.
+    fn go_on_with_rate_trial(&mut self, mut trial: RateTrial, rate: u64) -> usize {
+        if trial.left < WINDOW_TRIAL_INTERVALS {
+            trial.sum = trial.sum.saturating_add(rate);
+        }
+        // The load fell away under the trial (a trickle after a flood): the held interrupts
+        // would only delay its round trips, so the trial ends here, failed.
+        let fell = rate < trial.before / 2;
+        if trial.left > 1 && !fell {
+            trial.left -= 1;
+            self.rate_trial = Some(trial);
+            return self.level;
+        }
+        let rate = if fell {
+            rate
+        } else {
+            trial.sum / TRIAL_JUDGED as u64
+        };
+        if rate
+            >= trial
+                .before
+                .saturating_add(trial.before / RATE_TRIAL_GAIN_DIV)
+        {
+            self.park_next = PARK_INTERVALS;
+            return self.level;
+        }
+        self.parked_at = Some(rate);
+        self.park_left = self.park_next;
+        self.park_next = self.park_next.saturating_mul(2).min(MAX_PARK_INTERVALS);
+        0
     }
 }
 
