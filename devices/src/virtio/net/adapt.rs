@@ -610,9 +610,7 @@ impl Adapter {
             if !(batched && kept_rate) {
                 // Holding the interrupt did not batch more frames, or slowed the flow: undo,
                 // and stop trying for a while, then until the load changes.
-                self.parked_at = Some(rate);
-                self.park_left = self.park_next;
-                self.park_next = self.park_next.saturating_mul(2).min(MAX_PARK_INTERVALS);
+                self.park(rate);
                 return self.level.saturating_sub(1);
             }
             self.park_next = PARK_INTERVALS;
@@ -651,17 +649,31 @@ impl Adapter {
             && self.top_level() > 0
             && self.window_trial.is_none()
         {
-            let sum: u128 = self.recent.iter().map(|&r| u128::from(r)).sum();
-            let before = u64::try_from(sum / TRIAL_JUDGED as u128).unwrap_or(u64::MAX);
-            self.entered_at[0] = before;
-            self.rate_trial = Some(RateTrial {
-                before,
-                sum: 0,
-                left: WINDOW_TRIAL_INTERVALS,
-            });
+            self.start_rate_trial();
             return 1;
         }
         self.level
+    }
+
+    /// A failed step or trial at frame rate `rate`: parks the ladder for the next park's
+    /// length (doubling it), then until the rate has moved 2×.
+    fn park(&mut self, rate: u64) {
+        self.parked_at = Some(rate);
+        self.park_left = self.park_next;
+        self.park_next = self.park_next.saturating_mul(2).min(MAX_PARK_INTERVALS);
+    }
+
+    /// Starts a rate trial of the first level, against the mean rate of the steady intervals
+    /// just seen.
+    fn start_rate_trial(&mut self) {
+        let sum: u128 = self.recent.iter().map(|&r| u128::from(r)).sum();
+        let before = u64::try_from(sum / TRIAL_JUDGED as u128).unwrap_or(u64::MAX);
+        self.entered_at[0] = before;
+        self.rate_trial = Some(RateTrial {
+            before,
+            sum: 0,
+            left: WINDOW_TRIAL_INTERVALS,
+        });
     }
 
     /// One interval of a running coalescing rate trial (see the module docs): the level it
@@ -691,9 +703,7 @@ impl Adapter {
             self.park_next = PARK_INTERVALS;
             return self.level;
         }
-        self.parked_at = Some(rate);
-        self.park_left = self.park_next;
-        self.park_next = self.park_next.saturating_mul(2).min(MAX_PARK_INTERVALS);
+        self.park(rate);
         0
     }
 }
