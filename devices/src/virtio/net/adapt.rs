@@ -102,8 +102,8 @@ pub const WINDOW_TRIAL_PER_S: u64 = 100_000;
 pub const WINDOW_TRIAL_INTERVALS: u32 = 5;
 /// Intervals a window trial's verdict averages (all but the first).
 const TRIAL_JUDGED: usize = WINDOW_TRIAL_INTERVALS as usize - 1;
-/// Intervals a coalescing rate trial's frame rate must rise by, over the rate before it, for
-/// its level to stay: one eighth.
+/// A coalescing rate trial keeps its level if the frame rate rose by the rate before it over
+/// this: by an eighth.
 pub const RATE_TRIAL_GAIN_DIV: u64 = 8;
 /// Shortest park after a failed coalescing or window trial, in intervals.
 pub const PARK_INTERVALS: u32 = 16;
