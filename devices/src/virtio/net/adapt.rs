@@ -61,7 +61,7 @@
 //!   Interrupts the counts do not call heavy (slower than [`IRQ_HIGH_PER_S`], or already
 //!   carrying [`TARGET_FRAMES_PER_IRQ`] frames or more) may still cost the guest much each (its
 //!   wake-up; on a host that emulates the guest's kernel, ~90 µs): a flood (at least
-//!   [`WINDOW_TRIAL_PER_S`] frames/s, [`TRIAL_JUDGED`] intervals in a row steady) whose
+//!   [`WINDOW_TRIAL_PER_S`] frames/s, four intervals in a row steady) whose
 //!   interrupts carry more than a round trip's frames gets the first level on a *rate trial*,
 //!   judged as a window trial is (over [`WINDOW_TRIAL_INTERVALS`] intervals, the first left
 //!   out): kept if the frame rate rose by an eighth ([`RATE_TRIAL_GAIN_DIV`]), else undone
