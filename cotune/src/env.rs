@@ -21,17 +21,7 @@ pub fn trial_netns() -> io::Result<NetNs> {
         std::process::id(),
         SEQ.fetch_add(1, Ordering::Relaxed)
     ))?;
-    let status = ns
-        .command("sysctl")
-        .args([
-            "-qw",
-            "net.ipv6.conf.all.disable_ipv6=1",
-            "net.ipv6.conf.default.disable_ipv6=1",
-        ])
-        .status()?;
-    if !status.success() {
-        return Err(io::Error::other("sysctl in the namespace failed"));
-    }
+    ns.disable_ipv6()?;
     Ok(ns)
 }
 

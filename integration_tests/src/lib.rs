@@ -608,16 +608,7 @@ pub fn namespace_with_multi_queue_tap(tag: &str, tap: &str) -> devices::test_uti
 
 fn namespace_with(tag: &str, tap: &str, flags: &[&str]) -> devices::test_utils::netns::NetNs {
     let ns = devices::test_utils::netns::NetNs::new(tag).expect("create network namespace");
-    let sysctl = ns
-        .command("sysctl")
-        .args([
-            "-qw",
-            "net.ipv6.conf.all.disable_ipv6=1",
-            "net.ipv6.conf.default.disable_ipv6=1",
-        ])
-        .status()
-        .expect("run sysctl");
-    assert!(sysctl.success(), "sysctl in the namespace");
+    ns.disable_ipv6().expect("IPv6 off in the namespace");
     let mut add = vec!["tuntap", "add", tap, "mode", "tap", "vnet_hdr"];
     add.extend_from_slice(flags);
     ns.ip(&add).expect("create the tap");

@@ -91,6 +91,28 @@ impl NetNs {
         ip(&full)
     }
 
+    /// Turns IPv6 off in the namespace, for interfaces made after it too, so that nothing but
+    /// a test's own traffic crosses them: with it on, the kernel's router solicitations and
+    /// multicast listener reports leave every interface that comes up, at any time.
+    pub fn disable_ipv6(&self) -> io::Result<()> {
+        let status = self
+            .command("sysctl")
+            .args([
+                "-qw",
+                "net.ipv6.conf.all.disable_ipv6=1",
+                "net.ipv6.conf.default.disable_ipv6=1",
+            ])
+            .status()?;
+        if status.success() {
+            Ok(())
+        } else {
+            Err(io::Error::other(format!(
+                "sysctl in network namespace {}: {status}",
+                self.name
+            )))
+        }
+    }
+
     /// A command that runs `program` inside the namespace (`ip netns exec`).
     pub fn command(&self, program: &str) -> Command {
         let mut cmd = Command::new("ip");
