@@ -67,15 +67,24 @@ pub struct Comparison {
     pub phase_ceiling: Option<(Row, Row, f64)>,
 }
 
+/// One target's and workload's measured fixed points of the grid: not a paired re-run, not
+/// adapting, with a finite score.
+fn fixed_points<'a, 'r>(
+    rows: &'r [&'a Row],
+    workload: &str,
+) -> impl Iterator<Item = &'a Row> + use<'a, 'r> {
+    let (_, score) = objective(workload);
+    rows.iter()
+        .copied()
+        .filter(|r| !r.dev_adaptive && !r.drv_adaptive && !r.value2.starts_with(PAIRED_PREFIX))
+        .filter(move |r| score(r).is_finite())
+}
+
 /// The best fixed point among one target's and workload's grid rows (not a paired re-run, not
 /// adapting, measured).
 pub fn best_fixed<'a>(rows: &[&'a Row], workload: &str) -> Option<&'a Row> {
     let (_, score) = objective(workload);
-    rows.iter()
-        .filter(|r| !r.dev_adaptive && !r.drv_adaptive && !r.value2.starts_with(PAIRED_PREFIX))
-        .filter(|r| score(r).is_finite())
-        .max_by(|a, b| score(a).total_cmp(&score(b)))
-        .copied()
+    fixed_points(rows, workload).max_by(|a, b| score(a).total_cmp(&score(b)))
 }
 
 /// How much a setting that follows the `mixed` workload's phases could gain over the best
@@ -93,16 +102,11 @@ pub fn phase_ceiling(rows: &[&Row], workload: &str) -> Option<(Row, Row, f64)> {
     }
     let (_, score) = objective(workload);
     let best = best_fixed(rows, workload)?;
-    let fixed: Vec<&Row> = rows
-        .iter()
-        .filter(|r| !r.dev_adaptive && !r.drv_adaptive && !r.value2.starts_with(PAIRED_PREFIX))
-        .filter(|r| score(r).is_finite() && r.p99_us > 0.0)
-        .copied()
-        .collect();
-    let floods = fixed.iter().max_by(|a, b| a.pps.total_cmp(&b.pps))?;
-    let trickles = fixed.iter().min_by(|a, b| a.p99_us.total_cmp(&b.p99_us))?;
+    // Latencies are positive, and a p99 of zero leaves no finite score.
+    let floods = fixed_points(rows, workload).max_by(|a, b| a.pps.total_cmp(&b.pps))?;
+    let trickles = fixed_points(rows, workload).min_by(|a, b| a.p99_us.total_cmp(&b.p99_us))?;
     let ratio = floods.pps / trickles.p99_us / score(best);
-    Some(((*floods).clone(), (*trickles).clone(), ratio))
+    Some((floods.clone(), trickles.clone(), ratio))
 }
 
 /// The row of `rows` with the median score by `workload`'s objective (the lower middle of an
