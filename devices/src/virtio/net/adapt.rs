@@ -176,12 +176,8 @@ fn within_2x(rate: u64, at: u64) -> bool {
 /// A busy-poll window trial running (see the module docs).
 #[derive(Clone, Copy, Debug)]
 struct WindowTrial {
-    /// The frame rate before it (per second).
-    before: u64,
-    /// The sum of the frame rates of the intervals it has judged so far.
-    sum: u64,
-    /// Intervals it has left.
-    left: u32,
+    /// Its frame rates against the rate before it.
+    rates: RateTrial,
     /// The window it started from: where a trial that fails goes back to.
     from: u32,
     /// The window it started from mostly found work: the gap rule found polling worth it,
@@ -191,7 +187,9 @@ struct WindowTrial {
     from_earns: bool,
 }
 
-/// A coalescing rate trial running (see the module docs).
+/// A trial's frame rates, window or coalescing (see the module docs): over
+/// [`WINDOW_TRIAL_INTERVALS`] intervals, the first (which sees the change happen) left out,
+/// against the rate before it.
 #[derive(Clone, Copy, Debug)]
 struct RateTrial {
     /// The frame rate before it (per second).
@@ -200,6 +198,29 @@ struct RateTrial {
     sum: u64,
     /// Intervals it has left.
     left: u32,
+}
+
+impl RateTrial {
+    fn new(before: u64) -> RateTrial {
+        RateTrial {
+            before,
+            sum: 0,
+            left: WINDOW_TRIAL_INTERVALS,
+        }
+    }
+
+    /// Counts one interval's frame rate: the mean rate of the judged intervals once the last
+    /// is in, `None` before.
+    fn count(&mut self, rate: u64) -> Option<u64> {
+        if self.left < WINDOW_TRIAL_INTERVALS {
+            self.sum = self.sum.saturating_add(rate);
+        }
+        if self.left > 1 {
+            self.left -= 1;
+            return None;
+        }
+        Some(self.sum / TRIAL_JUDGED as u64)
+    }
 }
 
 /// What changed after an interval (`None`: unchanged).
@@ -466,16 +487,11 @@ impl Adapter {
 
     /// One interval of a running window trial (see the module docs): the window it leaves.
     fn go_on_with_trial(&mut self, mut trial: WindowTrial, rate: u64) -> u32 {
-        if trial.left < WINDOW_TRIAL_INTERVALS {
-            trial.sum = trial.sum.saturating_add(rate);
-        }
-        if trial.left > 1 {
-            trial.left -= 1;
+        let Some(rate) = trial.rates.count(rate) else {
             self.window_trial = Some(trial);
             return self.busy_poll_us;
-        }
-        let before = trial.before;
-        let rate = trial.sum / TRIAL_JUDGED as u64;
+        };
+        let before = trial.rates.before;
         let kept = if trial.from_earns {
             rate >= before.saturating_sub(before / 10)
         } else {
@@ -503,14 +519,8 @@ impl Adapter {
         // The rate before: the average of the intervals since the evidence was last dropped
         // (another load), this one's included, over as many as the trial averages.
         let n = (self.gap_intervals as usize).clamp(1, TRIAL_JUDGED);
-        let before = (0..n)
-            .map(|i| self.recent[(self.recent_at + TRIAL_JUDGED - i) % TRIAL_JUDGED])
-            .sum::<u64>()
-            / n as u64;
         self.window_trial = Some(WindowTrial {
-            before,
-            sum: 0,
-            left: WINDOW_TRIAL_INTERVALS,
+            rates: RateTrial::new(self.recent_mean(n)),
             from: now,
             from_earns: now > 0 && self.windows.1.saturating_mul(2) > self.windows.0,
         });
@@ -663,37 +673,37 @@ impl Adapter {
         self.park_next = self.park_next.saturating_mul(2).min(MAX_PARK_INTERVALS);
     }
 
+    /// The mean frame rate of the last `n` intervals (at most [`TRIAL_JUDGED`]), this one's
+    /// included.
+    fn recent_mean(&self, n: usize) -> u64 {
+        let sum: u128 = (0..n)
+            .map(|i| u128::from(self.recent[(self.recent_at + TRIAL_JUDGED - i) % TRIAL_JUDGED]))
+            .sum();
+        u64::try_from(sum / n.max(1) as u128).unwrap_or(u64::MAX)
+    }
+
     /// Starts a rate trial of the first level, against the mean rate of the steady intervals
     /// just seen.
     fn start_rate_trial(&mut self) {
-        let sum: u128 = self.recent.iter().map(|&r| u128::from(r)).sum();
-        let before = u64::try_from(sum / TRIAL_JUDGED as u128).unwrap_or(u64::MAX);
+        let before = self.recent_mean(TRIAL_JUDGED);
         self.entered_at[0] = before;
-        self.rate_trial = Some(RateTrial {
-            before,
-            sum: 0,
-            left: WINDOW_TRIAL_INTERVALS,
-        });
+        self.rate_trial = Some(RateTrial::new(before));
     }
 
     /// One interval of a running coalescing rate trial (see the module docs): the level it
     /// leaves.
     fn go_on_with_rate_trial(&mut self, mut trial: RateTrial, rate: u64) -> usize {
-        if trial.left < WINDOW_TRIAL_INTERVALS {
-            trial.sum = trial.sum.saturating_add(rate);
-        }
+        let judged = trial.count(rate);
         // The load fell away under the trial (a trickle after a flood): the held interrupts
         // would only delay its round trips, so the trial ends here, failed.
         let fell = rate < trial.before / 2;
-        if trial.left > 1 && !fell {
-            trial.left -= 1;
-            self.rate_trial = Some(trial);
-            return self.level;
-        }
-        let rate = if fell {
-            rate
-        } else {
-            trial.sum / TRIAL_JUDGED as u64
+        let rate = match judged {
+            _ if fell => rate,
+            Some(mean) => mean,
+            None => {
+                self.rate_trial = Some(trial);
+                return self.level;
+            }
         };
         if rate
             >= trial
