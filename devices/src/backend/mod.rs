@@ -36,6 +36,12 @@ use crate::iovec::{IovecList, Iovecs};
 /// [`io::ErrorKind::WouldBlock`] instead of waiting. Implementations are plain structs used
 /// through generics on the hot path (no `dyn`).
 pub trait NetBackend: AsRawFd + Send + 'static {
+    /// Whether [`NetBackend::write_frame`] reads the frame's bytes (a tap copies them). The
+    /// transmit path warms the next frame's lines only for a backend that does: one that
+    /// discards frames unread (a measurement sink) would pull them out of the driver's cache
+    /// for nothing, and the driver's next write of that buffer would have to take them back.
+    const READS_PAYLOAD: bool = true;
+
     /// Reads one frame (virtio-net header + Ethernet frame) into `iovs`. A system call a
     /// signal interrupts is made again: never [`io::ErrorKind::Interrupted`] (nor for
     /// [`NetBackend::write_frame`]).

@@ -393,7 +393,12 @@ fn drain<'g, B: NetBackend, R: Ring, const LIMITED: bool>(
             budget,
         ) {
             Ok(len) if len as usize > VNET_HDR_LEN => {
-                ring.prefetch_ahead(guest);
+                // The next frame's lines, for a backend that copies them: warming them for one
+                // that does not only takes them from the driver's cache, which then writes them
+                // again a ring's lap later.
+                if B::READS_PAYLOAD {
+                    ring.prefetch_ahead(guest);
+                }
                 match backend.write_frame(iovs.as_iovecs()) {
                     Ok(_) => {
                         let bytes = u64::from(len) - VNET_HDR_LEN as u64;
@@ -512,7 +517,9 @@ fn drain_batched<'g, B: NetBackend, R: Ring>(
                 let i = pending.len;
                 // The kernel copies the frame once the batch is submitted, a few µs from now:
                 // its lines (the driver's CPU wrote them) are requested now.
-                iovs.prefetch_from(if i == 0 { 0 } else { pending.ends[i - 1] });
+                if B::READS_PAYLOAD {
+                    iovs.prefetch_from(if i == 0 { 0 } else { pending.ends[i - 1] });
+                }
                 pending.push(head, iovs.len(), u64::from(len) - VNET_HDR_LEN as u64);
                 // Keep the list well inside MAX_IOVECS so that a long chain never fails for
                 // the frames before it.
