@@ -14,6 +14,7 @@ pub mod cmdline;
 pub mod devstats;
 pub mod frames;
 pub mod latency;
+pub mod mem;
 pub mod mixed;
 pub mod report;
 pub mod reset;

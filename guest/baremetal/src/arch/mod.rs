@@ -10,6 +10,7 @@
 pub mod apic;
 pub mod cpu;
 pub mod entry;
+pub mod mem;
 
 use core::sync::atomic::AtomicU64;
 
