@@ -442,3 +442,47 @@ fn batched_writes_through_io_uring_arrive_whole_and_in_order() {
         assert_eq!(recv_test_frame(&sock), frames[1]);
     });
 }
+
+/// The transmit ring's reference on the tap (its fixed file) goes with the tap: a tap we
+/// created is gone the moment we drop it, and an existing one can be opened again at once
+/// (a single-queue tap refuses a second attach while anything still holds the first).
+#[test]
+fn a_tap_with_its_io_uring_closes_at_once() {
+    in_netns(|| {
+        for name in ["vmmtest8", "vmmtest9"] {
+            let existing = name == "vmmtest9";
+            if existing {
+                create_persistent_tap(name);
+            }
+            let mut tap = Tap::open(name).expect("open tap");
+            assert!(
+                tap.set_tx_batching(true),
+                "io_uring on this project's hosts"
+            );
+            link_up(name).expect("link up");
+            let frames: Vec<Vec<u8>> = (0..4).map(|i| ethernet_frame(60, i)).collect();
+            let mut hdrs = vec![[0u8; 12]; frames.len()];
+            let mut bodies = frames.clone();
+            let mut list = IovecList::new();
+            let mut ends = Vec::new();
+            for (hdr, body) in hdrs.iter_mut().zip(bodies.iter_mut()) {
+                list.push_slice(hdr).expect("room");
+                list.push_slice(body).expect("room");
+                ends.push(list.len());
+            }
+            let mut results: Vec<io::Result<usize>> = (0..frames.len()).map(|_| Ok(0)).collect();
+            tap.write_frames(&list, &ends, &mut results);
+            assert!(results.iter().all(|r| r.is_ok()), "{results:?}");
+            drop(tap);
+            if existing {
+                let again = Tap::open(name).expect("an existing tap opens again at once");
+                drop(again);
+            } else {
+                assert!(
+                    !interface_exists(name),
+                    "a tap we created goes away with us"
+                );
+            }
+        }
+    });
+}
