@@ -37,9 +37,11 @@ use crate::iovec::{IovecList, Iovecs};
 /// through generics on the hot path (no `dyn`).
 pub trait NetBackend: AsRawFd + Send + 'static {
     /// Whether [`NetBackend::write_frame`] reads the frame's bytes (a tap copies them). The
-    /// transmit path warms the next frame's lines only for a backend that does: one that
-    /// discards frames unread (a measurement sink) would pull them out of the driver's cache
-    /// for nothing, and the driver's next write of that buffer would have to take them back.
+    /// frame-by-frame transmit path warms the next frame's lines only for a backend that does:
+    /// one that discards frames unread (a measurement sink) would pull them out of the
+    /// driver's cache for nothing, and the driver's next write of that buffer would have to
+    /// take them back. (A batch's frames are always warmed: a backend batches writes because
+    /// the kernel copies them.)
     const READS_PAYLOAD: bool = true;
 
     /// Reads one frame (virtio-net header + Ethernet frame) into `iovs`. A system call a

@@ -517,9 +517,7 @@ fn drain_batched<'g, B: NetBackend, R: Ring>(
                 let i = pending.len;
                 // The kernel copies the frame once the batch is submitted, a few µs from now:
                 // its lines (the driver's CPU wrote them) are requested now.
-                if B::READS_PAYLOAD {
-                    iovs.prefetch_from(if i == 0 { 0 } else { pending.ends[i - 1] });
-                }
+                iovs.prefetch_from(if i == 0 { 0 } else { pending.ends[i - 1] });
                 pending.push(head, iovs.len(), u64::from(len) - VNET_HDR_LEN as u64);
                 // Keep the list well inside MAX_IOVECS so that a long chain never fails for
                 // the frames before it.
