@@ -169,7 +169,8 @@ struct Cli {
     #[arg(long, global = true, value_enum)]
     tx_completion: Option<TxCompletionArg>,
     /// The raw backend write loop's system call (`write`, the cheapest; `writev` of one
-    /// iovec, as a device with a scatter-gather list makes it).
+    /// iovec, as a device with a scatter-gather list makes it; `io-uring`, the device's own
+    /// batches of 32 writes per submission on the backend as the ring's fixed file).
     #[arg(long, global = true, value_enum, default_value_t = BareSyscall::Write)]
     baseline_syscall: BareSyscall,
     /// vCPU time charged per driver kick in co-simulation, ns (0 = raw co-simulation), or

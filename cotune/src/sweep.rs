@@ -1113,11 +1113,11 @@ pub fn baseline(
             }
             Trial::Pair(mut b) => {
                 b.set_vnet_hdr_size(12)?;
-                raw_write_loop(b.as_raw_fd(), frame_size, opts.duration, opts.bare)
+                raw_write_loop(b.as_raw_fd(), frame_size, opts.duration, opts.bare)?
             }
             Trial::Tap(mut b) => {
                 b.set_vnet_hdr_size(12)?;
-                raw_write_loop(b.as_raw_fd(), frame_size, opts.duration, opts.bare)
+                raw_write_loop(b.as_raw_fd(), frame_size, opts.duration, opts.bare)?
             }
             Trial::Sink(_) | Trial::Source(_) | Trial::Loop(_) => {
                 unreachable!("the baseline of a measurement backend is the tap's")
@@ -1294,6 +1294,7 @@ fn baseline_row(
     let name = match opts.bare {
         BareSyscall::Write => "raw-write",
         BareSyscall::Writev => "raw-writev",
+        BareSyscall::IoUring => "raw-io-uring",
     };
     let point = Point {
         axes: vec![("loop", name.into())],
