@@ -145,7 +145,7 @@ mod tests {
         }
     }
 
-    /// A long copy (the `rep movsq` path) with a tail of every length.
+    /// Long copies (the `rep movsq` path), their lengths not all multiples of 8.
     #[test]
     fn copies_long_buffers() {
         for n in [129, 1514, 4096, 4097, 65_543] {
