@@ -2,8 +2,8 @@
 //! `x86_64-unknown-none` is built without SSE, and its `memcpy` (compiler-builtins) is three
 //! `rep movs` instructions whatever the length: an alignment head, the 8-byte body and the
 //! tail, each with a start-up cost of tens of cycles. The datapath's copies are short (a
-//! 64-byte frame into its transmit buffer, a test frame's pattern, a received frame bounced),
-//! so those start-ups were most of each copy: with this one the driver guest sends ~1.9 × the
+//! 64-byte frame into its transmit buffer, a test frame's pattern), so those start-ups were
+//! most of each copy: with this one the driver guest sends ~1.9 × the
 //! frames into a sink (`docs/benchmarks.md`). It copies up to 128 bytes with unaligned 8-byte
 //! loads and stores (no loop the compiler could turn back into a `memcpy` call), and a longer
 //! buffer with one `rep movsq` and an 8-byte tail. Kernel mode runs it too: it uses
