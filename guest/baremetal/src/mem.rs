@@ -3,11 +3,11 @@
 //! `rep movs` instructions whatever the length: an alignment head, the 8-byte body and the
 //! tail, each with a start-up cost of tens of cycles. The datapath's copies are short (a
 //! 64-byte frame into its transmit buffer, a test frame's pattern), so those start-ups were
-//! most of each copy: with this one the driver guest sends ~1.9 × the
-//! frames into a sink (`docs/benchmarks.md`). It copies up to 128 bytes with unaligned 8-byte
-//! loads and stores (no loop the compiler could turn back into a `memcpy` call), and a longer
-//! buffer with one `rep movsq` and an 8-byte tail. Kernel mode runs it too: it uses
-//! general-purpose registers and `rep movsq` only, which the emulated kernel mode executes.
+//! most of each copy: with this one the driver guest sends ~1.9 × the frames into a sink
+//! (`docs/benchmarks.md`). It copies up to 128 bytes with unaligned 8-byte loads and stores
+//! (no loop the compiler could turn back into a `memcpy` call), and a longer buffer with one
+//! `rep movsq` and an 8-byte tail. Kernel mode runs it too: it uses general-purpose registers
+//! and `rep movsq` only, which the emulated kernel mode executes.
 
 use core::arch::asm;
 
