@@ -1,4 +1,5 @@
-//! The copy behind the guest program's `memcpy` (its `arch/mem.rs`), in place of the target's.
+//! The copy and the fill behind the guest program's `memcpy` and `memset` (its `arch/mem.rs`),
+//! in place of the target's.
 //! `x86_64-unknown-none` is built without SSE, and its `memcpy` (compiler-builtins) is three
 //! `rep movs` instructions whatever the length: an alignment head, the 8-byte body and the
 //! tail, each with a start-up cost of tens of cycles. The datapath's copies are short (a
@@ -117,9 +118,81 @@ pub unsafe fn copy(dest: *mut u8, src: *const u8, n: usize) {
     }
 }
 
+/// Writes the 8-byte word `v` four times from offset `at`.
+///
+/// # Safety
+/// `dest + at .. + 32` is writable.
+#[inline(always)]
+unsafe fn fill32(dest: *mut u8, at: usize, v: u64) {
+    // SAFETY: the caller's contract covers the four words.
+    unsafe {
+        store(dest, at, v);
+        store(dest, at + 8, v);
+        store(dest, at + 16, v);
+        store(dest, at + 24, v);
+    }
+}
+
+/// Sets `n` bytes at `dest` to `byte`, as [`copy`] copies: up to 128 bytes in 8-byte words
+/// (a head and a tail that may overlap), longer with one `rep stosq` and an 8-byte tail. (The
+/// forwarding path zeroes each bounced frame's 12-byte header through `memset`.)
+///
+/// # Safety
+/// C's `memset` contract: `dest .. dest + n` writable.
+#[inline(always)]
+pub unsafe fn fill(dest: *mut u8, byte: u8, n: usize) {
+    let v = u64::from(byte) * 0x0101_0101_0101_0101;
+    // SAFETY: every store below lies inside `dest .. dest + n` (the caller's contract).
+    unsafe {
+        match n {
+            0 => {}
+            1..=3 => {
+                *dest = byte;
+                *dest.add(n / 2) = byte;
+                *dest.add(n - 1) = byte;
+            }
+            4..=7 => {
+                dest.cast::<u32>().write_unaligned(v as u32);
+                dest.add(n - 4).cast::<u32>().write_unaligned(v as u32);
+            }
+            8..=16 => {
+                store(dest, 0, v);
+                store(dest, n - 8, v);
+            }
+            17..=32 => {
+                store(dest, 0, v);
+                store(dest, 8, v);
+                store(dest, n - 16, v);
+                store(dest, n - 8, v);
+            }
+            33..=64 => {
+                fill32(dest, 0, v);
+                fill32(dest, n - 32, v);
+            }
+            65..=128 => {
+                fill32(dest, 0, v);
+                fill32(dest, 32, v);
+                fill32(dest, n - 64, v);
+                fill32(dest, n - 32, v);
+            }
+            _ => {
+                // The direction flag is clear at every call (as for `copy`).
+                asm!(
+                    "rep stosq",
+                    inout("rcx") n / 8 => _,
+                    inout("rdi") dest => _,
+                    in("rax") v,
+                    options(nostack, preserves_flags)
+                );
+                store(dest, n - 8, v);
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
-    use super::copy;
+    use super::{copy, fill};
     use alloc::vec;
     use alloc::vec::Vec;
 
@@ -141,6 +214,23 @@ mod tests {
                     assert!(dest[..at].iter().all(|&b| b == 0), "before, n {n}");
                     assert!(dest[at + n..].iter().all(|&b| b == 0), "after, n {n}");
                 }
+            }
+        }
+    }
+
+    /// Every length from 0 to 300 at every alignment mod 8 sets exactly its bytes.
+    #[test]
+    fn fills_every_length_and_alignment_exactly() {
+        const GUARD: usize = 16;
+        for n in 0..=300usize {
+            for dest_at in 0..8 {
+                let mut dest = vec![0u8; GUARD + 8 + n + GUARD];
+                let at = GUARD + dest_at;
+                // SAFETY: `dest[at..]` holds at least `n + GUARD` bytes.
+                unsafe { fill(dest.as_mut_ptr().add(at), 0xa5, n) };
+                assert!(dest[at..at + n].iter().all(|&b| b == 0xa5), "n {n}");
+                assert!(dest[..at].iter().all(|&b| b == 0), "before, n {n}");
+                assert!(dest[at + n..].iter().all(|&b| b == 0), "after, n {n}");
             }
         }
     }
