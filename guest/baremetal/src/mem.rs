@@ -118,18 +118,16 @@ pub unsafe fn copy(dest: *mut u8, src: *const u8, n: usize) {
     }
 }
 
-/// Writes the 8-byte word `v` four times from offset `at`.
+/// Writes `v` at offset `at` and at the same distance from the end, `n - 8 - at`.
 ///
 /// # Safety
-/// `dest + at .. + 32` is writable.
+/// `dest .. dest + n` is writable and `at + 8 <= n`.
 #[inline(always)]
-unsafe fn fill32(dest: *mut u8, at: usize, v: u64) {
-    // SAFETY: the caller's contract covers the four words.
+unsafe fn fill_both_ends(dest: *mut u8, n: usize, at: usize, v: u64) {
+    // SAFETY: both words lie inside `dest .. dest + n` (the caller's contract).
     unsafe {
         store(dest, at, v);
-        store(dest, at + 8, v);
-        store(dest, at + 16, v);
-        store(dest, at + 24, v);
+        store(dest, n - 8 - at, v);
     }
 }
 
@@ -155,25 +153,22 @@ pub unsafe fn fill(dest: *mut u8, byte: u8, n: usize) {
                 dest.cast::<u32>().write_unaligned(v as u32);
                 dest.add(n - 4).cast::<u32>().write_unaligned(v as u32);
             }
-            8..=16 => {
-                store(dest, 0, v);
-                store(dest, n - 8, v);
-            }
-            17..=32 => {
-                store(dest, 0, v);
-                store(dest, 8, v);
-                store(dest, n - 16, v);
-                store(dest, n - 8, v);
-            }
-            33..=64 => {
-                fill32(dest, 0, v);
-                fill32(dest, n - 32, v);
-            }
-            65..=128 => {
-                fill32(dest, 0, v);
-                fill32(dest, 32, v);
-                fill32(dest, n - 64, v);
-                fill32(dest, n - 32, v);
+            8..=128 => {
+                // Words from both ends until they meet: 2, 4, 8 or 16 of them.
+                fill_both_ends(dest, n, 0, v);
+                if n > 16 {
+                    fill_both_ends(dest, n, 8, v);
+                }
+                if n > 32 {
+                    fill_both_ends(dest, n, 16, v);
+                    fill_both_ends(dest, n, 24, v);
+                }
+                if n > 64 {
+                    fill_both_ends(dest, n, 32, v);
+                    fill_both_ends(dest, n, 40, v);
+                    fill_both_ends(dest, n, 48, v);
+                    fill_both_ends(dest, n, 56, v);
+                }
             }
             _ => {
                 // The direction flag is clear at every call (as for `copy`).
