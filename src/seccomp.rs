@@ -30,9 +30,6 @@ use seccompiler::{
 use vmm_sys_util::signal::register_signal_handler;
 use vmm_sys_util::{ioctl_io_nr, ioctl_ior_nr, ioctl_iow_nr};
 
-/// `io_uring_register`'s opcode that drops a ring's fixed files (include/uapi/linux/io_uring.h).
-const IORING_UNREGISTER_FILES: u64 = 3;
-
 /// Exit status after a thread made a system call outside its filter (as Firecracker).
 pub const BAD_SYSCALL_EXIT: i32 = 148;
 
@@ -313,7 +310,7 @@ fn net_worker_rules() -> Vec<Allow> {
         allow_args(
             libc::SYS_io_uring_register,
             1,
-            &[IORING_UNREGISTER_FILES],
+            &[u64::from(devices::backend::IORING_UNREGISTER_FILES)],
             "tap: a dropped transmit ring lets go of the tap's file at once (the only \
              registration the ring itself allows)",
         ),

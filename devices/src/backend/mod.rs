@@ -26,7 +26,7 @@ pub use measure::{
 pub use null::NullBackend;
 pub use pair::{PairBackend, PairPeer, DEFAULT_PEER_TIMEOUT};
 pub use tap::{validate_ifname, Tap, TapError, MAX_IFNAME_LEN};
-pub use uring::{BatchRing, MAX_RX_BATCH, MAX_TX_BATCH, MIN_RING_BATCH};
+pub use uring::{BatchRing, IORING_UNREGISTER_FILES, MAX_RX_BATCH, MAX_TX_BATCH, MIN_RING_BATCH};
 
 use crate::iovec::{IovecList, Iovecs};
 

@@ -50,8 +50,10 @@ use std::os::fd::RawFd;
 use io_uring::{opcode, register::Restriction, squeue, types, IoUring};
 use log::warn;
 
-/// `IORING_UNREGISTER_FILES` (include/uapi/linux/io_uring.h).
-const IORING_UNREGISTER_FILES: u8 = 3;
+/// `IORING_UNREGISTER_FILES` (include/uapi/linux/io_uring.h): the one registration a
+/// [`BatchRing`] allows itself (and the only `io_uring_register` the net worker's seccomp
+/// filter lets through).
+pub const IORING_UNREGISTER_FILES: u8 = 3;
 /// The file's index among the ring's fixed files (its only one).
 const FILE: u32 = 0;
 
