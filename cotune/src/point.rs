@@ -200,6 +200,9 @@ impl DevKnobs {
                 enabled: self.adaptive,
                 ..Adaptive::default()
             },
+            // Not an axis: a sleeping poll's cost is the host's timer latency, which
+            // co-simulation does not model; set it on `vmm --net` (scripts/regimes.sh does).
+            ..NetTuning::default()
         }
     }
 

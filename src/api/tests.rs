@@ -226,6 +226,7 @@ fn openapi_document_matches_the_server() {
         event_idx: true,
         tx_budget: 64,
         busy_poll_us: 5,
+        busy_poll_sleep_us: 2,
         rx_sparse_reads: false,
         adaptive: devices::virtio::net::Adaptive {
             enabled: true,
@@ -289,6 +290,7 @@ fn openapi_document_matches_the_server() {
             event_idx: Some(true),
             tx_budget: Some(tuning.tx_budget),
             busy_poll_us: Some(tuning.busy_poll_us),
+            busy_poll_sleep_us: Some(tuning.busy_poll_sleep_us),
             rx_sparse_reads: Some(tuning.rx_sparse_reads),
             adaptive: Some(tuning.adaptive),
         }),

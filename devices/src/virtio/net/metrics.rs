@@ -185,6 +185,9 @@ queue_metrics! {
         found_work,
         /// Microseconds spent polling.
         polled_us,
+        /// Waits between looks on the poll timer (`busy_poll_sleep_us` above 0), each one
+        /// the worker asleep instead of spinning.
+        sleeps,
     }
 }
 

@@ -7,7 +7,7 @@
 //! into its own state between two batches. The worker never reads the atomic on the hot path.
 
 use std::io;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use serde::{Deserialize, Serialize};
@@ -20,6 +20,8 @@ pub const MAX_COALESCE_USECS: u32 = 1_000_000;
 
 /// Longest device busy-poll (10 ms): a worker that polls longer is a spinning core.
 pub const MAX_BUSY_POLL_USECS: u32 = 10_000;
+/// Longest sleep between two looks of a sleeping busy-poll (1 ms).
+pub const MAX_BUSY_POLL_SLEEP_USECS: u32 = 1000;
 /// Default frames per tx call before the worker looks at its other events.
 pub const DEFAULT_TX_BUDGET: u16 = 256;
 /// Largest tx budget (frames per call).
@@ -40,6 +42,9 @@ pub enum TuningError {
     /// `busy_poll_us` above [`MAX_BUSY_POLL_USECS`].
     #[error("busy_poll_us {0} is out of range (0..={MAX_BUSY_POLL_USECS})")]
     BusyPoll(u32),
+    /// `busy_poll_sleep_us` above [`MAX_BUSY_POLL_SLEEP_USECS`].
+    #[error("busy_poll_sleep_us {0} is out of range (0..={MAX_BUSY_POLL_SLEEP_USECS})")]
+    BusyPollSleep(u32),
     /// `tx_budget` of 0 or above [`MAX_TX_BUDGET`].
     #[error("tx_budget {0} is out of range (1..={MAX_TX_BUDGET})")]
     TxBudget(u16),
@@ -227,6 +232,13 @@ pub struct NetTuning {
     /// `busyloop_timeout`; it costs a core while it polls.
     #[serde(default)]
     pub busy_poll_us: u32,
+    /// How the busy-poll waits between two looks at the rings, in microseconds (0: it spins,
+    /// the default; at most 1 ms). Above 0 the worker sleeps this long on a timer between
+    /// looks (any epoll event wakes it early), its notifications still off: the driver still
+    /// needs no kick within the window, for a fraction of the core a spinning poll costs. No
+    /// effect while busy-poll is off.
+    #[serde(default)]
+    pub busy_poll_sleep_us: u32,
     /// Sparse rx reads (true, the default): when frames come one per wake-up (the last call
     /// that read the backend until empty found exactly one), an rx call reads one frame and
     /// stops instead of reading again to find the backend empty (a failed system call, ~370 ns
@@ -259,6 +271,7 @@ impl Default for NetTuning {
             event_idx: true,
             tx_budget: DEFAULT_TX_BUDGET,
             busy_poll_us: 0,
+            busy_poll_sleep_us: 0,
             rx_sparse_reads: true,
             adaptive: Adaptive::default(),
         }
@@ -271,6 +284,9 @@ impl NetTuning {
         self.interrupt_coalescing.validate()?;
         if self.busy_poll_us > MAX_BUSY_POLL_USECS {
             return Err(TuningError::BusyPoll(self.busy_poll_us));
+        }
+        if self.busy_poll_sleep_us > MAX_BUSY_POLL_SLEEP_USECS {
+            return Err(TuningError::BusyPollSleep(self.busy_poll_sleep_us));
         }
         if self.tx_budget == 0 || self.tx_budget > MAX_TX_BUDGET {
             return Err(TuningError::TxBudget(self.tx_budget));
@@ -287,6 +303,7 @@ impl NetTuning {
             event_idx: update.event_idx.unwrap_or(self.event_idx),
             tx_budget: update.tx_budget.unwrap_or(self.tx_budget),
             busy_poll_us: update.busy_poll_us.unwrap_or(self.busy_poll_us),
+            busy_poll_sleep_us: update.busy_poll_sleep_us.unwrap_or(self.busy_poll_sleep_us),
             rx_sparse_reads: update.rx_sparse_reads.unwrap_or(self.rx_sparse_reads),
             adaptive: update.adaptive.unwrap_or(self.adaptive),
         }
@@ -295,7 +312,8 @@ impl NetTuning {
     /// Packs a validated tuning into one word: bits 0..20 max_usecs (≤ 1 000 000), 20..36
     /// max_packets, bit 36 event_idx, 37..51 busy_poll_us (≤ 10 000), bit 51
     /// rx_sparse_reads, 52..64 tx_budget − 1 (1..=4096).
-    /// (The adaptation bounds go in a second word, [`Adaptive::pack`].)
+    /// (The adaptation bounds go in a second word, [`Adaptive::pack`], `busy_poll_sleep_us` in
+    /// a third.)
     fn pack(&self) -> u64 {
         u64::from(self.interrupt_coalescing.max_usecs & 0xf_ffff)
             | u64::from(self.interrupt_coalescing.max_packets) << 20
@@ -313,6 +331,7 @@ impl NetTuning {
             },
             event_idx: word & 1 << 36 != 0,
             busy_poll_us: ((word >> 37) & 0x3fff) as u32,
+            busy_poll_sleep_us: 0,
             rx_sparse_reads: word & 1 << 51 != 0,
             tx_budget: ((word >> 52) & 0xfff) as u16 + 1,
             adaptive: Adaptive::default(),
@@ -336,6 +355,9 @@ pub struct NetTuningUpdate {
     /// New busy-poll window (µs, 0 = off).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub busy_poll_us: Option<u32>,
+    /// New wait between a busy-poll's looks (µs, 0 = spin).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub busy_poll_sleep_us: Option<u32>,
     /// New sparse rx reads setting.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rx_sparse_reads: Option<bool>,
@@ -396,6 +418,8 @@ pub(crate) struct TuningShared {
     word: AtomicU64,
     /// The adaptation bounds ([`Adaptive::pack`]), stored before `word`.
     adaptive: AtomicU64,
+    /// [`NetTuning::busy_poll_sleep_us`], stored before `word`.
+    busy_poll_sleep_us: AtomicU32,
     /// Bumped by every operator change that names the interrupt coalescing: the worker then
     /// drops what the guest set (the last one set wins).
     operator_coalescing: AtomicU64,
@@ -435,6 +459,7 @@ impl TuningControl {
             shared: Arc::new(TuningShared {
                 word: AtomicU64::new(initial.pack()),
                 adaptive: AtomicU64::new(initial.adaptive.pack()),
+                busy_poll_sleep_us: AtomicU32::new(initial.busy_poll_sleep_us),
                 operator_coalescing: AtomicU64::new(0),
                 guest: [AtomicU64::new(0), AtomicU64::new(0)],
                 limiters: Mutex::new(Limiters::default()),
@@ -450,6 +475,9 @@ impl TuningControl {
         self.shared
             .adaptive
             .store(tuning.adaptive.pack(), Ordering::Release);
+        self.shared
+            .busy_poll_sleep_us
+            .store(tuning.busy_poll_sleep_us, Ordering::Release);
         self.shared.word.store(tuning.pack(), Ordering::Release);
         self.shared.notify_except(usize::MAX);
         Ok(())
@@ -579,6 +607,7 @@ impl TuningShared {
     pub(crate) fn load(&self) -> NetTuning {
         let mut tuning = NetTuning::unpack(self.word.load(Ordering::Acquire));
         tuning.adaptive = Adaptive::unpack(self.adaptive.load(Ordering::Acquire));
+        tuning.busy_poll_sleep_us = self.busy_poll_sleep_us.load(Ordering::Acquire);
         tuning
     }
 
@@ -608,6 +637,7 @@ mod tests {
                 event_idx: false,
                 tx_budget: MAX_TX_BUDGET,
                 busy_poll_us: MAX_BUSY_POLL_USECS,
+                busy_poll_sleep_us: 0,
                 rx_sparse_reads: false,
                 adaptive: Adaptive::default(),
             },
@@ -619,6 +649,7 @@ mod tests {
                 event_idx: true,
                 tx_budget: 1,
                 busy_poll_us: 1,
+                busy_poll_sleep_us: 0,
                 rx_sparse_reads: true,
                 adaptive: Adaptive::default(),
             },
@@ -667,6 +698,10 @@ mod tests {
                 ..NetTuning::default()
             },
             NetTuning {
+                busy_poll_sleep_us: MAX_BUSY_POLL_SLEEP_USECS + 1,
+                ..NetTuning::default()
+            },
+            NetTuning {
                 tx_budget: 0,
                 ..NetTuning::default()
             },
@@ -689,6 +724,7 @@ mod tests {
             event_idx: false,
             tx_budget: 32,
             busy_poll_us: 50,
+            busy_poll_sleep_us: MAX_BUSY_POLL_SLEEP_USECS,
             rx_sparse_reads: false,
             adaptive: Adaptive {
                 enabled: true,
@@ -720,6 +756,24 @@ mod tests {
             serde_json::from_str(r#"{"busy_poll_us":20,"tx_budget":64}"#).expect("valid");
         let t2 = NetTuning::default().updated(&u);
         assert_eq!((t2.busy_poll_us, t2.tx_budget), (20, 64));
+        assert_eq!(t2.busy_poll_sleep_us, 0, "a busy-poll spins by default");
+        let u: NetTuningUpdate =
+            serde_json::from_str(r#"{"busy_poll_sleep_us":10}"#).expect("valid");
+        let t2 = t2.updated(&u);
+        assert_eq!((t2.busy_poll_us, t2.busy_poll_sleep_us), (20, 10));
+        assert_eq!(
+            t2.validate(),
+            Ok(()),
+            "the update keeps the fields it does not name"
+        );
+        assert_eq!(
+            NetTuning {
+                busy_poll_sleep_us: 1001,
+                ..t2
+            }
+            .validate(),
+            Err(TuningError::BusyPollSleep(1001))
+        );
         let u: NetTuningUpdate = serde_json::from_str(r#"{"event_idx":false}"#).expect("valid");
         assert!(!NetTuning::default().updated(&u).event_idx);
         assert!(!u.is_empty());

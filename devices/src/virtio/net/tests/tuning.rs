@@ -284,6 +284,45 @@ fn busy_poll_saves_kicks<Q: DriverRing>() {
     }
 }
 
+/// With `busy_poll_sleep_us` the window's looks are timer sleeps: a driver that pauses less
+/// than the window still needs (almost) no kicks, and the worker slept between looks instead
+/// of spinning; with 0 it spins and never sleeps.
+#[test]
+fn a_sleeping_busy_poll_saves_kicks_and_sleeps_between_looks() {
+    let _turn = super::support::spinning_device();
+    for sleep_us in [0, 100] {
+        let mem = guest_mem();
+        let (rig, _rx, mut tx) =
+            started_rings::<GuestQueue>(&mem, VERSION_1 | EVENT_IDX, move |device| {
+                device
+                    .tuning_control()
+                    .set(NetTuning {
+                        busy_poll_us: 10_000,
+                        busy_poll_sleep_us: sleep_us,
+                        ..NetTuning::default()
+                    })
+                    .expect("valid");
+            });
+        let kicks = paced_driver(&rig, &mut tx, true, 20, Duration::from_micros(500));
+        assert!(
+            kicks <= 8,
+            "sleep {sleep_us} µs: {kicks} kicks for 20 frames"
+        );
+        let m = &rig.metrics.busy_poll;
+        assert!(wait_until(TIMEOUT, || m.found_work.get() >= 12));
+        if sleep_us == 0 {
+            assert_eq!(m.sleeps.get(), 0, "a spinning poll never sleeps");
+        } else {
+            // ~5 looks per 500 µs pause.
+            assert!(
+                wait_until(TIMEOUT, || m.sleeps.get() >= 20),
+                "{}",
+                m.sleeps.get()
+            );
+        }
+    }
+}
+
 /// Receive-only traffic (the driver never transmits, so no tx queue parks): with busy-poll on,
 /// the worker polls the backend for the window before it sleeps and finds the frames of a
 /// peer that pauses less than the window; off, it never polls. Every frame lands whole either
@@ -429,12 +468,24 @@ fn busy_poll_finds_received_frames_on_a_packed_ring() {
 
 #[test]
 fn busy_poll_window_ends_with_notifications_back_on() {
+    busy_poll_window_ends(0);
+}
+
+#[test]
+fn a_sleeping_busy_poll_window_ends_with_notifications_back_on() {
+    busy_poll_window_ends(200);
+}
+
+/// Windows of 1 ms, spinning (`sleep_us` 0) or sleeping between looks, each end with the
+/// driver's notifications back on.
+fn busy_poll_window_ends(sleep_us: u32) {
     let _turn = super::support::spinning_device();
     let mem = guest_mem();
     let mut rig = rig(&mem);
     rig.tuning
         .set(NetTuning {
             busy_poll_us: 1000,
+            busy_poll_sleep_us: sleep_us,
             ..NetTuning::default()
         })
         .expect("valid");

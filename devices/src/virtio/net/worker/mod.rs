@@ -85,6 +85,8 @@ enum Token {
     Tuning,
     /// The interrupt-coalescing timer expired.
     CoalesceTimer,
+    /// A sleeping busy-poll's wait between two looks ended.
+    PollTimer,
     /// The backend's link may have changed.
     Link,
     /// The tx rate limiter's wait is over.
@@ -98,13 +100,14 @@ enum Token {
 }
 
 impl Token {
-    const ALL: [Token; 11] = [
+    const ALL: [Token; 12] = [
         Token::TxKick,
         Token::RxKick,
         Token::Backend,
         Token::Stop,
         Token::Tuning,
         Token::CoalesceTimer,
+        Token::PollTimer,
         Token::Link,
         Token::TxThrottle,
         Token::RxThrottle,
@@ -239,6 +242,8 @@ struct ThreadParts {
     command_ready: EventFd,
     stop: EventFd,
     timer: TimerFd,
+    /// A sleeping busy-poll's wait between looks ([`NetTuning::busy_poll_sleep_us`]).
+    poll_timer: TimerFd,
     tx_throttle: Throttle,
     rx_throttle: Throttle,
     tuning_changed: EventFd,
@@ -261,6 +266,7 @@ impl ThreadParts {
             command_ready: EventFd::new(EFD_NONBLOCK)?,
             stop: EventFd::new(EFD_NONBLOCK)?,
             timer: nonblocking_timerfd()?,
+            poll_timer: nonblocking_timerfd()?,
             tx_throttle: Throttle::new()?,
             rx_throttle: Throttle::new()?,
             tuning_changed: tuning
@@ -515,6 +521,8 @@ struct EventLoop<'p, B> {
     events_pending: bool,
     /// The busy-poll window (zero: off).
     busy_poll: Duration,
+    /// The busy-poll's sleep between looks (zero: it spins).
+    poll_sleep: Duration,
     /// What the busy-poll found.
     poll_counters: BusyPollCounters,
     /// Polling time not yet published (below a microsecond).
@@ -669,6 +677,7 @@ impl<'p, B: NetBackend> EventLoop<'p, B> {
         }
         // The timers must not fire into the next run.
         let _ = self.parts.timer.clear();
+        let _ = self.parts.poll_timer.clear();
         self.parts.tx_throttle.reset();
         self.parts.rx_throttle.reset();
         self.backend
@@ -729,6 +738,8 @@ impl<'p, B: NetBackend> EventLoop<'p, B> {
                         self.sync_enabled()?;
                     }
                     Some(Token::CoalesceTimer) => self.timer_expired()?,
+                    // Ended a sleep a busy-poll left for another event: nothing to do.
+                    Some(Token::PollTimer) => _ = self.parts.poll_timer.wait(),
                     Some(Token::Link) => self.link_changed(),
                     Some(Token::TxThrottle) => {
                         self.unthrottle_tx()?;

@@ -99,6 +99,16 @@ impl<'p, B: NetBackend> EventLoop<'p, B> {
         Ok(())
     }
 
+    /// The knobs the queues and the busy-poll read directly: the tx budget, sparse rx reads,
+    /// the busy-poll window and its sleep between looks. (Sparse reads may leave a frame
+    /// queued: the backend fd is polled level-triggered, so it is reported again.)
+    pub(super) fn apply_knobs(&mut self, tuning: &NetTuning) {
+        self.tx.set_budget(tuning.tx_budget.into());
+        self.rx.set_sparse_reads(tuning.rx_sparse_reads);
+        self.busy_poll = Duration::from_micros(tuning.busy_poll_us.into());
+        self.poll_sleep = Duration::from_micros(tuning.busy_poll_sleep_us.into());
+    }
+
     /// The coalescing timer fired: a held interrupt goes out now.
     pub(super) fn timer_expired(&mut self) -> Result<(), WorkerError> {
         match self.parts.timer.wait() {
@@ -115,10 +125,8 @@ impl<'p, B: NetBackend> EventLoop<'p, B> {
     /// and a queue stopped by a limiter that changed resumes under the new one.
     pub(super) fn retune(&mut self) -> Result<(), WorkerError> {
         let tuning = self.follow_adaptive(self.tuning_shared.load());
-        self.tx.set_budget(tuning.tx_budget.into());
-        self.rx.set_sparse_reads(tuning.rx_sparse_reads);
         // A parked queue under a window now zero is unparked by the next busy_poll.
-        self.busy_poll = Duration::from_micros(tuning.busy_poll_us.into());
+        self.apply_knobs(&tuning);
         let generation = self.tuning_shared.operator_coalescing();
         if self.pair != 0 {
             // Pair 0 decides between the operator's and the guest's, and wakes the others.
@@ -222,15 +230,13 @@ impl<'p, B: NetBackend> EventLoop<'p, B> {
     /// The device busy-poll: the queues are drained and the round's interrupt is out, with tx
     /// notifications still off (the tx queue parked) or rx waiting for backend input
     /// ([`EventLoop::rx_polls`]: receive-only traffic polls too, as vhost-net's busy loop
-    /// does). Spins on the tx avail index (and the rx avail index while rx waits for buffers)
-    /// for up to the window, looking at epoll every few microseconds for backend input and the
-    /// other events. Work found is done at once and the window starts again; an event ready
+    /// does). Looks at the tx avail index (and the rx avail index while rx waits for buffers)
+    /// for up to the window, spinning or sleeping between looks ([`EventLoop::look`]), and at
+    /// epoll for backend input and the other events. Work found is done at once and the window starts again; an event ready
     /// returns to the loop (which does not sleep, then comes back); a window that ends with
     /// nothing re-enables the parked queues' notifications (re-checking the race) so the loop
     /// can sleep.
     pub(super) fn busy_poll(&mut self) -> Result<(), WorkerError> {
-        /// Spins between two looks at epoll and the clock (~1-3 µs).
-        const SPINS_PER_CHECK: u32 = 64;
         let mut ready = [EpollEvent::default(); 1];
         while self.polls() {
             if self.busy_poll.is_zero() {
@@ -240,30 +246,7 @@ impl<'p, B: NetBackend> EventLoop<'p, B> {
             self.interval_check(start)?;
             self.poll_counters.polls += 1;
             self.seen.windows += 1;
-            let mut spins = 0u32;
-            let found = loop {
-                // Only a parked tx queue: one that is not waits for its kick (or for the
-                // backend to take more), and running it would do nothing again and again.
-                if self.tx_parked && self.tx.avail_pending() {
-                    break Found::Tx;
-                }
-                if self.rx_waits_for_buffers() && self.rx.avail_pending() {
-                    break Found::Rx;
-                }
-                spins += 1;
-                if spins.is_multiple_of(SPINS_PER_CHECK) {
-                    match self.epoll.wait(0, &mut ready) {
-                        Ok(0) => {}
-                        Ok(_) => break Found::Event,
-                        Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                        Err(e) => return Err(WorkerError::Epoll(e)),
-                    }
-                    if start.elapsed() >= self.busy_poll {
-                        break Found::Nothing;
-                    }
-                }
-                std::hint::spin_loop();
-            };
+            let found = self.look(start, &mut ready)?;
             self.polled_ns += u64::try_from(start.elapsed().as_nanos()).unwrap_or(u64::MAX);
             // Work for the adapter's evidence: frames, or backend input (not a timer).
             self.seen.windows_found += u64::from(match found {
@@ -297,6 +280,58 @@ impl<'p, B: NetBackend> EventLoop<'p, B> {
             }
         }
         Ok(())
+    }
+
+    /// Looks at the rings until one has work, an epoll event is ready or the window that
+    /// began at `start` ends. Between looks the worker spins, looking at epoll and the clock
+    /// every few microseconds, or, with a sleep set, waits on epoll for the poll timer (armed
+    /// for the sleep or the rest of the window, whichever is shorter) or any other event.
+    fn look(&mut self, start: Instant, ready: &mut [EpollEvent; 1]) -> Result<Found, WorkerError> {
+        /// Spins between two looks at epoll and the clock (~1-3 µs).
+        const SPINS_PER_CHECK: u32 = 64;
+        let mut spins = 0u32;
+        loop {
+            // Only a parked tx queue: one that is not waits for its kick (or for the backend
+            // to take more), and running it would do nothing again and again.
+            if self.tx_parked && self.tx.avail_pending() {
+                return Ok(Found::Tx);
+            }
+            if self.rx_waits_for_buffers() && self.rx.avail_pending() {
+                return Ok(Found::Rx);
+            }
+            let timeout = if self.poll_sleep.is_zero() {
+                spins += 1;
+                if !spins.is_multiple_of(SPINS_PER_CHECK) {
+                    std::hint::spin_loop();
+                    continue;
+                }
+                0
+            } else {
+                let left = self.busy_poll.saturating_sub(start.elapsed());
+                if left.is_zero() {
+                    return Ok(Found::Nothing);
+                }
+                self.poll_counters.sleeps += 1;
+                // Re-arming also clears an expiry left unread by an earlier look.
+                self.parts
+                    .poll_timer
+                    .reset(self.poll_sleep.min(left), None)
+                    .map_err(|e| WorkerError::Timer(io_err(e)))?;
+                -1
+            };
+            match self.epoll.wait(timeout, ready) {
+                Ok(0) => {}
+                Ok(_) if Token::from_data(ready[0].data()) == Some(Token::PollTimer) => {
+                    let _ = self.parts.poll_timer.wait();
+                }
+                Ok(_) => return Ok(Found::Event),
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(WorkerError::Epoll(e)),
+            }
+            if start.elapsed() >= self.busy_poll {
+                return Ok(Found::Nothing);
+            }
+        }
     }
 
     /// Ends a busy-poll: the parked queues' notifications back on (with the race re-checked,

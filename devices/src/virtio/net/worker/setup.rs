@@ -107,19 +107,15 @@ impl<'p, B: NetBackend> EventLoop<'p, B> {
         let Setup {
             epoll,
             ctrl,
-            mut rx,
+            rx,
             tx,
             enabled,
         } = setup;
         let (tuning, adapter) = adapting(shared.tuning.load());
-        let mut tx = tx.with_label(shared.label.clone());
-        tx.set_budget(tuning.tx_budget.into());
-        // The backend fd is polled level-triggered: a frame left queued is reported again.
-        rx.set_sparse_reads(tuning.rx_sparse_reads);
         let mut event_loop = EventLoop {
             label: shared.label.clone(),
             rx: rx.with_label(shared.label.clone()),
-            tx,
+            tx: tx.with_label(shared.label.clone()),
             rx_kick: a.rx_kick,
             tx_kick: a.tx_kick,
             backend,
@@ -138,7 +134,8 @@ impl<'p, B: NetBackend> EventLoop<'p, B> {
             tx_more: false,
             tx_parked: false,
             events_pending: false,
-            busy_poll: Duration::from_micros(tuning.busy_poll_us.into()),
+            busy_poll: Duration::ZERO,
+            poll_sleep: Duration::ZERO,
             poll_counters: BusyPollCounters::default(),
             polled_ns: 0,
             backend_gone: false,
@@ -165,6 +162,7 @@ impl<'p, B: NetBackend> EventLoop<'p, B> {
             idle_since: None,
             sleeps: 0,
         };
+        event_loop.apply_knobs(&tuning);
         event_loop.publish_adaptive();
         if shared.pair == 0 {
             // A new run starts from the operator's coalescing (a reset forgets the guest's).
@@ -222,6 +220,7 @@ impl<'p, B: NetBackend> EventLoop<'p, B> {
             (parts.command_ready.as_raw_fd(), Token::Command),
             (parts.tuning_changed.as_raw_fd(), Token::Tuning),
             (parts.timer.as_raw_fd(), Token::CoalesceTimer),
+            (parts.poll_timer.as_raw_fd(), Token::PollTimer),
             (parts.tx_throttle.timer.as_raw_fd(), Token::TxThrottle),
             (parts.rx_throttle.timer.as_raw_fd(), Token::RxThrottle),
         ] {
