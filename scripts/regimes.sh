@@ -2,8 +2,9 @@
 # The device against a host side faster than the guest, in real VMs (driver guest, ring=3,
 # 64 B): what docs/cotune.md ("The seeds' regimes") reports. Alternated rounds of
 #   tx   -- the bare non-blocking write loop on a tap (stack and xdp-drop), then the guest's
-#           tx=N (lazy, kick_threshold=64) on that tap (stack, xdp-drop), on backend=sink, and on
-#           backend=sink,busy_poll_us=50;
+#           tx=N (lazy, kick_threshold=64) on that tap (stack, xdp-drop), on backend=sink, on
+#           backend=sink,busy_poll_us=50 and on the same with the poll sleeping 10 µs between
+#           looks (busy_poll_sleep_us=10);
 #   fwd  -- echo on the tap with a host peer (cotune), then fwd=N window=256 through
 #           backend=loop with and without busy_poll_us=50 (xdp_bulk 1 and 16, clean-from-rx),
 #           the guest halting for interrupts (wait=halt) and polling its rings (wait=poll);
@@ -11,6 +12,8 @@
 # Prints one line per run and /proc/loadavg after each round. As root, on an idle machine.
 #
 # Usage: scripts/regimes.sh [--rounds R] [--frames N] [tx|fwd|kick]...   (default: all three)
+# (--frames 20000000 measures the tx steady state, as docs/benchmarks.md does; the default
+# 3 M keeps a whole run short.)
 set -euo pipefail
 ROOT=$(cd "$(dirname -- "${BASH_SOURCE[0]}")/.." && pwd)
 rounds=3 frames=3000000 parts=()
@@ -80,6 +83,8 @@ for r in $(seq "$rounds"); do
 			echo "$r tap xdp-drop $(run tap=rtap0 drop -- $tx)"
 			echo "$r sink $(run backend=sink - -- $tx)"
 			echo "$r sink busy_poll_us=50 $(run backend=sink,busy_poll_us=50 - -- $tx)"
+			echo "$r sink busy_poll_us=50,busy_poll_sleep_us=10 $(run \
+				backend=sink,busy_poll_us=50,busy_poll_sleep_us=10 - -- $tx)"
 			;;
 		fwd)
 			csv=$(mktemp)
