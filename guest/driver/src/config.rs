@@ -47,7 +47,8 @@ pub struct Config {
     /// at least [`MIN_RX_BUF_WITHOUT_MRG`].
     pub rx_buf_size: u32,
     /// Bytes per driver-owned tx buffer (copy transmit), header included; the largest frame
-    /// [`crate::VirtioNet::transmit`] accepts is this minus 12.
+    /// [`crate::VirtioNet::transmit`] accepts is this minus 12. Each buffer takes a slot of
+    /// this plus 52 bytes rounded up to whole cache lines, so that its frame starts on one.
     pub tx_buf_size: u32,
     /// Transmit paths publish and make a kick decision once every this many frames, once at the
     /// end of each batch, and whenever the tx ring is full (≥ 1; values above the tx queue size

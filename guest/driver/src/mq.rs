@@ -121,7 +121,7 @@ impl Pair {
                 mode.bytes(sizes.0),
                 mode.bytes(sizes.1),
                 rx_count as usize * config.rx_buf_size as usize,
-                usize::from(sizes.1) * config.tx_buf_size as usize,
+                TxPool::region_len(config.tx_buf_size, sizes.1),
             ],
         )
     }

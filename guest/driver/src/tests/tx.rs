@@ -63,6 +63,37 @@ fn frames_arrive_intact_behind_a_zero_header() {
     assert_eq!(h.net.transmit(&[0; 2036]), Ok(()));
 }
 
+/// A copy-transmit frame starts on a cache line, its header in the 12 bytes before it, and a
+/// header found non-zero when its buffer comes round again (a device wrote to a buffer it may
+/// only read) is zeroed before the next frame goes out in it.
+#[test]
+fn copy_transmit_frames_start_on_a_cache_line_behind_a_header_kept_zero() {
+    let mut h = harness(lazy_tx(4, 1));
+    let first = frames(4);
+    assert_eq!(
+        h.net.transmit_batch(first.iter().map(Vec::as_slice)).sent,
+        4
+    );
+    let taken = h.dev.tx_take();
+    assert_eq!(taken.len(), 4);
+    for ((chain, bytes), sent) in taken.iter().zip(&first) {
+        let d = &chain.descs[0];
+        assert_eq!((d.addr + 12) % 64, 0, "frame at {:#x}", d.addr + 12);
+        assert_eq!(d.len as usize, 12 + sent.len());
+        assert_eq!(&bytes[12..], &sent[..]);
+        h.hal.write(d.addr, &[0xa5; 12]);
+        h.dev.tx.push_used(chain.head, 0);
+    }
+    assert_eq!(h.net.reclaim_tx(), 4);
+    let second = frames(8)[4..].to_vec();
+    assert_eq!(
+        h.net.transmit_batch(second.iter().map(Vec::as_slice)).sent,
+        4
+    );
+    // tx_drain asserts every header is zero.
+    assert_eq!(device_completes(&mut h), second);
+}
+
 #[test]
 fn kick_threshold_one_kicks_every_frame() {
     let mut h = harness(config(1, false));
