@@ -300,15 +300,25 @@ impl<Tok: Copy> SplitRing<Tok> {
         usize::from(idx & (self.size - 1))
     }
 
+    /// Makes descriptor `i` describe `buf`, writing only the halves that differ: a descriptor
+    /// that comes back for the same buffer of the same length (a steady stream) is then not
+    /// written at all, and its cache line stays clean in the device's CPU instead of being
+    /// taken from it and fetched back every time. What is in memory is read, never
+    /// remembered, so a device that wrote there is overwritten.
     fn write_desc(&mut self, i: u16, buf: &Buffer, flags: u16, next: u16) {
         let p = self.at(DESC_SIZE * usize::from(i), DESC_SIZE);
         // SAFETY: `p` is a 16-aligned, 16-byte descriptor inside the region. Descriptor `i` is
         // free: not reachable from any published chain, so the device does not read it now.
+        // Bytes 8..16 are `len` (u32), `flags` and `next` (u16), little-endian, as one u64.
         unsafe {
-            p.cast::<u64>().write_volatile(buf.addr.to_le());
-            p.add(8).cast::<u32>().write_volatile(buf.len.to_le());
-            p.add(12).cast::<u16>().write_volatile(flags.to_le());
-            p.add(14).cast::<u16>().write_volatile(next.to_le());
+            let tail = u64::from(buf.len) | u64::from(flags) << 32 | u64::from(next) << 48;
+            let (addr, tail) = (buf.addr.to_le(), tail.to_le());
+            if p.cast::<u64>().read_volatile() != addr {
+                p.cast::<u64>().write_volatile(addr);
+            }
+            if p.add(8).cast::<u64>().read_volatile() != tail {
+                p.add(8).cast::<u64>().write_volatile(tail);
+            }
         }
     }
 
@@ -352,7 +362,12 @@ impl<Tok: Copy> SplitRing<Tok> {
         // SAFETY: a 2-aligned avail ring entry inside the region. Its slot is not in the published
         // window (at most `size` chains are in flight, one descriptor each at least, and the
         // device consumed this slot `size` publications ago), so the device does not read it.
-        unsafe { entry.write_volatile(head.to_le()) };
+        // Written only if it differs, as descriptors are.
+        unsafe {
+            if entry.read_volatile() != head.to_le() {
+                entry.write_volatile(head.to_le());
+            }
+        }
         self.avail_idx = self.avail_idx.wrapping_add(1);
         Ok(())
     }

@@ -72,6 +72,15 @@ impl DevQueue {
         }
     }
 
+    /// Overwrites every split-ring descriptor and avail ring entry with junk (the index and
+    /// flags stay): what a device that writes where it may only read leaves behind.
+    pub(crate) fn scribble(&self) {
+        for i in 0..u64::from(self.size) {
+            self.hal.write(self.desc + 16 * i, &[0x5a; 16]);
+            self.hal.write(self.avail + 4 + 2 * i, &[0x5a; 2]);
+        }
+    }
+
     /// A packed queue at the three areas `(desc, driver, device)`.
     pub(crate) fn new_packed(
         hal: TestHal,
