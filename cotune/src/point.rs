@@ -159,6 +159,8 @@ pub struct DevKnobs {
     pub tx_budget: u16,
     /// Device busy-poll, µs (0: off).
     pub busy_poll_us: u32,
+    /// The busy-poll's sleep between looks, µs (0: it spins).
+    pub busy_poll_sleep_us: u32,
     /// Sparse rx reads (skip the read that finds the backend empty when frames come singly).
     pub rx_sparse_reads: bool,
     /// The ring layout the device offers (the driver's request is in the point's config).
@@ -177,6 +179,7 @@ impl Default for DevKnobs {
             event_idx: t.event_idx,
             tx_budget: t.tx_budget,
             busy_poll_us: t.busy_poll_us,
+            busy_poll_sleep_us: t.busy_poll_sleep_us,
             rx_sparse_reads: t.rx_sparse_reads,
             ring: RingLayout::SPLIT,
             adaptive: t.adaptive.enabled,
@@ -195,14 +198,12 @@ impl DevKnobs {
             event_idx: self.event_idx,
             tx_budget: self.tx_budget,
             busy_poll_us: self.busy_poll_us,
+            busy_poll_sleep_us: self.busy_poll_sleep_us,
             rx_sparse_reads: self.rx_sparse_reads,
             adaptive: Adaptive {
                 enabled: self.adaptive,
                 ..Adaptive::default()
             },
-            // Not an axis: a sleeping poll's cost is the host's timer latency, which
-            // co-simulation does not model; set it on `vmm --net` (scripts/regimes.sh does).
-            ..NetTuning::default()
         }
     }
 
@@ -229,6 +230,9 @@ impl DevKnobs {
         }
         if self.busy_poll_us != d.busy_poll_us {
             s += &format!(",busy_poll_us={}", self.busy_poll_us);
+        }
+        if self.busy_poll_sleep_us != d.busy_poll_sleep_us {
+            s += &format!(",busy_poll_sleep_us={}", self.busy_poll_sleep_us);
         }
         if self.rx_sparse_reads != d.rx_sparse_reads {
             s += if self.rx_sparse_reads {

@@ -59,6 +59,8 @@ pub struct Row {
     pub tx_budget: u16,
     /// Device: busy-poll µs.
     pub busy_poll_us: u32,
+    /// Device: the busy-poll's sleep between looks, µs (0: it spins).
+    pub busy_poll_sleep_us: u32,
     /// Device: sparse rx reads.
     pub rx_sparse_reads: bool,
     /// Both sides: the virtqueue layout (`split`, `packed`, `packed+in_order`, ...).
@@ -115,7 +117,7 @@ pub struct Row {
 /// The CSV header (one column per field of [`Row`], in order).
 pub const CSV_HEADER: &str = "preset,target,knob,value,knob2,value2,workload,frame_size,\
 kick_threshold,tx_completion,event_idx,xdp_bulk,xsk_mode,burst,pause_us,\
-coalesce_packets,coalesce_usecs,dev_event_idx,tx_budget,busy_poll_us,rx_sparse_reads,ring,\
+coalesce_packets,coalesce_usecs,dev_event_idx,tx_budget,busy_poll_us,busy_poll_sleep_us,rx_sparse_reads,ring,\
 dev_adaptive,drv_adaptive,pps,p50_us,p99_us,p999_us,kicks_per_pkt,irqs_per_pkt,tx_irqs_per_pkt,kicks_suppressed_per_pkt,driver_ns_per_pkt,device_ns_per_pkt,\
 driver_cpu_pct,device_cpu_pct,busy_poll_found_per_pkt,busy_poll_pct,ratio_to_baseline,vm_sim_ratio,loadavg1,backend,kick_cost_ns,irq_cost_ns,note";
 
@@ -160,6 +162,7 @@ pub fn to_csv(rows: &[Row]) -> String {
             u8::from(r.dev_event_idx).to_string(),
             r.tx_budget.to_string(),
             r.busy_poll_us.to_string(),
+            r.busy_poll_sleep_us.to_string(),
             u8::from(r.rx_sparse_reads).to_string(),
             field(&r.ring),
             u8::from(r.dev_adaptive).to_string(),
@@ -658,6 +661,7 @@ mod tests {
             dev_event_idx: true,
             tx_budget: 256,
             busy_poll_us: 0,
+            busy_poll_sleep_us: 0,
             rx_sparse_reads: true,
             ring: "split".into(),
             dev_adaptive: false,

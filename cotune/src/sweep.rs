@@ -65,6 +65,10 @@ pub enum Preset {
     BusyPoll,
     /// Kick threshold × device busy-poll (2-D), zero-copy transmit.
     KickBusyPoll,
+    /// A busy-poll that spins against one that sleeps 10 / 20 / 50 µs between looks, and no
+    /// busy-poll, on zero-copy transmit in bursts of 64 frames 50 µs apart: what each costs
+    /// the device's CPU (`device_cpu_pct`) for the rate it gives.
+    BusyPollSleep,
     /// The device's tx budget per call 1, 16, 256 on zero-copy transmit.
     TxBudget,
     /// The device's sparse rx reads off/on, bidirectional (the VM: echo, one frame per wake-up
@@ -113,7 +117,7 @@ pub enum Preset {
 
 impl Preset {
     /// All presets, in report order.
-    pub const ALL: [Preset; 21] = [
+    pub const ALL: [Preset; 22] = [
         Preset::Baseline,
         Preset::KickThreshold,
         Preset::TxCompletion,
@@ -121,6 +125,7 @@ impl Preset {
         Preset::XskZc,
         Preset::BusyPoll,
         Preset::KickBusyPoll,
+        Preset::BusyPollSleep,
         Preset::TxBudget,
         Preset::RxSparseReads,
         Preset::CompletionCoalesce,
@@ -169,6 +174,7 @@ impl Preset {
             Preset::XskZc => "xsk-zc",
             Preset::BusyPoll => "busy-poll",
             Preset::KickBusyPoll => "kick-busy-poll",
+            Preset::BusyPollSleep => "busy-poll-sleep",
             Preset::TxBudget => "tx-budget",
             Preset::RxSparseReads => "rx-sparse-reads",
             Preset::CompletionCoalesce => "completion-coalesce",
@@ -269,6 +275,7 @@ pub fn points(preset: Preset, opts: &Options) -> Vec<Point> {
         Preset::XskZc => xsk_points(opts),
         Preset::BusyPoll => busy_poll_points(opts),
         Preset::KickBusyPoll => kick_busy_poll_points(opts),
+        Preset::BusyPollSleep => busy_poll_sleep_points(opts),
         Preset::TxBudget => tx_budget_points(opts),
         Preset::RxSparseReads => rx_sparse_reads_points(opts),
         Preset::CompletionCoalesce => completion_coalesce_points(opts),
@@ -609,6 +616,38 @@ fn busy_poll_points(opts: &Options) -> Vec<Point> {
             let axes = vec![("busy_poll_us", b.to_string())];
             zc_tx_point(opts, axes, 8, dev, Some(BUSY_POLL_PACE))
         })
+        .collect()
+}
+
+/// The busy-poll-sleep preset's transmit: bursts of 64 frames, 50 µs apart (a guest that
+/// pauses longer than a kick-less device stays awake only with a window).
+const SLEEP_PACE: Pace = Pace {
+    burst: 64,
+    pause_us: 50,
+};
+
+/// No busy-poll, then a 200 µs window spinning and sleeping 10 / 20 / 50 µs between looks (0,
+/// spinning and 20 µs with `--quick`), on zero-copy transmit paced by [`SLEEP_PACE`].
+fn busy_poll_sleep_points(opts: &Options) -> Vec<Point> {
+    let sleeps: &[u32] = if opts.quick {
+        &[0, 20]
+    } else {
+        &[0, 10, 20, 50]
+    };
+    let window = |busy_poll_us, busy_poll_sleep_us| {
+        let dev = DevKnobs {
+            busy_poll_us,
+            busy_poll_sleep_us,
+            ..DevKnobs::default()
+        };
+        let axes = vec![
+            ("busy_poll_sleep_us", busy_poll_sleep_us.to_string()),
+            ("busy_poll_us", busy_poll_us.to_string()),
+        ];
+        zc_tx_point(opts, axes, 8, dev, Some(SLEEP_PACE))
+    };
+    std::iter::once(window(0, 0))
+        .chain(sleeps.iter().map(|&s| window(200, s)))
         .collect()
 }
 
@@ -1211,6 +1250,7 @@ fn point_row(
         dev_event_idx: point.dev.event_idx,
         tx_budget: point.dev.tx_budget,
         busy_poll_us: point.dev.busy_poll_us,
+        busy_poll_sleep_us: point.dev.busy_poll_sleep_us,
         rx_sparse_reads: point.dev.rx_sparse_reads,
         ring: point.ring().name().into(),
         dev_adaptive: point.dev.adaptive,
@@ -1790,8 +1830,33 @@ mod tests {
     }
 
     #[test]
+    fn busy_poll_sleep_runs_no_poll_then_one_window_spinning_and_sleeping() {
+        for (quick, sleeps) in [(true, vec![0, 20]), (false, vec![0, 10, 20, 50])] {
+            let pts = points(Preset::BusyPollSleep, &opts(quick));
+            let knobs: Vec<(u32, u32)> = pts
+                .iter()
+                .map(|p| (p.dev.busy_poll_us, p.dev.busy_poll_sleep_us))
+                .collect();
+            let want: Vec<(u32, u32)> = std::iter::once((0, 0))
+                .chain(sleeps.into_iter().map(|s| (200, s)))
+                .collect();
+            assert_eq!(knobs, want);
+            for p in &pts {
+                assert!(p.dev.tuning().validate().is_ok(), "{p:?}");
+                // The axes are the knobs, the sleep first.
+                assert_eq!(p.axes[0].1, p.dev.busy_poll_sleep_us.to_string());
+                assert_eq!(p.axes[1].1, p.dev.busy_poll_us.to_string());
+            }
+        }
+    }
+
+    #[test]
     fn busy_poll_presets_pace_the_driver_with_pauses_shorter_than_the_longest_poll() {
-        for preset in [Preset::BusyPoll, Preset::KickBusyPoll] {
+        for preset in [
+            Preset::BusyPoll,
+            Preset::KickBusyPoll,
+            Preset::BusyPollSleep,
+        ] {
             let pts = points(preset, &opts(false));
             let longest = pts.iter().map(|p| p.dev.busy_poll_us).max().unwrap();
             assert!(
@@ -1817,6 +1882,7 @@ mod tests {
             event_idx: false,
             tx_budget: 64,
             busy_poll_us: 50,
+            busy_poll_sleep_us: 10,
             rx_sparse_reads: false,
             ring: RingLayout::PACKED_IN_ORDER,
             adaptive: true,
@@ -1824,7 +1890,7 @@ mod tests {
         assert_eq!(
             k.net_spec_keys(),
             ",coalesce_packets=32,coalesce_usecs=100,event_idx=off,tx_budget=64,busy_poll_us=50,\
-             rx_sparse_reads=off,packed=on,in_order=on,adaptive=on"
+             busy_poll_sleep_us=10,rx_sparse_reads=off,packed=on,in_order=on,adaptive=on"
         );
         // Every key it writes is one the device's --net parser takes, with the same meaning.
         let spec: devices::virtio::net::NetConfig = format!("tap=t0{}", k.net_spec_keys())

@@ -51,6 +51,7 @@ fn quick_run_of_every_preset_writes_csv_and_plot() {
         "dev_event_idx",
         "tx_budget",
         "busy_poll_us",
+        "busy_poll_sleep_us",
         "pps",
         "kicks_per_pkt",
         "irqs_per_pkt",
@@ -68,14 +69,14 @@ fn quick_run_of_every_preset_writes_csv_and_plot() {
     }
     let rows: Vec<Vec<&str>> = lines.map(|l| l.split(',').collect()).collect();
     // baseline 1 + kick-threshold 3 + tx-completion 3 + xdp-bulk 2 + xsk-zc 2 + busy-poll 2
-    // + tx-budget 2 + rx-sparse-reads 2
+    // + busy-poll-sleep 3 (no poll, spinning, sleeping) + tx-budget 2 + rx-sparse-reads 2
     // + three 2-D presets of 2x2
     // + the four seed presets, rx-coalesce, rx-busy-poll, pingpong and mixed, 2 each, on their
     // own backends
     // + ring-layout 3 (lazy on each layout)
     // + adaptive 24 (fwd, pingpong and mixed through its loop: the defaults, 4 fixed points,
     // each side adaptive and both) and its paired re-runs, 2 per workload.
-    assert_eq!(rows.len(), 78, "{csv_text}");
+    assert_eq!(rows.len(), 81, "{csv_text}");
     let setting = header.iter().position(|c| *c == "value2").unwrap();
     let paired: Vec<_> = rows
         .iter()
@@ -102,6 +103,7 @@ fn quick_run_of_every_preset_writes_csv_and_plot() {
         "xsk-zc",
         "busy-poll",
         "kick-busy-poll",
+        "busy-poll-sleep",
         "rx-sparse-reads",
         "completion-coalesce",
         "bulk-coalesce",
@@ -153,11 +155,13 @@ fn quick_run_of_every_preset_writes_csv_and_plot() {
     let svg_text = std::fs::read_to_string(&svg).unwrap();
     assert!(svg_text.contains("<svg") && svg_text.contains("kick-threshold"));
     // The 2-D presets go to a heatmap file beside it, 4 metrics each: three of 2x2 cells,
-    // ring-layout's 3 layouts x 1 completion mode, and adaptive's 3 workloads x 8 settings.
+    // busy-poll-sleep's 2x2 (its 3 points and the empty cell of a sleep without a window),
+    // ring-layout's 3 layouts
+    // x 1 completion mode, and adaptive's 3 workloads x 8 settings.
     let heat = std::fs::read_to_string(dir.join("quick-heatmap.svg")).unwrap();
     assert_eq!(
         heat.matches(r#"class="cell""#).count(),
-        (3 * 4 + 3 + 3 * 8) * 4
+        (3 * 4 + 4 + 3 + 3 * 8) * 4
     );
     std::fs::remove_dir_all(dir).unwrap();
 }
