@@ -30,6 +30,21 @@ fn frames(n: u32) -> Vec<Vec<u8>> {
     (0..n).map(|i| frame(i, 60 + i as usize % 1400)).collect()
 }
 
+/// Queues `frames` in one batch; every one must fit.
+fn send_all(h: &mut Harness, frames: &[Vec<u8>]) {
+    let batch = h.net.transmit_batch(frames.iter().map(Vec::as_slice));
+    assert_eq!(batch.sent, frames.len(), "{batch:?}");
+}
+
+/// Reclaims the `n` chains the device returned, sends `n` new frames in them and checks that
+/// the device gets each intact behind a zero header (`tx_drain` asserts the header).
+fn reclaim_and_send_again(h: &mut Harness, n: u32) {
+    assert_eq!(h.net.reclaim_tx(), n as usize);
+    let again = frames(2 * n)[n as usize..].to_vec();
+    send_all(h, &again);
+    assert_eq!(device_completes(h), again);
+}
+
 /// Has the device drain tx and return every chain.
 fn device_completes(h: &mut Harness) -> Vec<Vec<u8>> {
     h.dev.tx_drain()
@@ -70,10 +85,7 @@ fn frames_arrive_intact_behind_a_zero_header() {
 fn copy_transmit_frames_start_on_a_cache_line_behind_a_header_kept_zero() {
     let mut h = harness(lazy_tx(4, 1));
     let first = frames(4);
-    assert_eq!(
-        h.net.transmit_batch(first.iter().map(Vec::as_slice)).sent,
-        4
-    );
+    send_all(&mut h, &first);
     let taken = h.dev.tx_take();
     assert_eq!(taken.len(), 4);
     for ((chain, bytes), sent) in taken.iter().zip(&first) {
@@ -84,14 +96,7 @@ fn copy_transmit_frames_start_on_a_cache_line_behind_a_header_kept_zero() {
         h.hal.write(d.addr, &[0xa5; 12]);
         h.dev.tx.push_used(chain.head, 0);
     }
-    assert_eq!(h.net.reclaim_tx(), 4);
-    let second = frames(8)[4..].to_vec();
-    assert_eq!(
-        h.net.transmit_batch(second.iter().map(Vec::as_slice)).sent,
-        4
-    );
-    // tx_drain asserts every header is zero.
-    assert_eq!(device_completes(&mut h), second);
+    reclaim_and_send_again(&mut h, 4);
 }
 
 /// The driver writes a descriptor or an avail entry only where memory differs from what it
@@ -102,19 +107,10 @@ fn copy_transmit_frames_start_on_a_cache_line_behind_a_header_kept_zero() {
 fn descriptors_and_avail_entries_are_rewritten_where_memory_differs() {
     let mut h = harness(lazy_tx(8, 4));
     let first = frames(8);
-    assert_eq!(
-        h.net.transmit_batch(first.iter().map(Vec::as_slice)).sent,
-        8
-    );
+    send_all(&mut h, &first);
     assert_eq!(device_completes(&mut h), first);
     h.dev.tx.scribble();
-    assert_eq!(h.net.reclaim_tx(), 8);
-    let second = frames(16)[8..].to_vec();
-    assert_eq!(
-        h.net.transmit_batch(second.iter().map(Vec::as_slice)).sent,
-        8
-    );
-    assert_eq!(device_completes(&mut h), second);
+    reclaim_and_send_again(&mut h, 8);
 }
 
 #[test]

@@ -139,7 +139,9 @@ enum WorkerError {
     },
     #[error("signalling the guest failed")]
     Interrupt(#[source] io::Error),
-    #[error("the interrupt-coalescing timer failed")]
+    #[error(
+        "a timer (interrupt coalescing, a rate limiter's stop or the busy-poll's sleep) failed"
+    )]
     Timer(#[source] io::Error),
 }
 

@@ -232,10 +232,10 @@ impl<'p, B: NetBackend> EventLoop<'p, B> {
     /// ([`EventLoop::rx_polls`]: receive-only traffic polls too, as vhost-net's busy loop
     /// does). Looks at the tx avail index (and the rx avail index while rx waits for buffers)
     /// for up to the window, spinning or sleeping between looks ([`EventLoop::look`]), and at
-    /// epoll for backend input and the other events. Work found is done at once and the window starts again; an event ready
-    /// returns to the loop (which does not sleep, then comes back); a window that ends with
-    /// nothing re-enables the parked queues' notifications (re-checking the race) so the loop
-    /// can sleep.
+    /// epoll for backend input and the other events. Work found is done at once and the
+    /// window starts again; an event ready returns to the loop (which does not sleep, then
+    /// comes back); a window that ends with nothing re-enables the parked queues'
+    /// notifications (re-checking the race) so the loop can sleep.
     pub(super) fn busy_poll(&mut self) -> Result<(), WorkerError> {
         let mut ready = [EpollEvent::default(); 1];
         while self.polls() {
