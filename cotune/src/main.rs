@@ -168,6 +168,12 @@ struct Cli {
     /// path is slow, a tx interrupt would otherwise dominate every round trip).
     #[arg(long, global = true, value_enum)]
     tx_completion: Option<TxCompletionArg>,
+    /// Every point's device busy-poll sleeps this many µs between its looks at the rings
+    /// instead of spinning (`--net …,busy_poll_sleep_us=`; 1..=1000), for the presets that do
+    /// not sweep it (busy-poll-sleep refuses it). Applies where a point's busy-poll is on.
+    #[arg(long, global = true, value_name = "US",
+          value_parser = clap::value_parser!(u32).range(1..=1000))]
+    busy_poll_sleep_us: Option<u32>,
     /// The raw backend write loop's system call (`write`, the cheapest; `writev` of one
     /// iovec, as a device with a scatter-gather list makes it; `io-uring`, the device's own
     /// batches of 32 writes per submission on the backend as the ring's fixed file).
@@ -336,6 +342,7 @@ fn options(
             in_order: cli.in_order,
         },
         tx_completion: cli.tx_completion.map(Into::into),
+        busy_poll_sleep_us: cli.busy_poll_sleep_us,
     }
 }
 

@@ -236,6 +236,9 @@ pub struct Options {
     /// The driver's tx completion for every point of a preset that does not sweep it (`None`:
     /// each preset's own).
     pub tx_completion: Option<TxCompletion>,
+    /// The device busy-poll's sleep between looks for every point of a preset that does not
+    /// sweep it (`None`: each point's own, 0 unless the preset says).
+    pub busy_poll_sleep_us: Option<u32>,
 }
 
 #[cfg(test)]
@@ -261,6 +264,7 @@ impl Options {
             host_path: HostPath::Stack,
             ring: RingLayout::SPLIT,
             tx_completion: None,
+            busy_poll_sleep_us: None,
         }
     }
 }
@@ -1578,6 +1582,18 @@ pub fn preset_points(preset: Preset, opts: &Options) -> io::Result<Vec<Point>> {
             p.config.tx_completion = mode;
         }
     }
+    if let Some(us) = opts.busy_poll_sleep_us {
+        if preset == Preset::BusyPollSleep {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "preset busy-poll-sleep sweeps the busy-poll's sleep: --busy-poll-sleep-us \
+                 does not apply",
+            ));
+        }
+        for p in &mut pts {
+            p.dev.busy_poll_sleep_us = us;
+        }
+    }
     for p in &mut pts {
         p.workload = backend.adapt(opts.host_path, p.workload);
         if let Some(why) = backend.refuses(opts.host_path, p.workload) {
@@ -1827,6 +1843,23 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn busy_poll_sleep_option_sets_every_point_of_a_preset_that_does_not_sweep_it() {
+        let own = preset_points(Preset::BusyPoll, &opts(true)).expect("points");
+        assert!(own.iter().all(|p| p.dev.busy_poll_sleep_us == 0));
+        let o = Options {
+            busy_poll_sleep_us: Some(20),
+            ..opts(true)
+        };
+        let pts = preset_points(Preset::BusyPoll, &o).expect("points");
+        assert_eq!(pts.len(), own.len());
+        assert!(pts.iter().all(|p| p.dev.busy_poll_sleep_us == 20));
+        assert!(pts.iter().all(|p| p.dev.tuning().validate().is_ok()));
+        let err = preset_points(Preset::BusyPollSleep, &o).expect_err("it sweeps the sleep");
+        assert_eq!(err.kind(), io::ErrorKind::InvalidInput);
+        assert!(err.to_string().contains("--busy-poll-sleep-us"), "{err}");
     }
 
     #[test]

@@ -194,6 +194,15 @@ fn bad_arguments_are_refused_with_a_message() {
             &["--quick", "--tx-completion", "lazy", "seed-tx-completion"][..],
             "sweeps the tx completion",
         ),
+        (&["--busy-poll-sleep-us", "0"][..], "--busy-poll-sleep-us"),
+        (
+            &["--busy-poll-sleep-us", "1001"][..],
+            "--busy-poll-sleep-us",
+        ),
+        (
+            &["--quick", "--busy-poll-sleep-us", "20", "busy-poll-sleep"][..],
+            "sweeps the busy-poll's sleep",
+        ),
         (
             &["--target", "vm", "--vmm", "/nonexistent/vmm"][..],
             "/nonexistent/vmm",
