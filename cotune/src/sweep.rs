@@ -1560,40 +1560,56 @@ pub fn trial(point: &Point, opts: &Options, vm: bool) -> io::Result<Result<Measu
     })
 }
 
+/// Sets the knob `knob` picks to `value` on every point, when an option gives one; refused
+/// (`InvalidInput`) for a preset whose points differ in it, i.e. that sweeps it. `what`: the
+/// knob's name and the option's, for the message.
+fn override_knob<T: Copy + PartialEq>(
+    preset: Preset,
+    pts: &mut [Point],
+    value: Option<T>,
+    knob: fn(&mut Point) -> &mut T,
+    (name, option): (&str, &str),
+) -> io::Result<()> {
+    let Some(value) = value else {
+        return Ok(());
+    };
+    let mut own = pts.iter_mut().map(|p| *knob(p));
+    if let Some(first) = own.next() {
+        if own.any(|v| v != first) {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!(
+                    "preset {} sweeps {name}: {option} does not apply",
+                    preset.name()
+                ),
+            ));
+        }
+    }
+    for p in pts {
+        *knob(p) = value;
+    }
+    Ok(())
+}
+
 /// The preset's points, their workloads adapted to `opts`' backend and target; an
 /// `Unsupported` error when the backend cannot run one.
 pub fn preset_points(preset: Preset, opts: &Options) -> io::Result<Vec<Point>> {
     let backend = opts.backend;
     let mut pts = points(preset, opts);
-    if let Some(mode) = opts.tx_completion {
-        if pts
-            .windows(2)
-            .any(|w| w[0].config.tx_completion != w[1].config.tx_completion)
-        {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidInput,
-                format!(
-                    "preset {} sweeps the tx completion: --tx-completion does not apply",
-                    preset.name()
-                ),
-            ));
-        }
-        for p in &mut pts {
-            p.config.tx_completion = mode;
-        }
-    }
-    if let Some(us) = opts.busy_poll_sleep_us {
-        if preset == Preset::BusyPollSleep {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidInput,
-                "preset busy-poll-sleep sweeps the busy-poll's sleep: --busy-poll-sleep-us \
-                 does not apply",
-            ));
-        }
-        for p in &mut pts {
-            p.dev.busy_poll_sleep_us = us;
-        }
-    }
+    override_knob(
+        preset,
+        &mut pts,
+        opts.tx_completion,
+        |p| &mut p.config.tx_completion,
+        ("the tx completion", "--tx-completion"),
+    )?;
+    override_knob(
+        preset,
+        &mut pts,
+        opts.busy_poll_sleep_us,
+        |p| &mut p.dev.busy_poll_sleep_us,
+        ("the busy-poll's sleep", "--busy-poll-sleep-us"),
+    )?;
     for p in &mut pts {
         p.workload = backend.adapt(opts.host_path, p.workload);
         if let Some(why) = backend.refuses(opts.host_path, p.workload) {
