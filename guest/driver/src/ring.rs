@@ -36,6 +36,22 @@ use crate::hal::{DmaRegion, Hal, PhysAddr};
 pub(crate) mod packed;
 
 const DESC_SIZE: usize = 16;
+
+/// Stores `v` at `p` (volatile) only if `p` holds something else: a ring line the device has
+/// read since it was last written then stays clean in both CPUs' caches.
+///
+/// # Safety
+///
+/// `p` is valid and aligned for reads and writes of a `T`.
+#[inline(always)]
+unsafe fn store_if_changed<T: Copy + PartialEq>(p: *mut T, v: T) {
+    // SAFETY: the caller's contract.
+    unsafe {
+        if p.read_volatile() != v {
+            p.write_volatile(v);
+        }
+    }
+}
 const USED_ELEM_SIZE: usize = 8;
 const DESC_F_NEXT: u16 = 1;
 const DESC_F_WRITE: u16 = 2;
@@ -312,13 +328,8 @@ impl<Tok: Copy> SplitRing<Tok> {
         // Bytes 8..16 are `len` (u32), `flags` and `next` (u16), little-endian, as one u64.
         unsafe {
             let tail = u64::from(buf.len) | u64::from(flags) << 32 | u64::from(next) << 48;
-            let (addr, tail) = (buf.addr.to_le(), tail.to_le());
-            if p.cast::<u64>().read_volatile() != addr {
-                p.cast::<u64>().write_volatile(addr);
-            }
-            if p.add(8).cast::<u64>().read_volatile() != tail {
-                p.add(8).cast::<u64>().write_volatile(tail);
-            }
+            store_if_changed(p.cast::<u64>(), buf.addr.to_le());
+            store_if_changed(p.add(8).cast::<u64>(), tail.to_le());
         }
     }
 
@@ -363,11 +374,7 @@ impl<Tok: Copy> SplitRing<Tok> {
         // window (at most `size` chains are in flight, one descriptor each at least, and the
         // device consumed this slot `size` publications ago), so the device does not read it.
         // Written only if it differs, as descriptors are.
-        unsafe {
-            if entry.read_volatile() != head.to_le() {
-                entry.write_volatile(head.to_le());
-            }
-        }
+        unsafe { store_if_changed(entry, head.to_le()) };
         self.avail_idx = self.avail_idx.wrapping_add(1);
         Ok(())
     }
