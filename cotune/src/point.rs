@@ -5,7 +5,7 @@
 use std::io;
 
 use devices::test_utils::netns::NetNs;
-use devices::virtio::net::{Adaptive, InterruptCoalescing, NetTuning};
+use devices::virtio::net::{Adaptive, InterruptCoalescing, KickCoalescing, NetTuning};
 use vnet_driver::Config;
 
 use crate::workloads::{Pace, Sample, Workload};
@@ -161,6 +161,11 @@ pub struct DevKnobs {
     pub busy_poll_us: u32,
     /// The busy-poll's sleep between looks, µs (0: it spins).
     pub busy_poll_sleep_us: u32,
+    /// Kick coalescing: buffers the driver queues past a drained tx ring before it kicks
+    /// (0: off).
+    pub kick_packets: u16,
+    /// Kick coalescing: µs after which the device looks at the ring by itself.
+    pub kick_usecs: u32,
     /// Sparse rx reads (skip the read that finds the backend empty when frames come singly).
     pub rx_sparse_reads: bool,
     /// The ring layout the device offers (the driver's request is in the point's config).
@@ -180,6 +185,8 @@ impl Default for DevKnobs {
             tx_budget: t.tx_budget,
             busy_poll_us: t.busy_poll_us,
             busy_poll_sleep_us: t.busy_poll_sleep_us,
+            kick_packets: t.kick_coalescing.max_packets,
+            kick_usecs: t.kick_coalescing.max_usecs,
             rx_sparse_reads: t.rx_sparse_reads,
             ring: RingLayout::SPLIT,
             adaptive: t.adaptive.enabled,
@@ -199,6 +206,10 @@ impl DevKnobs {
             tx_budget: self.tx_budget,
             busy_poll_us: self.busy_poll_us,
             busy_poll_sleep_us: self.busy_poll_sleep_us,
+            kick_coalescing: KickCoalescing {
+                max_packets: self.kick_packets,
+                max_usecs: self.kick_usecs,
+            },
             rx_sparse_reads: self.rx_sparse_reads,
             adaptive: Adaptive {
                 enabled: self.adaptive,
@@ -233,6 +244,12 @@ impl DevKnobs {
         }
         if self.busy_poll_sleep_us != d.busy_poll_sleep_us {
             s += &format!(",busy_poll_sleep_us={}", self.busy_poll_sleep_us);
+        }
+        if self.kick_packets != d.kick_packets {
+            s += &format!(
+                ",kick_coalesce_packets={},kick_coalesce_usecs={}",
+                self.kick_packets, self.kick_usecs
+            );
         }
         if self.rx_sparse_reads != d.rx_sparse_reads {
             s += if self.rx_sparse_reads {

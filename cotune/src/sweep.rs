@@ -1932,6 +1932,8 @@ mod tests {
             tx_budget: 64,
             busy_poll_us: 50,
             busy_poll_sleep_us: 10,
+            kick_packets: 128,
+            kick_usecs: 50,
             rx_sparse_reads: false,
             ring: RingLayout::PACKED_IN_ORDER,
             adaptive: true,
@@ -1939,7 +1941,8 @@ mod tests {
         assert_eq!(
             k.net_spec_keys(),
             ",coalesce_packets=32,coalesce_usecs=100,event_idx=off,tx_budget=64,busy_poll_us=50,\
-             busy_poll_sleep_us=10,rx_sparse_reads=off,packed=on,in_order=on,adaptive=on"
+             busy_poll_sleep_us=10,kick_coalesce_packets=128,kick_coalesce_usecs=50,\
+             rx_sparse_reads=off,packed=on,in_order=on,adaptive=on"
         );
         // Every key it writes is one the device's --net parser takes, with the same meaning.
         let spec: devices::virtio::net::NetConfig = format!("tap=t0{}", k.net_spec_keys())

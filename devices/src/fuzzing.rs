@@ -131,8 +131,9 @@ pub enum PackedOp {
     Publish,
     /// Takes the interrupt decision.
     Decide,
-    /// Enables kicks (and re-checks the ring).
-    Enable,
+    /// Enables kicks (and re-checks the ring), asking for the next one this many descriptors
+    /// past the next (kick coalescing).
+    Enable(u16),
     /// Disables kicks.
     Disable,
     /// Hands control to the caller's driver (which may rewrite guest memory).
@@ -233,8 +234,8 @@ pub fn run_packed(
             PackedOp::Decide => {
                 ring.interrupt_decision();
             }
-            PackedOp::Enable => {
-                ring.enable_notification();
+            PackedOp::Enable(ahead) => {
+                ring.enable_notification(ahead);
             }
             PackedOp::Disable => ring.disable_notification(),
             PackedOp::Driver(n) => driver(n),

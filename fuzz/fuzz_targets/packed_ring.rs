@@ -46,7 +46,7 @@ enum Op {
     Unpop,
     Publish,
     Decide,
-    Enable,
+    Enable(u16),
     Disable,
     Driver(u8),
 }
@@ -135,7 +135,7 @@ fuzz_target!(|input: Input| {
             Op::Unpop => PackedOp::Unpop,
             Op::Publish => PackedOp::Publish,
             Op::Decide => PackedOp::Decide,
-            Op::Enable => PackedOp::Enable,
+            Op::Enable(ahead) => PackedOp::Enable(ahead),
             Op::Disable => PackedOp::Disable,
             Op::Driver(n) => PackedOp::Driver(n),
         })

@@ -227,6 +227,10 @@ fn openapi_document_matches_the_server() {
         tx_budget: 64,
         busy_poll_us: 5,
         busy_poll_sleep_us: 2,
+        kick_coalescing: devices::virtio::net::KickCoalescing {
+            max_packets: 128,
+            max_usecs: 50,
+        },
         rx_sparse_reads: false,
         adaptive: devices::virtio::net::Adaptive {
             enabled: true,
@@ -291,6 +295,7 @@ fn openapi_document_matches_the_server() {
             tx_budget: Some(tuning.tx_budget),
             busy_poll_us: Some(tuning.busy_poll_us),
             busy_poll_sleep_us: Some(tuning.busy_poll_sleep_us),
+            kick_coalescing: Some(tuning.kick_coalescing),
             rx_sparse_reads: Some(tuning.rx_sparse_reads),
             adaptive: Some(tuning.adaptive),
         }),

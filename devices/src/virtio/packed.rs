@@ -220,6 +220,24 @@ pub struct Position {
 }
 
 impl Position {
+    /// The position `n` slots further in a ring of `size` (`n < size`): past the end, from
+    /// the start with the wrap counter flipped.
+    #[inline]
+    pub fn ahead(self, n: u16, size: u16) -> Position {
+        let offset = u32::from(self.offset) + u32::from(n);
+        if offset >= u32::from(size) {
+            Position {
+                offset: (offset - u32::from(size)) as u16,
+                wrap: !self.wrap,
+            }
+        } else {
+            Position {
+                offset: offset as u16,
+                wrap: self.wrap,
+            }
+        }
+    }
+
     /// The off_wrap encoding of the position.
     #[inline]
     pub fn off_wrap(self) -> u16 {
@@ -1125,9 +1143,18 @@ impl RingOps<'_> {
     /// Asks the driver to notify for new buffers (with EVENT_IDX: once it makes `next_avail`
     /// available), then re-checks the next descriptor (the standard race). Returns true if a
     /// buffer arrived meanwhile: keep processing.
-    pub(crate) fn enable_notification(&mut self) -> bool {
+    ///
+    /// With EVENT_IDX, the driver notifies only once it makes the descriptor `ahead` slots
+    /// past `next_avail` available (at most the ring size less one; kick coalescing: the
+    /// device must look by itself for fewer). Without EVENT_IDX `ahead` is ignored.
+    pub(crate) fn enable_notification(&mut self, ahead: u16) -> bool {
         if self.ring.event_idx {
-            let off_wrap = self.ring.next_avail.position().off_wrap();
+            let off_wrap = self
+                .ring
+                .next_avail
+                .position()
+                .ahead(ahead.min(self.descs.size - 1), self.descs.size)
+                .off_wrap();
             self.ring
                 .event_word(true, OFF_WRAP)
                 .store(off_wrap.to_le(), Ordering::Relaxed);

@@ -209,7 +209,14 @@ pub(crate) trait Ring {
     fn disable_notification(&mut self);
 
     /// Asks the driver to notify, then re-checks the race: true if buffers came meanwhile.
-    fn enable_notification(&mut self) -> bool;
+    #[inline(always)]
+    fn enable_notification(&mut self) -> bool {
+        self.enable_notification_ahead(0)
+    }
+
+    /// [`Ring::enable_notification`], the notification asked for only once `ahead` more
+    /// buffers are available (EVENT_IDX; kick coalescing, see the rings).
+    fn enable_notification_ahead(&mut self, ahead: u16) -> bool;
 
     /// Warms the caches for the next chain's buffer.
     fn prefetch_ahead(&self, guest: &GuestView<'_>);
@@ -292,8 +299,8 @@ impl Ring for vring::RingOps<'_> {
     }
 
     #[inline(always)]
-    fn enable_notification(&mut self) -> bool {
-        vring::RingOps::enable_notification(self)
+    fn enable_notification_ahead(&mut self, ahead: u16) -> bool {
+        vring::RingOps::enable_notification(self, ahead)
     }
 
     #[inline(always)]
@@ -399,8 +406,8 @@ impl Ring for packed::RingOps<'_> {
     }
 
     #[inline(always)]
-    fn enable_notification(&mut self) -> bool {
-        packed::RingOps::enable_notification(self)
+    fn enable_notification_ahead(&mut self, ahead: u16) -> bool {
+        packed::RingOps::enable_notification(self, ahead)
     }
 
     #[inline(always)]
@@ -550,8 +557,8 @@ impl<R: Ring> Ring for InOrder<'_, R> {
     }
 
     #[inline]
-    fn enable_notification(&mut self) -> bool {
-        self.ring.enable_notification()
+    fn enable_notification_ahead(&mut self, ahead: u16) -> bool {
+        self.ring.enable_notification_ahead(ahead)
     }
 
     #[inline(always)]

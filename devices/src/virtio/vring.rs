@@ -593,13 +593,22 @@ impl RingOps<'_> {
 
     /// Asks the driver to notify for new entries, then re-checks the avail index (the standard
     /// race). Returns true if entries arrived meanwhile: keep processing.
-    pub(crate) fn enable_notification(&mut self) -> bool {
+    ///
+    /// With EVENT_IDX, `ahead` entries (at most the queue size less one) may be made available
+    /// before the driver notifies: `avail_event` is set that far past the next entry, and the
+    /// device must look at the ring by itself for fewer (kick coalescing). Without EVENT_IDX
+    /// the driver's flag cannot say it: `ahead` is ignored.
+    pub(crate) fn enable_notification(&mut self, ahead: u16) -> bool {
         if self.ring.event_idx {
             let offset = 4 + 8 * usize::from(self.ring.size);
             // SAFETY: `avail_event` is the u16 after the used ring's `size` elements, inside
             // the 6 + 8·size bytes checked in `new`; 2-aligned (the ring is 4-aligned).
             let event = unsafe { AtomicU16::from_ptr(self.ring.used.add(offset).cast()) };
-            event.store(self.ring.next_avail.0.to_le(), Ordering::Relaxed);
+            let ahead = ahead.min(self.ring.size - 1);
+            event.store(
+                (self.ring.next_avail.0.wrapping_add(ahead)).to_le(),
+                Ordering::Relaxed,
+            );
         } else if self.ring.no_notify != Some(false) {
             self.store_used_flags(0);
             self.ring.no_notify = Some(false);

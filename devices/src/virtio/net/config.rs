@@ -3,7 +3,8 @@
 //! CLI form: `tap0`, or `tap=tap0,mac=02:00:00:00:00:01,queue_size=256` (keys in any order,
 //! `tap` required), plus rate limiters (`rx_bw`, `rx_ops`, `tx_bw`, `tx_ops`) and the device's
 //! runtime knobs (`coalesce_packets`, `coalesce_usecs`, `event_idx=on|off`, `tx_budget`,
-//! `busy_poll_us`, `busy_poll_sleep_us`, `rx_sparse_reads=on|off`, `adaptive=on|off` with its
+//! `busy_poll_us`, `busy_poll_sleep_us`, `kick_coalesce_packets`, `kick_coalesce_usecs`,
+//! `rx_sparse_reads=on|off`, `adaptive=on|off` with its
 //! bounds `adaptive_max_busy_poll_us`, `adaptive_max_coalesce_usecs` and `adaptive_interval_us`; see
 //! [`NetTuning`]) and the ring features offered
 //! (`packed=on|off`, `in_order=on|off`, both off by default). The serde form is `{"tap": "tap0", "mac": "...", "queue_size": 256}` with
@@ -56,8 +57,8 @@ pub enum NetConfigError {
     #[error(
         "unknown key {0:?} (expected tap, backend, rate_pps, frame_size, mac, queue_size, \
          rx_bw, rx_ops, tx_bw, tx_ops, coalesce_packets, coalesce_usecs, event_idx, tx_budget, \
-         busy_poll_us, busy_poll_sleep_us, rx_sparse_reads, adaptive, adaptive_max_busy_poll_us, \
-         adaptive_max_coalesce_usecs, adaptive_interval_us, queues, io_uring, packed, in_order)"
+         busy_poll_us, busy_poll_sleep_us, kick_coalesce_packets, kick_coalesce_usecs, \
+         rx_sparse_reads, adaptive, adaptive_max_busy_poll_us, adaptive_max_coalesce_usecs, adaptive_interval_us, queues, io_uring, packed, in_order)"
     )]
     UnknownKey(String),
     /// `backend=` names no backend.
@@ -534,7 +535,8 @@ fn pps_bucket(rate: u64) -> BucketConfig {
 
 /// A tuning value from the CLI form.
 /// Sets the tuning knob `key` (a `coalesce_*`, `event_idx`, `tx_budget`, `busy_poll_us`,
-/// `busy_poll_sleep_us`, `rx_sparse_reads` or `adaptive*` key) from `value`; false if `key` is
+/// `busy_poll_sleep_us`, `kick_coalesce_*`, `rx_sparse_reads` or `adaptive*` key) from `value`;
+/// false if `key` is
 /// none of them.
 fn tuning_key(tuning: &mut NetTuning, key: &str, value: &str) -> Result<bool, NetConfigError> {
     let adaptive = &mut tuning.adaptive;
@@ -558,6 +560,12 @@ fn tuning_key(tuning: &mut NetTuning, key: &str, value: &str) -> Result<bool, Ne
         "rx_sparse_reads" => tuning.rx_sparse_reads = on_off(key, value)?,
         "busy_poll_us" => tuning.busy_poll_us = knob(key, value, "microseconds")?,
         "busy_poll_sleep_us" => tuning.busy_poll_sleep_us = knob(key, value, "microseconds")?,
+        "kick_coalesce_packets" => {
+            tuning.kick_coalescing.max_packets = knob(key, value, "frames, 0..=65535")?
+        }
+        "kick_coalesce_usecs" => {
+            tuning.kick_coalescing.max_usecs = knob(key, value, "microseconds")?
+        }
         _ => return Ok(false),
     }
     Ok(true)
@@ -1007,7 +1015,7 @@ mod tests {
     #[test]
     fn tuning_in_the_short_form() {
         let cfg: NetConfig =
-            "tap=t0,coalesce_packets=16,coalesce_usecs=100,event_idx=off,tx_budget=64,busy_poll_us=50,rx_sparse_reads=off,busy_poll_sleep_us=10"
+            "tap=t0,coalesce_packets=16,coalesce_usecs=100,event_idx=off,tx_budget=64,busy_poll_us=50,rx_sparse_reads=off,busy_poll_sleep_us=10,kick_coalesce_packets=128,kick_coalesce_usecs=50"
                 .parse()
                 .expect("valid");
         assert!(!cfg.tuning.rx_sparse_reads);
@@ -1018,13 +1026,28 @@ mod tests {
         assert_eq!(cfg.tuning.busy_poll_us, 50);
         assert_eq!(cfg.tuning.busy_poll_sleep_us, 10);
         assert_eq!(
+            (
+                cfg.tuning.kick_coalescing.max_packets,
+                cfg.tuning.kick_coalescing.max_usecs
+            ),
+            (128, 50)
+        );
+        assert_eq!(
             "tap0".parse::<NetConfig>().expect("valid").tuning,
             NetTuning::default()
         );
-        let cases: [(&str, NetConfigError); 8] = [
+        let cases: [(&str, NetConfigError); 10] = [
             (
                 "tap=t0,busy_poll_us=10001",
                 NetConfigError::Tuning(TuningError::BusyPoll(10001)),
+            ),
+            (
+                "tap=t0,kick_coalesce_packets=64",
+                NetConfigError::Tuning(TuningError::KickPacketsWithoutTime(64)),
+            ),
+            (
+                "tap=t0,kick_coalesce_packets=64,kick_coalesce_usecs=1001",
+                NetConfigError::Tuning(TuningError::KickUsecs(1001)),
             ),
             (
                 "tap=t0,busy_poll_us=50,busy_poll_sleep_us=1001",

@@ -155,6 +155,11 @@ queue_metrics! {
         /// Times the backend could not take more frames and transmission paused until it
         /// became writable again.
         backend_full,
+        /// Kick coalescing (`kick_coalescing`): times the device looked at the ring by itself
+        /// after its time bound, the driver not having kicked.
+        kick_timer_looks,
+        /// Of those looks, the ones that found frames (the rest found the driver quiet).
+        kick_timer_found,
         /// Batches of several frames handed to the backend in one call (io_uring on a tap:
         /// one `io_uring_enter` each); `frames / batched_writes` is at most the batch size.
         batched_writes,

@@ -71,8 +71,8 @@ pub use rate_limiter::{BucketConfig, RateLimiterConfig, RateLimiterError};
 pub use rx::{process_rx, RxMode, RxOutcome, RxQueue, RxStop};
 pub use tuning::{
     Adaptive, CoalescingInForce, CoalescingSource, DirectionCoalescing, InterruptCoalescing,
-    NetTuning, NetTuningUpdate, TuningControl, TuningError, DEFAULT_TX_BUDGET, MAX_BUSY_POLL_USECS,
-    MAX_TX_BUDGET,
+    KickCoalescing, NetTuning, NetTuningUpdate, TuningControl, TuningError, DEFAULT_TX_BUDGET,
+    MAX_BUSY_POLL_USECS, MAX_KICK_COALESCE_USECS, MAX_TX_BUDGET,
 };
 pub use tx::{process_tx, TxOutcome, TxQueue, TxStop};
 pub use worker::WorkerThreadError;

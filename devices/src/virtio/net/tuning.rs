@@ -7,7 +7,7 @@
 //! into its own state between two batches. The worker never reads the atomic on the hot path.
 
 use std::io;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use serde::{Deserialize, Serialize};
@@ -22,6 +22,8 @@ pub const MAX_COALESCE_USECS: u32 = 1_000_000;
 pub const MAX_BUSY_POLL_USECS: u32 = 10_000;
 /// Longest sleep between two looks of a sleeping busy-poll (1 ms).
 pub const MAX_BUSY_POLL_SLEEP_USECS: u32 = 1000;
+/// Longest kick coalescing time (1 ms): the longest a queued frame may wait for the device.
+pub const MAX_KICK_COALESCE_USECS: u32 = 1000;
 /// Default frames per tx call before the worker looks at its other events.
 pub const DEFAULT_TX_BUDGET: u16 = 256;
 /// Largest tx budget (frames per call).
@@ -45,6 +47,15 @@ pub enum TuningError {
     /// `busy_poll_sleep_us` above [`MAX_BUSY_POLL_SLEEP_USECS`].
     #[error("busy_poll_sleep_us {0} is out of range (0..={MAX_BUSY_POLL_SLEEP_USECS})")]
     BusyPollSleep(u32),
+    /// `kick_coalescing.max_usecs` above [`MAX_KICK_COALESCE_USECS`].
+    #[error("kick_coalescing.max_usecs {0} is out of range (0..={MAX_KICK_COALESCE_USECS})")]
+    KickUsecs(u32),
+    /// A kick packet bound without a time bound could leave frames queued forever.
+    #[error(
+        "kick_coalescing.max_packets {0} needs max_usecs > 0 (without a time bound the last \
+         frames of a burst could wait forever); use max_packets 0 to turn kick coalescing off"
+    )]
+    KickPacketsWithoutTime(u16),
     /// `tx_budget` of 0 or above [`MAX_TX_BUDGET`].
     #[error("tx_budget {0} is out of range (1..={MAX_TX_BUDGET})")]
     TxBudget(u16),
@@ -113,6 +124,43 @@ impl InterruptCoalescing {
         }
         if self.max_usecs == 0 && self.max_packets > 1 {
             return Err(TuningError::PacketsWithoutTime(self.max_packets));
+        }
+        Ok(())
+    }
+}
+
+/// Kick coalescing, the device's side of the driver's kick batching (EVENT_IDX only): when
+/// the tx queue runs dry, the device lets the driver queue `max_packets` buffers without a
+/// kick, the next one kicking (`avail_event` set that far past the next entry, at most the
+/// queue size less one), instead of asking for a kick at the next buffer, and looks at the
+/// ring by itself `max_usecs` after it went to sleep. A look that finds frames sends them and waits the same way again; one that
+/// finds none asks for a kick at the next buffer until the next kick or look finds work. A
+/// driver that queues steadily then kicks once per `max_packets` frames, and no frame waits
+/// more than about `max_usecs` for the device.
+///
+/// `max_packets == 0` turns it off (the default); it needs `max_usecs > 0`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct KickCoalescing {
+    /// Buffers the driver queues past a drained ring before it kicks; 0: off.
+    pub max_packets: u16,
+    /// Microseconds after which the device looks at the ring by itself (1..=1000 when on).
+    pub max_usecs: u32,
+}
+
+impl KickCoalescing {
+    /// Whether the driver is asked to kick later than at its next buffer.
+    pub fn is_enabled(&self) -> bool {
+        self.max_packets > 0
+    }
+
+    /// Checks the bounds.
+    pub fn validate(&self) -> Result<(), TuningError> {
+        if self.max_usecs > MAX_KICK_COALESCE_USECS {
+            return Err(TuningError::KickUsecs(self.max_usecs));
+        }
+        if self.max_usecs == 0 && self.max_packets > 0 {
+            return Err(TuningError::KickPacketsWithoutTime(self.max_packets));
         }
         Ok(())
     }
@@ -239,6 +287,11 @@ pub struct NetTuning {
     /// effect while busy-poll is off.
     #[serde(default)]
     pub busy_poll_sleep_us: u32,
+    /// Kick coalescing on the tx queue (off by default; see [`KickCoalescing`]). No effect
+    /// while a busy-poll window runs (the driver's notifications are off then anyway) or
+    /// without EVENT_IDX.
+    #[serde(default)]
+    pub kick_coalescing: KickCoalescing,
     /// Sparse rx reads (true, the default): when frames come one per wake-up (the last call
     /// that read the backend until empty found exactly one), an rx call reads one frame and
     /// stops instead of reading again to find the backend empty (a failed system call, ~370 ns
@@ -272,6 +325,7 @@ impl Default for NetTuning {
             tx_budget: DEFAULT_TX_BUDGET,
             busy_poll_us: 0,
             busy_poll_sleep_us: 0,
+            kick_coalescing: KickCoalescing::default(),
             rx_sparse_reads: true,
             adaptive: Adaptive::default(),
         }
@@ -291,6 +345,7 @@ impl NetTuning {
         if self.tx_budget == 0 || self.tx_budget > MAX_TX_BUDGET {
             return Err(TuningError::TxBudget(self.tx_budget));
         }
+        self.kick_coalescing.validate()?;
         self.adaptive.validate()
     }
 
@@ -304,6 +359,7 @@ impl NetTuning {
             tx_budget: update.tx_budget.unwrap_or(self.tx_budget),
             busy_poll_us: update.busy_poll_us.unwrap_or(self.busy_poll_us),
             busy_poll_sleep_us: update.busy_poll_sleep_us.unwrap_or(self.busy_poll_sleep_us),
+            kick_coalescing: update.kick_coalescing.unwrap_or(self.kick_coalescing),
             rx_sparse_reads: update.rx_sparse_reads.unwrap_or(self.rx_sparse_reads),
             adaptive: update.adaptive.unwrap_or(self.adaptive),
         }
@@ -312,8 +368,8 @@ impl NetTuning {
     /// Packs a validated tuning into one word: bits 0..20 max_usecs (≤ 1 000 000), 20..36
     /// max_packets, bit 36 event_idx, 37..51 busy_poll_us (≤ 10 000), bit 51
     /// rx_sparse_reads, 52..64 tx_budget − 1 (1..=4096).
-    /// (The adaptation bounds go in a second word, [`Adaptive::pack`], `busy_poll_sleep_us` in
-    /// a third.)
+    /// (The adaptation bounds go in a second word, [`Adaptive::pack`], `busy_poll_sleep_us` and
+    /// the kick coalescing in a third, [`NetTuning::pack_extra`].)
     fn pack(&self) -> u64 {
         u64::from(self.interrupt_coalescing.max_usecs & 0xf_ffff)
             | u64::from(self.interrupt_coalescing.max_packets) << 20
@@ -332,10 +388,28 @@ impl NetTuning {
             event_idx: word & 1 << 36 != 0,
             busy_poll_us: ((word >> 37) & 0x3fff) as u32,
             busy_poll_sleep_us: 0,
+            kick_coalescing: KickCoalescing::default(),
             rx_sparse_reads: word & 1 << 51 != 0,
             tx_budget: ((word >> 52) & 0xfff) as u16 + 1,
             adaptive: Adaptive::default(),
         }
+    }
+
+    /// The third word: bits 0..16 busy_poll_sleep_us (≤ 1000), 16..32 the kick coalescing's
+    /// max_packets, 32..48 its max_usecs (≤ 1000).
+    fn pack_extra(&self) -> u64 {
+        u64::from(self.busy_poll_sleep_us & 0xffff)
+            | u64::from(self.kick_coalescing.max_packets) << 16
+            | u64::from(self.kick_coalescing.max_usecs & 0xffff) << 32
+    }
+
+    /// Puts [`NetTuning::pack_extra`]'s fields back into this tuning.
+    fn unpack_extra(&mut self, word: u64) {
+        self.busy_poll_sleep_us = (word & 0xffff) as u32;
+        self.kick_coalescing = KickCoalescing {
+            max_packets: (word >> 16) as u16,
+            max_usecs: ((word >> 32) & 0xffff) as u32,
+        };
     }
 }
 
@@ -358,6 +432,9 @@ pub struct NetTuningUpdate {
     /// New wait between a busy-poll's looks (µs, 0 = spin).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub busy_poll_sleep_us: Option<u32>,
+    /// New kick coalescing bounds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kick_coalescing: Option<KickCoalescing>,
     /// New sparse rx reads setting.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rx_sparse_reads: Option<bool>,
@@ -418,8 +495,9 @@ pub(crate) struct TuningShared {
     word: AtomicU64,
     /// The adaptation bounds ([`Adaptive::pack`]), stored before `word`.
     adaptive: AtomicU64,
-    /// [`NetTuning::busy_poll_sleep_us`], stored before `word`.
-    busy_poll_sleep_us: AtomicU32,
+    /// [`NetTuning::busy_poll_sleep_us`] and the kick coalescing
+    /// ([`NetTuning::pack_extra`]), stored before `word`.
+    extra: AtomicU64,
     /// Bumped by every operator change that names the interrupt coalescing: the worker then
     /// drops what the guest set (the last one set wins).
     operator_coalescing: AtomicU64,
@@ -459,7 +537,7 @@ impl TuningControl {
             shared: Arc::new(TuningShared {
                 word: AtomicU64::new(initial.pack()),
                 adaptive: AtomicU64::new(initial.adaptive.pack()),
-                busy_poll_sleep_us: AtomicU32::new(initial.busy_poll_sleep_us),
+                extra: AtomicU64::new(initial.pack_extra()),
                 operator_coalescing: AtomicU64::new(0),
                 guest: [AtomicU64::new(0), AtomicU64::new(0)],
                 limiters: Mutex::new(Limiters::default()),
@@ -476,8 +554,8 @@ impl TuningControl {
             .adaptive
             .store(tuning.adaptive.pack(), Ordering::Release);
         self.shared
-            .busy_poll_sleep_us
-            .store(tuning.busy_poll_sleep_us, Ordering::Release);
+            .extra
+            .store(tuning.pack_extra(), Ordering::Release);
         self.shared.word.store(tuning.pack(), Ordering::Release);
         self.shared.notify_except(usize::MAX);
         Ok(())
@@ -607,7 +685,7 @@ impl TuningShared {
     pub(crate) fn load(&self) -> NetTuning {
         let mut tuning = NetTuning::unpack(self.word.load(Ordering::Acquire));
         tuning.adaptive = Adaptive::unpack(self.adaptive.load(Ordering::Acquire));
-        tuning.busy_poll_sleep_us = self.busy_poll_sleep_us.load(Ordering::Acquire);
+        tuning.unpack_extra(self.extra.load(Ordering::Acquire));
         tuning
     }
 
@@ -638,6 +716,7 @@ mod tests {
                 tx_budget: MAX_TX_BUDGET,
                 busy_poll_us: MAX_BUSY_POLL_USECS,
                 busy_poll_sleep_us: 0,
+                kick_coalescing: KickCoalescing::default(),
                 rx_sparse_reads: false,
                 adaptive: Adaptive::default(),
             },
@@ -650,6 +729,7 @@ mod tests {
                 tx_budget: 1,
                 busy_poll_us: 1,
                 busy_poll_sleep_us: 0,
+                kick_coalescing: KickCoalescing::default(),
                 rx_sparse_reads: true,
                 adaptive: Adaptive::default(),
             },
@@ -709,6 +789,20 @@ mod tests {
                 tx_budget: MAX_TX_BUDGET + 1,
                 ..NetTuning::default()
             },
+            NetTuning {
+                kick_coalescing: KickCoalescing {
+                    max_packets: 64,
+                    max_usecs: 0,
+                },
+                ..NetTuning::default()
+            },
+            NetTuning {
+                kick_coalescing: KickCoalescing {
+                    max_packets: 64,
+                    max_usecs: MAX_KICK_COALESCE_USECS + 1,
+                },
+                ..NetTuning::default()
+            },
         ] {
             assert!(control.set(bad).is_err(), "{bad:?}");
         }
@@ -725,6 +819,10 @@ mod tests {
             tx_budget: 32,
             busy_poll_us: 50,
             busy_poll_sleep_us: MAX_BUSY_POLL_SLEEP_USECS,
+            kick_coalescing: KickCoalescing {
+                max_packets: u16::MAX,
+                max_usecs: MAX_KICK_COALESCE_USECS,
+            },
             rx_sparse_reads: false,
             adaptive: Adaptive {
                 enabled: true,
@@ -784,5 +882,29 @@ mod tests {
         assert!(!t3.rx_sparse_reads);
         assert_eq!(t3.tx_budget, DEFAULT_TX_BUDGET, "the other knobs kept");
         assert!(NetTuningUpdate::default().is_empty());
+        let u: NetTuningUpdate =
+            serde_json::from_str(r#"{"kick_coalescing":{"max_packets":128,"max_usecs":50}}"#)
+                .expect("valid");
+        let t4 = t3.updated(&u);
+        assert_eq!(
+            t4.kick_coalescing,
+            KickCoalescing {
+                max_packets: 128,
+                max_usecs: 50
+            }
+        );
+        assert!(!t4.rx_sparse_reads, "the other knobs kept");
+        assert!(
+            !NetTuning::default().kick_coalescing.is_enabled(),
+            "off by default"
+        );
+        assert_eq!(
+            KickCoalescing {
+                max_packets: 1,
+                max_usecs: 0
+            }
+            .validate(),
+            Err(TuningError::KickPacketsWithoutTime(1))
+        );
     }
 }

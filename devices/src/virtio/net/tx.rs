@@ -87,6 +87,9 @@ pub struct TxQueue {
     /// initialise per call), on a split ring and on a packed one.
     batch: Box<Pending<u16>>,
     packed_batch: Box<Pending<ChainHead>>,
+    /// Buffers the driver may queue past a drained ring before it kicks (kick coalescing;
+    /// 0: the next one kicks).
+    kick_ahead: u16,
 }
 
 impl TxQueue {
@@ -102,6 +105,7 @@ impl TxQueue {
             budget: TX_BUDGET,
             batch: Box::new(Pending::new()),
             packed_batch: Box::new(Pending::new()),
+            kick_ahead: 0,
         }
     }
 
@@ -110,6 +114,14 @@ impl TxQueue {
     /// element, the used index moved past them all; packed: one used descriptor).
     pub fn set_in_order(&mut self, on: bool) {
         self.in_order = on;
+    }
+
+    /// Kick coalescing (EVENT_IDX only): when a call drains the ring, the driver may queue
+    /// `frames` buffers past it without a kick, the next one kicking (at most the queue size
+    /// less one), instead of kicking at the next one. The caller then owes the ring a look of its own for
+    /// fewer (a timer); 0, the default, asks for a kick at the next buffer.
+    pub fn set_kick_ahead(&mut self, frames: u16) {
+        self.kick_ahead = frames;
     }
 
     /// Frames one call sends at most (at least 1).
@@ -206,6 +218,7 @@ impl TxQueue {
             budget,
             batch,
             packed_batch,
+            kick_ahead,
         } = self;
         let Some(vq) = vq.as_mut() else {
             return Ok(TxOutcome {
@@ -226,6 +239,7 @@ impl TxQueue {
             sent: 0,
             frames: *budget,
             park,
+            kick_ahead: *kick_ahead,
         };
         // The ring kind and IN_ORDER are picked once per call; below, each has its own code.
         match vq {
@@ -340,6 +354,8 @@ struct Call {
     /// Most chains the call returns.
     frames: usize,
     park: bool,
+    /// [`TxQueue::set_kick_ahead`].
+    kick_ahead: u16,
 }
 
 /// Sends frame by frame. `Ok(None)`: `hand_over` frames are known to be queued (the caller
@@ -373,7 +389,7 @@ fn drain<'g, B: NetBackend, R: Ring, const LIMITED: bool>(
             }
         }
         let Some(head) = ring.pop_head()? else {
-            match ran_dry(ring, budget, call.park) {
+            match ran_dry(ring, budget, call.park, call.kick_ahead) {
                 Some(stop) => return Ok(Some(stop)),
                 None => continue,
             }
@@ -499,7 +515,7 @@ fn drain_batched<'g, B: NetBackend, R: Ring>(
                 // More may have come while the batch was written.
                 continue;
             }
-            match ran_dry(ring, budget, call.park) {
+            match ran_dry(ring, budget, call.park, call.kick_ahead) {
                 Some(stop) => return Ok(stop),
                 None => continue,
             }
@@ -628,7 +644,12 @@ fn flush<B: NetBackend, R: Ring>(
 /// more just before): `None` when it did (notifications off again, go on), else
 /// [`TxStop::Drained`]. Publishing first lets the enable's fence also order the used-index
 /// store before the interrupt decision reads `used_event`: one fence per call instead of two.
-fn ran_dry<R: Ring>(ring: &mut R, budget: &mut WalkBudget, park: bool) -> Option<TxStop> {
+fn ran_dry<R: Ring>(
+    ring: &mut R,
+    budget: &mut WalkBudget,
+    park: bool,
+    kick_ahead: u16,
+) -> Option<TxStop> {
     if park {
         // The decision fences itself.
         ring.publish_used();
@@ -636,7 +657,7 @@ fn ran_dry<R: Ring>(ring: &mut R, budget: &mut WalkBudget, park: bool) -> Option
     }
     budget.charge(1);
     ring.publish_used();
-    if ring.enable_notification() {
+    if ring.enable_notification_ahead(kick_ahead) {
         ring.disable_notification();
         return None;
     }

@@ -1230,11 +1230,11 @@ fn kick_flags_without_event_idx() {
     driver.push_readable(&[b"a"]);
     assert!(!driver.kick_needed(1));
     // Enabling finds the chain made available meanwhile.
-    assert!(vq.split().1.enable_notification());
+    assert!(vq.split().1.enable_notification(0));
     assert_eq!(driver.device_event().1, EVENT_FLAG_ENABLE);
     let (head, _) = pop_read(&mut vq).expect("chain");
     add_used(&mut vq, head, 0);
-    assert!(!vq.split().1.enable_notification(), "nothing new");
+    assert!(!vq.split().1.enable_notification(0), "nothing new");
     driver.push_readable(&[b"b"]);
     assert!(driver.kick_needed(1));
     assert!(vq.avail_pending());
@@ -1243,7 +1243,7 @@ fn kick_flags_without_event_idx() {
 #[test]
 fn enable_writes_the_next_avail_position_with_event_idx() {
     let (mut driver, mut vq) = queue(3, EVENT_IDX);
-    assert!(!vq.split().1.enable_notification());
+    assert!(!vq.split().1.enable_notification(0));
     assert_eq!(driver.device_event(), (EVENT_WRAP_BIT, EVENT_FLAG_DESC));
     vq.split().1.disable_notification();
     assert_eq!(driver.device_event().1, EVENT_FLAG_DISABLE);
@@ -1255,16 +1255,53 @@ fn enable_writes_the_next_avail_position_with_event_idx() {
     driver.push_readable(&[b"c", b"d"]);
     assert_eq!(vq.next_avail(), pos(2, true));
     assert!(
-        vq.split().1.enable_notification(),
+        vq.split().1.enable_notification(0),
         "a chain arrived meanwhile"
     );
     assert_eq!(driver.device_event(), (2 | EVENT_WRAP_BIT, EVENT_FLAG_DESC));
     pop_read(&mut vq).expect("chain");
-    assert!(!vq.split().1.enable_notification());
+    assert!(!vq.split().1.enable_notification(0));
     assert_eq!(
         driver.device_event(),
         (1, EVENT_FLAG_DESC),
         "offset 1 after the wrap"
+    );
+}
+
+/// Kick coalescing: the event is `ahead` descriptors past the next position, across the wrap
+/// (with the other wrap counter), and never a whole lap or more away.
+#[test]
+fn enable_ahead_asks_for_a_later_kick_across_the_wrap() {
+    let (mut driver, mut vq) = queue(4, EVENT_IDX);
+    assert!(!vq.split().1.enable_notification(2));
+    assert_eq!(driver.device_event(), (2 | EVENT_WRAP_BIT, EVENT_FLAG_DESC));
+    assert!(!vq.split().1.enable_notification(u16::MAX));
+    assert_eq!(
+        driver.device_event(),
+        (3 | EVENT_WRAP_BIT, EVENT_FLAG_DESC),
+        "at most a lap less one"
+    );
+    for b in [b"a", b"b", b"c"] {
+        driver.push_readable(&[b]);
+        assert!(!driver.kick_needed(1), "within the coalesced buffers");
+        let (head, _) = pop_read(&mut vq).expect("chain");
+        add_used(&mut vq, head, 0);
+        driver.take_used().expect("used");
+    }
+    assert_eq!(vq.next_avail(), pos(3, true));
+    assert!(!vq.split().1.enable_notification(2));
+    assert_eq!(
+        driver.device_event(),
+        (1, EVENT_FLAG_DESC),
+        "offset 1 after the wrap"
+    );
+    driver.push_readable(&[b"d"]);
+    driver.push_readable(&[b"e"]);
+    assert!(!driver.kick_needed(1));
+    driver.push_readable(&[b"f"]);
+    assert!(
+        driver.kick_needed(1),
+        "the third buffer past the drained ring kicks"
     );
 }
 
@@ -1274,7 +1311,7 @@ fn enable_writes_the_next_avail_position_with_event_idx() {
 /// wrap counter values.
 fn kick_protocol(size: u16) {
     let (mut driver, mut vq) = queue(size, EVENT_IDX);
-    assert!(!vq.split().1.enable_notification());
+    assert!(!vq.split().1.enable_notification(0));
     let mut armed_at = BTreeSet::new();
     let lens = [1u16, 2, 1, 3, 2];
     for round in 0..(8 * size + 10) {
@@ -1303,7 +1340,7 @@ fn kick_protocol(size: u16) {
             while let Some((head, _)) = pop_read(&mut vq) {
                 add_used(&mut vq, head, 0);
             }
-            if !vq.split().1.enable_notification() {
+            if !vq.split().1.enable_notification(0) {
                 break;
             }
         }
@@ -1361,7 +1398,7 @@ fn kick_suppression_at_the_wrap() {
             add_used(&mut vq, head, 0);
             driver.take_used().expect("used");
         }
-        assert!(!vq.split().1.enable_notification());
+        assert!(!vq.split().1.enable_notification(0));
         assert_eq!(driver.device_event(), (armed, EVENT_FLAG_DESC));
         let parts = vec![&b"c"[..]; usize::from(chain)];
         driver.push_readable(&parts);

@@ -6,6 +6,7 @@ mod bounds;
 mod ctrl;
 mod driver;
 mod hostile;
+mod kicks;
 mod limits;
 mod measure;
 mod mq;

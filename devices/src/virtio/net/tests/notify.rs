@@ -112,6 +112,43 @@ fn event_idx_interrupts_follow_vring_need_event_across_wrap_around() {
     }
 }
 
+/// Kick coalescing on the split ring: a drained queue sets `avail_event` `ahead` entries past
+/// the next one (across the 16-bit wrap; at most the queue size less one), so the driver's
+/// `vring_need_event` asks for no kick until it has queued that many more.
+#[test]
+fn kick_ahead_moves_avail_event_past_the_next_entry() {
+    for (start, ahead, expected) in [
+        (0u16, 0u16, 0u16),
+        (0, 8, 8),
+        (65530, 8, 8),
+        (100, 15, 15),
+        (100, 16, 15),
+        (100, u16::MAX, 15),
+    ] {
+        let mut ring = Ring::new(16);
+        ring.queue.set_event_idx(true);
+        ring.driver.start_at(&mut ring.queue, start);
+        let mut txq = ring.tx_queue();
+        txq.set_kick_ahead(ahead);
+        let (mut backend, _peer) = pair();
+        let mut counters = TxCounters::default();
+        let outcome = txq.process(&mut backend, &mut counters).expect("ring ok");
+        assert_eq!(outcome.stop, TxStop::Drained);
+        let case = format!("start {start}, ahead {ahead}");
+        let event = ring.driver.avail_event();
+        assert_eq!(event, start.wrapping_add(expected), "{case}");
+        // The driver queues `expected` entries without a kick; the next one kicks.
+        for n in 1..=expected.wrapping_add(1) {
+            let new = start.wrapping_add(n);
+            assert_eq!(
+                vring_need_event(event, new, new.wrapping_sub(1)),
+                n == expected.wrapping_add(1),
+                "{case}, entry {n}"
+            );
+        }
+    }
+}
+
 #[test]
 fn event_idx_ignores_the_no_interrupt_flag() {
     let mut ring = Ring::new(16);

@@ -52,7 +52,7 @@ use super::link::{GuestMac, LinkControl, LinkState};
 use super::metrics::{BusyPollCounters, CtrlCounters, NetMetrics, RxCounters, TxCounters};
 use super::moderation::{Coalescing, Moderation, Moderator, TimerOp, RX, TX};
 use super::rx::{RxMode, RxQueue, RxStop, RX_GATHER_BYTES, RX_GATHER_NO_GSO_BYTES};
-use super::tuning::{InterruptCoalescing, NetTuning, TuningShared};
+use super::tuning::{InterruptCoalescing, KickCoalescing, NetTuning, TuningShared};
 use super::tx::{TxQueue, TxStop};
 use super::BurstLog;
 use super::VNET_HDR_LEN;
@@ -87,6 +87,8 @@ enum Token {
     CoalesceTimer,
     /// A sleeping busy-poll's wait between two looks ended.
     PollTimer,
+    /// Kick coalescing's time bound: the tx ring is due a look by the device.
+    KickTimer,
     /// The backend's link may have changed.
     Link,
     /// The tx rate limiter's wait is over.
@@ -100,7 +102,7 @@ enum Token {
 }
 
 impl Token {
-    const ALL: [Token; 12] = [
+    const ALL: [Token; 13] = [
         Token::TxKick,
         Token::RxKick,
         Token::Backend,
@@ -108,6 +110,7 @@ impl Token {
         Token::Tuning,
         Token::CoalesceTimer,
         Token::PollTimer,
+        Token::KickTimer,
         Token::Link,
         Token::TxThrottle,
         Token::RxThrottle,
@@ -246,6 +249,8 @@ struct ThreadParts {
     timer: TimerFd,
     /// A sleeping busy-poll's wait between looks ([`NetTuning::busy_poll_sleep_us`]).
     poll_timer: TimerFd,
+    /// Kick coalescing's look at the tx ring ([`NetTuning::kick_coalescing`]).
+    kick_timer: TimerFd,
     tx_throttle: Throttle,
     rx_throttle: Throttle,
     tuning_changed: EventFd,
@@ -269,6 +274,7 @@ impl ThreadParts {
             stop: EventFd::new(EFD_NONBLOCK)?,
             timer: nonblocking_timerfd()?,
             poll_timer: nonblocking_timerfd()?,
+            kick_timer: nonblocking_timerfd()?,
             tx_throttle: Throttle::new()?,
             rx_throttle: Throttle::new()?,
             tuning_changed: tuning
@@ -525,6 +531,11 @@ struct EventLoop<'p, B> {
     busy_poll: Duration,
     /// The busy-poll's sleep between looks (zero: it spins).
     poll_sleep: Duration,
+    /// Kick coalescing (off: `max_packets` 0).
+    kick_coalescing: KickCoalescing,
+    /// Kick coalescing's last look found the tx ring empty: the driver is asked to kick at its
+    /// next buffer until a kick or a look finds work.
+    kick_quiet: bool,
     /// What the busy-poll found.
     poll_counters: BusyPollCounters,
     /// Polling time not yet published (below a microsecond).
@@ -680,6 +691,7 @@ impl<'p, B: NetBackend> EventLoop<'p, B> {
         // The timers must not fire into the next run.
         let _ = self.parts.timer.clear();
         let _ = self.parts.poll_timer.clear();
+        let _ = self.parts.kick_timer.clear();
         self.parts.tx_throttle.reset();
         self.parts.rx_throttle.reset();
         self.backend
@@ -727,6 +739,7 @@ impl<'p, B: NetBackend> EventLoop<'p, B> {
                     Some(Token::Stop) => return Ok(()),
                     Some(Token::TxKick) => {
                         self.tx_counters.kicks += drain(&self.tx_kick)?;
+                        self.kick_quiet = false;
                         self.run_tx(self.parks())?;
                     }
                     Some(Token::RxKick) => {
@@ -742,6 +755,7 @@ impl<'p, B: NetBackend> EventLoop<'p, B> {
                     Some(Token::CoalesceTimer) => self.timer_expired()?,
                     // Ended a sleep a busy-poll left for another event: nothing to do.
                     Some(Token::PollTimer) => _ = self.parts.poll_timer.wait(),
+                    Some(Token::KickTimer) => self.kick_look()?,
                     Some(Token::Link) => self.link_changed(),
                     Some(Token::TxThrottle) => {
                         self.unthrottle_tx()?;
@@ -894,6 +908,12 @@ impl<'p, B: NetBackend> EventLoop<'p, B> {
         {
             return Ok(());
         }
+        let ahead = if self.kick_quiet {
+            0
+        } else {
+            self.kick_coalescing.max_packets
+        };
+        self.tx.set_kick_ahead(ahead);
         let (backend, counters) = (&mut self.backend, &mut self.tx_counters);
         let outcome = self
             .tx
@@ -906,6 +926,8 @@ impl<'p, B: NetBackend> EventLoop<'p, B> {
             .batch(TX, outcome.needs_interrupt, outcome.suppressed_by_event_idx);
         self.tx_parked = outcome.stop == TxStop::Idle;
         match outcome.stop {
+            // Asleep with the next kick `ahead` buffers away: fewer are the device's to find.
+            TxStop::Drained if ahead > 0 => self.arm_kick_timer()?,
             TxStop::Drained | TxStop::Idle => {}
             TxStop::BackendFull => {
                 self.tx_waiting = true;

@@ -107,6 +107,38 @@ impl<'p, B: NetBackend> EventLoop<'p, B> {
         self.rx.set_sparse_reads(tuning.rx_sparse_reads);
         self.busy_poll = Duration::from_micros(tuning.busy_poll_us.into());
         self.poll_sleep = Duration::from_micros(tuning.busy_poll_sleep_us.into());
+        self.kick_coalescing = tuning.kick_coalescing;
+        if !self.kick_coalescing.is_enabled() {
+            // A look still due finds the queue as the next kick would.
+            self.kick_quiet = false;
+        }
+    }
+
+    /// Kick coalescing: the tx queue drained with the driver's next kick some buffers away;
+    /// the device looks at the ring by itself after the time bound.
+    pub(super) fn arm_kick_timer(&mut self) -> Result<(), WorkerError> {
+        let wait = Duration::from_micros(self.kick_coalescing.max_usecs.into());
+        self.parts
+            .kick_timer
+            .reset(wait.max(MIN_THROTTLE), None)
+            .map_err(|e| WorkerError::Timer(io_err(e)))
+    }
+
+    /// Kick coalescing's time bound ran out: frames the driver queued without kicking go out
+    /// now (and the device waits the same way again); an empty ring means the driver went
+    /// quiet, so the next buffer kicks.
+    pub(super) fn kick_look(&mut self) -> Result<(), WorkerError> {
+        match self.parts.kick_timer.wait() {
+            Ok(_) => {}
+            // Re-armed or cleared after it fired: nothing is due.
+            Err(e) if e.errno() == libc::EAGAIN => return Ok(()),
+            Err(e) => return Err(WorkerError::Timer(io_err(e))),
+        }
+        self.tx_counters.kick_timer_looks += 1;
+        let found = self.tx.avail_pending();
+        self.tx_counters.kick_timer_found += u64::from(found);
+        self.kick_quiet = !found;
+        self.run_tx(self.parks())
     }
 
     /// The coalescing timer fired: a held interrupt goes out now.

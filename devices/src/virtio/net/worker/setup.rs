@@ -136,6 +136,8 @@ impl<'p, B: NetBackend> EventLoop<'p, B> {
             events_pending: false,
             busy_poll: Duration::ZERO,
             poll_sleep: Duration::ZERO,
+            kick_coalescing: KickCoalescing::default(),
+            kick_quiet: false,
             poll_counters: BusyPollCounters::default(),
             polled_ns: 0,
             backend_gone: false,
@@ -221,6 +223,7 @@ impl<'p, B: NetBackend> EventLoop<'p, B> {
             (parts.tuning_changed.as_raw_fd(), Token::Tuning),
             (parts.timer.as_raw_fd(), Token::CoalesceTimer),
             (parts.poll_timer.as_raw_fd(), Token::PollTimer),
+            (parts.kick_timer.as_raw_fd(), Token::KickTimer),
             (parts.tx_throttle.timer.as_raw_fd(), Token::TxThrottle),
             (parts.rx_throttle.timer.as_raw_fd(), Token::RxThrottle),
         ] {
