@@ -61,6 +61,10 @@ pub struct Row {
     pub busy_poll_us: u32,
     /// Device: the busy-poll's sleep between looks, µs (0: it spins).
     pub busy_poll_sleep_us: u32,
+    /// Device: kick coalescing, buffers queued without a kick past a drained ring (0: off).
+    pub kick_coalesce_packets: u16,
+    /// Device: kick coalescing, µs before the device looks by itself.
+    pub kick_coalesce_usecs: u32,
     /// Device: sparse rx reads.
     pub rx_sparse_reads: bool,
     /// Both sides: the virtqueue layout (`split`, `packed`, `packed+in_order`, ...).
@@ -117,7 +121,7 @@ pub struct Row {
 /// The CSV header (one column per field of [`Row`], in order).
 pub const CSV_HEADER: &str = "preset,target,knob,value,knob2,value2,workload,frame_size,\
 kick_threshold,tx_completion,event_idx,xdp_bulk,xsk_mode,burst,pause_us,\
-coalesce_packets,coalesce_usecs,dev_event_idx,tx_budget,busy_poll_us,busy_poll_sleep_us,rx_sparse_reads,ring,\
+coalesce_packets,coalesce_usecs,dev_event_idx,tx_budget,busy_poll_us,busy_poll_sleep_us,kick_coalesce_packets,kick_coalesce_usecs,rx_sparse_reads,ring,\
 dev_adaptive,drv_adaptive,pps,p50_us,p99_us,p999_us,kicks_per_pkt,irqs_per_pkt,tx_irqs_per_pkt,kicks_suppressed_per_pkt,driver_ns_per_pkt,device_ns_per_pkt,\
 driver_cpu_pct,device_cpu_pct,busy_poll_found_per_pkt,busy_poll_pct,ratio_to_baseline,vm_sim_ratio,loadavg1,backend,kick_cost_ns,irq_cost_ns,note";
 
@@ -163,6 +167,8 @@ pub fn to_csv(rows: &[Row]) -> String {
             r.tx_budget.to_string(),
             r.busy_poll_us.to_string(),
             r.busy_poll_sleep_us.to_string(),
+            r.kick_coalesce_packets.to_string(),
+            r.kick_coalesce_usecs.to_string(),
             u8::from(r.rx_sparse_reads).to_string(),
             field(&r.ring),
             u8::from(r.dev_adaptive).to_string(),
@@ -662,6 +668,8 @@ mod tests {
             tx_budget: 256,
             busy_poll_us: 0,
             busy_poll_sleep_us: 0,
+            kick_coalesce_packets: 0,
+            kick_coalesce_usecs: 0,
             rx_sparse_reads: true,
             ring: "split".into(),
             dev_adaptive: false,

@@ -69,6 +69,10 @@ pub enum Preset {
     /// busy-poll, on zero-copy transmit in bursts of 64 frames 50 µs apart: what each costs
     /// the device's CPU (`device_cpu_pct`) for the rate it gives.
     BusyPollSleep,
+    /// The driver's kick threshold × the device's kick coalescing (off, 64 and 192 buffers
+    /// without a kick, 50 µs looks) on unpaced zero-copy transmit: the two sides' kick
+    /// batching together, busy-poll off.
+    KickCoalesce,
     /// The device's tx budget per call 1, 16, 256 on zero-copy transmit.
     TxBudget,
     /// The device's sparse rx reads off/on, bidirectional (the VM: echo, one frame per wake-up
@@ -117,7 +121,7 @@ pub enum Preset {
 
 impl Preset {
     /// All presets, in report order.
-    pub const ALL: [Preset; 22] = [
+    pub const ALL: [Preset; 23] = [
         Preset::Baseline,
         Preset::KickThreshold,
         Preset::TxCompletion,
@@ -126,6 +130,7 @@ impl Preset {
         Preset::BusyPoll,
         Preset::KickBusyPoll,
         Preset::BusyPollSleep,
+        Preset::KickCoalesce,
         Preset::TxBudget,
         Preset::RxSparseReads,
         Preset::CompletionCoalesce,
@@ -175,6 +180,7 @@ impl Preset {
             Preset::BusyPoll => "busy-poll",
             Preset::KickBusyPoll => "kick-busy-poll",
             Preset::BusyPollSleep => "busy-poll-sleep",
+            Preset::KickCoalesce => "kick-coalesce",
             Preset::TxBudget => "tx-budget",
             Preset::RxSparseReads => "rx-sparse-reads",
             Preset::CompletionCoalesce => "completion-coalesce",
@@ -280,6 +286,7 @@ pub fn points(preset: Preset, opts: &Options) -> Vec<Point> {
         Preset::BusyPoll => busy_poll_points(opts),
         Preset::KickBusyPoll => kick_busy_poll_points(opts),
         Preset::BusyPollSleep => busy_poll_sleep_points(opts),
+        Preset::KickCoalesce => kick_coalesce_points(opts),
         Preset::TxBudget => tx_budget_points(opts),
         Preset::RxSparseReads => rx_sparse_reads_points(opts),
         Preset::CompletionCoalesce => completion_coalesce_points(opts),
@@ -726,6 +733,34 @@ fn kick_busy_poll_points(opts: &Options) -> Vec<Point> {
                 ("busy_poll_us", b.to_string()),
             ];
             v.push(zc_tx_point(opts, axes, n, dev, Some(BUSY_POLL_PACE)));
+        }
+    }
+    v
+}
+
+/// Kick coalescing's look, µs: a few kicks' worth on a nested host (30-40 µs an exit).
+const KICK_LOOK_US: u32 = 50;
+
+/// Kick threshold × the device's kick coalescing on unpaced zero-copy transmit.
+fn kick_coalesce_points(opts: &Options) -> Vec<Point> {
+    let (ns, ks): (&[u16], &[u16]) = if opts.quick {
+        (&[8, 64], &[0, 192])
+    } else {
+        (&[1, 8, 64], &[0, 64, 192])
+    };
+    let mut v = Vec::new();
+    for &k in ks {
+        for &n in ns {
+            let dev = DevKnobs {
+                kick_packets: k,
+                kick_usecs: if k == 0 { 0 } else { KICK_LOOK_US },
+                ..DevKnobs::default()
+            };
+            let axes = vec![
+                ("kick_threshold", n.to_string()),
+                ("kick_coalesce_packets", k.to_string()),
+            ];
+            v.push(zc_tx_point(opts, axes, n, dev, None));
         }
     }
     v
@@ -1255,6 +1290,8 @@ fn point_row(
         tx_budget: point.dev.tx_budget,
         busy_poll_us: point.dev.busy_poll_us,
         busy_poll_sleep_us: point.dev.busy_poll_sleep_us,
+        kick_coalesce_packets: point.dev.kick_packets,
+        kick_coalesce_usecs: point.dev.kick_usecs,
         rx_sparse_reads: point.dev.rx_sparse_reads,
         ring: point.ring().name().into(),
         dev_adaptive: point.dev.adaptive,
@@ -1876,6 +1913,24 @@ mod tests {
         let err = preset_points(Preset::BusyPollSleep, &o).expect_err("it sweeps the sleep");
         assert_eq!(err.kind(), io::ErrorKind::InvalidInput);
         assert!(err.to_string().contains("--busy-poll-sleep-us"), "{err}");
+    }
+
+    #[test]
+    fn kick_coalesce_crosses_the_kick_threshold_with_the_device_kick_coalescing() {
+        for (quick, n, k) in [(true, 2, 2), (false, 3, 3)] {
+            let pts = points(Preset::KickCoalesce, &opts(quick));
+            assert_eq!(pts.len(), n * k);
+            for p in &pts {
+                assert!(p.dev.tuning().validate().is_ok(), "{p:?}");
+                assert_eq!(p.dev.busy_poll_us, 0, "kicks, not a busy-poll");
+                assert!(p.pace.is_none());
+                assert_eq!(p.axes[0].1, p.config.kick_threshold.to_string());
+                assert_eq!(p.axes[1].1, p.dev.kick_packets.to_string());
+                assert_eq!(p.dev.kick_usecs > 0, p.dev.kick_packets > 0);
+            }
+            assert!(pts.iter().any(|p| p.dev.kick_packets == 0));
+            assert!(pts.iter().any(|p| p.dev.kick_packets == 192));
+        }
     }
 
     #[test]

@@ -52,6 +52,8 @@ fn quick_run_of_every_preset_writes_csv_and_plot() {
         "tx_budget",
         "busy_poll_us",
         "busy_poll_sleep_us",
+        "kick_coalesce_packets",
+        "kick_coalesce_usecs",
         "pps",
         "kicks_per_pkt",
         "irqs_per_pkt",
@@ -70,13 +72,13 @@ fn quick_run_of_every_preset_writes_csv_and_plot() {
     let rows: Vec<Vec<&str>> = lines.map(|l| l.split(',').collect()).collect();
     // baseline 1 + kick-threshold 3 + tx-completion 3 + xdp-bulk 2 + xsk-zc 2 + busy-poll 2
     // + busy-poll-sleep 3 (no poll, spinning, sleeping) + tx-budget 2 + rx-sparse-reads 2
-    // + three 2-D presets of 2x2
+    // + four 2-D presets of 2x2 (kick-coalesce among them)
     // + the four seed presets, rx-coalesce, rx-busy-poll, pingpong and mixed, 2 each, on their
     // own backends
     // + ring-layout 3 (lazy on each layout)
     // + adaptive 24 (fwd, pingpong and mixed through its loop: the defaults, 4 fixed points,
     // each side adaptive and both) and its paired re-runs, 2 per workload.
-    assert_eq!(rows.len(), 81, "{csv_text}");
+    assert_eq!(rows.len(), 85, "{csv_text}");
     let setting = header.iter().position(|c| *c == "value2").unwrap();
     let paired: Vec<_> = rows
         .iter()
@@ -104,6 +106,7 @@ fn quick_run_of_every_preset_writes_csv_and_plot() {
         "busy-poll",
         "kick-busy-poll",
         "busy-poll-sleep",
+        "kick-coalesce",
         "rx-sparse-reads",
         "completion-coalesce",
         "bulk-coalesce",
@@ -154,14 +157,14 @@ fn quick_run_of_every_preset_writes_csv_and_plot() {
     );
     let svg_text = std::fs::read_to_string(&svg).unwrap();
     assert!(svg_text.contains("<svg") && svg_text.contains("kick-threshold"));
-    // The 2-D presets go to a heatmap file beside it, 4 metrics each: three of 2x2 cells,
+    // The 2-D presets go to a heatmap file beside it, 4 metrics each: four of 2x2 cells,
     // busy-poll-sleep's 2x2 (its 3 points and the empty cell of a sleep without a window),
     // ring-layout's 3 layouts
     // x 1 completion mode, and adaptive's 3 workloads x 8 settings.
     let heat = std::fs::read_to_string(dir.join("quick-heatmap.svg")).unwrap();
     assert_eq!(
         heat.matches(r#"class="cell""#).count(),
-        (3 * 4 + 4 + 3 + 3 * 8) * 4
+        (4 * 4 + 4 + 3 + 3 * 8) * 4
     );
     std::fs::remove_dir_all(dir).unwrap();
 }
