@@ -3,10 +3,12 @@
 # 64 B): what docs/cotune.md ("The seeds' regimes") reports. Alternated rounds of
 #   tx   -- the bare non-blocking write loop on a tap (stack and xdp-drop), then the guest's
 #           tx=N (lazy, kick_threshold=64) on that tap (stack, xdp-drop), on backend=sink, on
-#           backend=sink,busy_poll_us=50 and on the same with the poll sleeping 10 µs between
-#           looks (busy_poll_sleep_us=10);
+#           backend=sink,busy_poll_us=50, on the same with the poll sleeping 10 µs between
+#           looks (busy_poll_sleep_us=10), and on backend=sink with kick coalescing instead
+#           (kick_coalesce_packets=192,kick_coalesce_usecs=50; no busy-poll);
 #   fwd  -- echo on the tap with a host peer (cotune), then fwd=N window=256 through
-#           backend=loop with and without busy_poll_us=50 (xdp_bulk 1 and 16, clean-from-rx),
+#           backend=loop plain, with busy_poll_us=50 and with kick coalescing
+#           (kick_coalesce_packets=64,kick_coalesce_usecs=20) (xdp_bulk 1 and 16, clean-from-rx),
 #           the guest halting for interrupts (wait=halt) and polling its rings (wait=poll);
 #   kick -- tx=N on backend=sink for kick_threshold 1,3,5,8,13,64 x busy_poll_us 0,10,50,200.
 # Prints one line per run and /proc/loadavg after each round. As root, on an idle machine.
@@ -88,6 +90,8 @@ for r in $(seq "$rounds"); do
 			echo "$r sink busy_poll_us=50 $(run backend=sink,busy_poll_us=50 - -- $tx)"
 			echo "$r sink busy_poll_us=50,busy_poll_sleep_us=10 $(run \
 				backend=sink,busy_poll_us=50,busy_poll_sleep_us=10 - -- $tx)"
+			echo "$r sink kick_coalesce_packets=192,kick_coalesce_usecs=50 $(run \
+				backend=sink,kick_coalesce_packets=192,kick_coalesce_usecs=50 - -- $tx)"
 			;;
 		fwd)
 			csv=$(mktemp)
@@ -96,7 +100,8 @@ for r in $(seq "$rounds"); do
 			echo "$r echo-on-tap $(awk -F, 'NR == 1 { for (i = 1; i <= NF; i++) { if ($i == "pps") c = i; if ($i == "value") v = i } }
 				NR > 1 { printf "B=%s:%s ", $v, $c }' "$csv")"
 			rm -f "$csv"
-			for net in backend=loop backend=loop,busy_poll_us=50; do
+			for net in backend=loop backend=loop,busy_poll_us=50 \
+				backend=loop,kick_coalesce_packets=64,kick_coalesce_usecs=20; do
 				for wait in halt poll; do
 					for b in 1 16; do
 						echo "$r $net wait=$wait B=$b $(run "$net" - -- fwd="$frames" window=256 \
