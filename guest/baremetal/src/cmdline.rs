@@ -134,6 +134,8 @@ pub const MAX_PHASE_US: u32 = 1_000_000;
 pub const DEFAULT_RX_BUDGET: usize = 64;
 /// Largest `rx_budget=`.
 pub const MAX_RX_BUDGET: usize = 4096;
+/// Longest `rx_defer_us=` (10 ms).
+pub const MAX_RX_DEFER_US: u32 = 10_000;
 
 /// `burst=B pause_us=P`: the tx workload spins `pause_us` after every `burst` frames queued
 /// (each burst ends with a flush: publish and kick decision).
@@ -206,6 +208,9 @@ pub struct Options {
     pub reset: Option<crate::reset::ResetPlan>,
     /// Frames per rx poll before the loop services tx and the other pairs (`rx_budget=`).
     pub rx_budget: usize,
+    /// With `wait=halt`, how long a pair's rx poll keeps polling after it comes up short
+    /// before it re-arms the rx interrupts (`rx_defer_us=`; 0: at once, NAPI's default).
+    pub rx_defer_us: u32,
 }
 
 impl Default for Options {
@@ -232,6 +237,7 @@ impl Default for Options {
             transport: TransportChoice::Mmio,
             reset: None,
             rx_budget: DEFAULT_RX_BUDGET,
+            rx_defer_us: 0,
         }
     }
 }
@@ -339,6 +345,10 @@ const KEYS: &[(&str, Setter)] = &[
     ("rx_budget", |w, v| {
         let n = number(v).filter(|n| (1..=MAX_RX_BUDGET).contains(n));
         set(&mut w.o.rx_budget, n)
+    }),
+    ("rx_defer_us", |w, v| {
+        let n = number(v).filter(|n| *n <= MAX_RX_DEFER_US);
+        set(&mut w.o.rx_defer_us, n)
     }),
     ("calibrate", |w, v| {
         let n = number(v).filter(|n| (1..=MAX_CALIBRATE_SAMPLES).contains(n));
@@ -933,6 +943,8 @@ mod tests {
         );
         assert_eq!(parse("rx=10 rx_budget=1").unwrap().rx_budget, 1);
         assert_eq!(parse("echo=10 rx_budget=4096").unwrap().rx_budget, 4096);
+        assert_eq!(parse("fwd=10").unwrap().rx_defer_us, 0);
+        assert_eq!(parse("fwd=10 rx_defer_us=20").unwrap().rx_defer_us, 20);
         assert_eq!(workload("rx=0"), Workload::Rx(0));
         assert_bad_keys(&[
             ("rx=x", "rx"),
@@ -955,6 +967,8 @@ mod tests {
             ("rx=1 rx_budget=0", "rx_budget"),
             ("rx=1 rx_budget=4097", "rx_budget"),
             ("rx=1 rx_budget=lots", "rx_budget"),
+            ("fwd=1 rx_defer_us=10001", "rx_defer_us"),
+            ("fwd=1 rx_defer_us=-1", "rx_defer_us"),
             ("rx=10 burst=8", "burst"),
             ("fwd=10 burst=8 pause_us=5", "burst"),
             ("rx=10 reset_queue=rx reset_every=5", "reset_queue"),

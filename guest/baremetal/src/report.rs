@@ -75,6 +75,9 @@ pub struct Report<'a> {
     pub resets: Option<(crate::reset::ResetPlan, vnet_driver::ResetCounters)>,
     /// Frames per rx poll (`rx_budget=`; reported with `rx=` and `fwd=`).
     pub rx_budget: usize,
+    /// How long a short rx poll defers re-arming the interrupts (`rx_defer_us=`; reported with
+    /// `fwd=`).
+    pub rx_defer_us: u32,
     /// The `rx=` workload's frame and sequence checks (reported with `rx=`, as 0s if the
     /// workload did not run).
     pub rx_check: Option<crate::frames::SeqCounts>,
@@ -216,7 +219,11 @@ impl Report<'_> {
                 )
             }
             Workload::Fwd { window, .. } => {
-                write!(w, ",\"window\":{window},\"rx_budget\":{}", self.rx_budget)
+                write!(
+                    w,
+                    ",\"window\":{window},\"rx_budget\":{},\"rx_defer_us\":{}",
+                    self.rx_budget, self.rx_defer_us
+                )
             }
             Workload::PingPong { window, .. } => {
                 write!(w, ",\"window\":{window},\"rx_budget\":{}", self.rx_budget)?;
@@ -463,6 +470,7 @@ mod tests {
             queues: &[],
             resets: None,
             rx_budget: 64,
+            rx_defer_us: 0,
             rx_check: None,
             round_trips: None,
             flood: None,
@@ -716,11 +724,12 @@ mod tests {
             window: 256,
         };
         r.rx_budget = 16;
+        r.rx_defer_us = 20;
         check_line(
             &r,
             &[
                 "\"workload\":\"fwd\",\"requested\":100,\"done\":100,\"size\":64,\"window\":256,\
-                 \"rx_budget\":16,\"kick_threshold\":",
+                 \"rx_budget\":16,\"rx_defer_us\":20,\"kick_threshold\":",
             ],
             &["rx_bad"],
         );

@@ -260,6 +260,7 @@ fn finish<T: Transport>(
     let deadline = deadline(o, tsc_khz);
     let pause_cycles = pause_cycles(o, tsc_khz);
     let phase_cycles = phase_cycles(o, tsc_khz);
+    let rx_defer_cycles = rx_defer_cycles(o, tsc_khz);
     let pairs = net.queue_pairs();
     let mut d = Driver {
         net,
@@ -270,6 +271,8 @@ fn finish<T: Transport>(
         halts: 0,
         foreign: 0,
         rx_scheduled: vec![false; usize::from(pairs)],
+        rx_short_since: vec![None; usize::from(pairs)],
+        rx_defer_cycles,
         deadline,
         timed_out: false,
         pause_cycles,
@@ -302,6 +305,18 @@ fn pause_cycles(o: &Options, tsc_khz: Option<u64>) -> u64 {
             "pause_us= needs the TSC frequency (neither tsc_early_khz= nor CPUID leaf 0x15 gives it)",
         ),
         _ => 0,
+    }
+}
+
+/// TSC cycles of `rx_defer_us=` (0: none); ends the run when they need the TSC's frequency and
+/// it is not known.
+fn rx_defer_cycles(o: &Options, tsc_khz: Option<u64>) -> u64 {
+    match (o.rx_defer_us, tsc_khz.filter(|&k| k > 0)) {
+        (0, _) => 0,
+        (us, Some(khz)) => ns_to_cycles(u64::from(us) * 1000, khz),
+        (_, None) => fail_early(
+            "rx_defer_us= needs the TSC frequency (neither tsc_early_khz= nor CPUID leaf 0x15 gives it)",
+        ),
     }
 }
 
@@ -409,6 +424,7 @@ impl<T: Transport> Driver<'_, T> {
             queues: &queues,
             resets: o.reset.map(|p| (p, net.reset_counters())),
             rx_budget: o.rx_budget,
+            rx_defer_us: o.rx_defer_us,
             rx_check: self.rx_check,
             round_trips: self.round_trips,
             flood: self.flood,
@@ -499,6 +515,11 @@ struct Driver<'o, T: Transport> {
     foreign: u64,
     /// Per queue pair: its rx poll is scheduled (its rx interrupts off).
     rx_scheduled: alloc::vec::Vec<bool>,
+    /// Per queue pair: TSC value of the first of its polls since the last frame that found
+    /// nothing (`rx_defer_us=`).
+    rx_short_since: alloc::vec::Vec<Option<u64>>,
+    /// TSC cycles a short rx poll defers re-arming the interrupts (`rx_defer_us=`; 0: none).
+    rx_defer_cycles: u64,
     /// TSC value at which the workload gives up.
     deadline: u64,
     timed_out: bool,
@@ -611,7 +632,12 @@ impl<T: Transport> Driver<'_, T> {
         if !self.rx_scheduled[i] || !self.select(pair) {
             return;
         }
-        if self.net.poll_rx_mut(budget, program) == budget {
+        let got = self.net.poll_rx_mut(budget, program);
+        if got == budget {
+            self.rx_short_since[i] = None;
+            return;
+        }
+        if !busy && self.defers_rearm(i, got) {
             return;
         }
         if busy || self.net.enable_interrupts(QueueId::Rx) == Rearm::Armed {
@@ -619,6 +645,29 @@ impl<T: Transport> Driver<'_, T> {
         } else {
             self.net.disable_interrupts(QueueId::Rx);
         }
+    }
+
+    /// `rx_defer_us=`: whether pair `i`'s short poll (`got` frames) keeps the pair scheduled,
+    /// its interrupts still off, instead of re-arming them: until the pair's polls have found
+    /// nothing for the deferral (Linux's `napi_defer_hard_irqs` with `gro_flush_timeout`). A
+    /// forwarding loop that flushed its bulk queue at the end of a poll finds the frames it
+    /// sent coming back without an interrupt and a `hlt` each.
+    fn defers_rearm(&mut self, i: usize, got: usize) -> bool {
+        if self.rx_defer_cycles == 0 {
+            return false;
+        }
+        let now = cpu::rdtsc();
+        let since = if got > 0 {
+            self.rx_short_since[i] = Some(now);
+            now
+        } else {
+            *self.rx_short_since[i].get_or_insert(now)
+        };
+        if now.saturating_sub(since) < self.rx_defer_cycles {
+            return true;
+        }
+        self.rx_short_since[i] = None;
+        false
     }
 
     /// Drops whatever arrives (the tx workload's receive side), on every pair.
