@@ -739,7 +739,10 @@ fn a_deferred_rx_rearm_spares_a_forwarding_guest_its_halts() {
         assert_eq!(n(&d, "done"), FRAMES, "{ctx}");
         assert_eq!(n(&d, "xdp_tx"), FRAMES, "{ctx}");
         assert_eq!(n(&d, "rx_defer_us"), defer, "{ctx}");
-        eprintln!("fwd rx_defer_us={defer}: {} pps, {} waits", d["pps"], d["waits"]);
+        eprintln!(
+            "fwd rx_defer_us={defer}: {} pps, {} waits",
+            d["pps"], d["waits"]
+        );
         waits.push(n(&d, "waits"));
     }
     assert!(
