@@ -12,10 +12,12 @@ use cotune::baseline::BareSyscall;
 use cotune::calib::Calibration;
 use cotune::cost::{DEFAULT_IRQ_COST_NS, DEFAULT_KICK_COST_NS};
 use cotune::noise::{loadavg1, BUSY_LOADAVG};
+use cotune::point::parse_kick_coalesce;
 use cotune::report::{plot, to_csv, to_table, Row};
 use cotune::sweep::{run_preset, BackendKind, HostPath, Options, Preset, RingLayout, Target};
 use cotune::transport::TransportKind;
 use cotune::vm::{self, GuestWait, VmEnv};
+use devices::virtio::net::KickCoalescing;
 
 /// What else cotune does than sweep presets.
 #[derive(Debug, clap::Subcommand)]
@@ -174,6 +176,12 @@ struct Cli {
     #[arg(long, global = true, value_name = "US",
           value_parser = clap::value_parser!(u32).range(1..=1000))]
     busy_poll_sleep_us: Option<u32>,
+    /// Every point's device coalesces the driver's kicks: `N/US` lets the driver queue N
+    /// buffers past a drained tx ring without a kick and has the device look at the ring
+    /// itself after US µs (`--net …,kick_coalesce_packets=N,kick_coalesce_usecs=US`; N 1..=65535,
+    /// US 1..=1000), for the presets that do not sweep it (kick-coalesce refuses it).
+    #[arg(long, global = true, value_name = "N/US", value_parser = parse_kick_coalesce)]
+    kick_coalesce: Option<KickCoalescing>,
     /// The raw backend write loop's system call (`write`, the cheapest; `writev` of one
     /// iovec, as a device with a scatter-gather list makes it; `io-uring`, the device's own
     /// batches of 32 writes per submission on the backend as the ring's fixed file).
@@ -343,6 +351,7 @@ fn options(
         },
         tx_completion: cli.tx_completion.map(Into::into),
         busy_poll_sleep_us: cli.busy_poll_sleep_us,
+        kick_coalescing: cli.kick_coalesce,
     }
 }
 

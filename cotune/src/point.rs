@@ -162,10 +162,8 @@ pub struct DevKnobs {
     /// The busy-poll's sleep between looks, µs (0: it spins).
     pub busy_poll_sleep_us: u32,
     /// Kick coalescing: buffers the driver queues past a drained tx ring before it kicks
-    /// (0: off).
-    pub kick_packets: u16,
-    /// Kick coalescing: µs after which the device looks at the ring by itself.
-    pub kick_usecs: u32,
+    /// (`max_packets` 0: off), and µs after which the device looks at the ring by itself.
+    pub kick_coalescing: KickCoalescing,
     /// Sparse rx reads (skip the read that finds the backend empty when frames come singly).
     pub rx_sparse_reads: bool,
     /// The ring layout the device offers (the driver's request is in the point's config).
@@ -185,13 +183,27 @@ impl Default for DevKnobs {
             tx_budget: t.tx_budget,
             busy_poll_us: t.busy_poll_us,
             busy_poll_sleep_us: t.busy_poll_sleep_us,
-            kick_packets: t.kick_coalescing.max_packets,
-            kick_usecs: t.kick_coalescing.max_usecs,
+            kick_coalescing: t.kick_coalescing,
             rx_sparse_reads: t.rx_sparse_reads,
             ring: RingLayout::SPLIT,
             adaptive: t.adaptive.enabled,
         }
     }
+}
+
+/// Parses `--kick-coalesce N/US`: N buffers (1..=65535) the driver queues past a drained tx
+/// ring without a kick, US µs (1..=1000) before the device looks by itself.
+pub fn parse_kick_coalesce(s: &str) -> Result<KickCoalescing, String> {
+    let bad = || format!("{s:?} is not N/US (N 1..=65535 buffers, US 1..=1000 µs)");
+    let (n, us) = s.split_once('/').ok_or_else(bad)?;
+    let k = KickCoalescing {
+        max_packets: n.parse().map_err(|_| bad())?,
+        max_usecs: us.parse().map_err(|_| bad())?,
+    };
+    if k.max_packets == 0 || k.max_usecs == 0 || k.validate().is_err() {
+        return Err(bad());
+    }
+    Ok(k)
 }
 
 impl DevKnobs {
@@ -206,10 +218,7 @@ impl DevKnobs {
             tx_budget: self.tx_budget,
             busy_poll_us: self.busy_poll_us,
             busy_poll_sleep_us: self.busy_poll_sleep_us,
-            kick_coalescing: KickCoalescing {
-                max_packets: self.kick_packets,
-                max_usecs: self.kick_usecs,
-            },
+            kick_coalescing: self.kick_coalescing,
             rx_sparse_reads: self.rx_sparse_reads,
             adaptive: Adaptive {
                 enabled: self.adaptive,
@@ -245,10 +254,10 @@ impl DevKnobs {
         if self.busy_poll_sleep_us != d.busy_poll_sleep_us {
             s += &format!(",busy_poll_sleep_us={}", self.busy_poll_sleep_us);
         }
-        if self.kick_packets != d.kick_packets {
+        if self.kick_coalescing != d.kick_coalescing {
             s += &format!(
                 ",kick_coalesce_packets={},kick_coalesce_usecs={}",
-                self.kick_packets, self.kick_usecs
+                self.kick_coalescing.max_packets, self.kick_coalescing.max_usecs
             );
         }
         if self.rx_sparse_reads != d.rx_sparse_reads {

@@ -13,6 +13,7 @@ use devices::backend::{LoopBackend, NetBackend, PairBackend, SinkBackend, Source
 use devices::test_utils::link::PacketSocket;
 use devices::test_utils::netns::NetNs;
 
+use devices::virtio::net::KickCoalescing;
 use vnet_driver::xsk::XskMode;
 use vnet_driver::{Config, TxCompletion};
 
@@ -245,6 +246,9 @@ pub struct Options {
     /// The device busy-poll's sleep between looks for every point of a preset that does not
     /// sweep it (`None`: each point's own, 0 unless the preset says).
     pub busy_poll_sleep_us: Option<u32>,
+    /// The device's kick coalescing for every point of a preset that does not sweep it
+    /// (`None`: each point's own, off unless the preset says).
+    pub kick_coalescing: Option<KickCoalescing>,
 }
 
 #[cfg(test)]
@@ -271,6 +275,7 @@ impl Options {
             ring: RingLayout::SPLIT,
             tx_completion: None,
             busy_poll_sleep_us: None,
+            kick_coalescing: None,
         }
     }
 }
@@ -752,8 +757,10 @@ fn kick_coalesce_points(opts: &Options) -> Vec<Point> {
     for &k in ks {
         for &n in ns {
             let dev = DevKnobs {
-                kick_packets: k,
-                kick_usecs: if k == 0 { 0 } else { KICK_LOOK_US },
+                kick_coalescing: KickCoalescing {
+                    max_packets: k,
+                    max_usecs: if k == 0 { 0 } else { KICK_LOOK_US },
+                },
                 ..DevKnobs::default()
             };
             let axes = vec![
@@ -1290,8 +1297,8 @@ fn point_row(
         tx_budget: point.dev.tx_budget,
         busy_poll_us: point.dev.busy_poll_us,
         busy_poll_sleep_us: point.dev.busy_poll_sleep_us,
-        kick_coalesce_packets: point.dev.kick_packets,
-        kick_coalesce_usecs: point.dev.kick_usecs,
+        kick_coalesce_packets: point.dev.kick_coalescing.max_packets,
+        kick_coalesce_usecs: point.dev.kick_coalescing.max_usecs,
         rx_sparse_reads: point.dev.rx_sparse_reads,
         ring: point.ring().name().into(),
         dev_adaptive: point.dev.adaptive,
@@ -1647,6 +1654,13 @@ pub fn preset_points(preset: Preset, opts: &Options) -> io::Result<Vec<Point>> {
         |p| &mut p.dev.busy_poll_sleep_us,
         ("the busy-poll's sleep", "--busy-poll-sleep-us"),
     )?;
+    override_knob(
+        preset,
+        &mut pts,
+        opts.kick_coalescing,
+        |p| &mut p.dev.kick_coalescing,
+        ("the kick coalescing", "--kick-coalesce"),
+    )?;
     for p in &mut pts {
         p.workload = backend.adapt(opts.host_path, p.workload);
         if let Some(why) = backend.refuses(opts.host_path, p.workload) {
@@ -1899,6 +1913,29 @@ mod tests {
     }
 
     #[test]
+    fn kick_coalesce_option_sets_every_point_of_a_preset_that_does_not_sweep_it() {
+        let k = crate::point::parse_kick_coalesce("192/50").expect("valid");
+        assert_eq!((k.max_packets, k.max_usecs), (192, 50));
+        for bad in [
+            "192", "0/50", "192/0", "192/1001", "65536/50", "a/b", "192/50/1",
+        ] {
+            assert!(crate::point::parse_kick_coalesce(bad).is_err(), "{bad}");
+        }
+        let o = Options {
+            kick_coalescing: Some(k),
+            ..opts(true)
+        };
+        let pts = preset_points(Preset::SeedKickThreshold, &o).expect("points");
+        assert!(pts.iter().all(|p| p.dev.kick_coalescing == k));
+        assert!(pts.iter().all(|p| p
+            .dev
+            .net_spec_keys()
+            .contains(",kick_coalesce_packets=192,")));
+        let err = preset_points(Preset::KickCoalesce, &o).expect_err("it sweeps the knob");
+        assert!(err.to_string().contains("--kick-coalesce"), "{err}");
+    }
+
+    #[test]
     fn busy_poll_sleep_option_sets_every_point_of_a_preset_that_does_not_sweep_it() {
         let own = preset_points(Preset::BusyPoll, &opts(true)).expect("points");
         assert!(own.iter().all(|p| p.dev.busy_poll_sleep_us == 0));
@@ -1925,11 +1962,12 @@ mod tests {
                 assert_eq!(p.dev.busy_poll_us, 0, "kicks, not a busy-poll");
                 assert!(p.pace.is_none());
                 assert_eq!(p.axes[0].1, p.config.kick_threshold.to_string());
-                assert_eq!(p.axes[1].1, p.dev.kick_packets.to_string());
-                assert_eq!(p.dev.kick_usecs > 0, p.dev.kick_packets > 0);
+                let k = p.dev.kick_coalescing;
+                assert_eq!(p.axes[1].1, k.max_packets.to_string());
+                assert_eq!(k.max_usecs > 0, k.max_packets > 0);
             }
-            assert!(pts.iter().any(|p| p.dev.kick_packets == 0));
-            assert!(pts.iter().any(|p| p.dev.kick_packets == 192));
+            assert!(pts.iter().any(|p| p.dev.kick_coalescing.max_packets == 0));
+            assert!(pts.iter().any(|p| p.dev.kick_coalescing.max_packets == 192));
         }
     }
 
@@ -1987,8 +2025,10 @@ mod tests {
             tx_budget: 64,
             busy_poll_us: 50,
             busy_poll_sleep_us: 10,
-            kick_packets: 128,
-            kick_usecs: 50,
+            kick_coalescing: KickCoalescing {
+                max_packets: 128,
+                max_usecs: 50,
+            },
             rx_sparse_reads: false,
             ring: RingLayout::PACKED_IN_ORDER,
             adaptive: true,
