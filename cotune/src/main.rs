@@ -179,7 +179,7 @@ struct Cli {
     /// Every point's device coalesces the driver's kicks: `N/US` lets the driver queue N
     /// buffers past a drained tx ring without a kick and has the device look at the ring
     /// itself after US µs (`--net …,kick_coalesce_packets=N,kick_coalesce_usecs=US`; N 1..=65535,
-    /// US 1..=1000), for the presets that do not sweep it (kick-coalesce refuses it).
+    /// US 1..=10000), for the presets that do not sweep it (kick-coalesce refuses it).
     #[arg(long, global = true, value_name = "N/US", value_parser = parse_kick_coalesce)]
     kick_coalesce: Option<KickCoalescing>,
     /// The raw backend write loop's system call (`write`, the cheapest; `writev` of one

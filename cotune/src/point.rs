@@ -192,9 +192,9 @@ impl Default for DevKnobs {
 }
 
 /// Parses `--kick-coalesce N/US`: N buffers (1..=65535) the driver queues past a drained tx
-/// ring without a kick, US µs (1..=1000) before the device looks by itself.
+/// ring without a kick, US µs (1..=10000) before the device looks by itself.
 pub fn parse_kick_coalesce(s: &str) -> Result<KickCoalescing, String> {
-    let bad = || format!("{s:?} is not N/US (N 1..=65535 buffers, US 1..=1000 µs)");
+    let bad = || format!("{s:?} is not N/US (N 1..=65535 buffers, US 1..=10000 µs)");
     let (n, us) = s.split_once('/').ok_or_else(bad)?;
     let k = KickCoalescing {
         max_packets: n.parse().map_err(|_| bad())?,

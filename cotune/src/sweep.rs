@@ -1917,7 +1917,13 @@ mod tests {
         let k = crate::point::parse_kick_coalesce("192/50").expect("valid");
         assert_eq!((k.max_packets, k.max_usecs), (192, 50));
         for bad in [
-            "192", "0/50", "192/0", "192/1001", "65536/50", "a/b", "192/50/1",
+            "192",
+            "0/50",
+            "192/0",
+            "192/10001",
+            "65536/50",
+            "a/b",
+            "192/50/1",
         ] {
             assert!(crate::point::parse_kick_coalesce(bad).is_err(), "{bad}");
         }

@@ -1046,8 +1046,8 @@ mod tests {
                 NetConfigError::Tuning(TuningError::KickPacketsWithoutTime(64)),
             ),
             (
-                "tap=t0,kick_coalesce_packets=64,kick_coalesce_usecs=1001",
-                NetConfigError::Tuning(TuningError::KickUsecs(1001)),
+                "tap=t0,kick_coalesce_packets=64,kick_coalesce_usecs=10001",
+                NetConfigError::Tuning(TuningError::KickUsecs(10001)),
             ),
             (
                 "tap=t0,busy_poll_us=50,busy_poll_sleep_us=1001",

@@ -22,8 +22,8 @@ pub const MAX_COALESCE_USECS: u32 = 1_000_000;
 pub const MAX_BUSY_POLL_USECS: u32 = 10_000;
 /// Longest sleep between two looks of a sleeping busy-poll (1 ms).
 pub const MAX_BUSY_POLL_SLEEP_USECS: u32 = 1000;
-/// Longest kick coalescing time (1 ms): the longest a queued frame may wait for the device.
-pub const MAX_KICK_COALESCE_USECS: u32 = 1000;
+/// Longest kick coalescing time (10 ms): the longest a queued frame may wait for the device.
+pub const MAX_KICK_COALESCE_USECS: u32 = 10_000;
 /// Default frames per tx call before the worker looks at its other events.
 pub const DEFAULT_TX_BUDGET: u16 = 256;
 /// Largest tx budget (frames per call).
@@ -144,7 +144,7 @@ impl InterruptCoalescing {
 pub struct KickCoalescing {
     /// Buffers the driver queues past a drained ring before it kicks; 0: off.
     pub max_packets: u16,
-    /// Microseconds after which the device looks at the ring by itself (1..=1000 when on).
+    /// Microseconds after which the device looks at the ring by itself (1..=10000 when on).
     pub max_usecs: u32,
 }
 
@@ -396,7 +396,7 @@ impl NetTuning {
     }
 
     /// The third word: bits 0..16 busy_poll_sleep_us (≤ 1000), 16..32 the kick coalescing's
-    /// max_packets, 32..48 its max_usecs (≤ 1000).
+    /// max_packets, 32..48 its max_usecs (≤ 10 000).
     fn pack_extra(&self) -> u64 {
         u64::from(self.busy_poll_sleep_us & 0xffff)
             | u64::from(self.kick_coalescing.max_packets) << 16
