@@ -200,7 +200,8 @@ pub fn parse_kick_coalesce(s: &str) -> Result<KickCoalescing, String> {
         max_packets: n.parse().map_err(|_| bad())?,
         max_usecs: us.parse().map_err(|_| bad())?,
     };
-    if k.max_packets == 0 || k.max_usecs == 0 || k.validate().is_err() {
+    // `validate` refuses a packet bound without a time bound.
+    if k.max_packets == 0 || k.validate().is_err() {
         return Err(bad());
     }
     Ok(k)

@@ -220,24 +220,6 @@ pub struct Position {
 }
 
 impl Position {
-    /// The position `n` slots further in a ring of `size` (`n < size`): past the end, from
-    /// the start with the wrap counter flipped.
-    #[inline]
-    pub fn ahead(self, n: u16, size: u16) -> Position {
-        let offset = u32::from(self.offset) + u32::from(n);
-        if offset >= u32::from(size) {
-            Position {
-                offset: (offset - u32::from(size)) as u16,
-                wrap: !self.wrap,
-            }
-        } else {
-            Position {
-                offset: offset as u16,
-                wrap: self.wrap,
-            }
-        }
-    }
-
     /// The off_wrap encoding of the position.
     #[inline]
     pub fn off_wrap(self) -> u16 {
@@ -1149,11 +1131,12 @@ impl RingOps<'_> {
     /// device must look by itself for fewer). Without EVENT_IDX `ahead` is ignored.
     pub(crate) fn enable_notification(&mut self, ahead: u16) -> bool {
         if self.ring.event_idx {
+            let size = self.descs.size;
             let off_wrap = self
                 .ring
                 .next_avail
+                .advance(ahead.min(size - 1), size)
                 .position()
-                .ahead(ahead.min(self.descs.size - 1), self.descs.size)
                 .off_wrap();
             self.ring
                 .event_word(true, OFF_WRAP)

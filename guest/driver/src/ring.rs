@@ -36,6 +36,16 @@ use crate::hal::{DmaRegion, Hal, PhysAddr};
 pub(crate) mod packed;
 
 const DESC_SIZE: usize = 16;
+const USED_ELEM_SIZE: usize = 8;
+const DESC_F_NEXT: u16 = 1;
+const DESC_F_WRITE: u16 = 2;
+/// Avail ring flag: the driver wants no interrupts (EVENT_IDX off).
+pub(crate) const AVAIL_F_NO_INTERRUPT: u16 = 1;
+/// Used ring flag: the device wants no notifications (EVENT_IDX off).
+pub(crate) const USED_F_NO_NOTIFY: u16 = 1;
+/// How far past the last used index `used_event` is set to keep interrupts off. With queue sizes
+/// ≤ 0x8000 and `used_event` refreshed on every reclaim, the device's used index never reaches it.
+const USED_EVENT_FAR: u16 = 0x8000;
 
 /// Stores `v` at `p` (volatile) only if `p` holds something else: a ring line the device has
 /// read since it was last written then stays clean in both CPUs' caches.
@@ -52,16 +62,6 @@ unsafe fn store_if_changed<T: Copy + PartialEq>(p: *mut T, v: T) {
         }
     }
 }
-const USED_ELEM_SIZE: usize = 8;
-const DESC_F_NEXT: u16 = 1;
-const DESC_F_WRITE: u16 = 2;
-/// Avail ring flag: the driver wants no interrupts (EVENT_IDX off).
-pub(crate) const AVAIL_F_NO_INTERRUPT: u16 = 1;
-/// Used ring flag: the device wants no notifications (EVENT_IDX off).
-pub(crate) const USED_F_NO_NOTIFY: u16 = 1;
-/// How far past the last used index `used_event` is set to keep interrupts off. With queue sizes
-/// ≤ 0x8000 and `used_event` refreshed on every reclaim, the device's used index never reaches it.
-const USED_EVENT_FAR: u16 = 0x8000;
 
 /// The spec's `vring_need_event`: given the other side's event index and that our index moved
 /// from `old` to `new`, must we notify? True iff `event_idx` lies in `[old, new)`, modulo 2^16.

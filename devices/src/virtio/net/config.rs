@@ -4,8 +4,8 @@
 //! `tap` required), plus rate limiters (`rx_bw`, `rx_ops`, `tx_bw`, `tx_ops`) and the device's
 //! runtime knobs (`coalesce_packets`, `coalesce_usecs`, `event_idx=on|off`, `tx_budget`,
 //! `busy_poll_us`, `busy_poll_sleep_us`, `kick_coalesce_packets`, `kick_coalesce_usecs`,
-//! `rx_sparse_reads=on|off`, `adaptive=on|off` with its
-//! bounds `adaptive_max_busy_poll_us`, `adaptive_max_coalesce_usecs` and `adaptive_interval_us`; see
+//! `rx_sparse_reads=on|off`, `adaptive=on|off` with its bounds `adaptive_max_busy_poll_us`,
+//! `adaptive_max_coalesce_usecs` and `adaptive_interval_us`; see
 //! [`NetTuning`]) and the ring features offered
 //! (`packed=on|off`, `in_order=on|off`, both off by default). The serde form is `{"tap": "tap0", "mac": "...", "queue_size": 256}` with
 //! `mac` and `queue_size` optional; both forms are validated the same way.
@@ -58,7 +58,8 @@ pub enum NetConfigError {
         "unknown key {0:?} (expected tap, backend, rate_pps, frame_size, mac, queue_size, \
          rx_bw, rx_ops, tx_bw, tx_ops, coalesce_packets, coalesce_usecs, event_idx, tx_budget, \
          busy_poll_us, busy_poll_sleep_us, kick_coalesce_packets, kick_coalesce_usecs, \
-         rx_sparse_reads, adaptive, adaptive_max_busy_poll_us, adaptive_max_coalesce_usecs, adaptive_interval_us, queues, io_uring, packed, in_order)"
+         rx_sparse_reads, adaptive, adaptive_max_busy_poll_us, adaptive_max_coalesce_usecs, \
+         adaptive_interval_us, queues, io_uring, packed, in_order)"
     )]
     UnknownKey(String),
     /// `backend=` names no backend.
@@ -536,8 +537,7 @@ fn pps_bucket(rate: u64) -> BucketConfig {
 /// A tuning value from the CLI form.
 /// Sets the tuning knob `key` (a `coalesce_*`, `event_idx`, `tx_budget`, `busy_poll_us`,
 /// `busy_poll_sleep_us`, `kick_coalesce_*`, `rx_sparse_reads` or `adaptive*` key) from `value`;
-/// false if `key` is
-/// none of them.
+/// false if `key` is none of them.
 fn tuning_key(tuning: &mut NetTuning, key: &str, value: &str) -> Result<bool, NetConfigError> {
     let adaptive = &mut tuning.adaptive;
     match key {

@@ -133,10 +133,10 @@ impl InterruptCoalescing {
 /// the tx queue runs dry, the device lets the driver queue `max_packets` buffers without a
 /// kick, the next one kicking (`avail_event` set that far past the next entry, at most the
 /// queue size less one), instead of asking for a kick at the next buffer, and looks at the
-/// ring by itself `max_usecs` after it went to sleep. A look that finds frames sends them and waits the same way again; one that
-/// finds none asks for a kick at the next buffer until the next kick or look finds work. A
-/// driver that queues steadily then kicks once per `max_packets` frames, and no frame waits
-/// more than about `max_usecs` for the device.
+/// ring by itself `max_usecs` after it went to sleep. A look that finds frames sends them and
+/// waits the same way again; one that finds none asks for a kick at the next buffer until the
+/// next kick or look finds work. A driver that queues steadily then kicks once per
+/// `max_packets` frames, and no frame waits more than about `max_usecs` for the device.
 ///
 /// `max_packets == 0` turns it off (the default); it needs `max_usecs > 0`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]

@@ -118,8 +118,8 @@ impl TxQueue {
 
     /// Kick coalescing (EVENT_IDX only): when a call drains the ring, the driver may queue
     /// `frames` buffers past it without a kick, the next one kicking (at most the queue size
-    /// less one), instead of kicking at the next one. The caller then owes the ring a look of its own for
-    /// fewer (a timer); 0, the default, asks for a kick at the next buffer.
+    /// less one), instead of kicking at the next one. The caller then owes the ring a look of
+    /// its own for fewer (a timer); 0, the default, asks for a kick at the next buffer.
     pub fn set_kick_ahead(&mut self, frames: u16) {
         self.kick_ahead = frames;
     }
