@@ -10,6 +10,7 @@ use virtio_bindings::virtio_ring::VIRTIO_RING_F_EVENT_IDX;
 
 use super::driver::{started_rings, DriverRing};
 use super::support::{frame, guest_mem, wire, GuestQueue};
+use super::tuning::paced_driver;
 use super::worker::{kick, Rig, TIMEOUT, VERSION_1};
 use crate::test_utils::mmio::wait_until;
 use crate::test_utils::packed::GuestPackedQueue;
@@ -17,10 +18,15 @@ use crate::virtio::net::{KickCoalescing, NetTuning};
 
 const EVENT_IDX: u64 = 1 << VIRTIO_RING_F_EVENT_IDX;
 
-/// A started rig whose device coalesces kicks (`max_packets` 0: off).
+/// A started rig whose device coalesces kicks (`max_packets` 0: off), EVENT_IDX negotiated.
 fn kick_rings<Q: DriverRing>(max_packets: u16, max_usecs: u32) -> (Rig, Q) {
+    kick_rings_with(VERSION_1 | EVENT_IDX, max_packets, max_usecs)
+}
+
+/// [`kick_rings`] with `features` negotiated.
+fn kick_rings_with<Q: DriverRing>(features: u64, max_packets: u16, max_usecs: u32) -> (Rig, Q) {
     let mem = guest_mem();
-    let (rig, _rx, tx) = started_rings::<Q>(&mem, VERSION_1 | EVENT_IDX, move |device| {
+    let (rig, _rx, tx) = started_rings::<Q>(&mem, features, move |device| {
         device
             .tuning_control()
             .set(NetTuning {
@@ -49,11 +55,24 @@ fn burst<Q: DriverRing>(rig: &Rig, tx: &mut Q, n: u8, seed: u8) -> u32 {
         }
         sent.push((id, out));
     }
+    expect_sent(rig, tx, sent);
+    kicks
+}
+
+/// Waits until the peer has each of `sent`'s frames (in order, intact) and each buffer is
+/// back (`(id, frame)` as offered).
+fn expect_sent<Q: DriverRing>(rig: &Rig, tx: &mut Q, sent: Vec<(u16, Vec<u8>)>) {
     for (id, out) in sent {
         assert_eq!(rig.peer.recv_frame().expect("frame"), out);
         assert_eq!(tx.spin_used(), (u32::from(id), 0));
     }
-    kicks
+}
+
+/// Waits for the device's first look (the one after activation, which finds the ring empty):
+/// the driver's next buffer then kicks.
+fn wait_for_the_first_look(rig: &Rig) {
+    let looks = &rig.metrics.tx.kick_timer_looks;
+    assert!(wait_until(TIMEOUT, || looks.get() >= 1), "no look");
 }
 
 /// Bursts of 5 frames: with kick coalescing at 8 buffers (looks after 10 ms, far longer than
@@ -109,13 +128,7 @@ fn kick_coalescing_sends_bursts_shorter_than_max_packets_without_a_kick_packed()
 fn the_buffer_after_max_packets_kicks<Q: DriverRing>() {
     // The look (10 ms) is far behind the burst: what moves the frames is the kick.
     let (rig, mut tx) = kick_rings::<Q>(8, 10_000);
-    // Wait for the look after activation to find the ring empty: the next buffer kicks.
-    assert!(wait_until(TIMEOUT, || rig
-        .metrics
-        .tx
-        .kick_timer_looks
-        .get()
-        >= 1));
+    wait_for_the_first_look(&rig);
     assert_eq!(burst(&rig, &mut tx, 1, 0), 1, "a quiet device wants a kick");
     let mut kicked_at = None;
     let mut sent = Vec::new();
@@ -133,10 +146,7 @@ fn the_buffer_after_max_packets_kicks<Q: DriverRing>() {
         Some(8),
         "8 buffers queued without a kick, the 9th kicks"
     );
-    for (id, out) in sent {
-        assert_eq!(rig.peer.recv_frame().expect("frame"), out);
-        assert_eq!(tx.spin_used(), (u32::from(id), 0));
-    }
+    expect_sent(&rig, &mut tx, sent);
 }
 
 #[test]
@@ -183,14 +193,9 @@ fn a_quiet_driver_kicks_its_next_frame_and_the_knob_turns_off_at_run_time() {
 #[test]
 fn a_look_that_finds_a_broken_ring_sets_needs_reset() {
     let (rig, mut tx) = kick_rings::<GuestQueue>(64, 200);
-    // The look after activation finds the ring empty; one frame sent puts the device back
-    // into coalescing (its next look is due 200 µs after it sleeps).
-    assert!(wait_until(TIMEOUT, || rig
-        .metrics
-        .tx
-        .kick_timer_looks
-        .get()
-        >= 1));
+    // One frame sent after the first look puts the device back into coalescing (its next
+    // look is due 200 µs after it sleeps).
+    wait_for_the_first_look(&rig);
     assert_eq!(burst(&rig, &mut tx, 1, 0), 1);
     let looks = rig.metrics.tx.kick_timer_looks.get();
     tx.set_avail_idx(tx.avail_idx().wrapping_add(1000));
@@ -203,4 +208,14 @@ fn a_look_that_finds_a_broken_ring_sets_needs_reset() {
         "found by a look"
     );
     assert_eq!(rig.metrics.needs_reset_events.get(), 1);
+}
+
+/// Without EVENT_IDX the driver cannot be asked to kick later: every frame of a paced driver
+/// kicks a sleeping device, and the device owes the ring no look.
+#[test]
+fn without_event_idx_kick_coalescing_changes_nothing() {
+    let (rig, mut tx) = kick_rings_with::<GuestQueue>(VERSION_1, 8, 200);
+    let kicks = paced_driver(&rig, &mut tx, false, 10, Duration::from_millis(1));
+    assert_eq!(kicks, 10);
+    assert_eq!(rig.metrics.tx.kick_timer_looks.get(), 0);
 }

@@ -2,6 +2,7 @@
 //! busy-poll, and the run-time tuning that sets them.
 
 use super::*;
+use virtio_bindings::virtio_ring::VIRTIO_RING_F_EVENT_IDX;
 
 impl Throttle {
     pub(super) fn new() -> io::Result<Throttle> {
@@ -107,7 +108,13 @@ impl<'p, B: NetBackend> EventLoop<'p, B> {
         self.rx.set_sparse_reads(tuning.rx_sparse_reads);
         self.busy_poll = Duration::from_micros(tuning.busy_poll_us.into());
         self.poll_sleep = Duration::from_micros(tuning.busy_poll_sleep_us.into());
-        self.kick_coalescing = tuning.kick_coalescing;
+        // Without EVENT_IDX the driver's kicks cannot be put off: no looks to owe.
+        let event_idx = self.acked_features & 1 << VIRTIO_RING_F_EVENT_IDX != 0;
+        self.kick_coalescing = if event_idx {
+            tuning.kick_coalescing
+        } else {
+            KickCoalescing::default()
+        };
         if !self.kick_coalescing.is_enabled() {
             // A look still due finds the queue as the next kick would.
             self.kick_quiet = false;
