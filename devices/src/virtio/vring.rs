@@ -123,6 +123,9 @@ struct RingState {
     no_notify: Option<bool>,
     /// A full fence ran after the last used-index store: the interrupt decision needs none.
     fenced: bool,
+    /// `avail_event` was last set past the next entry (kick coalescing) and may lie ahead of
+    /// what the driver has made available: the next disable takes it back.
+    event_ahead: bool,
 }
 
 impl RingState {
@@ -195,6 +198,7 @@ impl Virtqueue {
                 signalled_used: next_used,
                 no_notify: None,
                 fenced: false,
+                event_ahead: false,
             },
         })
     }
@@ -581,14 +585,33 @@ impl RingOps<'_> {
         })
     }
 
-    /// Asks the driver not to notify (no-op with EVENT_IDX, where notifications stop by
-    /// themselves until `avail_event` is moved).
+    /// Asks the driver not to notify. With EVENT_IDX notifications stop by themselves once the
+    /// driver passed `avail_event`, so this is a no-op, unless the last enable set the event
+    /// ahead (kick coalescing): the driver would then still kick when it reaches it, waking a
+    /// device that is already awake (a guest exit for nothing). The event is moved behind the
+    /// next entry instead, where no publish can cross it until the next enable moves it on.
     #[inline]
     pub(crate) fn disable_notification(&mut self) {
-        if !self.ring.event_idx && self.ring.no_notify != Some(true) {
+        if self.ring.event_idx {
+            if self.ring.event_ahead {
+                self.store_avail_event(self.ring.next_avail - Wrapping(1));
+                self.ring.event_ahead = false;
+            }
+        } else if self.ring.no_notify != Some(true) {
             self.store_used_flags(VRING_USED_F_NO_NOTIFY as u16);
             self.ring.no_notify = Some(true);
         }
+    }
+
+    /// Stores `avail_event` (relaxed: the fence of the next enable or the driver's own
+    /// ordering covers it; a stale read by the driver costs at most one kick).
+    fn store_avail_event(&mut self, event: Wrapping<u16>) {
+        let offset = 4 + 8 * usize::from(self.ring.size);
+        // SAFETY: `avail_event` is the u16 after the used ring's `size` elements, inside the
+        // 6 + 8·size bytes checked in `new`; 2-aligned (the ring is 4-aligned). Guest memory
+        // is plain shared memory, valid for atomic access.
+        let slot = unsafe { AtomicU16::from_ptr(self.ring.used.add(offset).cast()) };
+        slot.store(event.0.to_le(), Ordering::Relaxed);
     }
 
     /// Asks the driver to notify for new entries, then re-checks the avail index (the standard
@@ -600,15 +623,9 @@ impl RingOps<'_> {
     /// the driver's flag cannot say it: `ahead` is ignored.
     pub(crate) fn enable_notification(&mut self, ahead: u16) -> bool {
         if self.ring.event_idx {
-            let offset = 4 + 8 * usize::from(self.ring.size);
-            // SAFETY: `avail_event` is the u16 after the used ring's `size` elements, inside
-            // the 6 + 8·size bytes checked in `new`; 2-aligned (the ring is 4-aligned).
-            let event = unsafe { AtomicU16::from_ptr(self.ring.used.add(offset).cast()) };
             let ahead = ahead.min(self.ring.size - 1);
-            event.store(
-                (self.ring.next_avail.0.wrapping_add(ahead)).to_le(),
-                Ordering::Relaxed,
-            );
+            self.store_avail_event(self.ring.next_avail + Wrapping(ahead));
+            self.ring.event_ahead = ahead > 0;
         } else if self.ring.no_notify != Some(false) {
             self.store_used_flags(0);
             self.ring.no_notify = Some(false);

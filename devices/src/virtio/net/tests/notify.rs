@@ -149,6 +149,51 @@ fn kick_ahead_moves_avail_event_past_the_next_entry() {
     }
 }
 
+/// A device woken before the driver reached a far `avail_event` (by its own look, or because
+/// the re-check found entries) takes the event back while it works: the driver's publishes then
+/// ask for no kick until the device drains and moves the event on again (a kick to an awake
+/// device costs the guest an exit for nothing).
+#[test]
+fn a_device_at_work_takes_a_far_kick_event_back() {
+    let big = wire(&frame(8000, 4));
+    let mut ring = Ring::new(256);
+    ring.queue.set_event_idx(true);
+    let mut txq = ring.tx_queue();
+    txq.set_kick_ahead(64);
+    let (mut backend, peer) = pair();
+    let mut counters = TxCounters::default();
+    let outcome = txq.process(&mut backend, &mut counters).expect("ring ok");
+    assert_eq!(outcome.stop, TxStop::Drained);
+    assert_eq!(ring.driver.avail_event(), 64);
+    // Fewer than 64 frames, no kick; the device looks by itself and the backend fills up
+    // part-way: it stays awake, notifications off.
+    ring.push_copies(&big, 40);
+    let outcome = txq.process(&mut backend, &mut counters).expect("ring ok");
+    assert_eq!(outcome.stop, TxStop::BackendFull);
+    // The driver queues past the old event while the device works: no publish kicks.
+    let event = ring.driver.avail_event();
+    for _ in 0..100 {
+        let old = ring.driver.avail_idx();
+        ring.driver.push_tx(&big, &[]);
+        let new = ring.driver.avail_idx();
+        assert!(
+            !vring_need_event(event, new, old),
+            "a kick at {new} with avail_event {event} while the device is awake"
+        );
+    }
+    // Drained again, the event is ahead again, counted from where the device stopped.
+    loop {
+        drain(&peer);
+        let outcome = txq.process(&mut backend, &mut counters).expect("ring ok");
+        if outcome.stop == TxStop::Drained {
+            break;
+        }
+    }
+    drain(&peer);
+    assert_eq!(counters.frames, 140);
+    assert_eq!(ring.driver.avail_event(), 140 + 64);
+}
+
 #[test]
 fn event_idx_ignores_the_no_interrupt_flag() {
     let mut ring = Ring::new(16);
