@@ -16,7 +16,8 @@
 //!   began (≤ the queue size) unless the device's own writes moved the avail index;
 //! - tx: every frame counted as sent reached the backend (the socket pair's peer, or the
 //!   sink's, source's or loop's count); the used index in memory is the device's once it
-//!   returned anything;
+//!   returned anything; a drained call with EVENT_IDX leaves `avail_event` the call's
+//!   `kick_ahead` past the next entry (kick coalescing; at most the size less one);
 //!
 //! The backend is the socket pair, or one of the measurement backends (sink, source of
 //! fuzzed frame length, loop), chosen by the input.
@@ -95,7 +96,11 @@ struct RawQueue {
 
 #[derive(Arbitrary, Debug)]
 enum Op {
-    Tx,
+    /// A tx call; on a split ring with EVENT_IDX a drained queue sets `avail_event`
+    /// `kick_ahead` entries on (kick coalescing).
+    Tx {
+        kick_ahead: u16,
+    },
     Rx {
         mergeable: bool,
     },
@@ -309,10 +314,10 @@ fuzz_target!(|input: Input| {
     let (mut peer_taken, mut loop_received) = (0u64, 0u64);
     for op in input.ops.iter().take(64) {
         match op {
-            Op::Tx => {
+            Op::Tx { kick_ahead } => {
                 with_backend!(&mut backend, b => match &mut rings {
                     Rings::Split { tx, in_order, .. } =>
-                        run_tx(&mem, tx, *in_order, b, &mut tx_counters),
+                        run_tx(&mem, tx, *in_order, *kick_ahead, b, &mut tx_counters),
                     Rings::Packed(p) => p.tx(&mem, b, &mut tx_counters),
                 });
                 if let Some(taken) = backend.frames_taken(&mut peer_taken, loop_received) {
@@ -487,16 +492,18 @@ fn run_tx<B: NetBackend>(
     mem: &GuestMemoryMmap,
     q: &mut Queue,
     in_order: bool,
+    kick_ahead: u16,
     backend: &mut B,
     counters: &mut TxCounters,
 ) {
     let before = snapshot(mem, q);
     let start = Instant::now();
-    let result = if in_order {
-        // As `process_tx`, with IN_ORDER negotiated.
+    let result = if in_order || kick_ahead > 0 {
+        // As `process_tx`, with IN_ORDER negotiated and kick coalescing.
         Virtqueue::new(q, mem).and_then(|vq| {
             let mut txq = TxQueue::new(vq);
-            txq.set_in_order(true);
+            txq.set_in_order(in_order);
+            txq.set_kick_ahead(kick_ahead);
             let result = txq.process(backend, counters);
             txq.virtqueue().expect("attached").sync_to(q);
             result
@@ -510,6 +517,18 @@ fn run_tx<B: NetBackend>(
         return;
     }
     let used = check_positions(mem, q, before, result.is_ok(), "tx");
+    if q.event_idx_enabled() && matches!(&result, Ok(o) if o.stop == TxStop::Drained) {
+        // The used ring overlaps nothing (checked when the queue was built): its `avail_event`
+        // is the device's, `kick_ahead` past the next entry (at most the size less one).
+        let size = q.size();
+        let event = read_u16(mem, q.used_ring() + 4 + 8 * u64::from(size));
+        assert_eq!(
+            event,
+            q.next_avail()
+                .wrapping_add(kick_ahead.min(size.saturating_sub(1))),
+            "tx avail_event after a drained call, kick_ahead {kick_ahead}"
+        );
+    }
     if used > 0 {
         // tx writes nothing but the used ring, which overlaps nothing the driver owns, so the
         // index stored there is the device's.
