@@ -682,6 +682,8 @@ fn adapted(report: &Value, dev: &Value) -> crate::workloads::Adapted {
         coalesce_usecs: num(dev, &["adaptive", "coalesce_usecs"]),
         busy_poll_changes: num(dev, &["adaptive", "busy_poll_changes"]),
         coalescing_changes: num(dev, &["adaptive", "coalescing_changes"]),
+        kick_coalesce_usecs: num(dev, &["adaptive", "kick_coalesce_usecs"]),
+        kick_coalescing_changes: num(dev, &["adaptive", "kick_coalescing_changes"]),
     }
 }
 

@@ -68,6 +68,10 @@ pub struct Adapted {
     pub busy_poll_changes: u64,
     /// Device: changes of the coalescing.
     pub coalescing_changes: u64,
+    /// Device: kick coalescing's look time chosen (µs; 0: off).
+    pub kick_coalesce_usecs: u64,
+    /// Device: changes of the kick coalescing.
+    pub kick_coalescing_changes: u64,
 }
 
 impl Adapted {
@@ -81,13 +85,20 @@ impl Adapted {
             ));
         }
         if device {
-            parts.push(format!(
+            let mut part = format!(
                 "device ended at busy_poll {} µs ({} changes) coalescing {} µs ({} changes)",
                 self.busy_poll_us,
                 self.busy_poll_changes,
                 self.coalesce_usecs,
                 self.coalescing_changes
-            ));
+            );
+            if self.kick_coalescing_changes > 0 {
+                part += &format!(
+                    " kick coalescing {} µs ({} changes)",
+                    self.kick_coalesce_usecs, self.kick_coalescing_changes
+                );
+            }
+            parts.push(part);
         }
         parts.join("; ")
     }
@@ -234,8 +245,9 @@ struct Mark {
     dev_cpu: u64,
     busy_found: u64,
     busy_us: u64,
-    /// The device's adaptation: busy-poll µs, coalescing µs, and their changes.
-    device: [u64; 4],
+    /// The device's adaptation: busy-poll µs, coalescing µs, their changes, kick coalescing µs
+    /// and its changes.
+    device: [u64; 6],
 }
 
 fn device_worker_tid() -> Option<i32> {
@@ -260,6 +272,8 @@ fn mark(rig: &Rig, dev_tid: Option<i32>) -> Mark {
                 a.coalesce_usecs.get(),
                 a.busy_poll_changes.get(),
                 a.coalescing_changes.get(),
+                a.kick_coalesce_usecs.get(),
+                a.kick_coalescing_changes.get(),
             ]
         },
     }
@@ -296,7 +310,7 @@ fn delta(a: &Mark, b: &Mark, workload: Workload) -> Sample {
 }
 
 /// The adaptation state from the driver's counters and the device's metrics.
-fn adapted(driver: &Counters, device: &[u64; 4]) -> Adapted {
+fn adapted(driver: &Counters, device: &[u64; 6]) -> Adapted {
     Adapted {
         kick_threshold: driver.kick_threshold_now,
         xdp_bulk: driver.xdp_bulk_now,
@@ -308,6 +322,8 @@ fn adapted(driver: &Counters, device: &[u64; 4]) -> Adapted {
         coalesce_usecs: device[1],
         busy_poll_changes: device[2],
         coalescing_changes: device[3],
+        kick_coalesce_usecs: device[4],
+        kick_coalescing_changes: device[5],
     }
 }
 

@@ -90,6 +90,9 @@ impl Sides {
                     windows_found: if polling { publishes } else { 0 },
                     elapsed_us: INTERVAL_US,
                     guest_coalesces: self.guest_set,
+                    // The model has no kick coalescing: the device's rule for it stays out.
+                    kicks: 0,
+                    kicks_fixed: true,
                 };
                 let tx = TxSample {
                     frames: frames as u32,
@@ -113,6 +116,9 @@ impl Sides {
                     windows_found: if polling { trips } else { 0 },
                     elapsed_us: INTERVAL_US,
                     guest_coalesces: self.guest_set,
+                    // The model has no kick coalescing: the device's rule for it stays out.
+                    kicks: 0,
+                    kicks_fixed: true,
                 };
                 let tx = TxSample {
                     frames: trips as u32,

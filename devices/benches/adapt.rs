@@ -44,6 +44,8 @@ fn bench(c: &mut Criterion) {
                 windows_found: if flood { 0 } else { 25 },
                 elapsed_us: 1_000,
                 guest_coalesces: false,
+                kicks: if flood { 20 } else { 30 },
+                kicks_fixed: false,
             })))
         })
     });

@@ -790,6 +790,34 @@ fn kick_coalescing_spares_a_bursty_guests_kicks() {
     );
 }
 
+/// A device that adapts without a polling core (`adaptive=on,adaptive_max_busy_poll_us=0`)
+/// tries kick coalescing on a flood whose driver kicks at every burst, applies it (the device
+/// looks at the ring by itself), and undoes it where the rate does not rise: this guest paces
+/// its own bursts (300 µs apart, longer than the look's 50 µs, so a look finds the ring empty
+/// and hands the next burst its kick back), and nothing the device does makes it faster.
+/// Every frame is sent either way.
+#[test]
+fn the_adapter_tries_kick_coalescing_on_a_kicking_flood_and_undoes_it_where_it_does_not_pay() {
+    const FRAMES: u64 = 200_000;
+    let cmdline = format!(
+        "console=ttyS0 ring=3 tx={FRAMES} size=64 kick_threshold=64 tx_completion=lazy \
+         burst=128 pause_us=300"
+    );
+    let net = "backend=sink,adaptive=on,adaptive_max_busy_poll_us=0";
+    let (d, dev, out) = run_on_backend(net, &cmdline);
+    let ctx = format!("{net}\ndriver {d}\ndevice {dev}\n{out}");
+    assert_eq!(n(&dev["tx"], "frames"), FRAMES, "{ctx}");
+    assert_eq!(n(&dev["tx"], "kicks"), n(&d, "kicks"), "{ctx}");
+    let changes = n(&dev["adaptive"], "kick_coalescing_changes");
+    assert!(
+        changes >= 2,
+        "on trial and undone: {changes} changes\n{ctx}"
+    );
+    // Applied while on: the device looked at the ring by itself.
+    assert!(n(&dev["tx"], "kick_timer_looks") > 0, "{ctx}");
+    assert_eq!(n(&dev["adaptive"], "busy_poll_us"), 0, "{ctx}");
+}
+
 /// The packed ring (`--net …,packed=on`, the guest's `packed=1`) and IN_ORDER (`in_order=on`,
 /// `in_order=1`) negotiated, on each ring: every frame reaches the host intact and in order, the
 /// counters agree as on the split ring, and the guest says what it negotiated.

@@ -1,5 +1,6 @@
-//! Device-side adaptation (`adaptive=on`): the worker moves its own busy-poll window and
-//! interrupt coalescing from what it saw in the last interval, within the operator's bounds.
+//! Device-side adaptation (`adaptive=on`): the worker moves its own busy-poll window,
+//! interrupt coalescing and kick coalescing from what it saw in the last interval, within the
+//! operator's bounds.
 //!
 //! - **Busy-poll** follows the driver's idle gaps, after the rule of KVM's halt polling: a
 //!   wake-up (a kick or backend input) after an idle gap that a window at the bound would have
@@ -68,12 +69,28 @@
 //!   and parked as a failed step; a load that falls to under half its rate during the trial
 //!   ends it at once. No window trial runs during one, nor it during a window trial, so
 //!   neither judges the other's change.
+//! - **Kick coalescing** (`adapt/kicks.rs`), with the window closed (a device that may not
+//!   poll, or one whose window trial failed): a steady flood whose driver kicks at least once per
+//!   [`FRAMES_PER_KICK_WORTH_A_TRIAL`] frames gets [`AHEAD_PER_KICK`] times the frames it sent
+//!   per kick (between [`MIN_KICK_AHEAD`] and [`KICK_AHEAD`]) buffers without a kick and a
+//!   look after [`KICK_LOOK_US`] (at most the operator's `max_coalesce_usecs`) on a rate trial,
+//!   judged as a window trial (kept if the rate rose by a quarter, else off and parked); a kept
+//!   one stays until the rate has been under half its rate for [`WINDOW_HOLD_INTERVALS`]
+//!   intervals; a window that opens takes over. It starts beside no coalescing trial, and none
+//!   starts beside it. The operator's own kick coalescing, and a driver without EVENT_IDX,
+//!   leave it off ([`Observed::kicks_fixed`]).
 //!
 //! The [`Adapter`] owns no clock and no file descriptor: the worker counts, hands it one
 //! interval's [`Observed`] counts, and applies the [`Decision`]. Its tests are exact, and
 //! `cargo bench -p devices --bench adapt` measures what adapting costs the worker.
 
-use super::tuning::{Adaptive, InterruptCoalescing};
+use super::tuning::{Adaptive, InterruptCoalescing, KickCoalescing};
+
+mod kicks;
+
+pub use kicks::{
+    AHEAD_PER_KICK, FRAMES_PER_KICK_WORTH_A_TRIAL, KICK_AHEAD, KICK_LOOK_US, MIN_KICK_AHEAD,
+};
 
 /// First busy-poll window, in microseconds, when adaptation turns it on.
 pub const BUSY_POLL_START_US: u32 = 8;
@@ -159,6 +176,11 @@ pub struct Observed {
     /// The guest sets the interrupt coalescing (NOTF_COAL): its values win, so the device
     /// leaves its ladder at the bottom rather than move a knob the guest is moving too.
     pub guest_coalesces: bool,
+    /// The driver's tx kicks.
+    pub kicks: u64,
+    /// The kick coalescing is not the adapter's: the operator set it, or the driver did not
+    /// negotiate EVENT_IDX (its kicks cannot be put off).
+    pub kicks_fixed: bool,
 }
 
 impl Observed {
@@ -230,6 +252,8 @@ pub struct Decision {
     pub busy_poll_us: Option<u32>,
     /// The new interrupt coalescing.
     pub coalescing: Option<InterruptCoalescing>,
+    /// The new kick coalescing.
+    pub kick_coalescing: Option<KickCoalescing>,
 }
 
 /// Decisions counted, for the metrics.
@@ -241,6 +265,8 @@ pub struct AdaptCounters {
     pub busy_poll_changes: u64,
     /// Changes of the coalescing.
     pub coalescing_changes: u64,
+    /// Changes of the kick coalescing.
+    pub kick_coalescing_changes: u64,
 }
 
 /// The adaptation state of one worker (see the module docs).
@@ -301,6 +327,8 @@ pub struct Adapter {
     last_rate: (u64, u64),
     /// The next park's length (doubles with each failed trial in a row).
     park_next: u32,
+    /// The kick coalescing's rule.
+    kicks: kicks::KickRule,
     /// Decisions counted since the worker last took them.
     pub counters: AdaptCounters,
 }
@@ -332,12 +360,14 @@ impl Adapter {
             parked_at: None,
             park_left: 0,
             park_next: PARK_INTERVALS,
+            kicks: kicks::KickRule::default(),
             counters: AdaptCounters::default(),
         }
     }
 
     /// New bounds: values now outside them come down at once.
     pub fn set_bounds(&mut self, bounds: Adaptive) -> Decision {
+        let kicks_were = self.kick_coalescing();
         self.bounds = bounds;
         // A window trial runs at the old bound and would go back to a window the new one may
         // not allow: it says nothing about the new bound, so it ends here.
@@ -350,6 +380,15 @@ impl Adapter {
         if self.level > self.top_level() {
             d.coalescing = Some(self.set_level(self.top_level()));
         }
+        // A kick trial ends as a window trial does; a kept one follows the new hold bound.
+        if self.kicks.on_trial() || bounds.max_coalesce_usecs == 0 {
+            self.kicks.stop();
+        }
+        let kicks = self.kick_coalescing();
+        if kicks != kicks_were {
+            self.counters.kick_coalescing_changes += 1;
+            d.kick_coalescing = Some(kicks);
+        }
         d
     }
 
@@ -361,6 +400,11 @@ impl Adapter {
     /// The coalescing chosen.
     pub fn coalescing(&self) -> InterruptCoalescing {
         level_bounds(self.level)
+    }
+
+    /// The kick coalescing chosen.
+    pub fn kick_coalescing(&self) -> KickCoalescing {
+        self.kicks.bounds(self.bounds.max_coalesce_usecs)
     }
 
     /// The bounds in force (the operator's).
@@ -386,9 +430,24 @@ impl Adapter {
             self.forget_gaps();
         }
         let level = self.next_level(seen);
+        let kicks = self.kicks.observe(
+            &seen,
+            kicks::Context {
+                recent_mean: self.recent_mean(TRIAL_JUDGED),
+                allowed: busy_poll == 0
+                    && self.window_trial.is_none()
+                    && self.bounds.max_coalesce_usecs > 0
+                    && !seen.kicks_fixed,
+                other_trial: self.trial.is_some() || self.rate_trial.is_some(),
+            },
+        );
         Decision {
             busy_poll_us: (busy_poll != self.busy_poll_us).then(|| self.set_busy_poll(busy_poll)),
             coalescing: (level != self.level).then(|| self.set_level(level)),
+            kick_coalescing: kicks.map(|_| {
+                self.counters.kick_coalescing_changes += 1;
+                self.kick_coalescing()
+            }),
         }
     }
 
@@ -643,7 +702,7 @@ impl Adapter {
         // request/response flow) there is nothing to batch, and a hold is pure latency.
         let interrupts_heavy = per_s(seen.interrupts) > IRQ_HIGH_PER_S
             && (MIN_FRAMES_PER_IRQ16..TARGET_FRAMES_PER_IRQ * 16).contains(&frames_per_irq16);
-        if interrupts_heavy && steady && self.level < self.top_level() {
+        if interrupts_heavy && steady && self.level < self.top_level() && !self.kicks.on_trial() {
             self.entered_at[self.level] = rate;
             self.trial = Some((frames_per_irq16, rate));
             return self.level + 1;
@@ -657,12 +716,18 @@ impl Adapter {
             && self.steady_run as usize >= TRIAL_JUDGED
             && rate >= WINDOW_TRIAL_PER_S
             && self.top_level() > 0
-            && self.window_trial.is_none()
+            && self.no_other_trial()
         {
             self.start_rate_trial();
             return 1;
         }
         self.level
+    }
+
+    /// Neither a window trial nor a kick coalescing trial runs: a coalescing rate trial would
+    /// judge their change as its own.
+    fn no_other_trial(&self) -> bool {
+        self.window_trial.is_none() && !self.kicks.on_trial()
     }
 
     /// A failed step or trial at frame rate `rate`: parks the ladder for the next park's

@@ -276,6 +276,13 @@ pub struct AdaptiveMetrics {
     pub busy_poll_changes: Counter,
     /// Changes of the interrupt coalescing.
     pub coalescing_changes: Counter,
+    /// The kick coalescing's buffer bound chosen (0: off; the operator's own, where set, is
+    /// in force instead).
+    pub kick_coalesce_packets: Gauge,
+    /// The kick coalescing's look time chosen (µs; 0: off).
+    pub kick_coalesce_usecs: Gauge,
+    /// Changes of the kick coalescing.
+    pub kick_coalescing_changes: Counter,
 }
 
 /// One queue pair's datapath counters (multiqueue devices).

@@ -184,14 +184,16 @@ pub const DEFAULT_ADAPT_MAX_COALESCE_USECS: u32 = 64;
 pub struct Adaptive {
     /// Adapt (off by default). While on, the busy-poll window and the operator's interrupt
     /// coalescing are the adapter's (`busy_poll_us` and `interrupt_coalescing` are ignored);
-    /// coalescing the guest sets over NOTF_COAL still wins.
+    /// coalescing the guest sets over NOTF_COAL still wins. Kick coalescing is the adapter's
+    /// too unless the operator set it (`kick_coalescing`).
     #[serde(default)]
     pub enabled: bool,
     /// Longest busy-poll window the device may choose (µs, 0..=10000; 0: never poll).
     #[serde(default = "default_max_busy_poll_us")]
     pub max_busy_poll_us: u32,
     /// Longest interrupt hold the device may choose (µs; 0: never coalesce). Only the
-    /// ladder's levels at or under it are used.
+    /// ladder's levels at or under it are used; it also bounds the look of the kick
+    /// coalescing the device may choose (0: none).
     #[serde(default = "default_max_coalesce_usecs")]
     pub max_coalesce_usecs: u32,
     /// How often the device looks at what it saw and decides (µs, 100..=1000000).

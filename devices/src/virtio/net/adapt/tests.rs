@@ -88,6 +88,8 @@ impl Workload for PingPong {
             windows_found,
             elapsed_us: INTERVAL_US,
             guest_coalesces: false,
+            kicks: 0,
+            kicks_fixed: false,
         }
     }
 }
@@ -301,6 +303,8 @@ fn arbitrary_observations_never_leave_the_bounds() {
                     windows_found: pick(),
                     elapsed_us: pick(),
                     guest_coalesces: false,
+                    kicks: pick(),
+                    kicks_fixed: pick() & 1 == 0,
                 };
                 let d = a.observe(seen);
                 let c = a.coalescing();
@@ -308,6 +312,10 @@ fn arbitrary_observations_never_leave_the_bounds() {
                 assert!(c.max_usecs <= max_coal, "{seen:?}");
                 assert!(c.validate().is_ok());
                 assert!(d.busy_poll_us.is_none_or(|b| b == a.busy_poll_us()));
+                let k = a.kick_coalescing();
+                assert!(k.max_usecs <= max_coal, "{seen:?}");
+                assert!(k.validate().is_ok());
+                assert!(d.kick_coalescing.is_none_or(|d| d == k));
             }
         }
     }
@@ -512,6 +520,8 @@ fn gaps_that_straddle_the_bound_do_not_make_the_window_flap() {
             windows_found: 0,
             elapsed_us: INTERVAL_US,
             guest_coalesces: false,
+            kicks: 0,
+            kicks_fixed: false,
         });
     }
     // Each reversal waits twice as long as the last: about log2(2000 / 16) + a few moves.
@@ -567,6 +577,8 @@ fn switch_interval(old: &Observed, new: &Observed, old_32nds: u64) -> Observed {
         windows_found: mix(old.windows_found, new.windows_found),
         elapsed_us: INTERVAL_US,
         guest_coalesces: false,
+        kicks: 0,
+        kicks_fixed: false,
     }
 }
 

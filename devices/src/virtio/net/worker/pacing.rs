@@ -84,6 +84,7 @@ impl<'p, B: NetBackend> EventLoop<'p, B> {
     pub(super) fn flush(&mut self) -> Result<(), WorkerError> {
         let completed = [self.rx_counters.frames, self.tx_counters.frames];
         self.seen.frames += completed[RX] + completed[TX];
+        self.seen.kicks += self.tx_counters.kicks;
         let moderation = self.moderator.end_round(completed, Instant::now);
         self.apply(moderation)?;
         self.publish();
@@ -110,12 +111,17 @@ impl<'p, B: NetBackend> EventLoop<'p, B> {
         self.poll_sleep = Duration::from_micros(tuning.busy_poll_sleep_us.into());
         // Without EVENT_IDX the driver's kicks cannot be put off: no looks to owe.
         let event_idx = self.acked_features & 1 << VIRTIO_RING_F_EVENT_IDX != 0;
-        self.kick_coalescing = if event_idx {
+        self.set_kick_coalescing(if event_idx {
             tuning.kick_coalescing
         } else {
             KickCoalescing::default()
-        };
-        if !self.kick_coalescing.is_enabled() {
+        });
+    }
+
+    /// The kick coalescing in force from the next drain on.
+    fn set_kick_coalescing(&mut self, kicks: KickCoalescing) {
+        self.kick_coalescing = kicks;
+        if !kicks.is_enabled() {
             // A look still due finds the queue as the next kick would.
             self.kick_quiet = false;
         }
@@ -412,6 +418,10 @@ impl<B: NetBackend> EventLoop<'_, B> {
         if let Some(adapter) = &self.adapter {
             tuning.busy_poll_us = adapter.busy_poll_us();
             tuning.interrupt_coalescing = adapter.coalescing();
+            // The operator's kick coalescing, where set, wins.
+            if !tuning.kick_coalescing.is_enabled() {
+                tuning.kick_coalescing = adapter.kick_coalescing();
+            }
         }
         self.publish_adaptive();
         tuning
@@ -515,6 +525,8 @@ impl<B: NetBackend> EventLoop<'_, B> {
         let elapsed = now.saturating_duration_since(start);
         seen.elapsed_us = u64::try_from(elapsed.as_micros()).unwrap_or(u64::MAX);
         seen.guest_coalesces = self.guest_coalescing != [None, None];
+        let event_idx = self.acked_features & 1 << VIRTIO_RING_F_EVENT_IDX != 0;
+        seen.kicks_fixed = !event_idx || self.tuning_shared.load().kick_coalescing.is_enabled();
         let idle = seen.frames == 0 && seen.short_gaps + seen.long_gaps == 0;
         let was = adapter.busy_poll_us();
         let was_coalescing = adapter.coalescing();
@@ -537,6 +549,15 @@ impl<B: NetBackend> EventLoop<'_, B> {
                 .retune(event_idx, self.coalescing(coalescing));
             self.apply(moderation)?;
         }
+        if let Some(kicks) = decision.kick_coalescing {
+            debug!(
+                "virtio-net {}: adaptive kick coalescing {} buffers, {} µs after {seen:?}",
+                self.label, kicks.max_packets, kicks.max_usecs
+            );
+            if !seen.kicks_fixed {
+                self.set_kick_coalescing(kicks);
+            }
+        }
         self.publish_adaptive();
         self.start_interval((!idle).then_some(now));
         Ok(())
@@ -557,18 +578,19 @@ impl<B: NetBackend> EventLoop<'_, B> {
             m.intervals.add(c.intervals);
             m.busy_poll_changes.add(c.busy_poll_changes);
             m.coalescing_changes.add(c.coalescing_changes);
+            m.kick_coalescing_changes.add(c.kick_coalescing_changes);
         }
         if self.pair == 0 {
-            let (busy_poll, coalescing) = self
-                .adapter
-                .as_ref()
-                .map_or((0, InterruptCoalescing::OFF), |a| {
-                    (a.busy_poll_us(), a.coalescing())
-                });
+            let (busy_poll, coalescing, kicks) = self.adapter.as_ref().map_or(
+                (0, InterruptCoalescing::OFF, KickCoalescing::default()),
+                |a| (a.busy_poll_us(), a.coalescing(), a.kick_coalescing()),
+            );
             m.enabled.set(u64::from(self.adapter.is_some()));
             m.busy_poll_us.set(busy_poll.into());
             m.coalesce_usecs.set(coalescing.max_usecs.into());
             m.coalesce_packets.set(coalescing.max_packets.into());
+            m.kick_coalesce_packets.set(kicks.max_packets.into());
+            m.kick_coalesce_usecs.set(kicks.max_usecs.into());
         }
     }
 }

@@ -1,0 +1,178 @@
+//! The adapter's kick coalescing (see the parent module's docs): a device that does not poll
+//! may still spare a driver that floods it most of its kicks, by letting it queue
+//! [`KICK_AHEAD`] buffers past a drained ring without one and looking at the ring by itself
+//! after at most [`KICK_LOOK_US`] µs. Whether that pays is what a trial says, as for a window.
+
+use super::{within_2x, Observed, RateTrial, MAX_PARK_INTERVALS, PARK_INTERVALS, TRIAL_JUDGED};
+use super::{WINDOW_HOLD_INTERVALS, WINDOW_TRIAL_PER_S};
+use crate::virtio::net::tuning::KickCoalescing;
+
+/// Most buffers the driver may queue past a drained ring without a kick while the adapter
+/// coalesces kicks: three quarters of a default 256-entry queue (a smaller queue clamps it to
+/// its size less one). The trial sets [`AHEAD_PER_KICK`] times the frames the driver sent per
+/// kick before it, between [`MIN_KICK_AHEAD`] and this: below what the driver keeps in flight,
+/// so that its kicks stay in charge (above it the driver never reaches the event, and each
+/// batch waits for the look: a sleeping poll, slower than the kicks on a flood of 64 frames
+/// in flight).
+pub const KICK_AHEAD: u16 = 192;
+/// Fewest buffers the adapter lets the driver queue without a kick.
+pub const MIN_KICK_AHEAD: u16 = 16;
+/// The buffers without a kick, in frames per kick seen before the trial.
+pub const AHEAD_PER_KICK: u64 = 3;
+/// Longest the device leaves frames queued without a kick before it looks (µs; at most the
+/// operator's `max_coalesce_usecs`, the hold the operator allows the device on anything).
+pub const KICK_LOOK_US: u32 = 50;
+/// A flood whose driver kicks at least once per this many frames has kicks worth sparing.
+pub const FRAMES_PER_KICK_WORTH_A_TRIAL: u64 = 256;
+
+/// The kick coalescing rule's state.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct KickRule {
+    /// Kick coalescing on (on trial or kept).
+    on: bool,
+    /// The buffers without a kick chosen when the trial started.
+    ahead: u16,
+    /// A trial running: its frame rates against the rate before it.
+    trial: Option<RateTrial>,
+    /// The frame rate a trial was kept at, and the intervals in a row the rate has been under
+    /// half of it: a fall that lasts [`WINDOW_HOLD_INTERVALS`] ends the flood's coalescing.
+    kept_at: Option<(u64, u32)>,
+    /// Parked after a failed trial: the rate it failed at, the intervals left before the park
+    /// may end, and the next park's length.
+    park: (Option<u64>, u32, u32),
+    /// The last interval's frame rate, and the intervals in a row within 2× of the one before
+    /// (a trial's rate before it averages only intervals of the load it is tried on).
+    last_rate: u64,
+    steady: u32,
+}
+
+/// What the rest of the adapter says about this interval.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Context {
+    /// The mean frame rate of the last [`TRIAL_JUDGED`] intervals, this one's included.
+    pub recent_mean: u64,
+    /// The kick coalescing may be the adapter's now: the busy-poll window is closed, no
+    /// window trial runs, the operator allows a hold and did not fix the knob.
+    pub allowed: bool,
+    /// Another trial (the coalescing ladder's) runs: none starts beside it.
+    pub other_trial: bool,
+}
+
+impl Default for KickRule {
+    fn default() -> Self {
+        KickRule {
+            on: false,
+            ahead: KICK_AHEAD,
+            trial: None,
+            kept_at: None,
+            park: (None, 0, PARK_INTERVALS),
+            last_rate: 0,
+            steady: 0,
+        }
+    }
+}
+
+impl KickRule {
+    /// The kick coalescing in force, within the operator's hold bound.
+    pub fn bounds(&self, max_hold_us: u32) -> KickCoalescing {
+        if !self.on || max_hold_us == 0 {
+            return KickCoalescing::default();
+        }
+        KickCoalescing {
+            max_packets: self.ahead,
+            max_usecs: KICK_LOOK_US.min(max_hold_us),
+        }
+    }
+
+    /// A trial runs.
+    pub fn on_trial(&self) -> bool {
+        self.trial.is_some()
+    }
+
+    /// Off at once (the bounds or the window took the knob): a running trial ends unjudged.
+    pub fn stop(&mut self) -> bool {
+        self.trial = None;
+        self.kept_at = None;
+        std::mem::replace(&mut self.on, false)
+    }
+
+    /// One interval in: `Some(on)` when the rule turned kick coalescing on or off.
+    pub fn observe(&mut self, seen: &Observed, cx: Context) -> Option<bool> {
+        let rate = seen.frames_per_s();
+        let last = std::mem::replace(&mut self.last_rate, rate);
+        self.steady = if rate > 0 && within_2x(rate, last) {
+            self.steady.saturating_add(1)
+        } else {
+            0
+        };
+        if !cx.allowed {
+            return self.stop().then_some(false);
+        }
+        if let Some(mut trial) = self.trial.take() {
+            let judged = trial.count(rate);
+            // The load fell away under the trial (a trickle after a flood): its frames are not
+            // worth holding, so the trial ends here, failed.
+            let mean = match judged {
+                _ if rate < trial.before / 2 => rate,
+                Some(mean) => mean,
+                None => {
+                    self.trial = Some(trial);
+                    return None;
+                }
+            };
+            if mean >= trial.before.saturating_add(trial.before / 4) {
+                self.kept_at = Some((mean, 0));
+                self.park = (None, 0, PARK_INTERVALS);
+                return None;
+            }
+            let next = self.park.2;
+            self.park = (
+                Some(mean),
+                next,
+                next.saturating_mul(2).min(MAX_PARK_INTERVALS),
+            );
+            self.on = false;
+            return Some(false);
+        }
+        if self.on {
+            // Kept: only a fall that lasts ends it (the flood is over; a trickle's frames are
+            // not worth holding), not a dip of a few intervals.
+            let (kept, under) = self.kept_at.unwrap_or((rate, 0));
+            let under = if rate.saturating_mul(2) >= kept {
+                0
+            } else {
+                under + 1
+            };
+            if under < WINDOW_HOLD_INTERVALS {
+                self.kept_at = Some((kept, under));
+                return None;
+            }
+            self.kept_at = None;
+            self.on = false;
+            return Some(false);
+        }
+        if let (Some(at), left, next) = self.park {
+            if left > 0 || within_2x(rate, at) {
+                self.park = (Some(at), left.saturating_sub(1), next);
+                return None;
+            }
+            self.park = (None, 0, next);
+        }
+        let kicks_many = seen.kicks >= 2
+            && seen.kicks.saturating_mul(FRAMES_PER_KICK_WORTH_A_TRIAL) >= seen.frames;
+        let steady = self.steady as usize >= TRIAL_JUDGED;
+        if kicks_many && steady && cx.recent_mean >= WINDOW_TRIAL_PER_S && !cx.other_trial {
+            self.trial = Some(RateTrial::new(cx.recent_mean));
+            self.on = true;
+            let per_kick = seen.frames / seen.kicks.max(1);
+            self.ahead = per_kick
+                .saturating_mul(AHEAD_PER_KICK)
+                .clamp(MIN_KICK_AHEAD.into(), KICK_AHEAD.into()) as u16;
+            return Some(true);
+        }
+        None
+    }
+}
+
+#[cfg(test)]
+mod tests;
