@@ -3,9 +3,10 @@ use crate::virtio::net::tuning::{
     TuningError, MAX_ADAPT_INTERVAL_US, MAX_BUSY_POLL_USECS, MAX_COALESCE_USECS,
 };
 
-const INTERVAL_US: u64 = 1_000;
+pub(super) const INTERVAL_US: u64 = 1_000;
 
-fn bounds(max_busy_poll_us: u32, max_coalesce_usecs: u32) -> Adaptive {
+/// Adaptation on within these bounds, deciding every [`INTERVAL_US`].
+pub(super) fn bounds(max_busy_poll_us: u32, max_coalesce_usecs: u32) -> Adaptive {
     Adaptive {
         enabled: true,
         max_busy_poll_us,

@@ -1,20 +1,10 @@
 //! The adapter's kick coalescing rule, driven through [`Adapter::observe`] with exact counts.
 
+use crate::virtio::net::adapt::tests::{bounds, INTERVAL_US};
 use crate::virtio::net::adapt::{
     Adapter, Decision, Observed, KICK_AHEAD, KICK_LOOK_US, MIN_KICK_AHEAD,
 };
-use crate::virtio::net::tuning::{Adaptive, KickCoalescing};
-
-const INTERVAL_US: u64 = 1_000;
-
-fn bounds(max_busy_poll_us: u32, max_coalesce_usecs: u32) -> Adaptive {
-    Adaptive {
-        enabled: true,
-        max_busy_poll_us,
-        max_coalesce_usecs,
-        interval_us: INTERVAL_US as u32,
-    }
-}
+use crate::virtio::net::tuning::KickCoalescing;
 
 /// One interval of a transmit flood at `per_s` frames a second with a kick every
 /// `frames_per_kick` frames (lazy completion: no interrupts; no timed sleeps).
