@@ -525,8 +525,10 @@ impl<B: NetBackend> EventLoop<'_, B> {
         let elapsed = now.saturating_duration_since(start);
         seen.elapsed_us = u64::try_from(elapsed.as_micros()).unwrap_or(u64::MAX);
         seen.guest_coalesces = self.guest_coalescing != [None, None];
-        let event_idx = self.acked_features & 1 << VIRTIO_RING_F_EVENT_IDX != 0;
-        seen.kicks_fixed = !event_idx || self.tuning_shared.load().kick_coalescing.is_enabled();
+        // Without EVENT_IDX the driver's kicks cannot be put off; the operator's setting wins.
+        let acked_event_idx = self.acked_features & 1 << VIRTIO_RING_F_EVENT_IDX != 0;
+        seen.kicks_fixed =
+            !acked_event_idx || self.tuning_shared.load().kick_coalescing.is_enabled();
         let idle = seen.frames == 0 && seen.short_gaps + seen.long_gaps == 0;
         let was = adapter.busy_poll_us();
         let was_coalescing = adapter.coalescing();
