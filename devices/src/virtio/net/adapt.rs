@@ -75,8 +75,10 @@
 //!   per kick (between [`MIN_KICK_AHEAD`] and [`KICK_AHEAD`]) buffers without a kick and a
 //!   look after [`KICK_LOOK_US`] (at most the operator's `max_coalesce_usecs`) on a rate trial,
 //!   judged as a window trial (kept if the rate rose by a quarter, else off and parked); a kept
-//!   one stays until the rate has been under half its rate for [`WINDOW_HOLD_INTERVALS`]
-//!   intervals; a window that opens takes over. It starts beside no coalescing trial, and none
+//!   one tries the shorter look [`SHORT_LOOK_US`] the same way (back to the long one, for as
+//!   long as it is kept, if the rate did not rise by a quarter again), and stays until the
+//!   rate has been under half its rate for [`WINDOW_HOLD_INTERVALS`] intervals; a window that
+//!   opens takes over. It starts beside no coalescing trial, and none
 //!   starts beside it. The operator's own kick coalescing, and a driver without EVENT_IDX,
 //!   leave it off ([`Observed::kicks_fixed`]).
 //!
@@ -90,6 +92,7 @@ mod kicks;
 
 pub use kicks::{
     AHEAD_PER_KICK, FRAMES_PER_KICK_WORTH_A_TRIAL, KICK_AHEAD, KICK_LOOK_US, MIN_KICK_AHEAD,
+    SHORT_LOOK_US,
 };
 
 /// First busy-poll window, in microseconds, when adaptation turns it on.
@@ -381,7 +384,8 @@ impl Adapter {
             d.coalescing = Some(self.set_level(self.top_level()));
         }
         // A kick trial ends as a window trial does; a kept one follows the new hold bound.
-        if self.kicks.on_trial() || bounds.max_coalesce_usecs == 0 {
+        self.kicks.end_trials();
+        if bounds.max_coalesce_usecs == 0 {
             self.kicks.stop();
         }
         let kicks = self.kick_coalescing();
@@ -444,7 +448,7 @@ impl Adapter {
         Decision {
             busy_poll_us: (busy_poll != self.busy_poll_us).then(|| self.set_busy_poll(busy_poll)),
             coalescing: (level != self.level).then(|| self.set_level(level)),
-            kick_coalescing: kicks.map(|_| {
+            kick_coalescing: kicks.then(|| {
                 self.counters.kick_coalescing_changes += 1;
                 self.kick_coalescing()
             }),

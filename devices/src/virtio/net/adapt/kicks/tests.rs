@@ -2,7 +2,7 @@
 
 use crate::virtio::net::adapt::tests::{bounds, INTERVAL_US};
 use crate::virtio::net::adapt::{
-    Adapter, Decision, Observed, KICK_AHEAD, KICK_LOOK_US, MIN_KICK_AHEAD,
+    Adapter, Decision, Observed, KICK_AHEAD, KICK_LOOK_US, MIN_KICK_AHEAD, SHORT_LOOK_US,
 };
 use crate::virtio::net::tuning::KickCoalescing;
 
@@ -23,6 +23,11 @@ const ON: KickCoalescing = KickCoalescing {
     max_usecs: KICK_LOOK_US,
 };
 
+const SHORT: KickCoalescing = KickCoalescing {
+    max_usecs: SHORT_LOOK_US,
+    ..ON
+};
+
 /// Runs `n` intervals of `seen`; returns the kick coalescing decisions, in order.
 fn run(a: &mut Adapter, seen: Observed, n: u32) -> Vec<KickCoalescing> {
     (0..n)
@@ -41,17 +46,42 @@ fn on_trial() -> Adapter {
     a
 }
 
+/// [`on_trial`], then the trial: the rate up by half (the first interval is not judged) and
+/// kicks far fewer. Kept, and the shorter look goes on trial.
+fn kept() -> Adapter {
+    let mut a = on_trial();
+    assert_eq!(run(&mut a, flood(1_500_000, 4_000), 5), vec![SHORT]);
+    a
+}
+
 #[test]
 fn a_flood_that_kicks_often_keeps_kick_coalescing_that_raises_its_rate() {
-    let mut a = on_trial();
-    // The trial: the rate up by half (the first interval is not judged) and kicks far fewer.
-    assert_eq!(run(&mut a, flood(1_500_000, 4_000), 5), vec![]);
-    // Kept, and stays through 200 more intervals (a dip of a few included).
+    let mut a = kept();
+    // The shorter look does not raise the rate again: back to the long one.
+    assert_eq!(run(&mut a, flood(1_500_000, 4_000), 5), vec![ON]);
+    // And stays through 200 more intervals (a dip of a few included), the shorter look not
+    // tried again.
     assert_eq!(run(&mut a, flood(1_500_000, 4_000), 100), vec![]);
     assert_eq!(run(&mut a, flood(500_000, 4_000), 5), vec![]);
     assert_eq!(run(&mut a, flood(1_500_000, 4_000), 100), vec![]);
     assert_eq!(a.kick_coalescing(), ON);
-    assert_eq!(a.counters.kick_coalescing_changes, 1);
+    assert_eq!(a.counters.kick_coalescing_changes, 3);
+}
+
+/// A request/response flood whose driver queues its next frames sooner than the long look
+/// comes: the shorter look raises the rate by a quarter again and stays.
+#[test]
+fn a_flood_the_shorter_look_speeds_up_keeps_it() {
+    let mut a = kept();
+    assert_eq!(run(&mut a, flood(2_000_000, 4_000), 5), vec![]);
+    assert_eq!(run(&mut a, flood(2_000_000, 4_000), 200), vec![]);
+    assert_eq!(a.kick_coalescing(), SHORT);
+    // A lasting fall ends it, and a new flood starts from the long look.
+    assert_eq!(
+        run(&mut a, flood(20_000, 1), 8),
+        vec![KickCoalescing::default()]
+    );
+    assert_eq!(run(&mut a, flood(1_000_000, 100), 6), vec![ON]);
 }
 
 /// The buffers without a kick: three times the frames the driver sent per kick before the
@@ -92,12 +122,17 @@ fn a_flood_that_ends_under_its_trial_fails_it_at_once() {
         run(&mut a, flood(20_000, 1), 1),
         vec![KickCoalescing::default()]
     );
+    // Under the shorter look's trial: back to the long look at once, kept until the fall
+    // has lasted.
+    let mut a = kept();
+    assert_eq!(run(&mut a, flood(1_500_000, 4_000), 1), vec![]);
+    assert_eq!(run(&mut a, flood(20_000, 1), 1), vec![ON]);
 }
 
 #[test]
 fn kick_coalescing_ends_when_the_flood_does() {
-    let mut a = on_trial();
-    assert_eq!(run(&mut a, flood(1_500_000, 4_000), 5), vec![]);
+    let mut a = kept();
+    assert_eq!(run(&mut a, flood(1_500_000, 4_000), 5), vec![ON]);
     // A trickle: a few intervals under half the rate are a dip, a lasting fall ends it.
     let trickle = flood(20_000, 1);
     assert_eq!(run(&mut a, trickle, 7), vec![]);
@@ -135,20 +170,22 @@ fn the_operator_taking_the_knob_or_the_hold_ends_it_at_once() {
     };
     assert_eq!(run(&mut a, fixed, 1), vec![KickCoalescing::default()]);
 
-    // Kept, then the hold bound lowered: the look follows it; no hold allowed: off.
-    let mut a = on_trial();
-    assert_eq!(run(&mut a, flood(1_500_000, 4_000), 5), vec![]);
-    let d = a.set_bounds(bounds(0, 20));
+    // Kept, its shorter look on trial, then the hold bound lowered: the look trial ends and
+    // the look follows the bound; no hold allowed: off.
+    let mut a = kept();
+    let d = a.set_bounds(bounds(0, 10));
     assert_eq!(
         d,
         Decision {
             kick_coalescing: Some(KickCoalescing {
-                max_usecs: 20,
+                max_usecs: 10,
                 ..ON
             }),
             ..Decision::default()
         }
     );
+    // New bounds that leave the look where it is change nothing.
+    assert_eq!(a.set_bounds(bounds(0, 10)), Decision::default());
     let d = a.set_bounds(bounds(0, 0));
     assert_eq!(d.kick_coalescing, Some(KickCoalescing::default()));
     assert_eq!(a.kick_coalescing(), KickCoalescing::default());
@@ -156,8 +193,7 @@ fn the_operator_taking_the_knob_or_the_hold_ends_it_at_once() {
 
 #[test]
 fn a_window_that_opens_takes_over_from_kick_coalescing() {
-    let mut a = on_trial();
-    assert_eq!(run(&mut a, flood(1_500_000, 4_000), 5), vec![]);
+    let mut a = kept();
     // The operator now allows polling, and the device's sleeps end on work soon after they
     // start: the window opens, and kick coalescing goes off in the same interval.
     a.set_bounds(bounds(64, 64));
