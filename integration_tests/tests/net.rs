@@ -62,9 +62,13 @@ fn guest_pings_host_and_echoes_udp_on_packed_rings() {
     assert_eq!(rings_started(&out), "packed rings", "{out}");
 }
 
-/// The same with kick coalescing: Linux's driver, which kicks where `avail_event` says, queues
-/// up to 64 frames without a kick and the device's looks (200 µs) send them; a quiet guest's
-/// next frame kicks. Every byte still arrives both ways, and the device looked by itself.
+/// The same with kick coalescing: Linux's driver, which kicks where `avail_event` says, may
+/// queue up to 64 frames without a kick, and the device looks at the ring by itself 200 µs
+/// after each drain; a look that finds it empty hands the next frame its kick back. Every byte
+/// still arrives both ways, and the device looked by itself. Whether a look also finds frames
+/// depends on the guest sending two within 200 µs, which a kernel this host emulates (a
+/// round trip of ~10 ms) does only now and then: the looks that send frames are asserted where
+/// the guest's pace is known (`driver_guest.rs`, `kick_coalescing_spares_a_bursty_guests_kicks`).
 #[test]
 fn guest_pings_host_and_echoes_udp_with_kick_coalescing() {
     let out = ping_and_echo_udp("udpkc", ",kick_coalesce_packets=64,kick_coalesce_usecs=200");
@@ -74,7 +78,8 @@ fn guest_pings_host_and_echoes_udp_with_kick_coalescing() {
         tx["kick_timer_looks"].as_u64().unwrap(),
         tx["kick_timer_found"].as_u64().unwrap(),
     );
-    assert!(looks > 0 && found > 0 && found <= looks, "{m}");
+    eprintln!("kick coalescing: {looks} looks, {found} of them found frames");
+    assert!(looks > 0 && found <= looks, "{m}");
 }
 
 /// Pings and echoes UDP through a guest whose `--net` spec has `net_keys` added, checks every
