@@ -248,6 +248,57 @@ impl RateTrial {
     }
 }
 
+/// A rule parked after a failed trial (window, coalescing or kick coalescing): for the park's
+/// length at least (it doubles with each failed trial in a row, up to [`MAX_PARK_INTERVALS`]),
+/// then until the frame rate has moved 2× from the rate the trial failed at.
+#[derive(Clone, Copy, Debug)]
+struct Park {
+    /// The frame rate the last trial failed at (`None`: not parked).
+    at: Option<u64>,
+    /// Intervals left before the park may end.
+    left: u32,
+    /// The next park's length.
+    next: u32,
+}
+
+impl Park {
+    const fn new() -> Park {
+        Park {
+            at: None,
+            left: 0,
+            next: PARK_INTERVALS,
+        }
+    }
+
+    /// Whether the rule stays parked in an interval at frame rate `rate` (counting it).
+    fn holds(&mut self, rate: u64) -> bool {
+        let Some(at) = self.at else {
+            return false;
+        };
+        if self.left > 0 {
+            self.left -= 1;
+            return true;
+        }
+        if within_2x(rate, at) {
+            return true;
+        }
+        self.at = None;
+        false
+    }
+
+    /// A trial failed at frame rate `rate`: parks for the next park's length, doubling it.
+    fn fail(&mut self, rate: u64) {
+        self.at = Some(rate);
+        self.left = self.next;
+        self.next = self.next.saturating_mul(2).min(MAX_PARK_INTERVALS);
+    }
+
+    /// A trial was kept: the next park is short again.
+    fn kept(&mut self) {
+        self.next = PARK_INTERVALS;
+    }
+}
+
 /// What changed after an interval (`None`: unchanged).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Decision {
@@ -299,9 +350,8 @@ pub struct Adapter {
     /// from it is another load, and the gaps counted under the old one are dropped).
     recent: [u64; TRIAL_JUDGED],
     recent_at: usize,
-    /// Parked after a failed window trial: the frame rate it failed at, the intervals left
-    /// before the park may end, and the next park's length.
-    window_park: (Option<u64>, u32, u32),
+    /// Parked after a failed window trial.
+    window_park: Park,
     /// The frame rate a window trial was kept at, and the intervals in a row the rate has
     /// been under half of it: until those reach [`WINDOW_HOLD_INTERVALS`], the gap rule does
     /// not close the window (its gaps are the driver's own waits, which the window's gain
@@ -320,16 +370,12 @@ pub struct Adapter {
     /// the interval before's: a rate trial's rate before it averages only intervals of the
     /// load it is tried on.
     steady_run: u32,
-    /// Parked after a failed trial: the frame rate it failed at.
-    parked_at: Option<u64>,
-    /// Intervals left before a park may end.
-    park_left: u32,
+    /// The coalescing ladder, parked after a failed step or rate trial.
+    park: Park,
     /// The previous interval's frame rate (per second) and frames per interrupt (×16; both 0
     /// after an idle interval or one the guest coalesced): a step up needs a steady load, this
     /// interval's within 2× of them.
     last_rate: (u64, u64),
-    /// The next park's length (doubles with each failed trial in a row).
-    park_next: u32,
     /// The kick coalescing's rule.
     kicks: kicks::KickRule,
     /// Decisions counted since the worker last took them.
@@ -352,7 +398,7 @@ impl Adapter {
             window_trial: None,
             recent: [0; TRIAL_JUDGED],
             recent_at: 0,
-            window_park: (None, 0, PARK_INTERVALS),
+            window_park: Park::new(),
             window_kept_at: None,
             level: 0,
             entered_at: [0; LEVELS_US.len()],
@@ -360,9 +406,7 @@ impl Adapter {
             trial: None,
             rate_trial: None,
             steady_run: 0,
-            parked_at: None,
-            park_left: 0,
-            park_next: PARK_INTERVALS,
+            park: Park::new(),
             kicks: kicks::KickRule::default(),
             counters: AdaptCounters::default(),
         }
@@ -523,12 +567,8 @@ impl Adapter {
             self.window_kept_at = None;
         }
         let bound = self.bounds.max_busy_poll_us;
-        if let (Some(at), left, next) = self.window_park {
-            if left > 0 || within_2x(rate, at) {
-                self.window_park = (Some(at), left.saturating_sub(1), next);
-                return None;
-            }
-            self.window_park = (None, 0, next);
+        if self.window_park.holds(rate) {
+            return None;
         }
         // A window under the bound that the gap rule would not grow: closed, too small for a
         // driver that waits under it (its gaps are long), which no horizon of evidence may
@@ -562,18 +602,13 @@ impl Adapter {
         };
         if kept {
             // Kept: a move up as far as the reversal rule is concerned.
-            self.window_park = (None, 0, PARK_INTERVALS);
+            self.window_park.kept();
             self.window_kept_at = Some((rate, 0));
             self.last_move = Some(true);
             self.since_move = 0;
             return self.busy_poll_us;
         }
-        let next = self.window_park.2;
-        self.window_park = (
-            Some(rate),
-            next,
-            next.saturating_mul(2).min(MAX_PARK_INTERVALS),
-        );
+        self.window_park.fail(rate);
         trial.from
     }
 
@@ -683,20 +718,13 @@ impl Adapter {
             if !(batched && kept_rate) {
                 // Holding the interrupt did not batch more frames, or slowed the flow: undo,
                 // and stop trying for a while, then until the load changes.
-                self.park(rate);
+                self.park.fail(rate);
                 return self.level.saturating_sub(1);
             }
-            self.park_next = PARK_INTERVALS;
+            self.park.kept();
         }
-        if let Some(parked) = self.parked_at {
-            if self.park_left > 0 {
-                self.park_left -= 1;
-                return self.level;
-            }
-            if within_2x(rate, parked) {
-                return self.level;
-            }
-            self.parked_at = None;
+        if self.park.holds(rate) {
+            return self.level;
         }
         if self.level > 0 && rate < self.entered_at[self.level - 1] / 2 {
             return self.level - 1;
@@ -732,14 +760,6 @@ impl Adapter {
     /// judge their change as its own.
     fn no_other_trial(&self) -> bool {
         self.window_trial.is_none() && !self.kicks.on_trial()
-    }
-
-    /// A failed step or trial at frame rate `rate`: parks the ladder for the next park's
-    /// length (doubling it), then until the rate has moved 2×.
-    fn park(&mut self, rate: u64) {
-        self.parked_at = Some(rate);
-        self.park_left = self.park_next;
-        self.park_next = self.park_next.saturating_mul(2).min(MAX_PARK_INTERVALS);
     }
 
     /// The mean frame rate of the last `n` intervals (at most [`TRIAL_JUDGED`]), this one's
@@ -779,10 +799,10 @@ impl Adapter {
                 .before
                 .saturating_add(trial.before / RATE_TRIAL_GAIN_DIV)
         {
-            self.park_next = PARK_INTERVALS;
+            self.park.kept();
             return self.level;
         }
-        self.park(rate);
+        self.park.fail(rate);
         0
     }
 }

@@ -7,7 +7,7 @@
 //! comes, and the short one serves it as a sleeping poll would, where a driver that only sends
 //! gains nothing from more looks.
 
-use super::{within_2x, Observed, RateTrial, MAX_PARK_INTERVALS, PARK_INTERVALS, TRIAL_JUDGED};
+use super::{within_2x, Observed, Park, RateTrial, TRIAL_JUDGED};
 use super::{WINDOW_HOLD_INTERVALS, WINDOW_TRIAL_PER_S};
 use crate::virtio::net::tuning::KickCoalescing;
 
@@ -50,9 +50,8 @@ pub(super) struct KickRule {
     /// The frame rate a trial was kept at, and the intervals in a row the rate has been under
     /// half of it: a fall that lasts [`WINDOW_HOLD_INTERVALS`] ends the flood's coalescing.
     kept_at: Option<(u64, u32)>,
-    /// Parked after a failed trial: the rate it failed at, the intervals left before the park
-    /// may end, and the next park's length.
-    park: (Option<u64>, u32, u32),
+    /// Parked after a failed trial.
+    park: Park,
     /// The last interval's frame rate, and the intervals in a row within 2× of the one before
     /// (a trial's rate before it averages only intervals of the load it is tried on).
     last_rate: u64,
@@ -80,7 +79,7 @@ impl Default for KickRule {
             look_trial: None,
             trial: None,
             kept_at: None,
-            park: (None, 0, PARK_INTERVALS),
+            park: Park::new(),
             last_rate: 0,
             steady: 0,
         }
@@ -175,17 +174,12 @@ impl KickRule {
             if mean >= trial.before.saturating_add(trial.before / 4) {
                 // Kept: the shorter look goes on trial against it.
                 self.kept_at = Some((mean, 0));
-                self.park = (None, 0, PARK_INTERVALS);
+                self.park.kept();
                 self.look_trial = Some(RateTrial::new(mean));
                 self.look_us = SHORT_LOOK_US;
                 return true;
             }
-            let next = self.park.2;
-            self.park = (
-                Some(mean),
-                next,
-                next.saturating_mul(2).min(MAX_PARK_INTERVALS),
-            );
+            self.park.fail(mean);
             self.on = false;
             return true;
         }
@@ -205,12 +199,8 @@ impl KickRule {
             }
             return self.stop();
         }
-        if let (Some(at), left, next) = self.park {
-            if left > 0 || within_2x(rate, at) {
-                self.park = (Some(at), left.saturating_sub(1), next);
-                return false;
-            }
-            self.park = (None, 0, next);
+        if self.park.holds(rate) {
+            return false;
         }
         let kicks_many = seen.kicks >= 2
             && seen.kicks.saturating_mul(FRAMES_PER_KICK_WORTH_A_TRIAL) >= seen.frames;
