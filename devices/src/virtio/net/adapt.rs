@@ -71,13 +71,14 @@
 //!   neither judges the other's change.
 //! - **Kick coalescing** (`adapt/kicks.rs`), with the window closed (a device that may not
 //!   poll, or one whose window trial failed): a steady flood whose driver kicks at least once per
-//!   [`FRAMES_PER_KICK_WORTH_A_TRIAL`] frames gets [`AHEAD_PER_KICK`] times the frames it sent
-//!   per kick (between [`MIN_KICK_AHEAD`] and [`KICK_AHEAD`]) buffers without a kick and a
-//!   look after [`KICK_LOOK_US`] (at most the operator's `max_coalesce_usecs`) on a rate trial,
-//!   judged as a window trial (kept if the rate rose by a quarter, else off and parked); a kept
-//!   one tries the shorter look [`SHORT_LOOK_US`] the same way (back to the long one, for as
-//!   long as it is kept, if the rate did not rise by a quarter again), and stays until the
-//!   rate has been under half its rate for [`WINDOW_HOLD_INTERVALS`] intervals; a window that
+//!   [`FRAMES_PER_KICK_WORTH_A_TRIAL`] frames gets
+//!   [`KICK_AHEAD`] buffers without a kick and a look after [`KICK_LOOK_US`] (at most the
+//!   operator's `max_coalesce_usecs`) on a rate trial, judged as a window trial (kept if the
+//!   rate rose by a quarter, else off and parked); a kept one tries the shorter look
+//!   [`SHORT_LOOK_US`] the same way (back to the long one if the rate did not rise by a
+//!   quarter again). The load's fall under half its rate ends it at once, and pauses a trial
+//!   for the flood's return to go on with; the verdict (the rate without, the look) turns it on
+//!   again in the first interval the same load floods, judged again each time. A window that
 //!   opens takes over. It starts beside no coalescing trial, and none
 //!   starts beside it. The operator's own kick coalescing, and a driver without EVENT_IDX,
 //!   leave it off ([`Observed::kicks_fixed`]).
@@ -90,10 +91,7 @@ use super::tuning::{Adaptive, InterruptCoalescing, KickCoalescing};
 
 mod kicks;
 
-pub use kicks::{
-    AHEAD_PER_KICK, FRAMES_PER_KICK_WORTH_A_TRIAL, KICK_AHEAD, KICK_LOOK_US, MIN_KICK_AHEAD,
-    SHORT_LOOK_US,
-};
+pub use kicks::{FRAMES_PER_KICK_WORTH_A_TRIAL, KICK_AHEAD, KICK_LOOK_US, SHORT_LOOK_US};
 
 /// First busy-poll window, in microseconds, when adaptation turns it on.
 pub const BUSY_POLL_START_US: u32 = 8;
