@@ -182,6 +182,13 @@ struct Cli {
     /// US 1..=10000), for the presets that do not sweep it (kick-coalesce refuses it).
     #[arg(long, global = true, value_name = "N/US", value_parser = parse_kick_coalesce)]
     kick_coalesce: Option<KickCoalescing>,
+    /// The device may not poll, as for an operator who grants it no core: no point has a
+    /// busy-poll window (presets that set one refuse this), adapting devices run with
+    /// `adaptive_max_busy_poll_us=0` (they may coalesce kicks instead), and the adaptive
+    /// preset's grid sweeps the device's kick coalescing (off, 192 buffers with 50 or 20 µs
+    /// looks) in place of the busy-poll window.
+    #[arg(long, global = true)]
+    no_polling: bool,
     /// The raw backend write loop's system call (`write`, the cheapest; `writev` of one
     /// iovec, as a device with a scatter-gather list makes it; `io-uring`, the device's own
     /// batches of 32 writes per submission on the backend as the ring's fixed file).
@@ -352,6 +359,7 @@ fn options(
         tx_completion: cli.tx_completion.map(Into::into),
         busy_poll_sleep_us: cli.busy_poll_sleep_us,
         kick_coalescing: cli.kick_coalesce,
+        no_polling: cli.no_polling,
     }
 }
 

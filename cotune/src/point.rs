@@ -168,9 +168,12 @@ pub struct DevKnobs {
     pub rx_sparse_reads: bool,
     /// The ring layout the device offers (the driver's request is in the point's config).
     pub ring: RingLayout,
-    /// Device-side adaptation (`adaptive=on`, default bounds): the device then chooses its
-    /// busy-poll window and interrupt coalescing itself.
+    /// Device-side adaptation (`adaptive=on`, default bounds but this one): the device then
+    /// chooses its busy-poll window, interrupt coalescing and kick coalescing itself.
     pub adaptive: bool,
+    /// The longest busy-poll window adaptation may choose, µs (`adaptive_max_busy_poll_us`;
+    /// 0: the device may not poll, and coalesces kicks instead where that pays).
+    pub adaptive_max_busy_poll_us: u32,
 }
 
 impl Default for DevKnobs {
@@ -187,6 +190,7 @@ impl Default for DevKnobs {
             rx_sparse_reads: t.rx_sparse_reads,
             ring: RingLayout::SPLIT,
             adaptive: t.adaptive.enabled,
+            adaptive_max_busy_poll_us: t.adaptive.max_busy_poll_us,
         }
     }
 }
@@ -223,6 +227,7 @@ impl DevKnobs {
             rx_sparse_reads: self.rx_sparse_reads,
             adaptive: Adaptive {
                 enabled: self.adaptive,
+                max_busy_poll_us: self.adaptive_max_busy_poll_us,
                 ..Adaptive::default()
             },
         }
@@ -276,6 +281,12 @@ impl DevKnobs {
         }
         if self.adaptive {
             s += ",adaptive=on";
+            if self.adaptive_max_busy_poll_us != d.adaptive_max_busy_poll_us {
+                s += &format!(
+                    ",adaptive_max_busy_poll_us={}",
+                    self.adaptive_max_busy_poll_us
+                );
+            }
         }
         s
     }

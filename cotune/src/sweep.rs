@@ -249,6 +249,10 @@ pub struct Options {
     /// The device's kick coalescing for every point of a preset that does not sweep it
     /// (`None`: each point's own, off unless the preset says).
     pub kick_coalescing: Option<KickCoalescing>,
+    /// The device may not poll (an operator who grants it no core): no point has a busy-poll
+    /// window, adapting devices run with `adaptive_max_busy_poll_us=0`, and the adaptive
+    /// preset's grid sweeps kick coalescing where it would sweep the window.
+    pub no_polling: bool,
 }
 
 #[cfg(test)]
@@ -276,6 +280,7 @@ impl Options {
             tx_completion: None,
             busy_poll_sleep_us: None,
             kick_coalescing: None,
+            no_polling: false,
         }
     }
 }
@@ -443,42 +448,89 @@ fn adaptive_workloads(backend: BackendKind) -> Vec<Workload> {
     }
 }
 
-/// The adaptive preset's fixed grid: (device busy-poll µs, coalescing on, kick threshold).
-fn adaptive_grid(quick: bool) -> Vec<(u32, bool, u16)> {
+/// A point of the adaptive preset's fixed grid: the device's busy-poll window (µs), its
+/// interrupt coalescing (32 µs / 64 frames) on, the driver's kick threshold, and the device's
+/// kick coalescing.
+type GridPoint = (u32, bool, u16, KickCoalescing);
+
+/// The kick coalescing the adaptive preset's grid sweeps with `--no-polling`: off, and 192
+/// buffers without a kick with the adapter's two looks (50 and 20 µs).
+const NO_POLLING_KICK_COALESCING: [KickCoalescing; 3] = [
+    KickCoalescing {
+        max_packets: 0,
+        max_usecs: 0,
+    },
+    KickCoalescing {
+        max_packets: 192,
+        max_usecs: 50,
+    },
+    KickCoalescing {
+        max_packets: 192,
+        max_usecs: 20,
+    },
+];
+
+/// The adaptive preset's fixed grid. A device that may not poll (`no_polling`) sweeps kick
+/// coalescing instead of the busy-poll window.
+fn adaptive_grid(quick: bool, no_polling: bool) -> Vec<GridPoint> {
     let (polls, coalescing, kicks): (&[u32], &[bool], &[u16]) = if quick {
         (&[0, 64], &[false], &[1, 32])
     } else {
         (&[0, 16, 64], &[false, true], &[1, 8, 32])
     };
+    let (polls, kick_coalescing): (&[u32], &[KickCoalescing]) = if no_polling {
+        (&[0], &NO_POLLING_KICK_COALESCING)
+    } else {
+        (polls, &NO_POLLING_KICK_COALESCING[..1])
+    };
     let mut grid = Vec::new();
     for &b in polls {
         for &c in coalescing {
             for &k in kicks {
-                grid.push((b, c, k));
+                for &kc in kick_coalescing {
+                    grid.push((b, c, k, kc));
+                }
             }
         }
     }
     grid
 }
 
+/// A grid point's label: `bp64-coal32-kt8`, `bp0-kt32-kc192/20`.
+fn grid_label((b, c, k, kc): GridPoint) -> String {
+    let coal = if c { "-coal32" } else { "" };
+    let kicks = if kc.is_enabled() {
+        format!("-kc{}/{}", kc.max_packets, kc.max_usecs)
+    } else {
+        String::new()
+    };
+    format!("bp{b}{coal}-kt{k}{kicks}")
+}
+
 /// Per workload: the defaults, each fixed grid point and both sides adaptive.
 fn adaptive_points(opts: &Options) -> Vec<Point> {
-    let defaults = (0, false, Config::default().kick_threshold);
+    let defaults = (
+        0,
+        false,
+        Config::default().kick_threshold,
+        KickCoalescing::default(),
+    );
     let mut settings: Vec<(String, DevKnobs, Config)> = Vec::new();
-    let mut grid = adaptive_grid(opts.quick);
+    let mut grid = adaptive_grid(opts.quick, opts.no_polling);
     if !grid.contains(&defaults) {
         grid.insert(0, defaults);
     }
-    for (b, c, k) in grid {
-        let label = if (b, c, k) == defaults {
+    for point @ (b, c, k, kc) in grid {
+        let label = if point == defaults {
             crate::report::DEFAULT_SETTING.to_owned()
         } else {
-            format!("bp{b}{}-kt{k}", if c { "-coal32" } else { "" })
+            grid_label(point)
         };
         let dev = DevKnobs {
             busy_poll_us: b,
             coalesce_packets: if c { 64 } else { 0 },
             coalesce_usecs: if c { 32 } else { 0 },
+            kick_coalescing: kc,
             ..DevKnobs::default()
         };
         let config = Config {
@@ -1635,6 +1687,24 @@ fn override_knob<T: Copy + PartialEq>(
     Ok(())
 }
 
+/// `--no-polling`: no point may have a busy-poll window (a preset that sets one refuses the
+/// option), and adapting devices may not open one.
+fn forbid_polling(preset: Preset, pts: &mut [Point]) -> io::Result<()> {
+    if pts.iter().any(|p| p.dev.busy_poll_us > 0) {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!(
+                "preset {} sets the device's busy-poll window: --no-polling does not apply",
+                preset.name()
+            ),
+        ));
+    }
+    for p in pts {
+        p.dev.adaptive_max_busy_poll_us = 0;
+    }
+    Ok(())
+}
+
 /// The preset's points, their workloads adapted to `opts`' backend and target; an
 /// `Unsupported` error when the backend cannot run one.
 pub fn preset_points(preset: Preset, opts: &Options) -> io::Result<Vec<Point>> {
@@ -1661,6 +1731,9 @@ pub fn preset_points(preset: Preset, opts: &Options) -> io::Result<Vec<Point>> {
         |p| &mut p.dev.kick_coalescing,
         ("the kick coalescing", "--kick-coalesce"),
     )?;
+    if opts.no_polling {
+        forbid_polling(preset, &mut pts)?;
+    }
     for p in &mut pts {
         p.workload = backend.adapt(opts.host_path, p.workload);
         if let Some(why) = backend.refuses(opts.host_path, p.workload) {
@@ -2038,12 +2111,13 @@ mod tests {
             rx_sparse_reads: false,
             ring: RingLayout::PACKED_IN_ORDER,
             adaptive: true,
+            adaptive_max_busy_poll_us: 0,
         };
         assert_eq!(
             k.net_spec_keys(),
             ",coalesce_packets=32,coalesce_usecs=100,event_idx=off,tx_budget=64,busy_poll_us=50,\
              busy_poll_sleep_us=10,kick_coalesce_packets=128,kick_coalesce_usecs=50,\
-             rx_sparse_reads=off,packed=on,in_order=on,adaptive=on"
+             rx_sparse_reads=off,packed=on,in_order=on,adaptive=on,adaptive_max_busy_poll_us=0"
         );
         // Every key it writes is one the device's --net parser takes, with the same meaning.
         let spec: devices::virtio::net::NetConfig = format!("tap=t0{}", k.net_spec_keys())
@@ -2158,6 +2232,85 @@ mod tests {
             let e = preset_points(preset, &o).expect_err("it sweeps the tx completion");
             assert_eq!(e.kind(), io::ErrorKind::InvalidInput, "{e}");
         }
+    }
+
+    /// `--no-polling`: the adaptive preset's grid has no busy-poll window and sweeps kick
+    /// coalescing instead, its adapting devices may not open a window (said on their `--net`),
+    /// `--kick-coalesce` no longer applies to it, and a preset that sets a window refuses it.
+    #[test]
+    fn no_polling_sweeps_kick_coalescing_in_place_of_the_window() {
+        let o = Options {
+            backend: BackendKind::Loop,
+            no_polling: true,
+            ..opts(true)
+        };
+        let pts = preset_points(Preset::Adaptive, &o).expect("points");
+        assert!(pts.iter().all(|p| p.dev.busy_poll_us == 0));
+        assert!(pts.iter().all(|p| p.dev.adaptive_max_busy_poll_us == 0));
+        let settings = |pts: &[Point]| -> Vec<String> {
+            let mixed = pts
+                .iter()
+                .filter(|p| matches!(p.workload, Workload::Mixed { .. }));
+            mixed.map(|p| p.axes[1].1.clone()).collect()
+        };
+        let with = settings(&pts);
+        assert_eq!(
+            with,
+            [
+                "default",
+                "bp0-kt1",
+                "bp0-kt1-kc192/50",
+                "bp0-kt1-kc192/20",
+                "bp0-kt32",
+                "bp0-kt32-kc192/50",
+                "bp0-kt32-kc192/20",
+                "adaptive-device",
+                "adaptive-driver",
+                "adaptive"
+            ]
+        );
+        let adapting = pts
+            .iter()
+            .find(|p| p.dev.adaptive)
+            .expect("an adapting point");
+        let spec = adapting.dev.net_spec_keys();
+        assert!(
+            spec.ends_with(",adaptive=on,adaptive_max_busy_poll_us=0"),
+            "{spec}"
+        );
+        assert_eq!(adapting.dev.tuning().adaptive.max_busy_poll_us, 0);
+        let kc = pts
+            .iter()
+            .find(|p| p.dev.kick_coalescing.is_enabled())
+            .expect("kc");
+        assert!(kc
+            .dev
+            .net_spec_keys()
+            .contains(",kick_coalesce_packets=192,"));
+        // Without the option: the window swept, no kick coalescing, the default bound.
+        let own = preset_points(
+            Preset::Adaptive,
+            &Options {
+                no_polling: false,
+                ..o.clone()
+            },
+        )
+        .expect("points");
+        assert!(own.iter().any(|p| p.dev.busy_poll_us == 64));
+        assert!(own.iter().all(|p| !p.dev.kick_coalescing.is_enabled()));
+        assert!(own
+            .iter()
+            .all(|p| !p.dev.net_spec_keys().contains("max_busy_poll")));
+        let k = crate::point::parse_kick_coalesce("64/50").expect("valid");
+        let both = Options {
+            kick_coalescing: Some(k),
+            ..o.clone()
+        };
+        let e = preset_points(Preset::Adaptive, &both).expect_err("it sweeps kick coalescing");
+        assert!(e.to_string().contains("--kick-coalesce"), "{e}");
+        let e = preset_points(Preset::BusyPoll, &o).expect_err("it sets a window");
+        assert!(e.to_string().contains("--no-polling"), "{e}");
+        assert_eq!(e.kind(), io::ErrorKind::InvalidInput);
     }
 
     #[test]
