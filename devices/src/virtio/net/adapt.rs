@@ -75,12 +75,12 @@
 //!   [`KICK_AHEAD`] buffers without a kick and a look after [`KICK_LOOK_US`] (at most the
 //!   operator's `max_coalesce_usecs`) on a rate trial, judged as a window trial (kept if the
 //!   rate rose by a quarter, else off and parked); a kept one tries the shorter look
-//!   [`SHORT_LOOK_US`] the same way (back to the long one if the rate did not rise by a
-//!   quarter again). The load's fall under half its rate ends it at once, and pauses a trial
-//!   for the flood's return to go on with; the verdict (the rate without, the look) turns it on
-//!   again in the first interval the same load floods, judged again each time. A window that
-//!   opens takes over. It starts beside no coalescing trial, and none
-//!   starts beside it. The operator's own kick coalescing, and a driver without EVENT_IDX,
+//!   [`SHORT_LOOK_US`] against it (back to the long one unless the rate rose by an eighth).
+//!   The load's fall under half its rate for [`FALL_INTERVALS`] intervals ends it (at once
+//!   under a trial, which it pauses for the flood's return to go on with); the verdict (the
+//!   rate without, the look) turns it on again in the first interval the same load floods,
+//!   judged again each time. A window that opens takes over. It starts beside no coalescing
+//!   trial, and none starts beside it. The operator's own kick coalescing, and a driver without EVENT_IDX,
 //!   leave it off ([`Observed::kicks_fixed`]).
 //!
 //! The [`Adapter`] owns no clock and no file descriptor: the worker counts, hands it one
@@ -91,7 +91,9 @@ use super::tuning::{Adaptive, InterruptCoalescing, KickCoalescing};
 
 mod kicks;
 
-pub use kicks::{FRAMES_PER_KICK_WORTH_A_TRIAL, KICK_AHEAD, KICK_LOOK_US, SHORT_LOOK_US};
+pub use kicks::{
+    FALL_INTERVALS, FRAMES_PER_KICK_WORTH_A_TRIAL, KICK_AHEAD, KICK_LOOK_US, SHORT_LOOK_US,
+};
 
 /// First busy-poll window, in microseconds, when adaptation turns it on.
 pub const BUSY_POLL_START_US: u32 = 8;

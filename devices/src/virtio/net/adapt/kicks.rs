@@ -10,11 +10,11 @@
 //! A load that comes and goes (floods of a few milliseconds between trickles) is remembered: a
 //! trial the load's fall cuts short pauses and goes on with the next flood, a kept one's verdict
 //! (the rate without, the look found best) turns kick coalescing on as soon as the same load
-//! floods again, judged again each time, and the flood's end (a fall under half the kept rate)
-//! turns it off at once, for the trickle's kicks to be served as they come.
+//! floods again, judged again each time, and the flood's end (two intervals under half the kept
+//! rate) turns it off, for the trickle's kicks to be served as they come.
 
-use super::WINDOW_TRIAL_PER_S;
 use super::{within_2x, Observed, Park, RateTrial, TRIAL_JUDGED};
+use super::{RATE_TRIAL_GAIN_DIV, WINDOW_TRIAL_PER_S};
 use crate::virtio::net::tuning::KickCoalescing;
 
 /// Buffers the driver may queue past a drained ring without a kick while the adapter coalesces
@@ -33,6 +33,9 @@ pub const KICK_LOOK_US: u32 = 50;
 /// in flight ran 1.6 × faster with it than with the long look; a transmit flood into a sink
 /// 0.75–0.87 × (more looks, each finding less).
 pub const SHORT_LOOK_US: u32 = 20;
+/// Intervals in a row under half the rate kick coalescing was kept at that end it: the flood
+/// is over (one such interval is a dip: a flood forwarding through the device has them).
+pub const FALL_INTERVALS: u32 = 2;
 /// A flood whose driver kicks at least once per this many frames has kicks worth sparing.
 pub const FRAMES_PER_KICK_WORTH_A_TRIAL: u64 = 256;
 
@@ -88,9 +91,10 @@ pub(super) struct KickRule {
     /// A trial the load's fall cut short, for the flood's return to go on with: a load whose
     /// floods are shorter than a trial is judged over several of them.
     paused: Option<KickTrial>,
-    /// The frame rate kick coalescing was kept at: a fall under half of it is the flood's end,
-    /// and ends the coalescing (the verdict stays for the flood's return).
-    kept_at: Option<u64>,
+    /// The frame rate kick coalescing was kept at, and the intervals in a row under half of
+    /// it: [`FALL_INTERVALS`] of them are the flood's end, and end the coalescing (the verdict
+    /// stays for the flood's return).
+    kept_at: Option<(u64, u32)>,
     /// What the last kept trial found.
     verdict: Option<Verdict>,
     /// Parked after a failed trial.
@@ -178,7 +182,8 @@ impl KickRule {
     }
 
     /// One interval of a running shorter-look trial, if one runs: true if it went back to the
-    /// long look (the rate did not rise by a quarter).
+    /// long look (the rate did not rise by an eighth: the looks' two costs are alike, so
+    /// the margin is a rate trial's, not a quarter).
     fn judge_look(&mut self, rate: u64) -> bool {
         let Some(mut trial) = self.look_trial.take() else {
             return false;
@@ -187,7 +192,10 @@ impl KickRule {
             self.look_trial = Some(trial);
             return false;
         };
-        let short = mean >= trial.before.saturating_add(trial.before / 4);
+        let short = mean
+            >= trial
+                .before
+                .saturating_add(trial.before / RATE_TRIAL_GAIN_DIV);
         self.look_us = if short { SHORT_LOOK_US } else { KICK_LOOK_US };
         if let Some(v) = self.verdict.as_mut() {
             v.look_us = Some(self.look_us);
@@ -205,7 +213,7 @@ impl KickRule {
         match self.verdict.as_mut() {
             Some(v) if trial.returned => {
                 if v.look_us.is_none() {
-                    let short = mean >= v.kept.saturating_add(v.kept / 4);
+                    let short = mean >= v.kept.saturating_add(v.kept / RATE_TRIAL_GAIN_DIV);
                     let look = if short { SHORT_LOOK_US } else { KICK_LOOK_US };
                     v.look_us = Some(look);
                     self.look_us = look;
@@ -227,7 +235,7 @@ impl KickRule {
             _ => {}
         }
         if kept {
-            self.kept_at = Some(mean);
+            self.kept_at = Some((mean, 0));
             self.park.kept();
         } else {
             self.park.fail(mean);
@@ -266,13 +274,19 @@ impl KickRule {
             self.judge_trial(trial, mean);
             return self.bounds(u32::MAX) != was;
         }
-        if let Some(kept) = self.kept_at {
-            // Kept: a fall under half is the flood's end (a trickle's frames are not worth
-            // holding), and the flood's return brings it back at once.
-            if rate.saturating_mul(2) < kept {
+        if let Some((kept, under)) = self.kept_at {
+            // Kept: a fall under half that lasts is the flood's end (a trickle's frames are
+            // not worth holding), and the flood's return brings it back at once. A dip of one
+            // interval is not, nor is it judged for the look.
+            if rate.saturating_mul(2) >= kept {
+                self.kept_at = Some((kept, 0));
+                return self.judge_look(rate);
+            }
+            if under + 1 >= FALL_INTERVALS {
                 return self.rest();
             }
-            return self.judge_look(rate);
+            self.kept_at = Some((kept, under + 1));
+            return false;
         }
         let kicks_many = seen.kicks >= 2
             && seen.kicks.saturating_mul(FRAMES_PER_KICK_WORTH_A_TRIAL) >= seen.frames;
