@@ -206,10 +206,15 @@ impl KickRule {
     /// A trial's frame rates are in (`mean` of its judged intervals, against `before`): kept
     /// or off, the verdict written or forgotten. A trial of a flood that came back with the
     /// shorter look not yet judged ran at the shorter look, which it judges against the rate
-    /// the long one was kept at.
+    /// the long one was kept at. A first trial that fails at the long look tries the shorter
+    /// one before it parks (a flood that waits for what comes back may gain only from that).
     fn judge_trial(&mut self, trial: KickTrial, mean: u64) {
         let before = trial.rates.before;
         let kept = mean >= before.saturating_add(before / 4);
+        if !kept && !trial.returned && trial.look_us == KICK_LOOK_US {
+            self.start(KickTrial::new(before, false, SHORT_LOOK_US));
+            return;
+        }
         match self.verdict.as_mut() {
             Some(v) if trial.returned => {
                 if v.look_us.is_none() {
@@ -221,6 +226,14 @@ impl KickRule {
                 if !kept {
                     self.verdict = None;
                 }
+            }
+            _ if kept && !trial.returned && trial.look_us == SHORT_LOOK_US => {
+                // The shorter look paid where the long one did not: it is the look.
+                self.verdict = Some(Verdict {
+                    before,
+                    kept: mean,
+                    look_us: Some(SHORT_LOOK_US),
+                });
             }
             _ if kept && !trial.returned => {
                 // A first verdict: the shorter look goes on trial against it.

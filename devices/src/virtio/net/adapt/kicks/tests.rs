@@ -98,13 +98,33 @@ fn a_flood_the_shorter_look_speeds_up_keeps_it() {
 #[test]
 fn a_kick_trial_that_does_not_raise_the_rate_is_undone_and_parked() {
     let mut a = on_trial();
-    // A tenth faster: not the quarter a trial needs.
-    let off = run(&mut a, flood(1_100_000, 4_000), 5);
-    assert_eq!(off, vec![KickCoalescing::default()]);
+    // A tenth faster: not the quarter a trial needs. The shorter look goes on trial, and is
+    // no better.
+    let off = run(&mut a, flood(1_100_000, 4_000), 10);
+    assert_eq!(off, vec![SHORT, KickCoalescing::default()]);
     // The same load, kicking as before: parked, no second trial.
     assert_eq!(run(&mut a, flood(1_000_000, 100), 500), vec![]);
     // Another load (3×): tried again once steady.
     assert_eq!(run(&mut a, flood(3_000_000, 100), 6), vec![ON]);
+}
+
+/// A flood that gains too little from the long look (a request/response flood, whose driver
+/// queues its next frames sooner) gets the shorter one on a trial of its own, kept as the look
+/// where it pays, with no trial of the look after it.
+#[test]
+fn a_first_trial_that_fails_at_the_long_look_tries_the_shorter_one() {
+    let mut a = on_trial();
+    assert_eq!(run(&mut a, flood(1_100_000, 4_000), 5), vec![SHORT]);
+    assert_eq!(run(&mut a, flood(2_000_000, 4_000), 5), vec![]);
+    assert_eq!(run(&mut a, flood(2_000_000, 4_000), 200), vec![]);
+    assert_eq!(a.kick_coalescing(), SHORT);
+    // Its flood's return gets the shorter look at once.
+    assert_eq!(
+        run(&mut a, flood(20_000, 1), 2),
+        vec![KickCoalescing::default()]
+    );
+    assert_eq!(run(&mut a, flood(1_000_000, 100), 1), vec![SHORT]);
+    assert_eq!(run(&mut a, flood(2_000_000, 4_000), 100), vec![]);
 }
 
 #[test]
