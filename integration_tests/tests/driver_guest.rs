@@ -824,7 +824,7 @@ fn the_adapter_tries_kick_coalescing_on_a_kicking_flood_and_undoes_it_where_it_d
 /// The rule tries it across floods (a trial the trickle cuts short goes on with the next
 /// flood), the device's looks find frames, and every round trip comes back. Whether it pays is
 /// the build's to say: in a release build the rule keeps it and turns it on in each flood
-/// (about two changes a flood; the floods 2.2–2.8 × faster, `docs/benchmarks.md`), where a
+/// (about two changes a flood; the floods 2.3–3.1 × faster, `docs/benchmarks.md`), where a
 /// debug build's worker is the bound and the trial fails (plain floods ~620 k frames/s, 570 k
 /// with kick coalescing fixed), so this asserts what holds in both.
 #[test]
