@@ -78,7 +78,9 @@
 //!   before it goes off and parks); a kept one tries the shorter look
 //!   [`SHORT_LOOK_US`] against it (back to the long one unless the rate rose by an eighth).
 //!   The load's fall under half its rate for [`FALL_INTERVALS`] intervals ends it (at once
-//!   under a trial, which it pauses for the flood's return to go on with); the verdict (the
+//!   under a trial, which it pauses for the flood's return to go on with, [`MAX_PAUSES`] times
+//!   at most: kick coalescing that halves the rate looks the same, so the next fall fails
+//!   it); the verdict (the
 //!   rate without, the look) turns it on again in the first interval the same load floods,
 //!   judged again each time. A window that opens takes over. It starts beside no coalescing
 //!   trial, and none starts beside it. The operator's own kick coalescing, and a driver without EVENT_IDX,
@@ -93,7 +95,8 @@ use super::tuning::{Adaptive, InterruptCoalescing, KickCoalescing};
 mod kicks;
 
 pub use kicks::{
-    FALL_INTERVALS, FRAMES_PER_KICK_WORTH_A_TRIAL, KICK_AHEAD, KICK_LOOK_US, SHORT_LOOK_US,
+    FALL_INTERVALS, FRAMES_PER_KICK_WORTH_A_TRIAL, KICK_AHEAD, KICK_LOOK_US, MAX_PAUSES,
+    SHORT_LOOK_US,
 };
 
 /// First busy-poll window, in microseconds, when adaptation turns it on.

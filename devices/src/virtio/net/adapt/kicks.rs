@@ -33,6 +33,10 @@ pub const KICK_LOOK_US: u32 = 50;
 /// in flight ran 1.6 × faster with it than with the long look; a transmit flood into a sink
 /// 0.75–0.87 × (more looks, each finding less).
 pub const SHORT_LOOK_US: u32 = 20;
+/// Times a trial may pause (the load falling under half its rate without kick coalescing:
+/// the flood ended) and go on with the flood's return; the next fall fails it, for kick
+/// coalescing that halves the rate looks the same.
+pub const MAX_PAUSES: u32 = 3;
 /// Intervals in a row under half the rate kick coalescing was kept at that end it: the flood
 /// is over (one such interval is a dip: a flood forwarding through the device has them).
 pub const FALL_INTERVALS: u32 = 2;
@@ -64,6 +68,8 @@ struct KickTrial {
     /// It resumed with the flood's return: the next interval sees the change happen, and is
     /// not judged.
     skip: bool,
+    /// The times the load's fall has paused it.
+    pauses: u32,
 }
 
 impl KickTrial {
@@ -73,6 +79,7 @@ impl KickTrial {
             returned,
             look_us,
             skip: false,
+            pauses: 0,
         }
     }
 }
@@ -256,6 +263,16 @@ impl KickRule {
         }
     }
 
+    /// `trial` failed at frame rate `rate` without its judged intervals: off and parked, a
+    /// returned trial's verdict forgotten. True (a change).
+    fn fail(&mut self, trial: KickTrial, rate: u64) -> bool {
+        if trial.returned {
+            self.verdict = None;
+        }
+        self.park.fail(rate);
+        self.rest()
+    }
+
     /// One interval in: true when the kick coalescing changed (on, off, or its look).
     pub fn observe(&mut self, seen: &Observed, cx: Context) -> bool {
         let rate = seen.frames_per_s();
@@ -272,7 +289,15 @@ impl KickRule {
             // The load fell away under the trial (a trickle after a flood): off, the trial
             // paused for the flood's return.
             if rate < trial.rates.before / 2 {
-                self.paused = Some(trial);
+                if trial.pauses >= MAX_PAUSES {
+                    // Kick coalescing that halves the rate looks like the flood's end: a
+                    // trial that keeps falling is judged failed.
+                    return self.fail(trial, rate);
+                }
+                self.paused = Some(KickTrial {
+                    pauses: trial.pauses + 1,
+                    ..trial
+                });
                 return self.rest();
             }
             let judged = match std::mem::take(&mut trial.skip) {

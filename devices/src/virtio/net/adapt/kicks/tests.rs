@@ -315,3 +315,33 @@ fn a_window_that_opens_takes_over_from_kick_coalescing() {
     assert!(d.busy_poll_us.is_some_and(|us| us > 0), "{d:?}");
     assert_eq!(d.kick_coalescing, Some(KickCoalescing::default()));
 }
+
+/// Kick coalescing that halves a flood's rate (as the co-simulation's, where a kick costs the
+/// driver little) looks like the flood's end: its trial pauses, goes on with the flood and
+/// pauses again, and the fourth fall fails it. It parks, each new trial parks longer, and the
+/// floods keep their kicks.
+#[test]
+fn kick_coalescing_that_halves_the_rate_is_failed_not_paused_forever() {
+    let mut a = Adapter::new(bounds(0, 64));
+    let trickle = flood(7_000, 1);
+    let mut floods = vec![];
+    for _ in 0..16 {
+        let mut on = 0;
+        for _ in 0..10 {
+            let seen = match a.kick_coalescing().is_enabled() {
+                false => flood(400_000, 15),
+                true => flood(150_000, 5_000),
+            };
+            a.observe(seen);
+            on += u32::from(a.kick_coalescing().is_enabled());
+        }
+        for _ in 0..10 {
+            a.observe(trickle);
+            assert!(!a.kick_coalescing().is_enabled());
+        }
+        floods.push(on);
+    }
+    // Each trial is on for a few intervals of one or two floods, the parks between trials
+    // double, and the last five floods see none.
+    assert_eq!(floods, [3, 1, 3, 1, 0, 3, 1, 0, 0, 2, 2, 0, 0, 0, 0, 0]);
+}
