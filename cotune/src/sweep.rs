@@ -13,7 +13,7 @@ use devices::backend::{LoopBackend, NetBackend, PairBackend, SinkBackend, Source
 use devices::test_utils::link::PacketSocket;
 use devices::test_utils::netns::NetNs;
 
-use devices::virtio::net::KickCoalescing;
+use devices::virtio::net::{adapt, KickCoalescing};
 use vnet_driver::xsk::XskMode;
 use vnet_driver::{Config, TxCompletion};
 
@@ -453,20 +453,20 @@ fn adaptive_workloads(backend: BackendKind) -> Vec<Workload> {
 /// kick coalescing.
 type GridPoint = (u32, bool, u16, KickCoalescing);
 
-/// The kick coalescing the adaptive preset's grid sweeps with `--no-polling`: off, and 192
-/// buffers without a kick with the adapter's two looks (50 and 20 µs).
+/// The kick coalescing the adaptive preset's grid sweeps with `--no-polling`: off, and what
+/// the device's adapter chooses between (192 buffers without a kick, 50 and 20 µs looks).
 const NO_POLLING_KICK_COALESCING: [KickCoalescing; 3] = [
     KickCoalescing {
         max_packets: 0,
         max_usecs: 0,
     },
     KickCoalescing {
-        max_packets: 192,
-        max_usecs: 50,
+        max_packets: adapt::KICK_AHEAD,
+        max_usecs: adapt::KICK_LOOK_US,
     },
     KickCoalescing {
-        max_packets: 192,
-        max_usecs: 20,
+        max_packets: adapt::KICK_AHEAD,
+        max_usecs: adapt::SHORT_LOOK_US,
     },
 ];
 

@@ -80,11 +80,10 @@
 //!   The load's fall under half its rate for [`FALL_INTERVALS`] intervals ends it (at once
 //!   under a trial, which it pauses for the flood's return to go on with, [`MAX_PAUSES`] times
 //!   at most: kick coalescing that halves the rate looks the same, so the next fall fails
-//!   it); the verdict (the
-//!   rate without, the look) turns it on again in the first interval the same load floods,
-//!   judged again each time. A window that opens takes over. It starts beside no coalescing
-//!   trial, and none starts beside it. The operator's own kick coalescing, and a driver without EVENT_IDX,
-//!   leave it off ([`Observed::kicks_fixed`]).
+//!   it); the verdict (the rate without, the look) turns it on again in the first interval
+//!   the same load floods, judged again each time. A window that opens takes over. It starts
+//!   beside no coalescing trial, and none starts beside it. The operator's own kick
+//!   coalescing, and a driver without EVENT_IDX, leave it off ([`Observed::kicks_fixed`]).
 //!
 //! The [`Adapter`] owns no clock and no file descriptor: the worker counts, hands it one
 //! interval's [`Observed`] counts, and applies the [`Decision`]. Its tests are exact, and
@@ -200,6 +199,11 @@ impl Observed {
 /// Whether a frame rate `rate` is within 2× of `at` (either way).
 fn within_2x(rate: u64, at: u64) -> bool {
     rate <= at.saturating_mul(2) && rate >= at / 2
+}
+
+/// Whether a trial's frame rate `rate` rose by `1 / div` over the rate `before` it.
+fn rose_by(rate: u64, before: u64, div: u64) -> bool {
+    rate >= before.saturating_add(before / div)
 }
 
 /// A busy-poll window trial running (see the module docs).
@@ -602,7 +606,7 @@ impl Adapter {
         let kept = if trial.from_earns {
             rate >= before.saturating_sub(before / 10)
         } else {
-            rate >= before.saturating_add(before / 4)
+            rose_by(rate, before, 4)
         };
         if kept {
             // Kept: a move up as far as the reversal rule is concerned.
@@ -798,11 +802,7 @@ impl Adapter {
                 return self.level;
             }
         };
-        if rate
-            >= trial
-                .before
-                .saturating_add(trial.before / RATE_TRIAL_GAIN_DIV)
-        {
+        if rose_by(rate, trial.before, RATE_TRIAL_GAIN_DIV) {
             self.park.kept();
             return self.level;
         }

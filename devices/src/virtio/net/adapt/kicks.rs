@@ -13,7 +13,7 @@
 //! floods again, judged again each time, and the flood's end (two intervals under half the kept
 //! rate) turns it off, for the trickle's kicks to be served as they come.
 
-use super::{within_2x, Observed, Park, RateTrial, TRIAL_JUDGED};
+use super::{rose_by, within_2x, Observed, Park, RateTrial, TRIAL_JUDGED};
 use super::{RATE_TRIAL_GAIN_DIV, WINDOW_TRIAL_PER_S};
 use crate::virtio::net::tuning::KickCoalescing;
 
@@ -199,10 +199,7 @@ impl KickRule {
             self.look_trial = Some(trial);
             return false;
         };
-        let short = mean
-            >= trial
-                .before
-                .saturating_add(trial.before / RATE_TRIAL_GAIN_DIV);
+        let short = rose_by(mean, trial.before, RATE_TRIAL_GAIN_DIV);
         self.look_us = if short { SHORT_LOOK_US } else { KICK_LOOK_US };
         if let Some(v) = self.verdict.as_mut() {
             v.look_us = Some(self.look_us);
@@ -217,49 +214,39 @@ impl KickRule {
     /// one before it parks (a flood that waits for what comes back may gain only from that).
     fn judge_trial(&mut self, trial: KickTrial, mean: u64) {
         let before = trial.rates.before;
-        let kept = mean >= before.saturating_add(before / 4);
-        if !kept && !trial.returned && trial.look_us == KICK_LOOK_US {
-            self.start(KickTrial::new(before, false, SHORT_LOOK_US));
+        if !rose_by(mean, before, 4) {
+            if !trial.returned && trial.look_us == KICK_LOOK_US {
+                self.start(KickTrial::new(before, false, SHORT_LOOK_US));
+            } else {
+                self.fail(trial, mean);
+            }
             return;
         }
-        match self.verdict.as_mut() {
-            Some(v) if trial.returned => {
-                if v.look_us.is_none() {
-                    let short = mean >= v.kept.saturating_add(v.kept / RATE_TRIAL_GAIN_DIV);
-                    let look = if short { SHORT_LOOK_US } else { KICK_LOOK_US };
-                    v.look_us = Some(look);
-                    self.look_us = look;
-                }
-                if !kept {
-                    self.verdict = None;
-                }
-            }
-            _ if kept && !trial.returned && trial.look_us == SHORT_LOOK_US => {
-                // The shorter look paid where the long one did not: it is the look.
-                self.verdict = Some(Verdict {
-                    before,
-                    kept: mean,
-                    look_us: Some(SHORT_LOOK_US),
-                });
-            }
-            _ if kept && !trial.returned => {
-                // A first verdict: the shorter look goes on trial against it.
-                self.verdict = Some(Verdict {
-                    before,
-                    kept: mean,
-                    look_us: None,
-                });
+        self.kept_at = Some((mean, 0));
+        self.park.kept();
+        if !trial.returned {
+            // A first verdict. Where the shorter look paid and the long one did not, it is the
+            // look; otherwise the shorter look goes on trial against the long one.
+            let short = trial.look_us == SHORT_LOOK_US;
+            self.verdict = Some(Verdict {
+                before,
+                kept: mean,
+                look_us: short.then_some(SHORT_LOOK_US),
+            });
+            if !short {
                 self.look_trial = Some(RateTrial::new(mean));
                 self.look_us = SHORT_LOOK_US;
             }
-            _ => {}
+            return;
         }
-        if kept {
-            self.kept_at = Some((mean, 0));
-            self.park.kept();
-        } else {
-            self.park.fail(mean);
-            self.rest();
+        if let Some(v) = self.verdict.as_mut().filter(|v| v.look_us.is_none()) {
+            let look = if rose_by(mean, v.kept, RATE_TRIAL_GAIN_DIV) {
+                SHORT_LOOK_US
+            } else {
+                KICK_LOOK_US
+            };
+            v.look_us = Some(look);
+            self.look_us = look;
         }
     }
 
