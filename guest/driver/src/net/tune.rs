@@ -20,11 +20,14 @@ impl<H: Hal, T: Transport> VirtioNet<H, T> {
             t.start = start;
             t.polls = 0;
         }
+        if let Some(t) = self.sq.tuning.as_mut() {
+            t.bulk_start = None;
+        }
     }
 
     /// The end of an rx poll: closes the adaptation intervals that are complete.
     pub(crate) fn tune_after_poll(&mut self) {
-        self.sq.tune_bulk();
+        self.sq.tune_bulk(self.adapt_clock);
         let Some(t) = self.rx_tuning.as_mut() else {
             return;
         };

@@ -45,8 +45,10 @@ pub(crate) struct TxTuning {
     pub(crate) bounced: u64,
     /// Rx polls that bounced frames, and those frames, in the current bulk interval.
     bulk_sample: BulkSample,
-    /// Where the current bulk interval started.
+    /// Where the current bulk interval started, and when (the adaptation clock's reading;
+    /// None: no clock, or no reading yet).
     bulk_mark: TxMark,
+    pub(crate) bulk_start: Option<u64>,
     /// Changes of the kick threshold and of the bulk.
     pub(crate) kick_changes: u64,
     pub(crate) bulk_changes: u64,
@@ -62,6 +64,7 @@ impl TxTuning {
             bounced: 0,
             bulk_sample: BulkSample::default(),
             bulk_mark: TxMark::default(),
+            bulk_start: None,
             kick_changes: 0,
             bulk_changes: 0,
         }
@@ -103,8 +106,8 @@ impl SendQueue {
     }
 
     /// Counts an rx poll's bounces into the bulk interval and closes it after
-    /// [`BULK_INTERVAL_POLLS`] polls that bounced frames.
-    pub(crate) fn tune_bulk(&mut self) {
+    /// [`BULK_INTERVAL_POLLS`] polls that bounced frames, timed by `clock` if there is one.
+    pub(crate) fn tune_bulk(&mut self, clock: Option<fn() -> u64>) {
         let Some(t) = self.tuning.as_mut() else {
             return;
         };
@@ -126,6 +129,12 @@ impl SendQueue {
         let decisions = now.decisions.wrapping_sub(t.bulk_mark.decisions);
         t.bulk_mark = now;
         s.device_polls = device_polls(kicks, decisions);
+        let tick = clock.map(|now| now());
+        s.elapsed = match (t.bulk_start, tick) {
+            (Some(start), Some(end)) => end.wrapping_sub(start),
+            _ => 0,
+        };
+        t.bulk_start = tick;
         if t.bulk.observe(s) {
             t.bulk_changes += 1;
             self.xdp_bulk = t.bulk.value();
