@@ -153,6 +153,11 @@ impl KickRule {
         }
     }
 
+    /// Off, with a verdict or a paused trial waiting for the flood they were found on.
+    pub fn awaits_flood(&self) -> bool {
+        !self.on && (self.verdict.is_some() || self.paused.is_some())
+    }
+
     /// A trial runs (of kick coalescing, or of its shorter look).
     pub fn on_trial(&self) -> bool {
         self.trial.is_some() || self.look_trial.is_some()

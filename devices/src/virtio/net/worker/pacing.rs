@@ -508,7 +508,7 @@ impl<B: NetBackend> EventLoop<'_, B> {
         let (Some(adapter), Some(start)) = (&self.adapter, self.interval_start) else {
             return Ok(());
         };
-        let every = Duration::from_micros(adapter.bounds().interval_us.into());
+        let every = Duration::from_micros(adapter.interval_us().into());
         if now.saturating_duration_since(start) < every {
             return Ok(());
         }

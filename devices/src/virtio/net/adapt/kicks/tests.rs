@@ -2,7 +2,7 @@
 
 use crate::virtio::net::adapt::tests::{bounds, INTERVAL_US};
 use crate::virtio::net::adapt::{
-    Adapter, Decision, Observed, KICK_AHEAD, KICK_LOOK_US, SHORT_LOOK_US,
+    Adapter, Decision, Observed, AWAIT_INTERVAL_DIV, KICK_AHEAD, KICK_LOOK_US, SHORT_LOOK_US,
 };
 use crate::virtio::net::tuning::KickCoalescing;
 
@@ -135,8 +135,10 @@ fn a_flood_that_ends_under_its_trial_ends_it_unjudged() {
         run(&mut a, flood(20_000, 1), 1),
         vec![KickCoalescing::default()]
     );
-    // Paused, not failed: the flood's return goes on with it at once, its first interval not
-    // judged, and three more complete it (kept: the shorter look goes on trial).
+    // Paused, not failed (its flood awaited with quarter intervals): the flood's return goes
+    // on with it at once, its first interval not judged, and three more complete it (kept:
+    // the shorter look goes on trial).
+    assert_eq!(a.interval_us(), INTERVAL_US as u32 / AWAIT_INTERVAL_DIV);
     assert_eq!(run(&mut a, flood(1_000_000, 100), 1), vec![ON]);
     assert_eq!(run(&mut a, flood(1_500_000, 4_000), 3), vec![]);
     assert_eq!(run(&mut a, flood(1_500_000, 4_000), 1), vec![SHORT]);
@@ -158,14 +160,20 @@ fn a_flood_that_ends_under_its_trial_ends_it_unjudged() {
 fn kick_coalescing_ends_when_the_flood_does() {
     let mut a = kept();
     assert_eq!(run(&mut a, flood(1_500_000, 4_000), 5), vec![ON]);
+    let full = INTERVAL_US as u32;
+    assert_eq!(a.interval_us(), full);
     // A trickle: off in its second interval (its frames are not worth holding).
     let trickle = flood(20_000, 1);
     assert_eq!(run(&mut a, trickle, 1), vec![]);
     assert_eq!(run(&mut a, trickle, 1), vec![KickCoalescing::default()]);
+    // Waiting for the flood it knows, the intervals are a quarter as long.
+    assert_eq!(a.interval_us(), full / AWAIT_INTERVAL_DIV);
     // The trickle kicks for every frame but is no flood: no trial.
     assert_eq!(run(&mut a, trickle, 100), vec![]);
-    // The flood again: on at once, as kept.
+    assert_eq!(a.interval_us(), full / AWAIT_INTERVAL_DIV);
+    // The flood again: on at once, as kept, and the intervals full again.
     assert_eq!(run(&mut a, flood(1_000_000, 100), 1), vec![ON]);
+    assert_eq!(a.interval_us(), full);
     assert_eq!(run(&mut a, flood(1_500_000, 4_000), 100), vec![]);
     // A flood more than twice as fast is another load: a trial of its own, once steady.
     assert_eq!(run(&mut a, trickle, 2), vec![KickCoalescing::default()]);
@@ -187,9 +195,11 @@ fn a_returning_flood_that_no_longer_gains_forgets_the_verdict() {
         run(&mut a, flood(1_100_000, 4_000), 5),
         vec![KickCoalescing::default()]
     );
-    // Parked on this load, and no verdict brings it back after a trickle.
+    // Parked on this load, and no verdict brings it back after a trickle; nothing awaited,
+    // the intervals are full.
     assert_eq!(run(&mut a, flood(1_000_000, 100), 100), vec![]);
     assert_eq!(run(&mut a, trickle, 1), vec![]);
+    assert_eq!(a.interval_us(), INTERVAL_US as u32);
     assert_eq!(run(&mut a, flood(1_000_000, 100), 3), vec![]);
 }
 
