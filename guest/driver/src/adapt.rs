@@ -134,6 +134,50 @@ pub(crate) fn device_polls(kicks: u64, decisions: u64) -> bool {
     kicks.saturating_mul(2) < decisions
 }
 
+/// A wait of a number of intervals that doubles each time it starts, from `min` up to `max`
+/// (the XDP bulk's after an undone raise, the rx coalescing's parking).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Backoff {
+    /// Intervals left of the current wait.
+    left: u32,
+    /// The next wait's length.
+    next: u32,
+    min: u32,
+    max: u32,
+}
+
+impl Backoff {
+    const fn new(min: u32, max: u32) -> Backoff {
+        Backoff {
+            left: 0,
+            next: min,
+            min,
+            max,
+        }
+    }
+
+    /// A wait starts; the next one will be twice as long.
+    fn start(&mut self) {
+        self.left = self.next;
+        self.next = self.next.saturating_mul(2).min(self.max);
+    }
+
+    /// The next wait is the shortest again.
+    fn reset(&mut self) {
+        self.next = self.min;
+    }
+
+    /// One interval of the wait passes.
+    fn tick(&mut self) {
+        self.left = self.left.saturating_sub(1);
+    }
+
+    /// The wait is on.
+    fn waiting(&self) -> bool {
+        self.left > 0
+    }
+}
+
 /// The direction of a change.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Move {
@@ -261,13 +305,11 @@ struct BulkTrial {
     from: u16,
     /// Frames and ticks of the intervals that asked for the raise (at `from`).
     before: (u64, u64),
-    /// Frames and ticks measured at the raised bulk so far.
+    /// Frames and ticks measured at the raised bulk so far (the interval of the raise, which
+    /// spans it, left out).
     after: (u64, u64),
-    /// Intervals measured at the raised bulk so far (the first one, which spans the raise,
-    /// is not counted).
+    /// Intervals seen since the raise, its own included.
     intervals: u32,
-    /// The interval of the raise is still to pass.
-    skip: bool,
 }
 
 /// The XDP_TX bulk's controller (see the module documentation for its rules).
@@ -283,10 +325,8 @@ pub struct BulkController {
     raise_pending: Option<(u64, u64)>,
     /// A raise being measured (with a clock only).
     trial: Option<BulkTrial>,
-    /// Intervals left before a raise may be tried again, after one that was undone.
-    park_left: u32,
-    /// The next such wait.
-    park_next: u32,
+    /// The wait before a raise may be tried again, after one that was undone.
+    park: Backoff,
 }
 
 impl BulkController {
@@ -297,8 +337,7 @@ impl BulkController {
             min: start.clamp(1, XDP_BULK_MAX),
             raise_pending: None,
             trial: None,
-            park_left: 0,
-            park_next: BULK_PARK_INTERVALS,
+            park: Backoff::new(BULK_PARK_INTERVALS, BULK_MAX_PARK_INTERVALS),
         }
     }
 
@@ -323,7 +362,7 @@ impl BulkController {
             .min(u64::from(XDP_BULK_MAX)) as u16;
         let value = u64::from(self.value);
         let this = (u64::from(s.frames), s.elapsed);
-        self.park_left = self.park_left.saturating_sub(1);
+        self.park.tick();
         // (At the largest bulk an average above it asks for nothing.)
         let raise = u64::from(target) > value;
         if !raise && average.saturating_mul(4) <= value {
@@ -340,7 +379,7 @@ impl BulkController {
         // a trickle (one frame a poll, each poll kicking a device that slept) to a flood (many
         // frames a poll, a device that polls) asks for one that neither load wants.
         let first = core::mem::replace(&mut self.raise_pending, raise.then_some(this));
-        let Some(first) = first.filter(|_| raise && self.park_left == 0) else {
+        let Some(first) = first.filter(|_| raise && !self.park.waiting()) else {
             return false;
         };
         self.raise_pending = None;
@@ -350,7 +389,6 @@ impl BulkController {
                 before: (first.0 + this.0, first.1.saturating_add(this.1)),
                 after: (0, 0),
                 intervals: 0,
-                skip: true,
             });
         }
         self.set(target)
@@ -365,12 +403,12 @@ impl BulkController {
         let Some(t) = self.trial.as_mut() else {
             return false;
         };
-        if core::mem::take(&mut t.skip) {
+        t.intervals += 1;
+        if t.intervals == 1 {
             return false;
         }
         t.after = (t.after.0 + this.0, t.after.1.saturating_add(this.1));
-        t.intervals += 1;
-        if t.intervals < BULK_TRIAL_INTERVALS {
+        if t.intervals <= BULK_TRIAL_INTERVALS {
             return false;
         }
         let t = *t;
@@ -379,14 +417,10 @@ impl BulkController {
         let after = u128::from(t.after.0) * u128::from(t.before.1);
         let before = u128::from(t.before.0) * u128::from(t.after.1);
         if after.saturating_mul(8) >= before.saturating_mul(7) {
-            self.park_next = BULK_PARK_INTERVALS;
+            self.park.reset();
             return false;
         }
-        self.park_left = self.park_next;
-        self.park_next = self
-            .park_next
-            .saturating_mul(2)
-            .min(BULK_MAX_PARK_INTERVALS);
+        self.park.start();
         self.set(t.from)
     }
 
@@ -510,12 +544,10 @@ pub struct RxDim {
     /// interval before it, and the climb also with this one, so that steps each too small to
     /// count cannot add up to a loss.
     origin: RxSample,
-    /// Intervals left before the parking may be left.
-    park_left: u32,
-    /// The next parking's shortest stay: doubles with each parking, so that noise cannot keep
-    /// the search (and its control commands) going; back to the shortest when a search settled
-    /// on more coalescing than it started from (coalescing pays on this load).
-    park_next: u32,
+    /// The parking's shortest stay: doubles with each parking, so that noise cannot keep the
+    /// search (and its control commands) going; back to the shortest when a search settled on
+    /// more coalescing than it started from (coalescing pays on this load).
+    park: Backoff,
     /// The level the current (or last) search started from, and whether it has moved since.
     search_from: u8,
     moved: bool,
@@ -537,8 +569,7 @@ impl RxDim {
             search: Search::Start,
             reference: RxSample::default(),
             origin: RxSample::default(),
-            park_left: 0,
-            park_next: RX_PARK_INTERVALS,
+            park: Backoff::new(RX_PARK_INTERVALS, RX_MAX_PARK_INTERVALS),
             search_from: 0,
             moved: false,
             fruitless: false,
@@ -607,7 +638,7 @@ impl RxDim {
                 self.reference = *curr;
                 self.search = Search::NewLoad;
             }
-            Search::Parked if self.park_left > 0 => self.park_left -= 1,
+            Search::Parked if self.park.waiting() => self.park.tick(),
             Search::Parked => {
                 // The load changed: search again, towards less coalescing first (as Linux's
                 // DIM leaves its parking), unless there is none to remove.
@@ -665,13 +696,12 @@ impl RxDim {
         self.fruitless = self.level == 0 && self.search_from == 0 && self.moved;
         if self.level > self.search_from {
             // More coalescing paid on this load: searches may come often again.
-            self.park_next = RX_PARK_INTERVALS;
+            self.park.reset();
         }
         self.moved = false;
         self.reference = *curr;
         self.search = Search::Parked;
-        self.park_left = self.park_next;
-        self.park_next = self.park_next.saturating_mul(2).min(RX_MAX_PARK_INTERVALS);
+        self.park.start();
     }
 
     /// One step in `dir` with `curr` as the new reference; parks at the edge of the table.

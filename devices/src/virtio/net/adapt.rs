@@ -84,8 +84,8 @@
 //!   the same load floods, judged again each time. While a verdict or a paused trial waits
 //!   for its flood with kick coalescing off, intervals last a quarter of the operator's
 //!   ([`Adapter::interval_us`], [`AWAIT_INTERVAL_DIV`]): the flood's first interval runs at
-//!   the rate its kicks allow, and a shorter one ends sooner. A window that opens takes over. It starts
-//!   beside no coalescing trial, and none starts beside it. The operator's own kick
+//!   the rate its kicks allow, and a shorter one ends sooner. A window that opens takes
+//!   over. It starts beside no coalescing trial, and none starts beside it. The operator's own kick
 //!   coalescing, and a driver without EVENT_IDX, leave it off ([`Observed::kicks_fixed`]).
 //!
 //! The [`Adapter`] owns no clock and no file descriptor: the worker counts, hands it one
