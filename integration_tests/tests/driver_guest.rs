@@ -841,7 +841,8 @@ fn the_adapter_gives_each_flood_of_a_mixed_load_kick_coalescing() {
     );
     eprintln!(
         "mixed without polling: {phases} phases, {changes} kick coalescing changes, \
-         {found} of {looks} looks found frames, floods {} pps",
+         {found} of {looks} looks found frames ({} trickles), floods {} pps",
+        n(&dev["tx"], "kick_timer_trickles"),
         n(&d, "flood_pps")
     );
     assert!(phases >= 20, "{ctx}");
@@ -849,6 +850,10 @@ fn the_adapter_gives_each_flood_of_a_mixed_load_kick_coalescing() {
     // the shorter look) once judged.
     assert!(changes >= 4, "{changes} changes in {phases} phases: {ctx}");
     assert!(found > 0 && found <= looks, "{ctx}");
+    // Kick coalescing on at a flood's end: the trickle's first looks find its one frame in
+    // flight each, and hand the trickle back to the driver's kicks.
+    let trickles = n(&dev["tx"], "kick_timer_trickles");
+    assert!(trickles >= 1 && trickles <= found, "{trickles} trickles: {ctx}");
     assert_eq!(n(&dev["adaptive"], "busy_poll_us"), 0, "{ctx}");
 }
 

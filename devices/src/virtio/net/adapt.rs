@@ -472,6 +472,12 @@ impl Adapter {
         self.kicks.bounds(self.bounds.max_coalesce_usecs)
     }
 
+    /// Kick coalescing is on and the last interval ran at its flood's rate (a trial not
+    /// paused, or a kept one not falling).
+    pub fn kick_floods(&self) -> bool {
+        self.kicks.floods()
+    }
+
     /// The bounds in force (the operator's).
     pub fn bounds(&self) -> Adaptive {
         self.bounds

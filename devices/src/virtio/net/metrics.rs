@@ -160,6 +160,10 @@ queue_metrics! {
         kick_timer_looks,
         /// Of those looks, the ones that found frames (the rest found the driver quiet).
         kick_timer_found,
+        /// Of those, the adapter's looks after which the driver kicks each buffer again: the
+        /// last of two in a row that sent one frame each (a trickle, one frame in flight, which
+        /// a look only delays).
+        kick_timer_trickles,
         /// Batches of several frames handed to the backend in one call (io_uring on a tap:
         /// one `io_uring_enter` each); `frames / batched_writes` is at most the batch size.
         batched_writes,

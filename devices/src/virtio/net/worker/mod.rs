@@ -67,8 +67,10 @@ use crate::virtio::{ActivateError, VirtioInterrupt};
 mod control;
 mod pacing;
 mod setup;
+mod trickle;
 
 use self::pacing::nonblocking_timerfd;
+use self::trickle::TrickleWatch;
 
 /// What woke the worker.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -536,6 +538,10 @@ struct EventLoop<'p, B> {
     /// Kick coalescing's last look found the tx ring empty: the driver is asked to kick at its
     /// next buffer until a kick or a look finds work.
     kick_quiet: bool,
+    /// The kick coalescing in force is the adapter's (the operator fixed none).
+    kick_follows_load: bool,
+    /// The adapter's kick coalescing, watched look by look for a trickle.
+    trickle: TrickleWatch,
     /// What the busy-poll found.
     poll_counters: BusyPollCounters,
     /// Polling time not yet published (below a microsecond).
@@ -739,8 +745,7 @@ impl<'p, B: NetBackend> EventLoop<'p, B> {
                     Some(Token::Stop) => return Ok(()),
                     Some(Token::TxKick) => {
                         self.tx_counters.kicks += drain(&self.tx_kick)?;
-                        self.kick_quiet = false;
-                        self.run_tx(self.parks())?;
+                        self.kicked()?;
                     }
                     Some(Token::RxKick) => {
                         self.rx_counters.kicks += drain(&self.rx_kick)?;

@@ -124,6 +124,7 @@ impl<'p, B: NetBackend> EventLoop<'p, B> {
         if !kicks.is_enabled() {
             // A look still due finds the queue as the next kick would.
             self.kick_quiet = false;
+            self.trickle.reset();
         }
     }
 
@@ -139,7 +140,8 @@ impl<'p, B: NetBackend> EventLoop<'p, B> {
 
     /// Kick coalescing's time bound ran out: frames the driver queued without kicking go out
     /// now (and the device waits the same way again); an empty ring means the driver went
-    /// quiet, so the next buffer kicks.
+    /// quiet, so the next buffer kicks. The adapter's kick coalescing also asks for kicks
+    /// again after looks in a row that sent one frame each ([`TrickleWatch`]).
     pub(super) fn kick_look(&mut self) -> Result<(), WorkerError> {
         match self.parts.kick_timer.wait() {
             Ok(_) => {}
@@ -150,8 +152,33 @@ impl<'p, B: NetBackend> EventLoop<'p, B> {
         self.tx_counters.kick_timer_looks += 1;
         let found = self.tx.avail_pending();
         self.tx_counters.kick_timer_found += u64::from(found);
-        self.kick_quiet = !found;
-        self.run_tx(self.parks())
+        let watch = found && self.kick_follows_load;
+        self.kick_quiet = !found || watch && self.trickle.quiet_for_look();
+        let before = self.tx_counters.frames;
+        self.run_tx(self.parks())?;
+        if watch {
+            let trickles = self
+                .trickle
+                .looked(self.tx_counters.frames.saturating_sub(before));
+            self.tx_counters.kick_timer_trickles += u64::from(trickles);
+            self.kick_quiet = trickles;
+        }
+        Ok(())
+    }
+
+    /// The driver kicked: the next drain coalesces its kicks again, unless the looks found a
+    /// trickle and this kick brought it one frame more.
+    pub(super) fn kicked(&mut self) -> Result<(), WorkerError> {
+        let trickling = self.kick_quiet && self.trickle.trickles();
+        self.kick_quiet = trickling;
+        let before = self.tx_counters.frames;
+        self.run_tx(self.parks())?;
+        if trickling {
+            self.kick_quiet = self
+                .trickle
+                .kicked(self.tx_counters.frames.saturating_sub(before));
+        }
+        Ok(())
     }
 
     /// The coalescing timer fired: a held interrupt goes out now.
@@ -415,13 +442,18 @@ impl<B: NetBackend> EventLoop<'_, B> {
             }
             (None, false) => {}
         }
+        self.kick_follows_load = false;
         if let Some(adapter) = &self.adapter {
             tuning.busy_poll_us = adapter.busy_poll_us();
             tuning.interrupt_coalescing = adapter.coalescing();
             // The operator's kick coalescing, where set, wins.
             if !tuning.kick_coalescing.is_enabled() {
                 tuning.kick_coalescing = adapter.kick_coalescing();
+                self.kick_follows_load = true;
             }
+        }
+        if !self.kick_follows_load {
+            self.trickle.reset();
         }
         self.publish_adaptive();
         tuning
@@ -559,6 +591,12 @@ impl<B: NetBackend> EventLoop<'_, B> {
             if !seen.kicks_fixed {
                 self.set_kick_coalescing(kicks);
             }
+        }
+        let floods = self.adapter.as_ref().is_some_and(Adapter::kick_floods);
+        if self.trickle.trickles() && floods {
+            // The interval ran at the flood's rate: the looks' trickle was a dip.
+            self.trickle.reset();
+            self.kick_quiet = false;
         }
         self.publish_adaptive();
         self.start_interval((!idle).then_some(now));

@@ -138,6 +138,8 @@ impl<'p, B: NetBackend> EventLoop<'p, B> {
             poll_sleep: Duration::ZERO,
             kick_coalescing: KickCoalescing::default(),
             kick_quiet: false,
+            kick_follows_load: false,
+            trickle: TrickleWatch::default(),
             poll_counters: BusyPollCounters::default(),
             polled_ns: 0,
             backend_gone: false,

@@ -203,6 +203,29 @@ fn a_returning_flood_that_no_longer_gains_forgets_the_verdict() {
     assert_eq!(run(&mut a, flood(1_000_000, 100), 3), vec![]);
 }
 
+/// A verdict judged again needs a smaller gain than the first trial did: a return that
+/// gains a fifth (under the first trial's quarter, over an eighth) keeps it, flood after flood.
+#[test]
+fn a_returning_flood_keeps_the_verdict_at_a_smaller_gain_than_a_first_trial_needs() {
+    let mut a = kept();
+    assert_eq!(run(&mut a, flood(1_500_000, 4_000), 5), vec![ON]);
+    let trickle = flood(20_000, 1);
+    for _ in 0..10 {
+        assert_eq!(run(&mut a, trickle, 2), vec![KickCoalescing::default()]);
+        assert_eq!(run(&mut a, flood(1_000_000, 100), 1), vec![ON]);
+        // A fifth over the rate without it: kept through the trial's intervals and beyond.
+        assert_eq!(run(&mut a, flood(1_200_000, 4_000), 20), vec![]);
+        assert_eq!(a.kick_coalescing(), ON);
+    }
+    // A first trial at the same gain is undone (the rule's quarter), at the long look and
+    // then at the shorter one.
+    let mut b = on_trial();
+    assert_eq!(
+        run(&mut b, flood(1_200_000, 4_000), 10),
+        vec![SHORT, KickCoalescing::default()]
+    );
+}
+
 /// The workload `mixed` is: 10 ms floods between 10 ms trickles. A model of the polling
 /// guest's (a flood of 400 k frames/s kicking every 15 frames, 1.2 M with kick coalescing and
 /// the long look, 1.6 M with the shorter one), its phases `phase` intervals long: returns, per
