@@ -853,7 +853,10 @@ fn the_adapter_gives_each_flood_of_a_mixed_load_kick_coalescing() {
     // Kick coalescing on at a flood's end: the trickle's first looks find its one frame in
     // flight each, and hand the trickle back to the driver's kicks.
     let trickles = n(&dev["tx"], "kick_timer_trickles");
-    assert!(trickles >= 1 && trickles <= found, "{trickles} trickles: {ctx}");
+    assert!(
+        trickles >= 1 && trickles <= found,
+        "{trickles} trickles: {ctx}"
+    );
     assert_eq!(n(&dev["adaptive"], "busy_poll_us"), 0, "{ctx}");
 }
 

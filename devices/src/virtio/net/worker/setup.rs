@@ -97,6 +97,7 @@ impl<'p, B: NetBackend> EventLoop<'p, B> {
     }
 
     /// The event loop of a run, from what [`Setup::new`] prepared.
+    // long: one struct literal, a line per field of the event loop
     fn assemble(
         a: Activation,
         backend: B,
