@@ -189,6 +189,11 @@ struct Cli {
     /// looks) in place of the busy-poll window.
     #[arg(long, global = true)]
     no_polling: bool,
+    /// The adaptive preset's workloads to run (default: all of the backend's: fwd, pingpong
+    /// and mixed through a loop, xsk-tx into a sink), e.g. `--workloads mixed` for a long
+    /// `--vm-frames` run of the load that changes without the ping-pong's one frame in flight.
+    #[arg(long, global = true, value_name = "NAME,…", value_delimiter = ',')]
+    workloads: Vec<String>,
     /// The raw backend write loop's system call (`write`, the cheapest; `writev` of one
     /// iovec, as a device with a scatter-gather list makes it; `io-uring`, the device's own
     /// batches of 32 writes per submission on the backend as the ring's fixed file).
@@ -360,6 +365,7 @@ fn options(
         busy_poll_sleep_us: cli.busy_poll_sleep_us,
         kick_coalescing: cli.kick_coalesce,
         no_polling: cli.no_polling,
+        workloads: cli.workloads.clone(),
     }
 }
 

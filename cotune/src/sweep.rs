@@ -253,6 +253,8 @@ pub struct Options {
     /// window, adapting devices run with `adaptive_max_busy_poll_us=0`, and the adaptive
     /// preset's grid sweeps kick coalescing where it would sweep the window.
     pub no_polling: bool,
+    /// The adaptive preset's workloads to run, by name (empty: all of the backend's).
+    pub workloads: Vec<String>,
 }
 
 #[cfg(test)]
@@ -281,6 +283,7 @@ impl Options {
             busy_poll_sleep_us: None,
             kick_coalescing: None,
             no_polling: false,
+            workloads: Vec::new(),
         }
     }
 }
@@ -1705,11 +1708,44 @@ fn forbid_polling(preset: Preset, pts: &mut [Point]) -> io::Result<()> {
     Ok(())
 }
 
+/// `--workloads`: only the adaptive preset's workloads named (a name it does not run, or
+/// another preset, refuses the option).
+fn keep_workloads(preset: Preset, opts: &Options, pts: &mut Vec<Point>) -> io::Result<()> {
+    if opts.workloads.is_empty() {
+        return Ok(());
+    }
+    let invalid = |msg: String| Err(io::Error::new(io::ErrorKind::InvalidInput, msg));
+    if preset != Preset::Adaptive {
+        return invalid(format!(
+            "--workloads applies to the adaptive preset, not to {}",
+            preset.name()
+        ));
+    }
+    let names: Vec<&str> = adaptive_workloads(opts.backend)
+        .into_iter()
+        .map(workload_name)
+        .collect();
+    if let Some(bad) = opts.workloads.iter().find(|w| !names.contains(&w.as_str())) {
+        return invalid(format!(
+            "--workloads: the adaptive preset on --backend {} runs {}, not {bad:?}",
+            opts.backend.name(),
+            names.join(", ")
+        ));
+    }
+    pts.retain(|p| {
+        opts.workloads
+            .iter()
+            .any(|w| w == workload_name(p.workload))
+    });
+    Ok(())
+}
+
 /// The preset's points, their workloads adapted to `opts`' backend and target; an
 /// `Unsupported` error when the backend cannot run one.
 pub fn preset_points(preset: Preset, opts: &Options) -> io::Result<Vec<Point>> {
     let backend = opts.backend;
     let mut pts = points(preset, opts);
+    keep_workloads(preset, opts, &mut pts)?;
     override_knob(
         preset,
         &mut pts,
@@ -2232,6 +2268,47 @@ mod tests {
             let e = preset_points(preset, &o).expect_err("it sweeps the tx completion");
             assert_eq!(e.kind(), io::ErrorKind::InvalidInput, "{e}");
         }
+    }
+
+    /// `--workloads`: the adaptive preset runs only the workloads named, in its own order; a
+    /// name it does not run on the backend, or another preset, refuses the option.
+    #[test]
+    fn workloads_keeps_only_the_adaptive_presets_workloads_named() {
+        let o = |names: &[&str]| Options {
+            backend: BackendKind::Loop,
+            workloads: names.iter().map(|s| s.to_string()).collect(),
+            ..opts(true)
+        };
+        let all = preset_points(Preset::Adaptive, &o(&[])).expect("points");
+        let names = |pts: &[Point]| -> Vec<&'static str> {
+            let mut v: Vec<_> = pts.iter().map(|p| workload_name(p.workload)).collect();
+            v.dedup();
+            v
+        };
+        assert_eq!(names(&all), ["fwd", "pingpong", "mixed"]);
+        let some = preset_points(Preset::Adaptive, &o(&["mixed", "fwd"])).expect("points");
+        assert_eq!(names(&some), ["fwd", "mixed"]);
+        let per_workload = all.len() / 3;
+        assert_eq!(some.len(), 2 * per_workload);
+        let err = |names: &[&str], preset| {
+            preset_points(preset, &o(names))
+                .expect_err("refused")
+                .to_string()
+        };
+        let bad = err(&["xsk-tx"], Preset::Adaptive);
+        assert!(
+            bad.contains("runs fwd, pingpong, mixed, not \"xsk-tx\""),
+            "{bad}"
+        );
+        let other = err(&["fwd"], Preset::Mixed);
+        assert!(other.contains("applies to the adaptive preset"), "{other}");
+        // On a sink the preset's one workload is zero-copy transmit.
+        let sink = Options {
+            backend: BackendKind::Sink,
+            ..o(&["xsk-tx"])
+        };
+        let pts = preset_points(Preset::Adaptive, &sink).expect("points");
+        assert!(!pts.is_empty() && pts.iter().all(|p| workload_name(p.workload) == "xsk-tx"));
     }
 
     /// `--no-polling`: the adaptive preset's grid has no busy-poll window and sweeps kick
