@@ -81,12 +81,13 @@
 //!   under a trial, which it pauses for the flood's return to go on with, [`MAX_PAUSES`] times
 //!   at most: kick coalescing that halves the rate looks the same, so the next fall fails
 //!   it); the verdict (the rate without, the look) turns it on again in the first interval
-//!   the same load floods, judged again each time. While a verdict or a paused trial waits
-//!   for its flood with kick coalescing off, intervals last a quarter of the operator's
-//!   ([`Adapter::interval_us`], [`AWAIT_INTERVAL_DIV`]): the flood's first interval runs at
-//!   the rate its kicks allow, and a shorter one ends sooner. A window that opens takes
-//!   over. It starts beside no coalescing trial, and none starts beside it. The operator's own kick
-//!   coalescing, and a driver without EVENT_IDX, leave it off ([`Observed::kicks_fixed`]).
+//!   the same load floods, judged again each time (kept at an eighth's gain, where a first
+//!   trial needs a quarter). While a verdict or a paused trial waits for its flood with kick
+//!   coalescing off, intervals last a quarter of the operator's ([`Adapter::interval_us`],
+//!   [`AWAIT_INTERVAL_DIV`]): the flood's first interval runs at the rate its kicks allow,
+//!   and a shorter one ends sooner. A window that opens takes over. It starts beside no
+//!   coalescing trial, and none starts beside it. The operator's own kick coalescing, and a
+//!   driver without EVENT_IDX, leave it off ([`Observed::kicks_fixed`]).
 //!
 //! The [`Adapter`] owns no clock and no file descriptor: the worker counts, hands it one
 //! interval's [`Observed`] counts, and applies the [`Decision`]. Its tests are exact, and

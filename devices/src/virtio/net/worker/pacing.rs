@@ -154,12 +154,9 @@ impl<'p, B: NetBackend> EventLoop<'p, B> {
         self.tx_counters.kick_timer_found += u64::from(found);
         let watch = found && self.kick_follows_load;
         self.kick_quiet = !found || watch && self.trickle.quiet_for_look();
-        let before = self.tx_counters.frames;
-        self.run_tx(self.parks())?;
+        let sent = self.run_tx_counted()?;
         if watch {
-            let trickles = self
-                .trickle
-                .looked(self.tx_counters.frames.saturating_sub(before));
+            let trickles = self.trickle.looked(sent);
             self.tx_counters.kick_timer_trickles += u64::from(trickles);
             self.kick_quiet = trickles;
         }
@@ -171,14 +168,18 @@ impl<'p, B: NetBackend> EventLoop<'p, B> {
     pub(super) fn kicked(&mut self) -> Result<(), WorkerError> {
         let trickling = self.kick_quiet && self.trickle.trickles();
         self.kick_quiet = trickling;
-        let before = self.tx_counters.frames;
-        self.run_tx(self.parks())?;
+        let sent = self.run_tx_counted()?;
         if trickling {
-            self.kick_quiet = self
-                .trickle
-                .kicked(self.tx_counters.frames.saturating_sub(before));
+            self.kick_quiet = self.trickle.kicked(sent);
         }
         Ok(())
+    }
+
+    /// [`EventLoop::run_tx`] as a kick or a look runs it; returns the frames it sent.
+    fn run_tx_counted(&mut self) -> Result<u64, WorkerError> {
+        let before = self.tx_counters.frames;
+        self.run_tx(self.parks())?;
+        Ok(self.tx_counters.frames.saturating_sub(before))
     }
 
     /// The coalescing timer fired: a held interrupt goes out now.
