@@ -242,7 +242,7 @@ impl KickRule {
             if !trial.returned && trial.look_us == KICK_LOOK_US {
                 self.start(KickTrial::new(before, false, SHORT_LOOK_US));
             } else {
-                self.fail(trial, mean);
+                self.fail(trial);
             }
             return;
         }
@@ -274,13 +274,14 @@ impl KickRule {
         }
     }
 
-    /// `trial` failed at frame rate `rate` without its judged intervals: off and parked, a
-    /// returned trial's verdict forgotten. True (a change).
-    fn fail(&mut self, trial: KickTrial, rate: u64) -> bool {
+    /// `trial` failed: off, a returned trial's verdict forgotten, and parked at the rate its
+    /// load ran at without kick coalescing, the rate the load's next floods come back at (the
+    /// park counts and ends only on floods: see [`KickRule::observe`]). True (a change).
+    fn fail(&mut self, trial: KickTrial) -> bool {
         if trial.returned {
             self.verdict = None;
         }
-        self.park.fail(rate);
+        self.park.fail(trial.rates.before);
         self.rest()
     }
 
@@ -303,7 +304,7 @@ impl KickRule {
                 if trial.pauses >= MAX_PAUSES {
                     // Kick coalescing that halves the rate looks like the flood's end: a
                     // trial that keeps falling is judged failed.
-                    return self.fail(trial, rate);
+                    return self.fail(trial);
                 }
                 self.paused = Some(KickTrial {
                     pauses: trial.pauses + 1,
@@ -355,14 +356,19 @@ impl KickRule {
             let look_us = v.look_us.unwrap_or(SHORT_LOOK_US);
             return self.start(KickTrial::new(v.before, true, look_us));
         }
-        if self.park.holds(rate) {
+        // Only an interval that could start a trial (a steady flood) counts toward a park or
+        // ends it, by the rate a trial would start from: a load that comes and goes keeps the
+        // park its floods earned across its trickles and the ramps between (each would
+        // otherwise end it, and each flood after the park's length try again what failed on
+        // it).
+        let steady = self.steady as usize >= TRIAL_JUDGED;
+        if !flood || !steady || cx.recent_mean < WINDOW_TRIAL_PER_S {
             return false;
         }
-        let steady = self.steady as usize >= TRIAL_JUDGED;
-        if flood && steady && cx.recent_mean >= WINDOW_TRIAL_PER_S {
-            return self.start(KickTrial::new(cx.recent_mean, false, KICK_LOOK_US));
+        if self.park.holds(cx.recent_mean) {
+            return false;
         }
-        false
+        self.start(KickTrial::new(cx.recent_mean, false, KICK_LOOK_US))
     }
 
     /// Kick coalescing on, on `trial`: true (a change).
