@@ -285,6 +285,36 @@ impl KickRule {
         self.rest()
     }
 
+    /// One interval at frame rate `rate` of a running `trial`: paused, failed, judged, or on.
+    /// True when the kick coalescing changed.
+    fn go_on_with_trial(&mut self, mut trial: KickTrial, rate: u64) -> bool {
+        // The load fell away under the trial (a trickle after a flood): off, the trial paused
+        // for the flood's return.
+        if rate < trial.rates.before / 2 {
+            if trial.pauses >= MAX_PAUSES {
+                // Kick coalescing that halves the rate looks like the flood's end: a trial
+                // that keeps falling is judged failed.
+                return self.fail(trial);
+            }
+            self.paused = Some(KickTrial {
+                pauses: trial.pauses + 1,
+                ..trial
+            });
+            return self.rest();
+        }
+        let judged = match std::mem::take(&mut trial.skip) {
+            true => None,
+            false => trial.rates.count(rate),
+        };
+        let Some(mean) = judged else {
+            self.trial = Some(trial);
+            return false;
+        };
+        let was = self.bounds(u32::MAX);
+        self.judge_trial(trial, mean);
+        self.bounds(u32::MAX) != was
+    }
+
     /// One interval in: true when the kick coalescing changed (on, off, or its look).
     pub fn observe(&mut self, seen: &Observed, cx: Context) -> bool {
         let rate = seen.frames_per_s();
@@ -297,32 +327,8 @@ impl KickRule {
         if !cx.allowed {
             return self.stop();
         }
-        if let Some(mut trial) = self.trial.take() {
-            // The load fell away under the trial (a trickle after a flood): off, the trial
-            // paused for the flood's return.
-            if rate < trial.rates.before / 2 {
-                if trial.pauses >= MAX_PAUSES {
-                    // Kick coalescing that halves the rate looks like the flood's end: a
-                    // trial that keeps falling is judged failed.
-                    return self.fail(trial);
-                }
-                self.paused = Some(KickTrial {
-                    pauses: trial.pauses + 1,
-                    ..trial
-                });
-                return self.rest();
-            }
-            let judged = match std::mem::take(&mut trial.skip) {
-                true => None,
-                false => trial.rates.count(rate),
-            };
-            let Some(mean) = judged else {
-                self.trial = Some(trial);
-                return false;
-            };
-            let was = self.bounds(u32::MAX);
-            self.judge_trial(trial, mean);
-            return self.bounds(u32::MAX) != was;
+        if let Some(trial) = self.trial.take() {
+            return self.go_on_with_trial(trial, rate);
         }
         if let Some((kept, under)) = self.kept_at {
             // Kept: a fall under half that lasts is the flood's end (a trickle's frames are
