@@ -75,9 +75,9 @@
 //!   [`KICK_AHEAD`] buffers without a kick and a look after [`KICK_LOOK_US`] (at most the
 //!   operator's `max_coalesce_usecs`) on a rate trial, judged as a window trial (kept if the
 //!   rate rose by a quarter; else the shorter look [`SHORT_LOOK_US`] is tried the same way
-//!   before it goes off and parks, at the rate the load ran at without it, a park that only
-//!   steady floods count and end, by the rate a trial would start from, so a load's trickles
-//!   and ramps keep it); a kept one tries the shorter look
+//!   before it goes off and parks at the rate the load ran at without it; only steady floods
+//!   count toward that park or end it, judged by the rate a trial would start from, so a
+//!   load's trickles and the ramps between keep it); a kept one tries the shorter look
 //!   [`SHORT_LOOK_US`] against it (back to the long one unless the rate rose by an eighth).
 //!   The load's fall under half its rate for [`FALL_INTERVALS`] intervals ends it (at once
 //!   under a trial, which it pauses for the flood's return to go on with, [`MAX_PAUSES`] times

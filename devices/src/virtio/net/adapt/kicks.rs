@@ -275,8 +275,9 @@ impl KickRule {
     }
 
     /// `trial` failed: off, a returned trial's verdict forgotten, and parked at the rate its
-    /// load ran at without kick coalescing, the rate the load's next floods come back at (the
-    /// park counts and ends only on floods: see [`KickRule::observe`]). True (a change).
+    /// load ran at without kick coalescing, the rate the load's next floods come back at (only
+    /// steady floods count toward the park or end it: see [`KickRule::observe`]). True (a
+    /// change).
     fn fail(&mut self, trial: KickTrial) -> bool {
         if trial.returned {
             self.verdict = None;
