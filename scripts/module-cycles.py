@@ -29,6 +29,8 @@ LAYERS = [
     ("devices/src", "virtio::packed", "virtio::net"),
     ("devices/src", "virtio::guest", "virtio::net"),
     ("devices/src", "virtio::irq", "virtio::net"),
+    ("devices/src", "virtio::vhost_user", "virtio::net"),
+    ("devices/src", "counters", "virtio"),
 ]
 PATH = re.compile(r"\b(crate|super|self)((?:::[A-Za-z_][A-Za-z0-9_]*)+|::\{)")
 

@@ -5,6 +5,7 @@
 //! Virtio queue notifications arrive on eventfds that the VMM registers as ioeventfds.
 
 pub mod backend;
+pub mod counters;
 #[doc(hidden)]
 pub mod fuzzing;
 pub mod iovec;

@@ -583,6 +583,7 @@ impl VirtioState {
             kicks,
             interrupt: self.interrupt.clone(),
             acked_features: self.acked_features,
+            positions: Vec::new(),
         };
         if let Err(e) = self.device.activate(ctx) {
             error!("{}: activation failed: {e}", self.name());

@@ -8,6 +8,11 @@
 //! used calls [`VirtioInterrupt::signal_queue`]; [`VirtioInterrupt::signal_used_queue`] (which
 //! queue unknown) fires every vector a queue is mapped to, each once. On one line both are the
 //! same. The status bits (ISR on PCI) are set either way.
+//!
+//! A device served over vhost-user ([`VirtioInterrupt::vrings`]) has what the frontend gave
+//! per ring instead: a call eventfd (KVM's irqfd, or the frontend's own) and an error eventfd.
+//! There is no configuration interrupt (the frontend owns the configuration space); a device
+//! that needs a reset says so on every ring's error eventfd.
 
 use std::io;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
@@ -25,6 +30,17 @@ enum Signal {
     Line(EventFd),
     /// MSI-X: one irqfd per vector, each queue and the configuration on its own (virtio-pci).
     Msix(Arc<MsixVectors>),
+    /// vhost-user: per ring, the frontend's call eventfd (none: the driver polls) and error
+    /// eventfd.
+    Vrings {
+        calls: Vec<Option<EventFd>>,
+        errors: Vec<Option<EventFd>>,
+    },
+}
+
+/// Writes `fd` if there is one.
+fn notify(fd: Option<&EventFd>) -> io::Result<()> {
+    fd.map_or(Ok(()), |fd| fd.write(1))
 }
 
 /// The interrupt of one device. Shared as `Arc<VirtioInterrupt>`; no lock on any path.
@@ -53,6 +69,12 @@ impl VirtioInterrupt {
         VirtioInterrupt::with(Signal::Msix(vectors))
     }
 
+    /// Interrupts through the call eventfds a vhost-user frontend gave, one per ring in
+    /// queue-index order (`None`: that ring is polled), and its error eventfds.
+    pub fn vrings(calls: Vec<Option<EventFd>>, errors: Vec<Option<EventFd>>) -> VirtioInterrupt {
+        VirtioInterrupt::with(Signal::Vrings { calls, errors })
+    }
+
     fn with(signal: Signal) -> VirtioInterrupt {
         VirtioInterrupt {
             signal,
@@ -65,7 +87,7 @@ impl VirtioInterrupt {
     pub fn msix(&self) -> Option<&Arc<MsixVectors>> {
         match &self.signal {
             Signal::Msix(vectors) => Some(vectors),
-            Signal::Line(_) => None,
+            Signal::Line(_) | Signal::Vrings { .. } => None,
         }
     }
 
@@ -76,6 +98,7 @@ impl VirtioInterrupt {
         match &self.signal {
             Signal::Msix(vectors) => vectors.signal_queue(index),
             Signal::Line(irqfd) => irqfd.write(1),
+            Signal::Vrings { calls, .. } => notify(calls.get(index).and_then(Option::as_ref)),
         }
     }
 
@@ -94,6 +117,11 @@ impl VirtioInterrupt {
                 Ok(())
             }
             Signal::Line(irqfd) => irqfd.write(1),
+            Signal::Vrings { calls, .. } => {
+                let call = |i: usize| calls.get(i).and_then(Option::as_ref);
+                notify(call(rx))?;
+                notify(call(tx))
+            }
         }
     }
 
@@ -102,7 +130,7 @@ impl VirtioInterrupt {
     pub fn irqfd(&self) -> Option<&EventFd> {
         match &self.signal {
             Signal::Line(irqfd) => Some(irqfd),
-            Signal::Msix(_) => None,
+            Signal::Msix(_) | Signal::Vrings { .. } => None,
         }
     }
 
@@ -119,6 +147,9 @@ impl VirtioInterrupt {
     /// Marks the device DEVICE_NEEDS_RESET and tells the driver with a configuration interrupt.
     pub fn set_needs_reset(&self) -> io::Result<()> {
         self.needs_reset.store(true, Ordering::Release);
+        if let Signal::Vrings { errors, .. } = &self.signal {
+            return errors.iter().try_for_each(|fd| notify(fd.as_ref()));
+        }
         self.signal_config_change()
     }
 
@@ -153,6 +184,9 @@ impl VirtioInterrupt {
             Signal::Msix(vectors) if bit == VIRTIO_MMIO_INT_CONFIG => vectors.signal_config(),
             Signal::Msix(vectors) => vectors.signal_all_queues(),
             Signal::Line(irqfd) => irqfd.write(1),
+            // The frontend owns the configuration space and its interrupt.
+            Signal::Vrings { .. } if bit == VIRTIO_MMIO_INT_CONFIG => Ok(()),
+            Signal::Vrings { calls, .. } => calls.iter().try_for_each(|fd| notify(fd.as_ref())),
         }
     }
 }
@@ -178,6 +212,32 @@ mod tests {
         assert_eq!(irq.status(), 0);
         assert!(!irq.needs_reset());
         assert!(irqfd.read().is_err(), "irqfd drained by reset");
+    }
+
+    #[test]
+    fn vrings_signal_their_own_call_fds_and_report_a_reset_on_the_error_fds() {
+        let fd = || EventFd::new(EFD_NONBLOCK).expect("eventfd");
+        let calls = [fd(), fd(), fd()];
+        let errors = [fd(), fd()];
+        let clone = |fd: &EventFd| Some(fd.try_clone().expect("dup"));
+        // Ring 3 is polled (no call fd), ring 2 has no error fd.
+        let irq = VirtioInterrupt::vrings(
+            vec![clone(&calls[0]), clone(&calls[1]), clone(&calls[2]), None],
+            vec![clone(&errors[0]), clone(&errors[1])],
+        );
+        let count = |fd: &EventFd| fd.read().unwrap_or(0);
+        irq.signal_queue_pair(0, 1).expect("signal");
+        assert_eq!([&calls[0], &calls[1], &calls[2]].map(count), [1, 1, 0]);
+        irq.signal_queue(2).expect("signal");
+        irq.signal_queue(3).expect("a polled ring needs nothing");
+        irq.signal_queue(9).expect("no such ring: nothing");
+        assert_eq!([&calls[0], &calls[1], &calls[2]].map(count), [0, 0, 1]);
+        irq.signal_config_change().expect("the frontend's business");
+        assert_eq!([&calls[0], &calls[1], &calls[2]].map(count), [0, 0, 0]);
+        irq.set_needs_reset().expect("signal");
+        assert!(irq.needs_reset());
+        assert_eq!([&errors[0], &errors[1]].map(count), [1, 1]);
+        assert_eq!([&calls[0], &calls[1], &calls[2]].map(count), [0, 0, 0]);
     }
 
     #[test]

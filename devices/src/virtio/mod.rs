@@ -67,6 +67,7 @@ pub mod net;
 pub mod packed;
 pub mod pci;
 pub mod ring;
+pub mod vhost_user;
 pub mod vring;
 
 use std::io;
@@ -95,6 +96,9 @@ pub struct ActivationContext {
     pub interrupt: Arc<VirtioInterrupt>,
     /// The features the driver acknowledged (a subset of the offered ones, with VERSION_1).
     pub acked_features: u64,
+    /// Where each queue's ring resumes, in queue-index order (vhost-user's SET_VRING_BASE, a
+    /// snapshot); missing or `None`: the queue's own indexes, a packed ring's start.
+    pub positions: Vec<Option<ring::RingPosition>>,
 }
 
 /// Why a device could not be activated. The transport then sets DEVICE_NEEDS_RESET.
@@ -208,6 +212,15 @@ pub trait VirtioDevice: Send {
 
     /// Stops the datapath (joins the worker) and returns to the pre-activation state.
     fn reset(&mut self);
+
+    /// [`Self::reset`], reporting first where each queue's ring stands (queue-index order;
+    /// `None` for a queue that did not run), every chain the datapath took used or handed
+    /// back: an activation given these positions resumes exactly there. A device that cannot
+    /// tell reports nothing.
+    fn pause(&mut self) -> Vec<Option<ring::RingPosition>> {
+        self.reset();
+        Vec::new()
+    }
 
     /// True while the datapath runs (between a successful activation and the next reset).
     fn is_active(&self) -> bool;

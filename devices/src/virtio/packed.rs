@@ -205,6 +205,10 @@ pub enum PackedRingError {
     /// has not returned yet.
     #[error("more descriptors available than the ring holds")]
     Overrun,
+    /// A resume position (SET_VRING_BASE, a snapshot) whose offset is not below the queue
+    /// size.
+    #[error("ring position {0} is outside the ring")]
+    PositionOutOfRange(u16),
     /// A chain's buffer id is not below the queue size (it cannot be returned).
     #[error("buffer id {0} is out of range")]
     IdOutOfRange(u16),
@@ -245,6 +249,11 @@ impl Cursor {
 
     /// The starting position of both sides: offset 0, wrap counter 1.
     const START: Cursor = Cursor(Cursor::WRAP);
+
+    /// The cursor of `position` (its offset below the queue size).
+    fn at(position: Position) -> Cursor {
+        Cursor(u32::from(position.offset) | if position.wrap { Cursor::WRAP } else { 0 })
+    }
 
     /// The offset in the descriptor ring.
     #[inline(always)]
@@ -472,6 +481,36 @@ impl PackedVirtqueue {
                 fenced: false,
             },
         })
+    }
+
+    /// Moves the ring to resume at `next_avail` (where the driver's next chain starts, with
+    /// the driver's wrap counter) and `next_used` (where the next used descriptor goes, with
+    /// the device's): vhost-user's SET_VRING_BASE, a restored snapshot. Refuses an offset not
+    /// below the queue size, and a used position more than a ring behind the avail one.
+    pub fn set_position(
+        &mut self,
+        next_avail: Position,
+        next_used: Position,
+    ) -> Result<(), PackedRingError> {
+        let size = self.ring.descs.size;
+        for position in [next_avail, next_used] {
+            if position.offset >= size {
+                return Err(PackedRingError::PositionOutOfRange(position.offset));
+            }
+        }
+        let (avail, used) = (Cursor::at(next_avail), Cursor::at(next_used));
+        // At most the whole ring in flight (a used position exactly a lap behind).
+        if used.distance_to(avail, size) > u32::from(size) {
+            return Err(PackedRingError::Overrun);
+        }
+        self.ring.next_avail = avail;
+        self.ring.next_used = used;
+        self.ring.published = used;
+        self.ring.unpublished = 0;
+        self.ring.unsignalled = 0;
+        self.ring.kick_flags = None;
+        self.ring.fenced = false;
+        Ok(())
     }
 
     /// Queue size.

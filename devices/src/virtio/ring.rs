@@ -24,6 +24,48 @@ use crate::iovec::IovecList;
 
 pub use super::vring::{vring_need_event, InterruptDecision, RingError, RingPart};
 
+/// Where a ring stands: the next avail entry the device pops and the next used entry it
+/// writes. What a paused device reports for each queue, and what an activation may resume
+/// from (vhost-user's GET_VRING_BASE and SET_VRING_BASE, a snapshot).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RingPosition {
+    /// A split ring's free-running indexes.
+    Split {
+        /// The next avail ring entry (`last_avail_idx`).
+        next_avail: u16,
+        /// The used index the device writes next.
+        next_used: u16,
+    },
+    /// A packed ring's positions, each with its wrap counter.
+    Packed {
+        /// Where the driver's next chain starts (driver's wrap counter).
+        next_avail: packed::Position,
+        /// Where the device's next used descriptor goes (device's wrap counter).
+        next_used: packed::Position,
+    },
+}
+
+impl RingPosition {
+    /// A ring's first position: indexes 0 (split), offset 0 with wrap counters 1 (packed).
+    pub fn start(packed: bool) -> RingPosition {
+        if packed {
+            let start = packed::Position {
+                offset: 0,
+                wrap: true,
+            };
+            RingPosition::Packed {
+                next_avail: start,
+                next_used: start,
+            }
+        } else {
+            RingPosition::Split {
+                next_avail: 0,
+                next_used: 0,
+            }
+        }
+    }
+}
+
 /// One queue's ring for one activation, of the kind the driver negotiated.
 #[derive(Debug)]
 pub enum AnyRing {
@@ -62,6 +104,60 @@ impl AnyRing {
             &packed_layout(queue),
             acked,
         )?))
+    }
+
+    /// [`AnyRing::new`], resuming at `position` (of the ring's own kind) rather than at the
+    /// queue's indexes or a packed ring's start.
+    pub fn resume(
+        queue: &Queue,
+        mem: &GuestMemoryMmap,
+        acked: u64,
+        position: Option<RingPosition>,
+    ) -> Result<AnyRing, RingError> {
+        let mut ring = AnyRing::new(queue, mem, acked)?;
+        if let Some(position) = position {
+            ring.set_position(position)?;
+        }
+        Ok(ring)
+    }
+
+    /// Where the ring stands (see [`RingPosition`]).
+    pub fn position(&self) -> RingPosition {
+        match self {
+            AnyRing::Split(vq) => RingPosition::Split {
+                next_avail: vq.next_avail(),
+                next_used: vq.next_used(),
+            },
+            AnyRing::Packed(vq) => RingPosition::Packed {
+                next_avail: vq.next_avail(),
+                next_used: vq.next_used(),
+            },
+        }
+    }
+
+    /// Moves the ring to `position`. A position of the other ring kind, or a packed one out of
+    /// the ring, is refused.
+    pub fn set_position(&mut self, position: RingPosition) -> Result<(), RingError> {
+        match (self, position) {
+            (
+                AnyRing::Split(vq),
+                RingPosition::Split {
+                    next_avail,
+                    next_used,
+                },
+            ) => {
+                vq.set_position(next_avail, next_used);
+                Ok(())
+            }
+            (
+                AnyRing::Packed(vq),
+                RingPosition::Packed {
+                    next_avail,
+                    next_used,
+                },
+            ) => Ok(vq.set_position(next_avail, next_used)?),
+            _ => Err(RingError::PositionKind),
+        }
     }
 
     /// Whether the driver has made buffers available that the device has not taken yet: one

@@ -203,6 +203,20 @@ impl Virtqueue {
         })
     }
 
+    /// Moves the ring to resume at `next_avail` and `next_used` (vhost-user's
+    /// SET_VRING_BASE, a restored snapshot): the next avail entry the device pops and the next
+    /// used entry it writes. Any pair of indexes is a state the driver could have made; a
+    /// distance to `avail.idx` larger than the ring is caught by the pops, as always.
+    pub fn set_position(&mut self, next_avail: u16, next_used: u16) {
+        let (avail, used) = (Wrapping(next_avail), Wrapping(next_used));
+        self.ring.next_avail = avail;
+        self.ring.avail_shadow = avail;
+        self.ring.next_used = used;
+        self.ring.published_used = used;
+        self.ring.signalled_used = used;
+        self.ring.event_ahead = false;
+    }
+
     /// Copies the ring positions back into `queue` (for callers that keep a `Queue`).
     pub fn sync_to(&self, queue: &mut Queue) {
         queue.set_next_avail(self.ring.next_avail.0);
@@ -739,6 +753,10 @@ pub enum RingError {
     /// Resolving guest memory failed.
     #[error("guest memory access to the ring failed")]
     Memory(#[source] GuestMemoryError),
+    /// A resume position of the other ring kind (a split ring's indexes for a packed ring,
+    /// or the reverse).
+    #[error("the resume position is of the other ring kind")]
+    PositionKind,
     /// A packed ring (VIRTIO_F_RING_PACKED) refused at activation or broken by the driver.
     #[error("packed ring: {0}")]
     Packed(#[from] PackedRingError),

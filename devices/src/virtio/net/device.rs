@@ -22,7 +22,9 @@ use super::metrics::NetMetrics;
 use super::rx::RxMode;
 use super::stats::VIRTIO_NET_F_DEVICE_STATS;
 use super::tuning::{NetTuning, TuningControl};
-use super::worker::{Activation, PairQueue, Shared, WorkerThread, WorkerThreadError};
+use super::worker::{
+    Activation, PairPositions, PairQueue, Shared, WorkerThread, WorkerThreadError,
+};
 use super::{CTRL_QUEUE, NUM_QUEUES, RX_QUEUE, TX_QUEUE};
 
 // The worker takes the queues as [rx, tx, ctrl] (one pair), or rx0 tx0 rx1 tx1 … ctrl (MQ).
@@ -32,7 +34,8 @@ const ALL_QUEUES: usize = CTRL_QUEUE + 1;
 use crate::backend::{
     LoopBackend, NetBackend, Offloads, SinkBackend, SourceBackend, Tap, TapError,
 };
-use crate::virtio::ring::AnyRing;
+use crate::virtio::ring::{AnyRing, RingPosition};
+use crate::virtio::vhost_user::VhostUserDevice;
 use crate::virtio::{
     ActivateError, ActivationContext, FeatureDependencyError, QueueResetState, VirtioDevice,
 };
@@ -367,19 +370,33 @@ impl<B: NetBackend> NetDevice<B> {
         bytes
     }
 
-    fn stop_worker(&mut self) {
+    /// The queue pairs that take part in the run (the others are set up but idle): what
+    /// VQ_PAIRS_SET does when the control queue is served elsewhere (vhost-user: the
+    /// frontend keeps it, and enables rings instead). At least 1; pair 0 always runs.
+    pub fn set_active_pairs(&self, pairs: usize) {
+        let pairs = pairs.clamp(1, self.workers.len());
+        self.tuning.shared().set_active_pairs(pairs);
+        self.tuning.shared().notify_except(0);
+    }
+
+    /// Stops every worker; returns each one's ring positions (pair order).
+    fn stop_worker(&mut self) -> Vec<Option<PairPositions>> {
         self.link.attach(None);
         self.run = None;
         self.pending_resets.fill_with(|| None);
-        for worker in &mut self.workers {
-            if let WorkerSlot::Started(thread) = worker {
-                thread.stop();
-            }
-        }
+        let positions = self
+            .workers
+            .iter_mut()
+            .map(|worker| match worker {
+                WorkerSlot::Started(thread) => thread.stop(),
+                _ => None,
+            })
+            .collect();
         // After the worker stopped: it cannot set another one meanwhile.
         if self.guest_mac.clear() {
             self.link.bump_generation();
         }
+        positions
     }
 }
 
@@ -463,6 +480,31 @@ impl<B: NetBackend> VirtioDevice for NetDevice<B> {
         self.stop_worker();
     }
 
+    /// Stops the workers; each reports its rings' positions once everything it popped is
+    /// used or handed back (rx chains pooled ahead of frames go back to the avail ring).
+    fn pause(&mut self) -> Vec<Option<RingPosition>> {
+        let Some(run) = &self.run else {
+            self.stop_worker();
+            return Vec::new();
+        };
+        let queues = self.queues_in_use(run.acked);
+        let ctrl_index = queues - 1;
+        let has_ctrl = run.acked & bit(VIRTIO_NET_F_CTRL_VQ) != 0;
+        let mut positions = vec![None; queues];
+        for (pair, stopped) in self.stop_worker().into_iter().enumerate() {
+            let Some(p) = stopped else { continue };
+            for (index, position) in [(2 * pair, p.rx), (2 * pair + 1, p.tx)] {
+                if let Some(slot) = positions.get_mut(index) {
+                    *slot = position;
+                }
+            }
+            if has_ctrl && p.ctrl.is_some() {
+                positions[ctrl_index] = p.ctrl;
+            }
+        }
+        positions
+    }
+
     fn is_active(&self) -> bool {
         matches!(self.workers.first(), Some(WorkerSlot::Started(thread)) if thread.is_running())
     }
@@ -533,6 +575,33 @@ impl<B: NetBackend> VirtioDevice for NetDevice<B> {
     }
 }
 
+/// Over vhost-user the frontend keeps the configuration space (MAC, link status) and may keep
+/// the control queue: the device runs the pairs whose rings the frontend enabled.
+impl<B: NetBackend> VhostUserDevice for NetDevice<B> {
+    fn vhost_user_features(&self) -> u64 {
+        (self.features | bit(VIRTIO_NET_F_GUEST_ANNOUNCE))
+            & !(bit(VIRTIO_NET_F_MAC) | bit(VIRTIO_NET_F_STATUS))
+    }
+
+    fn queue_num(&self) -> u64 {
+        self.workers.len() as u64
+    }
+
+    fn ring_required(&self, index: usize, _acked: u64) -> bool {
+        index < NUM_QUEUES
+    }
+
+    /// The pairs from the first up to the first one not wholly enabled run.
+    fn enable_rings(&mut self, enabled: &[bool]) {
+        let pairs = enabled
+            .chunks_exact(2)
+            .take(self.workers.len())
+            .take_while(|pair| pair[0] && pair[1])
+            .count();
+        self.set_active_pairs(pairs);
+    }
+}
+
 /// Queue `index`'s pair and direction in `run`, if it is a datapath queue.
 fn datapath_queue(run: &RunLayout, index: usize) -> Option<(usize, PairQueue)> {
     let queue = if index.is_multiple_of(2) {
@@ -573,10 +642,10 @@ impl<B: NetBackend> NetDevice<B> {
         let activations = self.activations(
             ctx.queues,
             ctx.kicks,
+            &ctx.positions,
             ctx.acked_features,
             &mem,
             &interrupt,
-            expected,
         )?;
         let usable = activations.len();
         // Only pair 0 until the driver sends VQ_PAIRS_SET (virtio 1.2 §5.1.6.5.5).
@@ -621,17 +690,20 @@ impl<B: NetBackend> NetDevice<B> {
         Ok(())
     }
 
-    /// What each worker is handed: its pair's queues and kicks (pair 0 also the control
-    /// queue), for the pairs the driver set up (`expected` queues in all).
+    /// What each worker is handed: its pair's queues, kicks and resume positions (pair 0 also
+    /// the control queue, when it is set up: a vhost-user frontend may keep it), for the pairs
+    /// the driver set up.
     fn activations(
         &self,
         queues: Vec<Queue>,
         kicks: Vec<vmm_sys_util::eventfd::EventFd>,
+        positions: &[Option<RingPosition>],
         acked_features: u64,
         mem: &GuestMemoryMmap,
         interrupt: &Arc<crate::virtio::VirtioInterrupt>,
-        expected: usize,
     ) -> Result<Vec<Activation>, ActivateError> {
+        let expected = queues.len();
+        let position = |index: usize| positions.get(index).copied().flatten();
         // With MQ: rx0 tx0 … rxN-1 txN-1 ctrl; without: rx tx [ctrl].
         let pairs = if acked_features & bit(VIRTIO_NET_F_MQ) != 0 {
             self.workers.len()
@@ -640,12 +712,15 @@ impl<B: NetBackend> NetDevice<B> {
         };
         let mut queues = queues;
         let mut kicks = kicks;
-        let ctrl = if expected > 2 * pairs {
-            queues.pop().zip(kicks.pop())
+        let ctrl_position = position(expected - 1);
+        let mut ctrl = if expected > 2 * pairs {
+            queues
+                .pop()
+                .zip(kicks.pop())
+                .filter(|(queue, _)| queue.ready())
         } else {
             None
         };
-        let mut ctrl = ctrl;
         let mut activations = Vec::with_capacity(pairs);
         let mut queues = queues.into_iter();
         let mut kicks = kicks.into_iter();
@@ -666,13 +741,19 @@ impl<B: NetBackend> NetDevice<B> {
                 }
                 break;
             }
+            let ctrl = ctrl.take();
             activations.push(Activation {
+                positions: PairPositions {
+                    rx: position(2 * pair),
+                    tx: position(2 * pair + 1),
+                    ctrl: ctrl.as_ref().and(ctrl_position),
+                },
                 mem: mem.clone(),
                 rx,
                 tx,
                 rx_kick,
                 tx_kick,
-                ctrl: ctrl.take(),
+                ctrl,
                 acked_features,
                 rx_mode: RxMode::from_features(acked_features),
                 offloads: guest_offloads(acked_features),

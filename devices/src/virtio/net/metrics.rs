@@ -4,55 +4,9 @@
 //! publishes them once per batch, so the hot path does one atomic add per non-zero field per
 //! batch, not per frame. The VMM keeps the `Arc<NetMetrics>` and prints it with serde_json.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use serde::Serialize;
 
-use serde::{Serialize, Serializer};
-
-/// A monotonically increasing counter (relaxed atomic; serialises as a number).
-#[derive(Debug, Default)]
-pub struct Counter(AtomicU64);
-
-impl Counter {
-    /// Adds `n`.
-    pub fn add(&self, n: u64) {
-        if n != 0 {
-            self.0.fetch_add(n, Ordering::Relaxed);
-        }
-    }
-
-    /// The current value.
-    pub fn get(&self) -> u64 {
-        self.0.load(Ordering::Relaxed)
-    }
-}
-
-impl Serialize for Counter {
-    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        s.serialize_u64(self.get())
-    }
-}
-
-/// A value that goes up and down (relaxed atomic; serialises as a number).
-#[derive(Debug, Default)]
-pub struct Gauge(AtomicU64);
-
-impl Gauge {
-    /// Sets the value.
-    pub fn set(&self, v: u64) {
-        self.0.store(v, Ordering::Relaxed);
-    }
-
-    /// The current value.
-    pub fn get(&self) -> u64 {
-        self.0.load(Ordering::Relaxed)
-    }
-}
-
-impl Serialize for Gauge {
-    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        s.serialize_u64(self.get())
-    }
-}
+pub use crate::counters::{Counter, Gauge};
 
 /// Declares a metrics struct of [`Counter`]s and its plain per-batch twin with `publish`.
 macro_rules! queue_metrics {

@@ -264,6 +264,30 @@ impl RxQueue {
         pooled
     }
 
+    /// Hands the chains pooled ahead of frames back to the avail ring, so that the ring's
+    /// position is where the driver's next unfilled buffer is (a pause: vhost-user's
+    /// GET_VRING_BASE, a snapshot). Returns how many chains went back.
+    pub fn give_back(&mut self) -> usize {
+        let pooled = self.pooled_chains();
+        let count = u16::try_from(pooled).unwrap_or(u16::MAX);
+        match self.vq.as_mut() {
+            Some(AnyRing::Split(vq)) => {
+                if let Some(first) = self.pool.chains.get(self.pool.first) {
+                    Ring::unpop(&mut vq.split().1, &first.head, count);
+                }
+            }
+            Some(AnyRing::Packed(vq)) => {
+                if let Some(first) = self.packed_pool.chains.get(self.packed_pool.first) {
+                    Ring::unpop(&mut vq.split().1, &first.head, count);
+                }
+            }
+            None => {}
+        }
+        self.pool = PoolState::default();
+        self.packed_pool = PoolState::default();
+        pooled
+    }
+
     /// Uses `vq` (the queue enabled again after its reset), with an empty pool.
     pub fn attach(&mut self, vq: impl Into<AnyRing>) {
         self.pool = PoolState::default();

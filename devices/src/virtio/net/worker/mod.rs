@@ -60,7 +60,7 @@ use crate::backend::{NetBackend, Offloads};
 use crate::error_chain;
 use crate::iovec::IovecList;
 use crate::virtio::ring::AnyRing;
-use crate::virtio::ring::{InterruptDecision, RingError};
+use crate::virtio::ring::{InterruptDecision, RingError, RingPosition};
 use crate::virtio::vring::WalkBudget;
 use crate::virtio::{ActivateError, VirtioInterrupt};
 
@@ -189,6 +189,20 @@ pub(crate) struct Activation {
     /// The queue pairs the driver set up (pairs `0..usable_pairs`): what VQ_PAIRS_SET may
     /// enable.
     pub(crate) usable_pairs: u16,
+    /// Where each ring resumes (none: the queue's indexes, a packed ring's start).
+    pub(crate) positions: PairPositions,
+}
+
+/// Where the rings of one worker stand, each `None` where the run had no such ring (a queue
+/// reset and not enabled again, no control queue).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PairPositions {
+    /// The receive queue's ring.
+    pub rx: Option<RingPosition>,
+    /// The transmit queue's ring.
+    pub tx: Option<RingPosition>,
+    /// The control queue's ring (pair 0 only).
+    pub ctrl: Option<RingPosition>,
 }
 
 /// What the device shares with its worker for the device's whole life.
@@ -233,8 +247,9 @@ pub(crate) struct WorkerThread {
     commands: Option<SyncSender<Command>>,
     /// Wakes a running worker to read `commands`.
     command_ready: EventFd,
-    /// One message at the end of every run (stopped, or failed on its own).
-    stopped: Receiver<()>,
+    /// One message at the end of every run (stopped, or failed on its own): where its rings
+    /// stand.
+    stopped: Receiver<PairPositions>,
     stop: EventFd,
     running: bool,
     thread: Option<JoinHandle<()>>,
@@ -357,17 +372,23 @@ impl WorkerThread {
         Ok(())
     }
 
-    /// Ends the current run, if any, and waits until the thread is idle again.
-    pub(crate) fn stop(&mut self) {
+    /// Ends the current run, if any, and waits until the thread is idle again. Returns where
+    /// the run's rings stand, every chain it took either used or handed back (none: no run,
+    /// or the thread is gone).
+    pub(crate) fn stop(&mut self) -> Option<PairPositions> {
         if !self.running {
-            return;
+            return None;
         }
         self.running = false;
         if let Err(e) = self.stop.write(1) {
             error!("{}: failed to signal the worker to stop: {e}", self.name);
         }
-        if self.stopped.recv().is_err() {
-            error!("{}: the worker thread is gone; backend lost", self.name);
+        match self.stopped.recv() {
+            Ok(positions) => Some(positions),
+            Err(_) => {
+                error!("{}: the worker thread is gone; backend lost", self.name);
+                None
+            }
         }
     }
 
@@ -436,7 +457,7 @@ impl Drop for WorkerThread {
 /// The thread body: waits for commands until the device goes away.
 fn thread_main<B: NetBackend>(
     backend: Receiver<B>,
-    stopped: SyncSender<()>,
+    stopped: SyncSender<PairPositions>,
     mut parts: ThreadParts,
     shared: Shared,
 ) {
@@ -456,8 +477,9 @@ fn thread_main<B: NetBackend>(
                 match EventLoop::prepare(*activation, backend, &mut parts, &shared) {
                     Ok(event_loop) => {
                         let _ = reply.send(Ok(()));
-                        backend = event_loop.run_to_end();
-                        let _ = stopped.send(());
+                        let positions;
+                        (backend, positions) = event_loop.run_to_end();
+                        let _ = stopped.send(positions);
                     }
                     Err((error, returned)) => {
                         backend = returned;
@@ -661,8 +683,9 @@ impl<'p, B: NetBackend> EventLoop<'p, B> {
         Ok(())
     }
 
-    /// Runs until stopped or failed, then hands the backend back.
-    fn run_to_end(mut self) -> B {
+    /// Runs until stopped or failed, then hands the backend back with where the rings stand
+    /// (the rx chains popped ahead of frames handed back to the ring first).
+    fn run_to_end(mut self) -> (B, PairPositions) {
         let result = panic::catch_unwind(AssertUnwindSafe(|| self.run()));
         let failure = match result {
             Ok(Ok(())) => None,
@@ -700,7 +723,13 @@ impl<'p, B: NetBackend> EventLoop<'p, B> {
         let _ = self.parts.kick_timer.clear();
         self.parts.tx_throttle.reset();
         self.parts.rx_throttle.reset();
-        self.backend
+        self.rx.give_back();
+        let positions = PairPositions {
+            rx: self.rx.ring().map(AnyRing::position),
+            tx: self.tx.ring().map(AnyRing::position),
+            ctrl: self.ctrl.as_ref().map(|c| c.vq.position()),
+        };
+        (self.backend, positions)
     }
 
     /// Waits for events: sleeps unless tx work is left over or events were seen while polling

@@ -43,7 +43,8 @@ impl Setup {
         let ctrl = match &a.ctrl {
             None => None,
             Some((queue, kick)) => Some(CtrlQueue {
-                vq: AnyRing::new(queue, &a.mem, a.acked_features).map_err(ActivateError::Ring)?,
+                vq: AnyRing::resume(queue, &a.mem, a.acked_features, a.positions.ctrl)
+                    .map_err(ActivateError::Ring)?,
                 kick: kick.try_clone().map_err(ActivateError::EventLoop)?,
                 buffers: CtrlBuffers::default(),
             }),
@@ -204,9 +205,10 @@ impl<'p, B: NetBackend> EventLoop<'p, B> {
         };
         let acked = a.acked_features;
         let in_order = acked & 1 << VIRTIO_F_IN_ORDER != 0;
-        let mut rx = RxQueue::new(AnyRing::new(&a.rx, &a.mem, acked)?, a.rx_mode, gather);
+        let rx_ring = AnyRing::resume(&a.rx, &a.mem, acked, a.positions.rx)?;
+        let mut rx = RxQueue::new(rx_ring, a.rx_mode, gather);
         rx.set_in_order(in_order);
-        let mut tx = TxQueue::new(AnyRing::new(&a.tx, &a.mem, acked)?);
+        let mut tx = TxQueue::new(AnyRing::resume(&a.tx, &a.mem, acked, a.positions.tx)?);
         tx.set_in_order(in_order);
         Ok((rx, tx))
     }
