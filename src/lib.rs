@@ -16,6 +16,7 @@ pub mod metrics;
 pub mod pci;
 pub mod seccomp;
 pub mod signals;
+pub mod vhost_user_net;
 pub mod vm;
 
 use std::io;
@@ -428,7 +429,7 @@ impl Vmm {
 
 pub use devices::error_chain;
 
-fn io_err(e: vmm_sys_util::errno::Error) -> io::Error {
+pub(crate) fn io_err(e: vmm_sys_util::errno::Error) -> io::Error {
     io::Error::from_raw_os_error(e.errno())
 }
 

@@ -152,6 +152,25 @@ fn escape(value: &str) -> String {
         .replace('\n', "\\n")
 }
 
+/// One network device's part of the document: its counters, `"backend"`, and its tap
+/// (`"host_dev_name"`) or `"measurement_backend": true`.
+pub fn net_device(
+    metrics: &devices::virtio::net::NetMetrics,
+    backend: devices::virtio::net::BackendKind,
+    tap: &str,
+) -> Value {
+    let mut value = serde_json::to_value(metrics).unwrap_or(Value::Null);
+    if let Value::Object(fields) = &mut value {
+        if backend.is_measurement() {
+            fields.insert("measurement_backend".into(), Value::Bool(true));
+        } else {
+            fields.insert("host_dev_name".into(), Value::String(tap.to_owned()));
+        }
+        fields.insert("backend".into(), Value::String(backend.name().into()));
+    }
+    value
+}
+
 impl crate::Vmm {
     /// The metrics document: `{"net": {IFACE_ID: {..}}, "vmm": {..}}`.
     pub(crate) fn metrics(&self) -> Value {

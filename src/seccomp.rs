@@ -7,6 +7,7 @@
 //! | vCPU | when the thread starts, before `KVM_RUN` | itself |
 //! | net worker | when the device is built, before any activation | the worker, on the VMM's request |
 //! | VMM (main thread, console input) | once the VM is built, before the vCPUs run guest code that could reach it | itself |
+//! | vhost-user (`vhost-user-net`'s main thread) | once the device and the API are up, before the first frontend connects | itself |
 //!
 //! A system call outside a thread's list raises SIGSYS; the handler names the call on stderr
 //! and ends the process with [`BAD_SYSCALL_EXIT`] (Firecracker's code for it). Filters stack:
@@ -54,15 +55,18 @@ pub enum ThreadKind {
     Vcpu,
     /// A virtio-net worker thread.
     NetWorker,
+    /// `vhost-user-net`'s main thread: the frontend's messages, the API's requests, signals.
+    VhostUser,
 }
 
 impl ThreadKind {
     /// Every kind.
-    pub const ALL: [ThreadKind; 4] = [
+    pub const ALL: [ThreadKind; 5] = [
         ThreadKind::Vmm,
         ThreadKind::Api,
         ThreadKind::Vcpu,
         ThreadKind::NetWorker,
+        ThreadKind::VhostUser,
     ];
 
     /// A short name for messages.
@@ -72,6 +76,7 @@ impl ThreadKind {
             ThreadKind::Api => "api",
             ThreadKind::Vcpu => "vcpu",
             ThreadKind::NetWorker => "net-worker",
+            ThreadKind::VhostUser => "vhost-user",
         }
     }
 }
@@ -197,6 +202,7 @@ fn thread_kind_rules(kind: ThreadKind) -> Vec<Allow> {
         ThreadKind::Api => api_rules(),
         ThreadKind::Vcpu => vcpu_rules(),
         ThreadKind::NetWorker => net_worker_rules(),
+        ThreadKind::VhostUser => vhost_user_rules(),
     });
     rules
 }
@@ -327,6 +333,76 @@ fn net_worker_rules() -> Vec<Allow> {
     ]
 }
 
+/// `vhost-user-net`'s main thread.
+fn vhost_user_rules() -> Vec<Allow> {
+    use libc::*;
+    vec![
+        allow(SYS_epoll_wait, "the daemon's event loop"),
+        allow(
+            SYS_epoll_pwait,
+            "the daemon's event loop (glibc may use epoll_pwait)",
+        ),
+        allow(
+            SYS_epoll_ctl,
+            "watching the frontend's connection, the listener between connections",
+        ),
+        allow(SYS_accept4, "a frontend connecting (server mode)"),
+        allow_args(
+            SYS_socket,
+            0,
+            &[AF_UNIX as u64],
+            "connecting to the frontend's Unix socket (client mode, and again after it went \
+             away)",
+        ),
+        allow(
+            SYS_connect,
+            "connecting to the frontend's socket (client mode)",
+        ),
+        allow(
+            SYS_recvmsg,
+            "the frontend's messages and the file descriptors they carry",
+        ),
+        allow(SYS_sendmsg, "replies to the frontend"),
+        allow(SYS_poll, "waiting for the frontend's next message"),
+        allow(
+            SYS_setsockopt,
+            "a timeout for a message that has begun to arrive (SO_RCVTIMEO)",
+        ),
+        allow(
+            SYS_statx,
+            "checking a memory region's file: a regular file, long enough",
+        ),
+        allow(SYS_fstat, "checking a memory region's file (older glibc)"),
+        allow(
+            SYS_newfstatat,
+            "checking a memory region's file (older glibc)",
+        ),
+        allow_args(
+            SYS_fcntl,
+            1,
+            &[
+                F_GET_SEALS as u64,
+                F_ADD_SEALS as u64,
+                F_GETFL as u64,
+                F_SETFL as u64,
+            ],
+            "sealing a memory region's file against shrinking; the listener's blocking mode",
+        ),
+        allow(
+            SYS_eventfd2,
+            "an idle kick eventfd for a ring the frontend left unused",
+        ),
+        allow(
+            SYS_timerfd_settime,
+            "the metrics line and the client's reconnection timer",
+        ),
+        allow(SYS_shutdown, "ending a connection"),
+        allow(SYS_unlink, "removing the socket at exit (server mode)"),
+        allow(SYS_getsockopt, "checking a connected socket's type"),
+        allow(SYS_clock_nanosleep, "waiting between reconnection attempts"),
+    ]
+}
+
 /// Builds the filter for `kind`: the listed calls are allowed, anything else traps.
 pub fn build_filter(kind: ThreadKind) -> Result<BpfProgram, SeccompError> {
     let build = |e| SeccompError::Build(kind.name(), e);
@@ -372,6 +448,7 @@ pub struct Filters {
     api: Arc<BpfProgram>,
     vcpu: Arc<BpfProgram>,
     net_worker: Arc<BpfProgram>,
+    vhost_user: Arc<BpfProgram>,
 }
 
 impl Filters {
@@ -382,6 +459,7 @@ impl Filters {
             api: Arc::new(build_filter(ThreadKind::Api)?),
             vcpu: Arc::new(build_filter(ThreadKind::Vcpu)?),
             net_worker: Arc::new(build_filter(ThreadKind::NetWorker)?),
+            vhost_user: Arc::new(build_filter(ThreadKind::VhostUser)?),
         })
     }
 
@@ -392,6 +470,7 @@ impl Filters {
             ThreadKind::Api => &self.api,
             ThreadKind::Vcpu => &self.vcpu,
             ThreadKind::NetWorker => &self.net_worker,
+            ThreadKind::VhostUser => &self.vhost_user,
         }
     }
 

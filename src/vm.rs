@@ -12,10 +12,7 @@ use std::time::{Duration, Instant};
 
 use devices::backend::NetBackend;
 use devices::legacy::{CmosRtc, Serial, I8042};
-use devices::virtio::net::{
-    BackendKind, CoalescingInForce, NetDevice, NetError, NetMetrics, NetTuning, NetTuningUpdate,
-    RateLimiterConfig, TuningControl,
-};
+use devices::virtio::net::{BackendKind, NetDevice, NetError, NetMetrics, TuningControl};
 use devices::virtio::pci::VirtioPciTransport;
 use devices::virtio::{MmioTransport, VirtioDevice};
 use serde_json::{Map, Value};
@@ -268,53 +265,12 @@ impl RunningVm {
         ready
     }
 
-    /// The attached device of interface `iface_id`.
-    fn net(&self, iface_id: &str) -> Result<&AttachedNet, crate::VmmActionError> {
+    /// The tuning handle of interface `iface_id`'s running device.
+    pub fn tuning_control(&self, iface_id: &str) -> Option<&TuningControl> {
         self.nets
             .iter()
             .find(|n| n.iface_id == iface_id)
-            .ok_or_else(|| crate::VmmActionError::UnknownInterface(iface_id.into()))
-    }
-
-    /// Changes the knobs of interface `iface_id` on the running device; returns the tuning
-    /// now in force.
-    pub fn update_tuning(
-        &self,
-        iface_id: &str,
-        update: &NetTuningUpdate,
-    ) -> Result<NetTuning, crate::VmmActionError> {
-        let net = self.net(iface_id)?;
-        // `update` (not `set`): naming the coalescing takes it back from the guest.
-        net.tuning
-            .update(update)
-            .map_err(|source| crate::VmmActionError::Tuning {
-                iface_id: iface_id.into(),
-                source,
-            })
-    }
-
-    /// The interrupt coalescing in force on interface `iface_id`'s device, and who set it.
-    pub fn coalescing_in_force(&self, iface_id: &str) -> Option<CoalescingInForce> {
-        self.nets
-            .iter()
-            .find(|n| n.iface_id == iface_id)
-            .map(|n| n.tuning.coalescing_in_force())
-    }
-
-    /// Replaces the rate limiters of interface `iface_id` on the running device.
-    pub fn update_rate_limiters(
-        &self,
-        iface_id: &str,
-        rx: RateLimiterConfig,
-        tx: RateLimiterConfig,
-    ) -> Result<(), crate::VmmActionError> {
-        let net = self.net(iface_id)?;
-        net.tuning
-            .set_rate_limiters(rx, tx)
-            .map_err(|source| crate::VmmActionError::RateLimiter {
-                iface_id: iface_id.into(),
-                source,
-            })
+            .map(|n| &n.tuning)
     }
 
     /// The devices' metrics: `{IFACE_ID: {..counters.., "backend": KIND, "host_dev_name": TAP}}`
@@ -322,15 +278,7 @@ impl RunningVm {
     pub fn net_metrics(&self) -> Map<String, Value> {
         let mut by_iface = Map::new();
         for net in &self.nets {
-            let mut value = serde_json::to_value(&*net.metrics).unwrap_or(Value::Null);
-            if let Value::Object(fields) = &mut value {
-                if net.backend.is_measurement() {
-                    fields.insert("measurement_backend".into(), Value::Bool(true));
-                } else {
-                    fields.insert("host_dev_name".into(), Value::String(net.tap.clone()));
-                }
-                fields.insert("backend".into(), Value::String(net.backend.name().into()));
-            }
+            let value = crate::metrics::net_device(&net.metrics, net.backend, &net.tap);
             by_iface.insert(net.iface_id.clone(), value);
         }
         by_iface

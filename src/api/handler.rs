@@ -3,13 +3,15 @@
 
 use event_manager::EventOps;
 
-use devices::virtio::net::{CoalescingInForce, CoalescingSource, DirectionCoalescing};
+use devices::virtio::net::{
+    CoalescingInForce, CoalescingSource, DirectionCoalescing, TuningControl,
+};
 
 use super::{
     ActionType, InstanceInfo, NetworkInterfaceInfo, VmmActionError, VmmRequest, VmmResponse,
     VmmResult,
 };
-use crate::config::{BootSource, NetworkInterfaceUpdate};
+use crate::config::{BootSource, NetworkInterface, NetworkInterfaceUpdate};
 use crate::{files, VmEnd, Vmm};
 
 impl Vmm {
@@ -64,59 +66,15 @@ impl Vmm {
     /// `PATCH /network-interfaces/{id}`: new rate limiters and/or knobs, before boot or on
     /// the running device (between two batches).
     fn patch_network_interface(&mut self, update: NetworkInterfaceUpdate) -> VmmResult {
-        let id = update.iface_id;
-        let tuning = update.tuning.filter(|t| !t.is_empty());
-        let limits = (update.rx_rate_limiter, update.tx_rate_limiter);
-        if tuning.is_none() && limits == (None, None) {
-            return Err(VmmActionError::EmptyUpdate {
-                hint: " (give `rx_rate_limiter`, `tx_rate_limiter` or `tuning`)",
-            });
-        }
+        let live = self
+            .vm
+            .as_ref()
+            .and_then(|vm| vm.tuning_control(&update.iface_id));
         let iface = self
             .config
-            .network_interface_mut(&id)
-            .ok_or_else(|| VmmActionError::UnknownInterface(id.clone()))?;
-        if limits != (None, None) {
-            let rx = iface
-                .rx_rate_limiter
-                .unwrap_or_default()
-                .updated(&limits.0.unwrap_or_default());
-            let tx = iface
-                .tx_rate_limiter
-                .unwrap_or_default()
-                .updated(&limits.1.unwrap_or_default());
-            for limiter in [&rx, &tx] {
-                limiter
-                    .validate()
-                    .map_err(|source| VmmActionError::RateLimiter {
-                        iface_id: id.clone(),
-                        source,
-                    })?;
-            }
-            if let Some(vm) = &self.vm {
-                vm.update_rate_limiters(&id, rx, tx)?;
-            }
-            iface.rx_rate_limiter = (rx != Default::default()).then_some(rx);
-            iface.tx_rate_limiter = (tx != Default::default()).then_some(tx);
-            log::info!("network interface {id:?}: rate limiters now rx {rx:?}, tx {tx:?}");
-        }
-        let Some(tuning) = tuning else {
-            return Ok(VmmResponse::NoContent);
-        };
-        let new = match &self.vm {
-            Some(vm) => vm.update_tuning(&id, &tuning)?,
-            None => {
-                let new = iface.tuning.updated(&tuning);
-                new.validate().map_err(|source| VmmActionError::Tuning {
-                    iface_id: id.clone(),
-                    source,
-                })?;
-                new
-            }
-        };
-        iface.tuning = new;
-        log::info!("network interface {id:?}: tuning now {new:?}");
-        Ok(VmmResponse::NoContent)
+            .network_interface_mut(&update.iface_id)
+            .ok_or_else(|| VmmActionError::UnknownInterface(update.iface_id.clone()))?;
+        patch_interface(iface, live, update)
     }
 
     /// `GET /network-interfaces/{id}`: the configuration and the coalescing in force (before
@@ -128,25 +86,7 @@ impl Vmm {
             .iter()
             .find(|n| n.iface_id == id)
             .ok_or_else(|| VmmActionError::UnknownInterface(id.to_owned()))?;
-        let coalescing_in_force = match self.vm.as_ref().and_then(|vm| vm.coalescing_in_force(id)) {
-            Some(in_force) => in_force,
-            None => {
-                let c = iface.tuning.interrupt_coalescing;
-                let direction = DirectionCoalescing {
-                    source: CoalescingSource::Operator,
-                    max_packets: c.max_packets,
-                    max_usecs: c.max_usecs,
-                };
-                CoalescingInForce {
-                    rx: direction,
-                    tx: direction,
-                }
-            }
-        };
-        json(&NetworkInterfaceInfo {
-            config: iface.clone(),
-            coalescing_in_force,
-        })
+        interface_info(iface, self.vm.as_ref().and_then(|vm| vm.tuning_control(id)))
     }
 
     /// `PUT /actions`.
@@ -177,6 +117,90 @@ impl Vmm {
         }
         Ok(VmmResponse::NoContent)
     }
+}
+
+/// `PATCH /network-interfaces/{id}` on `iface`: new rate limiters and/or knobs, on its running
+/// device too when there is one (`live`: its tuning handle), which takes them between two
+/// batches. Shared by `vmm` and `vhost-user-net`.
+pub fn patch_interface(
+    iface: &mut NetworkInterface,
+    live: Option<&TuningControl>,
+    update: NetworkInterfaceUpdate,
+) -> VmmResult {
+    let id = update.iface_id;
+    let tuning = update.tuning.filter(|t| !t.is_empty());
+    let limits = (update.rx_rate_limiter, update.tx_rate_limiter);
+    if tuning.is_none() && limits == (None, None) {
+        return Err(VmmActionError::EmptyUpdate {
+            hint: " (give `rx_rate_limiter`, `tx_rate_limiter` or `tuning`)",
+        });
+    }
+    if limits != (None, None) {
+        let rx = iface
+            .rx_rate_limiter
+            .unwrap_or_default()
+            .updated(&limits.0.unwrap_or_default());
+        let tx = iface
+            .tx_rate_limiter
+            .unwrap_or_default()
+            .updated(&limits.1.unwrap_or_default());
+        let refused = |source| VmmActionError::RateLimiter {
+            iface_id: id.clone(),
+            source,
+        };
+        for limiter in [&rx, &tx] {
+            limiter.validate().map_err(refused)?;
+        }
+        if let Some(live) = live {
+            live.set_rate_limiters(rx, tx).map_err(refused)?;
+        }
+        iface.rx_rate_limiter = (rx != Default::default()).then_some(rx);
+        iface.tx_rate_limiter = (tx != Default::default()).then_some(tx);
+        log::info!("network interface {id:?}: rate limiters now rx {rx:?}, tx {tx:?}");
+    }
+    let Some(tuning) = tuning else {
+        return Ok(VmmResponse::NoContent);
+    };
+    let refused = |source| VmmActionError::Tuning {
+        iface_id: id.clone(),
+        source,
+    };
+    let new = match live {
+        // `update` (not `set`): naming the coalescing takes it back from the guest.
+        Some(live) => live.update(&tuning).map_err(refused)?,
+        None => {
+            let new = iface.tuning.updated(&tuning);
+            new.validate().map_err(refused)?;
+            new
+        }
+    };
+    iface.tuning = new;
+    log::info!("network interface {id:?}: tuning now {new:?}");
+    Ok(VmmResponse::NoContent)
+}
+
+/// `GET /network-interfaces/{id}` of `iface`: its configuration and the coalescing in force
+/// on its running device (`live`), or the configured one.
+pub fn interface_info(iface: &NetworkInterface, live: Option<&TuningControl>) -> VmmResult {
+    let coalescing_in_force = match live {
+        Some(live) => live.coalescing_in_force(),
+        None => {
+            let c = iface.tuning.interrupt_coalescing;
+            let direction = DirectionCoalescing {
+                source: CoalescingSource::Operator,
+                max_packets: c.max_packets,
+                max_usecs: c.max_usecs,
+            };
+            CoalescingInForce {
+                rx: direction,
+                tx: direction,
+            }
+        }
+    };
+    json(&NetworkInterfaceInfo {
+        config: iface.clone(),
+        coalescing_in_force,
+    })
 }
 
 /// The kernel and initrd must be regular files we can open (not a FIFO that would block).
