@@ -6,6 +6,7 @@
 pub mod api;
 pub mod packet;
 pub mod udp;
+pub mod vhost_user;
 
 use std::collections::HashMap;
 use std::io::Read;
@@ -160,26 +161,35 @@ fn variant(
 /// The `vmm` binary, built from the current sources (in the same profile as the tests).
 pub fn vmm_binary() -> &'static Path {
     static BIN: OnceLock<PathBuf> = OnceLock::new();
-    BIN.get_or_init(|| {
-        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-        let mut cmd = Command::new(cargo);
-        cmd.args(["build", "--quiet", "-p", "vmm", "--bin", "vmm"])
-            .current_dir(workspace_root());
-        let release = !cfg!(debug_assertions);
-        if release {
-            cmd.arg("--release");
-        }
-        let status = cmd.status().expect("cannot run cargo to build vmm");
-        assert!(status.success(), "building the vmm binary failed");
-        let target = std::env::var_os("CARGO_TARGET_DIR")
-            .map(PathBuf::from)
-            .unwrap_or_else(|| workspace_root().join("target"));
-        let bin = target
-            .join(if release { "release" } else { "debug" })
-            .join("vmm");
-        assert!(bin.exists(), "{bin:?} does not exist after cargo build");
-        bin
-    })
+    BIN.get_or_init(|| workspace_binary("vmm"))
+}
+
+/// The `vhost-user-net` binary, built from the current sources (in the tests' profile).
+pub fn vhost_user_net_binary() -> &'static Path {
+    static BIN: OnceLock<PathBuf> = OnceLock::new();
+    BIN.get_or_init(|| workspace_binary("vhost-user-net"))
+}
+
+/// Builds binary `name` of the `vmm` package in the tests' profile and returns its path.
+fn workspace_binary(name: &str) -> PathBuf {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let mut cmd = Command::new(cargo);
+    cmd.args(["build", "--quiet", "-p", "vmm", "--bin", name])
+        .current_dir(workspace_root());
+    let release = !cfg!(debug_assertions);
+    if release {
+        cmd.arg("--release");
+    }
+    let status = cmd.status().expect("cannot run cargo to build the binary");
+    assert!(status.success(), "building {name} failed");
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| workspace_root().join("target"));
+    let bin = target
+        .join(if release { "release" } else { "debug" })
+        .join(name);
+    assert!(bin.exists(), "{bin:?} does not exist after cargo build");
+    bin
 }
 
 /// Serialises guests within a test binary.
@@ -359,6 +369,11 @@ impl VmmProcess {
     /// What the guest console printed so far.
     pub fn console(&self) -> String {
         self.stdout.lock().unwrap().clone()
+    }
+
+    /// What the process logged on stderr so far.
+    pub fn log(&self) -> String {
+        self.stderr.lock().unwrap().clone()
     }
 
     /// Sends `signal` to the VMM.

@@ -123,6 +123,8 @@ pub struct VhostUserMetrics {
     pub device_stops: Counter,
     /// Whether a frontend is connected now.
     pub connected: Gauge,
+    /// The virtio features the frontend negotiated (0: none yet), without the protocol bit.
+    pub negotiated_features: Gauge,
     /// Memory regions mapped now.
     pub memory_regions: Gauge,
     /// Of those, regions the backend could not seal against shrinking (see the docs).
@@ -250,6 +252,7 @@ impl<D: VhostUserDevice> VhostUserBackend<D> {
         }
         self.rings.iter_mut().for_each(|r| *r = Vring::default());
         self.acked = None;
+        self.metrics.negotiated_features.set(0);
     }
 
     fn publish_memory(&self) {
@@ -480,6 +483,9 @@ impl<D: VhostUserDevice> VhostUserBackendReqHandlerMut for VhostUserBackend<D> {
             // Without the protocol features a ring is enabled as soon as it is set up.
             self.rings.iter_mut().for_each(|r| r.enabled = true);
         }
+        self.metrics
+            .negotiated_features
+            .set(features & !VHOST_USER_F_PROTOCOL_FEATURES);
         if changed {
             info!(
                 "vhost-user {}: the frontend negotiated features {:#x}",
