@@ -10,14 +10,15 @@
 #
 # Targets: http_parser, api_request, config_file (the API and configuration), virtio_queues,
 # virtio_mmio, desc_chain (the device; they assert their own time bounds: 100 ms per datapath
-# call, 2 s per reset), ctrl_command (the control queue's command parser), packed_ring (the packed virtqueue).
+# call, 2 s per reset), ctrl_command (the control queue's command parser), packed_ring (the packed virtqueue),
+# vhost_user (a hostile vhost-user frontend's messages to the backend).
 #
 # Needs the nightly toolchain and cargo-fuzz (`cargo install cargo-fuzz`).
 set -euo pipefail
 
 seconds="${1:-60}"
 root="$(cd "$(dirname "$0")/.." && pwd)"
-read -r -a targets <<<"${FUZZ_TARGETS:-http_parser api_request config_file virtio_queues virtio_mmio desc_chain ctrl_command packed_ring}"
+read -r -a targets <<<"${FUZZ_TARGETS:-http_parser api_request config_file virtio_queues virtio_mmio desc_chain ctrl_command packed_ring vhost_user}"
 timeout="${FUZZ_TIMEOUT:-10}"
 
 cd "$root"
