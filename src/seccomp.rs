@@ -363,6 +363,14 @@ fn vhost_user_rules() -> Vec<Allow> {
             "the frontend's messages and the file descriptors they carry",
         ),
         allow(SYS_sendmsg, "replies to the frontend"),
+        allow(
+            SYS_recvfrom,
+            "a look at the next message's header (MSG_PEEK), and taking it",
+        ),
+        allow(
+            SYS_sendto,
+            "replies to the frontend's early SET_VRING_ENABLE",
+        ),
         allow(SYS_poll, "waiting for the frontend's next message"),
         allow(
             SYS_setsockopt,

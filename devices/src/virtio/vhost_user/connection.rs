@@ -6,8 +6,9 @@ use std::os::unix::net::UnixStream;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use log::{info, warn};
-use vhost::vhost_user::{BackendReqHandler, Error as VhostError};
+use log::{debug, info, warn};
+use vhost::vhost_user::message::VhostUserProtocolFeatures;
+use vhost::vhost_user::{BackendReqHandler, Error as VhostError, VhostUserBackendReqHandlerMut};
 
 use super::{VhostUserBackend, VhostUserDevice};
 
@@ -65,6 +66,9 @@ impl<D: VhostUserDevice> Connection<D> {
     /// Handles one message. An error ends the connection (drop it): the backend is reset for
     /// the next frontend when it is dropped.
     pub fn process(&mut self) -> Result<(), ConnectionEnd> {
+        if let Some(done) = self.early_enable() {
+            return done;
+        }
         match self.handler.handle_request() {
             Ok(()) => Ok(()),
             Err(VhostError::Disconnected | VhostError::PartialMessage)
@@ -74,6 +78,75 @@ impl<D: VhostUserDevice> Connection<D> {
                 Err(ConnectionEnd::Refused(e))
             }
         }
+    }
+}
+
+/// SET_VRING_ENABLE's request code.
+const SET_VRING_ENABLE: u32 = 18;
+/// Header flags: the version, a reply, a reply wanted.
+const VERSION_1: u32 = 0x1;
+const REPLY: u32 = 0x4;
+const NEED_REPLY: u32 = 0x8;
+
+impl<D: VhostUserDevice> Connection<D> {
+    /// SET_VRING_ENABLE before SET_FEATURES, served here: QEMU 7.2 restores each ring's
+    /// enable state before it sets the features (it deems VHOST_USER_F_PROTOCOL_FEATURES
+    /// negotiated once offered), and the `vhost` crate refuses the message until SET_FEATURES.
+    /// `None`: the next message is anything else, for the crate.
+    fn early_enable(&mut self) -> Option<Result<(), ConnectionEnd>> {
+        let mut msg = [0u8; 20];
+        // SAFETY: `msg` is valid for writes of its length for the call; MSG_PEEK leaves the
+        // bytes in the socket.
+        let n = unsafe {
+            libc::recv(
+                self.fd,
+                msg.as_mut_ptr().cast(),
+                msg.len(),
+                libc::MSG_PEEK | libc::MSG_DONTWAIT,
+            )
+        };
+        let word = |msg: &[u8; 20], at: usize| {
+            u32::from_le_bytes([msg[at], msg[at + 1], msg[at + 2], msg[at + 3]])
+        };
+        let (code, flags, size) = (word(&msg, 0), word(&msg, 4), word(&msg, 8));
+        if n != 20 || code != SET_VRING_ENABLE || size != 8 || flags & 0x3 != VERSION_1 {
+            return None;
+        }
+        let mut backend = lock(&self.backend);
+        if backend.acked.is_some() {
+            return None;
+        }
+        // The message is whole in the socket: take it.
+        // SAFETY: as above, without MSG_PEEK: the 20 bytes peeked are consumed.
+        let taken = unsafe { libc::recv(self.fd, msg.as_mut_ptr().cast(), 20, 0) };
+        if taken != 20 {
+            return Some(Err(ConnectionEnd::Disconnected));
+        }
+        let (index, num) = (word(&msg, 12), word(&msg, 16));
+        let result = match num {
+            0 | 1 => backend.set_vring_enable(index, num == 1),
+            _ => Err(VhostError::InvalidParam),
+        };
+        let reply_ack = backend.protocol & VhostUserProtocolFeatures::REPLY_ACK.bits() != 0;
+        if let Err(e) = result {
+            backend.metrics.protocol_errors.add(1);
+            return Some(Err(ConnectionEnd::Refused(e)));
+        }
+        drop(backend);
+        if flags & NEED_REPLY != 0 && reply_ack {
+            let mut reply = [0u8; 20];
+            reply[..4].copy_from_slice(&SET_VRING_ENABLE.to_le_bytes());
+            reply[4..8].copy_from_slice(&(VERSION_1 | REPLY).to_le_bytes());
+            reply[8..12].copy_from_slice(&8u32.to_le_bytes());
+            // SAFETY: `reply` is valid for reads of its length for the call.
+            let sent =
+                unsafe { libc::send(self.fd, reply.as_ptr().cast(), 20, libc::MSG_NOSIGNAL) };
+            if sent != 20 {
+                return Some(Err(ConnectionEnd::Disconnected));
+            }
+        }
+        debug!("vhost-user: SET_VRING_ENABLE({index}, {num}) before SET_FEATURES");
+        Some(Ok(()))
     }
 }
 

@@ -165,6 +165,8 @@ pub struct VhostUserBackend<D> {
     offered: u64,
     /// SET_FEATURES (None: not yet).
     acked: Option<u64>,
+    /// SET_PROTOCOL_FEATURES.
+    protocol: u64,
     memory: MemoryTable,
     rings: Vec<Vring>,
     running: bool,
@@ -206,6 +208,7 @@ impl<D: VhostUserDevice> VhostUserBackend<D> {
             label: label.to_owned(),
             metrics: Arc::new(VhostUserMetrics::default()),
             acked: None,
+            protocol: 0,
             memory: MemoryTable::default(),
             rings,
             running: false,
@@ -252,6 +255,7 @@ impl<D: VhostUserDevice> VhostUserBackend<D> {
         }
         self.rings.iter_mut().for_each(|r| *r = Vring::default());
         self.acked = None;
+        self.protocol = 0;
         self.metrics.negotiated_features.set(0);
     }
 
@@ -325,6 +329,23 @@ impl<D: VhostUserDevice> VhostUserBackend<D> {
         }
         if self.startable() {
             self.start()?;
+        } else {
+            debug!(
+                "vhost-user {}: not startable: features {:?}, {} regions, rings {:?}",
+                self.label,
+                self.acked,
+                self.memory.len(),
+                self.rings
+                    .iter()
+                    .map(|r| (
+                        r.size,
+                        r.addrs.is_some(),
+                        r.kick.is_some(),
+                        r.started,
+                        r.enabled
+                    ))
+                    .collect::<Vec<_>>()
+            );
         }
         Ok(())
     }
@@ -593,6 +614,7 @@ impl<D: VhostUserDevice> VhostUserBackendReqHandlerMut for VhostUserBackend<D> {
         if features & !offered != 0 {
             return Err(refuse("protocol features not offered"));
         }
+        self.protocol = features;
         Ok(())
     }
 

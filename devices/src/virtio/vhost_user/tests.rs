@@ -598,3 +598,38 @@ fn split_and_packed_bases_round_trip() {
         RingPosition::start(true)
     );
 }
+
+/// A raw SET_VRING_ENABLE(`index`, `num`).
+fn raw_enable(rig: &mut Rig, index: u32, num: u32) {
+    let mut raw = Vec::new();
+    raw.extend_from_slice(&18u32.to_le_bytes());
+    raw.extend_from_slice(&1u32.to_le_bytes());
+    raw.extend_from_slice(&8u32.to_le_bytes());
+    raw.extend_from_slice(&index.to_le_bytes());
+    raw.extend_from_slice(&num.to_le_bytes());
+    raw_send(rig, &raw);
+}
+
+#[test]
+fn qemus_enable_before_set_features_is_kept() {
+    // QEMU 7.2 restores each ring's enable state before SET_FEATURES; the rings must run
+    // once the rest is set up, with no enable after the features.
+    let mut rig = Rig::new(1);
+    rig.frontend.set_owner().expect("owner");
+    rig.frontend.get_features().expect("features");
+    raw_enable(&mut rig, 0, 1);
+    raw_enable(&mut rig, 1, 1);
+    rig.negotiate(VERSION_1);
+    rig.setup_ring(0, 0);
+    rig.setup_ring(1, 0);
+    assert!(
+        rig.running(),
+        "enabled before the features, running once set up"
+    );
+    assert_eq!(&rig.transmit(0, b"early")[HDR..], b"early");
+    // An enable value other than 0 or 1 before the features is refused like any other.
+    let (end, ..) = rig.hang_up();
+    assert!(matches!(end, ConnectionEnd::Disconnected), "{end:?}");
+    refused(1, |rig| raw_enable(rig, 0, 7));
+    refused(1, |rig| raw_enable(rig, 9, 1));
+}
