@@ -3,7 +3,8 @@
 # are missing. A no-op (well under a second) when everything is present. Needs root to install.
 set -euo pipefail
 PKGS=(linux-source-6.12 build-essential flex bison bc libelf-dev libssl-dev xz-utils cpio
-	busybox-static gcc libc6-dev musl-tools iproute2 ethtool)
+	busybox-static gcc libc6-dev musl-tools iproute2 ethtool
+	dpdk dpdk-dev qemu-system-x86)
 missing=()
 installed=" $(dpkg-query -W -f='${db:Status-Status}:${Package} ' "${PKGS[@]}" 2>/dev/null || true)"
 for p in "${PKGS[@]}"; do

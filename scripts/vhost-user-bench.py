@@ -19,7 +19,7 @@ polls: its CPU time is the wall time). Trials alternate ours and DPDK's, REPEATS
 ratio is ours over DPDK's, paired (median of per-pair ratios) and of the medians.
 
 Usage: scripts/vhost-user-bench.py [--repeats N] [--seconds S] [--cases tx,rx,loop]
-           [--layouts split,packed] [--csv FILE] [--no-build]
+           [--layouts split,packed] [--our-keys KEYS] [--csv FILE] [--no-build]
 Needs root (no hugepages: EAL --no-huge), Debian's dpdk, an idle machine.
 """
 
@@ -89,9 +89,11 @@ def start_dpdk(sock, mode, prefix):
     raise RuntimeError("DPDK's vhost backend did not create its socket")
 
 
-def trial(case, layout, ours, binary, seconds, tmp):
+def trial(case, layout, ours, binary, seconds, tmp, our_keys):
     fmode, our_backend, dpdk_mode, start, key = CASES[case]
     devargs, keys = LAYOUTS[layout]
+    if our_keys:
+        keys += "," + our_keys
     sock = os.path.join(tmp, "vu.sock")
     if os.path.exists(sock):
         os.unlink(sock)
@@ -102,7 +104,9 @@ def trial(case, layout, ours, binary, seconds, tmp):
     frontend = start_frontend(sock, devargs, fmode, f"vuf{os.getpid()}")
     out = []
     try:
-        wait_for(frontend, out, "testpmd> ")
+        # The prompt has no newline: the last line before it is the link check.
+        wait_for(frontend, out, "Checking link statuses")
+        time.sleep(0.5)
         frontend.stdin.write(start + "\n")
         frontend.stdin.flush()
         rates = []
@@ -160,6 +164,8 @@ def main():
     p.add_argument("--layouts", default="split,packed")
     p.add_argument("--csv")
     p.add_argument("--no-build", action="store_true")
+    p.add_argument("--our-keys", default="",
+                   help="more --net keys for vhost-user-net (e.g. busy_poll_us=50, adaptive=on)")
     a = p.parse_args()
     if not shutil.which("dpdk-testpmd"):
         sys.exit("dpdk-testpmd not found: apt-get install dpdk")
@@ -170,7 +176,8 @@ def main():
     binary = os.path.join(target, "release", "vhost-user-net")
     with open("/proc/loadavg") as f:
         load = f.read().split()[0]
-    print(f"# load {load} at start; {a.repeats} alternated pairs of {a.seconds} s trials")
+    print(f"# load {load} at start; {a.repeats} alternated pairs of {a.seconds} s trials; "
+          f"vhost-user-net keys: {a.our_keys or '(defaults)'}")
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for case in a.cases.split(","):
@@ -181,7 +188,7 @@ def main():
                     order = [True, False] if r % 2 == 0 else [False, True]
                     got = {}
                     for ours in order:
-                        got[ours] = trial(case, layout, ours, binary, a.seconds, tmp)
+                        got[ours] = trial(case, layout, ours, binary, a.seconds, tmp, a.our_keys)
                     pairs.append((got[True], got[False]))
                     print(f"  {case:4} {layout:6} #{r}: ours {got[True][0]/1e6:6.2f} Mpps "
                           f"({got[True][1]:6.1f} ns/frame CPU), DPDK {got[False][0]/1e6:6.2f} Mpps "

@@ -36,7 +36,8 @@
 //! rings, sizes against the queue's maximum, ring addresses against the memory table when
 //! the device starts (then the ring layer's own checks: alignment, inside one region, no
 //! overlap), memory regions as [`memory`] says, features against what was offered, and order
-//! (a ring cannot start before the memory table and the features). A refused message gets an
+//! (a ring address before the memory table, a kick before the ring's size and addresses; no
+//! ring starts before the features). A refused message gets an
 //! error reply (REPLY_ACK) and the daemon closes the connection; the process and its other
 //! state live on. A failed activation is counted and refused the same way.
 
@@ -565,6 +566,10 @@ impl<D: VhostUserDevice> VhostUserBackendReqHandlerMut for VhostUserBackend<D> {
         available: u64,
         _log: u64,
     ) -> Result<(), VhostError> {
+        // Ring addresses are the frontend's: they mean nothing before its memory table.
+        if self.memory.is_empty() {
+            return Err(refuse("a ring address before any memory table"));
+        }
         // The log address matters only with VHOST_F_LOG_ALL, which is not offered.
         self.ring(index)?.addrs = Some([descriptor, available, used]);
         self.reconcile(true)
@@ -593,7 +598,12 @@ impl<D: VhostUserDevice> VhostUserBackendReqHandlerMut for VhostUserBackend<D> {
                 "a ring without a kick eventfd (polled) is not supported",
             ));
         }
-        self.ring(u32::from(index))?.started = true;
+        let ring = self.ring(u32::from(index))?;
+        // The kick starts the ring: it comes last (QEMU and DPDK send it after the rest).
+        if ring.size == 0 || ring.addrs.is_none() {
+            return Err(refuse("a kick before the ring's size and addresses"));
+        }
+        ring.started = true;
         self.set_fd(index, fd, |r| &mut r.kick)
     }
 

@@ -633,3 +633,47 @@ fn qemus_enable_before_set_features_is_kept() {
     refused(1, |rig| raw_enable(rig, 0, 7));
     refused(1, |rig| raw_enable(rig, 9, 1));
 }
+
+#[test]
+fn a_ring_address_before_the_memory_table_is_refused() {
+    refused(1, |rig| {
+        rig.frontend.set_owner().expect("owner");
+        rig.frontend.get_features().expect("features");
+        rig.frontend
+            .set_features(VERSION_1 | VHOST_USER_F_PROTOCOL_FEATURES)
+            .expect("features");
+        let (desc, avail, used) = rig.queues[0].ring_addrs();
+        let _ = rig.frontend.set_vring_addr(
+            0,
+            &VringConfigData {
+                queue_max_size: QUEUE_SIZE,
+                queue_size: QUEUE_SIZE,
+                flags: 0,
+                desc_table_addr: VA + desc,
+                used_ring_addr: VA + used,
+                avail_ring_addr: VA + avail,
+                log_addr: None,
+            },
+        );
+    });
+}
+
+#[test]
+fn a_kick_before_the_ring_is_refused() {
+    refused(1, |rig| {
+        rig.negotiate(VERSION_1);
+        rig.frontend.set_vring_num(0, QUEUE_SIZE).expect("num");
+        assert!(rig.frontend.set_vring_kick(0, &rig.kicks[0]).is_err());
+    });
+}
+
+#[test]
+fn a_memory_region_at_an_offset_mmap_cannot_take_is_refused() {
+    refused(1, |rig| {
+        rig.frontend.set_owner().expect("owner");
+        let mut region = rig.region();
+        region.mmap_offset = 0x10;
+        region.memory_size = MEM / 2;
+        let _ = rig.frontend.set_mem_table(&[region]);
+    });
+}
