@@ -177,36 +177,16 @@ impl Context<'_> {
             }
             None => (None, None),
         };
-        let epoll = Epoll::new().map_err(VmmError::Epoll)?;
         let mut tick = TimerFd::new().map_err(|e| VmmError::Epoll(crate::io_err(e)))?;
         tick.reset(TICK, Some(TICK))
             .map_err(|e| VmmError::Epoll(crate::io_err(e)))?;
-        let mut sources = vec![
-            (self.signals.as_raw_fd(), Token::Signal),
-            (tick.as_raw_fd(), Token::Tick),
-        ];
-        if let Some(api) = &api {
-            sources.push((api.wake.as_raw_fd(), Token::Api));
-        }
-        for (fd, token) in sources {
-            watch(&epoll, ControlOperation::Add, fd, token).map_err(VmmError::Epoll)?;
-        }
+        let epoll = self
+            .event_sources(&tick, api.as_ref())
+            .map_err(VmmError::Epoll)?;
         let listener = if launch.client {
             None
         } else {
-            let listener = crate::api::server::bind(&launch.socket)?;
-            watch(
-                &epoll,
-                ControlOperation::Add,
-                listener.as_raw_fd(),
-                Token::Listener,
-            )
-            .map_err(VmmError::Epoll)?;
-            log::info!(
-                "vhost-user-net: {iface_id:?} waiting for a frontend on {:?}",
-                launch.socket
-            );
-            Some(listener)
+            Some(listen(launch, &epoll)?)
         };
         let mut daemon = Daemon {
             launch,
@@ -243,6 +223,42 @@ impl Context<'_> {
         }
         result
     }
+}
+
+impl Context<'_> {
+    /// The loop's fixed sources: signals, the tick and the API.
+    fn event_sources(&self, tick: &TimerFd, api: Option<&ApiChannel>) -> io::Result<Epoll> {
+        let epoll = Epoll::new()?;
+        let mut sources = vec![
+            (self.signals.as_raw_fd(), Token::Signal),
+            (tick.as_raw_fd(), Token::Tick),
+        ];
+        if let Some(api) = api {
+            sources.push((api.wake.as_raw_fd(), Token::Api));
+        }
+        for (fd, token) in sources {
+            watch(&epoll, ControlOperation::Add, fd, token)?;
+        }
+        Ok(epoll)
+    }
+}
+
+/// Server mode: the socket, listened on and watched.
+fn listen(launch: &DaemonLaunch, epoll: &Epoll) -> Result<UnixListener, VmmError> {
+    let listener = crate::api::server::bind(&launch.socket)?;
+    watch(
+        epoll,
+        ControlOperation::Add,
+        listener.as_raw_fd(),
+        Token::Listener,
+    )
+    .map_err(VmmError::Epoll)?;
+    log::info!(
+        "vhost-user-net: {:?} waiting for a frontend on {:?}",
+        launch.iface.iface_id,
+        launch.socket
+    );
+    Ok(listener)
 }
 
 fn watch(epoll: &Epoll, op: ControlOperation, fd: RawFd, token: Token) -> io::Result<()> {
