@@ -95,7 +95,14 @@ fn eventfd() -> OwnedFd {
 }
 
 /// Sends one message with `fds` attached.
-fn send(socket: &UnixStream, code: u32, flags: u32, size: u32, payload: &[u8], fds: &[i32]) -> bool {
+fn send(
+    socket: &UnixStream,
+    code: u32,
+    flags: u32,
+    size: u32,
+    payload: &[u8],
+    fds: &[i32],
+) -> bool {
     let mut bytes = Vec::with_capacity(12 + payload.len());
     bytes.extend_from_slice(&code.to_le_bytes());
     bytes.extend_from_slice(&flags.to_le_bytes());
@@ -151,7 +158,14 @@ fuzz_target!(|input: Input| {
         send(&frontend, 2, 1, 8, &u64s(&[features]), &[]);
         send(&frontend, 16, 1, 8, &u64s(&[0x8009]), &[]); // MQ, REPLY_ACK, MEM_SLOTS
         let table = u64s(&[1, 0, 0x40_0000, addr, 0]);
-        send(&frontend, SET_MEM_TABLE, 1, table.len() as u32, &table, &[mem.as_raw_fd()]);
+        send(
+            &frontend,
+            SET_MEM_TABLE,
+            1,
+            table.len() as u32,
+            &table,
+            &[mem.as_raw_fd()],
+        );
         keep.push(OwnedFd::from(mem));
     }
     for m in input.messages.iter().take(64) {
@@ -188,7 +202,11 @@ fuzz_target!(|input: Input| {
         ConnectionEnd::Disconnected => assert_eq!(m.protocol_errors.get(), before),
     }
     assert!(!b.is_running(), "the device stops with its frontend");
-    assert_eq!(m.memory_regions.get(), 0, "the frontend's memory is unmapped");
+    assert_eq!(
+        m.memory_regions.get(),
+        0,
+        "the frontend's memory is unmapped"
+    );
     assert_eq!(m.negotiated_features.get(), 0);
     assert_eq!(m.connected.get(), 0);
 });

@@ -65,8 +65,7 @@ fn boot(tag: &str, keys: &str, queues: u16, device: &str, (want, mask): (u64, u6
     assert_eq!(negotiated, 0, "{device_metrics}");
     let line = log
         .lines()
-        .filter(|l| l.contains("the frontend negotiated features"))
-        .last()
+        .rfind(|l| l.contains("the frontend negotiated features"))
         .unwrap_or_else(|| panic!("no negotiation in the backend's log: {log}"));
     let features = u64::from_str_radix(line.rsplit("0x").next().expect("a hex value").trim(), 16)
         .expect("features in hex");

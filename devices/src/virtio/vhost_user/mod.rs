@@ -1,6 +1,6 @@
 //! The device served to a vhost-user frontend (QEMU, Cloud Hypervisor, DPDK's virtio-user, our
 //! own VMM): the protocol's messages, parsed by rust-vmm's `vhost` crate, become what the
-//! in-process transports give a device, an [`ActivationContext`](super::ActivationContext) at
+//! in-process transports give a device, an [`ActivationContext`] at
 //! activation, a [`pause`](super::VirtioDevice::pause) when the frontend stops a ring. The
 //! datapath is the same worker, with the same rings: the kick eventfds the frontend hands over
 //! are what the worker polls, and its call eventfds are what it signals.
@@ -35,7 +35,7 @@
 //! descriptors); here every value is checked before use: ring indexes against the device's
 //! rings, sizes against the queue's maximum, ring addresses against the memory table when
 //! the device starts (then the ring layer's own checks: alignment, inside one region, no
-//! overlap), memory regions as [`memory`] says, features against what was offered, and order
+//! overlap), memory regions as [`MemoryTable`] says, features against what was offered, and order
 //! (a ring address before the memory table, a kick before the ring's size and addresses; no
 //! ring starts before the features). A refused message gets an
 //! error reply (REPLY_ACK) and the daemon closes the connection; the process and its other
