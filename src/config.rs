@@ -11,6 +11,7 @@ use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 
 use devices::backend::validate_ifname;
+use devices::virtio::net::vhost_user::VhostUserNetConfig;
 use devices::virtio::net::{
     BackendKind, MacAddr, NetConfig, NetConfigError, NetTuning, NetTuningUpdate, RateLimiterConfig,
     TuningError,
@@ -192,6 +193,76 @@ impl std::str::FromStr for Transport {
     }
 }
 
+/// A `--net vhost-user=PATH[,queues=N][,queue_size=N][,transport=mmio|pci][,packed=on]
+/// [,in_order=on][,mac=MAC][,vhost_mode=client|server]` spec: the interface `iface_id`, its
+/// device served by the vhost-user backend on PATH. `None`: the spec is not a vhost-user one.
+pub fn parse_vhost_user_spec(
+    spec: &str,
+    iface_id: &str,
+) -> Option<Result<NetworkInterface, ConfigError>> {
+    let socket = spec
+        .split(',')
+        .find_map(|item| item.strip_prefix("vhost-user="))?;
+    let mut iface = NetworkInterface::vhost_user(iface_id, PathBuf::from(socket));
+    let bad = |key: &str, value: &str, expected: &'static str| ConfigError::Net {
+        iface_id: iface_id.to_owned(),
+        error: NetConfigError::InvalidValue {
+            key: key.to_owned(),
+            value: value.to_owned(),
+            expected,
+        },
+    };
+    let on_off = |key: &str, value: &str| match value {
+        "on" | "1" | "true" => Ok(true),
+        "off" | "0" | "false" => Ok(false),
+        _ => Err(bad(key, value, "on or off")),
+    };
+    for item in spec.split(',') {
+        let (key, value) = item.split_once('=').unwrap_or((item, ""));
+        let result = match key {
+            "vhost-user" => Ok(()),
+            "queues" => value
+                .parse()
+                .map(|v| iface.queues = Some(v))
+                .map_err(|_| bad(key, value, "1..=16")),
+            "queue_size" => value
+                .parse()
+                .map(|v| iface.queue_size = Some(v))
+                .map_err(|_| bad(key, value, "a power of two, 2..=32768")),
+            "packed" => on_off(key, value).map(|v| iface.packed = Some(v)),
+            "in_order" => on_off(key, value).map(|v| iface.in_order = Some(v)),
+            "mac" => parse_guest_mac(value).map(|mac| iface.guest_mac = Some(mac)),
+            "transport" => value.parse().map(|t| iface.transport = Some(t)),
+            "vhost_mode" => match value {
+                "client" => Ok(VhostMode::Client),
+                "server" => Ok(VhostMode::Server),
+                _ => Err(bad(key, value, "client or server")),
+            }
+            .map(|mode| iface.vhost_mode = Some(mode)),
+            _ => Err(ConfigError::VhostUser {
+                iface_id: iface_id.to_owned(),
+                what: "a vhost-user spec takes vhost-user, queues, queue_size, transport, \
+                       packed, in_order, mac and vhost_mode (the datapath's keys are the \
+                       backend's: vhost-user-net --net)",
+            }),
+        };
+        if let Err(e) = result {
+            return Some(Err(e));
+        }
+    }
+    Some(
+        iface
+            .vhost_user_config()
+            .map(|c| c.map(|_| iface))
+            .unwrap_or_else(|| {
+                Err(ConfigError::VhostUser {
+                    iface_id: iface_id.to_owned(),
+                    what: "no socket",
+                })
+            }),
+    )
+}
+
 /// Takes `transport=pci|mmio` out of a `--net` spec: the rest (for [`NetConfig`]'s parser)
 /// and the transport, if given.
 pub fn split_transport(spec: &str) -> Result<(String, Option<Transport>), ConfigError> {
@@ -269,6 +340,26 @@ pub struct NetworkInterface {
     /// Extension: offer VIRTIO_F_IN_ORDER (default false).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub in_order: Option<bool>,
+    /// A vhost-user backend's socket: the device's datapath runs in that process (no tap,
+    /// no backend key, no rate limiter or tuning here: the backend has its own).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vhost_user_socket: Option<PathBuf>,
+    /// Who connects on `vhost_user_socket` (Cloud Hypervisor's `vhost_mode`): `client` (the
+    /// default: the VMM connects to a listening backend) or `server` (the VMM listens; the
+    /// backend connects, `vhost-user-net --client`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vhost_mode: Option<VhostMode>,
+}
+
+/// Who connects on a vhost-user socket (see [`NetworkInterface::vhost_mode`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum VhostMode {
+    /// The VMM connects (the backend listens).
+    #[default]
+    Client,
+    /// The VMM listens (the backend connects).
+    Server,
 }
 
 impl NetworkInterface {
@@ -295,6 +386,93 @@ impl NetworkInterface {
             io_uring: (!config.io_uring).then_some(false),
             packed: config.packed.then_some(true),
             in_order: config.in_order.then_some(true),
+            vhost_user_socket: None,
+            vhost_mode: None,
+        }
+    }
+
+    /// An interface whose device is served by the vhost-user backend on `socket`.
+    pub fn vhost_user(iface_id: &str, socket: PathBuf) -> NetworkInterface {
+        NetworkInterface {
+            iface_id: iface_id.to_owned(),
+            host_dev_name: String::new(),
+            backend: None,
+            rate_pps: None,
+            frame_size: None,
+            guest_mac: None,
+            queue_size: None,
+            queues: None,
+            rx_rate_limiter: None,
+            tx_rate_limiter: None,
+            tuning: NetTuning::default(),
+            transport: None,
+            io_uring: None,
+            packed: None,
+            in_order: None,
+            vhost_user_socket: Some(socket),
+            vhost_mode: None,
+        }
+    }
+
+    /// The vhost-user device's description, when the interface is one (validated).
+    pub fn vhost_user_config(&self) -> Option<Result<VhostUserNetConfig, ConfigError>> {
+        let socket = self.vhost_user_socket.as_ref()?;
+        let refuse = |what| {
+            Err(ConfigError::VhostUser {
+                iface_id: self.iface_id.clone(),
+                what,
+            })
+        };
+        if socket.as_os_str().is_empty() {
+            return Some(refuse("the socket path is empty"));
+        }
+        let in_process_only = !self.host_dev_name.is_empty()
+            || self.backend.is_some()
+            || self.rate_pps.is_some()
+            || self.frame_size.is_some()
+            || self.io_uring.is_some()
+            || self.rx_rate_limiter.is_some()
+            || self.tx_rate_limiter.is_some()
+            || self.tuning != NetTuning::default();
+        if in_process_only {
+            return Some(refuse(
+                "a tap, a backend, rate limiters and tuning belong to the backend's own \
+                 configuration (vhost-user-net --net)",
+            ));
+        }
+        // The queue bounds as any device's (a measurement spec of the same shape).
+        let checked = NetConfig::with_backend_kind(
+            BackendKind::Sink,
+            Some(self.iface_id.clone()),
+            Some(
+                self.guest_mac
+                    .unwrap_or(MacAddr::derived_from(&self.iface_id)),
+            ),
+            self.queue_size,
+        )
+        .and_then(|c| c.with_queues(self.queues.unwrap_or(1)));
+        Some(match checked {
+            Ok(c) => Ok(VhostUserNetConfig {
+                socket: socket.clone(),
+                backend_connects: self.vhost_mode == Some(VhostMode::Server),
+                queues: c.queues,
+                queue_size: c.queue_size,
+                packed: self.packed.unwrap_or(false),
+                in_order: self.in_order.unwrap_or(false),
+                mac: c.mac,
+            }),
+            Err(error) => Err(ConfigError::Net {
+                iface_id: self.iface_id.clone(),
+                error,
+            }),
+        })
+    }
+
+    /// The guest's MAC address on this interface.
+    pub fn mac(&self) -> Result<MacAddr, ConfigError> {
+        match self.vhost_user_config() {
+            Some(config) => Ok(config?.mac),
+            None => Ok(self.net_config()?.mac),
         }
     }
 
@@ -355,6 +533,9 @@ impl NetworkInterface {
         validate_iface_id(&self.iface_id)?;
         if let Some(mac) = self.guest_mac {
             check_guest_mac(mac)?;
+        }
+        if let Some(config) = self.vhost_user_config() {
+            return config.map(|_| ());
         }
         self.net_config()?;
         self.tuning.validate().map_err(|error| ConfigError::Tuning {
@@ -560,6 +741,11 @@ pub enum ConfigError {
     DuplicateTransport,
     #[error("missing tap=NAME")]
     NetSpecWithoutTap,
+    #[error("network interface {iface_id:?} (vhost-user): {what}")]
+    VhostUser {
+        iface_id: String,
+        what: &'static str,
+    },
 }
 
 impl VmConfig {
@@ -587,10 +773,11 @@ impl VmConfig {
             if !ids.insert(iface.iface_id.as_str()) {
                 return Err(ConfigError::DuplicateIfaceId(iface.iface_id.clone()));
             }
-            if !iface.backend().is_measurement() && !taps.insert(iface.host_dev_name.as_str()) {
+            let tap = iface.vhost_user_socket.is_none() && !iface.backend().is_measurement();
+            if tap && !taps.insert(iface.host_dev_name.as_str()) {
                 return Err(ConfigError::DuplicateTap(iface.host_dev_name.clone()));
             }
-            let mac = iface.net_config()?.mac;
+            let mac = iface.mac()?;
             if !macs.insert(mac) {
                 return Err(ConfigError::DuplicateMac(mac.to_string()));
             }
@@ -711,6 +898,8 @@ mod tests {
             io_uring: None,
             packed: None,
             in_order: None,
+            vhost_user_socket: None,
+            vhost_mode: None,
         }
     }
 

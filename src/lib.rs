@@ -98,6 +98,14 @@ pub enum VmmError {
     Api(#[from] ApiServerError),
     #[error("cannot set up SIGTERM/SIGINT handling")]
     Signals(#[source] io::Error),
+    #[error("cannot create shared guest memory (a vhost-user device needs it)")]
+    SharedMemory(#[source] crate::memory::SharedMemoryError),
+    #[error("network interface {iface_id:?}: the vhost-user device")]
+    VhostUser {
+        iface_id: String,
+        #[source]
+        source: devices::virtio::net::vhost_user::VhostUserNetError,
+    },
 }
 
 /// What to run.

@@ -44,7 +44,10 @@ struct Cli {
     /// real traffic): `backend=sink` (discards what the guest sends), `backend=source`
     /// (numbered test frames for the guest to receive, `frame_size=B`, default 64) or
     /// `backend=loop` (what the guest sends comes back, MACs swapped), each with an optional
-    /// `rate_pps=R` (a NIC of R frames/s; none: as fast as the device goes).
+    /// `rate_pps=R` (a NIC of R frames/s; none: as fast as the device goes). Or a device
+    /// served by a vhost-user backend in another process: `vhost-user=SOCKET[,queues=N]
+    /// [,queue_size=N][,transport=mmio|pci][,packed=on][,in_order=on][,mac=MAC]
+    /// [,vhost_mode=client|server]` (interface vu0, vu1, …; see docs/vhost-user.md).
     #[arg(long, value_name = "SPEC", requires = "kernel", value_parser = parse_net)]
     net: Vec<NetSpec>,
     /// Boot the VM described by this JSON file (Firecracker's shape: `boot-source`,
@@ -66,15 +69,21 @@ struct Cli {
     metrics_interval: Option<u64>,
 }
 
-/// A parsed `--net`: the device and its transport.
+/// A parsed `--net`: the device and its transport, or a vhost-user device.
 #[derive(Clone, Debug)]
-struct NetSpec {
-    config: NetConfig,
-    transport: Option<Transport>,
+enum NetSpec {
+    InProcess {
+        config: NetConfig,
+        transport: Option<Transport>,
+    },
+    VhostUser(NetworkInterface),
 }
 
 /// `--net`: the device description, with the MAC checked as strictly as in the API.
 fn parse_net(spec: &str) -> Result<NetSpec, String> {
+    if let Some(iface) = vmm::config::parse_vhost_user_spec(spec, "vu") {
+        return iface.map(NetSpec::VhostUser).map_err(|e| e.to_string());
+    }
     let (spec, transport) = vmm::config::split_transport(spec).map_err(|e| e.to_string())?;
     for item in spec.split(',') {
         if let Some(mac) = item.strip_prefix("mac=") {
@@ -84,7 +93,7 @@ fn parse_net(spec: &str) -> Result<NetSpec, String> {
     let config = spec
         .parse()
         .map_err(|e: devices::virtio::net::NetConfigError| e.to_string())?;
-    Ok(NetSpec { config, transport })
+    Ok(NetSpec::InProcess { config, transport })
 }
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
@@ -110,9 +119,17 @@ impl Cli {
                 network_interfaces: self
                     .net
                     .into_iter()
-                    .map(|spec| NetworkInterface {
-                        transport: spec.transport,
-                        ..NetworkInterface::from_net_config(spec.config)
+                    .enumerate()
+                    .map(|(i, spec)| match spec {
+                        NetSpec::InProcess { config, transport } => NetworkInterface {
+                            transport,
+                            ..NetworkInterface::from_net_config(config)
+                        },
+                        // vu0, vu1, … (a tap's interface is named after its tap).
+                        NetSpec::VhostUser(iface) => NetworkInterface {
+                            iface_id: format!("vu{i}"),
+                            ..iface
+                        },
                     })
                     .collect(),
                 drives: Vec::new(),

@@ -76,6 +76,66 @@ pub fn create_guest_memory(size: u64) -> Result<GuestMemory, vm_memory::mmap::Fr
     GuestMemoryMmap::from_ranges(&ranges)
 }
 
+/// Guest memory of `size` bytes that another process can map: one memfd (sealed against
+/// growing and shrinking), each RAM range a shared mapping of its part of the file. Used when
+/// a vhost-user device is configured; its backend maps the same file.
+pub fn create_shared_guest_memory(size: u64) -> Result<GuestMemory, SharedMemoryError> {
+    // SAFETY: memfd_create with a static name returns a new descriptor (checked) that we own.
+    let fd = unsafe {
+        libc::memfd_create(
+            c"vmm-guest-ram".as_ptr(),
+            libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING,
+        )
+    };
+    if fd < 0 {
+        return Err(SharedMemoryError::Create(std::io::Error::last_os_error()));
+    }
+    // SAFETY: `fd` is a fresh descriptor nothing else owns.
+    let file = unsafe { <std::fs::File as std::os::fd::FromRawFd>::from_raw_fd(fd) };
+    file.set_len(size).map_err(SharedMemoryError::Create)?;
+    // SAFETY: F_ADD_SEALS on our own descriptor only adds seals.
+    if unsafe {
+        libc::fcntl(
+            fd,
+            libc::F_ADD_SEALS,
+            libc::F_SEAL_GROW | libc::F_SEAL_SHRINK,
+        )
+    } < 0
+    {
+        return Err(SharedMemoryError::Create(std::io::Error::last_os_error()));
+    }
+    let mut offset = 0u64;
+    let mut regions = Vec::new();
+    for range in ram_ranges(size) {
+        let file = file.try_clone().map_err(SharedMemoryError::Create)?;
+        let mapping = vm_memory::mmap::MmapRegion::from_file(
+            vm_memory::FileOffset::new(file, offset),
+            range.len as usize,
+        )
+        .map_err(SharedMemoryError::Map)?;
+        regions.push(
+            vm_memory::GuestRegionMmap::new(mapping, GuestAddress(range.start))
+                .ok_or(SharedMemoryError::Layout)?,
+        );
+        offset += range.len;
+    }
+    GuestMemoryMmap::from_regions(regions).map_err(|_| SharedMemoryError::Layout)
+}
+
+/// Why shared guest memory could not be made.
+#[derive(Debug, thiserror::Error)]
+pub enum SharedMemoryError {
+    /// memfd_create, ftruncate, a seal or a duplicate failed.
+    #[error("cannot create the guest memory file")]
+    Create(#[source] std::io::Error),
+    /// mmap failed.
+    #[error("cannot map the guest memory file")]
+    Map(#[source] vm_memory::mmap::MmapRegionError),
+    /// The ranges do not make guest memory (a bug).
+    #[error("the guest memory ranges overlap")]
+    Layout,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -95,6 +155,30 @@ mod tests {
         assert_eq!(r[0].len + r[1].len, big);
         assert_eq!(r[1].start, FOUR_GIB);
         assert_eq!(lowmem_end(big), MMIO_START);
+    }
+
+    #[test]
+    fn shared_memory_is_one_sealed_file_mapped_range_by_range() {
+        use std::os::fd::AsRawFd;
+        use vm_memory::{Bytes, GuestMemoryBackend, GuestMemoryRegion};
+        let size = 64 << 20;
+        let mem = create_shared_guest_memory(size).expect("shared memory");
+        mem.write_obj(0x1234_5678u32, GuestAddress(0x1000))
+            .expect("write");
+        let region = mem.iter().next().expect("one region");
+        let file = &region.file_offset().expect("file-backed").file();
+        let mut word = [0u8; 4];
+        std::os::unix::fs::FileExt::read_exact_at(*file, &mut word, 0x1000).expect("read");
+        assert_eq!(
+            u32::from_le_bytes(word),
+            0x1234_5678,
+            "the file holds guest memory"
+        );
+        // SAFETY: F_GET_SEALS reads the seals of a descriptor we hold.
+        let seals = unsafe { libc::fcntl(file.as_raw_fd(), libc::F_GET_SEALS) };
+        assert_ne!(seals & libc::F_SEAL_SHRINK, 0);
+        assert_ne!(seals & libc::F_SEAL_GROW, 0);
+        assert_eq!(mem.last_addr().0, size - 1);
     }
 
     #[test]

@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 
 use devices::backend::NetBackend;
 use devices::legacy::{CmosRtc, Serial, I8042};
+use devices::virtio::net::vhost_user::{VhostUserNet, VhostUserNetMetrics};
 use devices::virtio::net::{BackendKind, NetDevice, NetError, NetMetrics, TuningControl};
 use devices::virtio::pci::VirtioPciTransport;
 use devices::virtio::{MmioTransport, VirtioDevice};
@@ -61,11 +62,24 @@ impl AttachedTransport {
 /// A virtio-net device as the VMM keeps it.
 struct AttachedNet {
     iface_id: String,
-    tap: String,
-    backend: BackendKind,
     transport: AttachedTransport,
-    metrics: Arc<NetMetrics>,
-    tuning: TuningControl,
+    kind: NetKind,
+}
+
+/// Where a device's datapath runs.
+enum NetKind {
+    /// In this process, in front of a tap or a measurement backend.
+    InProcess {
+        tap: String,
+        backend: BackendKind,
+        metrics: Arc<NetMetrics>,
+        tuning: TuningControl,
+    },
+    /// In a vhost-user backend.
+    VhostUser {
+        socket: std::path::PathBuf,
+        metrics: Arc<VhostUserNetMetrics>,
+    },
 }
 
 /// The VM while it runs.
@@ -112,10 +126,19 @@ impl RunningVm {
             .as_ref()
             .ok_or(config::ConfigError::MissingBootSource)?;
         let mem_size = config.machine_config.mem_size_mib << 20;
-        let mem = memory::create_guest_memory(mem_size).map_err(|source| VmmError::Memory {
-            mib: config.machine_config.mem_size_mib,
-            source,
-        })?;
+        // A vhost-user backend maps guest memory too: it is a shared file then.
+        let shared = config
+            .network_interfaces
+            .iter()
+            .any(|n| n.vhost_user_socket.is_some());
+        let mem = if shared {
+            memory::create_shared_guest_memory(mem_size).map_err(VmmError::SharedMemory)?
+        } else {
+            memory::create_guest_memory(mem_size).map_err(|source| VmmError::Memory {
+                mib: config.machine_config.mem_size_mib,
+                source,
+            })?
+        };
         let vm = Vm::new(&mem)?;
         let kernel = boot::load_kernel(&mem, &boot_source.kernel_image_path)?;
         let initrd = match &boot_source.initrd_path {
@@ -267,10 +290,10 @@ impl RunningVm {
 
     /// The tuning handle of interface `iface_id`'s running device.
     pub fn tuning_control(&self, iface_id: &str) -> Option<&TuningControl> {
-        self.nets
-            .iter()
-            .find(|n| n.iface_id == iface_id)
-            .map(|n| &n.tuning)
+        match &self.nets.iter().find(|n| n.iface_id == iface_id)?.kind {
+            NetKind::InProcess { tuning, .. } => Some(tuning),
+            NetKind::VhostUser { .. } => None,
+        }
     }
 
     /// The devices' metrics: `{IFACE_ID: {..counters.., "backend": KIND, "host_dev_name": TAP}}`
@@ -278,7 +301,19 @@ impl RunningVm {
     pub fn net_metrics(&self) -> Map<String, Value> {
         let mut by_iface = Map::new();
         for net in &self.nets {
-            let value = crate::metrics::net_device(&net.metrics, net.backend, &net.tap);
+            let value = match &net.kind {
+                NetKind::InProcess {
+                    tap,
+                    backend,
+                    metrics,
+                    ..
+                } => crate::metrics::net_device(metrics, *backend, tap),
+                NetKind::VhostUser { socket, metrics } => serde_json::json!({
+                    "backend": "vhost-user",
+                    "vhost_user_socket": socket,
+                    "vhost_user": &**metrics,
+                }),
+            };
             by_iface.insert(net.iface_id.clone(), value);
         }
         by_iface
@@ -389,6 +424,39 @@ fn attach_net_devices(
     let mut attached = Vec::new();
     let mut pci = PciSetup::default();
     for (i, iface) in config.network_interfaces.iter().enumerate() {
+        if let Some(vhost_user) = iface.vhost_user_config() {
+            let vhost_user = vhost_user?;
+            let filter = filters.map(|f| f.get(ThreadKind::VhostUser).clone());
+            let device =
+                VhostUserNet::new(&vhost_user, &iface.iface_id, filter).map_err(|source| {
+                    VmmError::VhostUser {
+                        iface_id: iface.iface_id.clone(),
+                        source,
+                    }
+                })?;
+            let metrics = device.metrics();
+            let on = format!("vhost-user {:?}", vhost_user.socket);
+            let device: Box<dyn VirtioDevice> = Box::new(device);
+            let transport = match iface.transport() {
+                Transport::Mmio => {
+                    let slot = boot::virtio_slot(i);
+                    cmdline_devices.push(slot);
+                    attach_mmio(vm, mem, buses, iface, slot, device, &on, vhost_user.mac)?
+                }
+                Transport::Pci => {
+                    attach_pci(vm, mem, buses, &mut pci, iface, device, &on, vhost_user.mac)?
+                }
+            };
+            attached.push(AttachedNet {
+                iface_id: iface.iface_id.clone(),
+                transport,
+                kind: NetKind::VhostUser {
+                    socket: vhost_user.socket,
+                    metrics,
+                },
+            });
+            continue;
+        }
         let net_config = iface.net_config()?;
         let net_err = |source| VmmError::Net {
             tap: net_config.tap.clone(),
@@ -436,11 +504,13 @@ fn attach_net_devices(
         };
         attached.push(AttachedNet {
             iface_id: iface.iface_id.clone(),
-            tap: net_config.tap.clone(),
-            backend: net_config.backend,
             transport,
-            metrics,
-            tuning,
+            kind: NetKind::InProcess {
+                tap: net_config.tap.clone(),
+                backend: net_config.backend,
+                metrics,
+                tuning,
+            },
         });
     }
     pci.finish(vm, buses.pio, buses.mmio)?;

@@ -147,8 +147,26 @@ impl Testpmd {
     /// Starts testpmd with `net_virtio_user0,path=SOCKET,DEVARGS` and the testpmd options
     /// `args`, in interactive mode; waits for its prompt.
     pub fn virtio_user(socket: &Path, devargs: &str, args: &[&str]) -> Testpmd {
+        Testpmd::with_vdev(
+            &format!("net_virtio_user0,path={}", socket.display()),
+            devargs,
+            args,
+        )
+    }
+
+    /// Starts testpmd with DPDK's vhost backend, `net_vhost0,iface=SOCKET,DEVARGS`: it
+    /// listens on SOCKET for a frontend (`vmm --net vhost-user=SOCKET`).
+    pub fn vhost(socket: &Path, devargs: &str, args: &[&str]) -> Testpmd {
+        Testpmd::with_vdev(
+            &format!("net_vhost0,iface={}", socket.display()),
+            devargs,
+            args,
+        )
+    }
+
+    fn with_vdev(vdev: &str, devargs: &str, args: &[&str]) -> Testpmd {
         let prefix = format!("vu{}", std::process::id());
-        let mut vdev = format!("net_virtio_user0,path={}", socket.display());
+        let mut vdev = vdev.to_owned();
         if !devargs.is_empty() {
             vdev.push(',');
             vdev.push_str(devargs);

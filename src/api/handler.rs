@@ -74,6 +74,14 @@ impl Vmm {
             .config
             .network_interface_mut(&update.iface_id)
             .ok_or_else(|| VmmActionError::UnknownInterface(update.iface_id.clone()))?;
+        if let Some(socket) = &iface.vhost_user_socket {
+            return Err(VmmActionError::Other(format!(
+                "network interface {:?} is served by the vhost-user backend on {socket:?}: \
+                 tune it and its rate limiters through the backend's own API \
+                 (vhost-user-net --api-sock)",
+                update.iface_id
+            )));
+        }
         patch_interface(iface, live, update)
     }
 

@@ -49,6 +49,10 @@ pub struct VirtioInterrupt {
     signal: Signal,
     status: AtomicU32,
     needs_reset: AtomicBool,
+    /// Queue interrupts are raised outside the device (a vhost-user backend writes the line's
+    /// irqfd itself): InterruptStatus always shows "used buffers", so that the driver looks at
+    /// its queues whenever the line fires (virtio-mmio; MSI-X needs no status).
+    external_queues: AtomicBool,
 }
 
 impl VirtioInterrupt {
@@ -80,6 +84,7 @@ impl VirtioInterrupt {
             signal,
             status: AtomicU32::new(0),
             needs_reset: AtomicBool::new(false),
+            external_queues: AtomicBool::new(false),
         }
     }
 
@@ -160,7 +165,18 @@ impl VirtioInterrupt {
 
     /// The InterruptStatus register.
     pub fn status(&self) -> u32 {
-        self.status.load(Ordering::Acquire)
+        let external = if self.external_queues.load(Ordering::Acquire) {
+            VIRTIO_MMIO_INT_VRING
+        } else {
+            0
+        };
+        self.status.load(Ordering::Acquire) | external
+    }
+
+    /// Queue interrupts are raised by another process on the line's irqfd (`true`), or by
+    /// this device again (`false`): see [`VirtioInterrupt::status`].
+    pub fn set_external_queues(&self, external: bool) {
+        self.external_queues.store(external, Ordering::Release);
     }
 
     /// InterruptACK: clears the bits the driver acknowledged.
@@ -172,6 +188,7 @@ impl VirtioInterrupt {
     pub fn reset(&self) {
         self.status.store(0, Ordering::Release);
         self.needs_reset.store(false, Ordering::Release);
+        self.external_queues.store(false, Ordering::Release);
         if let Signal::Line(irqfd) = &self.signal {
             // A WouldBlock here only means the counter was already 0.
             let _ = irqfd.read();

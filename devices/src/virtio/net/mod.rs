@@ -58,6 +58,7 @@ pub mod rx;
 pub mod stats;
 pub mod tuning;
 pub mod tx;
+pub mod vhost_user;
 mod worker;
 
 #[cfg(test)]

@@ -1,0 +1,825 @@
+//! A virtio-net device whose datapath is in another process: a vhost-user backend
+//! (`vhost-user-net`, DPDK's `net_vhost`, any other). The VMM keeps the transport, the
+//! configuration space (MAC, link status, queue pairs) and the device status; the backend gets
+//! the guest's memory, the rings, the guest's ioeventfds as kick eventfds and the interrupt's
+//! irqfds as call eventfds, so that in steady state no frame and no notification passes
+//! through the VMM.
+//!
+//! # The control thread
+//!
+//! One thread per device (`vhost-NAME`) owns the connection: it connects (or, with the
+//! backend as the client, accepts), negotiates, and carries out what the transport asks (set
+//! the rings up at DRIVER_OK, stop them at a reset) on behalf of the vCPU thread, which only
+//! sends it a message and waits for the answer: the vCPU's seccomp filter allows no socket
+//! calls. The same thread notices the backend going away (the socket hangs up): the link goes
+//! down (a configuration interrupt tells the driver), and it connects again (or waits for the
+//! backend) every [`RECONNECT_EVERY`]. A backend that comes back with the features the driver
+//! acknowledged gets the rings again, each from its used position (split rings: the used
+//! index in guest memory; chains the old backend took and did not use are taken again, as on a
+//! NIC reset), and the link goes up. A packed ring's used position is not in memory: a packed
+//! device whose backend died needs the driver to reset it (DEVICE_NEEDS_RESET).
+//!
+//! # Features and the control queue
+//!
+//! The driver is offered what the backend offered of the device features this VMM knows,
+//! with MAC and STATUS (the VMM's configuration space). The control queue goes to the backend
+//! when the backend serves it: it offers CTRL_VQ and one of the commands only a device that
+//! runs the queue offers (NOTF_COAL, DEVICE_STATS), as `vhost-user-net` does; DPDK 22.11's
+//! vhost offers CTRL_VQ but never reads the queue, so its devices have no control queue
+//! (and no MQ, which needs it).
+//!
+//! # Interrupts
+//!
+//! With MSI-X, each ring's call eventfd is the irqfd of the vector the driver gave its queue
+//! (KVM delivers it; a masked vector is not honoured, as the guest's drivers never mask a
+//! vector they use). With one line (virtio-mmio), every ring's call eventfd is the line's
+//! irqfd and InterruptStatus always shows "used buffers" ([`VirtioInterrupt::set_external_queues`]).
+
+use std::io;
+use std::os::fd::{AsRawFd, RawFd};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::sync::mpsc::{self, Receiver, Sender};
+use std::sync::Arc;
+use std::thread::{self, JoinHandle};
+use std::time::{Duration, Instant};
+
+use log::{error, info, warn};
+use seccompiler::BpfProgram;
+use serde::Serialize;
+use vhost::vhost_user::message::{VhostUserHeaderFlag, VhostUserProtocolFeatures};
+use vhost::vhost_user::{Frontend, VhostUserFrontend};
+use vhost::{VhostBackend, VhostUserMemoryRegionInfo, VringConfigData};
+use virtio_bindings::virtio_config::{VIRTIO_F_IN_ORDER, VIRTIO_F_RING_PACKED, VIRTIO_F_VERSION_1};
+use virtio_bindings::virtio_ids::VIRTIO_ID_NET;
+use virtio_bindings::virtio_net::*;
+use virtio_bindings::virtio_ring::{VIRTIO_RING_F_EVENT_IDX, VIRTIO_RING_F_INDIRECT_DESC};
+use virtio_queue::{Queue, QueueT};
+use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryMmap};
+use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
+
+use super::config::MacAddr;
+use super::ctrl::CTRL_QUEUE_SIZE;
+use super::link::{LinkControl, LinkState};
+use super::stats::VIRTIO_NET_F_DEVICE_STATS;
+use crate::counters::{Counter, Gauge};
+use crate::virtio::vhost_user::VHOST_USER_F_PROTOCOL_FEATURES;
+use crate::virtio::{ActivateError, ActivationContext, VirtioDevice, VirtioInterrupt};
+
+/// How often a lost backend is looked for again.
+pub const RECONNECT_EVERY: Duration = Duration::from_millis(100);
+/// How long the VMM waits for the backend when the device is built.
+pub const FIRST_CONNECT_WAIT: Duration = Duration::from_secs(30);
+/// How long the vCPU thread waits for the control thread to set the rings up or stop them.
+const COMMAND_WAIT: Duration = Duration::from_secs(10);
+
+const fn bit(feature: u32) -> u64 {
+    1 << feature
+}
+
+/// The device features a backend may offer and this VMM passes on to the driver.
+const PASSED_ON: u64 = bit(VIRTIO_F_VERSION_1)
+    | bit(VIRTIO_RING_F_EVENT_IDX)
+    | bit(VIRTIO_RING_F_INDIRECT_DESC)
+    | bit(VIRTIO_F_RING_PACKED)
+    | bit(VIRTIO_F_IN_ORDER)
+    | bit(VIRTIO_NET_F_MRG_RXBUF)
+    | bit(VIRTIO_NET_F_CSUM)
+    | bit(VIRTIO_NET_F_GUEST_CSUM)
+    | bit(VIRTIO_NET_F_GUEST_TSO4)
+    | bit(VIRTIO_NET_F_GUEST_TSO6)
+    | bit(VIRTIO_NET_F_GUEST_UFO)
+    | bit(VIRTIO_NET_F_HOST_TSO4)
+    | bit(VIRTIO_NET_F_HOST_TSO6)
+    | bit(VIRTIO_NET_F_HOST_UFO);
+/// The control queue's features, passed on when the backend serves the queue.
+const CTRL_FEATURES: u64 = bit(VIRTIO_NET_F_CTRL_VQ)
+    | bit(VIRTIO_NET_F_CTRL_RX)
+    | bit(VIRTIO_NET_F_CTRL_MAC_ADDR)
+    | bit(VIRTIO_NET_F_CTRL_GUEST_OFFLOADS)
+    | bit(VIRTIO_NET_F_NOTF_COAL)
+    | bit(VIRTIO_NET_F_VQ_NOTF_COAL)
+    | bit(VIRTIO_NET_F_DEVICE_STATS)
+    | bit(VIRTIO_NET_F_MQ);
+/// The VMM's own: its configuration space.
+const OWN: u64 = bit(VIRTIO_NET_F_MAC) | bit(VIRTIO_NET_F_STATUS);
+
+/// What `--net vhost-user=` describes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct VhostUserNetConfig {
+    /// The backend's socket.
+    pub socket: PathBuf,
+    /// The backend connects as the client (run with `--client`): the VMM listens on `socket`.
+    pub backend_connects: bool,
+    /// Queue pairs at most (the backend may offer fewer).
+    pub queues: u16,
+    /// Maximum size of each queue.
+    pub queue_size: u16,
+    /// Offer the packed ring (if the backend does).
+    pub packed: bool,
+    /// Offer IN_ORDER (if the backend does).
+    pub in_order: bool,
+    /// The guest's MAC address (configuration space).
+    pub mac: MacAddr,
+}
+
+/// Errors building the device.
+#[derive(Debug, thiserror::Error)]
+pub enum VhostUserNetError {
+    /// No backend answered on the socket in time.
+    #[error("no vhost-user backend on {path:?} within {wait:?}")]
+    NoBackend {
+        /// The socket.
+        path: PathBuf,
+        /// How long the VMM waited.
+        wait: Duration,
+        /// The last error.
+        #[source]
+        source: io::Error,
+    },
+    /// The backend's answers during negotiation.
+    #[error("vhost-user negotiation with {path:?} failed")]
+    Negotiation {
+        /// The socket.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: vhost::Error,
+    },
+    /// The backend lacks what a virtio-net device needs (VERSION_1).
+    #[error("the vhost-user backend on {0:?} does not offer VIRTIO_F_VERSION_1")]
+    Features(PathBuf),
+    /// The control thread could not be started.
+    #[error("cannot start the vhost-user control thread")]
+    Thread(#[source] io::Error),
+    /// Listening on the socket (the backend as the client) failed.
+    #[error("cannot listen on {path:?}")]
+    Listen {
+        /// The socket.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: io::Error,
+    },
+}
+
+/// The vhost-user device's counters (`vhost_user` in the metrics).
+#[derive(Debug, Default, Serialize)]
+pub struct VhostUserNetMetrics {
+    /// Connections to a backend made (the first one included).
+    pub connections: Counter,
+    /// Times the backend went away.
+    pub disconnects: Counter,
+    /// Times the rings were set up again on a backend that came back.
+    pub reconnects: Counter,
+    /// Ring set-ups the backend refused, or that failed.
+    pub setup_errors: Counter,
+    /// 1 while connected.
+    pub connected: Gauge,
+    /// The features the driver acknowledged (0 before DRIVER_OK).
+    pub acked_features: Gauge,
+}
+
+/// What the control thread is told by the vCPU thread.
+enum Command {
+    /// The driver set DRIVER_OK: set the rings up.
+    Start(Box<Run>, Sender<Result<(), String>>),
+    /// The driver reset the device: stop the rings.
+    Stop(Sender<()>),
+    /// The device goes away.
+    Exit,
+}
+
+/// One run of the device: what the backend needs to serve the driver.
+struct Run {
+    mem: GuestMemoryMmap,
+    queues: Vec<Queue>,
+    kicks: Vec<EventFd>,
+    interrupt: Arc<VirtioInterrupt>,
+    acked: u64,
+}
+
+/// A virtio-net device served by a vhost-user backend.
+pub struct VhostUserNet {
+    label: String,
+    mac: MacAddr,
+    pairs: u16,
+    queue_sizes: Vec<u16>,
+    features: u64,
+    link: LinkControl,
+    metrics: Arc<VhostUserNetMetrics>,
+    commands: Sender<Command>,
+    wake: EventFd,
+    thread: Option<JoinHandle<()>>,
+    active: bool,
+}
+
+impl std::fmt::Debug for VhostUserNet {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("VhostUserNet")
+            .field("label", &self.label)
+            .field("features", &format_args!("{:#x}", self.features))
+            .finish_non_exhaustive()
+    }
+}
+
+/// Where the connection comes from.
+enum Endpoint {
+    /// The VMM connects to the backend's socket.
+    Connect(PathBuf),
+    /// The backend connects to the VMM's.
+    Listen(UnixListener, PathBuf),
+}
+
+impl Endpoint {
+    fn path(&self) -> &Path {
+        match self {
+            Endpoint::Connect(path) | Endpoint::Listen(_, path) => path,
+        }
+    }
+
+    /// One attempt: a stream, or the reason there is none yet.
+    fn try_connect(&self) -> io::Result<UnixStream> {
+        match self {
+            Endpoint::Connect(path) => UnixStream::connect(path),
+            Endpoint::Listen(listener, _) => {
+                let (stream, _) = listener.accept()?;
+                stream.set_nonblocking(false)?;
+                Ok(stream)
+            }
+        }
+    }
+}
+
+/// A connected, negotiated backend.
+struct Backend {
+    frontend: Frontend,
+    fd: RawFd,
+    features: u64,
+    pairs: u16,
+}
+
+/// The protocol features the VMM asks for.
+fn wanted_protocol() -> VhostUserProtocolFeatures {
+    VhostUserProtocolFeatures::MQ
+        | VhostUserProtocolFeatures::REPLY_ACK
+        | VhostUserProtocolFeatures::RESET_DEVICE
+}
+
+impl Backend {
+    /// Negotiates on a fresh connection (owner, features, protocol features, queue pairs).
+    fn negotiate(stream: UnixStream, max_pairs: u16) -> vhost::Result<Backend> {
+        let fd = stream.as_raw_fd();
+        let mut frontend = Frontend::from_stream(stream, u64::from(max_pairs) * 2 + 1);
+        frontend.set_owner()?;
+        let features = frontend.get_features()?;
+        let mut pairs = 1;
+        if features & VHOST_USER_F_PROTOCOL_FEATURES != 0 {
+            let offered = frontend.get_protocol_features()?;
+            let protocol = offered & wanted_protocol();
+            frontend.set_protocol_features(protocol)?;
+            // GET_QUEUE_NUM is not asked: QEMU and DPDK read its answer as queue pairs,
+            // Cloud Hypervisor and rust-vmm's frontend as queues. The device has the pairs it
+            // was configured with; a backend with fewer refuses the rings past its own.
+            if protocol.contains(VhostUserProtocolFeatures::MQ) {
+                pairs = max_pairs;
+            }
+            if protocol.contains(VhostUserProtocolFeatures::REPLY_ACK) {
+                // Every request waits for the backend's answer: a refusal is seen at once.
+                frontend.set_hdr_flags(VhostUserHeaderFlag::NEED_REPLY);
+            }
+        }
+        Ok(Backend {
+            frontend,
+            fd,
+            features,
+            pairs,
+        })
+    }
+
+    /// Whether the backend serves the control queue (see the module docs).
+    fn serves_ctrl(&self) -> bool {
+        self.features & bit(VIRTIO_NET_F_CTRL_VQ) != 0
+            && self.features & (bit(VIRTIO_NET_F_NOTF_COAL) | bit(VIRTIO_NET_F_DEVICE_STATS)) != 0
+    }
+}
+
+impl VhostUserNet {
+    /// Connects to (or waits for) the backend of `config`, negotiates, and starts the control
+    /// thread (which installs `filter` first, when given). `label` names the device in logs.
+    pub fn new(
+        config: &VhostUserNetConfig,
+        label: &str,
+        filter: Option<Arc<BpfProgram>>,
+    ) -> Result<VhostUserNet, VhostUserNetError> {
+        let endpoint = if config.backend_connects {
+            let listener =
+                UnixListener::bind(&config.socket).map_err(|source| VhostUserNetError::Listen {
+                    path: config.socket.clone(),
+                    source,
+                })?;
+            Endpoint::Listen(listener, config.socket.clone())
+        } else {
+            Endpoint::Connect(config.socket.clone())
+        };
+        let stream = first_connection(&endpoint)?;
+        let backend = Backend::negotiate(stream, config.queues).map_err(|source| {
+            VhostUserNetError::Negotiation {
+                path: config.socket.clone(),
+                source,
+            }
+        })?;
+        if backend.features & bit(VIRTIO_F_VERSION_1) == 0 {
+            return Err(VhostUserNetError::Features(config.socket.clone()));
+        }
+        if let Endpoint::Listen(listener, _) = &endpoint {
+            listener
+                .set_nonblocking(true)
+                .map_err(VhostUserNetError::Thread)?;
+        }
+        let features = offered_features(config, &backend);
+        let pairs = if features & bit(VIRTIO_NET_F_MQ) != 0 {
+            backend.pairs
+        } else {
+            1
+        };
+        let mut queue_sizes = vec![config.queue_size; 2 * usize::from(pairs)];
+        queue_sizes.push(CTRL_QUEUE_SIZE);
+        let metrics = Arc::new(VhostUserNetMetrics::default());
+        metrics.connections.add(1);
+        metrics.connected.set(1);
+        let link = LinkControl::new();
+        let (commands, receiver) = mpsc::channel();
+        let wake = EventFd::new(EFD_NONBLOCK).map_err(VhostUserNetError::Thread)?;
+        let control = Control {
+            label: label.to_owned(),
+            endpoint,
+            backend: Some(backend),
+            run: None,
+            link: link.clone(),
+            metrics: metrics.clone(),
+            commands: receiver,
+            wake: wake.try_clone().map_err(VhostUserNetError::Thread)?,
+            features,
+            last_attempt: Instant::now(),
+        };
+        let thread = thread::Builder::new()
+            .name(format!("vhost-{label}"))
+            .spawn(move || control.run(filter))
+            .map_err(VhostUserNetError::Thread)?;
+        info!(
+            "virtio-net {label}: vhost-user backend on {:?}, {pairs} queue pair(s), features \
+             {features:#x} offered to the driver",
+            config.socket
+        );
+        Ok(VhostUserNet {
+            label: label.to_owned(),
+            mac: config.mac,
+            pairs,
+            queue_sizes,
+            features,
+            link,
+            metrics,
+            commands,
+            wake,
+            thread: Some(thread),
+            active: false,
+        })
+    }
+
+    /// The device's counters.
+    pub fn metrics(&self) -> Arc<VhostUserNetMetrics> {
+        self.metrics.clone()
+    }
+
+    /// A handle to the link status (down while the backend is away).
+    pub fn link_control(&self) -> LinkControl {
+        self.link.clone()
+    }
+
+    fn send(&self, command: Command) -> bool {
+        if self.commands.send(command).is_err() {
+            return false;
+        }
+        self.wake.write(1).is_ok()
+    }
+}
+
+/// The first connection: retried every [`RECONNECT_EVERY`] for [`FIRST_CONNECT_WAIT`].
+fn first_connection(endpoint: &Endpoint) -> Result<UnixStream, VhostUserNetError> {
+    let deadline = Instant::now() + FIRST_CONNECT_WAIT;
+    loop {
+        match endpoint.try_connect() {
+            Ok(stream) => return Ok(stream),
+            Err(e) if Instant::now() >= deadline => {
+                return Err(VhostUserNetError::NoBackend {
+                    path: endpoint.path().to_owned(),
+                    wait: FIRST_CONNECT_WAIT,
+                    source: e,
+                })
+            }
+            Err(_) => thread::sleep(RECONNECT_EVERY),
+        }
+    }
+}
+
+/// The features the driver is offered (see the module docs).
+fn offered_features(config: &VhostUserNetConfig, backend: &Backend) -> u64 {
+    let mut passed = PASSED_ON;
+    if !config.packed {
+        passed &= !bit(VIRTIO_F_RING_PACKED);
+    }
+    if !config.in_order {
+        passed &= !bit(VIRTIO_F_IN_ORDER);
+    }
+    if backend.serves_ctrl() {
+        passed |= CTRL_FEATURES;
+        if config.queues < 2 || backend.pairs < 2 {
+            passed &= !bit(VIRTIO_NET_F_MQ);
+        }
+    }
+    (backend.features & passed) | OWN
+}
+
+impl VirtioDevice for VhostUserNet {
+    fn device_type(&self) -> u32 {
+        VIRTIO_ID_NET
+    }
+
+    fn label(&self) -> &str {
+        &self.label
+    }
+
+    fn queue_max_sizes(&self) -> &[u16] {
+        &self.queue_sizes
+    }
+
+    fn features(&self) -> u64 {
+        self.features
+    }
+
+    fn queues_in_use(&self, acked: u64) -> usize {
+        if acked & bit(VIRTIO_NET_F_MQ) != 0 {
+            self.queue_sizes.len()
+        } else if acked & bit(VIRTIO_NET_F_CTRL_VQ) != 0 {
+            3
+        } else {
+            2
+        }
+    }
+
+    fn queue_optional(&self, index: usize, acked: u64) -> bool {
+        acked & bit(VIRTIO_NET_F_MQ) != 0 && (2..2 * usize::from(self.pairs)).contains(&index)
+    }
+
+    fn read_config(&self, offset: u64, data: &mut [u8]) {
+        let mut config = [0u8; 10];
+        config[..6].copy_from_slice(&self.mac.bytes());
+        let status = match self.link.link() {
+            LinkState::Up => VIRTIO_NET_S_LINK_UP as u16,
+            LinkState::Down => 0,
+        };
+        config[6..8].copy_from_slice(&status.to_le_bytes());
+        if self.features & bit(VIRTIO_NET_F_MQ) != 0 {
+            config[8..10].copy_from_slice(&self.pairs.to_le_bytes());
+        }
+        for (i, byte) in data.iter_mut().enumerate() {
+            *byte = usize::try_from(offset)
+                .ok()
+                .and_then(|o| o.checked_add(i))
+                .and_then(|o| config.get(o).copied())
+                .unwrap_or(0);
+        }
+    }
+
+    fn write_config(&mut self, _offset: u64, _data: &[u8]) {}
+
+    fn config_generation(&self) -> u32 {
+        self.link.generation()
+    }
+
+    fn activate(&mut self, ctx: ActivationContext) -> Result<(), ActivateError> {
+        let (reply, answer) = mpsc::channel();
+        self.link.attach(Some(ctx.interrupt.clone()));
+        let run = Run {
+            mem: ctx.mem,
+            queues: ctx.queues,
+            kicks: ctx.kicks,
+            interrupt: ctx.interrupt,
+            acked: ctx.acked_features,
+        };
+        if !self.send(Command::Start(Box::new(run), reply)) {
+            return Err(ActivateError::BackendUnavailable);
+        }
+        self.metrics.acked_features.set(ctx.acked_features);
+        match answer.recv_timeout(COMMAND_WAIT) {
+            Ok(Ok(())) => {
+                self.active = true;
+                Ok(())
+            }
+            Ok(Err(why)) => {
+                error!(
+                    "virtio-net {}: the vhost-user backend refused the rings: {why}",
+                    self.label
+                );
+                Err(ActivateError::Backend(io::Error::other(why)))
+            }
+            Err(_) => Err(ActivateError::BackendUnavailable),
+        }
+    }
+
+    fn reset(&mut self) {
+        self.link.attach(None);
+        self.metrics.acked_features.set(0);
+        self.active = false;
+        let (reply, answer) = mpsc::channel();
+        if self.send(Command::Stop(reply)) {
+            let _ = answer.recv_timeout(COMMAND_WAIT);
+        }
+    }
+
+    fn is_active(&self) -> bool {
+        self.active
+    }
+}
+
+impl Drop for VhostUserNet {
+    fn drop(&mut self) {
+        self.send(Command::Exit);
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+/// The control thread's state.
+struct Control {
+    label: String,
+    endpoint: Endpoint,
+    backend: Option<Backend>,
+    run: Option<Run>,
+    link: LinkControl,
+    metrics: Arc<VhostUserNetMetrics>,
+    commands: Receiver<Command>,
+    wake: EventFd,
+    /// The features offered to the driver (a backend that comes back must still have them).
+    features: u64,
+    last_attempt: Instant,
+}
+
+impl Control {
+    fn run(mut self, filter: Option<Arc<BpfProgram>>) {
+        if let Some(filter) = filter {
+            if let Err(e) = seccompiler::apply_filter(&filter) {
+                error!(
+                    "vhost-{}: cannot install the seccomp filter: {e}",
+                    self.label
+                );
+                return;
+            }
+        }
+        loop {
+            let mut fds = vec![libc::pollfd {
+                fd: self.wake.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            }];
+            if let Some(backend) = &self.backend {
+                fds.push(libc::pollfd {
+                    fd: backend.fd,
+                    events: libc::POLLRDHUP,
+                    revents: 0,
+                });
+            }
+            let timeout = if self.backend.is_some() {
+                -1
+            } else {
+                RECONNECT_EVERY.as_millis() as i32
+            };
+            // SAFETY: `fds` is valid for its length for the call; poll only writes `revents`.
+            let n = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, timeout) };
+            if n < 0 {
+                continue;
+            }
+            if fds.get(1).is_some_and(|p| p.revents != 0) {
+                self.lost();
+            }
+            if fds[0].revents != 0 {
+                let _ = self.wake.read();
+                while let Ok(command) = self.commands.try_recv() {
+                    match command {
+                        Command::Start(run, reply) => {
+                            let result = self.start(*run);
+                            let _ = reply.send(result);
+                        }
+                        Command::Stop(reply) => {
+                            self.stop();
+                            let _ = reply.send(());
+                        }
+                        Command::Exit => return,
+                    }
+                }
+            }
+            if self.backend.is_none() && self.last_attempt.elapsed() >= RECONNECT_EVERY {
+                self.reconnect();
+            }
+        }
+    }
+
+    /// DRIVER_OK: the rings to the backend (kept for a backend that comes back).
+    fn start(&mut self, run: Run) -> Result<(), String> {
+        let result = match &mut self.backend {
+            Some(backend) => setup(backend, &run, false).map_err(|e| e.to_string()),
+            // The backend is away: the link stays down until it comes back.
+            None => Ok(()),
+        };
+        if result.is_err() {
+            self.metrics.setup_errors.add(1);
+        }
+        if run.interrupt.msix().is_none() {
+            run.interrupt.set_external_queues(true);
+        }
+        self.run = Some(run);
+        result
+    }
+
+    /// A device reset: every ring stopped (GET_VRING_BASE), then the backend reset.
+    fn stop(&mut self) {
+        let Some(run) = self.run.take() else {
+            return;
+        };
+        if let Some(backend) = &self.backend {
+            for index in rings_in_use(&run, backend) {
+                if let Err(e) = backend.frontend.get_vring_base(index) {
+                    warn!("vhost-{}: GET_VRING_BASE({index}): {e}", self.label);
+                }
+            }
+        }
+    }
+
+    /// The backend hung up.
+    fn lost(&mut self) {
+        self.backend = None;
+        self.metrics.disconnects.add(1);
+        self.metrics.connected.set(0);
+        warn!(
+            "virtio-net {}: the vhost-user backend on {:?} went away; link down until it is back",
+            self.label,
+            self.endpoint.path()
+        );
+        self.link.set_link(LinkState::Down);
+        self.last_attempt = Instant::now() - RECONNECT_EVERY;
+    }
+
+    /// Looks for the backend again; a backend that is back gets the rings of the running
+    /// driver, each from its used position.
+    fn reconnect(&mut self) {
+        self.last_attempt = Instant::now();
+        let Ok(stream) = self.endpoint.try_connect() else {
+            return;
+        };
+        let mut backend = match Backend::negotiate(stream, u16::MAX) {
+            Ok(backend) => backend,
+            Err(e) => {
+                warn!(
+                    "vhost-{}: the backend that connected failed to negotiate: {e}",
+                    self.label
+                );
+                return;
+            }
+        };
+        let needed = self
+            .run
+            .as_ref()
+            .map_or(self.features & !OWN, |r| r.acked & !OWN);
+        if (backend.features | VHOST_USER_F_PROTOCOL_FEATURES) & needed != needed {
+            warn!(
+                "vhost-{}: the backend came back without the features in use ({:#x} of {needed:#x})",
+                self.label, backend.features
+            );
+            return;
+        }
+        self.metrics.connections.add(1);
+        self.metrics.connected.set(1);
+        if let Some(run) = &self.run {
+            if run.acked & bit(VIRTIO_F_RING_PACKED) != 0 {
+                // No used position in memory to resume a packed ring from.
+                error!(
+                    "virtio-net {}: the backend is back, but packed rings cannot resume: the \
+                     driver must reset the device",
+                    self.label
+                );
+                let _ = run.interrupt.set_needs_reset();
+                self.backend = Some(backend);
+                return;
+            }
+            if let Err(e) = setup(&mut backend, run, true) {
+                self.metrics.setup_errors.add(1);
+                warn!(
+                    "vhost-{}: setting the rings up again failed: {e}",
+                    self.label
+                );
+                return;
+            }
+            self.metrics.reconnects.add(1);
+        }
+        info!(
+            "virtio-net {}: the vhost-user backend is back; link up",
+            self.label
+        );
+        self.backend = Some(backend);
+        self.link.set_link(LinkState::Up);
+    }
+}
+
+/// The rings of `run` the backend serves: the ready datapath rings, and the control queue if
+/// the backend serves it.
+fn rings_in_use(run: &Run, backend: &Backend) -> Vec<usize> {
+    let ctrl_index =
+        (run.acked & bit(VIRTIO_NET_F_CTRL_VQ) != 0).then(|| run.queues.len().saturating_sub(1));
+    run.queues
+        .iter()
+        .enumerate()
+        .filter(|&(i, q)| q.ready() && (Some(i) != ctrl_index || backend.serves_ctrl()))
+        .map(|(i, _)| i)
+        .collect()
+}
+
+/// Hands the rings of `run` to `backend`: features, memory table, then per ring its size,
+/// base, addresses (the VMM's own addresses of them), call and kick eventfds, and enable.
+/// `resume`: each split ring starts at its used index in guest memory (a backend that came
+/// back); else at the queue's own indexes.
+fn setup(backend: &mut Backend, run: &Run, resume: bool) -> vhost::Result<()> {
+    let serves_ctrl = backend.serves_ctrl();
+    let rings = rings_in_use(run, backend);
+    let features = backend.features;
+    let f = &mut backend.frontend;
+    // What the backend implements of what the driver acknowledged: not the configuration
+    // space (the VMM's), the control queue's only if the backend serves it.
+    let ctrl = if serves_ctrl { CTRL_FEATURES } else { 0 };
+    let device = run.acked & (PASSED_ON | ctrl);
+    f.set_features(device | features & VHOST_USER_F_PROTOCOL_FEATURES)?;
+    let regions = run
+        .mem
+        .iter()
+        .map(VhostUserMemoryRegionInfo::from_guest_region)
+        .collect::<vhost::Result<Vec<_>>>()?;
+    f.set_mem_table(&regions)?;
+    let host = |gpa: u64| -> vhost::Result<u64> {
+        run.mem
+            .get_host_address(GuestAddress(gpa))
+            .map(|p| p as u64)
+            .map_err(|_| vhost::Error::InvalidGuestMemory)
+    };
+    let packed = run.acked & bit(VIRTIO_F_RING_PACKED) != 0;
+    for index in rings {
+        let queue = &run.queues[index];
+        let size = queue.size();
+        f.set_vring_num(index, size)?;
+        let base = if packed {
+            0x8000
+        } else if resume {
+            run.mem
+                .read_obj::<u16>(GuestAddress(queue.used_ring().wrapping_add(2)))
+                .map(u16::from_le)
+                .unwrap_or(0)
+        } else {
+            queue.next_avail()
+        };
+        f.set_vring_base(index, base)?;
+        f.set_vring_addr(
+            index,
+            &VringConfigData {
+                queue_max_size: size,
+                queue_size: size,
+                flags: 0,
+                desc_table_addr: host(queue.desc_table())?,
+                used_ring_addr: host(queue.used_ring())?,
+                avail_ring_addr: host(queue.avail_ring())?,
+                log_addr: None,
+            },
+        )?;
+        let call = call_fd(&run.interrupt, index).map_err(vhost::Error::IOError)?;
+        f.set_vring_call(index, &call)?;
+        f.set_vring_kick(index, &run.kicks[index])?;
+        if features & VHOST_USER_F_PROTOCOL_FEATURES != 0 {
+            f.set_vring_enable(index, true)?;
+        }
+    }
+    Ok(())
+}
+
+/// Queue `index`'s call eventfd: its MSI-X vector's irqfd, or the line's (an idle eventfd for
+/// a queue without a vector: the driver wants no interrupt from it).
+fn call_fd(interrupt: &VirtioInterrupt, index: usize) -> io::Result<EventFd> {
+    if let Some(vectors) = interrupt.msix() {
+        if let Some(irqfd) = vectors.irqfd(vectors.queue_vector(index)) {
+            return irqfd.try_clone();
+        }
+        return EventFd::new(EFD_NONBLOCK);
+    }
+    match interrupt.irqfd() {
+        Some(irqfd) => irqfd.try_clone(),
+        None => EventFd::new(EFD_NONBLOCK),
+    }
+}

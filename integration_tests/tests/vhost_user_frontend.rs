@@ -1,0 +1,210 @@
+//! `vmm --net vhost-user=SOCKET`: the VMM keeps the transport and hands the datapath to a
+//! backend in another process, ours (`vhost-user-net`) or DPDK's (`net_vhost`). The driver
+//! guest streams through it on mmio and pci, split and packed rings, one and two queue pairs;
+//! every frame is counted on both sides.
+
+use std::path::Path;
+use std::time::Duration;
+
+use integration_tests::vhost_user::{scratch_dir, Backend, Testpmd};
+use integration_tests::{
+    artifacts, driver_result, guest_lock, json_u64, vmm_binary, RunOutput, VmmProcess,
+};
+use serde_json::Value;
+
+/// Boots the driver guest with `--net vhost-user=SOCKET{keys}` and `cmdline`; returns its
+/// result line (its workload done) and the VMM's output.
+fn driver_guest(socket: &Path, keys: &str, cmdline: &str) -> (Value, RunOutput) {
+    let (d, out) = driver_guest_run(socket, keys, cmdline);
+    assert_eq!(d["status"], "done", "{d}\n{out}");
+    (d, out)
+}
+
+/// [`driver_guest`], however the workload ended.
+fn driver_guest_run(socket: &Path, keys: &str, cmdline: &str) -> (Value, RunOutput) {
+    let mut cmd = std::process::Command::new(vmm_binary());
+    cmd.arg("--kernel")
+        .arg(artifacts().get("driver_guest"))
+        .args(["--cmdline", cmdline])
+        .arg("--net")
+        .arg(format!("vhost-user={}{keys}", socket.display()));
+    let out = VmmProcess::spawn(&mut cmd).finish(Duration::from_secs(120));
+    assert!(out.success(), "{out}");
+    let d = driver_result(&out);
+    (d, out)
+}
+
+/// The VMM's final metrics of its vhost-user interface.
+fn vmm_device(out: &RunOutput) -> Value {
+    let m = integration_tests::final_metrics(&out.stderr).expect("metrics line");
+    let dev = m["net"]["vu0"].clone();
+    assert_eq!(dev["backend"], "vhost-user", "{m}");
+    dev
+}
+
+struct Case {
+    name: &'static str,
+    /// The backend's extra `--net` keys.
+    backend: &'static str,
+    /// The VMM's extra `--net` keys.
+    vmm: &'static str,
+    /// The guest's extra words.
+    guest: &'static str,
+    pairs: u64,
+}
+
+const CASES: [Case; 4] = [
+    Case {
+        name: "mmio, split",
+        backend: "",
+        vmm: "",
+        guest: "",
+        pairs: 1,
+    },
+    Case {
+        name: "pci, split",
+        backend: "",
+        vmm: ",transport=pci",
+        guest: " transport=pci",
+        pairs: 1,
+    },
+    Case {
+        name: "pci, packed",
+        backend: ",packed=on",
+        vmm: ",transport=pci,packed=on",
+        guest: " transport=pci packed=1",
+        pairs: 1,
+    },
+    Case {
+        name: "mmio, packed, two queue pairs",
+        backend: ",packed=on,queues=2",
+        vmm: ",packed=on,queues=2",
+        guest: " packed=1 queues=2",
+        pairs: 2,
+    },
+];
+
+/// Runs `workload` against our backend `kind` for every case; `check` gets the guest's result
+/// and the backend's device metrics.
+fn each_case(kind: &str, workload: &str, check: impl Fn(&Case, &Value, &Value)) {
+    let _lock = guest_lock();
+    for case in &CASES {
+        let dir = scratch_dir(kind);
+        let be = Backend::start(&dir, &format!("backend={kind}{}", case.backend), None);
+        let (d, out) = driver_guest(
+            &be.socket,
+            case.vmm,
+            &format!("{workload} ring=3{}", case.guest),
+        );
+        let vmm = vmm_device(&out);
+        assert_eq!(vmm["vhost_user"]["setup_errors"], 0, "{}: {vmm}", case.name);
+        assert_eq!(vmm["vhost_user"]["disconnects"], 0, "{}: {vmm}", case.name);
+        let want = if case.backend.contains("packed") {
+            "packed"
+        } else {
+            "split"
+        };
+        assert_eq!(d["virtqueue"], want, "{}: {d}", case.name);
+        // The control queue went to our backend: the pairs were enabled through it.
+        assert_eq!(d["ctrl_vq"], 1, "{}: {d}", case.name);
+        let device = be.device_metrics();
+        if case.pairs > 1 {
+            assert_eq!(
+                device["ctrl"]["mq_pairs_sets"], 1,
+                "{}: {device}",
+                case.name
+            );
+        }
+        check(case, &d, &device);
+        let process = be.process;
+        process.signal(libc::SIGTERM);
+        process.finish(Duration::from_secs(10));
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
+
+#[test]
+fn the_driver_guest_transmits_into_our_backends_sink() {
+    each_case("sink", "tx=100000", |case, d, device| {
+        assert_eq!(json_u64(d, "done"), 100_000, "{}", case.name);
+        assert_eq!(
+            device["tx"]["frames"], 100_000,
+            "{}: every frame reached the sink",
+            case.name
+        );
+    });
+}
+
+#[test]
+fn the_driver_guest_receives_from_our_backends_source() {
+    each_case("source", "rx=100000", |case, d, device| {
+        assert_eq!(json_u64(d, "done"), 100_000, "{}", case.name);
+        assert_eq!(
+            json_u64(d, "rx_bad") + json_u64(d, "rx_lost"),
+            0,
+            "{}: {d}",
+            case.name
+        );
+        let delivered = device["rx"]["frames"].as_u64().unwrap_or(0);
+        assert!(delivered >= 100_000, "{}: {device}", case.name);
+    });
+}
+
+#[test]
+fn the_driver_guest_forwards_through_our_backends_loop() {
+    each_case("loop", "fwd=100000", |case, d, device| {
+        assert_eq!(json_u64(d, "done"), 100_000, "{}", case.name);
+        let (tx, rx) = (
+            device["tx"]["frames"].as_u64().unwrap_or(0),
+            device["rx"]["frames"].as_u64().unwrap_or(0),
+        );
+        assert!(tx >= 100_000 && rx >= 100_000, "{}: {device}", case.name);
+    });
+}
+
+/// DPDK's `net_vhost` as the backend: testpmd in `mode` listens, the driver guest runs
+/// `workload`; returns the guest's result and testpmd's totals.
+fn against_dpdk(mode: &str, workload: &str) -> (Value, integration_tests::vhost_user::PortTotals) {
+    let dir = scratch_dir("dpdk");
+    let socket = dir.join("vhost.sock");
+    let mut testpmd = Testpmd::vhost(
+        &socket,
+        "queues=1",
+        &[&format!("--forward-mode={mode}"), "--nb-cores=1"],
+    );
+    testpmd.command("start");
+    let (d, out) = driver_guest_run(&socket, "", &format!("{workload} ring=3"));
+    let vmm = vmm_device(&out);
+    assert_eq!(vmm["vhost_user"]["setup_errors"], 0, "{vmm}");
+    let totals = testpmd.forward("", Duration::from_millis(200));
+    testpmd.quit();
+    let _ = std::fs::remove_dir_all(&dir);
+    assert_eq!(
+        d["ctrl_vq"], 0,
+        "DPDK's vhost does not serve the control queue: {d}"
+    );
+    (d, totals)
+}
+
+#[test]
+fn the_driver_guest_streams_through_dpdks_vhost_backend() {
+    let _lock = guest_lock();
+    let (d, totals) = against_dpdk("rxonly", "tx=100000");
+    assert_eq!(d["status"], "done", "{d}");
+    assert_eq!(json_u64(&d, "done"), 100_000);
+    assert_eq!(
+        totals.rx, 100_000,
+        "testpmd received every frame: {totals:?}"
+    );
+    let (d, totals) = against_dpdk("macswap", "fwd=100000");
+    assert_eq!(d["status"], "done", "{d}");
+    assert_eq!(json_u64(&d, "done"), 100_000, "{d}");
+    assert!(totals.rx >= 100_000 && totals.tx >= 100_000, "{totals:?}");
+    // testpmd's frames are UDP, not the guest's test frames: it receives and drops them
+    // (`foreign_frames`) until its time is up.
+    let (d, totals) = against_dpdk("txonly", "rx=10000 timeout_ms=2000");
+    let received = json_u64(&d, "rx_frames");
+    assert!(received >= 10_000, "{d}");
+    assert_eq!(json_u64(&d, "foreign_frames"), received, "{d}");
+    assert!(totals.tx >= received, "{totals:?}");
+}
