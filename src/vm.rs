@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use devices::backend::NetBackend;
 use devices::legacy::{CmosRtc, Serial, I8042};
-use devices::virtio::net::vhost_user::{VhostUserNet, VhostUserNetMetrics};
+use devices::virtio::net::vhost_user::{VhostUserNet, VhostUserNetConfig, VhostUserNetMetrics};
 use devices::virtio::net::{BackendKind, NetDevice, NetError, NetMetrics, TuningControl};
 use devices::virtio::pci::VirtioPciTransport;
 use devices::virtio::{MmioTransport, VirtioDevice};
@@ -103,6 +103,31 @@ fn lock<T: ?Sized>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
+/// Says so when a device's backend is a measurement instrument.
+fn warn_measurement(iface_id: &str, backend: BackendKind) {
+    if backend.is_measurement() {
+        log::warn!(
+            "virtio-net {iface_id:?}: backend={backend} is a measurement instrument (no tap, no \
+             real traffic)"
+        );
+    }
+}
+
+/// The VM's memory: a shared file when a vhost-user backend maps it too, else anonymous.
+fn guest_memory(config: &VmConfig, size: u64) -> Result<memory::GuestMemory, VmmError> {
+    let shared = config
+        .network_interfaces
+        .iter()
+        .any(|n| n.vhost_user_socket.is_some());
+    if shared {
+        return memory::create_shared_guest_memory(size).map_err(VmmError::SharedMemory);
+    }
+    memory::create_guest_memory(size).map_err(|source| VmmError::Memory {
+        mib: config.machine_config.mem_size_mib,
+        source,
+    })
+}
+
 /// The line that says what boots.
 fn log_boot(config: &VmConfig, kernel: &std::path::Path, cmdline: &linux_loader::cmdline::Cmdline) {
     log::info!(
@@ -126,19 +151,7 @@ impl RunningVm {
             .as_ref()
             .ok_or(config::ConfigError::MissingBootSource)?;
         let mem_size = config.machine_config.mem_size_mib << 20;
-        // A vhost-user backend maps guest memory too: it is a shared file then.
-        let shared = config
-            .network_interfaces
-            .iter()
-            .any(|n| n.vhost_user_socket.is_some());
-        let mem = if shared {
-            memory::create_shared_guest_memory(mem_size).map_err(VmmError::SharedMemory)?
-        } else {
-            memory::create_guest_memory(mem_size).map_err(|source| VmmError::Memory {
-                mib: config.machine_config.mem_size_mib,
-                source,
-            })?
-        };
+        let mem = guest_memory(config, mem_size)?;
         let vm = Vm::new(&mem)?;
         let kernel = boot::load_kernel(&mem, &boot_source.kernel_image_path)?;
         let initrd = match &boot_source.initrd_path {
@@ -425,36 +438,15 @@ fn attach_net_devices(
     let mut pci = PciSetup::default();
     for (i, iface) in config.network_interfaces.iter().enumerate() {
         if let Some(vhost_user) = iface.vhost_user_config() {
-            let vhost_user = vhost_user?;
-            let filter = filters.map(|f| f.get(ThreadKind::VhostUser).clone());
-            let device =
-                VhostUserNet::new(&vhost_user, &iface.iface_id, filter).map_err(|source| {
-                    VmmError::VhostUser {
-                        iface_id: iface.iface_id.clone(),
-                        source,
-                    }
-                })?;
-            let metrics = device.metrics();
-            let on = format!("vhost-user {:?}", vhost_user.socket);
-            let device: Box<dyn VirtioDevice> = Box::new(device);
-            let transport = match iface.transport() {
-                Transport::Mmio => {
-                    let slot = boot::virtio_slot(i);
-                    cmdline_devices.push(slot);
-                    attach_mmio(vm, mem, buses, iface, slot, device, &on, vhost_user.mac)?
-                }
-                Transport::Pci => {
-                    attach_pci(vm, mem, buses, &mut pci, iface, device, &on, vhost_user.mac)?
-                }
+            let place = Placement {
+                vm,
+                mem,
+                buses,
+                index: i,
             };
-            attached.push(AttachedNet {
-                iface_id: iface.iface_id.clone(),
-                transport,
-                kind: NetKind::VhostUser {
-                    socket: vhost_user.socket,
-                    metrics,
-                },
-            });
+            let filter = filters.map(|f| f.get(ThreadKind::VhostUser).clone());
+            let net = place.vhost_user(iface, vhost_user?, filter, cmdline_devices, &mut pci)?;
+            attached.push(net);
             continue;
         }
         let net_config = iface.net_config()?;
@@ -474,13 +466,7 @@ fn attach_net_devices(
             BackendKind::Loop => OpenedNet::new(NetDevice::looped(&net_config), filter),
         }
         .map_err(net_err)?;
-        if net_config.backend.is_measurement() {
-            log::warn!(
-                "virtio-net {:?}: backend={} is a measurement instrument (no tap, no real traffic)",
-                iface.iface_id,
-                net_config.backend
-            );
-        }
+        warn_measurement(&iface.iface_id, net_config.backend);
         tuning.set(iface.tuning).map_err(|error| {
             VmmError::Config(config::ConfigError::Tuning {
                 iface_id: iface.iface_id.clone(),
@@ -515,6 +501,53 @@ fn attach_net_devices(
     }
     pci.finish(vm, buses.pio, buses.mmio)?;
     Ok(attached)
+}
+
+/// Where a device goes: the VM, its memory and buses, and the device's index (its mmio slot).
+struct Placement<'a> {
+    vm: &'a Vm,
+    mem: &'a memory::GuestMemory,
+    buses: &'a Buses<'a>,
+    index: usize,
+}
+
+impl Placement<'_> {
+    /// A vhost-user device: connected to its backend, then behind its transport.
+    fn vhost_user(
+        &self,
+        iface: &config::NetworkInterface,
+        vhost_user: VhostUserNetConfig,
+        filter: Option<Arc<seccompiler::BpfProgram>>,
+        cmdline_devices: &mut Vec<(u64, u32)>,
+        pci: &mut PciSetup,
+    ) -> Result<AttachedNet, VmmError> {
+        let device = VhostUserNet::new(&vhost_user, &iface.iface_id, filter).map_err(|source| {
+            VmmError::VhostUser {
+                iface_id: iface.iface_id.clone(),
+                source,
+            }
+        })?;
+        let metrics = device.metrics();
+        let on = format!("vhost-user {:?}", vhost_user.socket);
+        let device: Box<dyn VirtioDevice> = Box::new(device);
+        let (vm, mem, buses, mac) = (self.vm, self.mem, self.buses, vhost_user.mac);
+        let transport = match iface.transport() {
+            Transport::Mmio => {
+                let slot = boot::virtio_slot(self.index);
+                cmdline_devices.push(slot);
+                attach_mmio(vm, mem, buses, iface, slot, device, &on, mac)?
+            }
+            Transport::Pci => attach_pci(vm, mem, buses, pci, iface, device, &on, mac)?,
+        };
+        Ok(AttachedNet {
+            iface_id: iface.iface_id.clone(),
+            transport,
+            kind: NetKind::VhostUser {
+                socket: vhost_user.socket,
+                metrics,
+            },
+        })
+    }
 }
 
 /// Attaches `device` behind virtio-mmio at `(base, gsi)`: its register page on the MMIO bus,
