@@ -208,3 +208,114 @@ fn the_driver_guest_streams_through_dpdks_vhost_backend() {
     assert_eq!(json_u64(&d, "foreign_frames"), received, "{d}");
     assert!(totals.tx >= received, "{totals:?}");
 }
+
+/// Starts the driver guest against `socket` (in the background) with `cmdline`.
+fn spawn_guest(socket: &Path, cmdline: &str, api: &Path) -> VmmProcess {
+    let mut cmd = std::process::Command::new(vmm_binary());
+    cmd.arg("--kernel")
+        .arg(artifacts().get("driver_guest"))
+        .args(["--cmdline", cmdline])
+        .arg("--api-sock")
+        .arg(api)
+        .arg("--net")
+        .arg(format!("vhost-user={}", socket.display()));
+    VmmProcess::spawn(&mut cmd)
+}
+
+#[test]
+fn the_vm_survives_its_backend_killed_and_resumes_when_it_is_back() {
+    let _lock = guest_lock();
+    let dir = scratch_dir("kill");
+    let spec = "backend=loop";
+    let be = Backend::start(&dir, spec, None);
+    let api_sock = dir.join("vmm.sock");
+    let mut vmm = spawn_guest(&be.socket, "fwd=3000000 ring=3 timeout_ms=60000", &api_sock);
+    assert!(
+        vmm.wait_for_console_line("driver-guest: ready", Duration::from_secs(30)),
+        "the guest came up"
+    );
+    std::thread::sleep(Duration::from_millis(300));
+    // SIGKILL: no goodbye on the socket.
+    let backend = be.process;
+    backend.signal(libc::SIGKILL);
+    backend.finish(Duration::from_secs(5));
+    let vmm_api = integration_tests::api::Client::new(&api_sock);
+    let metrics = |api: &integration_tests::api::Client| {
+        api.request("GET", "/metrics", None)
+            .expect("the VMM's API answers")
+            .json()["net"]["vu0"]
+            .clone()
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while metrics(&vmm_api)["vhost_user"]["disconnects"] != 1 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the VMM noticed the backend's death"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(vmm.is_running(), "the VM outlives its backend");
+    // The backend comes back on the same socket; the VMM reconnects and traffic resumes.
+    let back = std::time::Instant::now();
+    let be = Backend::start(&dir, spec, None);
+    while metrics(&vmm_api)["vhost_user"]["reconnects"] != 1 {
+        assert!(
+            back.elapsed() < Duration::from_secs(10),
+            "the VMM reconnected"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let out = vmm.finish(Duration::from_secs(90));
+    assert!(out.success(), "{out}");
+    let d = driver_result(&out);
+    assert_eq!(
+        d["status"], "done",
+        "traffic resumed and the workload ended: {d}\n{out}"
+    );
+    assert!(
+        be.device_metrics()["tx"]["frames"].as_u64().unwrap_or(0) > 0,
+        "the new backend carried frames"
+    );
+    let vmm_metrics = vmm_device(&out);
+    assert_eq!(vmm_metrics["vhost_user"]["reconnects"], 1, "{vmm_metrics}");
+    let process = be.process;
+    process.signal(libc::SIGTERM);
+    process.finish(Duration::from_secs(10));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn the_backend_survives_its_vmm_killed_and_serves_the_next() {
+    let _lock = guest_lock();
+    let dir = scratch_dir("vmmkill");
+    let be = Backend::start(&dir, "backend=sink", None);
+    let api_sock = dir.join("vmm.sock");
+    let mut vmm = spawn_guest(&be.socket, "tx=50000000 ring=3", &api_sock);
+    assert!(vmm.wait_for_console_line("driver-guest: ready", Duration::from_secs(30)));
+    std::thread::sleep(Duration::from_millis(300));
+    vmm.signal(libc::SIGKILL);
+    vmm.finish(Duration::from_secs(5));
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let m = be.device_metrics();
+        if m["vhost_user"]["disconnects"] == 1 {
+            assert_eq!(
+                m["vhost_user"]["memory_regions"], 0,
+                "the VM's memory unmapped: {m}"
+            );
+            assert_eq!(m["vhost_user"]["connected"], 0);
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the backend noticed: {m}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let (d, _) = driver_guest(&be.socket, "", "tx=10000 ring=3");
+    assert_eq!(json_u64(&d, "done"), 10_000, "the next VM is served");
+    let process = be.process;
+    process.signal(libc::SIGTERM);
+    process.finish(Duration::from_secs(10));
+    let _ = std::fs::remove_dir_all(&dir);
+}
