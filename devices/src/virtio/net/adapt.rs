@@ -131,6 +131,11 @@ pub const WINDOW_TRIAL_PER_S: u64 = 100_000;
 pub const WINDOW_TRIAL_INTERVALS: u32 = 5;
 /// Intervals a window trial's verdict averages (all but the first).
 const TRIAL_JUDGED: usize = WINDOW_TRIAL_INTERVALS as usize - 1;
+/// A window the gap rule opened or grew is given back, and the rule parked, if the frame rate
+/// fell by the rate before it over this (a sixteenth) over the trial's intervals: on a path
+/// that something else bounds (a tap's `write`), polling takes its cycles from the vCPU or
+/// the kernel's work on that path and lowers the rate it cannot raise.
+pub const GAP_TRIAL_LOSS_DIV: u64 = 16;
 /// A coalescing rate trial keeps its level if the frame rate rose by the rate before it over
 /// this: by an eighth.
 pub const RATE_TRIAL_GAIN_DIV: u64 = 8;
@@ -230,6 +235,9 @@ struct WindowTrial {
     /// the bound is kept unless the frame rate fell by a tenth, instead of only when it rose
     /// by a quarter.
     from_earns: bool,
+    /// The gap rule opened or grew the window (no trial at the bound): kept unless the frame
+    /// rate fell by [`GAP_TRIAL_LOSS_DIV`]'s share.
+    gap: bool,
 }
 
 /// A trial's frame rates, window or coalescing (see the module docs): over
@@ -508,7 +516,15 @@ impl Adapter {
                 self.since_move = self.since_move.saturating_add(1);
                 trial
             }
-            None => self.turn_wait(wanted),
+            None => {
+                let moved = self.turn_wait(wanted);
+                // A flood's window must pay: judged by its rate (a trickle's cannot cost).
+                let flood = seen.frames_per_s() >= WINDOW_TRIAL_PER_S;
+                if moved > self.busy_poll_us && flood && self.rate_trial.is_none() {
+                    self.start_gap_trial(self.busy_poll_us);
+                }
+                moved
+            }
         };
         if busy_poll != self.busy_poll_us || self.gap_intervals >= GAP_HORIZON {
             self.forget_gaps();
@@ -604,7 +620,8 @@ impl Adapter {
         }
         let bound = self.bounds.max_busy_poll_us;
         if self.window_park.holds(rate) {
-            return None;
+            // Parked: the gap rule may close the window, not open or grow it.
+            return (wanted > self.busy_poll_us).then_some(self.busy_poll_us);
         }
         // A window under the bound that the gap rule would not grow: closed, too small for a
         // driver that waits under it (its gaps are long), which no horizon of evidence may
@@ -631,6 +648,14 @@ impl Adapter {
             return self.busy_poll_us;
         };
         let before = trial.rates.before;
+        if trial.gap {
+            if rate >= before.saturating_sub(before / GAP_TRIAL_LOSS_DIV) {
+                self.window_park.kept();
+                return self.busy_poll_us;
+            }
+            self.window_park.fail(rate);
+            return trial.from;
+        }
         let kept = if trial.from_earns {
             rate >= before.saturating_sub(before / 10)
         } else {
@@ -657,6 +682,19 @@ impl Adapter {
             rates: RateTrial::new(self.recent_mean(n)),
             from: now,
             from_earns: now > 0 && self.windows.1.saturating_mul(2) > self.windows.0,
+            gap: false,
+        });
+    }
+
+    /// The gap rule moves the window up from `now`: judged by the frame rate as a trial is
+    /// (see [`GAP_TRIAL_LOSS_DIV`]).
+    fn start_gap_trial(&mut self, now: u32) {
+        let n = (self.gap_intervals as usize).clamp(1, TRIAL_JUDGED);
+        self.window_trial = Some(WindowTrial {
+            rates: RateTrial::new(self.recent_mean(n)),
+            from: now,
+            from_earns: false,
+            gap: true,
         });
     }
 

@@ -1210,3 +1210,65 @@ fn a_flood_the_first_level_does_not_speed_up_gets_one_rate_trial() {
         }
     }
 }
+
+/// A tap-bound transmit flood: the driver kicks after short gaps (the device drains faster
+/// than the driver fills), and the rate is the tap's; a busy-poll window (any) takes `cost` of
+/// it away (its cycles come from the vCPU or the tap's own work).
+fn tap_bound(a: &mut Adapter, rate: u64, cost_div: u64) -> Decision {
+    let rate = if a.busy_poll_us() > 0 {
+        rate - rate / cost_div
+    } else {
+        rate
+    };
+    let frames = rate * INTERVAL_US / 1_000_000;
+    a.observe(Observed {
+        frames,
+        interrupts: frames / 64,
+        short_gaps: if a.busy_poll_us() > 0 { 0 } else { 40 },
+        longest_short_gap_us: 6,
+        windows: if a.busy_poll_us() > 0 { 40 } else { 0 },
+        windows_found: if a.busy_poll_us() > 0 { 30 } else { 0 },
+        elapsed_us: INTERVAL_US,
+        kicks: 40,
+        ..Observed::default()
+    })
+}
+
+#[test]
+fn a_window_the_gap_rule_opens_on_a_flood_it_slows_is_given_back_and_parked() {
+    // 1.7 M frames/s into a tap, 30 % lost to any polling: the gap rule opens the window on
+    // the short gaps, its trial sees the rate fall, and the window goes back and stays shut.
+    let mut a = Adapter::new(bounds(64, 0));
+    let mut windows = Vec::new();
+    for _ in 0..400 {
+        tap_bound(&mut a, 1_700_000, 3);
+        windows.push(a.busy_poll_us());
+    }
+    assert!(
+        windows[..8].iter().any(|&w| w > 0),
+        "the gap rule opened: {windows:?}"
+    );
+    let open = windows.iter().filter(|&&w| w > 0).count();
+    // Each trial lasts WINDOW_TRIAL_INTERVALS; the park doubles from PARK_INTERVALS after each
+    // failure: over 400 intervals, four or five trials (16 + 32 + 64 + 128 + 256 > 400).
+    assert!(
+        open <= 5 * WINDOW_TRIAL_INTERVALS as usize,
+        "{open} intervals of 400 polled: {windows:?}"
+    );
+    assert_eq!(*windows.last().unwrap_or(&1), 0, "shut at the end");
+
+    // The same flood where polling costs nothing (or helps): the window stays open.
+    let mut b = Adapter::new(bounds(64, 0));
+    for _ in 0..100 {
+        tap_bound(&mut b, 1_700_000, u64::MAX);
+    }
+    assert!(b.busy_poll_us() > 0, "kept where it does not cost");
+    assert_eq!(b.counters.busy_poll_changes, 1, "opened once, kept");
+
+    // A loss under a sixteenth is within the trial's tolerance (noise): kept.
+    let mut c = Adapter::new(bounds(64, 0));
+    for _ in 0..100 {
+        tap_bound(&mut c, 1_700_000, 20);
+    }
+    assert!(c.busy_poll_us() > 0);
+}
