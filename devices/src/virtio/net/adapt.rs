@@ -15,7 +15,14 @@
 //!   when three in four were long *and* two in three of its windows or more ran out without
 //!   finding work (a window that finds work a third of the time or more earns its keep whatever
 //!   the sleeps say), judged on the evidence of a
-//!   whole [`GAP_HORIZON`] at once; otherwise it stays. Opening is quick and closing slow because
+//!   whole [`GAP_HORIZON`] at once; otherwise it stays. On a flood (at least
+//!   [`WINDOW_TRIAL_PER_S`] frames/s) each opening or growth is judged as a trial is, over
+//!   [`WINDOW_TRIAL_INTERVALS`] intervals: given back, and the rule parked as after a failed
+//!   trial (no opening or growth while parked), if the frame rate fell by a sixteenth
+//!   ([`GAP_TRIAL_LOSS_DIV`]). Short gaps say that a window would catch the driver's next
+//!   buffer, not that catching it pays: on a path something else bounds (a tap's `write`),
+//!   the window's polling takes its cycles from the vCPU or the kernel's work on that path.
+//!   Opening is quick and closing slow because
 //!   the two mistakes cost differently: a window left open over a horizon too long costs the
 //!   worker's polling (at most the window per wake-up, on its own thread), one closed under a load
 //!   that needs it costs that load's rate (2× on the VM's flood through a `loop`), and a load that
