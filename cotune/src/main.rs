@@ -227,6 +227,11 @@ struct Cli {
     /// A short run for CI: fewer points (2-D sweeps 2x2), 0.3 s trials, one repeat.
     #[arg(long, global = true)]
     quick: bool,
+    /// The adaptive preset fails (exit status 1) when, for a target and workload, both sides
+    /// adapting score under RATIO × the defaults in the same run (a regression check: on a
+    /// path where no knob can help, adapting must not cost).
+    #[arg(long, global = true, value_name = "RATIO")]
+    check_adaptive: Option<f64>,
 }
 
 fn usage(msg: &str) -> ExitCode {
@@ -570,5 +575,32 @@ fn main() -> ExitCode {
         eprintln!("{e}");
         return ExitCode::FAILURE;
     }
-    ExitCode::SUCCESS
+    match cli.check_adaptive {
+        Some(min) if !adaptive_holds(&rows, min) => ExitCode::FAILURE,
+        _ => ExitCode::SUCCESS,
+    }
+}
+
+/// `--check-adaptive MIN`: whether adapting scored at least MIN × the defaults for every
+/// target and workload the adaptive preset measured (and it measured some); says which did
+/// not.
+fn adaptive_holds(rows: &[Row], min: f64) -> bool {
+    let comparisons = cotune::report::comparisons(rows);
+    if comparisons.is_empty() {
+        eprintln!("--check-adaptive: the adaptive preset measured nothing to compare");
+        return false;
+    }
+    let mut holds = true;
+    for c in &comparisons {
+        let ok = c.vs_default >= min;
+        println!(
+            "check-adaptive {} {}: adaptive / defaults {:.2} (at least {min:.2}): {}",
+            c.target,
+            c.workload,
+            c.vs_default,
+            if ok { "ok" } else { "FAILED" }
+        );
+        holds &= ok;
+    }
+    holds
 }
