@@ -17,8 +17,12 @@ of the rounds' ratios), and the device adapter's busy-poll window at the end.
 With `--compare-vmm PATH`, the two adaptive-device configurations also run with that `vmm`
 binary (another build), in the same rounds, marked `(other build)`.
 
+With `--check MIN` it exits with status 1 when a configuration with the device adapting
+reads under MIN × fixed / fixed (the median of its rounds' ratios): CI's check that
+adaptation does not cost where no knob helps.
+
 Usage: scripts/adaptive-tap.py [--rounds R] [--frames N] [--paths stack,xdp-drop]
-           [--compare-vmm PATH] [--no-build]
+           [--compare-vmm PATH] [--check MIN] [--no-build]
 Needs root, /dev/kvm, the guest artefacts (resources/build-guest.sh), an idle machine.
 """
 
@@ -28,6 +32,7 @@ import os
 import signal
 import statistics
 import subprocess
+import sys
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -67,6 +72,8 @@ def main():
     p.add_argument("--paths", default="stack,xdp-drop")
     p.add_argument("--no-build", action="store_true")
     p.add_argument("--compare-vmm", help="another vmm binary for the adaptive configurations")
+    p.add_argument("--check", type=float, metavar="MIN",
+                   help="fail when a device-adapting configuration reads under MIN x fixed")
     a = p.parse_args()
     if not a.no_build:
         subprocess.run(["cargo", "build", "--release", "--quiet", "--bin", "vmm", "-p", "vmm"],
@@ -81,6 +88,7 @@ def main():
                     for name, keys, words in CONFIGS if keys]
     out = sh("bash", os.path.join(ROOT, "resources/build-guest.sh")).stdout
     guest = dict(l.split("=", 1) for l in out.splitlines() if "=" in l)["driver_guest"]
+    failed = []
     sh("ip", "netns", "add", NS)
     try:
         sh("ip", "netns", "exec", NS, "ip", "tuntap", "add", TAP, "mode", "tap", "vnet_hdr")
@@ -105,6 +113,9 @@ def main():
                     rates = [x[0] for x in results[name]]
                     ratio = statistics.median(x[0] / b[0] for x, b in zip(results[name], base))
                     windows = sorted({x[1] for x in results[name]})
+                    adapting = any(n == name and k for n, k, _, _ in configs)
+                    if a.check is not None and adapting and ratio < a.check:
+                        failed.append(f"{path} {name}: x{ratio:.2f}")
                     print(f"{path:8} {name:34} {statistics.median(rates)/1e6:.3f} M/s "
                           f"({min(rates)/1e6:.3f}-{max(rates)/1e6:.3f}), x{ratio:.2f} of fixed; "
                           f"busy-poll window at the end {windows} us", flush=True)
@@ -116,7 +127,11 @@ def main():
             print(f"# load {f.read().split()[0]} at end")
     finally:
         sh("ip", "netns", "del", NS, check=False)
+    if failed:
+        print(f"adaptation costs where no knob helps (under x{a.check}): " + ", ".join(failed))
+        return 1
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
