@@ -19,9 +19,8 @@
 #   device at boot; run the script inside a network namespace, `ip netns exec NS ...`, so that
 #   the tap the VMM creates is not in the host's namespace).
 #
-# Boot times on this host depend on the other load on its two cores: on a shared machine run it
-# under the machine-wide build lock (`cbuild scripts/boot-time.sh 5`) so that no build runs beside
-# it, and compare the load column.
+# Boot times depend on the other load on the host's cores: run it on an idle machine (no build
+# beside it), and compare the load column.
 set -euo pipefail
 
 N=${1:-5}
