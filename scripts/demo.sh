@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Boots the demo guest with networking: builds the guest kernel and initramfs on first use
-# (cached outside the clone; ~6 min the first time on 2 cores), builds vmm, creates a network
+# (cached outside the clone; 3–5 min the first time on 2 cores), builds vmm, creates a network
 # namespace `vmm-demo` holding the tap `vmmdemo0` (10.200.0.1/24), and runs the guest there with
 # a virtio-net device on that tap. The guest brings eth0 up as 10.200.0.2, pings the host,
 # prints "vmm-guest: done" and reboots, which ends the VMM; the namespace is then removed.
