@@ -263,6 +263,19 @@ pub fn parse_vhost_user_spec(
     )
 }
 
+/// An in-process `--net` spec: the device (the MAC checked as strictly as in the API) and the
+/// transport, if given. The message of an error is the command line's.
+pub fn parse_net_spec(spec: &str) -> Result<(NetConfig, Option<Transport>), String> {
+    let (spec, transport) = split_transport(spec).map_err(|e| e.to_string())?;
+    for item in spec.split(',') {
+        if let Some(mac) = item.strip_prefix("mac=") {
+            parse_guest_mac(mac).map_err(|e| e.to_string())?;
+        }
+    }
+    let config = spec.parse().map_err(|e: NetConfigError| e.to_string())?;
+    Ok((config, transport))
+}
+
 /// Takes `transport=pci|mmio` out of a `--net` spec: the rest (for [`NetConfig`]'s parser)
 /// and the transport, if given.
 pub fn split_transport(spec: &str) -> Result<(String, Option<Transport>), ConfigError> {
@@ -391,8 +404,8 @@ impl NetworkInterface {
         }
     }
 
-    /// An interface whose device is served by the vhost-user backend on `socket`.
-    pub fn vhost_user(iface_id: &str, socket: PathBuf) -> NetworkInterface {
+    /// An interface `iface_id` with nothing else given (no tap yet: fill in what it needs).
+    pub fn named(iface_id: &str) -> NetworkInterface {
         NetworkInterface {
             iface_id: iface_id.to_owned(),
             host_dev_name: String::new(),
@@ -409,8 +422,16 @@ impl NetworkInterface {
             io_uring: None,
             packed: None,
             in_order: None,
-            vhost_user_socket: Some(socket),
+            vhost_user_socket: None,
             vhost_mode: None,
+        }
+    }
+
+    /// An interface whose device is served by the vhost-user backend on `socket`.
+    pub fn vhost_user(iface_id: &str, socket: PathBuf) -> NetworkInterface {
+        NetworkInterface {
+            vhost_user_socket: Some(socket),
+            ..NetworkInterface::named(iface_id)
         }
     }
 
@@ -883,23 +904,8 @@ mod tests {
 
     fn iface(id: &str, tap: &str) -> NetworkInterface {
         NetworkInterface {
-            iface_id: id.into(),
             host_dev_name: tap.into(),
-            backend: None,
-            rate_pps: None,
-            frame_size: None,
-            guest_mac: None,
-            queue_size: None,
-            queues: None,
-            rx_rate_limiter: None,
-            tx_rate_limiter: None,
-            tuning: NetTuning::default(),
-            transport: None,
-            io_uring: None,
-            packed: None,
-            in_order: None,
-            vhost_user_socket: None,
-            vhost_mode: None,
+            ..NetworkInterface::named(id)
         }
     }
 

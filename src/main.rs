@@ -4,7 +4,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use clap::{Parser, ValueEnum};
+use clap::Parser;
 use devices::virtio::net::NetConfig;
 use vmm::config::{
     BootSource, MachineConfig, NetworkInterface, Transport, VmConfig, DEFAULT_MEM_MIB,
@@ -62,8 +62,8 @@ struct Cli {
     #[arg(long, value_name = "ID", default_value = vmm::DEFAULT_INSTANCE_ID)]
     id: String,
     /// Per-thread seccomp filters (`off` only to debug).
-    #[arg(long, value_enum, default_value_t = Seccomp::On)]
-    seccomp: Seccomp,
+    #[arg(long, value_enum, default_value_t = SeccompMode::On)]
+    seccomp: SeccompMode,
     /// Print device metrics as a JSON line on stderr every SECS seconds (always once at exit).
     #[arg(long, value_name = "SECS", value_parser = clap::value_parser!(u64).range(1..))]
     metrics_interval: Option<u64>,
@@ -84,22 +84,8 @@ fn parse_net(spec: &str) -> Result<NetSpec, String> {
     if let Some(iface) = vmm::config::parse_vhost_user_spec(spec, "vu") {
         return iface.map(NetSpec::VhostUser).map_err(|e| e.to_string());
     }
-    let (spec, transport) = vmm::config::split_transport(spec).map_err(|e| e.to_string())?;
-    for item in spec.split(',') {
-        if let Some(mac) = item.strip_prefix("mac=") {
-            vmm::config::parse_guest_mac(mac).map_err(|e| e.to_string())?;
-        }
-    }
-    let config = spec
-        .parse()
-        .map_err(|e: devices::virtio::net::NetConfigError| e.to_string())?;
+    let (config, transport) = vmm::config::parse_net_spec(spec)?;
     Ok(NetSpec::InProcess { config, transport })
-}
-
-#[derive(Clone, Copy, Debug, ValueEnum)]
-enum Seccomp {
-    On,
-    Off,
 }
 
 impl Cli {
@@ -143,10 +129,7 @@ impl Cli {
         Ok(Launch {
             config,
             api_sock: self.api_sock,
-            seccomp: match self.seccomp {
-                Seccomp::On => SeccompMode::On,
-                Seccomp::Off => SeccompMode::Off,
-            },
+            seccomp: self.seccomp,
             metrics_interval: self.metrics_interval.map(Duration::from_secs),
             instance_id: self.id,
         })

@@ -34,8 +34,8 @@ use vmm_sys_util::{ioctl_io_nr, ioctl_ior_nr, ioctl_iow_nr};
 /// Exit status after a thread made a system call outside its filter (as Firecracker).
 pub const BAD_SYSCALL_EXIT: i32 = 148;
 
-/// Whether filters are installed.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+/// Whether filters are installed (`--seccomp on|off` on the command lines).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default, clap::ValueEnum)]
 pub enum SeccompMode {
     /// One filter per thread kind (the default).
     #[default]

@@ -4,7 +4,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use clap::{Parser, ValueEnum};
+use clap::Parser;
 use devices::virtio::net::NetConfig;
 use vmm::config::NetworkInterface;
 use vmm::seccomp::SeccompMode;
@@ -39,32 +39,19 @@ struct Cli {
     #[arg(long, value_name = "ID", default_value = vmm::DEFAULT_INSTANCE_ID)]
     id: String,
     /// Per-thread seccomp filters (`off` only to debug).
-    #[arg(long, value_enum, default_value_t = Seccomp::On)]
-    seccomp: Seccomp,
+    #[arg(long, value_enum, default_value_t = SeccompMode::On)]
+    seccomp: SeccompMode,
     /// Print the metrics as a JSON line on stderr every SECS seconds (always once at exit).
     #[arg(long, value_name = "SECS", value_parser = clap::value_parser!(u64).range(1..))]
     metrics_interval: Option<u64>,
 }
 
-#[derive(Clone, Copy, Debug, ValueEnum)]
-enum Seccomp {
-    On,
-    Off,
-}
-
 /// `--net`: `vmm`'s syntax, the MAC checked as strictly as in the API, no transport.
 fn parse_net(spec: &str) -> Result<NetConfig, String> {
-    let (spec, transport) = vmm::config::split_transport(spec).map_err(|e| e.to_string())?;
-    if transport.is_some() {
-        return Err("`transport` is the frontend's choice, not the backend's".into());
+    match vmm::config::parse_net_spec(spec)? {
+        (config, None) => Ok(config),
+        (_, Some(_)) => Err("`transport` is the frontend's choice, not the backend's".into()),
     }
-    for item in spec.split(',') {
-        if let Some(mac) = item.strip_prefix("mac=") {
-            vmm::config::parse_guest_mac(mac).map_err(|e| e.to_string())?;
-        }
-    }
-    spec.parse()
-        .map_err(|e: devices::virtio::net::NetConfigError| e.to_string())
 }
 
 fn main() -> ExitCode {
@@ -77,10 +64,7 @@ fn main() -> ExitCode {
         client: cli.client,
         iface: NetworkInterface::from_net_config(cli.net),
         api_sock: cli.api_sock,
-        seccomp: match cli.seccomp {
-            Seccomp::On => SeccompMode::On,
-            Seccomp::Off => SeccompMode::Off,
-        },
+        seccomp: cli.seccomp,
         metrics_interval: cli.metrics_interval.map(Duration::from_secs),
         instance_id: cli.id,
     };

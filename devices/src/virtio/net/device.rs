@@ -446,14 +446,7 @@ impl<B: NetBackend> VirtioDevice for NetDevice<B> {
     }
 
     fn read_config(&self, offset: u64, data: &mut [u8]) {
-        let config = self.config_bytes();
-        for (i, byte) in data.iter_mut().enumerate() {
-            *byte = usize::try_from(offset)
-                .ok()
-                .and_then(|o| o.checked_add(i))
-                .and_then(|o| config.get(o).copied())
-                .unwrap_or(0);
-        }
+        read_config_bytes(&self.config_bytes(), offset, data);
     }
 
     fn write_config(&mut self, offset: u64, data: &[u8]) {
@@ -599,6 +592,18 @@ impl<B: NetBackend> VhostUserDevice for NetDevice<B> {
             .take_while(|pair| pair[0] && pair[1])
             .count();
         self.set_active_pairs(pairs);
+    }
+}
+
+/// Reads the configuration space `config` at `offset` into `data`; bytes past its end read as
+/// 0. Shared by every virtio-net device (in process, vhost-user).
+pub(crate) fn read_config_bytes(config: &[u8], offset: u64, data: &mut [u8]) {
+    for (i, byte) in data.iter_mut().enumerate() {
+        *byte = usize::try_from(offset)
+            .ok()
+            .and_then(|o| o.checked_add(i))
+            .and_then(|o| config.get(o).copied())
+            .unwrap_or(0);
     }
 }
 

@@ -483,13 +483,7 @@ impl VirtioDevice for VhostUserNet {
         if self.features & bit(VIRTIO_NET_F_MQ) != 0 {
             config[8..10].copy_from_slice(&self.pairs.to_le_bytes());
         }
-        for (i, byte) in data.iter_mut().enumerate() {
-            *byte = usize::try_from(offset)
-                .ok()
-                .and_then(|o| o.checked_add(i))
-                .and_then(|o| config.get(o).copied())
-                .unwrap_or(0);
-        }
+        super::device::read_config_bytes(&config, offset, data);
     }
 
     fn write_config(&mut self, _offset: u64, _data: &[u8]) {}
