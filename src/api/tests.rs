@@ -268,8 +268,8 @@ fn openapi_document_matches_the_server() {
         io_uring: Some(false),
         packed: Some(true),
         in_order: Some(true),
-        vhost_user_socket: None,
-        vhost_mode: None,
+        vhost_user_socket: Some("/run/vu.sock".into()),
+        vhost_mode: Some(crate::config::VhostMode::Server),
     };
     let boot = crate::config::BootSource {
         kernel_image_path: "/k".into(),
