@@ -40,6 +40,15 @@ enum Command {
     },
 }
 
+/// `--device`: where the VMs' device runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+enum DeviceArg {
+    /// In `vmm`.
+    InProcess,
+    /// In `vhost-user-net`, behind `vmm --net vhost-user=`.
+    VhostUser,
+}
+
 /// `--ring`: the virtqueue layout.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 enum RingArg {
@@ -156,6 +165,12 @@ struct Cli {
     /// wake-up). Co-simulation's driver always waits for the interrupt.
     #[arg(long, global = true, value_enum, default_value_t = GuestWait::Halt)]
     guest_wait: GuestWait,
+    /// Where the VMs' device runs: in `vmm` (`in-process`), or in `vhost-user-net` with `vmm`
+    /// its vhost-user frontend (`vhost-user`: the backend gets the point's device keys, `vmm
+    /// --net vhost-user=` the ring layout and transport; the device's counters come from the
+    /// backend). Co-simulation keeps the device in process either way. A CSV column.
+    #[arg(long, global = true, value_enum, default_value_t = DeviceArg::InProcess)]
+    device: DeviceArg,
     /// The virtqueue layout of every point, offered by the device and requested by the driver
     /// (`vmm --net …,packed=on`, the guest's `packed=1`); the ring-layout preset sweeps it.
     #[arg(long, global = true, value_enum, default_value_t = RingArg::Split)]
@@ -301,6 +316,10 @@ fn warn_of_conditions(cli: &Cli) -> f64 {
 /// What booting VMs needs: the vmm and the guest located, the host checked.
 fn locate_vm_env(cli: &Cli, backend: BackendKind) -> Result<VmEnv, String> {
     let vmm = vm::locate_vmm(cli.vmm.clone())?;
+    let device = match cli.device {
+        DeviceArg::InProcess => vm::DevicePlacement::InProcess,
+        DeviceArg::VhostUser => vm::DevicePlacement::VhostUser(vm::locate_backend(&vmm)?),
+    };
     vm::check_host()?;
     Ok(VmEnv {
         vmm,
@@ -312,6 +331,7 @@ fn locate_vm_env(cli: &Cli, backend: BackendKind) -> Result<VmEnv, String> {
         backend,
         host_path: cli.host_path,
         guest_wait: cli.guest_wait,
+        device,
     })
 }
 

@@ -110,6 +110,8 @@ pub struct Row {
     pub loadavg1: f64,
     /// Backend: pair or tap.
     pub backend: String,
+    /// Where the device ran: `in-process`, or `vhost-user` (a VM's device in `vhost-user-net`).
+    pub device: String,
     /// Charged cost of one kick, ns (sim only).
     pub kick_cost_ns: Option<u64>,
     /// Charged cost of one interrupt, ns (sim only).
@@ -123,7 +125,7 @@ pub const CSV_HEADER: &str = "preset,target,knob,value,knob2,value2,workload,fra
 kick_threshold,tx_completion,event_idx,xdp_bulk,xsk_mode,burst,pause_us,\
 coalesce_packets,coalesce_usecs,dev_event_idx,tx_budget,busy_poll_us,busy_poll_sleep_us,kick_coalesce_packets,kick_coalesce_usecs,rx_sparse_reads,ring,\
 dev_adaptive,drv_adaptive,pps,p50_us,p99_us,p999_us,kicks_per_pkt,irqs_per_pkt,tx_irqs_per_pkt,kicks_suppressed_per_pkt,driver_ns_per_pkt,device_ns_per_pkt,\
-driver_cpu_pct,device_cpu_pct,busy_poll_found_per_pkt,busy_poll_pct,ratio_to_baseline,vm_sim_ratio,loadavg1,backend,kick_cost_ns,irq_cost_ns,note";
+driver_cpu_pct,device_cpu_pct,busy_poll_found_per_pkt,busy_poll_pct,ratio_to_baseline,vm_sim_ratio,loadavg1,backend,device,kick_cost_ns,irq_cost_ns,note";
 
 /// `v` with `prec` decimals, or "" when it is not a number.
 fn num(v: f64, prec: usize) -> String {
@@ -191,6 +193,7 @@ pub fn to_csv(rows: &[Row]) -> String {
             num(r.vm_sim_ratio, 3),
             num(r.loadavg1, 2),
             field(&r.backend),
+            field(&r.device),
             opt(r.kick_cost_ns),
             opt(r.irq_cost_ns),
             field(&r.note),
@@ -692,6 +695,7 @@ mod tests {
             vm_sim_ratio: f64::NAN,
             loadavg1: 0.2,
             backend: "pair".into(),
+            device: "in-process".into(),
             kick_cost_ns: Some(1500),
             irq_cost_ns: Some(2000),
             note: "a, b".into(),

@@ -1383,6 +1383,10 @@ fn point_row(
             },
             opts.host_path,
         ),
+        device: match (&opts.vm, sim) {
+            (Some(vm), false) => vm.device.name().into(),
+            _ => crate::vm::DevicePlacement::InProcess.name().into(),
+        },
         kick_cost_ns: if sim { Some(opts.kick_cost_ns) } else { None },
         irq_cost_ns: if sim { Some(opts.irq_cost_ns) } else { None },
         note: m.map_or_else(String::new, |m| notes(point, m)),

@@ -50,6 +50,41 @@ pub struct VmEnv {
     pub host_path: HostPath,
     /// How the driver guest waits when its rings are idle (its `wait=`).
     pub guest_wait: GuestWait,
+    /// Where the device runs: in `vmm`, or in `vhost-user-net` behind `vmm --net vhost-user=`.
+    pub device: DevicePlacement,
+}
+
+/// Where a VM's device runs (`--device`).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub enum DevicePlacement {
+    /// In the VMM (`vmm --net …`).
+    #[default]
+    InProcess,
+    /// In `vhost-user-net` (this binary), the VMM its vhost-user frontend.
+    VhostUser(PathBuf),
+}
+
+impl DevicePlacement {
+    /// The CSV column's value.
+    pub fn name(&self) -> &'static str {
+        match self {
+            DevicePlacement::InProcess => "in-process",
+            DevicePlacement::VhostUser(_) => "vhost-user",
+        }
+    }
+}
+
+/// The `vhost-user-net` binary beside `vmm`.
+pub fn locate_backend(vmm: &Path) -> Result<PathBuf, String> {
+    let bin = vmm.with_file_name("vhost-user-net");
+    if bin.is_file() {
+        Ok(bin)
+    } else {
+        Err(format!(
+            "--device vhost-user: no {} (build it: cargo build --release --bin vhost-user-net)",
+            bin.display()
+        ))
+    }
 }
 
 /// How the driver guest waits for work (its `wait=` word).
@@ -221,6 +256,107 @@ fn vm_netns() -> io::Result<NetNs> {
     Ok(ns)
 }
 
+/// Splits a VM point's `--net` into the backend's `--net` (everything but the transport) and
+/// the VMM's (`vhost-user=SOCKET` with the ring layout, queue count and transport: the VMM
+/// offers those too).
+fn vhost_user_split(net: &str, socket: &Path) -> (String, String) {
+    let device: Vec<&str> = net
+        .split(',')
+        .filter(|item| !item.starts_with("transport="))
+        .collect();
+    let mut vmm_net = format!("vhost-user={}", socket.display());
+    for item in net.split(',') {
+        if ["packed=", "in_order=", "transport=", "queues="]
+            .iter()
+            .any(|k| item.starts_with(k))
+        {
+            vmm_net.push(',');
+            vmm_net.push_str(item);
+        }
+    }
+    (device.join(","), vmm_net)
+}
+
+/// A `vhost-user-net` serving one VM trial's device (in the trial's namespace, beside the tap).
+struct Backend {
+    child: Child,
+    stderr: Option<thread::JoinHandle<String>>,
+    dir: PathBuf,
+}
+
+impl Backend {
+    /// Starts it with the device spec `net` (`tap=…,knobs`, a `,transport=` left to the VMM);
+    /// returns it and the VMM's `--net` for it.
+    fn start(bin: &Path, ns: &NetNs, net: &str) -> io::Result<(Backend, String)> {
+        let dir = std::env::temp_dir().join(format!("cotune-vu-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir)?;
+        let socket = dir.join("vu.sock");
+        let (device, vmm_net) = vhost_user_split(net, &socket);
+        let mut child = ns
+            .command(&bin.to_string_lossy())
+            .arg("--socket")
+            .arg(&socket)
+            .args(["--net", &device])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()?;
+        let mut stderr = child.stderr.take().expect("piped stderr");
+        let stderr = thread::Builder::new()
+            .name("cotune-beerr".into())
+            .spawn(move || {
+                let mut s = String::new();
+                let _ = stderr.read_to_string(&mut s);
+                s
+            })?;
+        let deadline = Instant::now() + READY_TIMEOUT;
+        while !socket.exists() {
+            if Instant::now() > deadline || child.try_wait()?.is_some() {
+                let _ = child.kill();
+                return Err(io::Error::other(format!(
+                    "vhost-user-net --net {device} did not come up"
+                )));
+            }
+            thread::sleep(Duration::from_millis(5));
+        }
+        let backend = Backend {
+            child,
+            stderr: Some(stderr),
+            dir,
+        };
+        Ok((backend, vmm_net))
+    }
+
+    /// SIGTERM, then its stderr (the metrics line it prints at exit).
+    fn stop(mut self) -> String {
+        if let Ok(pid) = libc::pid_t::try_from(self.child.id()) {
+            // SAFETY: kill takes no pointers; the pid is our child's, not yet reaped.
+            unsafe { libc::kill(pid, libc::SIGTERM) };
+        }
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while matches!(self.child.try_wait(), Ok(None)) && Instant::now() < deadline {
+            thread::sleep(Duration::from_millis(5));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        self.stderr
+            .take()
+            .and_then(|h| h.join().ok())
+            .unwrap_or_default()
+    }
+}
+
+impl Drop for Backend {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
 /// A running `vmm`, killed on drop if it has not exited.
 struct Vmm {
     child: Child,
@@ -307,26 +443,32 @@ impl Drop for Vmm {
     }
 }
 
-/// The vCPU and device-worker threads of a running VMM and their CPU time.
+/// The vCPU and device-worker threads of a running VM and their CPU time (the worker in the
+/// VMM's process, or in the vhost-user backend's).
 struct VmThreads {
     pid: u32,
     vcpu: Option<i32>,
+    worker_pid: u32,
     worker: Option<i32>,
 }
 
 impl VmThreads {
-    fn find(pid: u32) -> VmThreads {
+    fn find(pid: u32, worker_pid: u32) -> VmThreads {
         VmThreads {
             pid,
             vcpu: proc_thread_named(pid, "vcpu0"),
-            worker: proc_thread_named(pid, &comm_name(&format!("net-{TAP}"))),
+            worker_pid,
+            worker: proc_thread_named(worker_pid, &comm_name(&format!("net-{TAP}"))),
         }
     }
 
     /// Both threads' CPU time, if both could be read (they exit when the guest resets).
     fn cpu(&self) -> Option<(u64, u64)> {
-        let get = |t: Option<i32>| t.and_then(|t| proc_task_cpu_ns(self.pid, t));
-        Some((get(self.vcpu)?, get(self.worker)?))
+        let vcpu = self.vcpu.and_then(|t| proc_task_cpu_ns(self.pid, t))?;
+        let worker = self
+            .worker
+            .and_then(|t| proc_task_cpu_ns(self.worker_pid, t))?;
+        Some((vcpu, worker))
     }
 
     fn pin(&self, (a, b): (usize, usize)) -> io::Result<()> {
@@ -403,10 +545,19 @@ pub fn run_point(env: &VmEnv, point: &Point, pin: Option<(usize, usize)>) -> io:
     } else {
         env.host_path.attach(&ns, TAP)?
     };
-    let (net, cmdline) = vm_args(env, point);
+    let (mut net, cmdline) = vm_args(env, point);
+    let backend = match &env.device {
+        DevicePlacement::InProcess => None,
+        DevicePlacement::VhostUser(bin) => {
+            let (backend, vmm_net) = Backend::start(bin, &ns, &net)?;
+            net = vmm_net;
+            Some(backend)
+        }
+    };
     let vmm = Vmm::spawn(&env.vmm, &env.guest, &ns, &net, &cmdline)?;
     let (vmm, mut console) = wait_ready(vmm, &net, &cmdline)?;
-    let threads = VmThreads::find(vmm.child.id());
+    let worker_pid = backend.as_ref().map_or(vmm.child.id(), |b| b.child.id());
+    let threads = VmThreads::find(vmm.child.id(), worker_pid);
     if let Some(cpus) = pin {
         threads.pin(cpus)?;
     }
@@ -415,7 +566,11 @@ pub fn run_point(env: &VmEnv, point: &Point, pin: Option<(usize, usize)>) -> io:
     let (report, end) = read_result(&vmm, &threads, env.frames, &mut console);
     let end = end.unwrap_or(start);
     let (host, echoed) = hosts.stop();
-    let stderr = vmm.finish(Duration::from_secs(10));
+    let mut stderr = vmm.finish(Duration::from_secs(10));
+    if let Some(backend) = backend {
+        // The device's counters are the backend's: its metrics line at exit.
+        stderr = backend.stop();
+    }
     drop(ns);
     let run = RunOutput {
         args: (&net, &cmdline),
@@ -894,6 +1049,7 @@ mod tests {
                 backend,
                 host_path: HostPath::Stack,
                 guest_wait: GuestWait::Halt,
+                device: DevicePlacement::InProcess,
             };
             let (_, halt) = vm_args(&env, &point(Workload::Fwd));
             assert!(!halt.contains("wait="), "{halt}");
@@ -906,6 +1062,27 @@ mod tests {
             );
             assert!(poll.starts_with(&halt), "only the wait word added: {poll}");
         }
+    }
+
+    #[test]
+    fn vhost_user_points_split_the_spec_between_backend_and_vmm() {
+        let (device, vmm) = vhost_user_split(
+            "tap=vmtap0,packed=on,in_order=on,busy_poll_us=50,coalesce_packets=32,transport=pci",
+            Path::new("/run/vu.sock"),
+        );
+        assert_eq!(
+            device,
+            "tap=vmtap0,packed=on,in_order=on,busy_poll_us=50,coalesce_packets=32"
+        );
+        assert_eq!(
+            vmm,
+            "vhost-user=/run/vu.sock,packed=on,in_order=on,transport=pci"
+        );
+        let (device, vmm) = vhost_user_split("backend=sink", Path::new("s"));
+        assert_eq!(
+            (device.as_str(), vmm.as_str()),
+            ("backend=sink", "vhost-user=s")
+        );
     }
 
     #[test]
