@@ -108,6 +108,8 @@ fn each_case(kind: &str, workload: &str, check: impl Fn(&Case, &Value, &Value)) 
         // The control queue went to our backend: the pairs were enabled through it.
         assert_eq!(d["ctrl_vq"], 1, "{}: {d}", case.name);
         let device = be.device_metrics();
+        // The VMM enables the rings once all are set up: the backend started its device once.
+        assert_eq!(device["activations"], 1, "{}: {device}", case.name);
         if case.pairs > 1 {
             assert_eq!(
                 device["ctrl"]["mq_pairs_sets"], 1,

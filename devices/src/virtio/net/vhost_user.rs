@@ -740,7 +740,8 @@ fn rings_in_use(run: &Run, backend: &Backend) -> Vec<usize> {
 }
 
 /// Hands the rings of `run` to `backend`: features, memory table, then per ring its size,
-/// base, addresses (the VMM's own addresses of them), call and kick eventfds, and enable.
+/// base, addresses (the VMM's own addresses of them), call and kick eventfds; then every ring's
+/// enable.
 /// `resume`: each split ring starts at its used index in guest memory (a backend that came
 /// back); else at the queue's own indexes.
 fn setup(backend: &mut Backend, run: &Run, resume: bool) -> vhost::Result<()> {
@@ -766,7 +767,7 @@ fn setup(backend: &mut Backend, run: &Run, resume: bool) -> vhost::Result<()> {
             .map_err(|_| vhost::Error::InvalidGuestMemory)
     };
     let packed = run.acked & bit(VIRTIO_F_RING_PACKED) != 0;
-    for index in rings {
+    for &index in &rings {
         let queue = &run.queues[index];
         let size = queue.size();
         f.set_vring_num(index, size)?;
@@ -796,7 +797,11 @@ fn setup(backend: &mut Backend, run: &Run, resume: bool) -> vhost::Result<()> {
         let call = call_fd(&run.interrupt, index).map_err(vhost::Error::IOError)?;
         f.set_vring_call(index, &call)?;
         f.set_vring_kick(index, &run.kicks[index])?;
-        if features & VHOST_USER_F_PROTOCOL_FEATURES != 0 {
+    }
+    // Enabled once all are set up, so that the backend starts its device once, with every
+    // ring (a ring enabled as it is set up would restart it at each later ring's kick).
+    if features & VHOST_USER_F_PROTOCOL_FEATURES != 0 {
+        for &index in &rings {
             f.set_vring_enable(index, true)?;
         }
     }
