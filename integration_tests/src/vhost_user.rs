@@ -5,14 +5,14 @@ use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Once};
 use std::thread;
 use std::time::{Duration, Instant};
 
 use devices::test_utils::netns::NetNs;
 
 use crate::api::Client;
-use crate::{vhost_user_net_binary, VmmProcess};
+use crate::{vhost_user_net_binary, workspace_root, VmmProcess};
 
 /// Where a test's sockets go: a fresh directory per call.
 pub fn scratch_dir(tag: &str) -> PathBuf {
@@ -116,6 +116,36 @@ pub struct PortTotals {
     pub tx_dropped: u64,
 }
 
+/// Whether `program` is on the `PATH`.
+fn on_path(program: &str) -> bool {
+    std::env::var_os("PATH")
+        .is_some_and(|path| std::env::split_paths(&path).any(|dir| dir.join(program).is_file()))
+}
+
+/// Installs the third-party frontends' Debian packages (`dpdk`, `qemu-system-x86`) when
+/// `program` is missing, as `resources/build-guest.sh` does the guest's: as root, unless
+/// `VMM_NO_INSTALL` is set. Otherwise the test that needs it fails, saying what to install.
+fn ensure_installed(program: &str) {
+    static INSTALL: Once = Once::new();
+    if on_path(program) {
+        return;
+    }
+    INSTALL.call_once(|| {
+        // SAFETY: getuid has no preconditions and cannot fail.
+        let root = unsafe { libc::getuid() } == 0;
+        if !root || std::env::var_os("VMM_NO_INSTALL").is_some() {
+            return;
+        }
+        let status = Command::new("bash")
+            .arg(workspace_root().join("resources/install-deps.sh"))
+            .status();
+        assert!(
+            status.as_ref().is_ok_and(|s| s.success()),
+            "resources/install-deps.sh failed: {status:?}"
+        );
+    });
+}
+
 /// An interactive `dpdk-testpmd` with one virtio-user port, driven through its stdin.
 pub struct Testpmd {
     child: Child,
@@ -171,6 +201,7 @@ impl Testpmd {
             vdev.push(',');
             vdev.push_str(devargs);
         }
+        ensure_installed("dpdk-testpmd");
         // Line-buffered: testpmd prints with stdio, fully buffered into a pipe otherwise.
         let mut cmd = Command::new("stdbuf");
         cmd.args(["-oL", "dpdk-testpmd"])
@@ -371,6 +402,7 @@ pub fn qemu_command(
         QemuAccel::Tcg => ("tcg", ",vectors=0".to_owned()),
     };
     let mq = if queues > 1 { ",mq=on" } else { "" };
+    ensure_installed("qemu-system-x86_64");
     let mut cmd = Command::new("qemu-system-x86_64");
     cmd.args([
         "-machine",
