@@ -24,26 +24,22 @@
 //! raises a configuration interrupt and returns to waiting; the backend stays with the thread,
 //! so the driver can reset the device and start over.
 //!
-//! By concern: this file holds the thread and its commands, the event loop and its tokens, the
-//! datapath calls (tx, rx, link) and the metrics publication; `setup` prepares a run at
-//! activation (backend, epoll, rings); `control` executes the control queue's commands;
+//! By concern: this file holds the event loop and its tokens, the datapath calls (tx, rx, link)
+//! and the metrics publication; `thread` the thread and its commands; `setup` prepares a run at
+//! activation (backend, epoll, rings); `queues` follows queue pairs enabled and disabled and
+//! single queues reset and enabled again; `control` executes the control queue's commands;
 //! `pacing` holds the rate limiters' throttles, interrupt moderation and its timer, busy-poll
-//! and run-time tuning.
+//! and run-time tuning; `trickle` watches a slow tx ring for kick coalescing.
 
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, RawFd};
 use std::panic::{self, AssertUnwindSafe};
-use std::sync::mpsc::{self, Receiver, SyncSender};
 use std::sync::Arc;
-use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
 use log::{debug, error, info, warn};
-use seccompiler::BpfProgram;
-use virtio_queue::Queue;
-use vm_memory::GuestMemoryMmap;
 use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
-use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
+use vmm_sys_util::eventfd::EventFd;
 use vmm_sys_util::timerfd::TimerFd;
 
 use super::adapt::{times_sleep, Adapter, Observed};
@@ -51,7 +47,7 @@ use super::ctrl::{CtrlCommand, CtrlError, ACK_ERR, ACK_OK, CTRL_CHAINS_PER_CALL}
 use super::link::{GuestMac, LinkControl, LinkState};
 use super::metrics::{BusyPollCounters, CtrlCounters, NetMetrics, RxCounters, TxCounters};
 use super::moderation::{Coalescing, Moderation, Moderator, TimerOp, RX, TX};
-use super::rx::{RxMode, RxQueue, RxStop, RX_GATHER_BYTES, RX_GATHER_NO_GSO_BYTES};
+use super::rx::{RxQueue, RxStop, RX_GATHER_BYTES, RX_GATHER_NO_GSO_BYTES};
 use super::tuning::{InterruptCoalescing, KickCoalescing, NetTuning, TuningShared};
 use super::tx::{TxQueue, TxStop};
 use super::BurstLog;
@@ -60,16 +56,21 @@ use crate::backend::{NetBackend, Offloads};
 use crate::error_chain;
 use crate::iovec::IovecList;
 use crate::virtio::ring::AnyRing;
-use crate::virtio::ring::{InterruptDecision, RingError, RingPosition};
+use crate::virtio::ring::{InterruptDecision, RingError};
 use crate::virtio::vring::WalkBudget;
 use crate::virtio::{ActivateError, VirtioInterrupt};
 
 mod control;
 mod pacing;
+mod queues;
 mod setup;
+mod thread;
 mod trickle;
 
-use self::pacing::nonblocking_timerfd;
+pub(crate) use self::thread::{Activation, PairQueue, Shared, WorkerThread};
+use self::thread::{Command, ThreadParts, Throttle};
+pub use self::thread::{PairPositions, WorkerThreadError};
+
 use self::trickle::TrickleWatch;
 
 /// What woke the worker.
@@ -148,347 +149,6 @@ enum WorkerError {
         "a timer (interrupt coalescing, a rate limiter's stop or the busy-poll's sleep) failed"
     )]
     Timer(#[source] io::Error),
-}
-
-/// Errors of the worker thread outside a run.
-#[derive(Debug, thiserror::Error)]
-pub enum WorkerThreadError {
-    /// The thread or its eventfds could not be created.
-    #[error("cannot start the worker thread")]
-    Spawn(#[source] io::Error),
-    /// The thread is gone (it panicked outside its loop).
-    #[error("the worker thread is gone")]
-    Gone,
-    /// Installing the seccomp filter failed.
-    #[error("cannot install the worker's seccomp filter")]
-    Seccomp(#[source] seccompiler::Error),
-    /// A filter can only be installed while the worker is idle (before activation); or the
-    /// worker has not read the commands already sent to it.
-    #[error("the worker is busy (running, or commands unread)")]
-    Busy,
-    /// A queue command needs a running worker.
-    #[error("the worker is not running")]
-    NotRunning,
-}
-
-/// Everything a worker run owns, handed over at activation.
-pub(crate) struct Activation {
-    pub(crate) mem: GuestMemoryMmap,
-    pub(crate) rx: Queue,
-    pub(crate) tx: Queue,
-    pub(crate) rx_kick: EventFd,
-    pub(crate) tx_kick: EventFd,
-    /// The control queue and its kick, when VIRTIO_NET_F_CTRL_VQ was negotiated.
-    pub(crate) ctrl: Option<(Queue, EventFd)>,
-    /// The negotiated features (what the control commands may use).
-    pub(crate) acked_features: u64,
-    pub(crate) rx_mode: RxMode,
-    /// The offloads to set on the backend for the negotiated features.
-    pub(crate) offloads: Offloads,
-    pub(crate) interrupt: Arc<VirtioInterrupt>,
-    /// The queue pairs the driver set up (pairs `0..usable_pairs`): what VQ_PAIRS_SET may
-    /// enable.
-    pub(crate) usable_pairs: u16,
-    /// Where each ring resumes (none: the queue's indexes, a packed ring's start).
-    pub(crate) positions: PairPositions,
-}
-
-/// Where the rings of one worker stand, each `None` where the run had no such ring (a queue
-/// reset and not enabled again, no control queue).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct PairPositions {
-    /// The receive queue's ring.
-    pub rx: Option<RingPosition>,
-    /// The transmit queue's ring.
-    pub tx: Option<RingPosition>,
-    /// The control queue's ring (pair 0 only).
-    pub ctrl: Option<RingPosition>,
-}
-
-/// What the device shares with its worker for the device's whole life.
-pub(crate) struct Shared {
-    /// The device's name in log lines (its tap).
-    pub(crate) label: Arc<str>,
-    pub(crate) metrics: Arc<NetMetrics>,
-    pub(crate) tuning: Arc<TuningShared>,
-    /// The link status the driver sees, following the backend's link.
-    pub(crate) link: LinkControl,
-    /// The MAC address the driver set (config space).
-    pub(crate) guest_mac: Arc<GuestMac>,
-    /// This worker's queue pair (0: the first, which also serves the control queue).
-    pub(crate) pair: usize,
-    /// The device's queue pairs (`max_virtqueue_pairs`).
-    pub(crate) pairs: u16,
-}
-
-/// One of a pair's two datapath queues.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum PairQueue {
-    Rx,
-    Tx,
-}
-
-enum Command {
-    Seccomp(Arc<BpfProgram>, SyncSender<Result<(), seccompiler::Error>>),
-    Start(Box<Activation>, SyncSender<Result<(), ActivateError>>),
-    /// Per-queue reset during a run: stop using the queue, then answer.
-    ResetQueue(PairQueue, SyncSender<()>),
-    /// Use the reset queue again on this ring (validated by the device).
-    EnableQueue(PairQueue, Box<AnyRing>),
-}
-
-/// Commands that may wait in the channel: a reset of each of the pair's queues, or a reset and
-/// an enable (the transport sends an enable only after the reset was answered).
-const COMMAND_CAPACITY: usize = 4;
-
-/// The device's grip on its worker thread.
-pub(crate) struct WorkerThread {
-    /// `None` once the thread has been told to exit.
-    commands: Option<SyncSender<Command>>,
-    /// Wakes a running worker to read `commands`.
-    command_ready: EventFd,
-    /// One message at the end of every run (stopped, or failed on its own): where its rings
-    /// stand.
-    stopped: Receiver<PairPositions>,
-    stop: EventFd,
-    running: bool,
-    thread: Option<JoinHandle<()>>,
-    /// The thread's name (`net-TAP`), for log lines.
-    name: String,
-}
-
-/// The thread's long-lived file descriptors, and its command channel.
-struct ThreadParts {
-    commands: Receiver<Command>,
-    /// Written after a command is sent: read during a run (epoll), drained between runs.
-    command_ready: EventFd,
-    stop: EventFd,
-    timer: TimerFd,
-    /// A sleeping busy-poll's wait between looks ([`NetTuning::busy_poll_sleep_us`]).
-    poll_timer: TimerFd,
-    /// Kick coalescing's look at the tx ring ([`NetTuning::kick_coalescing`]).
-    kick_timer: TimerFd,
-    tx_throttle: Throttle,
-    rx_throttle: Throttle,
-    tuning_changed: EventFd,
-}
-
-/// A queue stopped by its rate limiter: the timer that ends the stop, and when it began.
-struct Throttle {
-    timer: TimerFd,
-    since: Option<Instant>,
-}
-
-impl ThreadParts {
-    fn new(
-        tuning: &TuningShared,
-        pair: usize,
-        commands: Receiver<Command>,
-    ) -> io::Result<ThreadParts> {
-        Ok(ThreadParts {
-            commands,
-            command_ready: EventFd::new(EFD_NONBLOCK)?,
-            stop: EventFd::new(EFD_NONBLOCK)?,
-            timer: nonblocking_timerfd()?,
-            poll_timer: nonblocking_timerfd()?,
-            kick_timer: nonblocking_timerfd()?,
-            tx_throttle: Throttle::new()?,
-            rx_throttle: Throttle::new()?,
-            tuning_changed: tuning
-                .changed
-                .get(pair)
-                .ok_or_else(|| io::Error::from(io::ErrorKind::InvalidInput))?
-                .try_clone()?,
-        })
-    }
-}
-
-impl WorkerThread {
-    /// Starts the thread that will run `backend`'s datapath. On failure the backend is handed
-    /// back.
-    pub(crate) fn spawn<B: NetBackend>(
-        name: &str,
-        backend: B,
-        shared: Shared,
-    ) -> Result<WorkerThread, (io::Error, B)> {
-        let (command_tx, command_rx) = mpsc::sync_channel(COMMAND_CAPACITY);
-        let parts = match ThreadParts::new(&shared.tuning, shared.pair, command_rx) {
-            Ok(parts) => parts,
-            Err(e) => return Err((e, backend)),
-        };
-        let (stop, command_ready) = match (parts.stop.try_clone(), parts.command_ready.try_clone())
-        {
-            (Ok(stop), Ok(ready)) => (stop, ready),
-            (Err(e), _) | (_, Err(e)) => return Err((e, backend)),
-        };
-        let (stopped_tx, stopped_rx) = mpsc::sync_channel(1);
-        // The backend is sent after the thread exists, so a failed spawn keeps it here.
-        let (backend_tx, backend_rx) = mpsc::sync_channel::<B>(1);
-        let spawned = thread::Builder::new()
-            .name(name.to_owned())
-            .spawn(move || thread_main(backend_rx, stopped_tx, parts, shared));
-        let thread = match spawned {
-            Ok(thread) => thread,
-            Err(e) => return Err((e, backend)),
-        };
-        if let Err(mpsc::SendError(backend)) = backend_tx.send(backend) {
-            return Err((io::Error::other("worker thread exited early"), backend));
-        }
-        Ok(WorkerThread {
-            commands: Some(command_tx),
-            command_ready,
-            stopped: stopped_rx,
-            stop,
-            running: false,
-            thread: Some(thread),
-            name: name.to_owned(),
-        })
-    }
-
-    /// Installs `filter` on the worker thread (it then applies to every later run).
-    pub(crate) fn apply_seccomp(&self, filter: Arc<BpfProgram>) -> Result<(), WorkerThreadError> {
-        if self.running {
-            // The thread only reads commands between runs.
-            return Err(WorkerThreadError::Busy);
-        }
-        let (reply_tx, reply_rx) = mpsc::sync_channel(1);
-        self.send(Command::Seccomp(filter, reply_tx))?;
-        reply_rx
-            .recv()
-            .map_err(|_| WorkerThreadError::Gone)?
-            .map_err(WorkerThreadError::Seccomp)
-    }
-
-    /// Starts a run; returns once the thread has taken the activation (or refused it).
-    pub(crate) fn start(&mut self, activation: Activation) -> Result<(), ActivateError> {
-        self.stop();
-        let (reply_tx, reply_rx) = mpsc::sync_channel(1);
-        self.send(Command::Start(Box::new(activation), reply_tx))
-            .map_err(|_| ActivateError::BackendUnavailable)?;
-        reply_rx
-            .recv()
-            .map_err(|_| ActivateError::BackendUnavailable)??;
-        self.running = true;
-        Ok(())
-    }
-
-    /// Ends the current run, if any, and waits until the thread is idle again. Returns where
-    /// the run's rings stand, every chain it took either used or handed back (none: no run,
-    /// or the thread is gone).
-    pub(crate) fn stop(&mut self) -> Option<PairPositions> {
-        if !self.running {
-            return None;
-        }
-        self.running = false;
-        if let Err(e) = self.stop.write(1) {
-            error!("{}: failed to signal the worker to stop: {e}", self.name);
-        }
-        match self.stopped.recv() {
-            Ok(positions) => Some(positions),
-            Err(_) => {
-                error!("{}: the worker thread is gone; backend lost", self.name);
-                None
-            }
-        }
-    }
-
-    /// True between a successful [`start`](Self::start) and the next [`stop`](Self::stop).
-    pub(crate) fn is_running(&self) -> bool {
-        self.running
-    }
-
-    /// Asks the running worker to stop using `queue` (per-queue reset). Returns at once; the
-    /// receiver gets a message once the queue is stopped, or is disconnected if the run ended
-    /// first (then nothing uses the queue either).
-    pub(crate) fn reset_queue(&self, queue: PairQueue) -> Result<Receiver<()>, WorkerThreadError> {
-        let (reply_tx, reply_rx) = mpsc::sync_channel(1);
-        self.send_now(Command::ResetQueue(queue, reply_tx))?;
-        Ok(reply_rx)
-    }
-
-    /// Hands the running worker the ring of a queue it reset. Returns at once.
-    pub(crate) fn enable_queue(
-        &self,
-        queue: PairQueue,
-        vq: AnyRing,
-    ) -> Result<(), WorkerThreadError> {
-        self.send_now(Command::EnableQueue(queue, Box::new(vq)))
-    }
-
-    /// Sends a command to a running worker without blocking, and wakes it.
-    fn send_now(&self, command: Command) -> Result<(), WorkerThreadError> {
-        if !self.running {
-            return Err(WorkerThreadError::NotRunning);
-        }
-        match self.commands.as_ref().map(|c| c.try_send(command)) {
-            Some(Ok(())) => {}
-            Some(Err(mpsc::TrySendError::Full(_))) => return Err(WorkerThreadError::Busy),
-            None | Some(Err(mpsc::TrySendError::Disconnected(_))) => {
-                return Err(WorkerThreadError::Gone)
-            }
-        }
-        self.command_ready
-            .write(1)
-            .map_err(|_| WorkerThreadError::Gone)
-    }
-
-    fn send(&self, command: Command) -> Result<(), WorkerThreadError> {
-        self.commands
-            .as_ref()
-            .ok_or(WorkerThreadError::Gone)?
-            .send(command)
-            .map_err(|_| WorkerThreadError::Gone)
-    }
-}
-
-impl Drop for WorkerThread {
-    fn drop(&mut self) {
-        self.stop();
-        // Closing the command channel ends the thread's wait.
-        self.commands = None;
-        if let Some(thread) = self.thread.take() {
-            if thread.join().is_err() {
-                error!("{}: worker thread panicked outside its loop", self.name);
-            }
-        }
-    }
-}
-
-/// The thread body: waits for commands until the device goes away.
-fn thread_main<B: NetBackend>(
-    backend: Receiver<B>,
-    stopped: SyncSender<PairPositions>,
-    mut parts: ThreadParts,
-    shared: Shared,
-) {
-    let Ok(mut backend) = backend.recv() else {
-        return;
-    };
-    while let Ok(command) = parts.commands.recv() {
-        match command {
-            // Sent to a run that ended on its own: dropping the reply says "not running" (and
-            // nothing uses the queue); a ring for no run is dropped.
-            Command::ResetQueue(..) | Command::EnableQueue(..) => {}
-            Command::Seccomp(filter, reply) => {
-                // The device waits for the reply; it cannot have gone away meanwhile.
-                let _ = reply.send(seccompiler::apply_filter(&filter));
-            }
-            Command::Start(activation, reply) => {
-                match EventLoop::prepare(*activation, backend, &mut parts, &shared) {
-                    Ok(event_loop) => {
-                        let _ = reply.send(Ok(()));
-                        let positions;
-                        (backend, positions) = event_loop.run_to_end();
-                        let _ = stopped.send(positions);
-                    }
-                    Err((error, returned)) => {
-                        backend = returned;
-                        let _ = reply.send(Err(error));
-                    }
-                }
-            }
-        }
-    }
 }
 
 /// The control queue of a run, and the storage its chain walks reuse.
@@ -632,57 +292,6 @@ enum RxHold {
 }
 
 impl<'p, B: NetBackend> EventLoop<'p, B> {
-    /// Follows the driver's active queue pairs (VQ_PAIRS_SET, carried out by pair 0): a pair
-    /// enabled starts polling its kicks and backend queue (attached to the tap again) and
-    /// runs what is pending; a pair disabled stops polling them and detaches its tap queue.
-    fn sync_enabled(&mut self) -> Result<(), WorkerError> {
-        if self.pair == 0 {
-            return Ok(());
-        }
-        let want = self.pair < self.tuning_shared.active_pairs();
-        if want == self.enabled {
-            return Ok(());
-        }
-        self.enabled = want;
-        if let Err(e) = self.backend.set_queue_enabled(want) {
-            warn!(
-                "virtio-net {}: queue pair {}: the backend refused to {} its queue: {e}",
-                self.label,
-                self.pair,
-                if want { "attach" } else { "detach" }
-            );
-        }
-        Self::watch_kicks(
-            &self.epoll,
-            self.tx_kick.as_raw_fd(),
-            self.rx_kick.as_raw_fd(),
-            want,
-        )
-        .map_err(WorkerError::Epoll)?;
-        info!(
-            "virtio-net {}: queue pair {} {}",
-            self.label,
-            self.pair,
-            if want { "enabled" } else { "disabled" }
-        );
-        if want {
-            self.rx_hold = RxHold::Reading;
-            self.update_backend_interest().map_err(WorkerError::Epoll)?;
-            self.run_tx(self.parks())?;
-            self.run_rx()?;
-        } else {
-            self.tx_parked = false;
-            if self.rx_hold == RxHold::Parked {
-                // Nothing polls a disabled pair; enabling it runs rx again.
-                self.rx_hold = RxHold::Buffers;
-            }
-            self.tx_more = false;
-            self.tx_waiting = false;
-            self.update_backend_interest().map_err(WorkerError::Epoll)?;
-        }
-        Ok(())
-    }
-
     /// Runs until stopped or failed, then hands the backend back with where the rings stand
     /// (the rx chains popped ahead of frames handed back to the ring first).
     fn run_to_end(mut self) -> (B, PairPositions) {
@@ -842,66 +451,6 @@ impl<'p, B: NetBackend> EventLoop<'p, B> {
             }
         }
         Ok(())
-    }
-
-    /// Per-queue reset: the queue is no longer used, polled or completed; every other queue
-    /// keeps running. What was completed is already published (every datapath call publishes
-    /// before it returns); rx chains popped ahead of frames are dropped unused.
-    fn reset_queue(&mut self, queue: PairQueue) -> Result<(), WorkerError> {
-        match queue {
-            PairQueue::Rx => {
-                let pooled = self.rx.detach();
-                // Not polling the backend until the queue is back (frames wait in the tap).
-                self.rx_hold = RxHold::Buffers;
-                debug!(
-                    "virtio-net {}: pair {} rx queue reset ({pooled} pooled chains dropped)",
-                    self.label, self.pair
-                );
-            }
-            PairQueue::Tx => {
-                self.tx.detach();
-                self.tx_parked = false;
-                self.tx_more = false;
-                self.tx_waiting = false;
-                debug!(
-                    "virtio-net {}: pair {} tx queue reset",
-                    self.label, self.pair
-                );
-            }
-        }
-        self.metrics.queue_resets.add(1);
-        self.update_backend_interest().map_err(WorkerError::Epoll)
-    }
-
-    /// The reset queue runs again on `vq` (its rings checked by the device, like at
-    /// activation); kicks that came while it was reset are dropped, and whatever the driver
-    /// queued is taken at once.
-    fn enable_queue(&mut self, queue: PairQueue, vq: AnyRing) -> Result<(), WorkerError> {
-        let attached = match queue {
-            PairQueue::Rx => self.rx.is_attached(),
-            PairQueue::Tx => self.tx.is_attached(),
-        };
-        if attached {
-            // The transport enables only a reset queue; keep the ring in use.
-            error!(
-                "virtio-net {}: pair {}: {queue:?} queue enabled while running",
-                self.label, self.pair
-            );
-            return Ok(());
-        }
-        self.metrics.queue_reenables.add(1);
-        match queue {
-            PairQueue::Rx => {
-                self.rx.attach(vq);
-                drain(&self.rx_kick)?;
-                self.resume_rx()
-            }
-            PairQueue::Tx => {
-                self.tx.attach(vq);
-                drain(&self.tx_kick)?;
-                self.run_tx(self.parks())
-            }
-        }
     }
 
     /// Whether a drained tx queue, or an rx queue out of buffers, stays parked (notifications
