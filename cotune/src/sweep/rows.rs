@@ -42,6 +42,20 @@ pub(super) fn completion_name(c: TxCompletion) -> &'static str {
     }
 }
 
+/// The backend and device columns of a row measured on `opts` (`sim`: in co-simulation).
+fn placement(opts: &Options, sim: bool) -> (String, String) {
+    let backend = if sim || opts.backend.is_measurement() {
+        opts.backend
+    } else {
+        BackendKind::Tap
+    };
+    let device = match (&opts.vm, sim) {
+        (Some(vm), false) => vm.device.name(),
+        _ => crate::vm::DevicePlacement::InProcess.name(),
+    };
+    (backend_label(backend, opts.host_path), device.into())
+}
+
 /// A row for `point` with every knob of both sides and, if measured, its metrics.
 pub(super) fn point_row(
     preset: Preset,
@@ -67,6 +81,7 @@ pub(super) fn point_row(
     let cpu = m
         .filter(|m| m.cpu_secs.is_finite())
         .map(|m| (m.driver_cpu_ns, m.device_cpu_ns));
+    let (backend, device) = placement(opts, sim);
     Row {
         preset: preset.name().into(),
         target: target.into(),
@@ -112,18 +127,8 @@ pub(super) fn point_row(
         ratio_to_baseline: pps / base_pps,
         vm_sim_ratio: nan,
         loadavg1: load,
-        backend: backend_label(
-            if sim || opts.backend.is_measurement() {
-                opts.backend
-            } else {
-                BackendKind::Tap
-            },
-            opts.host_path,
-        ),
-        device: match (&opts.vm, sim) {
-            (Some(vm), false) => vm.device.name().into(),
-            _ => crate::vm::DevicePlacement::InProcess.name().into(),
-        },
+        backend,
+        device,
         kick_cost_ns: if sim { Some(opts.kick_cost_ns) } else { None },
         irq_cost_ns: if sim { Some(opts.irq_cost_ns) } else { None },
         note: m.map_or_else(String::new, |m| notes(point, m)),
