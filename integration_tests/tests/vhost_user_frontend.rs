@@ -164,51 +164,130 @@ fn the_driver_guest_forwards_through_our_backends_loop() {
     });
 }
 
+/// How the VMM and the driver guest run against DPDK's `net_vhost`.
+struct DpdkLayout {
+    name: &'static str,
+    /// Queue pairs (testpmd's `queues=`, the VMM's and the guest's).
+    pairs: u16,
+    /// The VMM's extra `--net` keys.
+    vmm: &'static str,
+    /// The guest's extra words.
+    guest: &'static str,
+}
+
+const DPDK_ONE_PAIR: DpdkLayout = DpdkLayout {
+    name: "mmio, split, one pair",
+    pairs: 1,
+    vmm: "",
+    guest: "",
+};
+
 /// DPDK's `net_vhost` as the backend: testpmd in `mode` listens, the driver guest runs
-/// `workload`; returns the guest's result and testpmd's totals.
-fn against_dpdk(mode: &str, workload: &str) -> (Value, integration_tests::vhost_user::PortTotals) {
+/// `workload`; returns the guest's result, testpmd's totals and the VMM's device metrics.
+fn against_dpdk(
+    layout: &DpdkLayout,
+    mode: &str,
+    workload: &str,
+) -> (Value, integration_tests::vhost_user::PortTotals, Value) {
     let dir = scratch_dir("dpdk");
     let socket = dir.join("vhost.sock");
+    let q = layout.pairs;
     let mut testpmd = Testpmd::vhost(
         &socket,
-        "queues=1",
-        &[&format!("--forward-mode={mode}"), "--nb-cores=1"],
+        &format!("queues={q}"),
+        &[
+            &format!("--forward-mode={mode}"),
+            "--nb-cores=1",
+            &format!("--rxq={q}"),
+            &format!("--txq={q}"),
+        ],
     );
     testpmd.command("start");
-    let (d, out) = driver_guest_run(&socket, "", &format!("{workload} ring=3"));
+    let keys = format!(",queues={q}{}", layout.vmm);
+    let cmdline = format!("{workload} ring=3 queues={q}{}", layout.guest);
+    let (d, out) = driver_guest_run(&socket, &keys, &cmdline);
     let vmm = vmm_device(&out);
-    assert_eq!(vmm["vhost_user"]["setup_errors"], 0, "{vmm}");
+    assert_eq!(
+        vmm["vhost_user"]["setup_errors"], 0,
+        "{}: {vmm}",
+        layout.name
+    );
     let totals = testpmd.forward("", Duration::from_millis(200));
     testpmd.quit();
     let _ = std::fs::remove_dir_all(&dir);
-    assert_eq!(
-        d["ctrl_vq"], 0,
-        "DPDK's vhost does not serve the control queue: {d}"
-    );
-    (d, totals)
+    // DPDK's vhost offers CTRL_VQ but never reads the queue: the VMM serves it.
+    assert_eq!(d["ctrl_vq"], 1, "{}: {d}", layout.name);
+    let ctrl = &vmm["vhost_user"]["ctrl"];
+    assert_eq!(ctrl["errors"], 0, "{}: {vmm}", layout.name);
+    assert_eq!(ctrl["malformed_chains"], 0, "{}: {vmm}", layout.name);
+    if q > 1 {
+        assert_eq!(
+            ctrl["mq_pairs_sets"], 1,
+            "{}: the driver's VQ_PAIRS_SET became the pairs' rings enabled: {vmm}",
+            layout.name
+        );
+    }
+    (d, totals, vmm)
 }
 
 #[test]
 fn the_driver_guest_streams_through_dpdks_vhost_backend() {
     let _lock = guest_lock();
-    let (d, totals) = against_dpdk("rxonly", "tx=100000");
+    let (d, totals, _) = against_dpdk(&DPDK_ONE_PAIR, "rxonly", "tx=100000");
     assert_eq!(d["status"], "done", "{d}");
     assert_eq!(json_u64(&d, "done"), 100_000);
     assert_eq!(
         totals.rx, 100_000,
         "testpmd received every frame: {totals:?}"
     );
-    let (d, totals) = against_dpdk("macswap", "fwd=100000");
+    let (d, totals, _) = against_dpdk(&DPDK_ONE_PAIR, "macswap", "fwd=100000");
     assert_eq!(d["status"], "done", "{d}");
     assert_eq!(json_u64(&d, "done"), 100_000, "{d}");
     assert!(totals.rx >= 100_000 && totals.tx >= 100_000, "{totals:?}");
     // testpmd's frames are UDP, not the guest's test frames: it receives and drops them
     // (`foreign_frames`) until its time is up.
-    let (d, totals) = against_dpdk("txonly", "rx=10000 timeout_ms=2000");
+    let (d, totals, _) = against_dpdk(&DPDK_ONE_PAIR, "txonly", "rx=10000 timeout_ms=2000");
     let received = json_u64(&d, "rx_frames");
     assert!(received >= 10_000, "{d}");
     assert_eq!(json_u64(&d, "foreign_frames"), received, "{d}");
     assert!(totals.tx >= received, "{totals:?}");
+}
+
+#[test]
+fn the_driver_guest_uses_two_pairs_of_dpdks_vhost_through_the_vmms_control_queue() {
+    let _lock = guest_lock();
+    for layout in [
+        DpdkLayout {
+            name: "pci, split, two pairs",
+            pairs: 2,
+            vmm: ",transport=pci",
+            guest: " transport=pci",
+        },
+        DpdkLayout {
+            name: "mmio, packed, two pairs",
+            pairs: 2,
+            vmm: ",packed=on",
+            guest: " packed=1",
+        },
+    ] {
+        let (d, totals, _) = against_dpdk(&layout, "rxonly", "tx=100000");
+        assert_eq!(d["status"], "done", "{}: {d}", layout.name);
+        assert_eq!(json_u64(&d, "done"), 100_000, "{}: {d}", layout.name);
+        assert_eq!(totals.rx, 100_000, "{}: {totals:?}", layout.name);
+        // Both pairs carried frames: pair 1's rings were enabled on the backend.
+        let pairs = d["queues"].as_array().expect("queues");
+        assert_eq!(pairs.len(), 2, "{}: {d}", layout.name);
+        for (i, pair) in pairs.iter().enumerate() {
+            assert!(
+                json_u64(pair, "tx") > 0,
+                "{}: pair {i} idle: {d}",
+                layout.name
+            );
+        }
+        let (d, totals, _) = against_dpdk(&layout, "macswap", "fwd=100000");
+        assert_eq!(json_u64(&d, "done"), 100_000, "{}: {d}", layout.name);
+        assert!(totals.rx >= 100_000, "{}: {totals:?}", layout.name);
+    }
 }
 
 /// Starts the driver guest against `socket` (in the background) with `cmdline`.
@@ -386,4 +465,69 @@ fn linux_boots_and_talks_through_our_backend_on_pci_packed_two_pairs() {
         ",packed=on,queues=2",
         ",transport=pci,packed=on,queues=2",
     );
+}
+
+/// Boots the project's Linux guest through DPDK's `net_vhost` with testpmd answering ARP and
+/// ICMP echo (`icmpecho`): the guest pings through it, on `vmm_keys` (`queues=` pairs).
+fn linux_pings_through_dpdk(pairs: u16, vmm_keys: &str) {
+    let _lock = guest_lock();
+    let dir = scratch_dir("dpdk-linux");
+    let socket = dir.join("vhost.sock");
+    let mut testpmd = Testpmd::vhost(
+        &socket,
+        &format!("queues={pairs}"),
+        &[
+            "--forward-mode=icmpecho",
+            "--nb-cores=1",
+            &format!("--rxq={pairs}"),
+            &format!("--txq={pairs}"),
+        ],
+    );
+    testpmd.command("start");
+    let a = artifacts();
+    let mut cmd = std::process::Command::new(vmm_binary());
+    cmd.arg("--kernel")
+        .arg(a.get("kernel"))
+        .arg("--initrd")
+        .arg(a.get("initrd"))
+        .args([
+            "--cmdline",
+            "console=ttyS0 reboot=k panic=-1 quiet vmm.run=net vmm.ip=10.201.0.2/24 \
+             vmm.peer=10.201.0.1",
+        ])
+        .arg("--net")
+        .arg(format!(
+            "vhost-user={},queues={pairs}{vmm_keys}",
+            socket.display()
+        ));
+    let out = VmmProcess::spawn(&mut cmd).finish(Duration::from_secs(180));
+    let totals = testpmd.forward("", Duration::from_millis(200));
+    testpmd.quit();
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(
+        out.stdout
+            .contains("3 packets transmitted, 3 packets received"),
+        "the guest pinged through DPDK's vhost: {out}"
+    );
+    let vmm = vmm_device(&out);
+    let ctrl = &vmm["vhost_user"]["ctrl"];
+    assert_eq!(ctrl["errors"], 0, "{vmm}");
+    assert!(
+        json_u64(ctrl, "ok") >= 1,
+        "Linux's commands were acked: {vmm}"
+    );
+    if pairs > 1 {
+        assert_eq!(ctrl["mq_pairs_sets"], 1, "{vmm}");
+    }
+    assert!(totals.rx >= 3 && totals.tx >= 3, "{totals:?}");
+}
+
+#[test]
+fn linux_pings_through_dpdks_vhost_backend_on_mmio() {
+    linux_pings_through_dpdk(1, "");
+}
+
+#[test]
+fn linux_pings_through_dpdks_vhost_backend_on_pci_two_pairs() {
+    linux_pings_through_dpdk(2, ",transport=pci");
 }

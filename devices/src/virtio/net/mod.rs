@@ -51,6 +51,7 @@ pub mod config;
 pub mod ctrl;
 pub mod device;
 mod link;
+pub mod local_ctrl;
 pub mod metrics;
 mod moderation;
 pub mod rate_limiter;

@@ -24,9 +24,12 @@
 //! The driver is offered what the backend offered of the device features this VMM knows,
 //! with MAC and STATUS (the VMM's configuration space). The control queue goes to the backend
 //! when the backend serves it: it offers CTRL_VQ and one of the commands only a device that
-//! runs the queue offers (NOTF_COAL, DEVICE_STATS), as `vhost-user-net` does; DPDK 22.11's
-//! vhost offers CTRL_VQ but never reads the queue, so its devices have no control queue
-//! (and no MQ, which needs it).
+//! runs the queue offers (NOTF_COAL, DEVICE_STATS), as `vhost-user-net` does. Otherwise the
+//! VMM serves the queue itself ([`super::local_ctrl`]), as QEMU does: it offers CTRL_VQ,
+//! CTRL_RX, CTRL_MAC_ADDR and, when the backend has more than one queue pair, MQ; VQ_PAIRS_SET
+//! becomes SET_VRING_ENABLE of the pairs' rings (pair 0 alone until the driver asks for more),
+//! the MAC and rx-mode commands are acknowledged, and every other command is refused. DPDK
+//! 22.11's vhost offers CTRL_VQ but never reads the queue, so the VMM serves it.
 //!
 //! # Interrupts
 //!
@@ -61,6 +64,7 @@ use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 use super::config::MacAddr;
 use super::ctrl::CTRL_QUEUE_SIZE;
 use super::link::{LinkControl, LinkState};
+use super::local_ctrl::{CtrlRequest, LocalCtrl, LocalCtrlMetrics};
 use super::stats::VIRTIO_NET_F_DEVICE_STATS;
 use crate::counters::{Counter, Gauge};
 use crate::virtio::vhost_user::VHOST_USER_F_PROTOCOL_FEATURES;
@@ -103,6 +107,12 @@ const CTRL_FEATURES: u64 = bit(VIRTIO_NET_F_CTRL_VQ)
     | bit(VIRTIO_NET_F_MQ);
 /// The VMM's own: its configuration space.
 const OWN: u64 = bit(VIRTIO_NET_F_MAC) | bit(VIRTIO_NET_F_STATUS);
+/// The control queue's features when the VMM serves the queue (with MQ where the backend has
+/// pairs).
+const LOCAL_CTRL: u64 = bit(VIRTIO_NET_F_CTRL_VQ)
+    | bit(VIRTIO_NET_F_CTRL_RX)
+    | bit(VIRTIO_NET_F_CTRL_MAC_ADDR)
+    | bit(VIRTIO_NET_F_MQ);
 
 /// What `--net vhost-user=` describes.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -178,6 +188,8 @@ pub struct VhostUserNetMetrics {
     pub connected: Gauge,
     /// The features the driver acknowledged (0 before DRIVER_OK).
     pub acked_features: Gauge,
+    /// The control queue, when the VMM serves it (the backend does not).
+    pub ctrl: LocalCtrlMetrics,
 }
 
 /// What the control thread is told by the vCPU thread.
@@ -338,6 +350,7 @@ impl VhostUserNet {
                 .map_err(VhostUserNetError::Thread)?;
         }
         let features = offered_features(config, &backend);
+        let ctrl_local = !backend.serves_ctrl();
         let pairs = if features & bit(VIRTIO_NET_F_MQ) != 0 {
             backend.pairs
         } else {
@@ -362,6 +375,9 @@ impl VhostUserNet {
             wake: wake.try_clone().map_err(VhostUserNetError::Thread)?,
             features,
             last_attempt: Instant::now(),
+            ctrl_local,
+            local_ctrl: None,
+            active_pairs: 1,
         };
         let thread = thread::Builder::new()
             .name(format!("vhost-{label}"))
@@ -432,13 +448,19 @@ fn offered_features(config: &VhostUserNetConfig, backend: &Backend) -> u64 {
     if !config.in_order {
         passed &= !bit(VIRTIO_F_IN_ORDER);
     }
-    if backend.serves_ctrl() {
+    let mq = config.queues >= 2 && backend.pairs >= 2;
+    let local = if backend.serves_ctrl() {
         passed |= CTRL_FEATURES;
-        if config.queues < 2 || backend.pairs < 2 {
+        if !mq {
             passed &= !bit(VIRTIO_NET_F_MQ);
         }
-    }
-    (backend.features & passed) | OWN
+        0
+    } else if mq {
+        LOCAL_CTRL
+    } else {
+        LOCAL_CTRL & !bit(VIRTIO_NET_F_MQ)
+    };
+    (backend.features & passed) | OWN | local
 }
 
 impl VirtioDevice for VhostUserNet {
@@ -559,6 +581,12 @@ struct Control {
     /// The features offered to the driver (a backend that comes back must still have them).
     features: u64,
     last_attempt: Instant,
+    /// The VMM serves the control queue (the first backend did not).
+    ctrl_local: bool,
+    /// The control queue of the run, when the VMM serves it.
+    local_ctrl: Option<LocalCtrl>,
+    /// The queue pairs the driver uses (VQ_PAIRS_SET, when the VMM serves the control queue).
+    active_pairs: u16,
 }
 
 impl Control {
@@ -578,13 +606,23 @@ impl Control {
                 events: libc::POLLIN,
                 revents: 0,
             }];
-            if let Some(backend) = &self.backend {
+            // The control queue's kick, then the backend's socket.
+            let ctrl_at = self.local_ctrl.as_ref().map(|ctrl| {
+                fds.push(libc::pollfd {
+                    fd: ctrl.kick_fd(),
+                    events: libc::POLLIN,
+                    revents: 0,
+                });
+                fds.len() - 1
+            });
+            let backend_at = self.backend.as_ref().map(|backend| {
                 fds.push(libc::pollfd {
                     fd: backend.fd,
                     events: libc::POLLRDHUP,
                     revents: 0,
                 });
-            }
+                fds.len() - 1
+            });
             let timeout = if self.backend.is_some() {
                 -1
             } else {
@@ -595,8 +633,11 @@ impl Control {
             if n < 0 {
                 continue;
             }
-            if fds.get(1).is_some_and(|p| p.revents != 0) {
+            if backend_at.is_some_and(|i| fds[i].revents != 0) {
                 self.lost();
+            }
+            if ctrl_at.is_some_and(|i| fds[i].revents != 0) {
+                self.serve_ctrl();
             }
             if fds[0].revents != 0 {
                 let _ = self.wake.read();
@@ -622,8 +663,15 @@ impl Control {
 
     /// DRIVER_OK: the rings to the backend (kept for a backend that comes back).
     fn start(&mut self, run: Run) -> Result<(), String> {
+        self.active_pairs = if self.ctrl_local { 1 } else { u16::MAX };
+        self.local_ctrl = if self.ctrl_local {
+            local_ctrl(&run).map_err(|e| format!("the control queue: {e}"))?
+        } else {
+            None
+        };
+        let plan = self.plan();
         let result = match &mut self.backend {
-            Some(backend) => setup(backend, &run, false).map_err(|e| e.to_string()),
+            Some(backend) => setup(backend, &run, false, plan).map_err(|e| e.to_string()),
             // The backend is away: the link stays down until it comes back.
             None => Ok(()),
         };
@@ -637,13 +685,71 @@ impl Control {
         result
     }
 
+    /// Which rings go to the backend, and which of them are enabled.
+    fn plan(&self) -> RingPlan {
+        RingPlan {
+            ctrl_to_backend: !self.ctrl_local,
+            active_pairs: self.active_pairs,
+        }
+    }
+
+    /// Answers the control queue's commands (the VMM serves it): VQ_PAIRS_SET enables the
+    /// backend's rings of the pairs in use and disables the others.
+    fn serve_ctrl(&mut self) {
+        let Some(mut ctrl) = self.local_ctrl.take() else {
+            return;
+        };
+        let Some(run) = &self.run else {
+            return;
+        };
+        let (backend, label, active) = (&mut self.backend, &self.label, &mut self.active_pairs);
+        let served = ctrl.serve(&self.metrics.ctrl, |CtrlRequest::SetPairs(n)| {
+            *active = n;
+            let Some(backend) = backend.as_mut() else {
+                // Set up so when the backend comes back.
+                return true;
+            };
+            let plan = RingPlan {
+                ctrl_to_backend: false,
+                active_pairs: n,
+            };
+            match enable_rings(backend, run, plan) {
+                Ok(()) => {
+                    info!("virtio-net {label}: {n} queue pair(s) in use");
+                    true
+                }
+                Err(e) => {
+                    warn!("vhost-{label}: enabling {n} queue pair(s): {e}");
+                    false
+                }
+            }
+        });
+        match served {
+            Ok(true) => {
+                if let Err(e) = run.interrupt.signal_queue(ctrl.index()) {
+                    warn!("vhost-{}: signalling the control queue: {e}", self.label);
+                }
+                self.local_ctrl = Some(ctrl);
+            }
+            Ok(false) => self.local_ctrl = Some(ctrl),
+            Err(e) => {
+                error!(
+                    "virtio-net {}: the driver broke the control queue: {e}; the device needs a reset",
+                    self.label
+                );
+                let _ = run.interrupt.set_needs_reset();
+            }
+        }
+    }
+
     /// A device reset: every ring stopped (GET_VRING_BASE), then the backend reset.
     fn stop(&mut self) {
+        self.local_ctrl = None;
         let Some(run) = self.run.take() else {
             return;
         };
         if let Some(backend) = &self.backend {
-            for index in rings_in_use(&run, backend) {
+            for index in rings_in_use(&run, !self.ctrl_local) {
                 if let Err(e) = backend.frontend.get_vring_base(index) {
                     warn!("vhost-{}: GET_VRING_BASE({index}): {e}", self.label);
                 }
@@ -682,10 +788,17 @@ impl Control {
                 return;
             }
         };
+        // What the backend must offer: not the configuration space's, nor the control queue's
+        // when the VMM serves it.
+        let own = if self.ctrl_local {
+            OWN | LOCAL_CTRL
+        } else {
+            OWN
+        };
         let needed = self
             .run
             .as_ref()
-            .map_or(self.features & !OWN, |r| r.acked & !OWN);
+            .map_or(self.features & !own, |r| r.acked & !own);
         if (backend.features | VHOST_USER_F_PROTOCOL_FEATURES) & needed != needed {
             warn!(
                 "vhost-{}: the backend came back without the features in use ({:#x} of {needed:#x})",
@@ -707,7 +820,7 @@ impl Control {
                 self.backend = Some(backend);
                 return;
             }
-            if let Err(e) = setup(&mut backend, run, true) {
+            if let Err(e) = setup(&mut backend, run, true, self.plan()) {
                 self.metrics.setup_errors.add(1);
                 warn!(
                     "vhost-{}: setting the rings up again failed: {e}",
@@ -728,15 +841,63 @@ impl Control {
 
 /// The rings of `run` the backend serves: the ready datapath rings, and the control queue if
 /// the backend serves it.
-fn rings_in_use(run: &Run, backend: &Backend) -> Vec<usize> {
-    let ctrl_index =
-        (run.acked & bit(VIRTIO_NET_F_CTRL_VQ) != 0).then(|| run.queues.len().saturating_sub(1));
+fn rings_in_use(run: &Run, ctrl_to_backend: bool) -> Vec<usize> {
+    let ctrl_index = ctrl_index(run);
     run.queues
         .iter()
         .enumerate()
-        .filter(|&(i, q)| q.ready() && (Some(i) != ctrl_index || backend.serves_ctrl()))
+        .filter(|&(i, q)| q.ready() && (Some(i) != ctrl_index || ctrl_to_backend))
         .map(|(i, _)| i)
         .collect()
+}
+
+/// The control queue's index in `run`, if the driver acknowledged one (the last queue).
+fn ctrl_index(run: &Run) -> Option<usize> {
+    (run.acked & bit(VIRTIO_NET_F_CTRL_VQ) != 0).then(|| run.queues.len().saturating_sub(1))
+}
+
+/// The control queue of `run` for the VMM to serve, if the driver acknowledged one.
+fn local_ctrl(run: &Run) -> Result<Option<LocalCtrl>, String> {
+    let Some(index) = ctrl_index(run) else {
+        return Ok(None);
+    };
+    let queue = &run.queues[index];
+    if !queue.ready() {
+        return Ok(None);
+    }
+    let kick = run.kicks[index].try_clone().map_err(|e| e.to_string())?;
+    // The pairs the driver set up: VQ_PAIRS_SET may ask for those.
+    let usable = run.queues[..index]
+        .chunks_exact(2)
+        .take_while(|pair| pair[0].ready() && pair[1].ready())
+        .count();
+    let usable = u16::try_from(usable).unwrap_or(u16::MAX);
+    LocalCtrl::new(queue, &run.mem, run.acked, kick, index, usable)
+        .map(Some)
+        .map_err(|e| e.to_string())
+}
+
+/// Which rings of a run go to the backend, and which of them are enabled.
+#[derive(Clone, Copy, Debug)]
+struct RingPlan {
+    /// The control queue's ring goes to the backend (it serves the queue).
+    ctrl_to_backend: bool,
+    /// The datapath rings of pairs `0..active_pairs` are enabled, the others disabled.
+    active_pairs: u16,
+}
+
+/// SET_VRING_ENABLE of every ring of `run` the backend has, as `plan` says.
+fn enable_rings(backend: &mut Backend, run: &Run, plan: RingPlan) -> vhost::Result<()> {
+    if backend.features & VHOST_USER_F_PROTOCOL_FEATURES == 0 {
+        // Without protocol features a ring runs once it has its kick.
+        return Ok(());
+    }
+    let ctrl = ctrl_index(run);
+    for index in rings_in_use(run, plan.ctrl_to_backend) {
+        let enable = Some(index) == ctrl || index / 2 < usize::from(plan.active_pairs);
+        backend.frontend.set_vring_enable(index, enable)?;
+    }
+    Ok(())
 }
 
 /// Hands the rings of `run` to `backend`: features, memory table, then per ring its size,
@@ -744,14 +905,17 @@ fn rings_in_use(run: &Run, backend: &Backend) -> Vec<usize> {
 /// enable.
 /// `resume`: each split ring starts at its used index in guest memory (a backend that came
 /// back); else at the queue's own indexes.
-fn setup(backend: &mut Backend, run: &Run, resume: bool) -> vhost::Result<()> {
-    let serves_ctrl = backend.serves_ctrl();
-    let rings = rings_in_use(run, backend);
+fn setup(backend: &mut Backend, run: &Run, resume: bool, plan: RingPlan) -> vhost::Result<()> {
+    let rings = rings_in_use(run, plan.ctrl_to_backend);
     let features = backend.features;
     let f = &mut backend.frontend;
     // What the backend implements of what the driver acknowledged: not the configuration
     // space (the VMM's), the control queue's only if the backend serves it.
-    let ctrl = if serves_ctrl { CTRL_FEATURES } else { 0 };
+    let ctrl = if plan.ctrl_to_backend {
+        CTRL_FEATURES
+    } else {
+        0
+    };
     let device = run.acked & (PASSED_ON | ctrl);
     f.set_features(device | features & VHOST_USER_F_PROTOCOL_FEATURES)?;
     let regions = run
@@ -800,12 +964,7 @@ fn setup(backend: &mut Backend, run: &Run, resume: bool) -> vhost::Result<()> {
     }
     // Enabled once all are set up, so that the backend starts its device once, with every
     // ring (a ring enabled as it is set up would restart it at each later ring's kick).
-    if features & VHOST_USER_F_PROTOCOL_FEATURES != 0 {
-        for &index in &rings {
-            f.set_vring_enable(index, true)?;
-        }
-    }
-    Ok(())
+    enable_rings(backend, run, plan)
 }
 
 /// Queue `index`'s call eventfd: its MSI-X vector's irqfd, or the line's (an idle eventfd for
