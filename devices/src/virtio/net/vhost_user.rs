@@ -53,7 +53,9 @@ use serde::Serialize;
 use vhost::vhost_user::message::{VhostUserHeaderFlag, VhostUserProtocolFeatures};
 use vhost::vhost_user::{Frontend, VhostUserFrontend};
 use vhost::{VhostBackend, VhostUserMemoryRegionInfo, VringConfigData};
-use virtio_bindings::virtio_config::{VIRTIO_F_IN_ORDER, VIRTIO_F_RING_PACKED, VIRTIO_F_VERSION_1};
+use virtio_bindings::virtio_config::{
+    VIRTIO_F_IN_ORDER, VIRTIO_F_RING_PACKED, VIRTIO_F_RING_RESET, VIRTIO_F_VERSION_1,
+};
 use virtio_bindings::virtio_ids::VIRTIO_ID_NET;
 use virtio_bindings::virtio_net::*;
 use virtio_bindings::virtio_ring::{VIRTIO_RING_F_EVENT_IDX, VIRTIO_RING_F_INDIRECT_DESC};
@@ -67,8 +69,11 @@ use super::link::{LinkControl, LinkState};
 use super::local_ctrl::{CtrlRequest, LocalCtrl, LocalCtrlMetrics};
 use super::stats::VIRTIO_NET_F_DEVICE_STATS;
 use crate::counters::{Counter, Gauge};
+use crate::virtio::net::device::QUEUE_RESET_WAIT;
 use crate::virtio::vhost_user::VHOST_USER_F_PROTOCOL_FEATURES;
-use crate::virtio::{ActivateError, ActivationContext, VirtioDevice, VirtioInterrupt};
+use crate::virtio::{
+    ActivateError, ActivationContext, QueueResetState, VirtioDevice, VirtioInterrupt,
+};
 
 /// How often a lost backend is looked for again.
 pub const RECONNECT_EVERY: Duration = Duration::from_millis(100);
@@ -188,6 +193,10 @@ pub struct VhostUserNetMetrics {
     pub connected: Gauge,
     /// The features the driver acknowledged (0 before DRIVER_OK).
     pub acked_features: Gauge,
+    /// Per-queue resets carried out (VIRTIO_F_RING_RESET: the ring stopped on the backend).
+    pub queue_resets: Counter,
+    /// Reset rings handed to the backend again.
+    pub queue_reenables: Counter,
     /// The control queue, when the VMM serves it (the backend does not).
     pub ctrl: LocalCtrlMetrics,
 }
@@ -198,6 +207,10 @@ enum Command {
     Start(Box<Run>, Sender<Result<(), String>>),
     /// The driver reset the device: stop the rings.
     Stop(Sender<()>),
+    /// Per-queue reset of a datapath ring: stop it (GET_VRING_BASE); answers once stopped.
+    ResetQueue(usize, Sender<()>),
+    /// The reset ring enabled again on the queue the driver programmed.
+    EnableQueue(usize, Box<Queue>, Sender<Result<(), String>>),
     /// The device goes away.
     Exit,
 }
@@ -224,6 +237,8 @@ pub struct VhostUserNet {
     wake: EventFd,
     thread: Option<JoinHandle<()>>,
     active: bool,
+    /// Per queue: the control thread's answer to a reset still awaited.
+    pending_resets: Vec<Option<Receiver<()>>>,
 }
 
 impl std::fmt::Debug for VhostUserNet {
@@ -244,6 +259,19 @@ enum Endpoint {
 }
 
 impl Endpoint {
+    /// Where `config`'s backend is: its socket to connect to, or one to listen on.
+    fn of(config: &VhostUserNetConfig) -> Result<Endpoint, VhostUserNetError> {
+        if !config.backend_connects {
+            return Ok(Endpoint::Connect(config.socket.clone()));
+        }
+        let listener =
+            UnixListener::bind(&config.socket).map_err(|source| VhostUserNetError::Listen {
+                path: config.socket.clone(),
+                source,
+            })?;
+        Ok(Endpoint::Listen(listener, config.socket.clone()))
+    }
+
     fn path(&self) -> &Path {
         match self {
             Endpoint::Connect(path) | Endpoint::Listen(_, path) => path,
@@ -324,16 +352,7 @@ impl VhostUserNet {
         label: &str,
         filter: Option<Arc<BpfProgram>>,
     ) -> Result<VhostUserNet, VhostUserNetError> {
-        let endpoint = if config.backend_connects {
-            let listener =
-                UnixListener::bind(&config.socket).map_err(|source| VhostUserNetError::Listen {
-                    path: config.socket.clone(),
-                    source,
-                })?;
-            Endpoint::Listen(listener, config.socket.clone())
-        } else {
-            Endpoint::Connect(config.socket.clone())
-        };
+        let endpoint = Endpoint::of(config)?;
         let stream = first_connection(&endpoint)?;
         let backend = Backend::negotiate(stream, config.queues).map_err(|source| {
             VhostUserNetError::Negotiation {
@@ -388,7 +407,9 @@ impl VhostUserNet {
              {features:#x} offered to the driver",
             config.socket
         );
+        let pending_resets = (0..queue_sizes.len()).map(|_| None).collect();
         Ok(VhostUserNet {
+            pending_resets,
             label: label.to_owned(),
             mac: config.mac,
             pairs,
@@ -557,6 +578,66 @@ impl VirtioDevice for VhostUserNet {
     fn is_active(&self) -> bool {
         self.active
     }
+
+    fn supports_queue_reset(&self) -> bool {
+        true
+    }
+
+    /// Resets an rx or tx queue: the backend stops its ring (GET_VRING_BASE; `vhost-user-net`
+    /// runs the other rings on, as the in-process device does). The control queue is refused.
+    fn reset_queue(&mut self, index: usize) -> QueueResetState {
+        if !self.active {
+            return QueueResetState::Done;
+        }
+        if index >= 2 * usize::from(self.pairs) {
+            return QueueResetState::Refused;
+        }
+        let (reply, answer) = mpsc::channel();
+        if !self.send(Command::ResetQueue(index, reply)) {
+            return QueueResetState::Done;
+        }
+        match answer.recv_timeout(QUEUE_RESET_WAIT) {
+            Ok(()) | Err(mpsc::RecvTimeoutError::Disconnected) => QueueResetState::Done,
+            Err(mpsc::RecvTimeoutError::Timeout) => {
+                if let Some(slot) = self.pending_resets.get_mut(index) {
+                    *slot = Some(answer);
+                }
+                QueueResetState::Ongoing
+            }
+        }
+    }
+
+    fn poll_queue_reset(&mut self, index: usize) -> QueueResetState {
+        let Some(slot) = self.pending_resets.get_mut(index) else {
+            return QueueResetState::Done;
+        };
+        match slot.as_ref().map(Receiver::try_recv) {
+            Some(Err(mpsc::TryRecvError::Empty)) => QueueResetState::Ongoing,
+            _ => {
+                *slot = None;
+                QueueResetState::Done
+            }
+        }
+    }
+
+    /// Hands the ring the driver programmed again to the backend, from its start.
+    fn enable_queue(&mut self, index: usize, queue: Queue) -> Result<(), ActivateError> {
+        let (reply, answer) = mpsc::channel();
+        if !self.send(Command::EnableQueue(index, Box::new(queue), reply)) {
+            return Err(ActivateError::BackendUnavailable);
+        }
+        match answer.recv_timeout(COMMAND_WAIT) {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(why)) => {
+                error!(
+                    "virtio-net {}: the vhost-user backend refused queue {index} again: {why}",
+                    self.label
+                );
+                Err(ActivateError::Backend(io::Error::other(why)))
+            }
+            Err(_) => Err(ActivateError::BackendUnavailable),
+        }
+    }
 }
 
 impl Drop for VhostUserNet {
@@ -650,6 +731,13 @@ impl Control {
                         Command::Stop(reply) => {
                             self.stop();
                             let _ = reply.send(());
+                        }
+                        Command::ResetQueue(index, reply) => {
+                            self.reset_queue(index);
+                            let _ = reply.send(());
+                        }
+                        Command::EnableQueue(index, queue, reply) => {
+                            let _ = reply.send(self.enable_queue(index, *queue));
                         }
                         Command::Exit => return,
                     }
@@ -757,6 +845,57 @@ impl Control {
         }
     }
 
+    /// Per-queue reset: the backend stops the ring (its other rings run on); the run forgets
+    /// it until the driver enables it again.
+    fn reset_queue(&mut self, index: usize) {
+        let Some(run) = &mut self.run else {
+            return;
+        };
+        let Some(queue) = run.queues.get_mut(index) else {
+            return;
+        };
+        let was_ready = queue.ready();
+        queue.set_ready(false);
+        if was_ready {
+            self.metrics.queue_resets.add(1);
+        }
+        if let (true, Some(backend)) = (was_ready, &self.backend) {
+            if let Err(e) = backend.frontend.get_vring_base(index) {
+                warn!("vhost-{}: GET_VRING_BASE({index}): {e}", self.label);
+            }
+        }
+    }
+
+    /// A reset ring enabled again: the backend gets it from its start.
+    fn enable_queue(&mut self, index: usize, queue: Queue) -> Result<(), String> {
+        let plan = self.plan();
+        let Some(run) = &mut self.run else {
+            return Err("the device is not running".into());
+        };
+        let slot = run
+            .queues
+            .get_mut(index)
+            .ok_or_else(|| format!("no queue {index}"))?;
+        *slot = queue;
+        let Some(backend) = &mut self.backend else {
+            // Set up with the others when the backend comes back.
+            self.metrics.queue_reenables.add(1);
+            return Ok(());
+        };
+        let result = setup_ring(backend, run, index, false)
+            .and_then(|()| enable_ring(backend, run, index, plan));
+        match result {
+            Ok(()) => {
+                self.metrics.queue_reenables.add(1);
+                Ok(())
+            }
+            Err(e) => {
+                self.metrics.setup_errors.add(1);
+                Err(e.to_string())
+            }
+        }
+    }
+
     /// The backend hung up.
     fn lost(&mut self) {
         self.backend = None;
@@ -788,13 +927,10 @@ impl Control {
                 return;
             }
         };
-        // What the backend must offer: not the configuration space's, nor the control queue's
-        // when the VMM serves it.
-        let own = if self.ctrl_local {
-            OWN | LOCAL_CTRL
-        } else {
-            OWN
-        };
+        // What the backend must offer: not the configuration space's, nor per-queue reset
+        // (the VMM's, through GET_VRING_BASE), nor the control queue's when the VMM serves it.
+        let local = if self.ctrl_local { LOCAL_CTRL } else { 0 };
+        let own = OWN | bit(VIRTIO_F_RING_RESET) | local;
         let needed = self
             .run
             .as_ref()
@@ -892,12 +1028,24 @@ fn enable_rings(backend: &mut Backend, run: &Run, plan: RingPlan) -> vhost::Resu
         // Without protocol features a ring runs once it has its kick.
         return Ok(());
     }
-    let ctrl = ctrl_index(run);
     for index in rings_in_use(run, plan.ctrl_to_backend) {
-        let enable = Some(index) == ctrl || index / 2 < usize::from(plan.active_pairs);
-        backend.frontend.set_vring_enable(index, enable)?;
+        enable_ring(backend, run, index, plan)?;
     }
     Ok(())
+}
+
+/// SET_VRING_ENABLE of ring `index` of `run`, as `plan` says (none without protocol features).
+fn enable_ring(
+    backend: &mut Backend,
+    run: &Run,
+    index: usize,
+    plan: RingPlan,
+) -> vhost::Result<()> {
+    if backend.features & VHOST_USER_F_PROTOCOL_FEATURES == 0 {
+        return Ok(());
+    }
+    let enable = Some(index) == ctrl_index(run) || index / 2 < usize::from(plan.active_pairs);
+    backend.frontend.set_vring_enable(index, enable)
 }
 
 /// Hands the rings of `run` to `backend`: features, memory table, then per ring its size,
@@ -924,6 +1072,19 @@ fn setup(backend: &mut Backend, run: &Run, resume: bool, plan: RingPlan) -> vhos
         .map(VhostUserMemoryRegionInfo::from_guest_region)
         .collect::<vhost::Result<Vec<_>>>()?;
     f.set_mem_table(&regions)?;
+    for &index in &rings {
+        setup_ring(backend, run, index, resume)?;
+    }
+    // Enabled once all are set up, so that the backend starts its device once, with every
+    // ring (a ring enabled as it is set up would restart it at each later ring's kick).
+    enable_rings(backend, run, plan)
+}
+
+/// Hands ring `index` of `run` to the backend: size, base, addresses (the VMM's own addresses
+/// of them), call and kick eventfds. `resume`: a split ring starts at its used index in guest
+/// memory (a backend that came back); else at the queue's own indexes.
+fn setup_ring(backend: &mut Backend, run: &Run, index: usize, resume: bool) -> vhost::Result<()> {
+    let f = &mut backend.frontend;
     let host = |gpa: u64| -> vhost::Result<u64> {
         run.mem
             .get_host_address(GuestAddress(gpa))
@@ -931,40 +1092,35 @@ fn setup(backend: &mut Backend, run: &Run, resume: bool, plan: RingPlan) -> vhos
             .map_err(|_| vhost::Error::InvalidGuestMemory)
     };
     let packed = run.acked & bit(VIRTIO_F_RING_PACKED) != 0;
-    for &index in &rings {
-        let queue = &run.queues[index];
-        let size = queue.size();
-        f.set_vring_num(index, size)?;
-        let base = if packed {
-            0x8000
-        } else if resume {
-            run.mem
-                .read_obj::<u16>(GuestAddress(queue.used_ring().wrapping_add(2)))
-                .map(u16::from_le)
-                .unwrap_or(0)
-        } else {
-            queue.next_avail()
-        };
-        f.set_vring_base(index, base)?;
-        f.set_vring_addr(
-            index,
-            &VringConfigData {
-                queue_max_size: size,
-                queue_size: size,
-                flags: 0,
-                desc_table_addr: host(queue.desc_table())?,
-                used_ring_addr: host(queue.used_ring())?,
-                avail_ring_addr: host(queue.avail_ring())?,
-                log_addr: None,
-            },
-        )?;
-        let call = call_fd(&run.interrupt, index).map_err(vhost::Error::IOError)?;
-        f.set_vring_call(index, &call)?;
-        f.set_vring_kick(index, &run.kicks[index])?;
-    }
-    // Enabled once all are set up, so that the backend starts its device once, with every
-    // ring (a ring enabled as it is set up would restart it at each later ring's kick).
-    enable_rings(backend, run, plan)
+    let queue = &run.queues[index];
+    let size = queue.size();
+    f.set_vring_num(index, size)?;
+    let base = if packed {
+        0x8000
+    } else if resume {
+        run.mem
+            .read_obj::<u16>(GuestAddress(queue.used_ring().wrapping_add(2)))
+            .map(u16::from_le)
+            .unwrap_or(0)
+    } else {
+        queue.next_avail()
+    };
+    f.set_vring_base(index, base)?;
+    f.set_vring_addr(
+        index,
+        &VringConfigData {
+            queue_max_size: size,
+            queue_size: size,
+            flags: 0,
+            desc_table_addr: host(queue.desc_table())?,
+            used_ring_addr: host(queue.used_ring())?,
+            avail_ring_addr: host(queue.avail_ring())?,
+            log_addr: None,
+        },
+    )?;
+    let call = call_fd(&run.interrupt, index).map_err(vhost::Error::IOError)?;
+    f.set_vring_call(index, &call)?;
+    f.set_vring_kick(index, &run.kicks[index])
 }
 
 /// Queue `index`'s call eventfd: its MSI-X vector's irqfd, or the line's (an idle eventfd for
